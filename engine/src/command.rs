@@ -1,0 +1,243 @@
+//! What goes into a [`Shard`](crate::Shard) (commands) and what comes out (replies and effects).
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+
+use crate::types::{
+    ConsumerConfig, DeathRecord, DeliveryTag, Envelope, Error, Message, PutOutcome, QueueConfig,
+    QueueStats, Settle,
+};
+use crate::wheel::Tick;
+
+/// A queue of one shard: its slot and the generation that tells it from a later queue in the
+/// same slot, so that handles of a closed queue never reach its successor.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct QueueKey {
+    pub(crate) idx: u32,
+    pub(crate) gen: u32,
+}
+
+impl QueueKey {
+    /// The queue's slot: stable while it lives, reused after. The runtime indexes per-queue
+    /// data by it.
+    pub fn slot(self) -> usize {
+        self.idx as usize
+    }
+}
+
+/// A consumer of one shard, with a generation like [`QueueKey`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ConsumerKey {
+    pub(crate) idx: u32,
+    pub(crate) gen: u32,
+}
+
+impl ConsumerKey {
+    /// The consumer's slot: stable while it lives, reused after. The runtime indexes its
+    /// delivery channels by it.
+    pub fn slot(self) -> usize {
+        self.idx as usize
+    }
+}
+
+/// A message's id as the engine keeps it: a caller's id is shared, never copied; a broker
+/// id is a number, turned into text only when a consumer reads it.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum MsgId {
+    /// Assigned by the broker: the shard's index in the top 16 bits, a per-shard sequence below.
+    Auto(u64),
+    Given(Arc<str>),
+}
+
+impl MsgId {
+    pub(crate) fn auto(shard: u16, seq: u64) -> MsgId {
+        MsgId::Auto((u64::from(shard) << 48) | (seq & ((1 << 48) - 1)))
+    }
+}
+
+impl fmt::Display for MsgId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            MsgId::Auto(n) => write!(f, "~{}-{}", n >> 48, n & ((1 << 48) - 1)),
+            MsgId::Given(id) => f.write_str(id),
+        }
+    }
+}
+
+/// A delivery as it leaves the engine; the consumer turns it into an [`Envelope`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Delivered {
+    pub tag: DeliveryTag,
+    pub id: MsgId,
+    pub body: Bytes,
+    pub attempt: u32,
+    pub death: Option<Box<DeathRecord>>,
+}
+
+impl Delivered {
+    pub fn into_envelope(self) -> Envelope {
+        Envelope {
+            id: self.id.to_string(),
+            body: self.body,
+            attempt: self.attempt,
+            death: self.death.map(|d| *d),
+        }
+    }
+}
+
+/// Identifies the queue a dead letter came from, across shards.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Origin {
+    pub shard: u16,
+    pub queue: QueueKey,
+}
+
+/// A message on its way to a dead-letter queue, which may live on another shard.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeadLetter {
+    /// The dead-letter queue's name, looked up when the letter arrives.
+    pub to: Arc<str>,
+    pub origin: Origin,
+    pub id: MsgId,
+    pub body: Bytes,
+    pub death: DeathRecord,
+}
+
+/// Whether a dead-letter queue took a letter; the origin counts it in `dead_lettered` or
+/// `dropped`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DeathOutcome {
+    pub origin: Origin,
+    pub accepted: bool,
+}
+
+/// A request to a shard. Each is answered with exactly one [`Reply`] in
+/// [`Effects::reply`], except the ones documented as silent.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Command {
+    /// → [`Reply::Declared`]. The caller has checked that the config's dead-letter queue exists.
+    Declare { name: String, config: QueueConfig },
+    /// → [`Reply::Found`].
+    Lookup { name: String },
+    /// → [`Reply::Put`].
+    Put { queue: QueueKey, message: Message },
+    /// → [`Reply::PutBatch`].
+    PutBatch {
+        queue: QueueKey,
+        messages: Vec<Message>,
+    },
+    /// → [`Reply::Settled`].
+    Settle {
+        queue: QueueKey,
+        tag: DeliveryTag,
+        op: Settle,
+    },
+    /// → [`Reply::SettledBatch`].
+    SettleBatch {
+        queue: QueueKey,
+        settles: Vec<(DeliveryTag, Settle)>,
+    },
+    /// → [`Reply::Consumed`].
+    Consume {
+        queue: QueueKey,
+        name: String,
+        config: ConsumerConfig,
+    },
+    /// → [`Reply::Count`].
+    AckUpTo {
+        consumer: ConsumerKey,
+        tag: DeliveryTag,
+    },
+    /// Silent. `unread` are the deliveries still in the consumer's channel: released, not
+    /// returned.
+    Cancel {
+        consumer: ConsumerKey,
+        unread: Vec<DeliveryTag>,
+    },
+    /// → [`Reply::Stats`].
+    Stats { queue: QueueKey },
+    /// → [`Reply::Closed`].
+    Close { queue: QueueKey },
+    /// Silent: dead letters for queues of this shard; answered with [`Effects::outcomes`].
+    DeadLetters { letters: Vec<DeadLetter> },
+    /// Silent: what dead-letter queues did with letters from queues of this shard.
+    Outcomes { outcomes: Vec<DeathOutcome> },
+}
+
+/// The answer to one command.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Reply {
+    Declared(Result<QueueKey, Error>),
+    Found(Option<QueueKey>),
+    Put(Result<PutOutcome, Error>),
+    PutBatch(Result<Vec<PutOutcome>, Error>),
+    Settled(bool),
+    SettledBatch(Vec<bool>),
+    Consumed(Result<ConsumerKey, Error>),
+    Count(usize),
+    /// `None` when the queue is closed.
+    Stats(Option<QueueStats>),
+    /// The counters frozen at close the first time; `None` when it was closed already.
+    Closed(Option<QueueStats>),
+}
+
+/// What the engine asks its runtime to carry out. The runtime drains it after each call;
+/// the vectors keep their capacity so that a warm shard does not allocate.
+#[derive(Debug, Default)]
+pub struct Effects {
+    /// Deliveries to push into consumer channels, in order, by [`ConsumerKey::slot`].
+    pub deliveries: Vec<(ConsumerKey, Delivered)>,
+    /// Dead letters to route to the shard owning `to`.
+    pub dead_letters: Vec<DeadLetter>,
+    /// Answers to route back to the shard of each `origin`.
+    pub outcomes: Vec<DeathOutcome>,
+    /// Consumers that ended (cancelled, or their queue closed): drop their channels.
+    pub consumers_gone: Vec<ConsumerKey>,
+    /// The answer to the command just handled.
+    pub reply: Option<Reply>,
+}
+
+impl Effects {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.deliveries.is_empty()
+            && self.dead_letters.is_empty()
+            && self.outcomes.is_empty()
+            && self.consumers_gone.is_empty()
+            && self.reply.is_none()
+    }
+}
+
+/// Converts durations to whole ticks, rounding up so that nothing fires early.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TickLength {
+    nanos: u64,
+}
+
+impl TickLength {
+    pub fn new(tick: Duration) -> TickLength {
+        let nanos = u64::try_from(tick.as_nanos()).unwrap_or(u64::MAX).max(1);
+        TickLength { nanos }
+    }
+
+    pub fn as_duration(self) -> Duration {
+        Duration::from_nanos(self.nanos)
+    }
+
+    /// `d` in ticks, rounded up.
+    pub fn ticks(self, d: Duration) -> Tick {
+        let ticks = d.as_nanos().div_ceil(u128::from(self.nanos));
+        u64::try_from(ticks).unwrap_or(u64::MAX)
+    }
+
+    /// `nanos` since the epoch as the tick it falls in (rounded down).
+    pub fn tick_of(self, nanos: u64) -> Tick {
+        nanos / self.nanos
+    }
+}

@@ -1,0 +1,357 @@
+//! The state machine of one leasemq shard: pure, single-threaded and deterministic.
+//!
+//! A [`Shard`] owns the queues that hash onto it, their lease tables, their consumers'
+//! credit and a hierarchical timer [`Wheel`] holding every deadline (leases, delayed
+//! messages, dedup windows). It never reads a clock, spawns a thread, touches a channel or
+//! does IO: time comes in as a [`Tick`] argument and everything it wants done comes out as
+//! [`Effects`]. Its face is three calls, in the shape of quinn-proto's `Connection`:
+//!
+//! - [`Shard::handle`] carries out one [`Command`] at a time `now` and sets
+//!   [`Effects::reply`];
+//! - [`Shard::handle_timeout`] fires every timer due by `now`, each at its own deadline;
+//! - [`Shard::next_deadline`] says when the runtime should call `handle_timeout` next.
+//!
+//! The runtime (`leasemq-shard`) turns effects into channel sends: [`Delivered`] messages into
+//! consumer channels, [`DeadLetter`]s to the shard owning the dead-letter queue, and
+//! [`DeathOutcome`]s back to the shard the letter came from. Because nothing here depends on
+//! anything but its inputs, the same commands at the same ticks always give the same effects;
+//! tests, simulators and benchmarks drive it directly.
+//!
+//! ```
+//! use leasemq_engine::{Command, Effects, Message, QueueConfig, Reply, Shard};
+//! use std::time::Duration;
+//!
+//! let mut shard = Shard::new(0, Duration::from_millis(1));
+//! let mut out = Effects::new();
+//! shard.handle(0, Command::Declare { name: "jobs".into(), config: QueueConfig::default() }, &mut out);
+//! let Some(Reply::Declared(Ok(queue))) = out.reply.take() else { unreachable!() };
+//! shard.handle(0, Command::Put { queue, message: Message::new("hello") }, &mut out);
+//! assert_eq!(shard.stats(queue).unwrap().ready, 1);
+//! ```
+
+mod command;
+mod queue;
+mod types;
+pub mod validate;
+pub mod wheel;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use ahash::RandomState;
+use slab::Slab;
+
+pub use command::{
+    Command, ConsumerKey, DeadLetter, DeathOutcome, Delivered, Effects, MsgId, Origin, QueueKey,
+    Reply, TickLength,
+};
+pub use types::{
+    ConsumerConfig, DeathReason, DeathRecord, DeliveryTag, Envelope, Error, Message, PutOutcome,
+    QueueConfig, QueueStats, RetryPolicy, Settle, MAX_BODY_LIMIT, MAX_DURATION, MAX_ID_BYTES,
+    MAX_NAME_BYTES, MAX_PREFETCH, MIN_ACK_TIMEOUT,
+};
+pub use wheel::{Tick, TimerKey, Wheel};
+
+use queue::{fixed_state, ConsumerState, Ctx, QueueState, Timer};
+
+/// Everything one shard owns. See the crate docs.
+pub struct Shard {
+    index: u16,
+    tick: TickLength,
+    now: Tick,
+    wheel: Wheel<Timer>,
+    queues: Slab<QueueState>,
+    names: HashMap<Arc<str>, QueueKey, RandomState>,
+    consumers: Slab<ConsumerState>,
+    next_gen: u32,
+    next_auto_id: u64,
+}
+
+/// Splits the shard into its queues and what a queue operation borrows from the rest.
+macro_rules! ctx {
+    ($shard:ident, $out:expr) => {
+        (
+            &mut $shard.queues,
+            Ctx {
+                now: $shard.now,
+                shard: $shard.index,
+                tick: $shard.tick,
+                wheel: &mut $shard.wheel,
+                consumers: &mut $shard.consumers,
+                out: $out,
+                next_auto_id: &mut $shard.next_auto_id,
+            },
+        )
+    };
+}
+
+impl Shard {
+    /// Shard number `index` (it shows in broker-assigned message ids), counting time in
+    /// ticks of `tick`.
+    pub fn new(index: u16, tick: Duration) -> Shard {
+        Shard {
+            index,
+            tick: TickLength::new(tick),
+            now: 0,
+            wheel: Wheel::new(),
+            queues: Slab::new(),
+            names: HashMap::with_hasher(fixed_state()),
+            consumers: Slab::new(),
+            next_gen: 0,
+            next_auto_id: 0,
+        }
+    }
+
+    pub fn index(&self) -> u16 {
+        self.index
+    }
+
+    /// The tick of the last command or timer handled.
+    pub fn now(&self) -> Tick {
+        self.now
+    }
+
+    pub fn tick_length(&self) -> TickLength {
+        self.tick
+    }
+
+    /// When `handle_timeout` has work: no later than the earliest deadline, `None` when no
+    /// timer is pending.
+    pub fn next_deadline(&self) -> Option<Tick> {
+        self.wheel.next_deadline()
+    }
+
+    /// Fires every timer due by `now`, in deadline order, each handled at its own deadline:
+    /// a redelivery it causes gets a lease counted from that tick, which may itself run out
+    /// by `now` and fire in the same call. Spurious calls are no-ops.
+    pub fn handle_timeout(&mut self, now: Tick, out: &mut Effects) {
+        assert!(now >= self.now, "time went backwards: {now} < {}", self.now);
+        while let Some((deadline, timer)) = self.wheel.poll(now) {
+            debug_assert!(deadline >= self.now, "a timer fired late");
+            self.now = self.now.max(deadline);
+            let queue = match &timer {
+                Timer::Lease { queue, .. }
+                | Timer::Ready { queue, .. }
+                | Timer::Dedup { queue, .. } => *queue,
+            };
+            let (queues, mut ctx) = ctx!(self, out);
+            queues[queue as usize].on_timer(&mut ctx, timer);
+        }
+        self.now = now;
+    }
+
+    /// Carries out one command at `now` (after firing the timers due by then) and puts its
+    /// answer in `out.reply`.
+    pub fn handle(&mut self, now: Tick, cmd: Command, out: &mut Effects) {
+        self.handle_timeout(now, out);
+        let reply = match cmd {
+            Command::Declare { name, config } => Some(Reply::Declared(self.declare(name, config))),
+            Command::Lookup { name } => Some(Reply::Found(self.names.get(name.as_str()).copied())),
+            Command::Put { queue, message } => Some(Reply::Put(match self.live(queue) {
+                Some(idx) => {
+                    let (queues, mut ctx) = ctx!(self, out);
+                    queues[idx].put(&mut ctx, message)
+                }
+                None => Err(Error::QueueClosed),
+            })),
+            Command::PutBatch { queue, messages } => {
+                Some(Reply::PutBatch(match self.live(queue) {
+                    Some(idx) => {
+                        let (queues, mut ctx) = ctx!(self, out);
+                        queues[idx].put_batch(&mut ctx, messages)
+                    }
+                    None => Err(Error::QueueClosed),
+                }))
+            }
+            Command::Settle { queue, tag, op } => Some(Reply::Settled(match self.live(queue) {
+                Some(idx) => {
+                    let (queues, mut ctx) = ctx!(self, out);
+                    queues[idx].settle(&mut ctx, tag, op)
+                }
+                None => false,
+            })),
+            Command::SettleBatch { queue, settles } => {
+                let results = match self.live(queue) {
+                    Some(idx) => {
+                        let (queues, mut ctx) = ctx!(self, out);
+                        let q = &mut queues[idx];
+                        settles
+                            .iter()
+                            .map(|&(tag, op)| q.settle(&mut ctx, tag, op))
+                            .collect()
+                    }
+                    None => vec![false; settles.len()],
+                };
+                Some(Reply::SettledBatch(results))
+            }
+            Command::Consume {
+                queue,
+                name,
+                config,
+            } => Some(Reply::Consumed(self.consume(queue, name, config, out))),
+            Command::AckUpTo { consumer, tag } => {
+                let acked = match self.live_consumer(consumer) {
+                    Some(queue) => {
+                        let (queues, mut ctx) = ctx!(self, out);
+                        queues[queue].ack_up_to(&mut ctx, consumer.idx, tag)
+                    }
+                    None => 0,
+                };
+                Some(Reply::Count(acked))
+            }
+            Command::Cancel { consumer, unread } => {
+                if let Some(queue) = self.live_consumer(consumer) {
+                    let (queues, mut ctx) = ctx!(self, out);
+                    queues[queue].cancel(&mut ctx, consumer.idx, &unread);
+                }
+                None
+            }
+            Command::Stats { queue } => Some(Reply::Stats(self.stats(queue))),
+            Command::Close { queue } => Some(Reply::Closed(self.close(queue, out))),
+            Command::DeadLetters { letters } => {
+                for letter in letters {
+                    let origin = letter.origin;
+                    let accepted = match self.names.get(&*letter.to).copied() {
+                        Some(key) => {
+                            let (queues, mut ctx) = ctx!(self, out);
+                            queues[key.idx as usize].accept_dead_letter(&mut ctx, letter)
+                        }
+                        None => false,
+                    };
+                    out.outcomes.push(DeathOutcome { origin, accepted });
+                }
+                None
+            }
+            Command::Outcomes { outcomes } => {
+                for outcome in outcomes {
+                    debug_assert_eq!(outcome.origin.shard, self.index);
+                    if let Some(idx) = self.live(outcome.origin.queue) {
+                        self.queues[idx].count_outcome(outcome.accepted);
+                    }
+                }
+                None
+            }
+        };
+        out.reply = reply;
+    }
+
+    /// A queue's stats, `None` once it is closed.
+    pub fn stats(&self, queue: QueueKey) -> Option<QueueStats> {
+        self.live(queue).map(|idx| self.queues[idx].stats())
+    }
+
+    /// The live queue of that name.
+    pub fn lookup(&self, name: &str) -> Option<QueueKey> {
+        self.names.get(name).copied()
+    }
+
+    /// How many live queues this shard holds.
+    pub fn queue_count(&self) -> usize {
+        self.queues.len()
+    }
+
+    /// How many timers are pending in the wheel.
+    pub fn pending_timers(&self) -> usize {
+        self.wheel.len()
+    }
+
+    fn live(&self, key: QueueKey) -> Option<usize> {
+        let idx = key.idx as usize;
+        self.queues
+            .get(idx)
+            .is_some_and(|q| q.key.gen == key.gen)
+            .then_some(idx)
+    }
+
+    fn live_consumer(&self, key: ConsumerKey) -> Option<usize> {
+        self.consumers
+            .get(key.idx as usize)
+            .filter(|c| c.gen == key.gen)
+            .map(|c| c.queue as usize)
+    }
+
+    fn bump_gen(&mut self) -> u32 {
+        self.next_gen = self.next_gen.wrapping_add(1);
+        self.next_gen
+    }
+
+    fn declare(&mut self, name: String, config: QueueConfig) -> Result<QueueKey, Error> {
+        validate::queue_name(&name)?;
+        validate::queue_config(&name, &config)?;
+        if let Some(&key) = self.names.get(name.as_str()) {
+            return if self.queues[key.idx as usize].config == config {
+                Ok(key)
+            } else {
+                Err(Error::ConfigMismatch)
+            };
+        }
+        let gen = self.bump_gen();
+        let entry = self.queues.vacant_entry();
+        let key = QueueKey {
+            idx: u32::try_from(entry.key()).expect("fewer than 2^32 queues"),
+            gen,
+        };
+        entry.insert(QueueState::new(key, &name, config, self.tick));
+        self.names.insert(name.into(), key);
+        Ok(key)
+    }
+
+    fn consume(
+        &mut self,
+        queue: QueueKey,
+        name: String,
+        config: ConsumerConfig,
+        out: &mut Effects,
+    ) -> Result<ConsumerKey, Error> {
+        let idx = self.live(queue).ok_or(Error::QueueClosed)?;
+        validate::consumer_name(&name)?;
+        validate::consumer_config(&config)?;
+        if self.queues[idx].has_consumer(&self.consumers, &name) {
+            return Err(Error::DuplicateConsumer);
+        }
+        let gen = self.bump_gen();
+        let slot = self.consumers.insert(ConsumerState {
+            queue: queue.idx,
+            gen,
+            name,
+            prefetch: config.prefetch,
+            held: 0,
+            head: 0,
+            tail: 0,
+        });
+        let slot = u32::try_from(slot).expect("fewer than 2^32 consumers");
+        let (queues, mut ctx) = ctx!(self, out);
+        queues[idx].add_consumer(&mut ctx, slot, &config);
+        Ok(ConsumerKey { idx: slot, gen })
+    }
+
+    fn close(&mut self, queue: QueueKey, out: &mut Effects) -> Option<QueueStats> {
+        let idx = self.live(queue)?;
+        let state = self.queues.remove(idx);
+        self.names.remove(&*state.name);
+        let (_, mut ctx) = ctx!(self, out);
+        Some(state.close(&mut ctx))
+    }
+
+    /// Cross-checks every structure against the others; panics with the broken rule.
+    /// Expensive: for tests, after every step.
+    pub fn check_invariants(&self) {
+        self.wheel.check_invariants();
+        let mut timers = 0;
+        for (idx, queue) in self.queues.iter() {
+            assert_eq!(queue.key.idx as usize, idx, "queue key matches its slot");
+            assert_eq!(self.names.get(&*queue.name), Some(&queue.key), "name index");
+            queue.check_invariants(self.now, &self.consumers, &self.wheel);
+            timers += queue.timer_count();
+        }
+        assert_eq!(self.names.len(), self.queues.len(), "no stale names");
+        for (_, consumer) in self.consumers.iter() {
+            assert!(
+                self.queues.contains(consumer.queue as usize),
+                "consumer of a live queue"
+            );
+        }
+        assert_eq!(timers, self.wheel.len(), "every timer belongs to a queue");
+    }
+}

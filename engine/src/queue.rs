@@ -1,0 +1,828 @@
+//! One queue's state and operations: messages, the ready lists, the lease table, consumers'
+//! round robin, dedup and retry.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::Duration;
+
+use ahash::RandomState;
+use bytes::Bytes;
+use slab::Slab;
+
+use crate::command::{
+    ConsumerKey, DeadLetter, Delivered, Effects, MsgId, Origin, QueueKey, TickLength,
+};
+use crate::types::{
+    ConsumerConfig, DeathReason, DeathRecord, DeliveryTag, Error, Message, PutOutcome, QueueConfig,
+    QueueStats, Settle,
+};
+use crate::validate;
+use crate::wheel::{Tick, TimerKey, Wheel};
+
+/// Fixed seeds, so that hashing (and so any order derived from it) is the same in every run.
+pub(crate) fn fixed_state() -> RandomState {
+    RandomState::with_seeds(
+        0x243f_6a88_85a3_08d3,
+        0x1319_8a2e_0370_7344,
+        0xa409_3822_299f_31d0,
+        0x082e_fa98_ec4e_6c89,
+    )
+}
+
+type Map<K, V> = std::collections::HashMap<K, V, RandomState>;
+
+/// What a wheel entry stands for.
+#[derive(Debug)]
+pub(crate) enum Timer {
+    /// The lease with this tag runs out.
+    Lease { queue: u32, tag: u64 },
+    /// A delayed or nacked message becomes ready.
+    Ready { queue: u32, msg: u32 },
+    /// An id's dedup window ends.
+    Dedup { queue: u32, id: Arc<str> },
+}
+
+/// A consumer, kept by the shard so that a lease can name it by slot.
+#[derive(Debug)]
+pub(crate) struct ConsumerState {
+    pub queue: u32,
+    pub gen: u32,
+    pub name: String,
+    pub prefetch: u32,
+    /// Live leases held.
+    pub held: u32,
+    /// The consumer's leases in tag order, linked through [`Lease::prev`]/[`Lease::next`]
+    /// (0 = none; tags start at 1).
+    pub head: u64,
+    pub tail: u64,
+}
+
+impl ConsumerState {
+    fn has_credit(&self) -> bool {
+        self.held < self.prefetch
+    }
+}
+
+/// What the queue operations borrow from the shard.
+pub(crate) struct Ctx<'a> {
+    pub now: Tick,
+    pub shard: u16,
+    pub tick: TickLength,
+    pub wheel: &'a mut Wheel<Timer>,
+    pub consumers: &'a mut Slab<ConsumerState>,
+    pub out: &'a mut Effects,
+    pub next_auto_id: &'a mut u64,
+}
+
+#[derive(Debug)]
+struct Msg {
+    id: MsgId,
+    body: Bytes,
+    /// Deliveries so far.
+    attempt: u32,
+    death: Option<Box<DeathRecord>>,
+    state: MsgState,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum MsgState {
+    Ready,
+    Delayed(TimerKey),
+    Leased(u64),
+}
+
+#[derive(Debug)]
+struct Lease {
+    msg: u32,
+    consumer: u32,
+    delivered_at: Tick,
+    timer: TimerKey,
+    prev: u64,
+    next: u64,
+}
+
+#[derive(Debug)]
+struct DedupEntry {
+    /// A live message (ready, delayed or leased) holds this id.
+    live: bool,
+    /// The window since the id's first enqueue is still open.
+    window: Option<TimerKey>,
+}
+
+/// How a lease ended, for the bookkeeping that follows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Return {
+    /// The lease ran out, or its consumer went away after reading the delivery.
+    Expired,
+    /// Nacked: back after a delay.
+    Nacked(Tick),
+    /// Released: to the front, costing no attempt.
+    Released,
+}
+
+pub(crate) struct QueueState {
+    pub key: QueueKey,
+    pub name: Arc<str>,
+    pub config: QueueConfig,
+    dead_letter: Option<Arc<str>>,
+    ack_ticks: Tick,
+    max_lease_ticks: Option<Tick>,
+    dedup_ticks: Tick,
+    msgs: Slab<Msg>,
+    /// Messages that came back, in the order they became ready again; delivered first.
+    returned: VecDeque<u32>,
+    fresh: VecDeque<u32>,
+    delayed: usize,
+    leases: Map<u64, Lease>,
+    next_tag: u64,
+    /// Consumer slots in registration order.
+    consumers: Vec<u32>,
+    /// Where the round robin looks first: just after the consumer that got the last delivery.
+    rr: usize,
+    with_credit: usize,
+    dedup: Map<Arc<str>, DedupEntry>,
+    rng: u64,
+    stats: QueueStats,
+}
+
+impl QueueState {
+    pub fn new(key: QueueKey, name: &str, config: QueueConfig, tick: TickLength) -> QueueState {
+        QueueState {
+            key,
+            name: name.into(),
+            dead_letter: config.dead_letter.as_deref().map(Arc::from),
+            ack_ticks: tick.ticks(config.ack_timeout),
+            max_lease_ticks: config.max_lease.map(|d| tick.ticks(d)),
+            dedup_ticks: tick.ticks(config.dedup_window),
+            config,
+            msgs: Slab::new(),
+            returned: VecDeque::new(),
+            fresh: VecDeque::new(),
+            delayed: 0,
+            leases: Map::with_hasher(fixed_state()),
+            next_tag: 1,
+            consumers: Vec::new(),
+            rr: 0,
+            with_credit: 0,
+            dedup: Map::with_hasher(fixed_state()),
+            rng: fixed_state().hash_one(name) | 1,
+            stats: QueueStats::default(),
+        }
+    }
+
+    pub fn stats(&self) -> QueueStats {
+        QueueStats {
+            ready: self.returned.len() + self.fresh.len(),
+            delayed: self.delayed,
+            leased: self.leases.len(),
+            consumers: self.consumers.len(),
+            ..self.stats.clone()
+        }
+    }
+
+    // ----- put -----------------------------------------------------------------------------
+
+    pub fn put(&mut self, ctx: &mut Ctx, message: Message) -> Result<PutOutcome, Error> {
+        validate::message(&message, self.config.max_body_bytes)?;
+        if self.is_duplicate(message.id.as_deref()) {
+            self.stats.duplicates += 1;
+            return Ok(PutOutcome::Duplicate);
+        }
+        if self.is_full(1) {
+            return Err(Error::QueueFull);
+        }
+        self.enqueue_message(ctx, message);
+        self.dispatch(ctx);
+        Ok(PutOutcome::Enqueued)
+    }
+
+    /// Atomic for errors: every message is checked (in order, each as `put` would) before
+    /// any is enqueued.
+    pub fn put_batch(
+        &mut self,
+        ctx: &mut Ctx,
+        messages: Vec<Message>,
+    ) -> Result<Vec<PutOutcome>, Error> {
+        let mut outcomes = Vec::with_capacity(messages.len());
+        let mut batch_ids: Option<std::collections::HashSet<&str, RandomState>> = None;
+        let mut accepted = 0;
+        for message in &messages {
+            validate::message(message, self.config.max_body_bytes)?;
+            let duplicate = match message.id.as_deref() {
+                None => false,
+                Some(id) => {
+                    let seen = batch_ids.get_or_insert_with(|| {
+                        std::collections::HashSet::with_hasher(fixed_state())
+                    });
+                    self.is_duplicate(Some(id)) || !seen.insert(id)
+                }
+            };
+            if duplicate {
+                outcomes.push(PutOutcome::Duplicate);
+                continue;
+            }
+            accepted += 1;
+            if self.is_full(accepted) {
+                return Err(Error::QueueFull);
+            }
+            outcomes.push(PutOutcome::Enqueued);
+        }
+        drop(batch_ids);
+        for (message, outcome) in messages.into_iter().zip(&outcomes) {
+            match outcome {
+                PutOutcome::Enqueued => self.enqueue_message(ctx, message),
+                PutOutcome::Duplicate => self.stats.duplicates += 1,
+            }
+        }
+        self.dispatch(ctx);
+        Ok(outcomes)
+    }
+
+    fn is_duplicate(&self, id: Option<&str>) -> bool {
+        id.is_some_and(|id| self.dedup.contains_key(id))
+    }
+
+    fn is_full(&self, adding: usize) -> bool {
+        self.config
+            .max_length
+            .is_some_and(|max| self.msgs.len() + adding > max)
+    }
+
+    fn enqueue_message(&mut self, ctx: &mut Ctx, message: Message) {
+        let id = match message.id {
+            Some(id) => MsgId::Given(id.into()),
+            None => {
+                *ctx.next_auto_id += 1;
+                MsgId::auto(ctx.shard, *ctx.next_auto_id)
+            }
+        };
+        let delay = ctx.tick.ticks(message.delay);
+        self.enqueue(ctx, id, message.body, delay, None);
+    }
+
+    /// Adds a message that passed every check. Broker-assigned ids stay out of the dedup
+    /// index: such a message is never a duplicate.
+    fn enqueue(
+        &mut self,
+        ctx: &mut Ctx,
+        id: MsgId,
+        body: Bytes,
+        delay: Tick,
+        death: Option<Box<DeathRecord>>,
+    ) {
+        if let MsgId::Given(given) = &id {
+            let window = (self.dedup_ticks > 0).then(|| {
+                ctx.wheel.insert(
+                    ctx.now + self.dedup_ticks,
+                    Timer::Dedup {
+                        queue: self.key.idx,
+                        id: given.clone(),
+                    },
+                )
+            });
+            let previous = self
+                .dedup
+                .insert(given.clone(), DedupEntry { live: true, window });
+            debug_assert!(
+                previous.is_none(),
+                "a live or windowed id was enqueued again"
+            );
+        }
+        let msg = self.msgs.insert(Msg {
+            id,
+            body,
+            attempt: 0,
+            death,
+            state: MsgState::Ready,
+        }) as u32;
+        self.stats.enqueued += 1;
+        if delay == 0 {
+            self.fresh.push_back(msg);
+        } else {
+            self.delay_message(ctx, msg, ctx.now + delay);
+        }
+    }
+
+    fn delay_message(&mut self, ctx: &mut Ctx, msg: u32, at: Tick) {
+        let timer = ctx.wheel.insert(
+            at,
+            Timer::Ready {
+                queue: self.key.idx,
+                msg,
+            },
+        );
+        self.msgs[msg as usize].state = MsgState::Delayed(timer);
+        self.delayed += 1;
+    }
+
+    /// A dead letter from another queue: enqueued as a fresh message that keeps its id, or
+    /// refused (full, duplicate id, too large) so that its origin drops it.
+    pub fn accept_dead_letter(&mut self, ctx: &mut Ctx, letter: DeadLetter) -> bool {
+        if letter.body.len() > self.config.max_body_bytes {
+            return false;
+        }
+        if let MsgId::Given(id) = &letter.id {
+            if self.dedup.contains_key(&**id) {
+                return false;
+            }
+        }
+        if self.is_full(1) {
+            return false;
+        }
+        let death = Some(Box::new(letter.death));
+        self.enqueue(ctx, letter.id, letter.body, 0, death);
+        self.dispatch(ctx);
+        true
+    }
+
+    // ----- dispatch ------------------------------------------------------------------------
+
+    /// Hands ready messages to consumers with credit, round robin in registration order.
+    pub fn dispatch(&mut self, ctx: &mut Ctx) {
+        while self.with_credit > 0 {
+            let Some(msg) = self.returned.pop_front().or_else(|| self.fresh.pop_front()) else {
+                return;
+            };
+            let slot = self.next_consumer(ctx.consumers);
+            self.deliver(ctx, msg, slot);
+        }
+    }
+
+    fn next_consumer(&mut self, consumers: &Slab<ConsumerState>) -> u32 {
+        let n = self.consumers.len();
+        let start = if self.rr >= n { 0 } else { self.rr };
+        for i in 0..n {
+            let pos = (start + i) % n;
+            let slot = self.consumers[pos];
+            if consumers[slot as usize].has_credit() {
+                self.rr = pos + 1;
+                return slot;
+            }
+        }
+        unreachable!("with_credit > 0 but no consumer has credit")
+    }
+
+    fn deliver(&mut self, ctx: &mut Ctx, msg: u32, slot: u32) {
+        let tag = self.next_tag;
+        self.next_tag += 1;
+        let timer = ctx.wheel.insert(
+            ctx.now + self.ack_ticks,
+            Timer::Lease {
+                queue: self.key.idx,
+                tag,
+            },
+        );
+        let consumer = &mut ctx.consumers[slot as usize];
+        let prev = consumer.tail;
+        consumer.tail = tag;
+        if prev == 0 {
+            consumer.head = tag;
+        }
+        consumer.held += 1;
+        if !consumer.has_credit() {
+            self.with_credit -= 1;
+        }
+        let key = ConsumerKey {
+            idx: slot,
+            gen: consumer.gen,
+        };
+        if prev != 0 {
+            self.leases
+                .get_mut(&prev)
+                .expect("consumer tail is a live lease")
+                .next = tag;
+        }
+        self.leases.insert(
+            tag,
+            Lease {
+                msg,
+                consumer: slot,
+                delivered_at: ctx.now,
+                timer,
+                prev,
+                next: 0,
+            },
+        );
+        let m = &mut self.msgs[msg as usize];
+        m.attempt += 1;
+        m.state = MsgState::Leased(tag);
+        self.stats.delivered += 1;
+        ctx.out.deliveries.push((
+            key,
+            Delivered {
+                tag: DeliveryTag(tag),
+                id: m.id.clone(),
+                body: m.body.clone(),
+                attempt: m.attempt,
+                death: m.death.clone(),
+            },
+        ));
+    }
+
+    // ----- leases --------------------------------------------------------------------------
+
+    /// Ends a live lease: out of the table and its consumer's list, credit back. The caller
+    /// decides what happens to the message, and cancels the timer unless it fired.
+    fn end_lease(&mut self, consumers: &mut Slab<ConsumerState>, tag: u64) -> Option<Lease> {
+        let lease = self.leases.remove(&tag)?;
+        if lease.prev != 0 {
+            self.leases.get_mut(&lease.prev).expect("linked lease").next = lease.next;
+        }
+        if lease.next != 0 {
+            self.leases.get_mut(&lease.next).expect("linked lease").prev = lease.prev;
+        }
+        let consumer = &mut consumers[lease.consumer as usize];
+        if consumer.head == tag {
+            consumer.head = lease.next;
+        }
+        if consumer.tail == tag {
+            consumer.tail = lease.prev;
+        }
+        if !consumer.has_credit() {
+            self.with_credit += 1;
+        }
+        consumer.held -= 1;
+        Some(lease)
+    }
+
+    fn take_lease(&mut self, ctx: &mut Ctx, tag: u64) -> Option<Lease> {
+        let lease = self.end_lease(ctx.consumers, tag)?;
+        ctx.wheel.cancel(lease.timer);
+        Some(lease)
+    }
+
+    /// One settle. `false` when the tag is stale (counted) or the request is refused
+    /// (a touch past `max_lease`, a nack delay over 7 days: not counted).
+    pub fn settle(&mut self, ctx: &mut Ctx, tag: DeliveryTag, op: Settle) -> bool {
+        let tag = tag.0;
+        if let Settle::NackWithDelay(delay) = op {
+            if !validate::nack_delay(delay) {
+                return false;
+            }
+        }
+        if !self.leases.contains_key(&tag) {
+            self.stats.stale += 1;
+            return false;
+        }
+        match op {
+            Settle::Ack => self.ack(ctx, tag),
+            Settle::Nack => {
+                let attempt = self.leased_attempt(tag);
+                let delay = self.retry_delay(attempt, ctx.tick);
+                self.nack(ctx, tag, delay);
+            }
+            Settle::NackWithDelay(delay) => self.nack(ctx, tag, ctx.tick.ticks(delay)),
+            Settle::Reject => {
+                let lease = self.take_lease(ctx, tag).expect("checked live");
+                self.stats.rejected += 1;
+                self.dead_letter(ctx, lease.msg, DeathReason::Rejected);
+            }
+            Settle::Release => {
+                let lease = self.take_lease(ctx, tag).expect("checked live");
+                self.stats.released += 1;
+                self.requeue(ctx, lease.msg, Return::Released);
+            }
+            Settle::Touch => return self.touch(ctx, tag),
+        }
+        self.dispatch(ctx);
+        true
+    }
+
+    fn leased_attempt(&self, tag: u64) -> u32 {
+        self.msgs[self.leases[&tag].msg as usize].attempt
+    }
+
+    fn ack(&mut self, ctx: &mut Ctx, tag: u64) {
+        let lease = self.take_lease(ctx, tag).expect("checked live");
+        self.stats.acked += 1;
+        self.remove_message(lease.msg);
+    }
+
+    fn nack(&mut self, ctx: &mut Ctx, tag: u64, delay: Tick) {
+        let lease = self.take_lease(ctx, tag).expect("checked live");
+        self.stats.nacked += 1;
+        self.come_back(ctx, lease.msg, Return::Nacked(delay));
+    }
+
+    fn touch(&mut self, ctx: &mut Ctx, tag: u64) -> bool {
+        let lease = &self.leases[&tag];
+        let deadline = ctx.now + self.ack_ticks;
+        if let Some(max) = self.max_lease_ticks {
+            if deadline > lease.delivered_at + max {
+                return false;
+            }
+        }
+        ctx.wheel.reset(lease.timer, deadline);
+        true
+    }
+
+    /// `ack_up_to` on one consumer: every live lease of it with a tag up to `tag`.
+    pub fn ack_up_to(&mut self, ctx: &mut Ctx, consumer: u32, tag: DeliveryTag) -> usize {
+        let mut acked = 0;
+        loop {
+            let head = ctx.consumers[consumer as usize].head;
+            if head == 0 || head > tag.0 {
+                break;
+            }
+            self.ack(ctx, head);
+            acked += 1;
+        }
+        if acked > 0 {
+            self.dispatch(ctx);
+        }
+        acked
+    }
+
+    /// The lease timer fired: the message comes back with its attempt spent.
+    fn expire(&mut self, ctx: &mut Ctx, tag: u64) {
+        let lease = self
+            .end_lease(ctx.consumers, tag)
+            .expect("a lease timer outlived its lease");
+        self.stats.expired += 1;
+        self.come_back(ctx, lease.msg, Return::Expired);
+        self.dispatch(ctx);
+    }
+
+    /// A message came back from a lease (expiry, nack, cancel): dead-lettered once it has had
+    /// `max_deliveries` deliveries, else requeued.
+    fn come_back(&mut self, ctx: &mut Ctx, msg: u32, how: Return) {
+        let attempt = self.msgs[msg as usize].attempt;
+        if self.config.max_deliveries.is_some_and(|max| attempt >= max) {
+            self.dead_letter(ctx, msg, DeathReason::MaxDeliveries);
+        } else {
+            self.requeue(ctx, msg, how);
+        }
+    }
+
+    fn requeue(&mut self, ctx: &mut Ctx, msg: u32, how: Return) {
+        let m = &mut self.msgs[msg as usize];
+        m.state = MsgState::Ready;
+        match how {
+            Return::Expired | Return::Nacked(0) => self.returned.push_back(msg),
+            Return::Nacked(delay) => self.delay_message(ctx, msg, ctx.now + delay),
+            Return::Released => {
+                m.attempt -= 1;
+                self.returned.push_front(msg);
+            }
+        }
+    }
+
+    fn retry_delay(&mut self, attempt: u32, tick: TickLength) -> Tick {
+        let retry = &self.config.retry;
+        let base = retry.base_delay(attempt);
+        if retry.jitter == 0.0 || base.is_zero() {
+            return tick.ticks(base);
+        }
+        // splitmix64: a small, seeded, reproducible generator.
+        self.rng = self.rng.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.rng;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^= z >> 31;
+        let unit = (z >> 11) as f64 / (1u64 << 53) as f64; // [0, 1)
+        let factor = 1.0 + retry.jitter * (2.0 * unit - 1.0);
+        tick.ticks(Duration::from_secs_f64(base.as_secs_f64() * factor))
+    }
+
+    // ----- dead letters --------------------------------------------------------------------
+
+    fn dead_letter(&mut self, ctx: &mut Ctx, msg: u32, reason: DeathReason) {
+        let m = self.remove_message(msg);
+        match &self.dead_letter {
+            Some(to) => ctx.out.dead_letters.push(DeadLetter {
+                to: to.clone(),
+                origin: Origin {
+                    shard: ctx.shard,
+                    queue: self.key,
+                },
+                id: m.id,
+                body: m.body,
+                death: DeathRecord {
+                    queue: self.name.to_string(),
+                    reason,
+                    attempts: m.attempt,
+                },
+            }),
+            None => self.stats.dropped += 1,
+        }
+    }
+
+    /// The dead-letter queue's answer for a letter of ours.
+    pub fn count_outcome(&mut self, accepted: bool) {
+        if accepted {
+            self.stats.dead_lettered += 1;
+        } else {
+            self.stats.dropped += 1;
+        }
+    }
+
+    /// Takes a message out of the queue for good (acked or dead-lettered); its id stops
+    /// being live.
+    fn remove_message(&mut self, msg: u32) -> Msg {
+        let m = self.msgs.remove(msg as usize);
+        if let MsgId::Given(id) = &m.id {
+            let entry = self.dedup.get_mut(&**id).expect("a given id is indexed");
+            entry.live = false;
+            if entry.window.is_none() {
+                self.dedup.remove(&**id);
+            }
+        }
+        m
+    }
+
+    // ----- timers --------------------------------------------------------------------------
+
+    pub fn on_timer(&mut self, ctx: &mut Ctx, timer: Timer) {
+        match timer {
+            Timer::Lease { tag, .. } => self.expire(ctx, tag),
+            Timer::Ready { msg, .. } => {
+                let m = &mut self.msgs[msg as usize];
+                debug_assert!(matches!(m.state, MsgState::Delayed(_)));
+                m.state = MsgState::Ready;
+                self.delayed -= 1;
+                if m.attempt == 0 {
+                    self.fresh.push_back(msg);
+                } else {
+                    self.returned.push_back(msg);
+                }
+                self.dispatch(ctx);
+            }
+            Timer::Dedup { id, .. } => {
+                let entry = self
+                    .dedup
+                    .get_mut(&*id)
+                    .expect("a dedup timer has its entry");
+                entry.window = None;
+                if !entry.live {
+                    self.dedup.remove(&*id);
+                }
+            }
+        }
+    }
+
+    // ----- consumers -----------------------------------------------------------------------
+
+    pub fn has_consumer(&self, consumers: &Slab<ConsumerState>, name: &str) -> bool {
+        self.consumers
+            .iter()
+            .any(|&slot| consumers[slot as usize].name == name)
+    }
+
+    pub fn add_consumer(&mut self, ctx: &mut Ctx, slot: u32, config: &ConsumerConfig) {
+        debug_assert!(config.prefetch > 0);
+        self.consumers.push(slot);
+        self.with_credit += 1;
+        self.dispatch(ctx);
+    }
+
+    /// Ends a consumer: its unread deliveries are released (no attempt spent), the ones it
+    /// read come back like an expiry (without counting as one).
+    pub fn cancel(&mut self, ctx: &mut Ctx, slot: u32, unread: &[DeliveryTag]) {
+        let pos = self
+            .consumers
+            .iter()
+            .position(|&s| s == slot)
+            .expect("a live consumer is listed by its queue");
+        let mut unread_msgs = Vec::new();
+        for tag in unread {
+            let ours = self.leases.get(&tag.0).is_some_and(|l| l.consumer == slot);
+            if ours {
+                let lease = self.take_lease(ctx, tag.0).expect("checked live");
+                unread_msgs.push(lease.msg);
+            }
+        }
+        loop {
+            let head = ctx.consumers[slot as usize].head;
+            if head == 0 {
+                break;
+            }
+            let lease = self.take_lease(ctx, head).expect("listed leases are live");
+            self.come_back(ctx, lease.msg, Return::Expired);
+        }
+        self.stats.released += unread_msgs.len() as u64;
+        for &msg in unread_msgs.iter().rev() {
+            self.requeue(ctx, msg, Return::Released);
+        }
+        self.consumers.remove(pos);
+        if pos < self.rr {
+            self.rr -= 1;
+        }
+        let consumer = ctx.consumers.remove(slot as usize);
+        if consumer.has_credit() {
+            self.with_credit -= 1;
+        }
+        ctx.out.consumers_gone.push(ConsumerKey {
+            idx: slot,
+            gen: consumer.gen,
+        });
+        self.dispatch(ctx);
+    }
+
+    /// Drops everything: consumers, leases, messages, timers. Returns the frozen stats.
+    pub fn close(mut self, ctx: &mut Ctx) -> QueueStats {
+        for &slot in &self.consumers {
+            let consumer = ctx.consumers.remove(slot as usize);
+            ctx.out.consumers_gone.push(ConsumerKey {
+                idx: slot,
+                gen: consumer.gen,
+            });
+        }
+        for (_, lease) in self.leases.drain() {
+            ctx.wheel.cancel(lease.timer);
+        }
+        for (_, msg) in self.msgs.iter() {
+            if let MsgState::Delayed(timer) = msg.state {
+                ctx.wheel.cancel(timer);
+            }
+        }
+        for (_, entry) in self.dedup.drain() {
+            if let Some(timer) = entry.window {
+                ctx.wheel.cancel(timer);
+            }
+        }
+        self.stats.frozen()
+    }
+
+    /// Timers this queue has in the wheel: one per lease, delayed message and open dedup window.
+    pub fn timer_count(&self) -> usize {
+        let windows = self.dedup.values().filter(|e| e.window.is_some()).count();
+        self.leases.len() + self.delayed + windows
+    }
+
+    /// Cross-checks the queue's bookkeeping; tests call it after every step.
+    pub fn check_invariants(
+        &self,
+        now: Tick,
+        consumers: &Slab<ConsumerState>,
+        wheel: &Wheel<Timer>,
+    ) {
+        let mut ready = 0;
+        let mut delayed = 0;
+        let mut leased = 0;
+        for (idx, msg) in self.msgs.iter() {
+            match msg.state {
+                MsgState::Ready => ready += 1,
+                MsgState::Delayed(timer) => {
+                    delayed += 1;
+                    assert!(
+                        matches!(wheel.get(timer), Timer::Ready { msg, .. } if *msg as usize == idx),
+                        "a delayed message's timer points at it"
+                    );
+                }
+                MsgState::Leased(tag) => {
+                    leased += 1;
+                    assert_eq!(self.leases[&tag].msg as usize, idx, "lease points back");
+                }
+            }
+            if let MsgId::Given(id) = &msg.id {
+                assert!(
+                    self.dedup.get(&**id).is_some_and(|e| e.live),
+                    "live id indexed"
+                );
+            }
+        }
+        assert_eq!(ready, self.returned.len() + self.fresh.len(), "ready lists");
+        assert_eq!(delayed, self.delayed, "delayed count");
+        assert_eq!(leased, self.leases.len(), "lease table");
+        let mut credit = 0;
+        let mut held_total = 0;
+        for &slot in &self.consumers {
+            let c = &consumers[slot as usize];
+            assert_eq!(c.queue, self.key.idx, "consumer's queue");
+            let (mut tag, mut prev, mut held) = (c.head, 0, 0);
+            while tag != 0 {
+                let lease = &self.leases[&tag];
+                assert_eq!(lease.consumer, slot, "lease in its consumer's list");
+                assert_eq!(lease.prev, prev, "list back link");
+                assert!(prev < tag, "consumer list in tag order");
+                assert!(
+                    wheel.deadline(lease.timer) > now,
+                    "a live lease's deadline is ahead"
+                );
+                prev = tag;
+                tag = lease.next;
+                held += 1;
+            }
+            assert_eq!(c.tail, prev, "list tail");
+            assert_eq!(c.held, held, "held count");
+            assert!(c.held <= c.prefetch, "prefetch respected");
+            credit += usize::from(c.has_credit());
+            held_total += held as usize;
+        }
+        assert_eq!(credit, self.with_credit, "consumers with credit");
+        assert_eq!(
+            held_total,
+            self.leases.len(),
+            "every lease has its consumer"
+        );
+        if self.with_credit > 0 {
+            assert_eq!(ready, 0, "ready messages wait only when nobody has credit");
+        }
+        for (id, entry) in &self.dedup {
+            assert!(
+                entry.live || entry.window.is_some(),
+                "dedup entry {id} kept for nothing"
+            );
+        }
+    }
+}

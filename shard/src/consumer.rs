@@ -1,0 +1,254 @@
+//! The consumer handle and the deliveries it receives.
+
+use std::future::poll_fn;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use atomic_waker::AtomicWaker;
+use crossbeam_channel::{Receiver, RecvTimeoutError, TryRecvError};
+use leasemq_engine::{Command, ConsumerKey, Delivered, DeliveryTag, Envelope, Error, Reply};
+
+use crate::queue::Queue;
+use crate::reply::{call, Answer};
+use crate::runtime::Request;
+
+/// A registered consumer of one queue: receives deliveries up to its prefetch.
+///
+/// Dropping it (or [`cancel`](Consumer::cancel)) ends it: every live lease it holds comes
+/// back at once; deliveries still unread in its channel are released without costing an
+/// attempt. The cancel is ordered after the earlier calls of the thread that drops it.
+pub struct Consumer {
+    owner: Arc<Owner>,
+    key: ConsumerKey,
+    rx: Option<Receiver<Delivered>>,
+    waker: Arc<AtomicWaker>,
+}
+
+/// What every delivery of a consumer shares.
+struct Owner {
+    queue: Queue,
+    name: String,
+}
+
+impl std::fmt::Debug for Consumer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Consumer")
+            .field("queue", &self.owner.queue.name())
+            .field("name", &self.owner.name)
+            .finish()
+    }
+}
+
+impl Consumer {
+    pub(crate) fn new(
+        queue: Queue,
+        name: &str,
+        key: ConsumerKey,
+        rx: Receiver<Delivered>,
+        waker: Arc<AtomicWaker>,
+    ) -> Consumer {
+        Consumer {
+            owner: Arc::new(Owner {
+                queue,
+                name: name.to_string(),
+            }),
+            key,
+            rx: Some(rx),
+            waker,
+        }
+    }
+
+    pub fn name(&self) -> &str {
+        &self.owner.name
+    }
+
+    /// The queue this consumer reads.
+    pub fn queue(&self) -> &Queue {
+        &self.owner.queue
+    }
+
+    fn rx(&self) -> &Receiver<Delivered> {
+        self.rx.as_ref().expect("present until drop")
+    }
+
+    /// Wraps what came out of the channel; a delivery left over from a queue that has since
+    /// closed is not handed out.
+    fn wrap(&self, delivered: Delivered) -> Result<Delivery, Error> {
+        if self.owner.queue.cell().is_closed() {
+            return Err(Error::Closed);
+        }
+        Ok(Delivery {
+            tag: delivered.tag,
+            envelope: delivered.into_envelope(),
+            owner: self.owner.clone(),
+        })
+    }
+
+    fn check_open(&self) -> Result<(), Error> {
+        if self.owner.queue.broker().is_shut_down() {
+            return Err(Error::ShutDown);
+        }
+        Ok(())
+    }
+
+    /// Blocks until a delivery arrives. `Err(Closed)` once the queue closes (or the broker
+    /// shuts down while waiting), `Err(ShutDown)` when called after shutdown.
+    pub fn recv(&self) -> Result<Delivery, Error> {
+        self.check_open()?;
+        match self.rx().recv() {
+            Ok(delivered) => self.wrap(delivered),
+            Err(_) => Err(Error::Closed),
+        }
+    }
+
+    /// Like [`recv`](Consumer::recv), but waits at most `timeout`: `Ok(None)` then.
+    pub fn recv_timeout(&self, timeout: Duration) -> Result<Option<Delivery>, Error> {
+        self.check_open()?;
+        match self.rx().recv_timeout(timeout) {
+            Ok(delivered) => self.wrap(delivered).map(Some),
+            Err(RecvTimeoutError::Timeout) => Ok(None),
+            Err(RecvTimeoutError::Disconnected) => Err(Error::Closed),
+        }
+    }
+
+    /// A delivery if one is waiting, else `Ok(None)` at once.
+    pub fn try_recv(&self) -> Result<Option<Delivery>, Error> {
+        self.check_open()?;
+        match self.rx().try_recv() {
+            Ok(delivered) => self.wrap(delivered).map(Some),
+            Err(TryRecvError::Empty) => Ok(None),
+            Err(TryRecvError::Disconnected) => Err(Error::Closed),
+        }
+    }
+
+    /// The next delivery, without blocking the executor; `None` once the consumer is closed.
+    /// Cancel-safe: dropping the future loses nothing.
+    pub async fn next(&mut self) -> Option<Delivery> {
+        poll_fn(|cx| self.poll_next(cx)).await
+    }
+
+    fn poll_next(&self, cx: &mut Context<'_>) -> Poll<Option<Delivery>> {
+        if self.check_open().is_err() {
+            return Poll::Ready(None);
+        }
+        let rx = self.rx();
+        for registered in [false, true] {
+            match rx.try_recv() {
+                Ok(delivered) => return Poll::Ready(self.wrap(delivered).ok()),
+                Err(TryRecvError::Disconnected) => return Poll::Ready(None),
+                Err(TryRecvError::Empty) if registered => return Poll::Pending,
+                // Register, then look again: a delivery sent in between is not missed.
+                Err(TryRecvError::Empty) => self.waker.register(cx.waker()),
+            }
+        }
+        Poll::Pending
+    }
+
+    /// Acks every live lease of this consumer with a tag up to `tag`, read or still unread;
+    /// returns how many (RabbitMQ's `multiple=true`).
+    pub fn ack_up_to(&self, tag: DeliveryTag) -> usize {
+        let queue = &self.owner.queue;
+        if queue.broker().is_shut_down() || queue.cell().is_closed() {
+            return 0;
+        }
+        let cmd = Command::AckUpTo {
+            consumer: self.key,
+            tag,
+        };
+        match call(queue.broker().inbox(queue.shard()), |reply| {
+            Request::Engine { cmd, reply }
+        }) {
+            Answer::Engine(Reply::Count(n)) => n,
+            _ => 0,
+        }
+    }
+
+    /// Ends the consumer; the same as dropping it.
+    pub fn cancel(self) {}
+}
+
+impl Drop for Consumer {
+    fn drop(&mut self) {
+        let Some(rx) = self.rx.take() else { return };
+        let queue = &self.owner.queue;
+        if queue.broker().is_shut_down() || queue.cell().is_closed() {
+            return;
+        }
+        let _ = queue.broker().inbox(queue.shard()).send(Request::Cancel {
+            consumer: self.key,
+            rx,
+        });
+    }
+}
+
+/// One hand-over of a message to a consumer, under a lease.
+#[derive(Clone)]
+pub struct Delivery {
+    tag: DeliveryTag,
+    envelope: Envelope,
+    owner: Arc<Owner>,
+}
+
+impl std::fmt::Debug for Delivery {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Delivery")
+            .field("tag", &self.tag)
+            .field("envelope", &self.envelope)
+            .field("consumer", &self.owner.name)
+            .finish()
+    }
+}
+
+impl PartialEq for Delivery {
+    fn eq(&self, other: &Self) -> bool {
+        self.tag == other.tag
+            && self.envelope == other.envelope
+            && self.owner.name == other.owner.name
+            && self.owner.queue.name() == other.owner.queue.name()
+    }
+}
+
+impl Delivery {
+    pub fn tag(&self) -> DeliveryTag {
+        self.tag
+    }
+
+    pub fn envelope(&self) -> &Envelope {
+        &self.envelope
+    }
+
+    /// The name of the consumer it was delivered to.
+    pub fn consumer(&self) -> &str {
+        &self.owner.name
+    }
+
+    /// The queue it came from.
+    pub fn queue(&self) -> &Queue {
+        &self.owner.queue
+    }
+
+    pub fn ack(&self) -> bool {
+        self.owner.queue.ack(self.tag)
+    }
+
+    pub fn nack(&self) -> bool {
+        self.owner.queue.nack(self.tag)
+    }
+
+    pub fn nack_with_delay(&self, delay: Duration) -> bool {
+        self.owner.queue.nack_with_delay(self.tag, delay)
+    }
+
+    pub fn reject(&self) -> bool {
+        self.owner.queue.reject(self.tag)
+    }
+
+    pub fn release(&self) -> bool {
+        self.owner.queue.release(self.tag)
+    }
+
+    pub fn touch(&self) -> bool {
+        self.owner.queue.touch(self.tag)
+    }
+}

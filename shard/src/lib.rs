@@ -1,0 +1,26 @@
+//! Shard threads, routing, clocks and the handles of the leasemq broker.
+//!
+//! A [`Broker`] starts one OS thread per shard; each runs a thin event loop around its own
+//! [`leasemq_engine::Shard`] and owns the queues that [`shard_for`] maps onto it. Handles
+//! talk to a shard only through its bounded inbox: a [`Queue`] sends puts and settles and
+//! waits for the answer in a per-thread reply slot (or a oneshot, for the async forms); a
+//! [`Consumer`] reads [`Delivery`]s from its own channel, which the shard fills up to the
+//! consumer's prefetch. Nothing on the per-message path takes a lock, and two queues on
+//! different shards share no channel.
+//!
+//! Time comes from the system clock (ticks of 1 ms by default; the loop sleeps until the
+//! engine's next deadline), or from a manual clock that only [`Broker::advance`] moves: a
+//! barrier across every shard, which returns once each has fired every timer due and
+//! pushed the deliveries that followed.
+
+mod broker;
+mod consumer;
+mod queue;
+mod reply;
+mod router;
+mod runtime;
+
+pub use broker::{Broker, BrokerBuilder, MAX_SHARDS};
+pub use consumer::{Consumer, Delivery};
+pub use queue::Queue;
+pub use router::shard_for;
