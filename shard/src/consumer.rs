@@ -164,11 +164,26 @@ impl Consumer {
         }
     }
 
-    /// Ends the consumer; the same as dropping it.
-    pub fn cancel(self) {}
+    /// Ends the consumer, as dropping it does, and returns once that is done: its leases
+    /// are back in the queue and any dead letter it caused has landed.
+    pub fn cancel(mut self) {
+        let Some(rx) = self.rx.take() else { return };
+        let queue = &self.owner.queue;
+        if queue.broker().is_shut_down() || queue.cell().is_closed() {
+            return;
+        }
+        let consumer = self.key;
+        call(queue.broker().inbox(queue.shard()), |reply| Request::Cancel {
+            consumer,
+            rx,
+            reply: Some(reply),
+        });
+    }
 }
 
 impl Drop for Consumer {
+    /// Sends the cancel without waiting; it is ordered before this thread's next call on
+    /// the queue, since both go through the same inbox.
     fn drop(&mut self) {
         let Some(rx) = self.rx.take() else { return };
         let queue = &self.owner.queue;
@@ -178,6 +193,7 @@ impl Drop for Consumer {
         let _ = queue.broker().inbox(queue.shard()).send(Request::Cancel {
             consumer: self.key,
             rx,
+            reply: None,
         });
     }
 }

@@ -23,6 +23,8 @@ pub(crate) enum Answer {
     Step {
         cross_sent: u64,
     },
+    /// Done, nothing to say.
+    Done,
     /// The shard stopped before answering.
     ShutDown,
 }

@@ -86,10 +86,12 @@ pub(crate) enum Request {
         sink: Sink,
         reply: ReplyTo,
     },
-    /// A consumer ends; `rx` is its channel, whose unread deliveries are released.
+    /// A consumer ends; `rx` is its channel, whose unread deliveries are released. With a
+    /// `reply`, answered `Done` once the dead letters it caused have landed.
     Cancel {
         consumer: ConsumerKey,
         rx: Receiver<Delivered>,
+        reply: Option<ReplyTo>,
     },
     /// Manual clock: fire every timer due by `nanos` since the epoch.
     Advance {
@@ -289,14 +291,18 @@ impl ShardThread {
                 }
                 self.replies.push((reply, Answer::Engine(reply_value)));
             }
-            Request::Cancel { consumer, rx } => {
+            Request::Cancel { consumer, rx, reply } => {
                 // What this shard still holds for the consumer counts as unread too.
                 self.flush_deliveries();
                 let unread = rx.try_iter().map(|d| d.tag).collect();
                 self.engine
                     .handle(now, Command::Cancel { consumer, unread }, &mut self.out);
                 self.drop_gone_sinks();
-                self.route_dead_letters(now, None);
+                let deferred = reply.map(|reply| Deferred {
+                    reply,
+                    answer: Answer::Done,
+                });
+                self.route_dead_letters(now, deferred);
             }
             Request::Advance { nanos, reply } => {
                 if let TimeSource::Manual = self.time {
