@@ -14,15 +14,16 @@
 //!   `trailing_zeros`, never a walk over slots. Any slot on a lower level comes before any
 //!   slot on a higher one, because lower levels only hold the rest of the current slot above.
 //! - **Cascading.** When time reaches a slot above level 0, its whole list is taken and every
-//!   timer in it is re-inserted against the new time, which moves it down at least one level.
-//!   When time reaches a level-0 slot, its list becomes the *pending* list that
-//!   [`Wheel::poll`] pops from; a timer inserted for that same tick joins the pending list
-//!   behind it. Each list is appended to and cascaded in order, so equal deadlines fire in
-//!   insertion order.
-//! - **Beyond the span.** The top level is a ring: a timer more than `64^6` ticks ahead
-//!   waits in the top slot named by its deadline's bits 30..36, is taken out again each time
-//!   time comes round to that slot (once per `64^6` ticks) and re-inserted until its
-//!   deadline is within the span. It never fires early and is never dropped.
+//!   timer in it is re-inserted against the new time, which moves it at least one level
+//!   down (but for the far timers below). When time reaches a level-0 slot, its list
+//!   becomes the *pending* list that [`Wheel::poll`] pops from; a timer inserted for that
+//!   same tick joins the pending list behind it. Each list is appended to and cascaded in
+//!   order, so equal deadlines fire in insertion order.
+//! - **Beyond the span.** The top level is a ring. A timer due after the top level's
+//!   current turn (any deadline up to `Tick::MAX`) waits in the top slot named by its
+//!   deadline's bits 30..36, is taken out again each time time comes round to that slot
+//!   (once per `64^6` ticks) and goes back until its deadline is within the turn. It never
+//!   fires early and is never dropped.
 //!
 //! Timers live in a [`Slab`]. The lists are doubly linked through slab indices and every
 //! entry records the list it is on, so cancel and reset unlink in O(1) and allocate nothing.
@@ -41,6 +42,7 @@
 //! ```
 
 use std::fmt;
+use std::num::NonZeroU16;
 
 use slab::Slab;
 
@@ -56,8 +58,6 @@ const LEVELS: usize = 6;
 const SLOT_BITS: u32 = 6;
 const SLOTS: usize = 1 << SLOT_BITS;
 const SLOT_MASK: u64 = SLOTS as u64 - 1;
-/// `lists[PENDING]` holds the timers due at `elapsed`; below it, `lists[level * SLOTS + slot]`.
-const PENDING: u16 = (LEVELS * SLOTS) as u16;
 /// The end of a list, and no list neighbour.
 const NIL: u32 = u32::MAX;
 
@@ -74,19 +74,59 @@ impl List {
     };
 }
 
+/// Names one of `Wheel::lists`: the slot list `level * SLOTS + slot`, or after them the
+/// pending list of the timers due at `elapsed`. Kept off by one in a `NonZeroU16`, whose
+/// niche lets the slab tell its free entries from its used ones without growing them.
+#[derive(Clone, Copy, PartialEq, Eq)]
+struct ListId(NonZeroU16);
+
+impl ListId {
+    const PENDING: ListId = ListId::new(LEVELS * SLOTS);
+
+    const fn new(index: usize) -> ListId {
+        match NonZeroU16::new(index as u16 + 1) {
+            Some(id) => ListId(id),
+            None => unreachable!(),
+        }
+    }
+
+    fn slot(level: usize, slot: usize) -> ListId {
+        ListId::new(level * SLOTS + slot)
+    }
+
+    fn index(self) -> usize {
+        usize::from(self.0.get() - 1)
+    }
+
+    /// The level and slot of a slot list; `None` for the pending list.
+    fn level_slot(self) -> Option<(usize, usize)> {
+        let index = self.index();
+        (self != ListId::PENDING).then_some((index / SLOTS, index % SLOTS))
+    }
+}
+
+impl fmt::Debug for ListId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.level_slot() {
+            Some((level, slot)) => write!(f, "level {level} slot {slot}"),
+            None => f.write_str("pending list"),
+        }
+    }
+}
+
 struct Entry<T> {
     value: T,
     deadline: Tick,
     prev: u32,
     next: u32,
-    /// The list this entry is linked on, an index into `Wheel::lists`.
-    list: u16,
+    /// The list this entry is linked on.
+    list: ListId,
 }
 
 /// A hierarchical timing wheel of values of type `T`. See the module docs.
 pub struct Wheel<T> {
     entries: Slab<Entry<T>>,
-    /// `LEVELS * SLOTS` slot lists, then the pending list.
+    /// `LEVELS * SLOTS` slot lists, then the pending list; indexed by `ListId::index`.
     lists: Box<[List]>,
     /// Bit `s` of `occupied[l]` is set exactly when slot `s` of level `l` is non-empty.
     occupied: [u64; LEVELS],
@@ -103,7 +143,7 @@ impl<T> Wheel<T> {
     pub fn with_capacity(n: usize) -> Self {
         Wheel {
             entries: Slab::with_capacity(n),
-            lists: vec![List::EMPTY; usize::from(PENDING) + 1].into_boxed_slice(),
+            lists: vec![List::EMPTY; LEVELS * SLOTS + 1].into_boxed_slice(),
             occupied: [0; LEVELS],
             elapsed: 0,
         }
@@ -132,7 +172,7 @@ impl<T> Wheel<T> {
             deadline,
             prev: NIL,
             next: NIL,
-            list: PENDING,
+            list: ListId::PENDING,
         });
         assert!(
             index < NIL as usize,
@@ -185,7 +225,7 @@ impl<T> Wheel<T> {
     /// Exact when that timer is due now or within the current level-0 range; otherwise the
     /// start of the slot that holds it, where [`Wheel::poll`] will cascade it.
     pub fn next_deadline(&self) -> Option<Tick> {
-        if self.lists[usize::from(PENDING)].head != NIL {
+        if self.lists[ListId::PENDING.index()].head != NIL {
             return Some(self.elapsed);
         }
         self.next_slot().map(|(_, start)| start)
@@ -205,7 +245,7 @@ impl<T> Wheel<T> {
             self.elapsed
         );
         loop {
-            let head = self.lists[usize::from(PENDING)].head;
+            let head = self.lists[ListId::PENDING.index()].head;
             if head != NIL {
                 self.unlink(head);
                 let entry = self.entries.remove(head as usize);
@@ -229,49 +269,37 @@ impl<T> Wheel<T> {
     /// non-empty slots; and `len()` counts the linked entries. O(len): for tests.
     pub fn check_invariants(&self) {
         let mut linked = 0;
-        for list in 0..=PENDING {
-            let List { head, tail } = self.lists[usize::from(list)];
-            assert_eq!(
-                head == NIL,
-                tail == NIL,
-                "list {list}: head and tail disagree"
-            );
-            if list != PENDING {
-                let (level, slot) = split(list);
+        for (n, &List { head, tail }) in self.lists.iter().enumerate() {
+            let list = ListId::new(n);
+            assert_eq!(head == NIL, tail == NIL, "{list:?}: head and tail disagree");
+            if let Some((level, slot)) = list.level_slot() {
                 let bit = (self.occupied[level] >> slot) & 1 == 1;
-                assert_eq!(
-                    bit,
-                    head != NIL,
-                    "level {level} slot {slot}: bitmap disagrees"
-                );
+                assert_eq!(bit, head != NIL, "{list:?}: the bitmap disagrees");
             }
             let (mut prev, mut index) = (NIL, head);
             while index != NIL {
                 linked += 1;
-                assert!(linked <= self.len(), "list {list} loops or shares entries");
+                assert!(linked <= self.len(), "{list:?} loops or shares entries");
                 let entry = self.entries.get(index as usize);
-                let entry = entry.unwrap_or_else(|| panic!("list {list} links free entry {index}"));
-                assert_eq!(
-                    entry.list, list,
-                    "entry {index} is on a list it does not record"
-                );
+                let entry = entry.unwrap_or_else(|| panic!("{list:?} links free entry {index}"));
+                assert_eq!(entry.list, list, "entry {index} records another list");
                 assert_eq!(entry.prev, prev, "entry {index}: prev link is wrong");
                 assert!(entry.deadline >= self.elapsed, "entry {index} is overdue");
                 let home = list_for(self.elapsed, entry.deadline);
                 assert_eq!(
                     home, list,
-                    "entry {index} due at {} is misplaced",
+                    "entry {index} (due {}) misplaced",
                     entry.deadline
                 );
                 (prev, index) = (index, entry.next);
             }
-            assert_eq!(tail, prev, "list {list}: tail is not the last entry");
+            assert_eq!(tail, prev, "{list:?}: tail is not the last entry");
         }
         assert_eq!(linked, self.len(), "some live entries are on no list");
     }
 
     /// The lowest level's next non-empty slot, as its list and the tick it starts at.
-    fn next_slot(&self) -> Option<(u16, Tick)> {
+    fn next_slot(&self) -> Option<(ListId, Tick)> {
         let level = self.occupied.iter().position(|&bits| bits != 0)?;
         let shift = level as u32 * SLOT_BITS;
         // Slots counted from tick 0: `current` is the one `elapsed` is in. Below the top level
@@ -286,16 +314,16 @@ impl<T> Wheel<T> {
             index <= Tick::MAX >> shift,
             "slot starts past the end of time"
         );
-        let list = level * SLOTS + (index & SLOT_MASK) as usize;
-        Some((list as u16, index << shift))
+        let slot = (index & SLOT_MASK) as usize;
+        Some((ListId::slot(level, slot), index << shift))
     }
 
     /// Takes the whole of `list` and re-links each entry, in order, on the list its deadline
     /// belongs on now: a lower level, the same top slot a turn later, or the pending list.
-    fn cascade(&mut self, list: u16) {
-        let mut index = std::mem::replace(&mut self.lists[usize::from(list)], List::EMPTY).head;
-        let (level, slot) = split(list);
-        self.occupied[level] &= !(1 << slot);
+    fn cascade(&mut self, list: ListId) {
+        let taken = std::mem::replace(&mut self.lists[list.index()], List::EMPTY);
+        self.vacate(list);
+        let mut index = taken.head;
         while index != NIL {
             let entry = &self.entries[index as usize];
             let (next, home) = (entry.next, list_for(self.elapsed, entry.deadline));
@@ -304,19 +332,18 @@ impl<T> Wheel<T> {
         }
     }
 
-    fn push_back(&mut self, list: u16, index: u32) {
-        let tail = self.lists[usize::from(list)].tail;
+    fn push_back(&mut self, list: ListId, index: u32) {
+        let tail = self.lists[list.index()].tail;
         let entry = &mut self.entries[index as usize];
         entry.list = list;
         entry.prev = tail;
         entry.next = NIL;
         match tail {
-            NIL => self.lists[usize::from(list)].head = index,
+            NIL => self.lists[list.index()].head = index,
             _ => self.entries[tail as usize].next = index,
         }
-        self.lists[usize::from(list)].tail = index;
-        if list != PENDING {
-            let (level, slot) = split(list);
+        self.lists[list.index()].tail = index;
+        if let Some((level, slot)) = list.level_slot() {
             self.occupied[level] |= 1 << slot;
         }
     }
@@ -325,17 +352,23 @@ impl<T> Wheel<T> {
         let Entry {
             prev, next, list, ..
         } = self.entries[index as usize];
-        let lists = &mut self.lists[usize::from(list)];
+        let links = &mut self.lists[list.index()];
         match prev {
-            NIL => lists.head = next,
+            NIL => links.head = next,
             _ => self.entries[prev as usize].next = next,
         }
         match next {
-            NIL => lists.tail = prev,
+            NIL => links.tail = prev,
             _ => self.entries[next as usize].prev = prev,
         }
-        if lists.head == NIL && list != PENDING {
-            let (level, slot) = split(list);
+        if links.head == NIL {
+            self.vacate(list);
+        }
+    }
+
+    /// Clears the occupied bit of an emptied slot list.
+    fn vacate(&mut self, list: ListId) {
+        if let Some((level, slot)) = list.level_slot() {
             self.occupied[level] &= !(1 << slot);
         }
     }
@@ -372,22 +405,17 @@ impl<T> fmt::Debug for Wheel<T> {
 }
 
 /// The list a timer due at `deadline` (not before `elapsed`) belongs on at time `elapsed`.
-fn list_for(elapsed: Tick, deadline: Tick) -> u16 {
+fn list_for(elapsed: Tick, deadline: Tick) -> ListId {
     debug_assert!(deadline >= elapsed);
     if deadline == elapsed {
-        return PENDING;
+        return ListId::PENDING;
     }
-    // The highest differing bit picks the level; or-ing in the low six bits makes a
-    // difference inside level 0 count as level 0. Farther than the span goes on the top level.
-    let differing = (elapsed ^ deadline) | SLOT_MASK;
-    let level = ((63 - differing.leading_zeros()) / SLOT_BITS).min(LEVELS as u32 - 1);
+    // The highest bit in which the two differ picks the level (tokio's `level_for`); a
+    // deadline farther than the span goes on the top level.
+    let highest = 63 - (elapsed ^ deadline).leading_zeros();
+    let level = (highest / SLOT_BITS).min(LEVELS as u32 - 1);
     let slot = (deadline >> (level * SLOT_BITS)) & SLOT_MASK;
-    (level as u16) * SLOTS as u16 + slot as u16
-}
-
-/// A slot list's index as (level, slot).
-fn split(list: u16) -> (usize, usize) {
-    (usize::from(list) / SLOTS, usize::from(list) % SLOTS)
+    ListId::slot(level as usize, slot as usize)
 }
 
 #[cfg(test)]
@@ -436,6 +464,13 @@ mod tests {
             }
             wheel.check_invariants();
         }
+    }
+
+    #[test]
+    fn list_id_leaves_the_slab_a_niche() {
+        use std::mem::size_of;
+        assert_eq!(size_of::<Option<Entry<u64>>>(), size_of::<Entry<u64>>());
+        assert_eq!(size_of::<Entry<u64>>(), 32);
     }
 
     #[test]
@@ -571,7 +606,7 @@ mod tests {
         let mut wheel = Wheel::new();
         let keys: Vec<TimerKey> = ['a', 'b', 'c', 'd'].map(|v| wheel.insert(10, v)).to_vec();
         assert_eq!(wheel.poll(10), Some((10, 'a')));
-        assert_eq!(wheel.entries[keys[2].0 as usize].list, PENDING);
+        assert_eq!(wheel.entries[keys[2].0 as usize].list, ListId::PENDING);
         assert_eq!(wheel.cancel(keys[2]), 'c');
         wheel.check_invariants();
         assert_eq!(wheel.poll(10), Some((10, 'b')));

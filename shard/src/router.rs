@@ -66,5 +66,5 @@ mod tests {
         assert_eq!(placed, FIXED_PLACEMENT);
     }
 
-    const FIXED_PLACEMENT: [usize; 6] = [0, 0, 0, 0, 0, 0];
+    const FIXED_PLACEMENT: [usize; 6] = [3, 3, 1, 3, 4, 2];
 }
