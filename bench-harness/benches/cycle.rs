@@ -52,7 +52,7 @@ impl EngineCycle {
         let mut out = Effects::new();
         let declare = Command::Declare {
             name: "cycle".into(),
-            config: QueueConfig::default(),
+            config: Box::new(QueueConfig::default()),
         };
         shard.handle(NOW, declare, &mut out);
         let Some(Reply::Declared(Ok(queue))) = out.reply.take() else {

@@ -119,7 +119,10 @@ pub struct DeathOutcome {
 #[derive(Clone, Debug, PartialEq)]
 pub enum Command {
     /// → [`Reply::Declared`]. The caller has checked that the config's dead-letter queue exists.
-    Declare { name: String, config: QueueConfig },
+    Declare {
+        name: String,
+        config: Box<QueueConfig>,
+    },
     /// → [`Reply::Found`].
     Lookup { name: String },
     /// → [`Reply::Put`].
@@ -179,9 +182,9 @@ pub enum Reply {
     Consumed(Result<ConsumerKey, Error>),
     Count(usize),
     /// `None` when the queue is closed.
-    Stats(Option<QueueStats>),
+    Stats(Option<Box<QueueStats>>),
     /// The counters frozen at close the first time; `None` when it was closed already.
-    Closed(Option<QueueStats>),
+    Closed(Option<Box<QueueStats>>),
 }
 
 /// What the engine asks its runtime to carry out. The runtime drains it after each call;
@@ -232,8 +235,16 @@ impl TickLength {
 
     /// `d` in ticks, rounded up.
     pub fn ticks(self, d: Duration) -> Tick {
-        let ticks = d.as_nanos().div_ceil(u128::from(self.nanos));
-        u64::try_from(ticks).unwrap_or(u64::MAX)
+        if d.is_zero() {
+            return 0;
+        }
+        match u64::try_from(d.as_nanos()) {
+            Ok(nanos) => nanos.div_ceil(self.nanos),
+            Err(_) => {
+                let ticks = d.as_nanos().div_ceil(u128::from(self.nanos));
+                u64::try_from(ticks).unwrap_or(u64::MAX)
+            }
+        }
     }
 
     /// `nanos` since the epoch as the tick it falls in (rounded down).

@@ -23,13 +23,15 @@
 //!
 //! let mut shard = Shard::new(0, Duration::from_millis(1));
 //! let mut out = Effects::new();
-//! shard.handle(0, Command::Declare { name: "jobs".into(), config: QueueConfig::default() }, &mut out);
+//! let config = Box::new(QueueConfig::default());
+//! shard.handle(0, Command::Declare { name: "jobs".into(), config }, &mut out);
 //! let Some(Reply::Declared(Ok(queue))) = out.reply.take() else { unreachable!() };
 //! shard.handle(0, Command::Put { queue, message: Message::new("hello") }, &mut out);
 //! assert_eq!(shard.stats(queue).unwrap().ready, 1);
 //! ```
 
 mod command;
+mod leases;
 mod queue;
 mod types;
 pub mod validate;
@@ -127,6 +129,10 @@ impl Shard {
     /// by `now` and fire in the same call. Spurious calls are no-ops.
     pub fn handle_timeout(&mut self, now: Tick, out: &mut Effects) {
         assert!(now >= self.now, "time went backwards: {now} < {}", self.now);
+        // Every timer due by `self.now` has fired, and every timer set since lies later.
+        if now == self.now {
+            return;
+        }
         while let Some((deadline, timer)) = self.wheel.poll(now) {
             debug_assert!(deadline >= self.now, "a timer fired late");
             self.now = self.now.max(deadline);
@@ -146,7 +152,7 @@ impl Shard {
     pub fn handle(&mut self, now: Tick, cmd: Command, out: &mut Effects) {
         self.handle_timeout(now, out);
         let reply = match cmd {
-            Command::Declare { name, config } => Some(Reply::Declared(self.declare(name, config))),
+            Command::Declare { name, config } => Some(Reply::Declared(self.declare(name, *config))),
             Command::Lookup { name } => Some(Reply::Found(self.names.get(name.as_str()).copied())),
             Command::Put { queue, message } => Some(Reply::Put(match self.live(queue) {
                 Some(idx) => {
@@ -207,8 +213,8 @@ impl Shard {
                 }
                 None
             }
-            Command::Stats { queue } => Some(Reply::Stats(self.stats(queue))),
-            Command::Close { queue } => Some(Reply::Closed(self.close(queue, out))),
+            Command::Stats { queue } => Some(Reply::Stats(self.stats(queue).map(Box::new))),
+            Command::Close { queue } => Some(Reply::Closed(self.close(queue, out).map(Box::new))),
             Command::DeadLetters { letters } => {
                 for letter in letters {
                     let origin = letter.origin;
@@ -311,15 +317,9 @@ impl Shard {
             return Err(Error::DuplicateConsumer);
         }
         let gen = self.bump_gen();
-        let slot = self.consumers.insert(ConsumerState {
-            queue: queue.idx,
-            gen,
-            name,
-            prefetch: config.prefetch,
-            held: 0,
-            head: 0,
-            tail: 0,
-        });
+        let slot = self
+            .consumers
+            .insert(ConsumerState::new(queue.idx, gen, name, config.prefetch));
         let slot = u32::try_from(slot).expect("fewer than 2^32 consumers");
         let (queues, mut ctx) = ctx!(self, out);
         queues[idx].add_consumer(&mut ctx, slot, &config);

@@ -12,6 +12,7 @@ use slab::Slab;
 use crate::command::{
     ConsumerKey, DeadLetter, Delivered, Effects, MsgId, Origin, QueueKey, TickLength,
 };
+use crate::leases::{Lease, LeaseTable};
 use crate::types::{
     ConsumerConfig, DeathReason, DeathRecord, DeliveryTag, Error, Message, PutOutcome, QueueConfig,
     QueueStats, Settle,
@@ -51,13 +52,23 @@ pub(crate) struct ConsumerState {
     pub prefetch: u32,
     /// Live leases held.
     pub held: u32,
-    /// The consumer's leases in tag order, linked through [`Lease::prev`]/[`Lease::next`]
-    /// (0 = none; tags start at 1).
-    pub head: u64,
-    pub tail: u64,
+    /// Tags delivered to this consumer, in order. Settled tags are dropped lazily: from the
+    /// front by `ack_up_to`, and by a sweep once they outnumber the live ones.
+    pub tags: VecDeque<u64>,
 }
 
 impl ConsumerState {
+    pub fn new(queue: u32, gen: u32, name: String, prefetch: u32) -> ConsumerState {
+        ConsumerState {
+            queue,
+            gen,
+            name,
+            prefetch,
+            held: 0,
+            tags: VecDeque::new(),
+        }
+    }
+
     fn has_credit(&self) -> bool {
         self.held < self.prefetch
     }
@@ -92,16 +103,6 @@ enum MsgState {
 }
 
 #[derive(Debug)]
-struct Lease {
-    msg: u32,
-    consumer: u32,
-    delivered_at: Tick,
-    timer: TimerKey,
-    prev: u64,
-    next: u64,
-}
-
-#[derive(Debug)]
 struct DedupEntry {
     /// A live message (ready, delayed or leased) holds this id.
     live: bool,
@@ -133,8 +134,7 @@ pub(crate) struct QueueState {
     returned: VecDeque<u32>,
     fresh: VecDeque<u32>,
     delayed: usize,
-    leases: Map<u64, Lease>,
-    next_tag: u64,
+    leases: LeaseTable,
     /// Consumer slots in registration order.
     consumers: Vec<u32>,
     /// Where the round robin looks first: just after the consumer that got the last delivery.
@@ -159,8 +159,7 @@ impl QueueState {
             returned: VecDeque::new(),
             fresh: VecDeque::new(),
             delayed: 0,
-            leases: Map::with_hasher(fixed_state()),
-            next_tag: 1,
+            leases: LeaseTable::new(1, fixed_state()),
             consumers: Vec::new(),
             rr: 0,
             with_credit: 0,
@@ -351,8 +350,7 @@ impl QueueState {
     fn next_consumer(&mut self, consumers: &Slab<ConsumerState>) -> u32 {
         let n = self.consumers.len();
         let start = if self.rr >= n { 0 } else { self.rr };
-        for i in 0..n {
-            let pos = (start + i) % n;
+        for pos in (start..n).chain(0..start) {
             let slot = self.consumers[pos];
             if consumers[slot as usize].has_credit() {
                 self.rr = pos + 1;
@@ -363,8 +361,7 @@ impl QueueState {
     }
 
     fn deliver(&mut self, ctx: &mut Ctx, msg: u32, slot: u32) {
-        let tag = self.next_tag;
-        self.next_tag += 1;
+        let tag = self.leases.next_tag();
         let timer = ctx.wheel.insert(
             ctx.now + self.ack_ticks,
             Timer::Lease {
@@ -373,11 +370,7 @@ impl QueueState {
             },
         );
         let consumer = &mut ctx.consumers[slot as usize];
-        let prev = consumer.tail;
-        consumer.tail = tag;
-        if prev == 0 {
-            consumer.head = tag;
-        }
+        consumer.tags.push_back(tag);
         consumer.held += 1;
         if !consumer.has_credit() {
             self.with_credit -= 1;
@@ -386,21 +379,13 @@ impl QueueState {
             idx: slot,
             gen: consumer.gen,
         };
-        if prev != 0 {
-            self.leases
-                .get_mut(&prev)
-                .expect("consumer tail is a live lease")
-                .next = tag;
-        }
         self.leases.insert(
             tag,
             Lease {
                 msg,
                 consumer: slot,
-                delivered_at: ctx.now,
                 timer,
-                prev,
-                next: 0,
+                delivered_at: ctx.now,
             },
         );
         let m = &mut self.msgs[msg as usize];
@@ -421,27 +406,20 @@ impl QueueState {
 
     // ----- leases --------------------------------------------------------------------------
 
-    /// Ends a live lease: out of the table and its consumer's list, credit back. The caller
-    /// decides what happens to the message, and cancels the timer unless it fired.
+    /// Ends a live lease: out of the table, credit back to its consumer. The caller decides
+    /// what happens to the message, and cancels the timer unless it fired.
     fn end_lease(&mut self, consumers: &mut Slab<ConsumerState>, tag: u64) -> Option<Lease> {
-        let lease = self.leases.remove(&tag)?;
-        if lease.prev != 0 {
-            self.leases.get_mut(&lease.prev).expect("linked lease").next = lease.next;
-        }
-        if lease.next != 0 {
-            self.leases.get_mut(&lease.next).expect("linked lease").prev = lease.prev;
-        }
+        let lease = self.leases.remove(tag)?;
         let consumer = &mut consumers[lease.consumer as usize];
-        if consumer.head == tag {
-            consumer.head = lease.next;
-        }
-        if consumer.tail == tag {
-            consumer.tail = lease.prev;
-        }
         if !consumer.has_credit() {
             self.with_credit += 1;
         }
         consumer.held -= 1;
+        // Sweep settled tags once they outnumber the live ones: amortised O(1) per settle.
+        if consumer.tags.len() > 2 * consumer.held as usize + 32 {
+            let leases = &self.leases;
+            consumer.tags.retain(|&t| leases.contains(t));
+        }
         Some(lease)
     }
 
@@ -460,7 +438,7 @@ impl QueueState {
                 return false;
             }
         }
-        if !self.leases.contains_key(&tag) {
+        if !self.leases.contains(tag) {
             self.stats.stale += 1;
             return false;
         }
@@ -489,7 +467,8 @@ impl QueueState {
     }
 
     fn leased_attempt(&self, tag: u64) -> u32 {
-        self.msgs[self.leases[&tag].msg as usize].attempt
+        let lease = self.leases.get(tag).expect("checked live");
+        self.msgs[lease.msg as usize].attempt
     }
 
     fn ack(&mut self, ctx: &mut Ctx, tag: u64) {
@@ -505,7 +484,7 @@ impl QueueState {
     }
 
     fn touch(&mut self, ctx: &mut Ctx, tag: u64) -> bool {
-        let lease = &self.leases[&tag];
+        let lease = self.leases.get(tag).expect("checked live");
         let deadline = ctx.now + self.ack_ticks;
         if let Some(max) = self.max_lease_ticks {
             if deadline > lease.delivered_at + max {
@@ -519,13 +498,17 @@ impl QueueState {
     /// `ack_up_to` on one consumer: every live lease of it with a tag up to `tag`.
     pub fn ack_up_to(&mut self, ctx: &mut Ctx, consumer: u32, tag: DeliveryTag) -> usize {
         let mut acked = 0;
-        loop {
-            let head = ctx.consumers[consumer as usize].head;
-            if head == 0 || head > tag.0 {
+        while let Some(&front) = ctx.consumers[consumer as usize].tags.front() {
+            if front > tag.0 {
                 break;
             }
-            self.ack(ctx, head);
-            acked += 1;
+            ctx.consumers[consumer as usize].tags.pop_front();
+            // Tags are unique to a queue: a live lease of a tag from this list is this
+            // consumer's.
+            if self.leases.contains(front) {
+                self.ack(ctx, front);
+                acked += 1;
+            }
         }
         if acked > 0 {
             self.dispatch(ctx);
@@ -685,19 +668,17 @@ impl QueueState {
             .expect("a live consumer is listed by its queue");
         let mut unread_msgs = Vec::new();
         for tag in unread {
-            let ours = self.leases.get(&tag.0).is_some_and(|l| l.consumer == slot);
+            let ours = self.leases.get(tag.0).is_some_and(|l| l.consumer == slot);
             if ours {
                 let lease = self.take_lease(ctx, tag.0).expect("checked live");
                 unread_msgs.push(lease.msg);
             }
         }
-        loop {
-            let head = ctx.consumers[slot as usize].head;
-            if head == 0 {
-                break;
+        let read = std::mem::take(&mut ctx.consumers[slot as usize].tags);
+        for tag in read {
+            if let Some(lease) = self.take_lease(ctx, tag) {
+                self.come_back(ctx, lease.msg, Return::Expired);
             }
-            let lease = self.take_lease(ctx, head).expect("listed leases are live");
-            self.come_back(ctx, lease.msg, Return::Expired);
         }
         self.stats.released += unread_msgs.len() as u64;
         for &msg in unread_msgs.iter().rev() {
@@ -727,7 +708,7 @@ impl QueueState {
                 gen: consumer.gen,
             });
         }
-        for (_, lease) in self.leases.drain() {
+        for (_, lease) in self.leases.iter() {
             ctx.wheel.cancel(lease.timer);
         }
         for (_, msg) in self.msgs.iter() {
@@ -771,7 +752,8 @@ impl QueueState {
                 }
                 MsgState::Leased(tag) => {
                     leased += 1;
-                    assert_eq!(self.leases[&tag].msg as usize, idx, "lease points back");
+                    let lease = self.leases.get(tag).expect("a leased message has a lease");
+                    assert_eq!(lease.msg as usize, idx, "lease points back");
                 }
             }
             if let MsgId::Given(id) = &msg.id {
@@ -784,26 +766,24 @@ impl QueueState {
         assert_eq!(ready, self.returned.len() + self.fresh.len(), "ready lists");
         assert_eq!(delayed, self.delayed, "delayed count");
         assert_eq!(leased, self.leases.len(), "lease table");
+        self.leases.check_invariants();
         let mut credit = 0;
         let mut held_total = 0;
         for &slot in &self.consumers {
             let c = &consumers[slot as usize];
             assert_eq!(c.queue, self.key.idx, "consumer's queue");
-            let (mut tag, mut prev, mut held) = (c.head, 0, 0);
-            while tag != 0 {
-                let lease = &self.leases[&tag];
-                assert_eq!(lease.consumer, slot, "lease in its consumer's list");
-                assert_eq!(lease.prev, prev, "list back link");
-                assert!(prev < tag, "consumer list in tag order");
-                assert!(
-                    wheel.deadline(lease.timer) > now,
-                    "a live lease's deadline is ahead"
-                );
-                prev = tag;
-                tag = lease.next;
-                held += 1;
+            let mut held = 0;
+            let mut previous = 0;
+            for &tag in &c.tags {
+                assert!(previous < tag, "consumer tags in order");
+                previous = tag;
+                if let Some(lease) = self.leases.get(tag) {
+                    assert_eq!(lease.consumer, slot, "lease in its consumer's list");
+                    let deadline = wheel.deadline(lease.timer);
+                    assert!(deadline > now, "a live lease's deadline is ahead");
+                    held += 1;
+                }
             }
-            assert_eq!(c.tail, prev, "list tail");
             assert_eq!(c.held, held, "held count");
             assert!(c.held <= c.prefetch, "prefetch respected");
             credit += usize::from(c.has_credit());

@@ -682,7 +682,7 @@ impl Model {
         let with_credit: Vec<usize> = (queue.consumers.iter().copied())
             .filter(|&c| self.held(q, c) < self.consumers[c].prefetch as usize)
             .collect();
-        let after = |c: usize| queue.last_served.map_or(true, |last| c > last);
+        let after = |c: usize| queue.last_served.is_none_or(|last| c > last);
         (with_credit.iter().copied().find(|&c| after(c))).or(with_credit.first().copied())
     }
 
@@ -1282,7 +1282,7 @@ impl Harness {
             Op::Wait => return None,
             Op::Declare { name, config } => Command::Declare {
                 name: name.to_string(),
-                config: config.clone(),
+                config: Box::new(config.clone()),
             },
             Op::Put { queue: q, message } => Command::Put {
                 queue: queue(q),
@@ -1427,9 +1427,9 @@ impl Harness {
             (Answer::Settled(a), Some(Reply::Settled(b))) => a == b,
             (Answer::SettledBatch(a), Some(Reply::SettledBatch(b))) => a == b,
             (Answer::Count(a), Some(Reply::Count(b))) => a == b,
-            (Answer::Stats(a), Some(Reply::Stats(b))) => a == b,
+            (Answer::Stats(a), Some(Reply::Stats(b))) => a.as_ref() == b.as_deref(),
             (Answer::Found(a), Some(Reply::Found(b))) => a.map(|q| self.queue_keys[q]) == *b,
-            (Answer::Closed(a), Some(Reply::Closed(b))) => a == b,
+            (Answer::Closed(a), Some(Reply::Closed(b))) => a.as_ref() == b.as_deref(),
             _ => false,
         };
         if same {
@@ -1762,7 +1762,7 @@ impl Harness {
         let name = self.rng.pick(&QUEUE_NAMES);
         if let Some(config) = self.remembered.get(name) {
             let dead_letter_open =
-                (config.dead_letter.as_deref()).map_or(true, |to| self.model.lookup(to).is_some());
+                (config.dead_letter.as_deref()).is_none_or(|to| self.model.lookup(to).is_some());
             if dead_letter_open && self.rng.below(10) < 4 {
                 return Op::Declare {
                     name,

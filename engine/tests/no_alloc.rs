@@ -53,7 +53,7 @@ fn cycles(settle: Settle, outstanding: u64, cycles: u64) -> u64 {
         0,
         Command::Declare {
             name: "hot".into(),
-            config,
+            config: Box::new(config),
         },
         &mut out,
     );
@@ -131,7 +131,10 @@ fn cycles(settle: Settle, outstanding: u64, cycles: u64) -> u64 {
     for now in 0..20_000 {
         run(&mut shard, &mut out, now / 8);
     }
-    assert!(allocations() > cold, "the counter sees the warm-up's allocations");
+    assert!(
+        allocations() > cold,
+        "the counter sees the warm-up's allocations"
+    );
     let before = allocations();
     for now in 0..cycles {
         run(&mut shard, &mut out, 2_500 + now / 8);

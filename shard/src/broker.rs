@@ -192,7 +192,7 @@ impl Broker {
         let shard = self.shard_of(name);
         let cmd = Command::Declare {
             name: name.to_string(),
-            config,
+            config: Box::new(config),
         };
         match call(self.inner.inbox(shard), |reply| Request::Declare {
             cmd,

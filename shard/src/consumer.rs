@@ -173,10 +173,12 @@ impl Consumer {
             return;
         }
         let consumer = self.key;
-        call(queue.broker().inbox(queue.shard()), |reply| Request::Cancel {
-            consumer,
-            rx,
-            reply: Some(reply),
+        call(queue.broker().inbox(queue.shard()), |reply| {
+            Request::Cancel {
+                consumer,
+                rx,
+                reply: Some(reply),
+            }
         });
     }
 }

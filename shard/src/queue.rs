@@ -292,7 +292,7 @@ impl Queue {
             if let Outcome::Reply(Reply::Stats(Some(stats))) = self.request(Command::Stats {
                 queue: self.inner.key,
             }) {
-                return stats;
+                return *stats;
             }
         }
         match self.inner.cell.frozen() {

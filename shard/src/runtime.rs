@@ -252,7 +252,7 @@ impl ShardThread {
                 self.engine.handle(now, cmd, &mut self.out);
                 let answer = self.take_reply();
                 if let (Some(key), Reply::Closed(Some(stats))) = (closing, &answer) {
-                    self.on_closed(key, stats.clone());
+                    self.on_closed(key, (**stats).clone());
                 }
                 self.answer_after_dead_letters(now, reply, Answer::Engine(answer));
             }
@@ -291,7 +291,11 @@ impl ShardThread {
                 }
                 self.replies.push((reply, Answer::Engine(reply_value)));
             }
-            Request::Cancel { consumer, rx, reply } => {
+            Request::Cancel {
+                consumer,
+                rx,
+                reply,
+            } => {
                 // What this shard still holds for the consumer counts as unread too.
                 self.flush_deliveries();
                 let unread = rx.try_iter().map(|d| d.tag).collect();
