@@ -56,14 +56,29 @@ impl MsgId {
     pub(crate) fn auto(shard: u16, seq: u64) -> MsgId {
         MsgId::Auto((u64::from(shard) << 48) | (seq & ((1 << 48) - 1)))
     }
+
+    /// The id as text: a caller's id as given, a broker id as `~<shard>-<sequence>`.
+    /// One allocation of the right size, no formatting machinery: this runs per delivery.
+    pub fn to_text(&self) -> String {
+        match self {
+            MsgId::Given(id) => id.to_string(),
+            MsgId::Auto(n) => {
+                let (mut shard, mut seq) = (itoa::Buffer::new(), itoa::Buffer::new());
+                let (shard, seq) = (shard.format(n >> 48), seq.format(n & ((1 << 48) - 1)));
+                let mut text = String::with_capacity(2 + shard.len() + seq.len());
+                text.push('~');
+                text.push_str(shard);
+                text.push('-');
+                text.push_str(seq);
+                text
+            }
+        }
+    }
 }
 
 impl fmt::Display for MsgId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            MsgId::Auto(n) => write!(f, "~{}-{}", n >> 48, n & ((1 << 48) - 1)),
-            MsgId::Given(id) => f.write_str(id),
-        }
+        f.write_str(&self.to_text())
     }
 }
 
@@ -80,7 +95,7 @@ pub struct Delivered {
 impl Delivered {
     pub fn into_envelope(self) -> Envelope {
         Envelope {
-            id: self.id.to_string(),
+            id: self.id.to_text(),
             body: self.body,
             attempt: self.attempt,
             death: self.death.map(|d| *d),

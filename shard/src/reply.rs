@@ -69,13 +69,35 @@ thread_local! {
     static SLOT: (Sender<Answer>, Receiver<Answer>) = bounded(1);
 }
 
+/// Polls `attempt` for a while before the caller parks: a few busy spins, then yields that
+/// let the thread that will answer run. A round trip to a shard usually completes within
+/// this, and parking costs a futex wait and wake on each side.
+pub(crate) fn spin_for<T>(mut attempt: impl FnMut() -> Option<T>) -> Option<T> {
+    for round in 0..SPIN_ROUNDS {
+        if let Some(value) = attempt() {
+            return Some(value);
+        }
+        if round < 8 {
+            for _ in 0..(1 << round) {
+                std::hint::spin_loop();
+            }
+        } else {
+            std::thread::yield_now();
+        }
+    }
+    None
+}
+
+/// How many polls [`spin_for`] makes before giving up.
+const SPIN_ROUNDS: u32 = 64;
+
 /// Sends a request and blocks until its answer comes back.
 pub(crate) fn call(inbox: &Sender<Request>, request: impl FnOnce(ReplyTo) -> Request) -> Answer {
     SLOT.with(|(tx, rx)| {
         let req = request(ReplyTo(Some(Target::Sync(tx.clone()))));
         // A request refused by a stopped shard is dropped here, which answers ShutDown.
         drop(inbox.send(req));
-        rx.recv().unwrap_or(Answer::ShutDown)
+        spin_for(|| rx.try_recv().ok()).unwrap_or_else(|| rx.recv().unwrap_or(Answer::ShutDown))
     })
 }
 

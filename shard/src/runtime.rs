@@ -22,7 +22,7 @@ use leasemq_engine::{
     QueueStats, Reply, Shard, Tick, TickLength,
 };
 
-use crate::reply::{Answer, ReplyTo};
+use crate::reply::{spin_for, Answer, ReplyTo};
 use crate::router::shard_for;
 
 /// Requests handled per loop turn before effects are flushed.
@@ -229,6 +229,9 @@ impl ShardThread {
                 w.min(Duration::from_micros(100))
             }))
         };
+        if let Some(req) = spin_for(|| self.inbox.try_recv().ok()) {
+            return Some(Ok(req));
+        }
         match wait {
             None => Some(self.inbox.recv().map_err(|_| ())),
             Some(timeout) => match self.inbox.recv_timeout(timeout) {
