@@ -511,10 +511,13 @@ impl ShardThread {
         self.replies.push((reply, Answer::Step { cross_sent }));
     }
 
+    /// Drops the channels of consumers that ended; a blocked `recv` sees the disconnect,
+    /// a pending async `next` is woken to see it.
     fn drop_gone_sinks(&mut self) {
         for key in self.out.consumers_gone.drain(..) {
-            if let Some(sink) = self.sinks.get_mut(key.slot()) {
-                *sink = None;
+            if let Some(sink) = self.sinks.get_mut(key.slot()).and_then(Option::take) {
+                drop(sink.tx);
+                sink.waker.wake();
             }
         }
     }
@@ -556,7 +559,10 @@ impl ShardThread {
                 }
             }
         }
-        self.sinks.clear();
+        for sink in self.sinks.drain(..).flatten() {
+            drop(sink.tx);
+            sink.waker.wake();
+        }
         self.backlog.clear();
         // Requests still queued are dropped with the inbox: each answers ShutDown.
         while let Ok(req) = self.inbox.try_recv() {

@@ -1,0 +1,258 @@
+//! SPEC §3 "Dispatch": round robin in registration order, credit, and returned messages
+//! before fresh ones in the order they became ready again.
+
+use std::time::Duration;
+
+use leasemq::{
+    Broker, Consumer, ConsumerConfig, Delivery, DeliveryTag, Message, Queue, QueueConfig,
+    RetryPolicy,
+};
+
+fn broker() -> Broker {
+    Broker::builder()
+        .shards(2)
+        .manual_clock()
+        .build()
+        .expect("manual-clock broker")
+}
+
+fn secs(n: u64) -> Duration {
+    Duration::from_secs(n)
+}
+
+fn prefetch(n: u32) -> ConsumerConfig {
+    ConsumerConfig { prefetch: n }
+}
+
+fn put(queue: &Queue, id: &str) {
+    queue
+        .put(Message::new(format!("body of {id}")).with_id(id))
+        .expect("put");
+}
+
+fn next(consumer: &Consumer) -> Delivery {
+    consumer
+        .try_recv()
+        .expect("try_recv")
+        .expect("a delivery should already be in the consumer's channel")
+}
+
+fn nothing(consumer: &Consumer) {
+    assert!(
+        consumer.try_recv().expect("try_recv").is_none(),
+        "consumer {} should have no delivery waiting",
+        consumer.name()
+    );
+}
+
+/// (id, tag, attempt) of the next delivery.
+fn seen(consumer: &Consumer) -> (String, u64, u32) {
+    let d = next(consumer);
+    let e = d.envelope();
+    (e.id.clone(), d.tag().0, e.attempt)
+}
+
+fn s(id: &str, tag: u64, attempt: u32) -> (String, u64, u32) {
+    (id.to_string(), tag, attempt)
+}
+
+fn count<T: TryInto<u64>>(value: T) -> u64 {
+    value
+        .try_into()
+        .unwrap_or_else(|_| panic!("stats field out of range"))
+}
+
+macro_rules! assert_stats {
+    ($queue:expr, { $($field:ident: $value:expr),* $(,)? }) => {{
+        let stats = $queue.stats();
+        $(assert_eq!(count(stats.$field), $value, "stats.{} in {:?}", stringify!($field), stats);)*
+    }};
+}
+
+fn plain(broker: &Broker, name: &str) -> Queue {
+    broker.declare_queue(name, QueueConfig::default()).unwrap()
+}
+
+#[test]
+fn first_delivery_goes_to_the_first_registered_consumer() {
+    let broker = broker();
+    let q = plain(&broker, "dispatch.first");
+    let a = q.consume("a", prefetch(5)).unwrap();
+    let b = q.consume("b", prefetch(5)).unwrap();
+    put(&q, "m1");
+    assert_eq!(seen(&a), s("m1", 1, 1));
+    nothing(&b);
+}
+
+#[test]
+fn deliveries_go_round_robin_in_registration_order() {
+    let broker = broker();
+    let q = plain(&broker, "dispatch.rr");
+    // Registered in the order c, a, b: names do not matter, registration does.
+    let c = q.consume("c", prefetch(10)).unwrap();
+    let a = q.consume("a", prefetch(10)).unwrap();
+    let b = q.consume("b", prefetch(10)).unwrap();
+    for i in 1..=7 {
+        put(&q, &format!("m{i}"));
+    }
+    assert_eq!(seen(&c), s("m1", 1, 1));
+    assert_eq!(seen(&a), s("m2", 2, 1));
+    assert_eq!(seen(&b), s("m3", 3, 1));
+    assert_eq!(seen(&c), s("m4", 4, 1));
+    assert_eq!(seen(&a), s("m5", 5, 1));
+    assert_eq!(seen(&b), s("m6", 6, 1));
+    assert_eq!(seen(&c), s("m7", 7, 1));
+    for consumer in [&a, &b, &c] {
+        nothing(consumer);
+    }
+}
+
+#[test]
+fn round_robin_skips_consumers_without_credit_and_resumes_after_the_last_receiver() {
+    let broker = broker();
+    let q = plain(&broker, "dispatch.credit");
+    let a = q.consume("a", prefetch(1)).unwrap();
+    let b = q.consume("b", prefetch(100)).unwrap();
+    let c = q.consume("c", prefetch(100)).unwrap();
+    for i in 1..=5 {
+        put(&q, &format!("m{i}"));
+    }
+    // a, b, c, then a has no credit: b, c.
+    assert_eq!(seen(&a), s("m1", 1, 1));
+    assert_eq!(seen(&b), s("m2", 2, 1));
+    assert_eq!(seen(&c), s("m3", 3, 1));
+    assert_eq!(seen(&b), s("m4", 4, 1));
+    assert_eq!(seen(&c), s("m5", 5, 1));
+    // A consumer registered now comes last in the rotation; c got the previous delivery.
+    let d = q.consume("d", prefetch(100)).unwrap();
+    nothing(&d);
+    put(&q, "m6");
+    assert_eq!(seen(&d), s("m6", 6, 1));
+    put(&q, "m7"); // a still has no credit
+    assert_eq!(seen(&b), s("m7", 7, 1));
+    nothing(&a);
+    nothing(&c);
+}
+
+#[test]
+fn consume_delivers_the_waiting_messages_before_it_returns() {
+    let broker = broker();
+    let q = plain(&broker, "dispatch.consume");
+    put(&q, "m1");
+    put(&q, "m2");
+    put(&q, "m3");
+    assert_stats!(q, { ready: 3, leased: 0, consumers: 0 });
+    let a = q.consume("a", prefetch(2)).unwrap();
+    assert_eq!(seen(&a), s("m1", 1, 1));
+    assert_eq!(seen(&a), s("m2", 2, 1));
+    nothing(&a);
+    assert_stats!(q, { ready: 1, leased: 2, consumers: 1, delivered: 2 });
+}
+
+#[test]
+fn prefetch_bounds_the_live_leases_of_a_consumer() {
+    let broker = broker();
+    let q = plain(&broker, "dispatch.prefetch");
+    let a = q.consume("a", prefetch(2)).unwrap();
+    for i in 1..=5 {
+        put(&q, &format!("m{i}"));
+    }
+    let d1 = next(&a);
+    let d2 = next(&a);
+    nothing(&a);
+    assert_stats!(q, { ready: 3, leased: 2 });
+    // A settle frees credit, and the next message is in the channel when it returns.
+    assert!(d1.ack());
+    assert_eq!(seen(&a), s("m3", 3, 1));
+    nothing(&a);
+    assert!(d2.reject());
+    assert_eq!(seen(&a), s("m4", 4, 1));
+    nothing(&a);
+    assert_stats!(q, { ready: 1, leased: 2 });
+}
+
+#[test]
+fn returned_messages_go_before_fresh_ones_in_the_order_they_became_ready_again() {
+    let broker = broker();
+    let q = plain(&broker, "dispatch.returned");
+    let a = q.consume("a", prefetch(3)).unwrap();
+    for i in 1..=5 {
+        put(&q, &format!("m{i}"));
+    }
+    let d1 = next(&a);
+    let d2 = next(&a);
+    let d3 = next(&a);
+    // m1 waits 2 s, m3 waits 1 s: m3 becomes ready first although it was nacked second.
+    assert!(d1.nack_with_delay(secs(2)));
+    assert_eq!(seen(&a), s("m4", 4, 1)); // nothing returned is ready yet: a fresh one
+    assert!(d3.nack_with_delay(secs(1)));
+    assert_eq!(seen(&a), s("m5", 5, 1));
+    put(&q, "m6"); // fresh, and enqueued before m3 and m1 come back
+    nothing(&a);
+    broker.advance(secs(2)).unwrap();
+    nothing(&a);
+    assert_stats!(q, { ready: 3, delayed: 0, leased: 3 });
+    assert!(d2.ack());
+    assert_eq!(seen(&a), s("m3", 6, 2));
+    assert!(q.ack(DeliveryTag(4)));
+    assert_eq!(seen(&a), s("m1", 7, 2));
+    assert!(q.ack(DeliveryTag(5)));
+    assert_eq!(seen(&a), s("m6", 8, 1));
+}
+
+#[test]
+fn expired_messages_go_before_fresh_ones() {
+    let broker = broker();
+    let q = broker
+        .declare_queue(
+            "dispatch.expired",
+            QueueConfig {
+                ack_timeout: secs(10),
+                ..QueueConfig::default()
+            },
+        )
+        .unwrap();
+    let a = q.consume("a", prefetch(1)).unwrap();
+    put(&q, "m1");
+    put(&q, "m2");
+    assert_eq!(seen(&a), s("m1", 1, 1));
+    broker.advance(secs(10)).unwrap();
+    // m1 came back at 10 s and went to a (credit regained) before m2, which waited longer.
+    assert_eq!(seen(&a), s("m1", 2, 2));
+    nothing(&a);
+}
+
+#[test]
+fn nacked_message_is_redelivered_to_the_next_consumer_in_the_rotation() {
+    let broker = broker();
+    let q = broker
+        .declare_queue(
+            "dispatch.nack",
+            QueueConfig {
+                retry: RetryPolicy::immediate(),
+                ..QueueConfig::default()
+            },
+        )
+        .unwrap();
+    let a = q.consume("a", prefetch(10)).unwrap();
+    let b = q.consume("b", prefetch(10)).unwrap();
+    put(&q, "m1");
+    let d = next(&a);
+    assert!(d.nack()); // the previous delivery went to a, so b is next
+    assert_eq!(seen(&b), s("m1", 2, 2));
+    nothing(&a);
+}
+
+#[test]
+fn commands_from_one_thread_reach_the_queue_in_order() {
+    let broker = broker();
+    let q = plain(&broker, "dispatch.fifo");
+    for i in 0..200 {
+        put(&q, &format!("m{i:03}"));
+    }
+    let a = q.consume("a", prefetch(500)).unwrap();
+    for i in 0..200_u64 {
+        assert_eq!(seen(&a), s(&format!("m{i:03}"), i + 1, 1));
+    }
+    nothing(&a);
+}

@@ -1,0 +1,401 @@
+//! SPEC §3 "Consumer cancel", `close()` and `shutdown()`.
+
+use std::time::Duration;
+
+use leasemq::{
+    Broker, Consumer, ConsumerConfig, Delivery, DeliveryTag, Error, Message, Queue, QueueConfig,
+    Settle,
+};
+
+fn broker() -> Broker {
+    Broker::builder()
+        .shards(2)
+        .manual_clock()
+        .build()
+        .expect("manual-clock broker")
+}
+
+fn secs(n: u64) -> Duration {
+    Duration::from_secs(n)
+}
+
+fn prefetch(n: u32) -> ConsumerConfig {
+    ConsumerConfig { prefetch: n }
+}
+
+fn put(queue: &Queue, id: &str) {
+    queue
+        .put(Message::new(format!("body of {id}")).with_id(id))
+        .expect("put");
+}
+
+fn next(consumer: &Consumer) -> Delivery {
+    consumer
+        .try_recv()
+        .expect("try_recv")
+        .expect("a delivery should already be in the consumer's channel")
+}
+
+fn nothing(consumer: &Consumer) {
+    assert!(
+        consumer.try_recv().expect("try_recv").is_none(),
+        "consumer {} should have no delivery waiting",
+        consumer.name()
+    );
+}
+
+fn seen(consumer: &Consumer) -> (String, u64, u32) {
+    let d = next(consumer);
+    let e = d.envelope();
+    (e.id.clone(), d.tag().0, e.attempt)
+}
+
+fn s(id: &str, tag: u64, attempt: u32) -> (String, u64, u32) {
+    (id.to_string(), tag, attempt)
+}
+
+fn count<T: TryInto<u64>>(value: T) -> u64 {
+    value
+        .try_into()
+        .unwrap_or_else(|_| panic!("stats field out of range"))
+}
+
+macro_rules! assert_stats {
+    ($queue:expr, { $($field:ident: $value:expr),* $(,)? }) => {{
+        let stats = $queue.stats();
+        $(assert_eq!(count(stats.$field), $value, "stats.{} in {:?}", stringify!($field), stats);)*
+    }};
+}
+
+macro_rules! assert_err {
+    ($result:expr, $pattern:pat) => {
+        match $result {
+            Err($pattern) => {}
+            Err(other) => panic!("expected {}, got {:?}", stringify!($pattern), other),
+            Ok(_) => panic!("expected {}, got Ok", stringify!($pattern)),
+        }
+    };
+}
+
+fn timeout_queue(broker: &Broker, name: &str, ack_timeout: Duration) -> Queue {
+    broker
+        .declare_queue(
+            name,
+            QueueConfig {
+                ack_timeout,
+                ..QueueConfig::default()
+            },
+        )
+        .unwrap()
+}
+
+// --- consumer cancel and drop ------------------------------------------------------------
+
+#[test]
+fn cancel_releases_unread_deliveries_without_spending_an_attempt() {
+    let broker = broker();
+    let q = timeout_queue(&broker, "cancel.unread", secs(10));
+    let a = q.consume("a", prefetch(10)).unwrap();
+    put(&q, "m1");
+    put(&q, "m2");
+    assert_stats!(q, { leased: 2, consumers: 1 });
+    a.cancel();
+    assert_stats!(q, { ready: 2, leased: 0, consumers: 0, released: 2, expired: 0 });
+    let b = q.consume("b", prefetch(10)).unwrap();
+    assert_eq!(seen(&b), s("m1", 3, 1));
+    assert_eq!(seen(&b), s("m2", 4, 1));
+}
+
+#[test]
+fn cancel_returns_received_deliveries_like_an_expiry_but_not_counted_as_expired() {
+    let broker = broker();
+    let q = timeout_queue(&broker, "cancel.received", secs(10));
+    let b = q.consume("b", prefetch(10)).unwrap();
+    let a = q.consume("a", prefetch(10)).unwrap();
+    put(&q, "m1"); // to b
+    put(&q, "m2"); // to a
+    assert_eq!(seen(&a), s("m2", 2, 1));
+    a.cancel();
+    // Back at once: already in b's channel when cancel returns.
+    assert_eq!(seen(&b), s("m1", 1, 1));
+    assert_eq!(seen(&b), s("m2", 3, 2));
+    nothing(&b);
+    assert!(!q.ack(DeliveryTag(2)));
+    assert_stats!(q, {
+        expired: 0, released: 0, stale: 1, leased: 2, consumers: 1, delivered: 3,
+    });
+}
+
+#[test]
+fn dropping_a_consumer_cancels_it_before_the_threads_next_call() {
+    let broker = broker();
+    let q = timeout_queue(&broker, "cancel.drop", secs(10));
+    let a = q.consume("a", prefetch(10)).unwrap();
+    put(&q, "seen");
+    put(&q, "unseen");
+    assert_eq!(seen(&a), s("seen", 1, 1));
+    drop(a);
+    assert_stats!(q, { consumers: 0, released: 1, ready: 2, leased: 0, expired: 0 });
+    let b = q.consume("b", prefetch(10)).unwrap();
+    // Both came back at the same moment; the received one costs an attempt.
+    let mut got = [seen(&b), seen(&b)];
+    got.sort();
+    let attempts: Vec<(&str, u32)> = got.iter().map(|(id, _, n)| (id.as_str(), *n)).collect();
+    assert_eq!(attempts, vec![("seen", 2), ("unseen", 1)]);
+    let mut tags: Vec<u64> = got.iter().map(|(_, tag, _)| *tag).collect();
+    tags.sort();
+    assert_eq!(tags, vec![3, 4]);
+}
+
+#[test]
+fn consumer_name_is_free_for_the_same_threads_next_consume() {
+    let broker = broker();
+    let q = timeout_queue(&broker, "cancel.name", secs(10));
+    let other = timeout_queue(&broker, "cancel.name.other", secs(10));
+    for _ in 0..100 {
+        let a = q.consume("a", prefetch(1)).unwrap();
+        assert_err!(q.consume("a", prefetch(1)), Error::DuplicateConsumer);
+        // The same name on another queue is another consumer.
+        let on_other = other.consume("a", prefetch(1)).unwrap();
+        drop(on_other);
+        drop(a);
+        let a = q.consume("a", prefetch(1)).unwrap();
+        a.cancel();
+    }
+    assert_stats!(q, { consumers: 0 });
+}
+
+#[test]
+fn consumers_gauge_counts_live_consumers() {
+    let broker = broker();
+    let q = timeout_queue(&broker, "cancel.gauge", secs(10));
+    let a = q.consume("a", prefetch(1)).unwrap();
+    let b = q.consume("b", prefetch(1)).unwrap();
+    let c = q.consume("c", prefetch(1)).unwrap();
+    assert_eq!(a.name(), "a");
+    assert_stats!(q, { consumers: 3 });
+    b.cancel();
+    assert_stats!(q, { consumers: 2 });
+    drop(c);
+    assert_stats!(q, { consumers: 1 });
+    drop(a);
+    assert_stats!(q, { consumers: 0 });
+}
+
+// --- close -------------------------------------------------------------------------------
+
+#[test]
+fn close_wakes_a_blocked_recv_with_closed() {
+    let broker = broker();
+    let q = timeout_queue(&broker, "close.recv", secs(10));
+    let a = q.consume("a", prefetch(1)).unwrap();
+    let waiter = std::thread::spawn(move || match a.recv() {
+        Err(Error::Closed) => {}
+        Err(other) => panic!("expected Closed, got {other:?}"),
+        Ok(_) => panic!("nothing was put"),
+    });
+    assert!(q.close());
+    waiter.join().expect("recv returned Closed");
+}
+
+#[test]
+fn close_drops_deliveries_already_in_the_channel() {
+    let broker = broker();
+    let q = timeout_queue(&broker, "close.channel", secs(10));
+    let a = q.consume("a", prefetch(10)).unwrap();
+    put(&q, "m1");
+    put(&q, "m2");
+    assert!(q.close());
+    assert_err!(a.try_recv(), Error::Closed);
+    assert_err!(a.recv_timeout(secs(1)), Error::Closed);
+    assert_err!(a.recv(), Error::Closed);
+    assert_eq!(a.ack_up_to(DeliveryTag(2)), 0);
+}
+
+#[test]
+fn closed_queue_refuses_every_later_call_and_freezes_its_stats() {
+    let broker = broker();
+    let dead = broker
+        .declare_queue("close.dead", QueueConfig::default())
+        .unwrap();
+    let q = broker
+        .declare_queue(
+            "close.calls",
+            QueueConfig {
+                ack_timeout: secs(10),
+                dead_letter: Some("close.dead".into()),
+                ..QueueConfig::default()
+            },
+        )
+        .unwrap();
+    let other_handle = broker.queue("close.calls").unwrap();
+    let a = q.consume("a", prefetch(2)).unwrap();
+    for i in 1..=4 {
+        put(&q, &format!("m{i}"));
+    }
+    assert!(next(&a).ack());
+    assert!(!q.ack(DeliveryTag(1)));
+    q.put(Message::new("later").with_id("later").with_delay(secs(5)))
+        .unwrap();
+    let at_close = q.stats();
+    assert_eq!(
+        (
+            count(at_close.ready),
+            count(at_close.delayed),
+            count(at_close.leased),
+            count(at_close.consumers)
+        ),
+        (1, 1, 2, 1)
+    );
+    assert!(q.close());
+    assert!(!q.close());
+    assert!(!other_handle.close());
+
+    let mut frozen = at_close.clone();
+    frozen.ready = 0;
+    frozen.delayed = 0;
+    frozen.leased = 0;
+    frozen.consumers = 0;
+    assert_eq!(q.stats(), frozen);
+
+    for handle in [&q, &other_handle] {
+        assert_err!(
+            handle.put(Message::new("x").with_id("x")),
+            Error::QueueClosed
+        );
+        assert_err!(
+            handle.put_batch(vec![Message::new("y")]),
+            Error::QueueClosed
+        );
+        assert_err!(handle.consume("b", prefetch(1)), Error::QueueClosed);
+        for tag in [DeliveryTag(2), DeliveryTag(3), DeliveryTag(99)] {
+            assert!(!handle.ack(tag));
+            assert!(!handle.nack(tag));
+            assert!(!handle.nack_with_delay(tag, Duration::ZERO));
+            assert!(!handle.reject(tag));
+            assert!(!handle.release(tag));
+            assert!(!handle.touch(tag));
+        }
+        assert_eq!(
+            handle.settle_batch(&[
+                (DeliveryTag(2), Settle::Ack),
+                (DeliveryTag(3), Settle::Reject)
+            ]),
+            vec![false, false]
+        );
+        assert_eq!(
+            handle.stats(),
+            frozen,
+            "settles on a closed queue count nothing"
+        );
+    }
+    // Nothing was requeued or dead-lettered, now or later.
+    broker.advance(secs(60)).unwrap();
+    assert_stats!(dead, { enqueued: 0, ready: 0 });
+    assert_eq!(q.stats(), frozen);
+    assert!(broker.queue("close.calls").is_none());
+}
+
+#[test]
+fn closed_name_can_be_declared_again_and_old_handles_never_reach_the_new_queue() {
+    let broker = broker();
+    let old = timeout_queue(&broker, "close.redeclare", secs(10));
+    let old_clone = old.clone();
+    let old_consumer = old.consume("a", prefetch(10)).unwrap();
+    put(&old, "old");
+    assert!(old.close());
+    let old_stats = old.stats();
+
+    // A different config is fine: it is a new queue.
+    let new = timeout_queue(&broker, "close.redeclare", secs(20));
+    let by_name = broker.queue("close.redeclare").unwrap();
+    let a = new.consume("a", prefetch(10)).unwrap();
+    put(&new, "new");
+    assert_eq!(seen(&a), s("new", 1, 1));
+    assert_stats!(by_name, { leased: 1, enqueued: 1 });
+
+    assert_err!(old.put(Message::new("x").with_id("x")), Error::QueueClosed);
+    assert_err!(
+        old_clone.put(Message::new("x").with_id("y")),
+        Error::QueueClosed
+    );
+    assert!(!old.ack(DeliveryTag(1)));
+    assert!(!old_clone.touch(DeliveryTag(1)));
+    assert_err!(old_consumer.try_recv(), Error::Closed);
+    assert_eq!(old.stats(), old_stats);
+    assert_stats!(new, { leased: 1, acked: 0, stale: 0, enqueued: 1 });
+    assert!(new.ack(DeliveryTag(1)));
+    assert!(!old.close());
+    assert_stats!(new, { acked: 1, consumers: 1 });
+}
+
+// --- shutdown ----------------------------------------------------------------------------
+
+#[test]
+fn shutdown_is_idempotent_and_shared_by_clones() {
+    let broker = broker();
+    let clone = broker.clone();
+    broker.shutdown();
+    broker.shutdown();
+    clone.shutdown();
+    assert_err!(clone.advance(secs(1)), Error::ShutDown);
+}
+
+#[test]
+fn after_shutdown_calls_give_shut_down_and_settles_false() {
+    let broker = broker();
+    let q = timeout_queue(&broker, "shutdown.calls", secs(10));
+    let a = q.consume("a", prefetch(10)).unwrap();
+    put(&q, "m1");
+    put(&q, "m2");
+    let d = next(&a);
+    broker.shutdown();
+    assert_err!(q.put(Message::new("x").with_id("x")), Error::ShutDown);
+    assert_err!(q.consume("b", prefetch(1)), Error::ShutDown);
+    assert_err!(
+        broker.declare_queue("shutdown.other", QueueConfig::default()),
+        Error::ShutDown
+    );
+    assert_err!(broker.advance(secs(1)), Error::ShutDown);
+    assert_err!(a.recv(), Error::ShutDown);
+    assert_err!(a.try_recv(), Error::ShutDown);
+    assert_err!(a.recv_timeout(secs(1)), Error::ShutDown);
+    assert!(!d.ack());
+    assert!(!q.ack(DeliveryTag(2)));
+    assert!(!q.nack(DeliveryTag(2)));
+    assert!(!q.nack_with_delay(DeliveryTag(2), secs(1)));
+    assert!(!q.reject(DeliveryTag(2)));
+    assert!(!q.release(DeliveryTag(2)));
+    assert!(!q.touch(DeliveryTag(2)));
+    assert_eq!(
+        q.settle_batch(&[
+            (DeliveryTag(1), Settle::Ack),
+            (DeliveryTag(2), Settle::Touch)
+        ]),
+        vec![false, false]
+    );
+}
+
+#[test]
+fn shutdown_wakes_a_blocked_recv() {
+    let broker = broker();
+    let q = timeout_queue(&broker, "shutdown.recv", secs(10));
+    let a = q.consume("a", prefetch(1)).unwrap();
+    let waiter = std::thread::spawn(move || a.recv().map(|_| ()));
+    broker.shutdown();
+    // Closed when it was already waiting, ShutDown when it started after: never a hang.
+    match waiter.join().expect("recv returned") {
+        Err(Error::Closed) | Err(Error::ShutDown) => {}
+        other => panic!("expected Closed or ShutDown, got {other:?}"),
+    }
+}
+
+#[test]
+fn shutdown_of_a_system_clock_broker_returns() {
+    let broker = Broker::builder().shards(2).build().unwrap();
+    let q = timeout_queue(&broker, "shutdown.system", secs(10));
+    put(&q, "m");
+    broker.shutdown();
+    broker.shutdown();
+    assert_err!(q.put(Message::new("x").with_id("x")), Error::ShutDown);
+}

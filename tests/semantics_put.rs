@@ -1,0 +1,466 @@
+//! SPEC §3 `put`: outcomes, deduplication, delays, error order, `QueueFull` and the
+//! atomicity of `put_batch`.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use leasemq::{
+    Broker, Consumer, ConsumerConfig, Delivery, Error, Message, PutOutcome, Queue, QueueConfig,
+};
+
+fn broker() -> Broker {
+    Broker::builder()
+        .shards(2)
+        .manual_clock()
+        .build()
+        .expect("manual-clock broker")
+}
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+fn secs(n: u64) -> Duration {
+    Duration::from_secs(n)
+}
+
+const SEVEN_DAYS: Duration = Duration::from_secs(7 * 24 * 3600);
+
+fn prefetch(n: u32) -> ConsumerConfig {
+    ConsumerConfig { prefetch: n }
+}
+
+fn msg(id: &str) -> Message {
+    Message::new(format!("body of {id}")).with_id(id)
+}
+
+fn next(consumer: &Consumer) -> Delivery {
+    consumer
+        .try_recv()
+        .expect("try_recv")
+        .expect("a delivery should already be in the consumer's channel")
+}
+
+fn nothing(consumer: &Consumer) {
+    assert!(
+        consumer.try_recv().expect("try_recv").is_none(),
+        "consumer {} should have no delivery waiting",
+        consumer.name()
+    );
+}
+
+fn count<T: TryInto<u64>>(value: T) -> u64 {
+    value
+        .try_into()
+        .unwrap_or_else(|_| panic!("stats field out of range"))
+}
+
+macro_rules! assert_stats {
+    ($queue:expr, { $($field:ident: $value:expr),* $(,)? }) => {{
+        let stats = $queue.stats();
+        $(assert_eq!(count(stats.$field), $value, "stats.{} in {:?}", stringify!($field), stats);)*
+    }};
+}
+
+macro_rules! assert_err {
+    ($result:expr, $pattern:pat) => {
+        match $result {
+            Err($pattern) => {}
+            Err(other) => panic!("expected {}, got {:?}", stringify!($pattern), other),
+            Ok(_) => panic!("expected {}, got Ok", stringify!($pattern)),
+        }
+    };
+}
+
+/// Asserts that `f` fails with an error matching the pattern and leaves the stats as they were.
+macro_rules! assert_err_unchanged {
+    ($queue:expr, $result:expr, $pattern:pat) => {{
+        let before = $queue.stats();
+        assert_err!($result, $pattern);
+        assert_eq!($queue.stats(), before, "a failed put changes nothing");
+    }};
+}
+
+fn dedup_queue(broker: &Broker, name: &str, window: Duration) -> Queue {
+    broker
+        .declare_queue(
+            name,
+            QueueConfig {
+                dedup_window: window,
+                ..QueueConfig::default()
+            },
+        )
+        .unwrap()
+}
+
+#[test]
+fn put_of_a_live_id_is_a_duplicate_while_ready_delayed_or_leased() {
+    let broker = broker();
+    let q = dedup_queue(&broker, "put.live", Duration::ZERO);
+    assert_eq!(q.put(msg("ready")).unwrap(), PutOutcome::Enqueued);
+    assert_eq!(q.put(msg("ready")).unwrap(), PutOutcome::Duplicate);
+    let later = msg("delayed").with_delay(secs(5));
+    assert_eq!(q.put(later.clone()).unwrap(), PutOutcome::Enqueued);
+    assert_eq!(q.put(later).unwrap(), PutOutcome::Duplicate);
+    let a = q.consume("a", prefetch(1)).unwrap();
+    let d = next(&a);
+    assert_eq!(d.envelope().id, "ready");
+    assert_eq!(q.put(msg("ready")).unwrap(), PutOutcome::Duplicate);
+    // Waiting after a nack is still live.
+    assert!(d.nack());
+    assert_stats!(q, { delayed: 2, leased: 0 });
+    assert_eq!(q.put(msg("ready")).unwrap(), PutOutcome::Duplicate);
+    assert_stats!(q, { enqueued: 2, duplicates: 4 });
+}
+
+#[test]
+fn duplicate_put_changes_nothing_but_the_duplicates_counter() {
+    let broker = broker();
+    let q = dedup_queue(&broker, "put.dup", Duration::ZERO);
+    let a = q.consume("a", prefetch(1)).unwrap();
+    q.put(msg("x")).unwrap();
+    q.put(msg("y")).unwrap();
+    let d = next(&a);
+    let before = q.stats();
+    assert_eq!(
+        q.put(Message::new("another body").with_id("x")).unwrap(),
+        PutOutcome::Duplicate
+    );
+    assert_eq!(
+        q.put(Message::new("another body").with_id("y")).unwrap(),
+        PutOutcome::Duplicate
+    );
+    let mut expected = before.clone();
+    expected.duplicates += 2;
+    assert_eq!(q.stats(), expected);
+    nothing(&a);
+    // The original body is what is delivered.
+    assert!(d.ack());
+    let y = next(&a);
+    assert_eq!(
+        (y.envelope().id.as_str(), &y.envelope().body[..]),
+        ("y", &b"body of y"[..])
+    );
+}
+
+#[test]
+fn settled_id_can_be_put_again_when_the_dedup_window_is_zero() {
+    let broker = broker();
+    let q = dedup_queue(&broker, "put.again", Duration::ZERO);
+    let a = q.consume("a", prefetch(1)).unwrap();
+    q.put(msg("x")).unwrap();
+    assert!(next(&a).ack());
+    assert_eq!(q.put(msg("x")).unwrap(), PutOutcome::Enqueued);
+    let again = next(&a);
+    assert_eq!(
+        (again.envelope().id.as_str(), again.envelope().attempt),
+        ("x", 1)
+    );
+    // A rejected (dropped) id is not live either.
+    assert!(again.reject());
+    assert_eq!(q.put(msg("x")).unwrap(), PutOutcome::Enqueued);
+    assert_stats!(q, { enqueued: 3, duplicates: 0, dropped: 1 });
+}
+
+#[test]
+fn dedup_window_counts_from_the_first_enqueue_and_duplicates_do_not_extend_it() {
+    let broker = broker();
+    let q = dedup_queue(&broker, "put.window", secs(10));
+    let a = q.consume("a", prefetch(10)).unwrap();
+    assert_eq!(q.put(msg("x")).unwrap(), PutOutcome::Enqueued); // t = 0
+    assert!(next(&a).ack());
+    broker.advance(secs(5)).unwrap();
+    assert_eq!(q.put(msg("x")).unwrap(), PutOutcome::Duplicate); // t = 5 s
+    broker.advance(secs(5) - ms(1)).unwrap();
+    assert_eq!(q.put(msg("x")).unwrap(), PutOutcome::Duplicate); // t = 9.999 s
+    broker.advance(ms(1)).unwrap();
+    assert_eq!(q.put(msg("x")).unwrap(), PutOutcome::Enqueued); // t = 10 s
+    assert!(next(&a).ack());
+    // The new enqueue starts a new window.
+    broker.advance(secs(10) - ms(1)).unwrap();
+    assert_eq!(q.put(msg("x")).unwrap(), PutOutcome::Duplicate); // t = 19.999 s
+    broker.advance(ms(1)).unwrap();
+    assert_eq!(q.put(msg("x")).unwrap(), PutOutcome::Enqueued); // t = 20 s
+    assert_stats!(q, { enqueued: 3, duplicates: 3, acked: 2, delivered: 3 });
+}
+
+#[test]
+fn message_without_id_gets_a_unique_broker_id_and_is_never_a_duplicate() {
+    let broker = broker();
+    let queues = [
+        dedup_queue(&broker, "put.anon1", secs(3600)),
+        dedup_queue(&broker, "put.anon2", secs(3600)),
+        dedup_queue(&broker, "put.anon3", Duration::ZERO),
+    ];
+    let consumers: Vec<Consumer> = queues
+        .iter()
+        .map(|q| q.consume("c", prefetch(100)).unwrap())
+        .collect();
+    let mut ids = BTreeSet::new();
+    for (q, c) in queues.iter().zip(&consumers) {
+        for _ in 0..20 {
+            assert_eq!(
+                q.put(Message::new("same body")).unwrap(),
+                PutOutcome::Enqueued
+            );
+        }
+        assert_eq!(
+            q.put_batch(vec![Message::new("b"), Message::new("b")])
+                .unwrap(),
+            vec![PutOutcome::Enqueued, PutOutcome::Enqueued]
+        );
+        for _ in 0..22 {
+            let id = next(c).envelope().id.clone();
+            assert!(!id.is_empty());
+            assert!(ids.insert(id), "broker-assigned ids are unique");
+        }
+        assert_stats!(q, { enqueued: 22, duplicates: 0 });
+    }
+    assert_eq!(ids.len(), 66);
+}
+
+#[test]
+fn delayed_message_becomes_ready_at_now_plus_delay() {
+    let broker = broker();
+    let q = dedup_queue(&broker, "put.delay", Duration::ZERO);
+    let a = q.consume("a", prefetch(10)).unwrap();
+    broker.advance(secs(2)).unwrap();
+    q.put(msg("later").with_delay(secs(5))).unwrap(); // ready at 7 s
+    q.put(msg("now").with_delay(Duration::ZERO)).unwrap();
+    assert_eq!(next(&a).envelope().id, "now");
+    assert_stats!(q, { delayed: 1, ready: 0, leased: 1 });
+    broker.advance(secs(5) - ms(1)).unwrap();
+    nothing(&a);
+    broker.advance(ms(1)).unwrap();
+    let d = next(&a);
+    assert_eq!(
+        (d.envelope().id.as_str(), d.envelope().attempt),
+        ("later", 1)
+    );
+    assert_stats!(q, { delayed: 0, leased: 2 });
+}
+
+#[test]
+fn delay_of_exactly_seven_days_is_accepted() {
+    let broker = broker();
+    let q = dedup_queue(&broker, "put.week", Duration::ZERO);
+    assert_eq!(
+        q.put(msg("w").with_delay(SEVEN_DAYS)).unwrap(),
+        PutOutcome::Enqueued
+    );
+    assert_stats!(q, { delayed: 1 });
+    assert_err_unchanged!(
+        q,
+        q.put(msg("w2").with_delay(SEVEN_DAYS + ms(1))),
+        Error::InvalidMessage(_)
+    );
+}
+
+#[test]
+fn put_errors_are_checked_in_the_documented_order() {
+    let broker = broker();
+    let q = broker
+        .declare_queue(
+            "put.order",
+            QueueConfig {
+                max_length: Some(1),
+                max_body_bytes: 16,
+                ..QueueConfig::default()
+            },
+        )
+        .unwrap();
+    let big = || Message::new(vec![0_u8; 17]);
+    // InvalidMessage before MessageTooLarge.
+    assert_err_unchanged!(q, q.put(big().with_id("")), Error::InvalidMessage(_));
+    assert_err_unchanged!(
+        q,
+        q.put(big().with_id("x").with_delay(SEVEN_DAYS + ms(1))),
+        Error::InvalidMessage(_)
+    );
+    assert_err_unchanged!(q, q.put(big().with_id("x")), Error::MessageTooLarge);
+    assert_eq!(q.put(msg("a")).unwrap(), PutOutcome::Enqueued);
+    // MessageTooLarge before Duplicate: not counted as a duplicate.
+    assert_err_unchanged!(q, q.put(big().with_id("a")), Error::MessageTooLarge);
+    assert_stats!(q, { duplicates: 0 });
+    // Duplicate before QueueFull.
+    assert_eq!(q.put(msg("a")).unwrap(), PutOutcome::Duplicate);
+    assert_err_unchanged!(q, q.put(msg("b")), Error::QueueFull);
+    // QueueClosed before everything.
+    assert!(q.close());
+    assert_err!(q.put(big().with_id("")), Error::QueueClosed);
+    assert_err!(q.put(msg("a")), Error::QueueClosed);
+    assert_stats!(q, { enqueued: 1, duplicates: 1 });
+}
+
+#[test]
+fn body_of_exactly_max_body_bytes_is_accepted() {
+    let broker = broker();
+    let q = broker
+        .declare_queue(
+            "put.size",
+            QueueConfig {
+                max_body_bytes: 16,
+                ..QueueConfig::default()
+            },
+        )
+        .unwrap();
+    assert_eq!(
+        q.put(Message::new(vec![7_u8; 16]).with_id("fits")).unwrap(),
+        PutOutcome::Enqueued
+    );
+    assert_err_unchanged!(
+        q,
+        q.put(Message::new(vec![7_u8; 17]).with_id("over")),
+        Error::MessageTooLarge
+    );
+    assert_eq!(
+        q.put(Message::new(Vec::<u8>::new()).with_id("empty"))
+            .unwrap(),
+        PutOutcome::Enqueued
+    );
+}
+
+#[test]
+fn queue_full_counts_ready_delayed_and_leased_messages() {
+    let broker = broker();
+    let q = broker
+        .declare_queue(
+            "put.full",
+            QueueConfig {
+                max_length: Some(3),
+                ..QueueConfig::default()
+            },
+        )
+        .unwrap();
+    let a = q.consume("a", prefetch(1)).unwrap();
+    q.put(msg("leased")).unwrap();
+    q.put(msg("ready")).unwrap();
+    q.put(msg("delayed").with_delay(secs(60))).unwrap();
+    assert_stats!(q, { ready: 1, delayed: 1, leased: 1 });
+    assert_err_unchanged!(q, q.put(msg("fourth")), Error::QueueFull);
+    assert_err_unchanged!(q, q.put(msg("later").with_delay(secs(1))), Error::QueueFull);
+    // A nacked message waiting for its retry still counts.
+    let d = next(&a);
+    assert!(d.nack());
+    assert_stats!(q, { ready: 0, delayed: 2, leased: 1 });
+    assert_err_unchanged!(q, q.put(msg("fourth")), Error::QueueFull);
+    // Acking frees room.
+    assert!(next(&a).ack());
+    assert_eq!(q.put(msg("fourth")).unwrap(), PutOutcome::Enqueued);
+    assert_err_unchanged!(q, q.put(msg("fifth")), Error::QueueFull);
+}
+
+#[test]
+fn put_batch_is_atomic_for_errors() {
+    let broker = broker();
+    let q = broker
+        .declare_queue(
+            "put.batch",
+            QueueConfig {
+                max_length: Some(3),
+                max_body_bytes: 16,
+                ..QueueConfig::default()
+            },
+        )
+        .unwrap();
+    let a = q.consume("a", prefetch(10)).unwrap();
+    let big = Message::new(vec![1_u8; 17]).with_id("big");
+    assert_err_unchanged!(
+        q,
+        q.put_batch(vec![msg("a"), msg("b"), big]),
+        Error::MessageTooLarge
+    );
+    assert_err_unchanged!(
+        q,
+        q.put_batch(vec![msg("a"), Message::new("x").with_id("")]),
+        Error::InvalidMessage(_)
+    );
+    assert_err_unchanged!(
+        q,
+        q.put_batch(vec![msg("a"), msg("b"), msg("c"), msg("d")]),
+        Error::QueueFull
+    );
+    nothing(&a);
+    assert_stats!(q, { enqueued: 0, ready: 0, leased: 0, delivered: 0 });
+
+    assert_eq!(
+        q.put_batch(vec![msg("a"), msg("b")]).unwrap(),
+        vec![PutOutcome::Enqueued, PutOutcome::Enqueued]
+    );
+    // Two more would make four live messages: none of them is enqueued.
+    assert_err_unchanged!(q, q.put_batch(vec![msg("c"), msg("d")]), Error::QueueFull);
+    assert_eq!(next(&a).envelope().id, "a");
+    assert_eq!(next(&a).envelope().id, "b");
+    nothing(&a);
+    assert_stats!(q, { enqueued: 2, leased: 2 });
+}
+
+#[test]
+fn put_batch_reports_duplicates_inside_the_batch_and_against_the_queue() {
+    let broker = broker();
+    let q = broker
+        .declare_queue(
+            "put.batchdup",
+            QueueConfig {
+                max_length: Some(3),
+                ..QueueConfig::default()
+            },
+        )
+        .unwrap();
+    q.put(msg("old")).unwrap();
+    // Live: old, x, y = 3; the repeated x and the old one are duplicates, not over the limit.
+    assert_eq!(
+        q.put_batch(vec![msg("x"), msg("old"), msg("y"), msg("x")])
+            .unwrap(),
+        vec![
+            PutOutcome::Enqueued,
+            PutOutcome::Duplicate,
+            PutOutcome::Enqueued,
+            PutOutcome::Duplicate,
+        ]
+    );
+    assert_stats!(q, { enqueued: 3, duplicates: 2, ready: 3 });
+    assert_eq!(
+        q.put_batch(vec![msg("y"), msg("old")]).unwrap(),
+        vec![PutOutcome::Duplicate, PutOutcome::Duplicate]
+    );
+    assert_eq!(q.put_batch(Vec::new()).unwrap(), Vec::<PutOutcome>::new());
+    assert_stats!(q, { enqueued: 3, duplicates: 4, ready: 3 });
+}
+
+#[test]
+fn put_batch_delivers_in_order_before_it_returns() {
+    let broker = broker();
+    let q = dedup_queue(&broker, "put.batchorder", Duration::ZERO);
+    let a = q.consume("a", prefetch(100)).unwrap();
+    let ids: Vec<String> = (0..30).map(|i| format!("m{i:02}")).collect();
+    q.put_batch(ids.iter().map(|id| msg(id)).collect()).unwrap();
+    let got: Vec<String> = (0..30).map(|_| next(&a).envelope().id.clone()).collect();
+    assert_eq!(got, ids);
+    nothing(&a);
+}
+
+#[test]
+fn put_batch_on_a_closed_queue_is_queue_closed() {
+    let broker = broker();
+    let q = dedup_queue(&broker, "put.batchclosed", Duration::ZERO);
+    assert!(q.close());
+    assert_err!(q.put_batch(vec![msg("a")]), Error::QueueClosed);
+}
+
+#[test]
+fn envelope_carries_body_id_and_first_attempt() {
+    let broker = broker();
+    let q = dedup_queue(&broker, "put.envelope", Duration::ZERO);
+    let a = q.consume("a", prefetch(1)).unwrap();
+    q.put(Message::new(&b"\x00\x01binary"[..]).with_id("bin"))
+        .unwrap();
+    let d = next(&a);
+    let e = d.envelope();
+    assert_eq!(e.id, "bin");
+    assert_eq!(&e.body[..], &b"\x00\x01binary"[..]);
+    assert_eq!(e.attempt, 1);
+    assert!(!e.redelivered());
+    assert_eq!(e.death, None);
+    assert_eq!(d.consumer(), "a");
+}

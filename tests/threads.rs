@@ -1,0 +1,296 @@
+//! Many producer and consumer threads on several queues across several shards: every
+//! message put is acked exactly once, nothing is lost, and no message is ever held by two
+//! live leases at once. Plus a real lease expiry under the system clock.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use leasemq::{
+    Broker, Consumer, ConsumerConfig, Delivery, Message, PutOutcome, Queue, QueueConfig,
+    RetryPolicy,
+};
+
+const QUEUES: usize = 6;
+const PRODUCERS: usize = 3;
+const PER_PRODUCER_PER_QUEUE: usize = 400;
+const TOTAL_PER_QUEUE: usize = PRODUCERS * PER_PRODUCER_PER_QUEUE;
+
+fn count<T: TryInto<u64>>(value: T) -> u64 {
+    value
+        .try_into()
+        .unwrap_or_else(|_| panic!("stats field out of range"))
+}
+
+/// A small stable hash of an id, so the settle decisions repeat.
+fn fnv(id: &str) -> u64 {
+    id.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
+    })
+}
+
+/// Who holds which message right now, as the consumers see it.
+#[derive(Default)]
+struct Ledger {
+    /// (queue, id) -> (consumer, tag) of the one live lease a consumer has received.
+    held: Mutex<HashMap<(usize, String), (String, u64)>>,
+    /// (queue, id) -> how many acks returned true.
+    acked: Mutex<HashMap<(usize, String), u32>>,
+    done: AtomicUsize,
+    nacks: [AtomicU64; QUEUES],
+    abandoned: [AtomicU64; QUEUES],
+}
+
+impl Ledger {
+    fn take(&self, queue: usize, consumer: &str, d: &Delivery) {
+        let key = (queue, d.envelope().id.clone());
+        let previous = self
+            .held
+            .lock()
+            .unwrap()
+            .insert(key.clone(), (consumer.to_string(), d.tag().0));
+        assert!(
+            previous.is_none(),
+            "{key:?} delivered to {consumer} (tag {}) while leased to {previous:?}",
+            d.tag().0
+        );
+    }
+
+    fn give_back(&self, queue: usize, d: &Delivery) {
+        let key = (queue, d.envelope().id.clone());
+        let removed = self.held.lock().unwrap().remove(&key);
+        assert_eq!(removed.map(|(_, tag)| tag), Some(d.tag().0));
+    }
+}
+
+struct Worker {
+    queue_index: usize,
+    queue: Queue,
+    consumer: Consumer,
+    /// Stop after this many deliveries, abandoning the last two received leases.
+    quit_after: Option<usize>,
+}
+
+fn run_worker(w: Worker, ledger: Arc<Ledger>, total: usize) {
+    let name = w.consumer.name().to_string();
+    let started = Instant::now();
+    let mut received = 0;
+    let mut kept: Vec<Delivery> = Vec::new();
+    while ledger.done.load(Ordering::SeqCst) < total {
+        assert!(
+            started.elapsed() < Duration::from_secs(120),
+            "{name} on queue {} is still waiting: messages were lost",
+            w.queue_index
+        );
+        let Some(d) = w
+            .consumer
+            .recv_timeout(Duration::from_millis(5))
+            .expect("recv_timeout")
+        else {
+            if !kept.is_empty() {
+                break; // nothing more is coming this way: leave with what it holds
+            }
+            continue;
+        };
+        assert_eq!(d.consumer(), name);
+        ledger.take(w.queue_index, &name, &d);
+        received += 1;
+        if let Some(limit) = w.quit_after {
+            if received > limit {
+                kept.push(d);
+                if kept.len() == 2 {
+                    break;
+                }
+                continue;
+            }
+        }
+        let h = fnv(&d.envelope().id);
+        let attempt = d.envelope().attempt;
+        if attempt == 1 && h % 7 == 0 {
+            ledger.give_back(w.queue_index, &d);
+            assert!(d.nack(), "nack of a live lease");
+            ledger.nacks[w.queue_index].fetch_add(1, Ordering::SeqCst);
+        } else if attempt == 1 && h % 11 == 0 && d.tag().0 % 2 == 0 {
+            ledger.give_back(w.queue_index, &d);
+            assert!(w.queue.release(d.tag()), "release of a live lease");
+        } else {
+            ledger.give_back(w.queue_index, &d);
+            assert!(d.ack(), "ack of a live lease");
+            *ledger
+                .acked
+                .lock()
+                .unwrap()
+                .entry((w.queue_index, d.envelope().id.clone()))
+                .or_default() += 1;
+            ledger.done.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+    // Leaving: the received leases come back to the others when the consumer goes.
+    for d in &kept {
+        ledger.give_back(w.queue_index, d);
+    }
+    ledger.abandoned[w.queue_index].fetch_add(kept.len() as u64, Ordering::SeqCst);
+    w.consumer.cancel();
+}
+
+#[test]
+fn every_message_is_acked_exactly_once_by_many_threads_on_many_shards() {
+    let broker = Broker::builder().shards(4).manual_clock().build().unwrap();
+    let queues: Vec<Queue> = (0..QUEUES)
+        .map(|i| {
+            broker
+                .declare_queue(
+                    &format!("threads.q{i}"),
+                    QueueConfig {
+                        retry: RetryPolicy::immediate(),
+                        ..QueueConfig::default()
+                    },
+                )
+                .unwrap()
+        })
+        .collect();
+    let total = QUEUES * TOTAL_PER_QUEUE;
+    let ledger = Arc::new(Ledger::default());
+
+    let mut workers = Vec::new();
+    for (qi, q) in queues.iter().enumerate() {
+        for (ci, (prefetch, quit_after)) in [(1, None), (4, None), (16, Some(25)), (3, None)]
+            .into_iter()
+            .enumerate()
+        {
+            let w = Worker {
+                queue_index: qi,
+                queue: q.clone(),
+                consumer: q
+                    .consume(&format!("c{ci}"), ConsumerConfig { prefetch })
+                    .unwrap(),
+                quit_after,
+            };
+            let ledger = Arc::clone(&ledger);
+            workers.push(thread::spawn(move || run_worker(w, ledger, total)));
+        }
+    }
+    let producers: Vec<_> = (0..PRODUCERS)
+        .map(|p| {
+            let queues = queues.clone();
+            thread::spawn(move || {
+                for n in 0..PER_PRODUCER_PER_QUEUE {
+                    for (qi, q) in queues.iter().enumerate() {
+                        let id = format!("p{p}-q{qi}-{n}");
+                        if n % 10 < 5 {
+                            let outcome = q.put(Message::new(id.clone()).with_id(id)).unwrap();
+                            assert_eq!(outcome, PutOutcome::Enqueued);
+                        } else if n % 10 == 5 {
+                            let batch = (n..n + 5)
+                                .map(|k| {
+                                    let id = format!("p{p}-q{qi}-{k}");
+                                    Message::new(id.clone()).with_id(id)
+                                })
+                                .collect();
+                            let outcomes = q.put_batch(batch).unwrap();
+                            assert_eq!(outcomes, vec![PutOutcome::Enqueued; 5]);
+                        }
+                    }
+                }
+            })
+        })
+        .collect();
+    for p in producers {
+        p.join().expect("producer");
+    }
+    for w in workers {
+        w.join().expect("consumer");
+    }
+
+    let acked = ledger.acked.lock().unwrap();
+    assert_eq!(acked.len(), total, "every message acked");
+    assert!(acked.values().all(|&n| n == 1), "no message acked twice");
+    for p in 0..PRODUCERS {
+        for qi in 0..QUEUES {
+            for n in 0..PER_PRODUCER_PER_QUEUE {
+                assert!(acked.contains_key(&(qi, format!("p{p}-q{qi}-{n}"))));
+            }
+        }
+    }
+    assert!(ledger.held.lock().unwrap().is_empty());
+    for (qi, q) in queues.iter().enumerate() {
+        let s = q.stats();
+        let n = TOTAL_PER_QUEUE as u64;
+        assert_eq!(count(s.enqueued), n, "{s:?}");
+        assert_eq!(count(s.acked), n, "{s:?}");
+        assert_eq!(
+            (count(s.ready), count(s.delayed), count(s.leased)),
+            (0, 0, 0),
+            "{s:?}"
+        );
+        assert_eq!(
+            (count(s.expired), count(s.stale), count(s.duplicates)),
+            (0, 0, 0)
+        );
+        assert_eq!(count(s.nacked), ledger.nacks[qi].load(Ordering::SeqCst));
+        // Every delivery ended in exactly one way.
+        let abandoned = ledger.abandoned[qi].load(Ordering::SeqCst);
+        assert_eq!(
+            count(s.delivered),
+            count(s.acked) + count(s.nacked) + count(s.released) + abandoned,
+            "{s:?}"
+        );
+    }
+    broker.shutdown();
+}
+
+#[test]
+fn short_ack_timeout_expires_under_the_system_clock_and_another_consumer_gets_it() {
+    let broker = Broker::builder().shards(2).build().unwrap();
+    let q = broker
+        .declare_queue(
+            "threads.system",
+            QueueConfig {
+                ack_timeout: Duration::from_millis(20),
+                ..QueueConfig::default()
+            },
+        )
+        .unwrap();
+    let a = q.consume("a", ConsumerConfig { prefetch: 1 }).unwrap();
+    let b = q.consume("b", ConsumerConfig { prefetch: 1 }).unwrap();
+    q.put(Message::new("job").with_id("job")).unwrap();
+    let wait = Duration::from_secs(10);
+    let first = a.recv_timeout(wait).unwrap().expect("a gets it first");
+    assert_eq!((first.tag().0, first.envelope().attempt), (1, 1));
+
+    // a never answers; after 20 ms the lease runs out and b, next in the rotation, gets it.
+    let mut current = b
+        .recv_timeout(wait)
+        .unwrap()
+        .expect("b gets it after expiry");
+    assert_eq!(current.envelope().id, "job");
+    assert_eq!(current.envelope().attempt, 2);
+    assert!(current.envelope().redelivered());
+    assert!(current.tag() > first.tag());
+    assert!(!first.ack(), "a's late ack is stale");
+    let mut refused = 1;
+    // b acks at once; on a machine too slow for 20 ms the message comes round again.
+    while !current.ack() {
+        refused += 1;
+        assert!(refused < 50, "the message keeps expiring");
+        let mut pending: Vec<Delivery> = Vec::new();
+        for c in [&a, &b] {
+            while let Some(d) = c.try_recv().unwrap() {
+                pending.push(d);
+            }
+        }
+        current = pending
+            .into_iter()
+            .max_by_key(|d| d.tag())
+            .expect("the redelivery is in a channel once the ack was refused");
+    }
+    let s = q.stats();
+    assert_eq!(count(s.acked), 1);
+    assert_eq!(count(s.stale), refused);
+    assert!(count(s.expired) >= 1);
+    assert_eq!(count(s.delivered), count(s.expired) + 1);
+    assert_eq!((count(s.ready), count(s.leased)), (0, 0));
+    broker.shutdown();
+}
