@@ -1,0 +1,172 @@
+//! A queue's consumers and its end: registering, cancelling, closing, and the cross-check
+//! of its bookkeeping that tests run after every step.
+
+use slab::Slab;
+
+use super::{ConsumerState, Ctx, MsgId, MsgState, QueueState, Return, Timer};
+use crate::command::ConsumerKey;
+use crate::types::{ConsumerConfig, DeliveryTag, QueueStats};
+use crate::wheel::{Tick, Wheel};
+
+impl QueueState {
+    pub fn has_consumer(&self, consumers: &Slab<ConsumerState>, name: &str) -> bool {
+        self.consumers
+            .iter()
+            .any(|&slot| consumers[slot as usize].name == name)
+    }
+
+    pub fn add_consumer(&mut self, ctx: &mut Ctx, slot: u32, config: &ConsumerConfig) {
+        debug_assert!(config.prefetch > 0);
+        self.consumers.push(slot);
+        self.with_credit += 1;
+        self.dispatch(ctx);
+    }
+
+    /// Ends a consumer: its unread deliveries are released (no attempt spent), the ones it
+    /// read come back like an expiry (without counting as one).
+    pub fn cancel(&mut self, ctx: &mut Ctx, slot: u32, unread: &[DeliveryTag]) {
+        let pos = self
+            .consumers
+            .iter()
+            .position(|&s| s == slot)
+            .expect("a live consumer is listed by its queue");
+        let mut unread_msgs = Vec::new();
+        for tag in unread {
+            let ours = self.leases.get(tag.0).is_some_and(|l| l.consumer == slot);
+            if ours {
+                let lease = self.take_lease(ctx, tag.0).expect("checked live");
+                unread_msgs.push(lease.msg);
+            }
+        }
+        let read = std::mem::take(&mut ctx.consumers[slot as usize].tags);
+        for tag in read {
+            if let Some(lease) = self.take_lease(ctx, tag) {
+                self.come_back(ctx, lease.msg, Return::Expired);
+            }
+        }
+        self.stats.released += unread_msgs.len() as u64;
+        for &msg in unread_msgs.iter().rev() {
+            self.requeue(ctx, msg, Return::Released);
+        }
+        self.consumers.remove(pos);
+        if pos < self.rr {
+            self.rr -= 1;
+        }
+        let consumer = ctx.consumers.remove(slot as usize);
+        if consumer.has_credit() {
+            self.with_credit -= 1;
+        }
+        ctx.out.consumers_gone.push(ConsumerKey {
+            idx: slot,
+            gen: consumer.gen,
+        });
+        self.dispatch(ctx);
+    }
+
+    /// Drops everything: consumers, leases, messages, timers. Returns the frozen stats.
+    pub fn close(mut self, ctx: &mut Ctx) -> QueueStats {
+        for &slot in &self.consumers {
+            let consumer = ctx.consumers.remove(slot as usize);
+            ctx.out.consumers_gone.push(ConsumerKey {
+                idx: slot,
+                gen: consumer.gen,
+            });
+        }
+        for (_, lease) in self.leases.iter() {
+            ctx.wheel.cancel(lease.timer);
+        }
+        for (_, msg) in self.msgs.iter() {
+            if let MsgState::Delayed(timer) = msg.state {
+                ctx.wheel.cancel(timer);
+            }
+        }
+        for (_, entry) in self.dedup.drain() {
+            if let Some(timer) = entry.window {
+                ctx.wheel.cancel(timer);
+            }
+        }
+        self.stats.frozen()
+    }
+
+    /// Timers this queue has in the wheel: one per lease, delayed message and open dedup window.
+    pub fn timer_count(&self) -> usize {
+        let windows = self.dedup.values().filter(|e| e.window.is_some()).count();
+        self.leases.len() + self.delayed + windows
+    }
+
+    /// Cross-checks the queue's bookkeeping; tests call it after every step.
+    pub fn check_invariants(
+        &self,
+        now: Tick,
+        consumers: &Slab<ConsumerState>,
+        wheel: &Wheel<Timer>,
+    ) {
+        let mut ready = 0;
+        let mut delayed = 0;
+        let mut leased = 0;
+        for (idx, msg) in self.msgs.iter() {
+            match msg.state {
+                MsgState::Ready => ready += 1,
+                MsgState::Delayed(timer) => {
+                    delayed += 1;
+                    assert!(
+                        matches!(wheel.get(timer), Timer::Ready { msg, .. } if *msg as usize == idx),
+                        "a delayed message's timer points at it"
+                    );
+                }
+                MsgState::Leased(tag) => {
+                    leased += 1;
+                    let lease = self.leases.get(tag).expect("a leased message has a lease");
+                    assert_eq!(lease.msg as usize, idx, "lease points back");
+                }
+            }
+            if let MsgId::Given(id) = &msg.id {
+                assert!(
+                    self.dedup.get(&**id).is_some_and(|e| e.live),
+                    "live id indexed"
+                );
+            }
+        }
+        assert_eq!(ready, self.returned.len() + self.fresh.len(), "ready lists");
+        assert_eq!(delayed, self.delayed, "delayed count");
+        assert_eq!(leased, self.leases.len(), "lease table");
+        self.leases.check_invariants();
+        let mut credit = 0;
+        let mut held_total = 0;
+        for &slot in &self.consumers {
+            let c = &consumers[slot as usize];
+            assert_eq!(c.queue, self.key.idx, "consumer's queue");
+            let mut held = 0;
+            let mut previous = 0;
+            for &tag in &c.tags {
+                assert!(previous < tag, "consumer tags in order");
+                previous = tag;
+                if let Some(lease) = self.leases.get(tag) {
+                    assert_eq!(lease.consumer, slot, "lease in its consumer's list");
+                    let deadline = wheel.deadline(lease.timer);
+                    assert!(deadline > now, "a live lease's deadline is ahead");
+                    held += 1;
+                }
+            }
+            assert_eq!(c.held, held, "held count");
+            assert!(c.held <= c.prefetch, "prefetch respected");
+            credit += usize::from(c.has_credit());
+            held_total += held as usize;
+        }
+        assert_eq!(credit, self.with_credit, "consumers with credit");
+        assert_eq!(
+            held_total,
+            self.leases.len(),
+            "every lease has its consumer"
+        );
+        if self.with_credit > 0 {
+            assert_eq!(ready, 0, "ready messages wait only when nobody has credit");
+        }
+        for (id, entry) in &self.dedup {
+            assert!(
+                entry.live || entry.window.is_some(),
+                "dedup entry {id} kept for nothing"
+            );
+        }
+    }
+}
