@@ -417,9 +417,13 @@ impl QueueState {
             self.with_credit += 1;
         }
         consumer.held -= 1;
-        // Sweep settled tags once they outnumber the live ones: amortised O(1) per settle.
+        // Settles usually come in delivery order: drop the settled tags at the front at
+        // once, and sweep the rest once they outnumber the live ones (amortised O(1)).
+        let leases = &self.leases;
+        while consumer.tags.front().is_some_and(|&t| !leases.contains(t)) {
+            consumer.tags.pop_front();
+        }
         if consumer.tags.len() > 2 * consumer.held as usize + 32 {
-            let leases = &self.leases;
             consumer.tags.retain(|&t| leases.contains(t));
         }
         Some(lease)
