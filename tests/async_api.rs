@@ -6,43 +6,10 @@ use std::future::Future;
 use std::sync::mpsc;
 use std::time::Duration;
 
-use leasemq::{
-    Broker, Consumer, ConsumerConfig, DeliveryTag, Error, Message, PutOutcome, Queue, QueueConfig,
-    Settle,
-};
+use leasemq::{Consumer, DeliveryTag, Error, Message, PutOutcome, Settle};
 
-fn broker() -> Broker {
-    Broker::builder()
-        .shards(2)
-        .manual_clock()
-        .build()
-        .expect("manual-clock broker")
-}
-
-fn prefetch(n: u32) -> ConsumerConfig {
-    ConsumerConfig { prefetch: n }
-}
-
-fn msg(id: &str) -> Message {
-    Message::new(format!("body of {id}")).with_id(id)
-}
-
-fn count<T: TryInto<u64>>(value: T) -> u64 {
-    value
-        .try_into()
-        .unwrap_or_else(|_| panic!("stats field out of range"))
-}
-
-macro_rules! assert_stats {
-    ($queue:expr, { $($field:ident: $value:expr),* $(,)? }) => {{
-        let stats = $queue.stats();
-        $(assert_eq!(count(stats.$field), $value, "stats.{} in {:?}", stringify!($field), stats);)*
-    }};
-}
-
-fn plain(broker: &Broker, name: &str) -> Queue {
-    broker.declare_queue(name, QueueConfig::default()).unwrap()
-}
+mod common;
+use common::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn async_puts_and_settles_behave_like_the_blocking_ones() {
@@ -295,9 +262,7 @@ async fn pending_next_returns_none_when_the_queue_closes() {
     let q = plain(&broker, "async.closed");
     let a = q.consume("a", prefetch(1)).unwrap();
     pending_next_ends_with_none(a, || assert!(q.close())).await;
-    let mut b = broker
-        .declare_queue("async.closed", QueueConfig::default())
-        .unwrap()
+    let mut b = plain(&broker, "async.closed")
         .consume("b", prefetch(1))
         .unwrap();
     assert!(q.put_async(msg("old handle")).await.is_err());
@@ -320,15 +285,7 @@ async fn pending_next_returns_none_when_the_broker_shuts_down() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn next_sees_deliveries_made_by_advance() {
     let broker = broker();
-    let q = broker
-        .declare_queue(
-            "async.advance",
-            QueueConfig {
-                ack_timeout: Duration::from_secs(10),
-                ..QueueConfig::default()
-            },
-        )
-        .unwrap();
+    let q = timeout_queue(&broker, "async.advance", Duration::from_secs(10));
     let mut a = q.consume("a", prefetch(1)).unwrap();
     q.put_async(msg("m").with_delay(Duration::from_secs(5)))
         .await

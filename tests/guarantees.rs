@@ -4,66 +4,17 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use leasemq::{
-    Broker, Consumer, ConsumerConfig, Delivery, DeliveryTag, Message, PutOutcome, Queue,
-    QueueConfig, RetryPolicy, Settle,
+    Broker, Consumer, Delivery, DeliveryTag, Message, PutOutcome, Queue, QueueConfig, RetryPolicy,
+    Settle,
 };
 
-fn broker2() -> Broker {
-    Broker::builder()
-        .shards(2)
-        .manual_clock()
-        .build()
-        .expect("manual-clock broker")
-}
+mod common;
+use common::*;
 
-fn broker4() -> Broker {
-    Broker::builder()
-        .shards(4)
-        .manual_clock()
-        .build()
-        .expect("manual-clock broker")
-}
-
-fn ms(n: u64) -> Duration {
-    Duration::from_millis(n)
-}
-
-fn secs(n: u64) -> Duration {
-    Duration::from_secs(n)
-}
-
-fn with_ack_timeout(ack_timeout: Duration) -> QueueConfig {
-    QueueConfig {
-        ack_timeout,
-        ..QueueConfig::default()
-    }
-}
-
-fn prefetch(n: u32) -> ConsumerConfig {
-    ConsumerConfig { prefetch: n }
-}
-
+/// Puts [`msg`]`(id)` and expects it enqueued: unlike `common::put`, a duplicate fails.
 fn put(queue: &Queue, id: &str) {
-    let outcome = queue
-        .put(Message::new(format!("body of {id}")).with_id(id))
-        .expect("put");
+    let outcome = queue.put(msg(id)).expect("put");
     assert_eq!(outcome, PutOutcome::Enqueued, "put of {id}");
-}
-
-/// The next delivery, which must already be in the channel (calls are barriers).
-fn next(consumer: &Consumer) -> Delivery {
-    consumer
-        .try_recv()
-        .expect("try_recv")
-        .expect("a delivery should already be in the consumer's channel")
-}
-
-fn nothing(consumer: &Consumer) {
-    assert!(
-        consumer.try_recv().expect("try_recv").is_none(),
-        "consumer {} should have no delivery waiting",
-        consumer.name()
-    );
 }
 
 fn drain(consumer: &Consumer) -> Vec<Delivery> {
@@ -72,20 +23,6 @@ fn drain(consumer: &Consumer) -> Vec<Delivery> {
         out.push(d);
     }
     out
-}
-
-/// A stats field as `u64`, whatever integer type it has.
-fn count<T: TryInto<u64>>(value: T) -> u64 {
-    value
-        .try_into()
-        .unwrap_or_else(|_| panic!("stats field out of range"))
-}
-
-macro_rules! assert_stats {
-    ($queue:expr, { $($field:ident: $value:expr),* $(,)? }) => {{
-        let stats = $queue.stats();
-        $(assert_eq!(count(stats.$field), $value, "stats.{} in {:?}", stringify!($field), stats);)*
-    }};
 }
 
 fn live(queue: &Queue) -> u64 {
@@ -99,10 +36,8 @@ fn live(queue: &Queue) -> u64 {
 
 #[test]
 fn unacked_message_is_always_ready_delayed_or_leased() {
-    let broker = broker2();
-    let q = broker
-        .declare_queue("g1.walk", with_ack_timeout(secs(10)))
-        .unwrap();
+    let broker = broker();
+    let q = timeout_queue(&broker, "g1.walk", secs(10));
     put(&q, "m");
     assert_stats!(q, { ready: 1, delayed: 0, leased: 0 });
 
@@ -162,10 +97,8 @@ impl Lcg {
 #[test]
 fn no_message_is_lost_through_random_settles_expiries_and_cancels() {
     for seed in [1_u64, 7, 42] {
-        let broker = broker2();
-        let q = broker
-            .declare_queue("g1.random", with_ack_timeout(secs(10)))
-            .unwrap();
+        let broker = broker();
+        let q = timeout_queue(&broker, "g1.random", secs(10));
         let mut consumers: Vec<Option<Consumer>> = vec![None, None, None];
         let mut held: Vec<Vec<Delivery>> = vec![Vec::new(), Vec::new(), Vec::new()];
         let mut put_ids = BTreeSet::new();
@@ -263,20 +196,8 @@ const SETTLES: [(&str, SettleFn); 7] = [
 
 #[test]
 fn stale_settles_and_touches_change_nothing_but_stale() {
-    let broker = broker2();
-    let dlq = broker
-        .declare_queue("g2.dead", QueueConfig::default())
-        .unwrap();
-    let q = broker
-        .declare_queue(
-            "g2.work",
-            QueueConfig {
-                ack_timeout: secs(10),
-                dead_letter: Some("g2.dead".into()),
-                ..QueueConfig::default()
-            },
-        )
-        .unwrap();
+    let broker = broker();
+    let (q, dlq) = dead_letter_pair(&broker, "g2.work", "g2.dead", with_ack_timeout(secs(10)));
     let watcher = dlq.consume("watcher", prefetch(10)).unwrap();
     let a = q.consume("a", prefetch(10)).unwrap();
     put(&q, "m1");
@@ -346,10 +267,8 @@ fn stale_settles_and_touches_change_nothing_but_stale() {
 
 #[test]
 fn second_ack_of_the_same_tag_is_stale() {
-    let broker = broker2();
-    let q = broker
-        .declare_queue("g2.twice", QueueConfig::default())
-        .unwrap();
+    let broker = broker();
+    let q = plain(&broker, "g2.twice");
     let a = q.consume("a", prefetch(1)).unwrap();
     put(&q, "m1");
     put(&q, "m2");
@@ -376,7 +295,7 @@ fn second_ack_of_the_same_tag_is_stale() {
 
 #[test]
 fn every_delivery_gets_a_tag_greater_than_all_before() {
-    let broker = broker2();
+    let broker = broker();
     let q = broker
         .declare_queue(
             "g3.tags",
@@ -432,10 +351,8 @@ fn every_delivery_gets_a_tag_greater_than_all_before() {
 
 #[test]
 fn redelivery_after_expiry_gets_a_new_tag_never_the_old_one() {
-    let broker = broker2();
-    let q = broker
-        .declare_queue("g3.expiry", with_ack_timeout(secs(1)))
-        .unwrap();
+    let broker = broker();
+    let q = timeout_queue(&broker, "g3.expiry", secs(1));
     let a = q.consume("a", prefetch(1)).unwrap();
     put(&q, "m");
     let mut seen = Vec::new();
@@ -454,10 +371,8 @@ fn redelivery_after_expiry_gets_a_new_tag_never_the_old_one() {
 // ---------------------------------------------------------------------------------------
 
 fn leased_at_zero(name: &str) -> (Broker, Queue, Consumer, Delivery) {
-    let broker = broker2();
-    let q = broker
-        .declare_queue(name, with_ack_timeout(secs(10)))
-        .unwrap();
+    let broker = broker();
+    let q = timeout_queue(&broker, name, secs(10));
     let a = q.consume("a", prefetch(1)).unwrap();
     put(&q, "m");
     let d = next(&a);
@@ -524,11 +439,7 @@ fn touched_lease_expires_exactly_at_its_new_deadline() {
 fn queues_on_different_shards_keep_independent_tags_and_state() {
     let broker = broker4();
     let queues: Vec<Queue> = (0..8)
-        .map(|i| {
-            broker
-                .declare_queue(&format!("g5.q{i}"), QueueConfig::default())
-                .unwrap()
-        })
+        .map(|i| plain(&broker, &format!("g5.q{i}")))
         .collect();
     let consumers: Vec<Consumer> = queues
         .iter()
@@ -566,9 +477,7 @@ fn concurrent_traffic_on_many_shards_does_not_disturb_any_queue() {
     let broker = broker4();
     let handles: Vec<_> = (0..8)
         .map(|i| {
-            let q = broker
-                .declare_queue(&format!("g5.busy{i}"), QueueConfig::default())
-                .unwrap();
+            let q = plain(&broker, &format!("g5.busy{i}"));
             std::thread::spawn(move || {
                 let c = q.consume("c", prefetch(1)).unwrap();
                 for n in 1..=2000_u64 {
@@ -594,9 +503,7 @@ fn concurrent_traffic_on_many_shards_does_not_disturb_any_queue() {
 fn cross_shard_dead_letter_forwards_in_every_direction_lose_nothing() {
     let broker = broker4();
     for j in 0..8 {
-        broker
-            .declare_queue(&format!("g5.dlq{j}"), QueueConfig::default())
-            .unwrap();
+        plain(&broker, &format!("g5.dlq{j}"));
     }
     let handles: Vec<_> = (0..8)
         .map(|i| {
@@ -644,9 +551,7 @@ fn cross_shard_dead_letter_forwards_in_every_direction_lose_nothing() {
 /// three shards. Returns every delivery it saw, with the time it was seen.
 fn jittery_program() -> Vec<String> {
     let broker = Broker::builder().shards(3).manual_clock().build().unwrap();
-    let dead = broker
-        .declare_queue("g6.dead", QueueConfig::default())
-        .unwrap();
+    let dead = plain(&broker, "g6.dead");
     let jobs = broker
         .declare_queue(
             "g6.jobs",

@@ -2,70 +2,10 @@
 
 use std::time::Duration;
 
-use leasemq::{
-    Broker, Consumer, ConsumerConfig, DeathReason, DeathRecord, Delivery, DeliveryTag, Message,
-    Queue, QueueConfig, RetryPolicy,
-};
+use leasemq::{DeathReason, DeathRecord, DeliveryTag, Message, QueueConfig, RetryPolicy};
 
-fn broker(shards: u8) -> Broker {
-    let builder = match shards {
-        2 => Broker::builder().shards(2),
-        _ => Broker::builder().shards(4),
-    };
-    builder.manual_clock().build().expect("manual-clock broker")
-}
-
-fn secs(n: u64) -> Duration {
-    Duration::from_secs(n)
-}
-
-fn prefetch(n: u32) -> ConsumerConfig {
-    ConsumerConfig { prefetch: n }
-}
-
-fn put(queue: &Queue, id: &str) {
-    queue
-        .put(Message::new(format!("body of {id}")).with_id(id))
-        .expect("put");
-}
-
-fn next(consumer: &Consumer) -> Delivery {
-    consumer
-        .try_recv()
-        .expect("try_recv")
-        .expect("a delivery should already be in the consumer's channel")
-}
-
-fn nothing(consumer: &Consumer) {
-    assert!(
-        consumer.try_recv().expect("try_recv").is_none(),
-        "consumer {} should have no delivery waiting",
-        consumer.name()
-    );
-}
-
-fn seen(consumer: &Consumer) -> (String, u64, u32) {
-    let d = next(consumer);
-    let e = d.envelope();
-    (e.id.clone(), d.tag().0, e.attempt)
-}
-
-fn s(id: &str, tag: u64, attempt: u32) -> (String, u64, u32) {
-    (id.to_string(), tag, attempt)
-}
-
-fn count<T: TryInto<u64>>(value: T) -> u64 {
-    value
-        .try_into()
-        .unwrap_or_else(|_| panic!("stats field out of range"))
-}
-
-macro_rules! assert_stats {
-    ($queue:expr, { $($field:ident: $value:expr),* $(,)? }) => {{
-        let stats = $queue.stats();
-        $(assert_eq!(count(stats.$field), $value, "stats.{} in {:?}", stringify!($field), stats);)*
-    }};
-}
+mod common;
+use common::*;
 
 fn death(queue: &str, reason: DeathReason, attempts: u32) -> Option<DeathRecord> {
     Some(DeathRecord {
@@ -75,35 +15,12 @@ fn death(queue: &str, reason: DeathReason, attempts: u32) -> Option<DeathRecord>
     })
 }
 
-/// A dead-letter queue `dlq` (declared first) and a queue `src` that dead-letters into it.
-fn pair(broker: &Broker, src: &str, dlq: &str, config: QueueConfig) -> (Queue, Queue) {
-    let dead = broker.declare_queue(dlq, QueueConfig::default()).unwrap();
-    let q = broker
-        .declare_queue(
-            src,
-            QueueConfig {
-                dead_letter: Some(dlq.to_string()),
-                ..config
-            },
-        )
-        .unwrap();
-    (q, dead)
-}
-
 // --- expiry ------------------------------------------------------------------------------
 
 #[test]
 fn expired_lease_brings_the_message_back_and_returns_the_credit() {
-    let broker = broker(2);
-    let q = broker
-        .declare_queue(
-            "exp.credit",
-            QueueConfig {
-                ack_timeout: secs(10),
-                ..QueueConfig::default()
-            },
-        )
-        .unwrap();
+    let broker = broker();
+    let q = timeout_queue(&broker, "exp.credit", secs(10));
     let a = q.consume("a", prefetch(1)).unwrap();
     let b = q.consume("b", prefetch(1)).unwrap();
     put(&q, "m1");
@@ -118,16 +35,8 @@ fn expired_lease_brings_the_message_back_and_returns_the_credit() {
 
 #[test]
 fn expired_message_waits_ready_when_no_consumer_has_credit() {
-    let broker = broker(2);
-    let q = broker
-        .declare_queue(
-            "exp.noconsumer",
-            QueueConfig {
-                ack_timeout: secs(10),
-                ..QueueConfig::default()
-            },
-        )
-        .unwrap();
+    let broker = broker();
+    let q = timeout_queue(&broker, "exp.noconsumer", secs(10));
     let a = q.consume("a", prefetch(1)).unwrap();
     put(&q, "m1");
     let first = next(&a);
@@ -143,16 +52,8 @@ fn expired_message_waits_ready_when_no_consumer_has_credit() {
 
 #[test]
 fn every_late_settle_after_expiry_is_stale() {
-    let broker = broker(2);
-    let q = broker
-        .declare_queue(
-            "exp.late",
-            QueueConfig {
-                ack_timeout: secs(10),
-                ..QueueConfig::default()
-            },
-        )
-        .unwrap();
+    let broker = broker();
+    let q = timeout_queue(&broker, "exp.late", secs(10));
     let a = q.consume("a", prefetch(1)).unwrap();
     put(&q, "m1");
     let late = next(&a);
@@ -176,8 +77,8 @@ fn every_late_settle_after_expiry_is_stale() {
 
 #[test]
 fn max_deliveries_dead_letters_on_expiry() {
-    let broker = broker(2);
-    let (q, dead) = pair(
+    let broker = broker();
+    let (q, dead) = dead_letter_pair(
         &broker,
         "maxd.expiry",
         "maxd.expiry.dead",
@@ -212,8 +113,8 @@ fn max_deliveries_dead_letters_on_expiry() {
 
 #[test]
 fn max_deliveries_dead_letters_on_nack_and_still_counts_the_nack() {
-    let broker = broker(2);
-    let (q, dead) = pair(
+    let broker = broker();
+    let (q, dead) = dead_letter_pair(
         &broker,
         "maxd.nack",
         "maxd.nack.dead",
@@ -242,8 +143,8 @@ fn max_deliveries_dead_letters_on_nack_and_still_counts_the_nack() {
 
 #[test]
 fn max_deliveries_on_consumer_cancel_only_counts_received_deliveries() {
-    let broker = broker(2);
-    let (q, dead) = pair(
+    let broker = broker();
+    let (q, dead) = dead_letter_pair(
         &broker,
         "maxd.cancel",
         "maxd.cancel.dead",
@@ -274,7 +175,7 @@ fn max_deliveries_on_consumer_cancel_only_counts_received_deliveries() {
 
 #[test]
 fn max_deliveries_without_a_dead_letter_queue_drops_and_counts() {
-    let broker = broker(2);
+    let broker = broker();
     let q = broker
         .declare_queue(
             "maxd.drop",
@@ -297,8 +198,8 @@ fn max_deliveries_without_a_dead_letter_queue_drops_and_counts() {
 
 #[test]
 fn reject_dead_letters_with_a_death_record_keeping_id_and_body() {
-    let broker = broker(2);
-    let (q, dead) = pair(
+    let broker = broker();
+    let (q, dead) = dead_letter_pair(
         &broker,
         "dl.reject",
         "dl.reject.dead",
@@ -338,9 +239,9 @@ fn reject_dead_letters_with_a_death_record_keeping_id_and_body() {
 fn dead_letters_reach_their_queue_wherever_it_lives() {
     // With 4 shards and 8 pairs, some dead-letter queues live on another shard than their
     // source; every pair must behave the same.
-    let broker = broker(4);
+    let broker = broker4();
     for i in 0..8 {
-        let (q, dead) = pair(
+        let (q, dead) = dead_letter_pair(
             &broker,
             &format!("dl.shard.src{i}"),
             &format!("dl.shard.dead{i}"),
@@ -369,8 +270,8 @@ fn dead_letters_reach_their_queue_wherever_it_lives() {
 
 #[test]
 fn redeclared_dead_letter_queue_receives_the_letter() {
-    let broker = broker(4);
-    let (q, old_dead) = pair(
+    let broker = broker4();
+    let (q, old_dead) = dead_letter_pair(
         &broker,
         "dl.redecl",
         "dl.redecl.dead",
@@ -380,15 +281,7 @@ fn redeclared_dead_letter_queue_receives_the_letter() {
     put(&q, "m1");
     put(&q, "m2");
     assert!(old_dead.close());
-    let new_dead = broker
-        .declare_queue(
-            "dl.redecl.dead",
-            QueueConfig {
-                ack_timeout: secs(99),
-                ..QueueConfig::default()
-            },
-        )
-        .unwrap();
+    let new_dead = timeout_queue(&broker, "dl.redecl.dead", secs(99));
     let w = new_dead.consume("w", prefetch(10)).unwrap();
     assert!(next(&a).reject());
     assert_eq!(next(&w).envelope().id, "m1");
@@ -403,8 +296,8 @@ fn redeclared_dead_letter_queue_receives_the_letter() {
 
 #[test]
 fn dead_letter_to_a_closed_queue_is_dropped_and_counted() {
-    let broker = broker(2);
-    let (q, dead) = pair(
+    let broker = broker();
+    let (q, dead) = dead_letter_pair(
         &broker,
         "dl.closed",
         "dl.closed.dead",
@@ -421,25 +314,17 @@ fn dead_letter_to_a_closed_queue_is_dropped_and_counted() {
 
 #[test]
 fn dead_letter_refused_by_a_full_queue_is_dropped() {
-    let broker = broker(2);
-    let dead = broker
-        .declare_queue(
-            "dl.full.dead",
-            QueueConfig {
-                max_length: Some(1),
-                ..QueueConfig::default()
-            },
-        )
-        .unwrap();
-    let q = broker
-        .declare_queue(
-            "dl.full",
-            QueueConfig {
-                dead_letter: Some("dl.full.dead".into()),
-                ..QueueConfig::default()
-            },
-        )
-        .unwrap();
+    let broker = broker();
+    let (q, dead) = dead_letter_pair_with(
+        &broker,
+        "dl.full",
+        QueueConfig::default(),
+        "dl.full.dead",
+        QueueConfig {
+            max_length: Some(1),
+            ..QueueConfig::default()
+        },
+    );
     put(&dead, "filler");
     let a = q.consume("a", prefetch(10)).unwrap();
     put(&q, "m");
@@ -450,25 +335,17 @@ fn dead_letter_refused_by_a_full_queue_is_dropped() {
 
 #[test]
 fn dead_letter_whose_id_is_a_duplicate_in_the_dead_letter_queue_is_dropped() {
-    let broker = broker(2);
-    let dead = broker
-        .declare_queue(
-            "dl.dup.dead",
-            QueueConfig {
-                dedup_window: secs(3600),
-                ..QueueConfig::default()
-            },
-        )
-        .unwrap();
-    let q = broker
-        .declare_queue(
-            "dl.dup",
-            QueueConfig {
-                dead_letter: Some("dl.dup.dead".into()),
-                ..QueueConfig::default()
-            },
-        )
-        .unwrap();
+    let broker = broker();
+    let (q, dead) = dead_letter_pair_with(
+        &broker,
+        "dl.dup",
+        QueueConfig::default(),
+        "dl.dup.dead",
+        QueueConfig {
+            dedup_window: secs(3600),
+            ..QueueConfig::default()
+        },
+    );
     let w = dead.consume("w", prefetch(10)).unwrap();
     put(&dead, "windowed");
     assert!(next(&w).ack()); // gone, but still inside the dedup window
@@ -495,25 +372,17 @@ fn dead_letter_whose_id_is_a_duplicate_in_the_dead_letter_queue_is_dropped() {
 
 #[test]
 fn dead_letter_too_large_for_the_dead_letter_queue_is_dropped() {
-    let broker = broker(2);
-    let dead = broker
-        .declare_queue(
-            "dl.size.dead",
-            QueueConfig {
-                max_body_bytes: 4,
-                ..QueueConfig::default()
-            },
-        )
-        .unwrap();
-    let q = broker
-        .declare_queue(
-            "dl.size",
-            QueueConfig {
-                dead_letter: Some("dl.size.dead".into()),
-                ..QueueConfig::default()
-            },
-        )
-        .unwrap();
+    let broker = broker();
+    let (q, dead) = dead_letter_pair_with(
+        &broker,
+        "dl.size",
+        QueueConfig::default(),
+        "dl.size.dead",
+        QueueConfig {
+            max_body_bytes: 4,
+            ..QueueConfig::default()
+        },
+    );
     let a = q.consume("a", prefetch(10)).unwrap();
     q.put(Message::new("four").with_id("small")).unwrap();
     q.put(Message::new("fivey").with_id("big")).unwrap();
@@ -525,25 +394,17 @@ fn dead_letter_too_large_for_the_dead_letter_queue_is_dropped() {
 
 #[test]
 fn broker_assigned_ids_are_kept_and_never_duplicates_in_the_dead_letter_queue() {
-    let broker = broker(4);
-    let dead = broker
-        .declare_queue(
-            "dl.anon.dead",
-            QueueConfig {
-                dedup_window: secs(3600),
-                ..QueueConfig::default()
-            },
-        )
-        .unwrap();
-    let q = broker
-        .declare_queue(
-            "dl.anon",
-            QueueConfig {
-                dead_letter: Some("dl.anon.dead".into()),
-                ..QueueConfig::default()
-            },
-        )
-        .unwrap();
+    let broker = broker4();
+    let (q, dead) = dead_letter_pair_with(
+        &broker,
+        "dl.anon",
+        QueueConfig::default(),
+        "dl.anon.dead",
+        QueueConfig {
+            dedup_window: secs(3600),
+            ..QueueConfig::default()
+        },
+    );
     // Id-less messages put straight on the dead-letter queue, too.
     dead.put(Message::new("direct")).unwrap();
     let a = q.consume("a", prefetch(10)).unwrap();

@@ -1,77 +1,10 @@
 //! SPEC §3 "Dispatch": round robin in registration order, credit, and returned messages
 //! before fresh ones in the order they became ready again.
 
-use std::time::Duration;
+use leasemq::{DeliveryTag, QueueConfig, RetryPolicy};
 
-use leasemq::{
-    Broker, Consumer, ConsumerConfig, Delivery, DeliveryTag, Message, Queue, QueueConfig,
-    RetryPolicy,
-};
-
-fn broker() -> Broker {
-    Broker::builder()
-        .shards(2)
-        .manual_clock()
-        .build()
-        .expect("manual-clock broker")
-}
-
-fn secs(n: u64) -> Duration {
-    Duration::from_secs(n)
-}
-
-fn prefetch(n: u32) -> ConsumerConfig {
-    ConsumerConfig { prefetch: n }
-}
-
-fn put(queue: &Queue, id: &str) {
-    queue
-        .put(Message::new(format!("body of {id}")).with_id(id))
-        .expect("put");
-}
-
-fn next(consumer: &Consumer) -> Delivery {
-    consumer
-        .try_recv()
-        .expect("try_recv")
-        .expect("a delivery should already be in the consumer's channel")
-}
-
-fn nothing(consumer: &Consumer) {
-    assert!(
-        consumer.try_recv().expect("try_recv").is_none(),
-        "consumer {} should have no delivery waiting",
-        consumer.name()
-    );
-}
-
-/// (id, tag, attempt) of the next delivery.
-fn seen(consumer: &Consumer) -> (String, u64, u32) {
-    let d = next(consumer);
-    let e = d.envelope();
-    (e.id.clone(), d.tag().0, e.attempt)
-}
-
-fn s(id: &str, tag: u64, attempt: u32) -> (String, u64, u32) {
-    (id.to_string(), tag, attempt)
-}
-
-fn count<T: TryInto<u64>>(value: T) -> u64 {
-    value
-        .try_into()
-        .unwrap_or_else(|_| panic!("stats field out of range"))
-}
-
-macro_rules! assert_stats {
-    ($queue:expr, { $($field:ident: $value:expr),* $(,)? }) => {{
-        let stats = $queue.stats();
-        $(assert_eq!(count(stats.$field), $value, "stats.{} in {:?}", stringify!($field), stats);)*
-    }};
-}
-
-fn plain(broker: &Broker, name: &str) -> Queue {
-    broker.declare_queue(name, QueueConfig::default()).unwrap()
-}
+mod common;
+use common::*;
 
 #[test]
 fn first_delivery_goes_to_the_first_registered_consumer() {
@@ -203,15 +136,7 @@ fn returned_messages_go_before_fresh_ones_in_the_order_they_became_ready_again()
 #[test]
 fn expired_messages_go_before_fresh_ones() {
     let broker = broker();
-    let q = broker
-        .declare_queue(
-            "dispatch.expired",
-            QueueConfig {
-                ack_timeout: secs(10),
-                ..QueueConfig::default()
-            },
-        )
-        .unwrap();
+    let q = timeout_queue(&broker, "dispatch.expired", secs(10));
     let a = q.consume("a", prefetch(1)).unwrap();
     put(&q, "m1");
     put(&q, "m2");

@@ -2,92 +2,10 @@
 
 use std::time::Duration;
 
-use leasemq::{
-    Broker, Consumer, ConsumerConfig, Delivery, DeliveryTag, Error, Message, Queue, QueueConfig,
-    Settle,
-};
+use leasemq::{Broker, DeliveryTag, Error, Message, QueueConfig, Settle};
 
-fn broker() -> Broker {
-    Broker::builder()
-        .shards(2)
-        .manual_clock()
-        .build()
-        .expect("manual-clock broker")
-}
-
-fn secs(n: u64) -> Duration {
-    Duration::from_secs(n)
-}
-
-fn prefetch(n: u32) -> ConsumerConfig {
-    ConsumerConfig { prefetch: n }
-}
-
-fn put(queue: &Queue, id: &str) {
-    queue
-        .put(Message::new(format!("body of {id}")).with_id(id))
-        .expect("put");
-}
-
-fn next(consumer: &Consumer) -> Delivery {
-    consumer
-        .try_recv()
-        .expect("try_recv")
-        .expect("a delivery should already be in the consumer's channel")
-}
-
-fn nothing(consumer: &Consumer) {
-    assert!(
-        consumer.try_recv().expect("try_recv").is_none(),
-        "consumer {} should have no delivery waiting",
-        consumer.name()
-    );
-}
-
-fn seen(consumer: &Consumer) -> (String, u64, u32) {
-    let d = next(consumer);
-    let e = d.envelope();
-    (e.id.clone(), d.tag().0, e.attempt)
-}
-
-fn s(id: &str, tag: u64, attempt: u32) -> (String, u64, u32) {
-    (id.to_string(), tag, attempt)
-}
-
-fn count<T: TryInto<u64>>(value: T) -> u64 {
-    value
-        .try_into()
-        .unwrap_or_else(|_| panic!("stats field out of range"))
-}
-
-macro_rules! assert_stats {
-    ($queue:expr, { $($field:ident: $value:expr),* $(,)? }) => {{
-        let stats = $queue.stats();
-        $(assert_eq!(count(stats.$field), $value, "stats.{} in {:?}", stringify!($field), stats);)*
-    }};
-}
-
-macro_rules! assert_err {
-    ($result:expr, $pattern:pat) => {
-        match $result {
-            Err($pattern) => {}
-            Err(other) => panic!("expected {}, got {:?}", stringify!($pattern), other),
-            Ok(_) => panic!("expected {}, got Ok", stringify!($pattern)),
-        }
-    };
-}
-
-fn timeout_queue(broker: &Broker, name: &str, ack_timeout: Duration) -> Queue {
-    broker
-        .declare_queue(
-            name,
-            QueueConfig {
-                ack_timeout,
-                ..QueueConfig::default()
-            },
-        )
-        .unwrap()
-}
+mod common;
+use common::*;
 
 // --- consumer cancel and drop ------------------------------------------------------------
 
@@ -215,19 +133,12 @@ fn close_drops_deliveries_already_in_the_channel() {
 #[test]
 fn closed_queue_refuses_every_later_call_and_freezes_its_stats() {
     let broker = broker();
-    let dead = broker
-        .declare_queue("close.dead", QueueConfig::default())
-        .unwrap();
-    let q = broker
-        .declare_queue(
-            "close.calls",
-            QueueConfig {
-                ack_timeout: secs(10),
-                dead_letter: Some("close.dead".into()),
-                ..QueueConfig::default()
-            },
-        )
-        .unwrap();
+    let (q, dead) = dead_letter_pair(
+        &broker,
+        "close.calls",
+        "close.dead",
+        with_ack_timeout(secs(10)),
+    );
     let other_handle = broker.queue("close.calls").unwrap();
     let a = q.consume("a", prefetch(2)).unwrap();
     for i in 1..=4 {

@@ -7,51 +7,10 @@ use leasemq::{
     RetryPolicy,
 };
 
-fn broker() -> Broker {
-    Broker::builder()
-        .shards(2)
-        .manual_clock()
-        .build()
-        .expect("manual-clock broker")
-}
+mod common;
+use common::*;
 
-fn ms(n: u64) -> Duration {
-    Duration::from_millis(n)
-}
-
-fn secs(n: u64) -> Duration {
-    Duration::from_secs(n)
-}
-
-const SEVEN_DAYS: Duration = Duration::from_secs(7 * 24 * 3600);
 const MIB: usize = 1024 * 1024;
-
-fn prefetch(n: u32) -> ConsumerConfig {
-    ConsumerConfig { prefetch: n }
-}
-
-fn count<T: TryInto<u64>>(value: T) -> u64 {
-    value
-        .try_into()
-        .unwrap_or_else(|_| panic!("stats field out of range"))
-}
-
-macro_rules! assert_stats {
-    ($queue:expr, { $($field:ident: $value:expr),* $(,)? }) => {{
-        let stats = $queue.stats();
-        $(assert_eq!(count(stats.$field), $value, "stats.{} in {:?}", stringify!($field), stats);)*
-    }};
-}
-
-macro_rules! assert_err {
-    ($result:expr, $pattern:pat) => {
-        match $result {
-            Err($pattern) => {}
-            Err(other) => panic!("expected {}, got {:?}", stringify!($pattern), other),
-            Ok(_) => panic!("expected {}, got Ok", stringify!($pattern)),
-        }
-    };
-}
 
 /// Declares `name` with `config` and expects `InvalidConfig`, leaving no queue behind.
 fn assert_invalid_config(broker: &Broker, name: &str, config: QueueConfig) {

@@ -4,82 +4,10 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use leasemq::{
-    Broker, Consumer, ConsumerConfig, Delivery, Error, Message, PutOutcome, Queue, QueueConfig,
-};
+use leasemq::{Broker, Consumer, Error, Message, PutOutcome, Queue, QueueConfig};
 
-fn broker() -> Broker {
-    Broker::builder()
-        .shards(2)
-        .manual_clock()
-        .build()
-        .expect("manual-clock broker")
-}
-
-fn ms(n: u64) -> Duration {
-    Duration::from_millis(n)
-}
-
-fn secs(n: u64) -> Duration {
-    Duration::from_secs(n)
-}
-
-const SEVEN_DAYS: Duration = Duration::from_secs(7 * 24 * 3600);
-
-fn prefetch(n: u32) -> ConsumerConfig {
-    ConsumerConfig { prefetch: n }
-}
-
-fn msg(id: &str) -> Message {
-    Message::new(format!("body of {id}")).with_id(id)
-}
-
-fn next(consumer: &Consumer) -> Delivery {
-    consumer
-        .try_recv()
-        .expect("try_recv")
-        .expect("a delivery should already be in the consumer's channel")
-}
-
-fn nothing(consumer: &Consumer) {
-    assert!(
-        consumer.try_recv().expect("try_recv").is_none(),
-        "consumer {} should have no delivery waiting",
-        consumer.name()
-    );
-}
-
-fn count<T: TryInto<u64>>(value: T) -> u64 {
-    value
-        .try_into()
-        .unwrap_or_else(|_| panic!("stats field out of range"))
-}
-
-macro_rules! assert_stats {
-    ($queue:expr, { $($field:ident: $value:expr),* $(,)? }) => {{
-        let stats = $queue.stats();
-        $(assert_eq!(count(stats.$field), $value, "stats.{} in {:?}", stringify!($field), stats);)*
-    }};
-}
-
-macro_rules! assert_err {
-    ($result:expr, $pattern:pat) => {
-        match $result {
-            Err($pattern) => {}
-            Err(other) => panic!("expected {}, got {:?}", stringify!($pattern), other),
-            Ok(_) => panic!("expected {}, got Ok", stringify!($pattern)),
-        }
-    };
-}
-
-/// Asserts that `f` fails with an error matching the pattern and leaves the stats as they were.
-macro_rules! assert_err_unchanged {
-    ($queue:expr, $result:expr, $pattern:pat) => {{
-        let before = $queue.stats();
-        assert_err!($result, $pattern);
-        assert_eq!($queue.stats(), before, "a failed put changes nothing");
-    }};
-}
+mod common;
+use common::*;
 
 fn dedup_queue(broker: &Broker, name: &str, window: Duration) -> Queue {
     broker

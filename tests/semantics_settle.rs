@@ -3,91 +3,10 @@
 
 use std::time::Duration;
 
-use leasemq::{
-    Broker, Consumer, ConsumerConfig, Delivery, DeliveryTag, Message, Queue, QueueConfig,
-    RetryPolicy, Settle,
-};
+use leasemq::{DeliveryTag, QueueConfig, RetryPolicy, Settle};
 
-fn broker() -> Broker {
-    Broker::builder()
-        .shards(2)
-        .manual_clock()
-        .build()
-        .expect("manual-clock broker")
-}
-
-fn ms(n: u64) -> Duration {
-    Duration::from_millis(n)
-}
-
-fn secs(n: u64) -> Duration {
-    Duration::from_secs(n)
-}
-
-const SEVEN_DAYS: Duration = Duration::from_secs(7 * 24 * 3600);
-
-fn prefetch(n: u32) -> ConsumerConfig {
-    ConsumerConfig { prefetch: n }
-}
-
-fn put(queue: &Queue, id: &str) {
-    queue
-        .put(Message::new(format!("body of {id}")).with_id(id))
-        .expect("put");
-}
-
-fn next(consumer: &Consumer) -> Delivery {
-    consumer
-        .try_recv()
-        .expect("try_recv")
-        .expect("a delivery should already be in the consumer's channel")
-}
-
-fn nothing(consumer: &Consumer) {
-    assert!(
-        consumer.try_recv().expect("try_recv").is_none(),
-        "consumer {} should have no delivery waiting",
-        consumer.name()
-    );
-}
-
-fn seen(consumer: &Consumer) -> (String, u64, u32) {
-    let d = next(consumer);
-    let e = d.envelope();
-    (e.id.clone(), d.tag().0, e.attempt)
-}
-
-fn s(id: &str, tag: u64, attempt: u32) -> (String, u64, u32) {
-    (id.to_string(), tag, attempt)
-}
-
-fn count<T: TryInto<u64>>(value: T) -> u64 {
-    value
-        .try_into()
-        .unwrap_or_else(|_| panic!("stats field out of range"))
-}
-
-macro_rules! assert_stats {
-    ($queue:expr, { $($field:ident: $value:expr),* $(,)? }) => {{
-        let stats = $queue.stats();
-        $(assert_eq!(count(stats.$field), $value, "stats.{} in {:?}", stringify!($field), stats);)*
-    }};
-}
-
-fn queue_with(broker: &Broker, name: &str, config: QueueConfig) -> Queue {
-    broker.declare_queue(name, config).unwrap()
-}
-
-fn timeout_queue(broker: &Broker, name: &str, ack_timeout: Duration) -> Queue {
-    queue_with(
-        broker,
-        name,
-        QueueConfig {
-            ack_timeout,
-            ..QueueConfig::default()
-        },
-    )
-}
+mod common;
+use common::*;
 
 // --- ack ---------------------------------------------------------------------------------
 

@@ -13,16 +13,13 @@ use leasemq::{
     RetryPolicy,
 };
 
+mod common;
+use common::*;
+
 const QUEUES: usize = 6;
 const PRODUCERS: usize = 3;
 const PER_PRODUCER_PER_QUEUE: usize = 400;
 const TOTAL_PER_QUEUE: usize = PRODUCERS * PER_PRODUCER_PER_QUEUE;
-
-fn count<T: TryInto<u64>>(value: T) -> u64 {
-    value
-        .try_into()
-        .unwrap_or_else(|_| panic!("stats field out of range"))
-}
 
 /// A small stable hash of an id, so the settle decisions repeat.
 fn fnv(id: &str) -> u64 {
@@ -244,15 +241,7 @@ fn every_message_is_acked_exactly_once_by_many_threads_on_many_shards() {
 #[test]
 fn short_ack_timeout_expires_under_the_system_clock_and_another_consumer_gets_it() {
     let broker = Broker::builder().shards(2).build().unwrap();
-    let q = broker
-        .declare_queue(
-            "threads.system",
-            QueueConfig {
-                ack_timeout: Duration::from_millis(20),
-                ..QueueConfig::default()
-            },
-        )
-        .unwrap();
+    let q = timeout_queue(&broker, "threads.system", Duration::from_millis(20));
     let a = q.consume("a", ConsumerConfig { prefetch: 1 }).unwrap();
     let b = q.consume("b", ConsumerConfig { prefetch: 1 }).unwrap();
     q.put(Message::new("job").with_id("job")).unwrap();
