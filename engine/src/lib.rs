@@ -62,6 +62,8 @@ pub struct Shard {
     index: u16,
     tick: TickLength,
     now: Tick,
+    /// One tick added to every deadline under a real clock; see [`Shard::for_real_time`].
+    slack: Tick,
     wheel: Wheel<Timer>,
     queues: Slab<QueueState>,
     names: HashMap<Arc<str>, QueueKey, RandomState>,
@@ -77,6 +79,7 @@ macro_rules! ctx {
             &mut $shard.queues,
             Ctx {
                 now: $shard.now,
+                slack: $shard.slack,
                 shard: $shard.index,
                 tick: $shard.tick,
                 wheel: &mut $shard.wheel,
@@ -96,6 +99,7 @@ impl Shard {
             index,
             tick: TickLength::new(tick),
             now: 0,
+            slack: 0,
             wheel: Wheel::new(),
             queues: Slab::new(),
             names: HashMap::with_hasher(fixed_state()),
@@ -103,6 +107,15 @@ impl Shard {
             next_gen: 0,
             next_auto_id: 0,
         }
+    }
+
+    /// For a runtime whose `now` is a real clock read in whole ticks, rounded down: part of
+    /// the current tick has already gone, so every deadline gets one more tick and no lease,
+    /// delay or window ends before its full duration has passed in real time. (Under a
+    /// manual clock, time moves in whole ticks and no slack is needed.)
+    pub fn for_real_time(mut self) -> Shard {
+        self.slack = 1;
+        self
     }
 
     pub fn index(&self) -> u16 {

@@ -59,6 +59,13 @@ pub(crate) struct ConsumerState {
     pub tags: VecDeque<u64>,
 }
 
+impl Ctx<'_> {
+    /// The deadline `ticks` from now: never sooner than that in real time.
+    pub fn after(&self, ticks: Tick) -> Tick {
+        self.now + ticks + self.slack
+    }
+}
+
 impl ConsumerState {
     pub fn new(queue: u32, gen: u32, name: String, prefetch: u32) -> ConsumerState {
         ConsumerState {
@@ -79,6 +86,8 @@ impl ConsumerState {
 /// What the queue operations borrow from the shard.
 pub(crate) struct Ctx<'a> {
     pub now: Tick,
+    /// Added to every deadline: 1 where `now` is a real clock rounded down to its tick.
+    pub slack: Tick,
     pub shard: u16,
     pub tick: TickLength,
     pub wheel: &'a mut Wheel<Timer>,
@@ -161,7 +170,7 @@ impl QueueState {
             returned: VecDeque::new(),
             fresh: VecDeque::new(),
             delayed: 0,
-            leases: LeaseTable::new(1, fixed_state()),
+            leases: LeaseTable::new(1),
             consumers: Vec::new(),
             rr: 0,
             with_credit: 0,
@@ -274,7 +283,7 @@ impl QueueState {
         if let MsgId::Given(given) = &id {
             let window = (self.dedup_ticks > 0).then(|| {
                 ctx.wheel.insert(
-                    ctx.now + self.dedup_ticks,
+                    ctx.after(self.dedup_ticks),
                     Timer::Dedup {
                         queue: self.key.idx,
                         id: given.clone(),
@@ -300,7 +309,7 @@ impl QueueState {
         if delay == 0 {
             self.fresh.push_back(msg);
         } else {
-            self.delay_message(ctx, msg, ctx.now + delay);
+            self.delay_message(ctx, msg, ctx.after(delay));
         }
     }
 
@@ -365,7 +374,7 @@ impl QueueState {
     fn deliver(&mut self, ctx: &mut Ctx, msg: u32, slot: u32) {
         let tag = self.leases.next_tag();
         let timer = ctx.wheel.insert(
-            ctx.now + self.ack_ticks,
+            ctx.after(self.ack_ticks),
             Timer::Lease {
                 queue: self.key.idx,
                 tag,
@@ -491,12 +500,12 @@ impl QueueState {
 
     fn touch(&mut self, ctx: &mut Ctx, tag: u64) -> bool {
         let lease = self.leases.get(tag).expect("checked live");
-        let deadline = ctx.now + self.ack_ticks;
         if let Some(max) = self.max_lease_ticks {
-            if deadline > lease.delivered_at + max {
+            if ctx.now + self.ack_ticks > lease.delivered_at + max {
                 return false;
             }
         }
+        let deadline = ctx.after(self.ack_ticks);
         ctx.wheel.reset(lease.timer, deadline);
         true
     }
@@ -548,7 +557,7 @@ impl QueueState {
         m.state = MsgState::Ready;
         match how {
             Return::Expired | Return::Nacked(0) => self.returned.push_back(msg),
-            Return::Nacked(delay) => self.delay_message(ctx, msg, ctx.now + delay),
+            Return::Nacked(delay) => self.delay_message(ctx, msg, ctx.after(delay)),
             Return::Released => {
                 m.attempt -= 1;
                 self.returned.push_front(msg);

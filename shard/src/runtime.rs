@@ -152,8 +152,12 @@ impl ShardThread {
         tick: Duration,
     ) -> Self {
         let index16 = u16::try_from(index).expect("at most 65 536 shards");
+        let engine = match time {
+            TimeSource::System(_) => Shard::new(index16, tick).for_real_time(),
+            TimeSource::Manual => Shard::new(index16, tick),
+        };
         ShardThread {
-            engine: Shard::new(index16, tick),
+            engine,
             index,
             inbox,
             peers,
