@@ -1,0 +1,310 @@
+//! `redelivery`: keeps N leases outstanding on one queue under the system clock, leaves a
+//! fraction of first deliveries to expire, and measures how late their redeliveries arrive
+//! and what touch and ack cost while the shard's timer wheel holds N leases.
+//!
+//! One driver thread does everything, so no lock or channel of the loadgen's own sits
+//! between the broker and the clock readings. Each turn it drains every consumer's channel,
+//! renews the leases that reached half their `ack_timeout` (a chosen fraction acked and
+//! replaced by fresh messages, the rest touched), acks every redelivery, and tops the
+//! queue back up to N live messages. The consumers' total prefetch is at least N, so every
+//! message is leased the moment it is put.
+//!
+//! **Lateness** is the time the redelivery was received minus the earliest moment its
+//! lease could have ended: the start of the `put` call that enqueued the message (its send
+//! time, in the body) plus `ack_timeout`. That bounds the broker's own lateness from above:
+//! it also holds the tick rounding of the deadline, the shard's wake-up and the channel hop.
+//! Since the shard counts time in whole ticks from the tick its batch started in, a
+//! redelivery may arrive up to one tick (1 ms) *before* that bound; those are counted as
+//! early and recorded as 0, and one earlier than that would break the contract and fails
+//! the run.
+
+use std::time::Duration;
+
+use leasemq::{Broker, ConsumerConfig, QueueConfig};
+use serde_json::json;
+
+use crate::cli::{format_duration, RedeliveryArgs};
+use crate::common::{broker_error, nanos, queue_names};
+use crate::hist::HGRM_UNIT;
+use crate::report::{
+    load_average, status_kib, thousands, Accounting, CpuSample, Detail, ProcessStats, Rate, Summary,
+};
+use crate::Run;
+
+mod driver;
+
+use driver::Driver;
+
+/// The most prefetch one consumer may have.
+const MAX_PREFETCH: u64 = 65_535;
+/// The default ack_timeout: this much per lease, and at least the floor.
+const AUTO_TIMEOUT_PER_LEASE: Duration = Duration::from_micros(2);
+const AUTO_TIMEOUT_FLOOR: Duration = Duration::from_millis(200);
+/// The default duration: ack_timeout + 2 s (so redeliveries fall in it), at least this.
+const AUTO_DURATION_FLOOR: Duration = Duration::from_secs(3);
+/// How long the drain at the end may take beyond one ack_timeout.
+const DRAIN_LIMIT: Duration = Duration::from_secs(10);
+
+pub fn run(args: &RedeliveryArgs) -> Result<Run, String> {
+    if args.leases == 0 {
+        return Err("--leases must be at least 1".into());
+    }
+    // Renewing N leases every half lease takes 2N / ack_timeout calls a second: by default
+    // the lease grows with N so that stays near a million.
+    let ack_timeout = args.ack_timeout.unwrap_or_else(|| {
+        AUTO_TIMEOUT_FLOOR.max(AUTO_TIMEOUT_PER_LEASE * args.leases.min(u32::MAX as u64) as u32)
+    });
+    let duration = args
+        .duration
+        .unwrap_or_else(|| AUTO_DURATION_FLOOR.max(ack_timeout + Duration::from_secs(2)));
+    if duration.is_zero() {
+        return Err("--duration must be more than zero".into());
+    }
+    let consumers = args.leases.div_ceil(MAX_PREFETCH);
+    let prefetch = args.leases.div_ceil(consumers) as u32;
+    let broker = Broker::builder()
+        .shards(args.shards as usize)
+        .build()
+        .map_err(|e| broker_error("starting the broker", e))?;
+    let name = &queue_names("redelivery", 1, args.shards as usize)[0];
+    let config = QueueConfig {
+        ack_timeout,
+        ..QueueConfig::default()
+    };
+    let queue = broker
+        .declare_queue(name, config)
+        .map_err(|e| broker_error("declaring the queue", e))?;
+    let mut cs = Vec::with_capacity(consumers as usize);
+    for i in 0..consumers {
+        cs.push(
+            queue
+                .consume(&format!("holder-{i}"), ConsumerConfig { prefetch })
+                .map_err(|e| broker_error("registering a consumer", e))?,
+        );
+    }
+    let rss_before = status_kib("VmRSS").unwrap_or(0) * 1024;
+    let mut d = Driver::new(
+        queue.clone(),
+        cs,
+        ack_timeout,
+        args.leases,
+        args.never_ack_fraction,
+        args.ack_fraction,
+        args.put_batch as usize,
+        args.settle_batch as usize,
+    );
+
+    // Fill, then measure for the duration.
+    let mut cpu = CpuSample::default();
+    let mut rss_filled = 0;
+    let mut bookkeeping = 0;
+    while d.filled_ns.is_none() && d.problems.is_empty() {
+        d.turn();
+        if d.overwhelmed() {
+            broker.shutdown();
+            return Err(overwhelmed(args.leases, ack_timeout, d.clock.now_ns()));
+        }
+        if d.filled_ns.is_some() {
+            cpu = CpuSample::now();
+            rss_filled = status_kib("VmRSS").unwrap_or(0) * 1024;
+            bookkeeping = d.bookkeeping_bytes();
+        }
+    }
+    let filled_ns = d.filled_ns.unwrap_or(0);
+    d.end_ns = filled_ns + nanos(duration);
+    while d.clock.now_ns() < d.end_ns && d.problems.is_empty() {
+        d.turn();
+        if d.overwhelmed() {
+            broker.shutdown();
+            return Err(overwhelmed(args.leases, ack_timeout, d.clock.now_ns()));
+        }
+    }
+    let seconds = duration.as_secs_f64();
+    let mut process = ProcessStats::default();
+    cpu.fill_since(&mut process, seconds, d.t.w_acked + d.t.w_touched);
+
+    // Drain: ack everything still out, wait for what is expiring, then check.
+    d.draining = true;
+    let drain_until = d.clock.now_ns() + d.timeout_ns + nanos(DRAIN_LIMIT);
+    while d.t.acked < d.t.put && d.problems.is_empty() {
+        if d.clock.now_ns() > drain_until {
+            d.problems.push(format!(
+                "{} message(s) not back within ack_timeout + {} after the run",
+                d.t.put - d.t.acked,
+                format_duration(DRAIN_LIMIT)
+            ));
+            break;
+        }
+        d.turn();
+    }
+    let stats = queue.stats();
+    drop(d.consumers);
+    broker.shutdown();
+
+    let t = d.t;
+    let mut problems = d.problems;
+    let (missing, never_put) = t.ledger.check(0, t.put);
+    if never_put > 0 {
+        problems.push(format!("{never_put} acked message(s) were never put"));
+    }
+    if stats.enqueued != t.put {
+        problems.push(format!(
+            "the queue enqueued {} messages but {} were put",
+            stats.enqueued, t.put
+        ));
+    }
+    if stats.acked != t.acked {
+        problems.push(format!(
+            "the queue counted {} acks but {} succeeded",
+            stats.acked, t.acked
+        ));
+    }
+    if t.too_early > 0 {
+        problems.push(format!(
+            "{} redelivery(ies) arrived more than one tick before the lease could have ended",
+            t.too_early
+        ));
+    }
+    let mut accounting = Accounting {
+        put: t.put,
+        acked: t.put - missing,
+        still_queued: (stats.ready + stats.delayed + stats.leased) as u64,
+        dead_lettered: stats.dead_lettered,
+        dropped: stats.dropped,
+        redelivered: t.redelivered,
+        expired: stats.expired,
+        stale: stats.stale,
+        double_acked: t.ledger.doubles,
+        problems,
+        ..Accounting::default()
+    };
+    accounting.conclude();
+    process.bytes_per_queued_message = (rss_filled > 0).then(|| {
+        rss_filled.saturating_sub(rss_before + bookkeeping as u64) as f64 / args.leases as f64
+    });
+
+    let mut notes = Vec::new();
+    if t.unplanned_redelivered > 0 || t.refused > 0 {
+        notes.push(format!(
+            "{} lease(s) ran out before the driver renewed them ({} touches/acks refused): \
+             it cannot keep {} leases alive with ack_timeout {}; try a longer --ack-timeout",
+            thousands(t.unplanned_redelivered),
+            thousands(t.refused),
+            thousands(args.leases),
+            format_duration(ack_timeout)
+        ));
+    }
+    if t.early > 0 {
+        notes.push(format!(
+            "{} of {} measured redeliveries came up to one tick before put + ack_timeout \
+             (recorded as 0): the shard starts a lease at the tick its batch began in, rounded \
+             down, while SPEC §4 rounds deadlines up",
+            thousands(t.early),
+            thousands(t.lateness.count())
+        ));
+    }
+    if t.lateness.count() == 0 {
+        notes.push(
+            "no redelivery was measured: lengthen --duration or raise --never-ack-fraction".into(),
+        );
+    }
+    let per_s = |n: u64| n as f64 / seconds;
+    let rate = |name: &str, n: u64| Rate {
+        name: name.into(),
+        per_second: per_s(n),
+        total: n,
+    };
+    let summary = Summary {
+        tool: "leasemq-loadgen",
+        version: env!("CARGO_PKG_VERSION"),
+        command: "redelivery",
+        title: format!(
+            "{} leases on 1 queue ({} consumer(s) × prefetch {}), {} shard(s), ack_timeout {}, \
+             {}% never acked, {}% of renewals acked; {} measured after the fill",
+            thousands(args.leases),
+            consumers,
+            prefetch,
+            args.shards,
+            format_duration(ack_timeout),
+            args.never_ack_fraction * 100.0,
+            args.ack_fraction * 100.0,
+            format_duration(duration)
+        ),
+        config: json!({
+            "leases": args.leases, "ack_timeout_s": ack_timeout.as_secs_f64(),
+            "never_ack_fraction": args.never_ack_fraction, "ack_fraction": args.ack_fraction,
+            "shards": args.shards, "duration_s": seconds, "put_batch": args.put_batch,
+            "settle_batch": args.settle_batch, "consumers": consumers, "prefetch": prefetch,
+        }),
+        measured_seconds: seconds,
+        rates: vec![
+            rate("put", t.w_put),
+            rate("acked", t.w_acked),
+            rate("touched", t.w_touched),
+            rate("redelivered", t.w_redelivered),
+        ],
+        histograms: vec![
+            t.lateness.summary("lateness", "redelivery lateness"),
+            t.touch.summary("touch_rtt", "touch round trip"),
+            t.ack.summary("ack_rtt", "ack round trip"),
+            t.touch_batch
+                .summary("touch_batch_rtt", "touch batch round trip"),
+            t.ack_batch.summary("ack_batch_rtt", "ack batch round trip"),
+            t.put_batch.summary("put_batch_rtt", "put batch round trip"),
+        ],
+        details: vec![
+            Detail::new("fill time (s)", (filled_ns as f64 / 1e6).round() / 1e3),
+            Detail::new("first deliveries left to expire", t.planned),
+            Detail::new("their redeliveries", t.planned_redelivered),
+            Detail::new("redeliveries measured", t.lateness.count()),
+            Detail::new("of which early (under one tick)", t.early),
+            Detail::new(
+                "earliest (µs vs put + ack_timeout)",
+                if t.early > 0 {
+                    (t.earliest_ns as f64 / 100.0).round() / 10.0
+                } else {
+                    0.0
+                },
+            ),
+            Detail::new("leases that ran out unplanned", t.unplanned_redelivered),
+            Detail::new(
+                "renewal lag, max (ms)",
+                (t.renew_lag_max_ns as f64 / 1e4).round() / 100.0,
+            ),
+            Detail::new(
+                "longest gap between polls (ms)",
+                (t.poll_gap_max_ns as f64 / 1e4).round() / 100.0,
+            ),
+        ],
+        accounting,
+        process,
+        load_average: load_average(),
+        hgrm_unit: HGRM_UNIT,
+        notes,
+    };
+    Ok(Run {
+        summary,
+        recorders: vec![
+            ("lateness".into(), t.lateness),
+            ("touch_rtt".into(), t.touch),
+            ("ack_rtt".into(), t.ack),
+            ("touch_batch_rtt".into(), t.touch_batch),
+            ("ack_batch_rtt".into(), t.ack_batch),
+            ("put_batch_rtt".into(), t.put_batch),
+        ],
+    })
+}
+
+/// Why a run that cannot keep its leases alive stops.
+fn overwhelmed(leases: u64, ack_timeout: Duration, after_ns: u64) -> String {
+    let needed = 2.0 * leases as f64 / ack_timeout.as_secs_f64();
+    format!(
+        "cannot keep {} leases alive with ack_timeout {}: after {:.1} s, more than 1% of them \
+         had run out before they could be renewed (renewing every lease at half its lease \
+         takes about {} touches or acks a second); use a longer --ack-timeout or fewer --leases",
+        thousands(leases),
+        format_duration(ack_timeout),
+        after_ns as f64 / 1e9,
+        thousands(needed as u64)
+    )
+}

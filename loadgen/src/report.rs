@@ -1,0 +1,352 @@
+//! The results of a run: the summary table on stdout, `summary.json` and the `.hgrm` files,
+//! and the process figures (CPU time, peak RSS) read from `/proc/self`.
+
+use std::fmt::Write as _;
+use std::fs;
+use std::io::{self, BufWriter, Write};
+use std::path::Path;
+
+use serde::Serialize;
+
+use crate::hist::{write_hgrm, HistSummary, Recorder, HGRM_SCALE, HGRM_UNIT};
+
+/// Everything a run reports; `summary.json` is this, serialised.
+#[derive(Debug, Serialize)]
+pub struct Summary {
+    pub tool: &'static str,
+    pub version: &'static str,
+    pub command: &'static str,
+    /// One line saying what ran.
+    pub title: String,
+    pub config: serde_json::Value,
+    /// The length of the measured window, in seconds.
+    pub measured_seconds: f64,
+    pub rates: Vec<Rate>,
+    pub histograms: Vec<HistSummary>,
+    /// Counts that only this subcommand has.
+    pub details: Vec<Detail>,
+    pub accounting: Accounting,
+    pub process: ProcessStats,
+    /// The 1, 5 and 15 minute load averages at the end of the run.
+    pub load_average: Option<[f64; 3]>,
+    /// The unit of the values in the `.hgrm` files (summary.json values are nanoseconds).
+    pub hgrm_unit: &'static str,
+    pub notes: Vec<String>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Rate {
+    pub name: String,
+    pub per_second: f64,
+    /// How many in the measured window.
+    pub total: u64,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Detail {
+    pub name: String,
+    pub value: serde_json::Value,
+}
+
+impl Detail {
+    pub fn new(name: &str, value: impl Into<serde_json::Value>) -> Detail {
+        Detail {
+            name: name.to_string(),
+            value: value.into(),
+        }
+    }
+}
+
+/// The end-of-run check: every message put was acked exactly once or is accounted for.
+#[derive(Debug, Default, Serialize)]
+pub struct Accounting {
+    pub put: u64,
+    /// Messages acked (each counted once).
+    pub acked: u64,
+    /// Ready, delayed or leased at the end.
+    pub still_queued: u64,
+    pub dead_lettered: u64,
+    pub dropped: u64,
+    /// Deliveries with attempt > 1.
+    pub redelivered: u64,
+    pub expired: u64,
+    /// Settles and touches the broker answered `false` (expected only for expired leases).
+    pub stale: u64,
+    /// Messages acked more than once.
+    pub double_acked: u64,
+    /// Put, but neither acked nor anywhere in the broker.
+    pub lost: u64,
+    pub ok: bool,
+    pub problems: Vec<String>,
+}
+
+impl Accounting {
+    /// Fills `lost` and `ok` from the counts and any problems already noted.
+    pub fn conclude(&mut self) {
+        let accounted = self.acked + self.still_queued + self.dead_lettered + self.dropped;
+        self.lost = self.put.saturating_sub(accounted);
+        if self.lost > 0 {
+            self.problems.insert(
+                0,
+                format!(
+                    "{} message(s) lost: put {} but acked {} + still queued {} + dead-lettered {} + dropped {}",
+                    self.lost, self.put, self.acked, self.still_queued, self.dead_lettered, self.dropped
+                ),
+            );
+        }
+        if self.double_acked > 0 {
+            self.problems.push(format!(
+                "{} message(s) acked more than once",
+                self.double_acked
+            ));
+        }
+        self.ok = self.problems.is_empty();
+    }
+}
+
+#[derive(Debug, Default, Serialize)]
+pub struct ProcessStats {
+    /// CPU time of the whole process (broker shards included) during the measured window.
+    pub cpu_user_s: f64,
+    pub cpu_sys_s: f64,
+    pub cpu_s: f64,
+    /// cpu_s / measured_seconds.
+    pub cores_busy: f64,
+    pub cpu_ns_per_message: Option<f64>,
+    pub peak_rss_bytes: Option<u64>,
+    pub bytes_per_queued_message: Option<f64>,
+}
+
+/// CPU time of this process so far, from `/proc/self/stat` (USER_HZ = 100 ticks a second).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CpuSample {
+    pub user_s: f64,
+    pub sys_s: f64,
+}
+
+impl CpuSample {
+    pub fn now() -> CpuSample {
+        let Ok(stat) = fs::read_to_string("/proc/self/stat") else {
+            return CpuSample::default();
+        };
+        // Fields after the ")" that closes the command name start at field 3.
+        let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+        let fields: Vec<&str> = rest.split_whitespace().collect();
+        let ticks = |i: usize| fields.get(i).and_then(|f| f.parse::<f64>().ok());
+        CpuSample {
+            user_s: ticks(14 - 3).unwrap_or(0.0) / 100.0,
+            sys_s: ticks(15 - 3).unwrap_or(0.0) / 100.0,
+        }
+    }
+
+    /// Fills the CPU fields of `stats` with the time spent since `self`.
+    pub fn fill_since(&self, stats: &mut ProcessStats, seconds: f64, messages: u64) {
+        let end = CpuSample::now();
+        stats.cpu_user_s = end.user_s - self.user_s;
+        stats.cpu_sys_s = end.sys_s - self.sys_s;
+        stats.cpu_s = stats.cpu_user_s + stats.cpu_sys_s;
+        stats.cores_busy = if seconds > 0.0 {
+            stats.cpu_s / seconds
+        } else {
+            0.0
+        };
+        stats.cpu_ns_per_message = (messages > 0).then(|| stats.cpu_s * 1e9 / messages as f64);
+        stats.peak_rss_bytes = status_kib("VmHWM").map(|k| k * 1024);
+    }
+}
+
+/// A `kB` field of `/proc/self/status` (VmRSS, VmHWM), in KiB.
+pub fn status_kib(field: &str) -> Option<u64> {
+    let status = fs::read_to_string("/proc/self/status").ok()?;
+    status.lines().find_map(|line| {
+        let rest = line.strip_prefix(field)?.strip_prefix(':')?;
+        rest.split_whitespace().next()?.parse().ok()
+    })
+}
+
+pub fn load_average() -> Option<[f64; 3]> {
+    let text = fs::read_to_string("/proc/loadavg").ok()?;
+    let mut it = text.split_whitespace().map(|f| f.parse::<f64>().ok());
+    Some([it.next()??, it.next()??, it.next()??])
+}
+
+/// `1234567` as `1,234,567`.
+pub fn thousands(n: u64) -> String {
+    let digits = n.to_string();
+    let mut out = String::with_capacity(digits.len() + digits.len() / 3);
+    // The first group holds 1 to 3 digits, every later one 3.
+    let first = (digits.len() + 2) % 3 + 1;
+    for (i, c) in digits.chars().enumerate() {
+        if i >= first && (i - first) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+fn micros(ns: f64) -> String {
+    let us = ns / 1_000.0;
+    if us >= 100_000.0 {
+        format!("{us:.0}")
+    } else {
+        format!("{us:.1}")
+    }
+}
+
+fn mib(bytes: u64) -> String {
+    format!("{:.1} MiB", bytes as f64 / (1024.0 * 1024.0))
+}
+
+/// The table printed on stdout.
+pub fn table(s: &Summary) -> String {
+    let mut t = String::new();
+    let _ = writeln!(t, "{}: {}", s.command, s.title);
+    let _ = writeln!(t);
+    let _ = writeln!(t, "{:<22} {:>14} {:>14}", "rate", "per second", "in window");
+    for r in &s.rates {
+        let _ = writeln!(
+            t,
+            "  {:<20} {:>14} {:>14}",
+            r.name,
+            thousands(r.per_second.round() as u64),
+            thousands(r.total)
+        );
+    }
+    let _ = writeln!(t);
+    let _ = writeln!(
+        t,
+        "{:<22} {:>10} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}",
+        "latency (µs)", "count", "p50", "p90", "p99", "p99.9", "max", "mean"
+    );
+    for h in &s.histograms {
+        let _ = writeln!(
+            t,
+            "  {:<20} {:>10} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}",
+            h.description,
+            h.count,
+            micros(h.p50 as f64),
+            micros(h.p90 as f64),
+            micros(h.p99 as f64),
+            micros(h.p99_9 as f64),
+            micros(h.max as f64),
+            micros(h.mean)
+        );
+    }
+    if !s.details.is_empty() {
+        let _ = writeln!(t);
+        for d in &s.details {
+            let _ = writeln!(t, "  {:<38} {}", d.name, d.value);
+        }
+    }
+    let a = &s.accounting;
+    let _ = writeln!(t);
+    let _ = writeln!(
+        t,
+        "accounting: put {} = acked {} + still queued {} + dead-lettered {} + dropped {} + lost {}",
+        thousands(a.put),
+        thousands(a.acked),
+        thousands(a.still_queued),
+        thousands(a.dead_lettered),
+        thousands(a.dropped),
+        thousands(a.lost)
+    );
+    let _ = writeln!(
+        t,
+        "            redelivered {}, expired {}, stale settles {}, acked twice {}: {}",
+        thousands(a.redelivered),
+        thousands(a.expired),
+        thousands(a.stale),
+        thousands(a.double_acked),
+        if a.ok { "OK" } else { "FAILED" }
+    );
+    for p in &a.problems {
+        let _ = writeln!(t, "  problem: {p}");
+    }
+    let p = &s.process;
+    let mut line = format!(
+        "process: cpu {:.2} s (user {:.2}, sys {:.2}) = {:.2} cores",
+        p.cpu_s, p.cpu_user_s, p.cpu_sys_s, p.cores_busy
+    );
+    if let Some(ns) = p.cpu_ns_per_message {
+        let _ = write!(line, ", {ns:.0} ns per message");
+    }
+    if let Some(rss) = p.peak_rss_bytes {
+        let _ = write!(line, "; peak RSS {}", mib(rss));
+    }
+    if let Some(b) = p.bytes_per_queued_message {
+        let _ = write!(line, "; {b:.0} bytes per leased message");
+    }
+    let _ = writeln!(t, "{line}");
+    if let Some([a1, a5, a15]) = s.load_average {
+        let _ = writeln!(t, "load average: {a1:.2} {a5:.2} {a15:.2}");
+    }
+    for n in &s.notes {
+        let _ = writeln!(t, "note: {n}");
+    }
+    t
+}
+
+/// Writes one `.hgrm` per histogram and `summary.json` into `dir`, naming each file in the
+/// summary.
+pub fn write_out(
+    dir: &Path,
+    summary: &mut Summary,
+    recorders: &[(String, Recorder)],
+) -> io::Result<()> {
+    fs::create_dir_all(dir)?;
+    for (name, rec) in recorders {
+        let file = format!("{name}.hgrm");
+        let mut w = BufWriter::new(fs::File::create(dir.join(&file))?);
+        write_hgrm(rec.histogram(), HGRM_SCALE, &mut w)?;
+        w.flush()?;
+        if let Some(h) = summary.histograms.iter_mut().find(|h| &h.name == name) {
+            h.hgrm = Some(file);
+        }
+    }
+    summary.hgrm_unit = HGRM_UNIT;
+    let json = serde_json::to_string_pretty(summary).map_err(io::Error::other)?;
+    fs::write(dir.join("summary.json"), json + "\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn thousands_separators() {
+        assert_eq!(thousands(0), "0");
+        assert_eq!(thousands(999), "999");
+        assert_eq!(thousands(1000), "1,000");
+        assert_eq!(thousands(1_234_567), "1,234,567");
+    }
+
+    #[test]
+    fn accounting_finds_lost_messages() {
+        let mut a = Accounting {
+            put: 10,
+            acked: 7,
+            still_queued: 2,
+            ..Accounting::default()
+        };
+        a.conclude();
+        assert_eq!(a.lost, 1);
+        assert!(!a.ok);
+        assert!(a.problems[0].contains("1 message(s) lost"));
+        let mut b = Accounting {
+            put: 10,
+            acked: 10,
+            ..Accounting::default()
+        };
+        b.conclude();
+        assert!(b.ok && b.lost == 0);
+    }
+
+    #[test]
+    fn proc_readings() {
+        let rss = status_kib("VmHWM").expect("VmHWM on Linux");
+        assert!(rss > 0);
+        let _ = CpuSample::now();
+        assert!(load_average().is_some());
+    }
+}

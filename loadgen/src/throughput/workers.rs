@@ -1,0 +1,324 @@
+//! The producer and consumer threads of `throughput`, and what they share.
+
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::Relaxed};
+use std::thread;
+use std::time::Duration;
+
+use leasemq::{Consumer, Delivery, Message, Queue};
+
+use crate::cli::{format_duration, Api};
+use crate::common::{broker_error, nanos, read_header, seq_of, BodyWriter, Clock, Ledger};
+use crate::hist::Recorder;
+
+/// How long consumers may take, after producers stop, to ack what is still in flight.
+const DRAIN_LIMIT: Duration = Duration::from_secs(30);
+
+/// The run's settings, as the threads need them.
+#[derive(Clone, Debug)]
+pub(super) struct Plan {
+    pub(super) api: Api,
+    pub(super) producers: u64,
+    pub(super) body_bytes: usize,
+    pub(super) put_batch: usize,
+    pub(super) settle_batch: usize,
+    pub(super) warm_ns: u64,
+    pub(super) end_ns: u64,
+    /// Open loop: nanoseconds between two messages of one producer.
+    pub(super) interval_ns: Option<f64>,
+    /// Open loop, batched: the longest a due message waits for its batch to fill.
+    pub(super) linger_ns: u64,
+    pub(super) max_in_flight: u64,
+}
+
+impl Plan {
+    pub(super) fn in_window(&self, t: u64) -> bool {
+        t >= self.warm_ns && t < self.end_ns
+    }
+}
+
+/// A value alone on its cache lines, so producers and consumers do not share one.
+#[derive(Default)]
+#[repr(align(128))]
+pub(super) struct Padded<T>(pub(super) T);
+
+impl<T> std::ops::Deref for Padded<T> {
+    type Target = T;
+
+    fn deref(&self) -> &T {
+        &self.0
+    }
+}
+
+/// What every thread sees.
+#[derive(Default)]
+pub(super) struct Shared {
+    /// Messages handed to `put`/`put_batch` (counted before the call).
+    pub(super) put: Padded<AtomicU64>,
+    /// Messages acked.
+    pub(super) acked: Padded<AtomicU64>,
+    pub(super) producers_done: AtomicU32,
+    pub(super) abort: AtomicBool,
+}
+
+pub(super) struct ProducerResult {
+    pub(super) put: u64,
+    pub(super) put_in_window: u64,
+    pub(super) problem: Option<String>,
+}
+
+#[derive(Default)]
+pub(super) struct ConsumerResult {
+    pub(super) deliver: Recorder,
+    pub(super) ack: Recorder,
+    pub(super) settle: Recorder,
+    pub(super) ledger: Ledger,
+    pub(super) acked: u64,
+    pub(super) acked_in_window: u64,
+    pub(super) delivered_in_window: u64,
+    pub(super) settle_calls: u64,
+    pub(super) redelivered: u64,
+    pub(super) problems: Vec<String>,
+}
+
+/// One producer: puts until the window ends, round robin over its queues.
+pub(super) fn produce(
+    index: u64,
+    queues: &[Queue],
+    plan: &Plan,
+    clock: Clock,
+    shared: &Shared,
+) -> ProducerResult {
+    let mut result = ProducerResult {
+        put: 0,
+        put_in_window: 0,
+        problem: None,
+    };
+    let mut bodies = BodyWriter::new(plan.body_bytes);
+    let mut local = 0u64;
+    let mut turn = 0usize;
+    let mut waits = 0u32;
+    // Open loop: message k of producer j is due at (k + j / P) × interval.
+    let offset = plan
+        .interval_ns
+        .map_or(0.0, |i| i * index as f64 / plan.producers as f64);
+    let due = |k: u64| plan.interval_ns.map(|i| (offset + k as f64 * i) as u64);
+    loop {
+        let now = clock.now_ns();
+        if shared.abort.load(Relaxed) {
+            break;
+        }
+        // How many to put now, and the send time of the first.
+        let n = match due(local) {
+            None if now >= plan.end_ns => break,
+            None => plan.put_batch,
+            Some(first) if first >= plan.end_ns => break,
+            Some(first) if first > now => {
+                clock.wait_until(first);
+                continue;
+            }
+            Some(first) => {
+                let mut n = 1;
+                while n < plan.put_batch
+                    && due(local + n as u64).is_some_and(|t| t <= now && t < plan.end_ns)
+                {
+                    n += 1;
+                }
+                // A batch not yet full waits for more, but never holds its first message
+                // longer than the linger.
+                let linger_end = (first + plan.linger_ns).min(plan.end_ns);
+                if n < plan.put_batch && now < linger_end {
+                    let full_at = due(local + plan.put_batch as u64 - 1).unwrap_or(u64::MAX);
+                    clock.wait_until(linger_end.min(full_at));
+                    continue;
+                }
+                n
+            }
+        };
+        let in_flight = shared
+            .put
+            .load(Relaxed)
+            .saturating_sub(shared.acked.load(Relaxed));
+        if in_flight + n as u64 > plan.max_in_flight {
+            // Full: leave the cores to the consumers and shards for a moment.
+            waits += 1;
+            if waits < 16 {
+                thread::yield_now();
+            } else {
+                thread::sleep(Duration::from_micros(20));
+            }
+            continue;
+        }
+        waits = 0;
+        shared.put.fetch_add(n as u64, Relaxed);
+        let queue = &queues[turn % queues.len()];
+        turn += 1;
+        let sent_at = |k: u64| due(k).unwrap_or(now);
+        let outcome = if plan.api == Api::Batched {
+            let batch: Vec<Message> = (0..n as u64)
+                .map(|k| Message::new(bodies.body(sent_at(local + k), seq_of(index, local + k))))
+                .collect();
+            queue.put_batch(batch).map(|_| ())
+        } else {
+            queue
+                .put(Message::new(
+                    bodies.body(sent_at(local), seq_of(index, local)),
+                ))
+                .map(|_| ())
+        };
+        if let Err(e) = outcome {
+            shared.put.fetch_sub(n as u64, Relaxed);
+            result.problem = Some(broker_error("put failed", e));
+            shared.abort.store(true, Relaxed);
+            break;
+        }
+        result.put_in_window += (0..n as u64)
+            .filter(|&k| plan.in_window(sent_at(local + k)))
+            .count() as u64;
+        local += n as u64;
+    }
+    result.put = local;
+    shared.producers_done.fetch_add(1, Relaxed);
+    result
+}
+
+/// A consumer's deliveries received but not yet acked (batched API).
+struct Pending {
+    sent: Vec<(u64, u64)>,
+    last: Option<Delivery>,
+}
+
+/// One consumer: receives and acks until every producer is done and everything put is acked.
+pub(super) fn consume(
+    consumer: Consumer,
+    plan: &Plan,
+    clock: Clock,
+    shared: &Shared,
+) -> ConsumerResult {
+    let mut r = ConsumerResult::default();
+    let mut pending = Pending {
+        sent: Vec::with_capacity(plan.settle_batch),
+        last: None,
+    };
+    let deadline = plan.end_ns + nanos(DRAIN_LIMIT);
+    loop {
+        let delivery = match consumer.try_recv() {
+            Ok(Some(d)) => d,
+            Ok(None) => {
+                if pending.last.is_some() {
+                    flush(&consumer, &mut pending, &mut r, plan, clock, shared);
+                    continue;
+                }
+                let done = shared.producers_done.load(Relaxed) as u64 == plan.producers
+                    && shared.acked.load(Relaxed) >= shared.put.load(Relaxed);
+                if done || shared.abort.load(Relaxed) {
+                    break;
+                }
+                if clock.now_ns() > deadline {
+                    r.problems.push(format!(
+                        "{}: gave up waiting for deliveries {} after the run",
+                        consumer.name(),
+                        format_duration(DRAIN_LIMIT)
+                    ));
+                    break;
+                }
+                match consumer.recv_timeout(Duration::from_millis(1)) {
+                    Ok(Some(d)) => d,
+                    Ok(None) => continue,
+                    Err(e) => {
+                        r.problems.push(broker_error("receiving", e));
+                        break;
+                    }
+                }
+            }
+            Err(e) => {
+                r.problems.push(broker_error("receiving", e));
+                break;
+            }
+        };
+        let now = clock.now_ns();
+        let Some((sent, seq)) = read_header(&delivery.envelope().body) else {
+            r.problems
+                .push("a delivery without the 16-byte header".into());
+            continue;
+        };
+        if delivery.envelope().attempt > 1 {
+            r.redelivered += 1;
+        }
+        if plan.in_window(now) {
+            r.delivered_in_window += 1;
+        }
+        if plan.in_window(sent) {
+            r.deliver.record(now.saturating_sub(sent));
+        }
+        match plan.api {
+            Api::PerMessage => {
+                let t0 = clock.now_ns();
+                let acked = delivery.ack();
+                let t1 = clock.now_ns();
+                r.settle_calls += 1;
+                if plan.in_window(t0) {
+                    r.settle.record(t1 - t0);
+                }
+                if acked {
+                    on_acked(&mut r, plan, sent, seq, t1);
+                    shared.acked.fetch_add(1, Relaxed);
+                }
+            }
+            Api::Batched => {
+                pending.sent.push((sent, seq));
+                pending.last = Some(delivery);
+                if pending.sent.len() >= plan.settle_batch {
+                    flush(&consumer, &mut pending, &mut r, plan, clock, shared);
+                }
+            }
+        }
+    }
+    r
+}
+
+#[inline]
+fn on_acked(r: &mut ConsumerResult, plan: &Plan, sent: u64, seq: u64, at: u64) {
+    r.ledger.mark(seq);
+    r.acked += 1;
+    if plan.in_window(at) {
+        r.acked_in_window += 1;
+    }
+    if plan.in_window(sent) {
+        r.ack.record(at.saturating_sub(sent));
+    }
+}
+
+/// Acks everything pending with one `ack_up_to`.
+fn flush(
+    consumer: &Consumer,
+    pending: &mut Pending,
+    r: &mut ConsumerResult,
+    plan: &Plan,
+    clock: Clock,
+    shared: &Shared,
+) {
+    let Some(last) = pending.last.take() else {
+        return;
+    };
+    let t0 = clock.now_ns();
+    let n = consumer.ack_up_to(last.tag());
+    let t1 = clock.now_ns();
+    r.settle_calls += 1;
+    if plan.in_window(t0) {
+        r.settle.record(t1 - t0);
+    }
+    if n == pending.sent.len() {
+        for &(sent, seq) in &pending.sent {
+            on_acked(r, plan, sent, seq, t1);
+        }
+    } else {
+        r.problems.push(format!(
+            "{}: ack_up_to acked {n} leases but {} deliveries were pending",
+            consumer.name(),
+            pending.sent.len()
+        ));
+        r.acked += n as u64;
+    }
+    shared.acked.fetch_add(n as u64, Relaxed);
+    pending.sent.clear();
+}

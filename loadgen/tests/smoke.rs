@@ -1,0 +1,219 @@
+//! Smoke runs of every subcommand (about a second each): they exit 0, write a summary.json
+//! that parses, with ordered percentiles and nothing lost, and one .hgrm per histogram that
+//! ends with HdrHistogram's footer.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::Mutex;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use serde_json::Value;
+
+const BIN: &str = env!("CARGO_BIN_EXE_leasemq-loadgen");
+
+/// One run at a time: they measure, and would only slow each other down.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+/// A fresh directory under the system's temp dir, removed when dropped.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(name: &str) -> TempDir {
+        let nanos = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .expect("clock after 1970")
+            .as_nanos();
+        let dir = std::env::temp_dir().join(format!(
+            "leasemq-loadgen-{name}-{}-{nanos}",
+            std::process::id()
+        ));
+        fs::create_dir_all(&dir).expect("create temp dir");
+        TempDir(dir)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.0);
+    }
+}
+
+fn run(args: &[&str]) -> Output {
+    let _one_at_a_time = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    Command::new(BIN)
+        .args(args)
+        .output()
+        .expect("run leasemq-loadgen")
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// Runs a subcommand with `--out` and checks everything it wrote; returns the summary.
+fn run_and_check(name: &str, args: &[&str]) -> Value {
+    let dir = TempDir::new(name);
+    let out = dir.0.to_str().expect("utf-8 temp path");
+    let mut all: Vec<&str> = args.to_vec();
+    all.extend(["--out", out]);
+    let output = run(&all);
+    let (stdout, stderr) = (text(&output.stdout), text(&output.stderr));
+    assert!(
+        output.status.success(),
+        "{args:?} exited {:?}\nstdout:\n{stdout}\nstderr:\n{stderr}",
+        output.status.code()
+    );
+    if args.contains(&"--quiet") {
+        assert!(stdout.is_empty(), "--quiet printed:\n{stdout}");
+    } else {
+        assert!(stdout.contains("accounting: put"), "no table:\n{stdout}");
+        assert!(stdout.contains(": OK"), "not OK:\n{stdout}");
+    }
+
+    let json = fs::read_to_string(dir.0.join("summary.json")).expect("summary.json written");
+    let summary: Value = serde_json::from_str(&json).expect("summary.json parses");
+    let accounting = &summary["accounting"];
+    assert_eq!(accounting["ok"], Value::Bool(true), "{accounting}");
+    assert_eq!(accounting["lost"].as_u64(), Some(0), "{accounting}");
+    assert_eq!(accounting["double_acked"].as_u64(), Some(0), "{accounting}");
+    let put = accounting["put"].as_u64().expect("put");
+    assert!(put > 0, "nothing was put");
+    assert_eq!(accounting["acked"].as_u64(), Some(put), "{accounting}");
+
+    let hists = summary["histograms"].as_array().expect("histograms");
+    assert!(!hists.is_empty());
+    for h in hists {
+        let v = |k: &str| h[k].as_u64().unwrap_or_else(|| panic!("{k} in {h}"));
+        let ordered = [v("min"), v("p50"), v("p90"), v("p99"), v("p99_9"), v("max")];
+        assert!(
+            ordered.windows(2).all(|w| w[0] <= w[1]),
+            "percentiles out of order: {h}"
+        );
+        let file = h["hgrm"].as_str().expect("hgrm file named");
+        check_hgrm(&dir.0.join(file), v("count"));
+    }
+    summary
+}
+
+/// The .hgrm ends with the three footer lines and its total count matches.
+fn check_hgrm(path: &Path, count: u64) {
+    let body = fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let lines: Vec<&str> = body.lines().collect();
+    assert!(
+        lines[0].trim_start().starts_with("Value"),
+        "{}",
+        path.display()
+    );
+    let n = lines.len();
+    assert!(n >= 5, "{}: too short", path.display());
+    assert!(lines[n - 3].starts_with("#[Mean    = "), "{body}");
+    assert!(lines[n - 2].starts_with("#[Max     = "), "{body}");
+    assert!(
+        lines[n - 2].ends_with(&format!("Total count    = {count:>12}]")),
+        "{body}"
+    );
+    assert!(lines[n - 1].starts_with("#[Buckets = "), "{body}");
+    if count > 0 {
+        let last: Vec<&str> = lines[n - 4].split_whitespace().collect();
+        assert_eq!(last[1], "1.000000000000", "{body}");
+        assert_eq!(last[2], count.to_string(), "{body}");
+    }
+}
+
+fn rate(summary: &Value, name: &str) -> f64 {
+    summary["rates"]
+        .as_array()
+        .expect("rates")
+        .iter()
+        .find(|r| r["name"] == name)
+        .and_then(|r| r["per_second"].as_f64())
+        .unwrap_or_else(|| panic!("rate {name}"))
+}
+
+#[test]
+fn throughput_batched_closed_loop() {
+    let s = run_and_check(
+        "tp-batched",
+        &[
+            "throughput",
+            "--shards",
+            "2",
+            "--api",
+            "batched",
+            "--duration",
+            "1s",
+            "--warmup",
+            "200ms",
+        ],
+    );
+    assert!(rate(&s, "acked") > 0.0);
+    assert_eq!(s["command"], "throughput");
+    let names: Vec<&str> = s["histograms"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|h| h["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["put_to_deliver", "put_to_ack", "settle_rtt"]);
+}
+
+#[test]
+fn throughput_per_message_open_loop() {
+    let s = run_and_check(
+        "tp-open",
+        &[
+            "throughput",
+            "--producers",
+            "2",
+            "--consumers",
+            "2",
+            "--queues",
+            "2",
+            "--api",
+            "per-message",
+            "--rate",
+            "20k",
+            "--duration",
+            "700ms",
+            "--warmup",
+            "100ms",
+            "--quiet",
+        ],
+    );
+    // An open loop puts what it was asked to, give or take a message per producer.
+    let put = rate(&s, "put");
+    assert!((19_000.0..=21_000.0).contains(&put), "put {put}/s");
+}
+
+#[test]
+fn redelivery_measures_lateness() {
+    let s = run_and_check(
+        "redelivery",
+        &[
+            "redelivery",
+            "--leases",
+            "5000",
+            "--ack-timeout",
+            "200ms",
+            "--never-ack-fraction",
+            "0.05",
+            "--duration",
+            "1s",
+        ],
+    );
+    let lateness = &s["histograms"][0];
+    assert_eq!(lateness["name"], "lateness");
+    assert!(lateness["count"].as_u64().unwrap() > 0, "{lateness}");
+    assert!(s["accounting"]["expired"].as_u64().unwrap() > 0);
+}
+
+#[test]
+fn bad_flags_exit_non_zero_with_a_message() {
+    let output = run(&["throughput", "--queues", "3", "--consumers", "1"]);
+    assert_eq!(output.status.code(), Some(2));
+    assert!(text(&output.stderr).contains("every queue needs a consumer"));
+    let output = run(&["throughput", "--duration", "5"]);
+    assert!(!output.status.success());
+    assert!(text(&output.stderr).contains("no unit"));
+}
