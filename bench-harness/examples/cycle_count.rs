@@ -44,7 +44,7 @@ fn main() {
     }
     let mut outstanding = VecDeque::new();
     let body = bytes::Bytes::from_static(b"0123456789abcdef");
-    let mut put =
+    let put =
         |shard: &mut Shard, out: &mut Effects, outstanding: &mut VecDeque<DeliveryTag>| {
             let message = Message::new(body.clone());
             shard.handle(1, Command::Put { queue, message }, out);

@@ -1,0 +1,433 @@
+//! A seeded, deterministic simulation of a whole leasemq broker, checked step by step
+//! against a ledger of every message put.
+//!
+//! # What is simulated
+//!
+//! Two to four engine [`Shard`](leasemq_engine::Shard)s run in one thread on a virtual
+//! clock. The simulator does what `leasemq-shard`'s runtime does around them: it hands each
+//! command to the shard owning its queue (`leasemq_shard::shard_for`), pushes deliveries into
+//! per-consumer channels, sends dead letters to the shard owning the dead-letter queue and
+//! the outcome back to the origin. A message between shards carries its sender's time, and
+//! the receiver catches up to that time before it handles it; when each one arrives (at
+//! once, some steps later, in the middle of a time jump) is the seed's choice, keeping each
+//! sender → receiver pair in order, as an inbox does.
+//!
+//! The workload ([`Op`]), drawn from the seed: producers put (with ids, duplicate ids, no id,
+//! invalid ids, delays, bodies too large, batches, through stale handles of closed queues);
+//! consumers join, read their channels, ack, nack (with and without a delay), reject,
+//! release, touch, `ack_up_to`, settle in batches, go silent so their leases expire, crash
+//! (cancel with deliveries still unread); stale tags are settled; queues are closed and
+//! declared again, with the same or another config; dead-letter chains cross shards; time
+//! jumps by a tick or by days.
+//!
+//! # What is checked
+//!
+//! After every engine call, against the ledger (SPEC §2 and §3):
+//!
+//! - **every message is in exactly one place**: ready, delayed, leased to one consumer,
+//!   acked, in flight as a dead letter, dead-lettered into a named queue (where it is ready
+//!   again), dropped and counted, removed by close, or never enqueued (duplicate, error);
+//! - every delivery is of a message the ledger has ready in that queue, to a live consumer
+//!   of it with credit; **never while another lease of the message is live**; its **tag is
+//!   greater than every tag the queue gave before**; its `attempt` and death record are
+//!   right; returned messages go before fresh ones;
+//! - a queue with a ready message and a consumer with credit delivers (the engine may not
+//!   sit on work); timers fire at their deadlines, each at its own tick within a jump (an
+//!   expiry a tick early or late shows as a delivery, a settle answer or a gauge the ledger
+//!   did not expect);
+//! - every reply is what SPEC §3 says, errors in their order; **a stale settle returns
+//!   `false` and changes nothing but `stale`**; a refused touch or nack changes nothing;
+//! - the dead letters (addressee, origin, id, body, **death record**), their outcomes and the
+//!   consumers that end are the expected ones;
+//!
+//! and after every step: `Shard::check_invariants` on each shard; **every live queue's stats
+//! (gauges and counters) equal the ledger's counts**, and a closed queue has none; the
+//! ledger's own books balance; each shard's `next_deadline()` lies after its `now` and no
+//! later than the earliest deadline the ledger knows there. At the end, with every message
+//! between shards delivered, no dead letter is left in flight.
+//!
+//! The ledger is not a model of the engine: it does not know the round robin or the order
+//! within the ready lists (beyond "returned before fresh"), so it takes the engine's word
+//! for which ready message goes to which consumer with credit and checks everything else
+//! about it. `engine/tests/model.rs` pins those orders down on one shard. Retry jitter is
+//! zero here, so every nack's wait is known to the tick.
+//!
+//! # Running it
+//!
+//! `cargo test -p leasemq-sim` runs 500 seeds × 2 000 steps (`LEASEMQ_SIM_SEEDS`,
+//! `LEASEMQ_SIM_STEPS` change that) and shows that planted bugs ([`Fault`]) are caught.
+//! `cargo run -p leasemq-sim --release -- --seeds N [--steps M] [--from S]` soaks on every
+//! core; `--seed S` replays one seed.
+//!
+//! # Replay and shrinking
+//!
+//! Everything comes from the seed, so a seed replays exactly. On a violation,
+//! [`run_seed`] cuts the trace after the failing step and deletes ops (chunks, then single
+//! ops) while the same check still fails, then reports the seed, the setup and the shrunk
+//! trace ([`Failure`]). Ops name their targets by index, resolved when they run, so every
+//! subsequence of a trace is a trace.
+//!
+//! ```
+//! let stats = leasemq_sim::run_seed(7, 300).expect("no violation");
+//! assert_eq!(stats.steps, 300);
+//! ```
+
+mod client;
+mod fault;
+mod gen;
+mod ledger;
+mod op;
+mod rng;
+mod setup;
+mod shrink;
+mod world;
+
+use std::cell::{Cell, RefCell};
+use std::fmt;
+use std::panic::{self, AssertUnwindSafe};
+use std::sync::Once;
+
+pub use fault::Fault;
+pub use op::{Handle, IdSpec, MsgSpec, Op};
+pub use rng::Rng;
+pub use setup::Setup;
+
+use fault::FaultState;
+use gen::Generator;
+use world::World;
+
+/// A broken rule: which check, and what happened.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Violation {
+    /// A short name of the check, e.g. `"lease-overlap"`, `"stats"`, `"reply"`, `"panic"`.
+    pub check: &'static str,
+    pub detail: String,
+}
+
+impl Violation {
+    pub fn new(check: &'static str, detail: impl Into<String>) -> Violation {
+        Violation {
+            check,
+            detail: detail.into(),
+        }
+    }
+}
+
+impl fmt::Display for Violation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "[{}] {}", self.check, self.detail)
+    }
+}
+
+/// What runs did, summed.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Stats {
+    pub seeds: u64,
+    pub steps: u64,
+    /// Messages enqueued by producers.
+    pub puts: u64,
+    pub duplicates: u64,
+    pub deliveries: u64,
+    /// Deliveries with `attempt > 1`.
+    pub redeliveries: u64,
+    pub acks: u64,
+    pub expiries: u64,
+    /// Dead letters a dead-letter queue took.
+    pub dead_letters: u64,
+    /// Dead letters dropped (no dead-letter queue, or it refused them).
+    pub dropped: u64,
+    pub stale: u64,
+    pub nacks: u64,
+    pub rejects: u64,
+    pub releases: u64,
+    /// Touches that renewed a lease.
+    pub touches: u64,
+    /// Consumers cancelled (crashed), with or without unread deliveries.
+    pub cancels: u64,
+    pub closes: u64,
+    /// Replies that were errors (as expected).
+    pub errors: u64,
+    /// Messages carried between shards.
+    pub hops: u64,
+    /// Of those, the ones that reached a shard behind the sender's time.
+    pub catch_ups: u64,
+    /// Dead letters that died again in their dead-letter queue and moved on.
+    pub chained: u64,
+    /// Virtual time simulated, in ticks.
+    pub ticks: u64,
+    pub violations: u64,
+}
+
+impl Stats {
+    pub fn add(&mut self, o: &Stats) {
+        self.seeds += o.seeds;
+        self.steps += o.steps;
+        self.puts += o.puts;
+        self.duplicates += o.duplicates;
+        self.deliveries += o.deliveries;
+        self.redeliveries += o.redeliveries;
+        self.acks += o.acks;
+        self.expiries += o.expiries;
+        self.dead_letters += o.dead_letters;
+        self.dropped += o.dropped;
+        self.stale += o.stale;
+        self.nacks += o.nacks;
+        self.rejects += o.rejects;
+        self.releases += o.releases;
+        self.touches += o.touches;
+        self.cancels += o.cancels;
+        self.closes += o.closes;
+        self.errors += o.errors;
+        self.hops += o.hops;
+        self.catch_ups += o.catch_ups;
+        self.chained += o.chained;
+        self.ticks += o.ticks;
+        self.violations += o.violations;
+    }
+}
+
+impl fmt::Display for Stats {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(
+            f,
+            "seeds {}, steps {}, virtual time {} ticks, violations {}",
+            self.seeds, self.steps, self.ticks, self.violations
+        )?;
+        writeln!(
+            f,
+            "  puts {}, duplicates {}, error replies {}, deliveries {}, redeliveries {}, \
+             expiries {}",
+            self.puts,
+            self.duplicates,
+            self.errors,
+            self.deliveries,
+            self.redeliveries,
+            self.expiries
+        )?;
+        writeln!(
+            f,
+            "  acks {}, nacks {}, rejects {}, releases {}, touches {}, stale settles {}, \
+             cancels {}, closes {}",
+            self.acks,
+            self.nacks,
+            self.rejects,
+            self.releases,
+            self.touches,
+            self.stale,
+            self.cancels,
+            self.closes
+        )?;
+        write!(
+            f,
+            "  dead letters {} (of which chained {}), dropped {}, cross-shard messages {} \
+             (of which caught up {})",
+            self.dead_letters, self.chained, self.dropped, self.hops, self.catch_ups
+        )
+    }
+}
+
+/// A seed that broke a rule, with the shortest trace found that breaks it the same way.
+#[derive(Clone, Debug)]
+pub struct Failure {
+    pub seed: u64,
+    /// Steps the seed was asked to run.
+    pub steps: usize,
+    pub setup: Box<Setup>,
+    pub fault: Option<Fault>,
+    /// At which step (1-based) the full run broke, and how.
+    pub failed_at: usize,
+    pub violation: Box<Violation>,
+    /// The shrunk trace and how it fails.
+    pub trace: Vec<Op>,
+    pub shrunk_violation: Box<Violation>,
+}
+
+impl fmt::Display for Failure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(
+            f,
+            "leasemq-sim: seed {} broke a rule at step {}: {}",
+            self.seed, self.failed_at, self.violation
+        )?;
+        if let Some(fault) = self.fault {
+            writeln!(f, "(with planted fault {fault:?})")?;
+        }
+        write!(f, "{}", self.setup)?;
+        writeln!(
+            f,
+            "shrunk trace: {} of {} ops (consumer #n is the n-th live consumer, modulo \
+             how many there are; hand[i] likewise):",
+            self.trace.len(),
+            self.failed_at
+        )?;
+        for (i, op) in self.trace.iter().enumerate() {
+            writeln!(f, "  {:>4}. {op}", i + 1)?;
+        }
+        writeln!(f, "which fails with: {}", self.shrunk_violation)?;
+        write!(
+            f,
+            "replay: cargo run -p leasemq-sim --release -- --seed {} --steps {}",
+            self.seed, self.steps
+        )
+    }
+}
+
+impl std::error::Error for Failure {}
+
+/// Runs `steps` steps of seed `seed`; on a violation, shrinks the trace and returns it.
+pub fn run_seed(seed: u64, steps: usize) -> Result<Stats, Failure> {
+    run(seed, steps, None)
+}
+
+/// Like [`run_seed`], with `fault` planted from step `from_step` on: shows that the checks
+/// catch that kind of bug.
+pub fn run_seed_with_fault(
+    seed: u64,
+    steps: usize,
+    fault: Fault,
+    from_step: usize,
+) -> Result<Stats, Failure> {
+    run(seed, steps, Some((fault, from_step)))
+}
+
+fn run(seed: u64, steps: usize, fault: Option<(Fault, usize)>) -> Result<Stats, Failure> {
+    let setup = Setup::from_seed(seed);
+    let mut sim = Sim::new(&setup, fault);
+    let mut gen = Generator::new(seed);
+    let mut trace = Vec::with_capacity(steps);
+    for _ in 0..steps {
+        let op = quietly(|| gen.next(&sim.world));
+        let op = match op {
+            Ok(op) => op,
+            Err(v) => {
+                // The workload itself broke: there is no failing op to shrink to.
+                let v = Violation::new("generator", v.detail);
+                return Err(Failure {
+                    seed,
+                    steps,
+                    setup: Box::new(setup),
+                    fault: fault.map(|(f, _)| f),
+                    failed_at: trace.len() + 1,
+                    violation: Box::new(v.clone()),
+                    trace,
+                    shrunk_violation: Box::new(v),
+                });
+            }
+        };
+        trace.push(op);
+        if let Err(v) = sim.step(trace.last().expect("pushed")) {
+            return Err(fail(seed, steps, &setup, fault, trace, v));
+        }
+    }
+    match sim.finish() {
+        Ok(stats) => Ok(stats),
+        Err(v) => Err(fail(seed, steps, &setup, fault, trace, v)),
+    }
+}
+
+fn fail(
+    seed: u64,
+    steps: usize,
+    setup: &Setup,
+    fault: Option<(Fault, usize)>,
+    trace: Vec<Op>,
+    violation: Violation,
+) -> Failure {
+    let failed_at = trace.len();
+    let (trace, shrunk_violation) = shrink::shrink(setup, fault, trace, &violation);
+    Failure {
+        seed,
+        steps,
+        setup: Box::new(setup.clone()),
+        fault: fault.map(|(f, _)| f),
+        failed_at,
+        violation: Box::new(violation),
+        trace,
+        shrunk_violation: Box::new(shrunk_violation),
+    }
+}
+
+/// Runs `ops` under `setup` and checks the end state; the first violation, if any, with
+/// the number of ops carried out.
+pub fn replay(setup: &Setup, ops: &[Op]) -> Result<Stats, (usize, Violation)> {
+    replay_with(setup, None, ops)
+}
+
+pub(crate) fn replay_with(
+    setup: &Setup,
+    fault: Option<(Fault, usize)>,
+    ops: &[Op],
+) -> Result<Stats, (usize, Violation)> {
+    let mut sim = Sim::new(setup, fault);
+    for (i, op) in ops.iter().enumerate() {
+        sim.step(op).map_err(|v| (i + 1, v))?;
+    }
+    sim.finish().map_err(|v| (ops.len(), v))
+}
+
+/// The world plus the per-step checks.
+struct Sim {
+    world: World,
+}
+
+impl Sim {
+    fn new(setup: &Setup, fault: Option<(Fault, usize)>) -> Sim {
+        let mut world = World::new(setup);
+        world.fault = fault.map(|(f, from)| FaultState::new(f, from));
+        Sim { world }
+    }
+
+    /// One op, then every check; a panic anywhere is a violation too.
+    fn step(&mut self, op: &Op) -> Result<(), Violation> {
+        let world = &mut self.world;
+        world.step += 1;
+        quietly(|| world.run(op))??;
+        if world
+            .fault
+            .as_ref()
+            .is_some_and(|f| f.forget_now(world.step))
+            && world.ledger.forget_ready()
+        {
+            world.fault.as_mut().expect("checked").struck = true;
+        }
+        world.audit()
+    }
+
+    /// Delivers everything still in flight, checks, and takes stock.
+    fn finish(&mut self) -> Result<Stats, Violation> {
+        let world = &mut self.world;
+        quietly(|| world.flush())??;
+        world.audit()?;
+        world.ledger.final_check()?;
+        let mut stats = world.ledger.stats;
+        stats.seeds = 1;
+        stats.steps = world.step as u64;
+        stats.ticks = world.now();
+        Ok(stats)
+    }
+}
+
+thread_local! {
+    static QUIET: Cell<bool> = const { Cell::new(false) };
+    static LAST_PANIC: RefCell<String> = const { RefCell::new(String::new()) };
+}
+
+/// Runs `f`, turning a panic into a violation that says where it happened, without the
+/// default hook's report (a shrinking run panics many times over).
+fn quietly<T>(f: impl FnOnce() -> T) -> Result<T, Violation> {
+    static HOOK: Once = Once::new();
+    HOOK.call_once(|| {
+        let previous = panic::take_hook();
+        panic::set_hook(Box::new(move |info| {
+            if QUIET.with(Cell::get) {
+                LAST_PANIC.with(|p| *p.borrow_mut() = info.to_string());
+            } else {
+                previous(info);
+            }
+        }));
+    });
+    let was = QUIET.with(|q| q.replace(true));
+    let result = panic::catch_unwind(AssertUnwindSafe(f));
+    QUIET.with(|q| q.set(was));
+    result.map_err(|_| Violation::new("panic", LAST_PANIC.with(|p| p.borrow().clone())))
+}

@@ -1,0 +1,446 @@
+//! The simulated broker: engine shards driven in one thread on a virtual clock, with the
+//! routing `leasemq-shard`'s runtime does (deliveries into consumer channels, dead letters to
+//! the shard owning their queue, outcomes back), done here so that a seed decides when each
+//! message between shards arrives.
+
+use std::collections::VecDeque;
+
+use bytes::Bytes;
+use leasemq_engine::{
+    Command, ConsumerConfig, ConsumerKey, DeadLetter, DeathOutcome, Delivered, DeliveryTag,
+    Effects, Message, QueueKey, Reply, Settle, Shard, Tick,
+};
+use leasemq_shard::shard_for;
+
+use crate::fault::FaultState;
+use crate::ledger::{IdRec, Ledger, C, Q};
+use crate::op::{Handle, IdSpec, MsgSpec, Op};
+use crate::rng::Rng;
+use crate::setup::{Setup, BAD_NAME, CONSUMER_NAMES};
+use crate::Violation;
+
+/// The most deliveries a client holds read and unsettled; it forgets the oldest beyond.
+const HAND: usize = 32;
+
+/// A consumer as its client sees it: what sits unread in its channel, and what it has read
+/// and not settled yet.
+pub(crate) struct SimConsumer {
+    pub shard: usize,
+    pub queue: QueueKey,
+    pub key: ConsumerKey,
+    pub channel: VecDeque<Delivered>,
+    pub hand: Vec<Delivered>,
+}
+
+/// A message between shards, carrying its sender's time.
+struct Hop {
+    from: usize,
+    to: usize,
+    at: Tick,
+    what: Carried,
+}
+
+enum Carried {
+    Letters(Vec<DeadLetter>),
+    Outcomes(Vec<DeathOutcome>),
+}
+
+pub(crate) struct World {
+    setup: Setup,
+    shards: Vec<Shard>,
+    /// The global virtual clock, in ticks.
+    now: Tick,
+    pub ledger: Ledger,
+    /// Per name, the incarnation closed last (for stale handles).
+    closed: Vec<Option<Q>>,
+    /// Every consumer ever seen, by ledger number.
+    pub(crate) consumers: Vec<SimConsumer>,
+    /// Live consumers, in the order they joined; ops pick among them.
+    live: Vec<C>,
+    /// Consumers that ended, in the order they did.
+    pub(crate) ended: Vec<C>,
+    in_flight: Vec<Hop>,
+    spare: Vec<Effects>,
+    pub fault: Option<FaultState>,
+    pub step: usize,
+}
+
+impl World {
+    pub fn new(setup: &Setup) -> World {
+        World {
+            setup: setup.clone(),
+            shards: (0..setup.shards)
+                .map(|i| Shard::new(i as u16, setup.tick))
+                .collect(),
+            now: 0,
+            ledger: Ledger::new(setup),
+            closed: vec![None; setup.names.len()],
+            consumers: Vec::new(),
+            live: Vec::new(),
+            ended: Vec::new(),
+            in_flight: Vec::new(),
+            spare: Vec::new(),
+            fault: None,
+            step: 0,
+        }
+    }
+
+    pub fn now(&self) -> Tick {
+        self.now
+    }
+
+    /// The checks after a step: each shard's own invariants, then the ledger's audit.
+    pub fn audit(&mut self) -> Result<(), Violation> {
+        for (i, shard) in self.shards.iter().enumerate() {
+            crate::quietly(|| shard.check_invariants()).map_err(|v| {
+                Violation::new("engine-invariant", format!("shard {i}: {}", v.detail))
+            })?;
+        }
+        self.ledger.audit(&self.shards)
+    }
+
+    pub fn live_consumers(&self) -> &[C] {
+        &self.live
+    }
+
+    pub fn consumer(&self, c: C) -> &SimConsumer {
+        &self.consumers[c as usize]
+    }
+
+    pub fn in_flight(&self) -> usize {
+        self.in_flight.len()
+    }
+
+    pub fn has_closed(&self, name: u8) -> bool {
+        self.closed
+            .get(usize::from(name))
+            .is_some_and(Option::is_some)
+    }
+
+    /// Carries out one op. The checks of each engine call run inside.
+    pub fn run(&mut self, op: &Op) -> Result<(), Violation> {
+        match op {
+            Op::Declare { name, config } => self.declare(*name, *config),
+            Op::Consume {
+                queue,
+                name,
+                prefetch,
+            } => self.consume(*queue, *name, *prefetch),
+            Op::Recv { consumer, max } => {
+                self.recv(*consumer, *max);
+                Ok(())
+            }
+            Op::Close { queue } => self.close(*queue),
+            Op::Jump {
+                ticks,
+                order,
+                interleave,
+            } => self.jump(*ticks, *order, *interleave),
+            Op::Deliver { pick } => {
+                if self.in_flight.is_empty() {
+                    return Ok(());
+                }
+                let i = usize::from(*pick) % self.in_flight.len();
+                let (from, to) = (self.in_flight[i].from, self.in_flight[i].to);
+                let first = self
+                    .in_flight
+                    .iter()
+                    .position(|h| h.from == from && h.to == to)
+                    .expect("hop i matches");
+                self.deliver(first)
+            }
+            Op::Flush => self.flush(),
+            _ => match self.client_command(op) {
+                Some((shard, cmd)) => self.call(shard, Some(cmd)).map(drop),
+                None => Ok(()),
+            },
+        }
+    }
+
+    /// Delivers every message in flight, and what those cause, oldest first.
+    pub fn flush(&mut self) -> Result<(), Violation> {
+        while !self.in_flight.is_empty() {
+            self.deliver(0)?;
+        }
+        Ok(())
+    }
+
+    fn deliver(&mut self, i: usize) -> Result<(), Violation> {
+        let hop = self.in_flight.remove(i);
+        // The receiver catches up to the sender's time first (as the runtime does under
+        // the manual clock), so the result does not depend on which arrives first.
+        let at = self.ledger.shard_now[hop.to].max(hop.at);
+        let cmd = match hop.what {
+            Carried::Letters(letters) => Command::DeadLetters { letters },
+            Carried::Outcomes(outcomes) => Command::Outcomes { outcomes },
+        };
+        self.ledger.stats.hops += 1;
+        if hop.at > self.ledger.shard_now[hop.to] {
+            self.ledger.stats.catch_ups += 1;
+        }
+        self.call_at(hop.to, at, Some(cmd)).map(drop)
+    }
+
+    fn jump(&mut self, ticks: u64, order: u64, interleave: bool) -> Result<(), Violation> {
+        self.now = self.now.saturating_add(ticks);
+        let mut shards: Vec<usize> = (0..self.shards.len()).collect();
+        Rng::new(order).shuffle(&mut shards);
+        for s in shards {
+            self.call(s, None)?;
+            if interleave {
+                self.flush()?;
+            }
+        }
+        Ok(())
+    }
+
+    fn declare(&mut self, name: u8, config: u8) -> Result<(), Violation> {
+        let config = self.setup.config(name, config).clone();
+        let text = self.setup.name(name).to_string();
+        // As the broker does: a valid declare first looks its dead-letter queue up, on the
+        // shard that owns it, and answers UnknownQueue without declaring when it is missing.
+        if name != BAD_NAME && self.setup.is_valid(&config) {
+            if let Some(dead_letter) = &config.dead_letter {
+                let shard = shard_for(dead_letter, self.shards.len());
+                let cmd = Command::Lookup {
+                    name: dead_letter.clone(),
+                };
+                if let Some(Reply::Found(None)) = self.call(shard, Some(cmd))? {
+                    return Ok(());
+                }
+            }
+        }
+        let shard = shard_for(&text, self.shards.len());
+        let cmd = Command::Declare {
+            name: text,
+            config: Box::new(config),
+        };
+        self.call(shard, Some(cmd)).map(drop)
+    }
+
+    fn close(&mut self, name: u8) -> Result<(), Violation> {
+        let Some(q) = self.incarnation(name, Handle::Live) else {
+            return Ok(());
+        };
+        let (shard, key) = self.place_of(q);
+        let reply = self.call(shard, Some(Command::Close { queue: key }))?;
+        if let Some(Reply::Closed(Some(_))) = reply {
+            self.closed[usize::from(name)] = Some(q);
+        }
+        Ok(())
+    }
+
+    /// The consumer reads up to `max` deliveries from its channel into its hand.
+    fn recv(&mut self, consumer: u16, max: u16) {
+        if let Some(c) = self.pick_consumer(consumer) {
+            let sc = &mut self.consumers[c as usize];
+            let n = sc.channel.len().min(usize::from(max));
+            sc.hand.extend(sc.channel.drain(..n));
+            // A client works on a few deliveries at a time; the ones it drops here it never
+            // settles (their leases run out).
+            let over = sc.hand.len().saturating_sub(HAND);
+            sc.hand.drain(..over);
+        }
+    }
+
+    fn consume(&mut self, queue: u8, name: u8, prefetch: u32) -> Result<(), Violation> {
+        let Some((shard, key)) = self.resolve(queue, Handle::Live) else {
+            return Ok(());
+        };
+        let name = CONSUMER_NAMES
+            .get(usize::from(name))
+            .copied()
+            .unwrap_or("")
+            .to_string();
+        let cmd = Command::Consume {
+            queue: key,
+            name,
+            config: ConsumerConfig { prefetch },
+        };
+        if let Some(Reply::Consumed(Ok(key))) = self.call(shard, Some(cmd))? {
+            let c = self
+                .ledger
+                .consumer_at(shard as u16, key)
+                .expect("the ledger registered it");
+            self.see_consumer(c);
+        }
+        Ok(())
+    }
+
+    /// Makes a message for `spec` whose body names it in the ledger.
+    pub(crate) fn message(&mut self, shard: usize, spec: &MsgSpec) -> Message {
+        let (id, text) = match spec.id {
+            IdSpec::None => (IdRec::Auto(None), None),
+            IdSpec::Given(n) => (IdRec::Given(n), Some(format!("m{n}"))),
+            IdSpec::Empty => (IdRec::Invalid, Some(String::new())),
+            IdSpec::TooLong => (IdRec::Invalid, Some("x".repeat(1025))),
+        };
+        let len = if spec.big { 200 } else { 8 };
+        let serial = self.ledger.register(id, len, shard);
+        let mut body = vec![0u8; len];
+        body[..8].copy_from_slice(&u64::from(serial).to_le_bytes());
+        let mut message = Message::new(Bytes::from(body)).with_delay(spec.delay);
+        if let Some(text) = text {
+            message = message.with_id(text);
+        }
+        message
+    }
+
+    /// The live or last closed incarnation of a name.
+    pub(crate) fn incarnation(&self, name: u8, handle: Handle) -> Option<Q> {
+        match handle {
+            Handle::Live => *self.ledger.by_name.get(usize::from(name))?,
+            Handle::Stale => *self.closed.get(usize::from(name))?,
+        }
+    }
+
+    fn place_of(&self, q: Q) -> (usize, QueueKey) {
+        let rec = &self.ledger.queues[q as usize];
+        (usize::from(rec.shard), rec.key)
+    }
+
+    pub(crate) fn resolve(&self, name: u8, handle: Handle) -> Option<(usize, QueueKey)> {
+        self.incarnation(name, handle).map(|q| self.place_of(q))
+    }
+
+    pub(crate) fn pick_consumer(&self, pick: u16) -> Option<C> {
+        match self.live.len() {
+            0 => None,
+            n => Some(self.live[usize::from(pick) % n]),
+        }
+    }
+
+    /// The tag of a delivery in the consumer's hand; a settle takes it out, a touch keeps it.
+    pub(crate) fn take_from_hand(&mut self, c: C, pick: u16, op: Settle) -> Option<DeliveryTag> {
+        let hand = &mut self.consumers[c as usize].hand;
+        if hand.is_empty() {
+            return None;
+        }
+        // Counted from the newest: a client settles what it read last, mostly.
+        let i = hand.len() - 1 - usize::from(pick) % hand.len();
+        let tag = hand[i].tag;
+        if op != Settle::Touch {
+            hand.remove(i);
+        }
+        Some(tag)
+    }
+
+    /// Creates the client side of every consumer the ledger knows up to `c`.
+    fn see_consumer(&mut self, c: C) {
+        while self.consumers.len() <= c as usize {
+            let n = self.consumers.len();
+            let rec = &self.ledger.consumers[n];
+            let q = &self.ledger.queues[rec.q as usize];
+            self.consumers.push(SimConsumer {
+                shard: usize::from(q.shard),
+                queue: q.key,
+                key: rec.key,
+                channel: VecDeque::new(),
+                hand: Vec::new(),
+            });
+            if rec.live {
+                self.live.push(n as C);
+            }
+        }
+    }
+
+    /// One engine call at the global time.
+    fn call(&mut self, shard: usize, cmd: Option<Command>) -> Result<Option<Reply>, Violation> {
+        self.call_at(shard, self.now, cmd)
+    }
+
+    /// One engine call at `now`, checked by the ledger, its effects routed.
+    fn call_at(
+        &mut self,
+        shard: usize,
+        now: Tick,
+        cmd: Option<Command>,
+    ) -> Result<Option<Reply>, Violation> {
+        let mut out = self.spare.pop().unwrap_or_default();
+        let copy = cmd.clone();
+        match cmd {
+            Some(cmd) => self.shards[shard].handle(now, cmd, &mut out),
+            None => self.shards[shard].handle_timeout(now, &mut out),
+        }
+        if let Some(fault) = &mut self.fault {
+            fault.tamper(self.step, &mut out);
+        }
+        let checked = self.ledger.observe(shard, now, copy.as_ref(), &out);
+        let reply = out.reply.take();
+        let routed = checked.and_then(|()| self.route(shard, now, &mut out));
+        out.deliveries.clear();
+        out.dead_letters.clear();
+        out.outcomes.clear();
+        out.consumers_gone.clear();
+        self.spare.push(out);
+        routed.map(|()| reply)
+    }
+
+    /// Does what the runtime does with effects: deliveries into channels, ended consumers
+    /// dropped, dead letters and outcomes handled here at once or sent to their shard.
+    fn route(&mut self, shard: usize, now: Tick, out: &mut Effects) -> Result<(), Violation> {
+        for (key, delivered) in out.deliveries.drain(..) {
+            let c = self
+                .ledger
+                .consumer_at(shard as u16, key)
+                .expect("the ledger checked every delivery");
+            self.see_consumer(c);
+            self.consumers[c as usize].channel.push_back(delivered);
+        }
+        for key in out.consumers_gone.drain(..) {
+            let c = self
+                .ledger
+                .consumer_at(shard as u16, key)
+                .expect("the ledger checked every ended consumer");
+            self.see_consumer(c);
+            self.live.retain(|&x| x != c);
+            self.ended.push(c);
+            let sc = &mut self.consumers[c as usize];
+            sc.channel.clear();
+            sc.hand.clear();
+        }
+        let n = self.shards.len();
+        let mut local = Vec::new();
+        for letter in out.dead_letters.drain(..) {
+            let to = shard_for(&letter.to, n);
+            if to == shard {
+                local.push(letter);
+            } else {
+                self.send(shard, to, now, Carried::Letters(vec![letter]));
+            }
+        }
+        let mut mine = Vec::new();
+        for outcome in out.outcomes.drain(..) {
+            let to = usize::from(outcome.origin.shard);
+            if to == shard {
+                mine.push(outcome);
+            } else {
+                self.send(shard, to, now, Carried::Outcomes(vec![outcome]));
+            }
+        }
+        if !local.is_empty() {
+            self.call_at(shard, now, Some(Command::DeadLetters { letters: local }))?;
+        }
+        if !mine.is_empty() {
+            self.call_at(shard, now, Some(Command::Outcomes { outcomes: mine }))?;
+        }
+        Ok(())
+    }
+
+    /// Queues a message to another shard, batched with the last one of the same pair when
+    /// that is still the newest in flight (as the runtime groups one batch's sends).
+    fn send(&mut self, from: usize, to: usize, at: Tick, what: Carried) {
+        if let Some(last) = self.in_flight.last_mut() {
+            if last.from == from && last.to == to && last.at == at {
+                match (&mut last.what, what) {
+                    (Carried::Letters(a), Carried::Letters(b)) => return a.extend(b),
+                    (Carried::Outcomes(a), Carried::Outcomes(b)) => return a.extend(b),
+                    (_, what) => {
+                        return self.in_flight.push(Hop { from, to, at, what });
+                    }
+                }
+            }
+        }
+        self.in_flight.push(Hop { from, to, at, what });
+    }
+}

@@ -1,0 +1,105 @@
+//! The simulator in CI: many seeds of the whole broker with no violation, and planted bugs
+//! that the checks must catch.
+//!
+//! `LEASEMQ_SIM_SEEDS` and `LEASEMQ_SIM_STEPS` change how many seeds and steps
+//! `many_seeds_break_no_rule` runs (500 × 2 000 by default).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::Instant;
+
+use leasemq_sim::{run_seed, run_seed_with_fault, Fault, Stats};
+
+fn env(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+#[test]
+fn many_seeds_break_no_rule() {
+    let seeds = env("LEASEMQ_SIM_SEEDS", 500);
+    let steps = env("LEASEMQ_SIM_STEPS", 2000) as usize;
+    let started = Instant::now();
+    let next = AtomicU64::new(0);
+    let total = Mutex::new(Stats::default());
+    let threads = std::thread::available_parallelism().map_or(2, |n| n.get());
+    std::thread::scope(|scope| {
+        for _ in 0..threads {
+            scope.spawn(|| loop {
+                let seed = next.fetch_add(1, Ordering::Relaxed);
+                if seed >= seeds {
+                    break;
+                }
+                match run_seed(seed, steps) {
+                    Ok(stats) => total.lock().unwrap().add(&stats),
+                    Err(failure) => panic!("{failure}"),
+                }
+            });
+        }
+    });
+    let total = total.into_inner().unwrap();
+    let secs = started.elapsed().as_secs_f64();
+    eprintln!(
+        "{total}\n{:.0} steps/s over {secs:.1} s",
+        total.steps as f64 / secs
+    );
+    assert_eq!(total.seeds, seeds);
+    assert_eq!(total.steps, seeds * steps as u64);
+    // The workload reaches every part of the contract it is meant to.
+    let reached = [
+        ("redeliveries", total.redeliveries),
+        ("expiries", total.expiries),
+        ("acks", total.acks),
+        ("nacks", total.nacks),
+        ("rejects", total.rejects),
+        ("releases", total.releases),
+        ("touches", total.touches),
+        ("stale settles", total.stale),
+        ("cancels", total.cancels),
+        ("closes", total.closes),
+        ("duplicates", total.duplicates),
+        ("error replies", total.errors),
+        ("dead letters", total.dead_letters),
+        ("chained dead letters", total.chained),
+        ("dropped dead letters", total.dropped),
+        ("cross-shard messages", total.hops),
+        ("catch-ups", total.catch_ups),
+    ];
+    for (what, n) in reached {
+        assert!(n > 0, "no {what} in {seeds} seeds: {total}");
+    }
+}
+
+#[test]
+fn a_seed_replays_exactly() {
+    assert_eq!(run_seed(42, 1500).unwrap(), run_seed(42, 1500).unwrap());
+    assert_ne!(run_seed(42, 1500).unwrap(), run_seed(43, 1500).unwrap());
+}
+
+/// Each planted bug is caught by the check meant for it, within a few seeds, and the
+/// failure comes with a shrunk trace that still shows it.
+#[test]
+fn planted_bugs_are_caught() {
+    for fault in Fault::ALL {
+        let caught = (0..40).find_map(|seed| run_seed_with_fault(seed, 600, fault, 1).err());
+        let failure = caught.unwrap_or_else(|| panic!("{fault:?} went unnoticed in 40 seeds"));
+        assert!(
+            fault.caught_by().contains(&failure.violation.check),
+            "{fault:?} was caught by {:?}, not {:?}:\n{failure}",
+            failure.violation.check,
+            fault.caught_by()
+        );
+        assert_eq!(failure.shrunk_violation.check, failure.violation.check);
+        assert!(failure.trace.len() <= failure.failed_at);
+        assert!(
+            failure.trace.len() <= 12,
+            "{fault:?}: the trace shrank only to {} ops:\n{failure}",
+            failure.trace.len()
+        );
+        assert!(failure.to_string().contains("shrunk trace"));
+        // Without the fault, the same seed passes.
+        run_seed(failure.seed, 600).unwrap_or_else(|f| panic!("{f}"));
+    }
+}
