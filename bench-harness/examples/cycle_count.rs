@@ -44,15 +44,14 @@ fn main() {
     }
     let mut outstanding = VecDeque::new();
     let body = bytes::Bytes::from_static(b"0123456789abcdef");
-    let put =
-        |shard: &mut Shard, out: &mut Effects, outstanding: &mut VecDeque<DeliveryTag>| {
-            let message = Message::new(body.clone());
-            shard.handle(1, Command::Put { queue, message }, out);
-            out.reply.take();
-            for (_, d) in out.deliveries.drain(..) {
-                outstanding.push_back(d.tag);
-            }
-        };
+    let put = |shard: &mut Shard, out: &mut Effects, outstanding: &mut VecDeque<DeliveryTag>| {
+        let message = Message::new(body.clone());
+        shard.handle(1, Command::Put { queue, message }, out);
+        out.reply.take();
+        for (_, d) in out.deliveries.drain(..) {
+            outstanding.push_back(d.tag);
+        }
+    };
     for _ in 0..100_000 {
         put(&mut shard, &mut out, &mut outstanding);
     }
