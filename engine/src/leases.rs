@@ -3,7 +3,7 @@
 //! Tags are handed out one after another, and most leases end roughly in the order they
 //! began, so live leases sit in a ring indexed by `tag - base`: a lookup is an index, not a
 //! hash. A lease held long while later ones come and go would stretch the ring over a long
-//! run of holes; once holes outnumber live leases, the oldest leases move to an ordered map,
+//! run of holes; once holes far outnumber live leases, the oldest leases move to an ordered map,
 //! a few per call so that no call stalls, and memory stays proportional to the live leases.
 
 use std::collections::{BTreeMap, VecDeque};
@@ -20,8 +20,12 @@ pub(crate) struct Lease {
     pub delivered_at: Tick,
 }
 
-/// Holes allowed in the ring beyond twice the live leases in it.
-const SLACK: usize = 64;
+/// The ring turns sparse when it is longer than this many times its live leases (plus
+/// [`SLACK`]): several consumers settling their own leases leave every other slot empty
+/// for a while, which is not yet worth a move.
+const SPARSE_FACTOR: usize = 4;
+/// Holes allowed in the ring beyond [`SPARSE_FACTOR`] times the live leases in it.
+const SLACK: usize = 1024;
 /// The most leases one call moves from the ring to the map: enough that a sparse ring
 /// drains faster than one call can make holes, never so many that a call stalls.
 const MOVES_PER_CALL: usize = 8;
@@ -91,7 +95,7 @@ impl LeaseTable {
         let mut moves = 0;
         while let Some(front) = self.ring.front() {
             if front.is_some() {
-                let too_sparse = self.ring.len() > 2 * self.in_ring + SLACK;
+                let too_sparse = self.ring.len() > SPARSE_FACTOR * self.in_ring + SLACK;
                 if !too_sparse || moves == MOVES_PER_CALL {
                     break;
                 }
@@ -169,7 +173,7 @@ mod tests {
             table.check_invariants();
         }
         assert!(
-            table.ring.len() <= 2 + SLACK,
+            table.ring.len() <= SPARSE_FACTOR + SLACK,
             "ring length {}",
             table.ring.len()
         );
