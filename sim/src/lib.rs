@@ -49,7 +49,7 @@
 //! The ledger is not a model of the engine: it does not know the round robin or the order
 //! within the ready lists (beyond "returned before fresh"), so it takes the engine's word
 //! for which ready message goes to which consumer with credit and checks everything else
-//! about it. `engine/tests/model.rs` pins those orders down on one shard. Retry jitter is
+//! about it. `engine/tests/model/` pins those orders down on one shard. Retry jitter is
 //! zero here, so every nack's wait is known to the tick.
 //!
 //! # Running it
