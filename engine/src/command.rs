@@ -222,14 +222,6 @@ impl Effects {
     pub fn new() -> Self {
         Self::default()
     }
-
-    pub fn is_empty(&self) -> bool {
-        self.deliveries.is_empty()
-            && self.dead_letters.is_empty()
-            && self.outcomes.is_empty()
-            && self.consumers_gone.is_empty()
-            && self.reply.is_none()
-    }
 }
 
 /// Converts durations to whole ticks, rounding up so that nothing fires early.

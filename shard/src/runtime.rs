@@ -47,11 +47,15 @@ impl QueueCell {
         self.frozen.get()
     }
 
-    fn freeze(&self, stats: QueueStats, closed: bool) {
+    /// Keeps the stats a stopped shard can no longer answer for.
+    fn freeze(&self, stats: QueueStats) {
         let _ = self.frozen.set(stats);
-        if closed {
-            self.closed.store(true, Ordering::Release);
-        }
+    }
+
+    /// Marks the queue closed, with its counters as they were at close.
+    fn close(&self, stats: QueueStats) {
+        self.freeze(stats);
+        self.closed.store(true, Ordering::Release);
     }
 }
 
@@ -261,7 +265,9 @@ impl ShardThread {
                 if let (Some(key), Reply::Closed(Some(stats))) = (closing, &answer) {
                     self.on_closed(key, (**stats).clone());
                 }
-                self.answer_after_dead_letters(now, reply, Answer::Engine(answer));
+                // Answered now, or after the dead letters it caused have landed.
+                let answer = Answer::Engine(answer);
+                self.route_dead_letters(now, Some(Deferred { reply, answer }));
             }
             Request::Declare { cmd, reply } => {
                 self.engine.handle(now, cmd, &mut self.out);
@@ -389,18 +395,9 @@ impl ShardThread {
         let idx = key.slot();
         if let Some(Some((k, cell))) = self.cells.get(idx) {
             if *k == key {
-                cell.freeze(frozen, true);
+                cell.close(frozen);
                 self.cells[idx] = None;
             }
-        }
-    }
-
-    /// Answers `reply` now, or after the dead letters the command just caused have landed.
-    fn answer_after_dead_letters(&mut self, now: Tick, reply: ReplyTo, answer: Answer) {
-        if self.out.dead_letters.is_empty() {
-            self.replies.push((reply, answer));
-        } else {
-            self.route_dead_letters(now, Some(Deferred { reply, answer }));
         }
     }
 
@@ -559,7 +556,7 @@ impl ShardThread {
         for entry in self.cells.iter_mut() {
             if let Some((key, cell)) = entry.take() {
                 if let Some(stats) = self.engine.stats(key) {
-                    cell.freeze(stats, false);
+                    cell.freeze(stats);
                 }
             }
         }
