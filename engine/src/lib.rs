@@ -30,6 +30,7 @@
 //! assert_eq!(shard.stats(queue).unwrap().ready, 1);
 //! ```
 
+mod chunked;
 mod command;
 mod leases;
 mod queue;

@@ -9,6 +9,7 @@ use ahash::RandomState;
 use bytes::Bytes;
 use slab::Slab;
 
+use crate::chunked::ChunkSlab;
 use crate::command::{
     ConsumerKey, DeadLetter, Delivered, Effects, MsgId, Origin, QueueKey, TickLength,
 };
@@ -140,7 +141,7 @@ pub(crate) struct QueueState {
     ack_ticks: Tick,
     max_lease_ticks: Option<Tick>,
     dedup_ticks: Tick,
-    msgs: Slab<Msg>,
+    msgs: ChunkSlab<Msg>,
     /// Messages that came back, in the order they became ready again; delivered first.
     returned: VecDeque<u32>,
     fresh: VecDeque<u32>,
@@ -166,7 +167,7 @@ impl QueueState {
             max_lease_ticks: config.max_lease.map(|d| tick.ticks(d)),
             dedup_ticks: tick.ticks(config.dedup_window),
             config,
-            msgs: Slab::new(),
+            msgs: ChunkSlab::new(),
             returned: VecDeque::new(),
             fresh: VecDeque::new(),
             delayed: 0,

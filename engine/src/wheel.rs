@@ -25,8 +25,9 @@
 //!   (once per `64^6` ticks) and goes back until its deadline is within the turn. It never
 //!   fires early and is never dropped.
 //!
-//! Timers live in a [`Slab`]. The lists are doubly linked through slab indices and every
-//! entry records the list it is on, so cancel and reset unlink in O(1) and allocate nothing.
+//! Timers live in a slab that grows by fixed-size chunks and never moves its entries (so
+//! a wheel of millions of timers grows without a copy). The lists are doubly linked through
+//! slab indices and every entry records the list it is on, so cancel and reset unlink in O(1) and allocate nothing.
 //!
 //! ```
 //! use leasemq_engine::wheel::Wheel;
@@ -44,7 +45,7 @@
 use std::fmt;
 use std::num::NonZeroU16;
 
-use slab::Slab;
+use crate::chunked::ChunkSlab;
 
 /// Time in whole ticks since the broker's epoch.
 pub type Tick = u64;
@@ -125,7 +126,7 @@ struct Entry<T> {
 
 /// A hierarchical timing wheel of values of type `T`. See the module docs.
 pub struct Wheel<T> {
-    entries: Slab<Entry<T>>,
+    entries: ChunkSlab<Entry<T>>,
     /// `LEVELS * SLOTS` slot lists, then the pending list; indexed by `ListId::index`.
     lists: Box<[List]>,
     /// Bit `s` of `occupied[l]` is set exactly when slot `s` of level `l` is non-empty.
@@ -142,7 +143,7 @@ impl<T> Wheel<T> {
     /// An empty wheel at tick 0 with room for `n` timers before it allocates.
     pub fn with_capacity(n: usize) -> Self {
         Wheel {
-            entries: Slab::with_capacity(n),
+            entries: ChunkSlab::with_capacity(n),
             lists: vec![List::EMPTY; LEVELS * SLOTS + 1].into_boxed_slice(),
             occupied: [0; LEVELS],
             elapsed: 0,
