@@ -67,6 +67,7 @@ impl<T> ChunkSlab<T> {
     }
 
     /// Entries it can hold before it allocates another chunk.
+    #[cfg(test)]
     pub fn capacity(&self) -> usize {
         self.chunks.len() * CHUNK
     }
