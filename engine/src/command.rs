@@ -258,4 +258,9 @@ impl TickLength {
     pub fn tick_of(self, nanos: u64) -> Tick {
         nanos / self.nanos
     }
+
+    /// When `tick` begins, in nanoseconds since the epoch (saturating).
+    pub fn start_of(self, tick: Tick) -> u64 {
+        tick.saturating_mul(self.nanos)
+    }
 }

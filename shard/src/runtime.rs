@@ -217,32 +217,36 @@ impl ShardThread {
     /// Waits for the next request; under the system clock, fires due timers first and
     /// returns `None` when it woke for a deadline. `Some(Err)` when every sender is gone.
     fn wait(&mut self) -> Option<Result<Request, ()>> {
-        let wait = match self.time {
+        let wake_at = match self.time {
             TimeSource::Manual => None,
-            TimeSource::System(_) => {
+            TimeSource::System(epoch) => {
                 let now = self.now();
                 self.engine.handle_timeout(now, &mut self.out);
                 self.route_dead_letters(now, None);
                 self.flush();
+                // Wake when the deadline's tick begins in real time, not a whole number of
+                // ticks from now: `now` is rounded down, and counting from it would add up
+                // to a tick of lateness to every timer.
                 self.engine.next_deadline().map(|deadline| {
-                    let ticks = u32::try_from(deadline.saturating_sub(now)).unwrap_or(u32::MAX);
-                    self.tick.as_duration() * ticks
+                    let nanos = self.tick.start_of(deadline);
+                    epoch
+                        .checked_add(Duration::from_nanos(nanos))
+                        .unwrap_or_else(far_future)
                 })
             }
         };
-        let wait = if self.backlog.is_empty() {
-            wait
+        let wake_at = if self.backlog.is_empty() {
+            wake_at
         } else {
-            Some(wait.map_or(Duration::from_micros(100), |w| {
-                w.min(Duration::from_micros(100))
-            }))
+            let retry = Instant::now() + Duration::from_micros(100);
+            Some(wake_at.map_or(retry, |at| at.min(retry)))
         };
         if let Some(req) = spin_for(|| self.inbox.try_recv().ok()) {
             return Some(Ok(req));
         }
-        match wait {
+        match wake_at {
             None => Some(self.inbox.recv().map_err(|_| ())),
-            Some(timeout) => match self.inbox.recv_timeout(timeout) {
+            Some(at) => match self.inbox.recv_deadline(at) {
                 Ok(req) => Some(Ok(req)),
                 Err(RecvTimeoutError::Timeout) => {
                     self.retry_backlog();
@@ -570,6 +574,11 @@ impl ShardThread {
             drop(req);
         }
     }
+}
+
+/// A wake-up time beyond any deadline worth waiting for (a year from now).
+fn far_future() -> Instant {
+    Instant::now() + Duration::from_secs(365 * 24 * 3600)
 }
 
 fn wake(sinks: &[Option<Sink>], slot: Option<usize>) {
