@@ -6,19 +6,27 @@
 //!
 //! - **Levels.** Six levels of 64 slots. A slot on level `l` covers `64^l` ticks, so level 0
 //!   has a slot per tick and the wheel spans `64^6 = 2^36` ticks (2.2 years of 1 ms ticks).
-//!   A timer goes on the level of the highest bit in which its deadline differs from
-//!   [`Wheel::elapsed`], in the slot named by the deadline's six bits of that level. All the
-//!   timers in one level-0 slot are due at the same tick; a higher slot holds a range.
-//! - **Bitmaps.** Each level keeps a `u64` of its non-empty slots. The next slot to visit is
-//!   the first set bit after the current slot on the lowest non-empty level: a rotate and a
-//!   `trailing_zeros`, never a walk over slots. Any slot on a lower level comes before any
-//!   slot on a higher one, because lower levels only hold the rest of the current slot above.
+//!   A timer goes on the level of its *distance* from [`Wheel::elapsed`] (level `l` for
+//!   `64^l` up to `64^(l+1)` ticks away), in the slot named by the deadline's six bits of
+//!   that level, as in Kafka's `TimingWheel`. All the timers in one level-0 slot are due at
+//!   the same tick; a higher slot holds a range. (tokio picks the level by the highest bit in
+//!   which deadline and time differ instead; then every timer set across a `64^l` boundary
+//!   lands in the one slot that starts there, and time reaching it moves them all at once:
+//!   with a million 2-second leases renewed every second, that was every lease of the shard,
+//!   a 20 ms stall every 4 seconds. By distance, a slot holds only the timers due in its
+//!   own range.)
+//! - **Bitmaps.** Each level keeps a `u64` of its non-empty slots. Every timer of a level is
+//!   in one of the 64 slots after the one `elapsed` is in, so each level's next slot is a
+//!   rotate and a `trailing_zeros`, never a walk over slots; the next slot of the wheel is
+//!   the one of the six that starts first.
 //! - **Cascading.** When time reaches a slot above level 0, its whole list is taken and every
-//!   timer in it is re-inserted against the new time, which moves it at least one level
+//!   timer in it is re-linked against the new time, which moves it at least one level
 //!   down (but for the far timers below). When time reaches a level-0 slot, its list
 //!   becomes the *pending* list that [`Wheel::poll`] pops from; a timer inserted for that
-//!   same tick joins the pending list behind it. Each list is appended to and cascaded in
-//!   order, so equal deadlines fire in insertion order.
+//!   same tick joins the pending list behind it. Lists are appended to; a cascade puts the
+//!   timers it moves at the *front* of their new lists (they were set farther ahead, so
+//!   before the timers already there), and slots of several levels starting at the same
+//!   tick are taken lowest first; so equal deadlines fire in insertion order.
 //! - **Beyond the span.** The top level is a ring. A timer due after the top level's
 //!   current turn (any deadline up to `Tick::MAX`) waits in the top slot named by its
 //!   deadline's bits 30..36, is taken out again each time time comes round to that slot
@@ -27,7 +35,8 @@
 //!
 //! Timers live in a slab that grows by fixed-size chunks and never moves its entries (so
 //! a wheel of millions of timers grows without a copy). The lists are doubly linked through
-//! slab indices and every entry records the list it is on, so cancel and reset unlink in O(1) and allocate nothing.
+//! slab indices and every entry records the list it is on, so cancel and reset unlink in
+//! O(1) and allocate nothing.
 //!
 //! ```
 //! use leasemq_engine::wheel::Wheel;
@@ -132,6 +141,9 @@ pub struct Wheel<T> {
     /// Bit `s` of `occupied[l]` is set exactly when slot `s` of level `l` is non-empty.
     occupied: [u64; LEVELS],
     elapsed: Tick,
+    /// Timers moved by cascades so far.
+    #[cfg(test)]
+    cascaded: u64,
 }
 
 impl<T> Wheel<T> {
@@ -147,6 +159,8 @@ impl<T> Wheel<T> {
             lists: vec![List::EMPTY; LEVELS * SLOTS + 1].into_boxed_slice(),
             occupied: [0; LEVELS],
             elapsed: 0,
+            #[cfg(test)]
+            cascaded: 0,
         }
     }
 
@@ -253,9 +267,18 @@ impl<T> Wheel<T> {
                 return Some((entry.deadline, entry.value));
             }
             match self.next_slot() {
-                Some((list, start)) if start <= now => {
+                Some((_, start)) if start <= now => {
+                    // Every slot starting at this tick, lowest level first: the higher ones
+                    // hold older timers, which go ahead of the lower ones' before any fires.
+                    let due: [Option<ListId>; LEVELS] = std::array::from_fn(|level| {
+                        self.level_next(level)
+                            .filter(|&(_, s)| s == start)
+                            .map(|(list, _)| list)
+                    });
                     self.elapsed = start;
-                    self.cascade(list);
+                    for list in due.into_iter().flatten() {
+                        self.cascade(list);
+                    }
                 }
                 _ => {
                     self.elapsed = now;
@@ -286,12 +309,7 @@ impl<T> Wheel<T> {
                 assert_eq!(entry.list, list, "entry {index} records another list");
                 assert_eq!(entry.prev, prev, "entry {index}: prev link is wrong");
                 assert!(entry.deadline >= self.elapsed, "entry {index} is overdue");
-                let home = list_for(self.elapsed, entry.deadline);
-                assert_eq!(
-                    home, list,
-                    "entry {index} (due {}) misplaced",
-                    entry.deadline
-                );
+                self.assert_placed(list, entry.deadline, index);
                 (prev, index) = (index, entry.next);
             }
             assert_eq!(tail, prev, "{list:?}: tail is not the last entry");
@@ -299,37 +317,115 @@ impl<T> Wheel<T> {
         assert_eq!(linked, self.len(), "some live entries are on no list");
     }
 
-    /// The lowest level's next non-empty slot, as its list and the tick it starts at.
-    fn next_slot(&self) -> Option<(ListId, Tick)> {
-        let level = self.occupied.iter().position(|&bits| bits != 0)?;
+    /// Panics unless a timer due at `deadline` may be on `list` now: pending when due now;
+    /// else in the slot its deadline names on that level, a slot that starts after
+    /// `elapsed` and, below the top level, among the 64 after the current one; and no
+    /// lower than the level it would go on now (timers only move down).
+    fn assert_placed(&self, list: ListId, deadline: Tick, index: u32) {
+        let Some((level, slot)) = list.level_slot() else {
+            assert_eq!(
+                deadline, self.elapsed,
+                "entry {index} is pending but not due"
+            );
+            return;
+        };
+        assert!(
+            deadline > self.elapsed,
+            "entry {index} is due but on {list:?}"
+        );
         let shift = level as u32 * SLOT_BITS;
-        // Slots counted from tick 0: `current` is the one `elapsed` is in. Below the top level
-        // every timer is in a later slot of the current 64. The top level is a ring where
-        // the current slot and the ones before it hold timers a turn ahead; so the scan
-        // starts just after `current` and wraps round.
+        let (named, current) = (deadline >> shift, self.elapsed >> shift);
+        assert_eq!(
+            (named & SLOT_MASK) as usize,
+            slot,
+            "entry {index} (due {deadline}) is on {list:?}"
+        );
+        assert!(named > current, "entry {index} is on a slot already passed");
+        if level + 1 < LEVELS {
+            assert!(
+                named <= current.saturating_add(SLOTS as u64),
+                "entry {index} is a turn ahead"
+            );
+        }
+        let home = level_for(deadline - self.elapsed) as usize;
+        assert!(
+            level >= home,
+            "entry {index} (due {deadline}) is below level {home}"
+        );
+    }
+
+    /// The non-empty slot that starts first, as its list and the tick it starts at; of
+    /// slots starting at the same tick, the one on the lowest level.
+    fn next_slot(&self) -> Option<(ListId, Tick)> {
+        let mut best: Option<(ListId, Tick)> = None;
+        for level in 0..LEVELS {
+            if let Some((list, start)) = self.level_next(level) {
+                if best.is_none_or(|(_, earliest)| start < earliest) {
+                    best = Some((list, start));
+                }
+            }
+        }
+        best
+    }
+
+    /// The next non-empty slot of `level`, as its list and the tick it starts at.
+    fn level_next(&self, level: usize) -> Option<(ListId, Tick)> {
+        let bits = self.occupied[level];
+        if bits == 0 {
+            return None;
+        }
+        let shift = level as u32 * SLOT_BITS;
+        // Slots counted from tick 0: `current` is the one `elapsed` is in. Every timer of this
+        // level is in one of the 64 slots after it (the top level also holds timers whole
+        // turns ahead), so the scan starts just after `current` and wraps round.
         let current = self.elapsed >> shift;
         let after = ((current + 1) & SLOT_MASK) as u32;
-        let distance = self.occupied[level].rotate_right(after).trailing_zeros();
+        let distance = bits.rotate_right(after).trailing_zeros();
         let index = current + 1 + u64::from(distance);
         debug_assert!(
             index <= Tick::MAX >> shift,
             "slot starts past the end of time"
         );
-        let slot = (index & SLOT_MASK) as usize;
-        Some((ListId::slot(level, slot), index << shift))
+        Some((
+            ListId::slot(level, (index & SLOT_MASK) as usize),
+            index << shift,
+        ))
     }
 
-    /// Takes the whole of `list` and re-links each entry, in order, on the list its deadline
-    /// belongs on now: a lower level, the same top slot a turn later, or the pending list.
+    /// Takes the whole of `list` and re-links each entry on the list its deadline belongs
+    /// on now: a lower level, the same top slot a turn later, or the pending list. They go
+    /// to the *front* of those lists, keeping their order: a timer placed on a higher level
+    /// was placed farther from its deadline, so before any timer with the same deadline
+    /// that a lower list holds; putting it first keeps equal deadlines in insertion order.
     fn cascade(&mut self, list: ListId) {
         let taken = std::mem::replace(&mut self.lists[list.index()], List::EMPTY);
         self.vacate(list);
-        let mut index = taken.head;
+        let mut index = taken.tail;
         while index != NIL {
             let entry = &self.entries[index as usize];
-            let (next, home) = (entry.next, list_for(self.elapsed, entry.deadline));
-            self.push_back(home, index);
-            index = next;
+            let (prev, home) = (entry.prev, list_for(self.elapsed, entry.deadline));
+            self.push_front(home, index);
+            index = prev;
+            #[cfg(test)]
+            {
+                self.cascaded += 1;
+            }
+        }
+    }
+
+    fn push_front(&mut self, list: ListId, index: u32) {
+        let head = self.lists[list.index()].head;
+        let entry = &mut self.entries[index as usize];
+        entry.list = list;
+        entry.prev = NIL;
+        entry.next = head;
+        match head {
+            NIL => self.lists[list.index()].tail = index,
+            _ => self.entries[head as usize].prev = index,
+        }
+        self.lists[list.index()].head = index;
+        if let Some((level, slot)) = list.level_slot() {
+            self.occupied[level] |= 1 << slot;
         }
     }
 
@@ -405,18 +501,26 @@ impl<T> fmt::Debug for Wheel<T> {
     }
 }
 
-/// The list a timer due at `deadline` (not before `elapsed`) belongs on at time `elapsed`.
+/// The list a timer due at `deadline` (not before `elapsed`) goes on at time `elapsed`.
 fn list_for(elapsed: Tick, deadline: Tick) -> ListId {
     debug_assert!(deadline >= elapsed);
     if deadline == elapsed {
         return ListId::PENDING;
     }
-    // The highest bit in which the two differ picks the level (tokio's `level_for`); a
-    // deadline farther than the span goes on the top level.
-    let highest = 63 - (elapsed ^ deadline).leading_zeros();
-    let level = (highest / SLOT_BITS).min(LEVELS as u32 - 1);
+    let level = level_for(deadline - elapsed);
     let slot = (deadline >> (level * SLOT_BITS)) & SLOT_MASK;
     ListId::slot(level as usize, slot as usize)
+}
+
+/// The level for a timer `distance` ticks away: level `l` holds distances in
+/// `64^l .. 64^(l+1)`, the top level everything farther. (Kafka's `TimingWheel` picks by
+/// distance the same way; picking by the highest bit in which deadline and `elapsed`
+/// differ, as tokio does, would put every timer that crosses a level boundary on that
+/// level, and time reaching the boundary would then cascade all of them at once.)
+fn level_for(distance: Tick) -> u32 {
+    debug_assert!(distance > 0);
+    let highest = 63 - distance.leading_zeros();
+    (highest / SLOT_BITS).min(LEVELS as u32 - 1)
 }
 
 #[cfg(test)]

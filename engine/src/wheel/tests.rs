@@ -246,6 +246,45 @@ fn reset_moves_a_timer_across_levels() {
     assert!(wheel.is_empty());
 }
 
+/// A shard renewing a million leases every second keeps all their timers between one and
+/// two seconds ahead. Time crossing a level boundary must not move all of them at once (a
+/// 20 ms stall of the shard each time, with 1 ms ticks and a million timers): a cascade
+/// moves only the timers due within its slot's range.
+#[test]
+fn renewed_timers_are_not_all_cascaded_at_a_level_boundary() {
+    const TIMERS: u64 = 100_000;
+    const TIMEOUT: u64 = 2_000;
+    let mut wheel = Wheel::new();
+    let mut renewals = std::collections::VecDeque::new();
+    let mut most = 0;
+    for now in 1..5 * 4_096 {
+        let before = wheel.cascaded;
+        assert_eq!(
+            wheel.poll(now),
+            None,
+            "every timer is renewed before it is due"
+        );
+        most = most.max(wheel.cascaded - before);
+        // Set up a twentieth of the timers each tick, then renew each at half its timeout.
+        if (wheel.len() as u64) < TIMERS {
+            for _ in 0..TIMERS / 20 {
+                renewals.push_back((wheel.insert(now + TIMEOUT, ()), now));
+            }
+        }
+        while let Some(&(key, set)) = renewals.front() {
+            if set + TIMEOUT / 2 > now {
+                break;
+            }
+            renewals.pop_front();
+            wheel.reset(key, now + TIMEOUT);
+            renewals.push_back((key, now));
+        }
+    }
+    assert_eq!(wheel.len() as u64, TIMERS);
+    assert!(most < TIMERS / 100, "one poll cascaded {most} timers");
+    wheel.check_invariants();
+}
+
 #[test]
 fn reset_never_grows_the_slab() {
     let mut wheel = Wheel::with_capacity(8);
