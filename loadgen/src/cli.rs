@@ -53,7 +53,7 @@ pub struct OutputArgs {
     #[arg(long, value_name = "DIR")]
     pub out: Option<PathBuf>,
     /// The length of each interval histogram in the .hlog files.
-    #[arg(long, default_value = "1s", value_parser = parse_duration)]
+    #[arg(long, default_value = "1s", value_parser = parse_interval)]
     pub hlog_interval: Duration,
     /// Print no summary table and show no progress bar (failures still go to stderr).
     #[arg(long)]
@@ -206,6 +206,16 @@ pub fn parse_slo(text: &str) -> Result<Slo, String> {
         quantile,
         limit,
     })
+}
+
+/// Parses an interval length: a duration of at least a millisecond (the interval log's
+/// timestamps have millisecond resolution).
+fn parse_interval(text: &str) -> Result<Duration, String> {
+    let d = parse_duration(text)?;
+    if d < Duration::from_millis(1) {
+        return Err(format!("{text:?}: intervals are at least 1ms long"));
+    }
+    Ok(d)
 }
 
 /// Parses the sweep's step factor: a number above 1.
@@ -484,7 +494,12 @@ mod tests {
         };
         assert_eq!(args.shards, [1, 2]);
         assert_eq!(args.slos, [parse_slo("p99=5ms").unwrap()]);
-        for bad in [["--step-factor", "1"], ["--shards", "0"], ["--slo", "p99"]] {
+        for bad in [
+            ["--step-factor", "1"],
+            ["--shards", "0"],
+            ["--slo", "p99"],
+            ["--hlog-interval", "0s"],
+        ] {
             let mut argv = vec!["leasemq-loadgen", "sweep"];
             argv.extend(bad);
             assert!(Cli::try_parse_from(argv).is_err(), "{bad:?} was accepted");

@@ -45,9 +45,15 @@ impl Progress {
         }
     }
 
-    /// Shows `phase`, `elapsed` of `planned` and `extra` (e.g. the current rate), at most ten
-    /// times a second.
-    pub fn update(&self, phase: &str, elapsed: Duration, planned: Duration, extra: &str) {
+    /// Shows `phase`, `elapsed` of `planned` and what `extra` says (e.g. the offered rate), at
+    /// most ten times a second; `extra` is called only then.
+    pub fn update<F: FnOnce() -> String>(
+        &self,
+        phase: &str,
+        elapsed: Duration,
+        planned: Duration,
+        extra: F,
+    ) {
         let Some(bar) = &self.bar else {
             return;
         };
@@ -64,9 +70,10 @@ impl Progress {
         bar.set_length(planned_ms);
         bar.set_position((elapsed.as_millis() as u64).min(planned_ms));
         bar.set_message(format!(
-            "{phase} {:.1}/{:.1} s{extra}",
+            "{phase} {:.1}/{:.1} s{}",
             elapsed.as_secs_f64(),
-            planned.as_secs_f64()
+            planned.as_secs_f64(),
+            extra()
         ));
     }
 

@@ -146,16 +146,13 @@ pub fn run(args: &RedeliveryArgs) -> Result<Run, String> {
     let mut bookkeeping = 0;
     while d.filled_ns.is_none() && d.problems.is_empty() {
         let out = d.t.put - d.t.acked;
-        progress.update(
-            "filling",
-            Duration::ZERO,
-            duration,
-            &format!(
+        progress.update("filling", Duration::ZERO, duration, || {
+            format!(
                 ", {} of {} leases out",
                 thousands(out),
                 thousands(args.leases)
-            ),
-        );
+            )
+        });
         d.turn();
         if d.overwhelmed() {
             broker.shutdown();
@@ -179,7 +176,7 @@ pub fn run(args: &RedeliveryArgs) -> Result<Run, String> {
     });
     while d.clock.now_ns() < d.end_ns && d.problems.is_empty() {
         let elapsed = Duration::from_nanos(d.clock.now_ns().saturating_sub(filled_ns));
-        progress.update("measuring", elapsed, duration, "");
+        progress.update("measuring", elapsed, duration, String::new);
         d.turn();
         Intervals::between_turns(&mut intervals, &d);
         if d.overwhelmed() {
@@ -203,8 +200,10 @@ pub fn run(args: &RedeliveryArgs) -> Result<Run, String> {
             ));
             break;
         }
-        let left = format!(", {} message(s) to ack", thousands(d.t.put - d.t.acked));
-        progress.update("draining", duration, duration, &left);
+        let left = d.t.put - d.t.acked;
+        progress.update("draining", duration, duration, || {
+            format!(", {} message(s) to ack", thousands(left))
+        });
         d.turn();
         Intervals::between_turns(&mut intervals, &d);
     }

@@ -389,7 +389,7 @@ impl<'a> Watch<'a> {
     fn look(&mut self, phase: &str, nap: Duration) {
         let elapsed = Duration::from_nanos(self.clock.now_ns());
         self.progress
-            .update(phase, elapsed, self.planned, &self.rate_text);
+            .update(phase, elapsed, self.planned, || self.rate_text.clone());
         let (Some(rx), Some(log)) = (&self.rx, &mut self.log) else {
             thread::sleep(nap);
             return;
