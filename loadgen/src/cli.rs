@@ -22,6 +22,9 @@ pub enum Command {
     /// Keeps N leases outstanding, leaves a fraction of deliveries to expire and measures how
     /// late their redeliveries arrive, and what touch and ack cost while the wheel is full.
     Redelivery(RedeliveryArgs),
+    /// Capacity planning: for each shard count, raises the open-loop rate step by step until
+    /// put→ack latency breaks a latency objective, and reports the highest rate that held.
+    Sweep(SweepArgs),
 }
 
 /// Which calls the workers use.
@@ -45,16 +48,22 @@ impl Api {
 /// Where the results go; shared by every subcommand.
 #[derive(Debug, Clone, Args)]
 pub struct OutputArgs {
-    /// Write summary.json and one .hgrm percentile distribution per histogram into DIR.
+    /// Write summary.json, one .hgrm percentile distribution and one .hlog interval log per
+    /// histogram, and the plots into DIR.
     #[arg(long, value_name = "DIR")]
     pub out: Option<PathBuf>,
-    /// Print no summary table (failures still go to stderr).
+    /// The length of each interval histogram in the .hlog files.
+    #[arg(long, default_value = "1s", value_parser = parse_interval)]
+    pub hlog_interval: Duration,
+    /// Print no summary table and show no progress bar (failures still go to stderr).
     #[arg(long)]
     pub quiet: bool,
 }
 
+/// The throughput workload: who puts, who consumes, and through which calls. Shared by
+/// `throughput` and `sweep`.
 #[derive(Debug, Clone, Args)]
-pub struct ThroughputArgs {
+pub struct WorkloadArgs {
     /// Producer threads.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=1024))]
     pub producers: u32,
@@ -64,9 +73,6 @@ pub struct ThroughputArgs {
     /// Queues, spread evenly over the shards (at most one per consumer).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=1024))]
     pub queues: u32,
-    /// Shard threads of the broker.
-    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=256))]
-    pub shards: u32,
     /// Body size in bytes (at least 16: a send timestamp and a sequence number).
     #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u32).range(16..=1_048_576))]
     pub body_bytes: u32,
@@ -82,6 +88,23 @@ pub struct ThroughputArgs {
     /// per-message (`put`, `ack`) or batched (`put_batch`, `ack_up_to`).
     #[arg(long, value_enum, default_value_t = Api::Batched)]
     pub api: Api,
+    /// Open loop, batched API: the longest a due message waits for its batch to fill.
+    #[arg(long, default_value = "100us", value_parser = parse_duration)]
+    pub linger: Duration,
+    /// Most messages put but not yet acked before producers wait (0: twice the consumers'
+    /// total prefetch plus one put batch per producer, at least 65 536; open loop:
+    /// 1 000 000).
+    #[arg(long, default_value_t = 0, value_parser = parse_count)]
+    pub max_in_flight: u64,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct ThroughputArgs {
+    #[command(flatten)]
+    pub workload: WorkloadArgs,
+    /// Shard threads of the broker.
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=256))]
+    pub shards: u32,
     /// How long to measure, after the warm-up.
     #[arg(long, default_value = "5s", value_parser = parse_duration)]
     pub duration: Duration,
@@ -92,16 +115,122 @@ pub struct ThroughputArgs {
     /// message's intended send time. Without it: closed loop, as fast as possible.
     #[arg(long, value_name = "N", value_parser = parse_count)]
     pub rate: Option<u64>,
-    /// Open loop, batched API: the longest a due message waits for its batch to fill.
-    #[arg(long, default_value = "100us", value_parser = parse_duration)]
-    pub linger: Duration,
-    /// Most messages put but not yet acked before producers wait (0: twice the consumers'
-    /// total prefetch plus one put batch per producer, at least 65 536; open loop:
-    /// 1 000 000).
-    #[arg(long, default_value_t = 0, value_parser = parse_count)]
-    pub max_in_flight: u64,
     #[command(flatten)]
     pub output: OutputArgs,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct SweepArgs {
+    #[command(flatten)]
+    pub workload: WorkloadArgs,
+    /// Shard counts to sweep, each from --start-rate up (a comma-separated list).
+    #[arg(long, value_delimiter = ',', default_value = "1,2",
+          value_parser = clap::value_parser!(u32).range(1..=256))]
+    pub shards: Vec<u32>,
+    /// A latency objective on put→ack, measured from each message's intended send time:
+    /// PERCENTILE=LIMIT, e.g. p99=5ms, p99.9=20ms, max=50ms; repeat the flag for several. A
+    /// step holds when every one does.
+    #[arg(long = "slo", value_name = "pQ=LIMIT", default_value = "p99=5ms", value_parser = parse_slo)]
+    pub slos: Vec<Slo>,
+    /// The first offered rate, in messages/s (suffixes k, M).
+    #[arg(long, default_value = "50k", value_parser = parse_count)]
+    pub start_rate: u64,
+    /// Each step offers this many times the rate of the one before, until one breaks.
+    #[arg(long, default_value_t = 1.5, value_parser = parse_step_factor)]
+    pub step_factor: f64,
+    /// Steps that bisect between the last rate that held and the first that broke.
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(0..=20))]
+    pub refine: u32,
+    /// The most rising steps per shard count (before refining).
+    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    pub max_steps: u32,
+    /// Stop rising at this rate, even if it holds (suffixes k, M).
+    #[arg(long, value_name = "N", value_parser = parse_count)]
+    pub max_rate: Option<u64>,
+    /// A step also breaks when the acks completed in its window fall short of the offered
+    /// rate by more than this fraction: the broker is not keeping up.
+    #[arg(long, default_value_t = 0.05, value_parser = parse_fraction)]
+    pub max_shortfall: f64,
+    /// How long each step measures, after its warm-up.
+    #[arg(long, default_value = "2s", value_parser = parse_duration)]
+    pub step_duration: Duration,
+    /// How long each step runs before measuring (not recorded).
+    #[arg(long, default_value = "500ms", value_parser = parse_duration)]
+    pub step_warmup: Duration,
+    #[command(flatten)]
+    pub output: OutputArgs,
+}
+
+/// A latency objective: the value at `quantile` must not exceed `limit`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Slo {
+    /// As written: "p99", "p99.9", "max".
+    pub label: String,
+    /// In (0, 1]; `max` is 1.
+    pub quantile: f64,
+    pub limit: Duration,
+}
+
+impl std::fmt::Display for Slo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} ≤ {}", self.label, format_duration(self.limit))
+    }
+}
+
+/// Parses "p99=5ms", "p99.9=20ms", "p50=1ms", "max=50ms".
+pub fn parse_slo(text: &str) -> Result<Slo, String> {
+    let (name, limit) = text
+        .split_once('=')
+        .ok_or_else(|| format!("{text:?}: write PERCENTILE=LIMIT, e.g. p99=5ms"))?;
+    let label = name.trim().to_string();
+    let quantile = if label == "max" {
+        1.0
+    } else {
+        let percent: f64 = label
+            .strip_prefix('p')
+            .and_then(|p| p.parse().ok())
+            .ok_or_else(|| {
+                format!("{label:?} is not a percentile: write p50, p99, p99.9 or max")
+            })?;
+        if !(percent > 0.0 && percent <= 100.0) {
+            return Err(format!("{label:?}: the percentile must be in (0, 100]"));
+        }
+        percent / 100.0
+    };
+    let limit = parse_duration(limit)?;
+    if limit.is_zero() {
+        return Err(format!("{text:?}: the limit must be more than zero"));
+    }
+    Ok(Slo {
+        label,
+        quantile,
+        limit,
+    })
+}
+
+/// Parses an interval length: a duration of at least a millisecond (the interval log's
+/// timestamps have millisecond resolution).
+fn parse_interval(text: &str) -> Result<Duration, String> {
+    let d = parse_duration(text)?;
+    if d < Duration::from_millis(1) {
+        return Err(format!("{text:?}: intervals are at least 1ms long"));
+    }
+    Ok(d)
+}
+
+/// Parses the sweep's step factor: a number above 1.
+fn parse_step_factor(text: &str) -> Result<f64, String> {
+    let value: f64 = text
+        .trim()
+        .parse()
+        .map_err(|_| format!("{text:?} is not a number"))?;
+    if value > 1.0 && value <= 100.0 {
+        Ok(value)
+    } else {
+        Err(format!(
+            "{text:?}: the step factor must be above 1 (and at most 100)"
+        ))
+    }
 }
 
 #[derive(Debug, Clone, Args)]
@@ -302,7 +431,7 @@ mod tests {
         let Command::Throughput(args) = cli.command else {
             panic!("wrong subcommand")
         };
-        assert_eq!(args.api, Api::PerMessage);
+        assert_eq!(args.workload.api, Api::PerMessage);
         assert_eq!(args.duration, Duration::from_millis(500));
         assert_eq!(args.rate, Some(100_000));
         assert_eq!(args.warmup, Duration::from_secs(1));
@@ -315,5 +444,65 @@ mod tests {
         };
         assert_eq!(args.leases, 1_000_000);
         assert_eq!(args.ack_timeout, None);
+    }
+
+    #[test]
+    fn slos_parse() {
+        let slo = parse_slo("p99=5ms").unwrap();
+        assert_eq!(slo.label, "p99");
+        assert!((slo.quantile - 0.99).abs() < 1e-12);
+        assert_eq!(slo.limit, Duration::from_millis(5));
+        assert!((parse_slo("p99.9=20ms").unwrap().quantile - 0.999).abs() < 1e-12);
+        assert_eq!(parse_slo("max=1s").unwrap().quantile, 1.0);
+        assert_eq!(parse_slo("p99=5ms").unwrap().to_string(), "p99 ≤ 5ms");
+        for bad in [
+            "p99", "99=5ms", "p0=1ms", "p101=1ms", "p99=5", "p99=0ms", "q99=1ms",
+        ] {
+            assert!(parse_slo(bad).is_err(), "{bad:?} was accepted");
+        }
+    }
+
+    #[test]
+    fn sweep_flags_parse() {
+        let cli = Cli::try_parse_from([
+            "leasemq-loadgen",
+            "sweep",
+            "--shards",
+            "1,2,4",
+            "--slo",
+            "p99=5ms",
+            "--slo",
+            "p99.9=20ms",
+            "--start-rate",
+            "20k",
+            "--api",
+            "per-message",
+        ])
+        .unwrap();
+        let Command::Sweep(args) = cli.command else {
+            panic!("wrong subcommand")
+        };
+        assert_eq!(args.shards, [1, 2, 4]);
+        assert_eq!(args.slos.len(), 2);
+        assert_eq!(args.start_rate, 20_000);
+        assert_eq!(args.step_factor, 1.5);
+        assert_eq!(args.step_duration, Duration::from_secs(2));
+        assert_eq!(args.workload.api, Api::PerMessage);
+        let cli = Cli::try_parse_from(["leasemq-loadgen", "sweep"]).unwrap();
+        let Command::Sweep(args) = cli.command else {
+            panic!("wrong subcommand")
+        };
+        assert_eq!(args.shards, [1, 2]);
+        assert_eq!(args.slos, [parse_slo("p99=5ms").unwrap()]);
+        for bad in [
+            ["--step-factor", "1"],
+            ["--shards", "0"],
+            ["--slo", "p99"],
+            ["--hlog-interval", "0s"],
+        ] {
+            let mut argv = vec!["leasemq-loadgen", "sweep"];
+            argv.extend(bad);
+            assert!(Cli::try_parse_from(argv).is_err(), "{bad:?} was accepted");
+        }
     }
 }

@@ -72,6 +72,7 @@ impl Recorder {
             p99_9: at(0.999),
             max: if empty { 0 } else { h.max() },
             hgrm: None,
+            hlog: None,
         }
     }
 }
@@ -92,6 +93,8 @@ pub struct HistSummary {
     pub max: u64,
     /// The `.hgrm` file written beside `summary.json`, if any.
     pub hgrm: Option<String>,
+    /// The `.hlog` interval log written beside `summary.json`, if any.
+    pub hlog: Option<String>,
 }
 
 /// Writes `hist` as HdrHistogram's `outputPercentileDistribution` does: the header, one

@@ -2,18 +2,26 @@
 //!
 //! `throughput` measures put→deliver, put→ack and settle round trips under a closed or an
 //! open loop; `redelivery` measures how late expired leases come back while the timer
-//! wheel holds many of them. Each prints a summary table, can write `summary.json` and one
-//! `.hgrm` percentile distribution per histogram (`--out DIR`), and checks at the end that
-//! every message put was acked exactly once or is still accounted for; if not, it says so
-//! and exits with status 1.
+//! wheel holds many of them; `sweep` raises the open-loop rate step by step, per shard
+//! count, until put→ack latency breaks an objective, and reports the highest rate that held.
+//! Each prints a summary table and, with `--out DIR`, writes `summary.json`, one `.hgrm`
+//! percentile distribution and one `.hlog` interval log per histogram, and a plot
+//! (`latency.svg`, or `sweep.svg`). Every run checks at the end that every message put was
+//! acked exactly once or is still accounted for; if not, it says so and exits with status 1.
 
 mod cli;
 mod common;
 mod hist;
+mod intervals;
+mod plot;
+mod progress;
 mod redelivery;
 mod report;
+mod sweep;
 mod throughput;
 
+use std::io;
+use std::path::Path;
 use std::process::ExitCode;
 
 use clap::Parser;
@@ -21,46 +29,92 @@ use mimalloc::MiMalloc;
 
 use crate::cli::{Cli, Command, OutputArgs};
 use crate::hist::Recorder;
-use crate::report::Summary;
+use crate::intervals::IntervalLog;
+use crate::report::{Accounting, Summary};
+use crate::sweep::SweepRun;
 
 #[global_allocator]
 static GLOBAL: MiMalloc = MiMalloc;
 
-/// What a subcommand hands back: its summary and its histograms, by file name.
+/// What `throughput` and `redelivery` hand back: the summary, the histograms by file name,
+/// and their interval log when `--out` asked for one.
 pub struct Run {
     pub summary: Summary,
     pub recorders: Vec<(String, Recorder)>,
+    pub intervals: Option<IntervalLog>,
+}
+
+/// What any subcommand hands back.
+enum Outcome {
+    Single(Run),
+    Sweep(SweepRun),
+}
+
+impl Outcome {
+    fn write_out(&mut self, dir: &Path) -> io::Result<()> {
+        match self {
+            Outcome::Single(run) => report::write_out(
+                dir,
+                &mut run.summary,
+                &run.recorders,
+                run.intervals.as_ref(),
+            ),
+            Outcome::Sweep(sweep) => sweep.write_out(dir),
+        }
+    }
+
+    fn table(&self) -> String {
+        match self {
+            Outcome::Single(run) => report::table(&run.summary),
+            Outcome::Sweep(sweep) => sweep.table(),
+        }
+    }
+
+    fn command(&self) -> &str {
+        match self {
+            Outcome::Single(run) => run.summary.command,
+            Outcome::Sweep(sweep) => sweep.summary.command,
+        }
+    }
+
+    fn accounting(&self) -> &Accounting {
+        match self {
+            Outcome::Single(run) => &run.summary.accounting,
+            Outcome::Sweep(sweep) => &sweep.summary.accounting,
+        }
+    }
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let (result, output): (Result<Run, String>, &OutputArgs) = match &cli.command {
-        Command::Throughput(args) => (throughput::run(args), &args.output),
-        Command::Redelivery(args) => (redelivery::run(args), &args.output),
+    let (result, output): (Result<Outcome, String>, &OutputArgs) = match &cli.command {
+        Command::Throughput(args) => (throughput::run(args).map(Outcome::Single), &args.output),
+        Command::Redelivery(args) => (redelivery::run(args).map(Outcome::Single), &args.output),
+        Command::Sweep(args) => (sweep::run(args).map(Outcome::Sweep), &args.output),
     };
-    let mut run = match result {
-        Ok(run) => run,
+    let mut outcome = match result {
+        Ok(outcome) => outcome,
         Err(e) => {
             eprintln!("leasemq-loadgen: {e}");
             return ExitCode::from(2);
         }
     };
     if let Some(dir) = &output.out {
-        if let Err(e) = report::write_out(dir, &mut run.summary, &run.recorders) {
+        if let Err(e) = outcome.write_out(dir) {
             eprintln!("leasemq-loadgen: writing {}: {e}", dir.display());
             return ExitCode::from(2);
         }
     }
     if !output.quiet {
-        print!("{}", report::table(&run.summary));
+        print!("{}", outcome.table());
     }
-    let accounting = &run.summary.accounting;
+    let accounting = outcome.accounting();
     if accounting.ok {
         ExitCode::SUCCESS
     } else {
         eprintln!(
             "leasemq-loadgen: {} FAILED its end-of-run check:",
-            run.summary.command
+            outcome.command()
         );
         for p in &accounting.problems {
             eprintln!("  {p}");

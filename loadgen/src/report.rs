@@ -1,5 +1,6 @@
-//! The results of a run: the summary table on stdout, `summary.json` and the `.hgrm` files,
-//! and the process figures (CPU time, peak RSS) read from `/proc/self`.
+//! The results of a run: the summary table on stdout, `summary.json`, the `.hgrm` and `.hlog`
+//! files and `latency.svg`, and the process figures (CPU time, peak RSS) read from
+//! `/proc/self`.
 
 use std::fmt::Write as _;
 use std::fs;
@@ -9,6 +10,8 @@ use std::path::Path;
 use serde::Serialize;
 
 use crate::hist::{write_hgrm, HistSummary, Recorder, HGRM_SCALE, HGRM_UNIT};
+use crate::intervals::{write_hlogs, IntervalLog};
+use crate::plot;
 
 /// Everything a run reports; `summary.json` is this, serialised.
 #[derive(Debug, Serialize)]
@@ -31,6 +34,8 @@ pub struct Summary {
     pub load_average: Option<[f64; 3]>,
     /// The unit of the values in the `.hgrm` files (summary.json values are nanoseconds).
     pub hgrm_unit: &'static str,
+    /// The plots written beside `summary.json`.
+    pub plots: Vec<String>,
     pub notes: Vec<String>,
 }
 
@@ -287,26 +292,58 @@ pub fn table(s: &Summary) -> String {
     t
 }
 
-/// Writes one `.hgrm` per histogram and `summary.json` into `dir`, naming each file in the
-/// summary.
+/// Writes one `.hgrm` per histogram, their interval logs (`.hlog`) when the run kept them,
+/// `latency.svg` and `summary.json` into `dir`, naming each file in the summary.
 pub fn write_out(
     dir: &Path,
     summary: &mut Summary,
     recorders: &[(String, Recorder)],
+    intervals: Option<&IntervalLog>,
 ) -> io::Result<()> {
     fs::create_dir_all(dir)?;
     for (name, rec) in recorders {
         let file = format!("{name}.hgrm");
-        let mut w = BufWriter::new(fs::File::create(dir.join(&file))?);
-        write_hgrm(rec.histogram(), HGRM_SCALE, &mut w)?;
-        w.flush()?;
+        write_hgrm_file(&dir.join(&file), rec)?;
         if let Some(h) = summary.histograms.iter_mut().find(|h| &h.name == name) {
             h.hgrm = Some(file);
         }
     }
+    if let Some(log) = intervals {
+        for (name, file) in write_hlogs(dir, &[log])? {
+            if let Some(h) = summary.histograms.iter_mut().find(|h| h.name == name) {
+                h.hlog = Some(file);
+            }
+        }
+    }
+    let labelled: Vec<(String, &hdrhistogram::Histogram<u64>)> = recorders
+        .iter()
+        .map(|(name, rec)| {
+            let label = summary
+                .histograms
+                .iter()
+                .find(|h| &h.name == name)
+                .map_or(name.as_str(), |h| h.description.as_str());
+            (label.to_string(), rec.histogram())
+        })
+        .collect();
+    let title = format!("{}: latency by percentile", summary.command);
+    plot::latency(&dir.join("latency.svg"), &title, &labelled).map_err(io::Error::other)?;
+    summary.plots = vec!["latency.svg".to_string()];
     summary.hgrm_unit = HGRM_UNIT;
-    let json = serde_json::to_string_pretty(summary).map_err(io::Error::other)?;
-    fs::write(dir.join("summary.json"), json + "\n")
+    write_json(&dir.join("summary.json"), summary)
+}
+
+/// Writes one histogram's percentile distribution.
+pub fn write_hgrm_file(path: &Path, rec: &Recorder) -> io::Result<()> {
+    let mut w = BufWriter::new(fs::File::create(path)?);
+    write_hgrm(rec.histogram(), HGRM_SCALE, &mut w)?;
+    w.flush()
+}
+
+/// Writes `value` as pretty JSON with a final newline.
+pub fn write_json<T: Serialize>(path: &Path, value: &T) -> io::Result<()> {
+    let json = serde_json::to_string_pretty(value).map_err(io::Error::other)?;
+    fs::write(path, json + "\n")
 }
 
 #[cfg(test)]

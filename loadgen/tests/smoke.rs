@@ -1,13 +1,19 @@
 //! Smoke runs of every subcommand (about a second each): they exit 0, write a summary.json
-//! that parses, with ordered percentiles and nothing lost, and one .hgrm per histogram that
-//! ends with HdrHistogram's footer.
+//! that parses, with ordered percentiles and nothing lost, one .hgrm per histogram that ends
+//! with HdrHistogram's footer, one .hlog interval log per histogram whose intervals add up
+//! to the summary's counts, and a well-formed SVG plot.
 
+use std::collections::HashMap;
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::Mutex;
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use base64::Engine as _;
+use hdrhistogram::serialization::interval_log::{IntervalLogIterator, LogEntry};
+use hdrhistogram::serialization::Deserializer;
+use hdrhistogram::Histogram;
 use serde_json::Value;
 
 const BIN: &str = env!("CARGO_BIN_EXE_leasemq-loadgen");
@@ -67,7 +73,7 @@ fn run_and_check(name: &str, args: &[&str]) -> Value {
     if args.contains(&"--quiet") {
         assert!(stdout.is_empty(), "--quiet printed:\n{stdout}");
     } else {
-        assert!(stdout.contains("accounting: put"), "no table:\n{stdout}");
+        assert!(stdout.contains("accounting"), "no table:\n{stdout}");
         assert!(stdout.contains(": OK"), "not OK:\n{stdout}");
     }
 
@@ -81,19 +87,96 @@ fn run_and_check(name: &str, args: &[&str]) -> Value {
     assert!(put > 0, "nothing was put");
     assert_eq!(accounting["acked"].as_u64(), Some(put), "{accounting}");
 
-    let hists = summary["histograms"].as_array().expect("histograms");
-    assert!(!hists.is_empty());
-    for h in hists {
-        let v = |k: &str| h[k].as_u64().unwrap_or_else(|| panic!("{k} in {h}"));
-        let ordered = [v("min"), v("p50"), v("p90"), v("p99"), v("p99_9"), v("max")];
-        assert!(
-            ordered.windows(2).all(|w| w[0] <= w[1]),
-            "percentiles out of order: {h}"
-        );
-        let file = h["hgrm"].as_str().expect("hgrm file named");
-        check_hgrm(&dir.0.join(file), v("count"));
+    // A sweep reports histograms per step, and tags each step's intervals in the .hlog.
+    let sets: Vec<(Option<String>, &Value)> = match summary["steps"].as_array() {
+        Some(steps) => steps
+            .iter()
+            .map(|s| {
+                (
+                    Some(s["tag"].as_str().expect("tag").to_string()),
+                    &s["histograms"],
+                )
+            })
+            .collect(),
+        None => vec![(None, &summary["histograms"])],
+    };
+    let mut hlogs: HashMap<String, HashMap<Option<String>, u64>> = HashMap::new();
+    for (tag, hists) in sets {
+        let hists = hists.as_array().expect("histograms");
+        assert!(!hists.is_empty());
+        for h in hists {
+            let v = |k: &str| h[k].as_u64().unwrap_or_else(|| panic!("{k} in {h}"));
+            let ordered = [v("min"), v("p50"), v("p90"), v("p99"), v("p99_9"), v("max")];
+            assert!(
+                ordered.windows(2).all(|w| w[0] <= w[1]),
+                "percentiles out of order: {h}"
+            );
+            let file = h["hgrm"].as_str().expect("hgrm file named");
+            check_hgrm(&dir.0.join(file), v("count"));
+            let log = h["hlog"].as_str().expect("hlog file named").to_string();
+            let counts = hlogs
+                .entry(log.clone())
+                .or_insert_with(|| hlog_counts(&dir.0.join(&log)));
+            assert_eq!(
+                counts.get(&tag).copied().unwrap_or(0),
+                v("count"),
+                "{log}, tag {tag:?}: the intervals do not add up to the summary's count"
+            );
+        }
+    }
+    for plot in summary["plots"].as_array().expect("plots") {
+        check_svg(&dir.0.join(plot.as_str().expect("plot file")));
     }
     summary
+}
+
+/// Reads an interval log back with HdrHistogram's own parser: the values of every interval,
+/// added up by tag. Interval start times never go backwards.
+fn hlog_counts(path: &Path) -> HashMap<Option<String>, u64> {
+    let bytes = fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let mut counts = HashMap::new();
+    let mut last_start = std::time::Duration::ZERO;
+    let mut intervals = 0;
+    for entry in IntervalLogIterator::new(&bytes) {
+        let LogEntry::Interval(i) = entry.expect("the interval log parses") else {
+            continue;
+        };
+        let encoded = base64::engine::general_purpose::STANDARD
+            .decode(i.encoded_histogram())
+            .expect("an interval is base64");
+        let hist: Histogram<u64> = Deserializer::new()
+            .deserialize(&mut &encoded[..])
+            .expect("an interval is an HdrHistogram");
+        assert!(i.start_timestamp() >= last_start, "{}", path.display());
+        last_start = i.start_timestamp();
+        *counts
+            .entry(i.tag().map(|t| t.as_str().to_string()))
+            .or_insert(0) += hist.len();
+        intervals += 1;
+    }
+    assert!(intervals > 0, "{}: no intervals", path.display());
+    counts
+}
+
+/// An SVG document with at least one line drawn in it.
+fn check_svg(path: &Path) {
+    let body = fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let head = body.trim_start();
+    assert!(
+        head.starts_with("<svg") || head.starts_with("<?xml"),
+        "{}: not SVG",
+        path.display()
+    );
+    assert!(
+        body.trim_end().ends_with("</svg>"),
+        "{}: unterminated",
+        path.display()
+    );
+    assert!(
+        body.contains("<polyline") || body.contains("<path"),
+        "{}: no line drawn",
+        path.display()
+    );
 }
 
 /// The .hgrm ends with the three footer lines and its total count matches.
@@ -216,4 +299,78 @@ fn bad_flags_exit_non_zero_with_a_message() {
     let output = run(&["throughput", "--duration", "5"]);
     assert!(!output.status.success());
     assert!(text(&output.stderr).contains("no unit"));
+}
+
+#[test]
+fn sweep_two_small_steps() {
+    let s = run_and_check(
+        "sweep",
+        &[
+            "sweep",
+            "--shards",
+            "1,2",
+            "--start-rate",
+            "5k",
+            "--max-steps",
+            "1",
+            "--step-duration",
+            "300ms",
+            "--step-warmup",
+            "100ms",
+            "--slo",
+            "p99=1s",
+            "--slo",
+            "p99.9=2s",
+            "--max-shortfall",
+            "0.5",
+        ],
+    );
+    assert_eq!(s["command"], "sweep");
+    let steps = s["steps"].as_array().expect("steps");
+    assert_eq!(steps.len(), 2, "one step per shard count");
+    for (step, shards) in steps.iter().zip([1, 2]) {
+        assert_eq!(step["shards"], shards);
+        assert_eq!(step["offered_rate"], 5000);
+        assert_eq!(step["held"], true, "{step}");
+        assert_eq!(step["slos"].as_array().unwrap().len(), 2);
+        let achieved = step["achieved_rate"].as_f64().unwrap();
+        assert!(achieved > 2500.0, "{step}");
+    }
+    let found = s["max_sustainable"].as_array().expect("max_sustainable");
+    assert_eq!(found.len(), 2);
+    for m in found {
+        assert_eq!(m["max_sustainable_rate"], 5000, "{m}");
+        assert_eq!(m["first_broken_rate"], Value::Null, "{m}");
+    }
+}
+
+#[test]
+fn sweep_stops_at_the_first_step_that_breaks() {
+    let s = run_and_check(
+        "sweep-break",
+        &[
+            "sweep",
+            "--shards",
+            "1",
+            "--start-rate",
+            "5k",
+            "--step-duration",
+            "200ms",
+            "--step-warmup",
+            "50ms",
+            "--slo",
+            "p99=1us",
+            "--quiet",
+        ],
+    );
+    let steps = s["steps"].as_array().expect("steps");
+    assert_eq!(
+        steps.len(),
+        1,
+        "a break at the first step leaves nothing to bisect"
+    );
+    assert_eq!(steps[0]["held"], false);
+    assert!(steps[0]["broke"][0].as_str().unwrap().starts_with("p99 "));
+    assert_eq!(s["max_sustainable"][0]["max_sustainable_rate"], Value::Null);
+    assert_eq!(s["max_sustainable"][0]["first_broken_rate"], 5000);
 }

@@ -10,7 +10,7 @@ use std::time::Duration;
 use leasemq_engine::Settle;
 
 use crate::op::{Handle, IdSpec, MsgSpec, Op};
-use crate::rng::Rng;
+use crate::rng::{Rng, Source};
 use crate::setup::{BAD_NAME, CONFIGS, CONSUMER_NAMES, NAMES};
 use crate::world::World;
 
@@ -55,25 +55,19 @@ const KINDS: [Kind; 16] = [
 /// The base mix, in the order of [`KINDS`].
 const BASE: [u32; 16] = [3, 24, 3, 4, 14, 16, 3, 2, 2, 1, 2, 1, 1, 9, 4, 2];
 
-pub(crate) struct Generator {
-    rng: Rng,
+/// The seed's mix: how often each kind of op comes, and how the consumers behave.
+struct Mix {
     weights: [u32; 16],
     /// Percent of consumers that never settle: their leases run out.
     silent_percent: u64,
     /// Whether time mostly moves a few ticks at a time, so that consumers settle in time.
     calm: bool,
-    /// Per consumer (by ledger number): whether it is silent, drawn when first seen.
-    silent: Vec<bool>,
-    next_id: u32,
-    recent_ids: Vec<u32>,
 }
 
-fn ms(n: u64) -> Duration {
-    Duration::from_millis(n)
-}
-
-impl Generator {
-    pub fn new(seed: u64) -> Generator {
+impl Mix {
+    /// Draws the mix from `seed`, and returns it with the generator that drew it, which a
+    /// seeded run goes on drawing its ops from.
+    fn from_seed(seed: u64) -> (Mix, Rng) {
         let mut rng = Rng::new(seed ^ 0x6e6e_0000_0000_0002);
         let mut weights = BASE;
         for (i, w) in weights.iter_mut().enumerate() {
@@ -89,15 +83,60 @@ impl Generator {
         }
         let silent_percent = rng.pick(&[0, 10, 30, 60]);
         let calm = rng.percent(50);
-        Generator {
-            rng,
+        let mix = Mix {
             weights,
             silent_percent,
             calm,
+        };
+        (mix, rng)
+    }
+}
+
+/// Draws ops from a [`Source`]: a seeded [`Rng`], or a fuzzer's bytes (`crate::fuzz`).
+pub(crate) struct Generator<R = Rng> {
+    rng: R,
+    weights: [u32; 16],
+    silent_percent: u64,
+    calm: bool,
+    /// Per consumer (by ledger number): whether it is silent, drawn when first seen.
+    silent: Vec<bool>,
+    next_id: u32,
+    recent_ids: Vec<u32>,
+}
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+impl Generator {
+    /// The seed's mix, then every op drawn from the seed.
+    pub fn new(seed: u64) -> Generator {
+        let (mix, rng) = Mix::from_seed(seed);
+        Generator::with_mix(mix, rng)
+    }
+}
+
+impl<R: Source> Generator<R> {
+    /// The seed's mix, with every choice of every op taken from `source` instead.
+    pub fn with_source(seed: u64, source: R) -> Generator<R> {
+        Generator::with_mix(Mix::from_seed(seed).0, source)
+    }
+
+    fn with_mix(mix: Mix, rng: R) -> Generator<R> {
+        Generator {
+            rng,
+            weights: mix.weights,
+            silent_percent: mix.silent_percent,
+            calm: mix.calm,
             silent: Vec::new(),
             next_id: 0,
             recent_ids: Vec::new(),
         }
+    }
+
+    /// Where the choices come from.
+    pub fn source(&self) -> &R {
+        &self.rng
     }
 
     pub fn next(&mut self, world: &World) -> Op {

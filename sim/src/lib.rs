@@ -74,6 +74,7 @@
 
 mod client;
 mod fault;
+pub mod fuzz;
 mod gen;
 mod ledger;
 mod op;

@@ -2,6 +2,10 @@
 //!
 //! Fast, one `u64` of state, and the same stream on every platform, which is all a
 //! simulation needs: a seed must replay exactly.
+//!
+//! [`Source`] is what the workload generator draws from: this generator, or the bytes of a
+//! fuzzer's input. `Rng`'s own methods hand over to it, so code holding an `Rng` needs no
+//! trait in scope and a seed draws exactly what it always drew.
 
 /// splitmix64.
 #[derive(Clone, Debug)]
@@ -29,32 +33,80 @@ impl Rng {
 
     /// An index in `0..n`.
     pub fn index(&mut self, n: usize) -> usize {
-        self.below(n as u64) as usize
+        Source::index(self, n)
     }
 
     /// In `lo..=hi`.
     pub fn range(&mut self, lo: u64, hi: u64) -> u64 {
-        debug_assert!(lo <= hi);
-        lo + self.below(hi - lo + 1)
+        Source::range(self, lo, hi)
     }
 
     /// True with probability `1 / n`.
     pub fn one_in(&mut self, n: u64) -> bool {
-        self.below(n) == 0
+        Source::one_in(self, n)
     }
 
     /// True with probability `percent / 100`.
     pub fn percent(&mut self, percent: u64) -> bool {
-        self.below(100) < percent
+        Source::percent(self, percent)
     }
 
     pub fn pick<T: Copy>(&mut self, xs: &[T]) -> T {
-        xs[self.index(xs.len())]
+        Source::pick(self, xs)
     }
 
     /// An index into `weights`, each drawn in proportion to its weight; at least one weight
     /// must be positive.
     pub fn weighted(&mut self, weights: &[u32]) -> usize {
+        Source::weighted(self, weights)
+    }
+
+    /// Shuffles `xs` in place (Fisher–Yates).
+    pub fn shuffle<T>(&mut self, xs: &mut [T]) {
+        for i in (1..xs.len()).rev() {
+            let j = self.index(i + 1);
+            xs.swap(i, j);
+        }
+    }
+}
+
+/// Where the workload generator's choices come from: a seeded [`Rng`], or the bytes of a
+/// fuzzer's input (`crate::fuzz`). Only `next_u64` and `below` differ between the two; every
+/// other choice is made from `below`, the same way for both.
+pub trait Source {
+    fn next_u64(&mut self) -> u64;
+
+    /// In `0..n`; `n` must not be zero.
+    fn below(&mut self, n: u64) -> u64;
+
+    /// An index in `0..n`.
+    fn index(&mut self, n: usize) -> usize {
+        self.below(n as u64) as usize
+    }
+
+    /// In `lo..=hi`.
+    fn range(&mut self, lo: u64, hi: u64) -> u64 {
+        debug_assert!(lo <= hi);
+        lo + self.below(hi - lo + 1)
+    }
+
+    /// True with probability `1 / n`.
+    fn one_in(&mut self, n: u64) -> bool {
+        self.below(n) == 0
+    }
+
+    /// True with probability `percent / 100`.
+    fn percent(&mut self, percent: u64) -> bool {
+        self.below(100) < percent
+    }
+
+    fn pick<T: Copy>(&mut self, xs: &[T]) -> T {
+        xs[self.index(xs.len())]
+    }
+
+    /// An index into `weights`, each drawn in proportion to its weight; at least one weight
+    /// must be positive.
+    fn weighted(&mut self, weights: &[u32]) -> usize {
         let total: u64 = weights.iter().map(|&w| u64::from(w)).sum();
         let mut x = self.below(total);
         for (i, &w) in weights.iter().enumerate() {
@@ -65,13 +117,15 @@ impl Rng {
         }
         unreachable!("x < total")
     }
+}
 
-    /// Shuffles `xs` in place (Fisher–Yates).
-    pub fn shuffle<T>(&mut self, xs: &mut [T]) {
-        for i in (1..xs.len()).rev() {
-            let j = self.index(i + 1);
-            xs.swap(i, j);
-        }
+impl Source for Rng {
+    fn next_u64(&mut self) -> u64 {
+        Rng::next_u64(self)
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        Rng::below(self, n)
     }
 }
 

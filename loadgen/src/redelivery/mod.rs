@@ -18,14 +18,16 @@
 //! early and recorded as 0, and one earlier than that would break the contract and fails
 //! the run.
 
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use leasemq::{Broker, ConsumerConfig, QueueConfig};
 use serde_json::json;
 
 use crate::cli::{format_duration, RedeliveryArgs};
 use crate::common::{broker_error, nanos, queue_names};
-use crate::hist::HGRM_UNIT;
+use crate::hist::{Recorder, HGRM_UNIT};
+use crate::intervals::{Differ, IntervalClock, IntervalLog};
+use crate::progress::Progress;
 use crate::report::{
     load_average, status_kib, thousands, Accounting, CpuSample, Detail, ProcessStats, Rate, Summary,
 };
@@ -33,7 +35,7 @@ use crate::Run;
 
 mod driver;
 
-use driver::Driver;
+use driver::{Driver, Tally};
 
 /// The most prefetch one consumer may have.
 const MAX_PREFETCH: u64 = 65_535;
@@ -44,6 +46,46 @@ const AUTO_TIMEOUT_FLOOR: Duration = Duration::from_millis(200);
 const AUTO_DURATION_FLOOR: Duration = Duration::from_secs(3);
 /// How long the drain at the end may take beyond one ack_timeout.
 const DRAIN_LIMIT: Duration = Duration::from_secs(10);
+/// The histograms, in the order of the summary and of the interval log's slots.
+const HISTOGRAMS: [(&str, &str); 6] = [
+    ("lateness", "redelivery lateness"),
+    ("touch_rtt", "touch round trip"),
+    ("ack_rtt", "ack round trip"),
+    ("touch_batch_rtt", "touch batch round trip"),
+    ("ack_batch_rtt", "ack batch round trip"),
+    ("put_batch_rtt", "put batch round trip"),
+];
+
+/// The driver's histograms, in the order of [`HISTOGRAMS`].
+fn recorders(t: &Tally) -> [&Recorder; 6] {
+    [
+        &t.lateness,
+        &t.touch,
+        &t.ack,
+        &t.touch_batch,
+        &t.ack_batch,
+        &t.put_batch,
+    ]
+}
+
+/// The interval log of the measured window and the drain, taken from the driver's
+/// whole-run histograms by difference between turns.
+struct Intervals {
+    differ: Differ,
+    log: IntervalLog,
+}
+
+impl Intervals {
+    /// Between two turns of the driver.
+    fn between_turns(this: &mut Option<Intervals>, d: &Driver) {
+        if let Some(i) = this {
+            let now = d.clock.now_ns();
+            if i.differ.due(now) {
+                i.differ.take(now, &recorders(&d.t), &mut i.log);
+            }
+        }
+    }
+}
 
 pub fn run(args: &RedeliveryArgs) -> Result<Run, String> {
     if args.leases == 0 {
@@ -94,11 +136,23 @@ pub fn run(args: &RedeliveryArgs) -> Result<Run, String> {
         args.settle_batch as usize,
     );
 
+    // The wall-clock time of the driver's clock's 0, for the interval log's timestamps.
+    let epoch = SystemTime::now() - Duration::from_nanos(d.clock.now_ns());
+    let progress = Progress::new(duration, args.output.quiet);
+
     // Fill, then measure for the duration.
     let mut cpu = CpuSample::default();
     let mut rss_filled = 0;
     let mut bookkeeping = 0;
     while d.filled_ns.is_none() && d.problems.is_empty() {
+        let out = d.t.put - d.t.acked;
+        progress.update("filling", Duration::ZERO, duration, || {
+            format!(
+                ", {} of {} leases out",
+                thousands(out),
+                thousands(args.leases)
+            )
+        });
         d.turn();
         if d.overwhelmed() {
             broker.shutdown();
@@ -112,8 +166,19 @@ pub fn run(args: &RedeliveryArgs) -> Result<Run, String> {
     }
     let filled_ns = d.filled_ns.unwrap_or(0);
     d.end_ns = filled_ns + nanos(duration);
+    let mut intervals = args.output.out.as_ref().map(|_| {
+        let clock = IntervalClock::new(filled_ns, args.output.hlog_interval);
+        let names = HISTOGRAMS.map(|h| h.0);
+        Intervals {
+            differ: Differ::new(clock, names.len()),
+            log: IntervalLog::new(&names, epoch, clock, duration),
+        }
+    });
     while d.clock.now_ns() < d.end_ns && d.problems.is_empty() {
+        let elapsed = Duration::from_nanos(d.clock.now_ns().saturating_sub(filled_ns));
+        progress.update("measuring", elapsed, duration, String::new);
         d.turn();
+        Intervals::between_turns(&mut intervals, &d);
         if d.overwhelmed() {
             broker.shutdown();
             return Err(overwhelmed(args.leases, ack_timeout, d.clock.now_ns()));
@@ -135,7 +200,19 @@ pub fn run(args: &RedeliveryArgs) -> Result<Run, String> {
             ));
             break;
         }
+        let left = d.t.put - d.t.acked;
+        progress.update("draining", duration, duration, || {
+            format!(", {} message(s) to ack", thousands(left))
+        });
         d.turn();
+        Intervals::between_turns(&mut intervals, &d);
+    }
+    progress.finish();
+    // The last interval: everything recorded since the last boundary.
+    if let Some(i) = &mut intervals {
+        let now = d.clock.now_ns();
+        i.differ.take(now, &recorders(&d.t), &mut i.log);
+        i.log.close(now);
     }
     let stats = queue.stats();
     drop(d.consumers);
@@ -243,15 +320,11 @@ pub fn run(args: &RedeliveryArgs) -> Result<Run, String> {
             rate("touched", t.w_touched),
             rate("redelivered", t.w_redelivered),
         ],
-        histograms: vec![
-            t.lateness.summary("lateness", "redelivery lateness"),
-            t.touch.summary("touch_rtt", "touch round trip"),
-            t.ack.summary("ack_rtt", "ack round trip"),
-            t.touch_batch
-                .summary("touch_batch_rtt", "touch batch round trip"),
-            t.ack_batch.summary("ack_batch_rtt", "ack batch round trip"),
-            t.put_batch.summary("put_batch_rtt", "put batch round trip"),
-        ],
+        histograms: HISTOGRAMS
+            .iter()
+            .zip(recorders(&t))
+            .map(|(&(name, description), r)| r.summary(name, description))
+            .collect(),
         details: vec![
             Detail::new("fill time (s)", (filled_ns as f64 / 1e6).round() / 1e3),
             Detail::new("first deliveries left to expire", t.planned),
@@ -280,18 +353,17 @@ pub fn run(args: &RedeliveryArgs) -> Result<Run, String> {
         process,
         load_average: load_average(),
         hgrm_unit: HGRM_UNIT,
+        plots: Vec::new(),
         notes,
     };
     Ok(Run {
         summary,
-        recorders: vec![
-            ("lateness".into(), t.lateness),
-            ("touch_rtt".into(), t.touch),
-            ("ack_rtt".into(), t.ack),
-            ("touch_batch_rtt".into(), t.touch_batch),
-            ("ack_batch_rtt".into(), t.ack_batch),
-            ("put_batch_rtt".into(), t.put_batch),
-        ],
+        recorders: HISTOGRAMS
+            .iter()
+            .zip(recorders(&t))
+            .map(|(h, r)| (h.0.to_string(), r.clone()))
+            .collect(),
+        intervals: intervals.map(|i| i.log),
     })
 }
 

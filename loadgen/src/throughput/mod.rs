@@ -7,304 +7,145 @@
 //! its own per-thread histogram, merged at the end. Only messages sent in the measured
 //! window (after the warm-up) are recorded. At the end every producer's sequence numbers
 //! are checked off against the consumers' ledgers and the queues' stats.
+//!
+//! One run is one [`step::Step`]; `sweep` runs many.
 
-use std::sync::Arc;
-use std::thread;
-use std::time::Duration;
-
-use leasemq::{Broker, Consumer, ConsumerConfig, Queue, QueueConfig, QueueStats};
 use serde_json::json;
 
-use crate::cli::{format_duration, Api, ThroughputArgs};
-use crate::common::{add_stats, broker_error, nanos, queue_names, Clock};
+use crate::cli::{format_duration, Api, ThroughputArgs, WorkloadArgs};
 use crate::hist::HGRM_UNIT;
-use crate::report::{load_average, Accounting, CpuSample, Detail, ProcessStats, Rate, Summary};
+use crate::progress::Progress;
+use crate::report::{load_average, Detail, Rate, Summary};
 use crate::Run;
 
+pub mod step;
 mod workers;
 
-use workers::{consume, produce, ConsumerResult, Plan, Shared};
-
-/// Long enough that no lease runs out during a run: every ack is expected to succeed.
-const ACK_TIMEOUT: Duration = Duration::from_secs(600);
-/// Closed loop: the least bound on messages in flight (a smaller one starves the shards of
-/// work while producers wait, and 64 Ki small messages cost little memory).
-const CLOSED_LOOP_IN_FLIGHT: u64 = 65_536;
-/// Open loop: the most messages in flight before producers wait (their lateness counts).
-const OPEN_LOOP_IN_FLIGHT: u64 = 1_000_000;
+use step::{run_step, Step, StepOutcome, ACK_TIMEOUT, HISTOGRAMS};
 
 pub fn run(args: &ThroughputArgs) -> Result<Run, String> {
-    if args.queues > args.consumers {
-        return Err(format!(
-            "every queue needs a consumer: --queues {} is more than --consumers {}",
-            args.queues, args.consumers
-        ));
-    }
-    if args.duration.is_zero() {
-        return Err("--duration must be more than zero".into());
-    }
-    if args.rate == Some(0) {
-        return Err("--rate must be more than zero".into());
-    }
-    let (producers, consumers, queues) = (
-        args.producers as usize,
-        args.consumers as usize,
-        args.queues as usize,
-    );
-    let batched = args.api == Api::Batched;
-    let put_batch = if batched { args.put_batch as usize } else { 1 };
-    let max_in_flight = match (args.max_in_flight, args.rate) {
-        (0, None) => (2 * u64::from(args.prefetch) * consumers as u64
-            + (put_batch * producers) as u64)
-            .max(CLOSED_LOOP_IN_FLIGHT),
-        (0, Some(_)) => OPEN_LOOP_IN_FLIGHT,
-        (n, _) => n,
-    };
-    let warm_ns = nanos(args.warmup);
-    let plan = Plan {
-        api: args.api,
-        producers: producers as u64,
-        body_bytes: args.body_bytes as usize,
-        put_batch,
-        settle_batch: args.settle_batch as usize,
-        warm_ns,
-        end_ns: warm_ns + nanos(args.duration),
-        interval_ns: args.rate.map(|r| 1e9 * producers as f64 / r as f64),
-        linger_ns: if batched { nanos(args.linger) } else { 0 },
-        max_in_flight,
-    };
+    let w = &args.workload;
+    step::validate(w, args.rate, args.duration)?;
+    let progress = Progress::new(args.warmup + args.duration, args.output.quiet);
+    let out = run_step(
+        &Step {
+            workload: w,
+            shards: args.shards,
+            rate: args.rate,
+            warmup: args.warmup,
+            duration: args.duration,
+            hlog_interval: args.output.out.as_ref().map(|_| args.output.hlog_interval),
+        },
+        &progress,
+    )?;
+    progress.finish();
+    Ok(summarise(args, out))
+}
 
-    let broker = Broker::builder()
-        .shards(args.shards as usize)
-        .build()
-        .map_err(|e| broker_error("starting the broker", e))?;
-    let config = QueueConfig {
-        ack_timeout: ACK_TIMEOUT,
-        max_body_bytes: (args.body_bytes as usize).max(1024 * 1024),
-        ..QueueConfig::default()
-    };
-    let mut qs: Vec<Queue> = Vec::with_capacity(queues);
-    for name in queue_names("throughput", queues, args.shards as usize) {
-        qs.push(
-            broker
-                .declare_queue(&name, config.clone())
-                .map_err(|e| broker_error("declaring a queue", e))?,
-        );
-    }
-    let mut cs: Vec<Consumer> = Vec::with_capacity(consumers);
-    for i in 0..consumers {
-        let consumer_config = ConsumerConfig {
-            prefetch: args.prefetch,
-        };
-        cs.push(
-            qs[i % queues]
-                .consume(&format!("consumer-{i}"), consumer_config)
-                .map_err(|e| broker_error("registering a consumer", e))?,
-        );
-    }
-
-    let shared = Arc::new(Shared::default());
-    let clock = Clock::start();
-    let consumer_threads: Vec<_> = cs
-        .into_iter()
-        .enumerate()
-        .map(|(i, c)| {
-            let (plan, shared) = (plan.clone(), shared.clone());
-            thread::Builder::new()
-                .name(format!("consumer-{i}"))
-                .spawn(move || consume(c, &plan, clock, &shared))
-                .expect("spawn a consumer thread")
-        })
-        .collect();
-    let producer_threads: Vec<_> = (0..producers)
-        .map(|j| {
-            let (plan, shared) = (plan.clone(), shared.clone());
-            let mine: Vec<Queue> = (0..queues).map(|k| qs[(j + k) % queues].clone()).collect();
-            thread::Builder::new()
-                .name(format!("producer-{j}"))
-                .spawn(move || produce(j as u64, &mine, &plan, clock, &shared))
-                .expect("spawn a producer thread")
-        })
-        .collect();
-
-    clock.wait_until(plan.warm_ns);
-    let cpu = CpuSample::now();
-    clock.wait_until(plan.end_ns);
-    let seconds = args.duration.as_secs_f64();
-    let mut process = ProcessStats::default();
-    // CPU is taken over the window; the messages are filled in below.
-    let cpu_end = CpuSample::now();
-
-    let mut put = 0u64;
-    let mut put_per_producer = Vec::with_capacity(producers);
-    let mut put_in_window = 0u64;
-    let mut problems = Vec::new();
-    for t in producer_threads {
-        let r = t
-            .join()
-            .map_err(|_| "a producer thread panicked".to_string())?;
-        put += r.put;
-        put_per_producer.push(r.put);
-        put_in_window += r.put_in_window;
-        problems.extend(r.problem);
-    }
-    let mut total = ConsumerResult::default();
-    for t in consumer_threads {
-        let r = t
-            .join()
-            .map_err(|_| "a consumer thread panicked".to_string())?;
-        total.deliver.merge(&r.deliver);
-        total.ack.merge(&r.ack);
-        total.settle.merge(&r.settle);
-        total.ledger.merge(&r.ledger);
-        total.acked += r.acked;
-        total.acked_in_window += r.acked_in_window;
-        total.delivered_in_window += r.delivered_in_window;
-        total.settle_calls += r.settle_calls;
-        total.redelivered += r.redelivered;
-        problems.extend(r.problems);
-    }
-
-    let mut stats = QueueStats::default();
-    for q in &qs {
-        add_stats(&mut stats, &q.stats());
-    }
-    broker.shutdown();
-
-    let mut accounting = Accounting {
-        put,
-        redelivered: total.redelivered,
-        expired: stats.expired,
-        stale: stats.stale,
-        still_queued: (stats.ready + stats.delayed + stats.leased) as u64,
-        dead_lettered: stats.dead_lettered,
-        dropped: stats.dropped,
-        double_acked: total.ledger.doubles,
-        problems,
-        ..Accounting::default()
-    };
-    let mut never_put = 0;
-    for (p, &n) in put_per_producer.iter().enumerate() {
-        let (missing, beyond) = total.ledger.check(p, n);
-        accounting.acked += n - missing;
-        never_put += beyond;
-    }
-    if never_put > 0 {
-        accounting
-            .problems
-            .push(format!("{never_put} acked message(s) were never put"));
-    }
-    if stats.enqueued != put {
-        accounting.problems.push(format!(
-            "the queues enqueued {} messages but the producers put {put}",
-            stats.enqueued
-        ));
-    }
-    if stats.acked != total.acked {
-        accounting.problems.push(format!(
-            "the queues counted {} acks but the consumers saw {} succeed",
-            stats.acked, total.acked
-        ));
-    }
-    accounting.conclude();
-
-    process.cpu_user_s = cpu_end.user_s - cpu.user_s;
-    process.cpu_sys_s = cpu_end.sys_s - cpu.sys_s;
-    process.cpu_s = process.cpu_user_s + process.cpu_sys_s;
-    process.cores_busy = process.cpu_s / seconds;
-    process.cpu_ns_per_message =
-        (total.acked_in_window > 0).then(|| process.cpu_s * 1e9 / total.acked_in_window as f64);
-    process.peak_rss_bytes = crate::report::status_kib("VmHWM").map(|k| k * 1024);
-
-    let loop_text = match args.rate {
-        Some(r) if batched => format!(
-            "open loop at {r} messages/s (linger {}), latency from intended send time",
-            format_duration(args.linger)
-        ),
-        Some(r) => format!("open loop at {r} messages/s, latency from intended send time"),
-        None => format!("closed loop, at most {max_in_flight} in flight"),
-    };
-    let api_text = if batched {
+/// "1 producer(s), 1 consumer(s), 1 queue(s); 16-byte bodies; batched API (…)".
+pub fn workload_text(w: &WorkloadArgs) -> String {
+    let api_text = if w.api == Api::Batched {
         format!(
             "batched API (put batch {}, settle batch {}, prefetch {})",
-            args.put_batch, args.settle_batch, args.prefetch
+            w.put_batch, w.settle_batch, w.prefetch
         )
     } else {
-        format!("per-message API (prefetch {})", args.prefetch)
+        format!("per-message API (prefetch {})", w.prefetch)
+    };
+    format!(
+        "{} producer(s), {} consumer(s), {} queue(s); {}-byte bodies; {api_text}",
+        w.producers, w.consumers, w.queues, w.body_bytes
+    )
+}
+
+/// The workload's flags, for `summary.json`.
+pub fn workload_json(w: &WorkloadArgs) -> serde_json::Value {
+    json!({
+        "producers": w.producers, "consumers": w.consumers, "queues": w.queues,
+        "body_bytes": w.body_bytes, "prefetch": w.prefetch,
+        "put_batch": w.put_batch, "settle_batch": w.settle_batch,
+        "api": w.api.name(), "linger_s": w.linger.as_secs_f64(),
+        "ack_timeout_s": ACK_TIMEOUT.as_secs_f64(),
+    })
+}
+
+fn summarise(args: &ThroughputArgs, out: StepOutcome) -> Run {
+    let w = &args.workload;
+    let seconds = args.duration.as_secs_f64();
+    let loop_text = match args.rate {
+        Some(r) if w.api == Api::Batched => format!(
+            "open loop at {r} messages/s (linger {}), latency from intended send time",
+            format_duration(w.linger)
+        ),
+        Some(r) => format!("open loop at {r} messages/s, latency from intended send time"),
+        None => format!("closed loop, at most {} in flight", out.max_in_flight),
     };
     let title = format!(
-        "{producers} producer(s), {consumers} consumer(s), {queues} queue(s) on {} shard(s); \
-         {}-byte bodies; {api_text}; {loop_text}; {} measured after {} warm-up",
+        "{} on {} shard(s); {loop_text}; {} measured after {} warm-up",
+        workload_text(w),
         args.shards,
-        args.body_bytes,
         format_duration(args.duration),
         format_duration(args.warmup)
     );
     let mut notes = Vec::new();
     if let Some(r) = args.rate {
-        let achieved = put_in_window as f64 / seconds;
+        let achieved = out.put_in_window as f64 / seconds;
         if achieved < 0.95 * r as f64 {
             notes.push(format!(
                 "the open loop put only {achieved:.0} messages/s of the {r} asked for"
             ));
         }
     }
+    let mut config = workload_json(w);
+    config["shards"] = json!(args.shards);
+    config["duration_s"] = json!(seconds);
+    config["warmup_s"] = json!(args.warmup.as_secs_f64());
+    config["rate"] = json!(args.rate);
+    config["max_in_flight"] = json!(out.max_in_flight);
+    let rate = |name: &str, total: u64| Rate {
+        name: name.into(),
+        per_second: total as f64 / seconds,
+        total,
+    };
+    let recorders = [out.deliver, out.ack, out.settle];
     let summary = Summary {
         tool: "leasemq-loadgen",
         version: env!("CARGO_PKG_VERSION"),
         command: "throughput",
         title,
-        config: json!({
-            "producers": producers, "consumers": consumers, "queues": queues,
-            "shards": args.shards, "body_bytes": args.body_bytes, "prefetch": args.prefetch,
-            "put_batch": args.put_batch, "settle_batch": args.settle_batch,
-            "api": args.api.name(), "duration_s": args.duration.as_secs_f64(),
-            "warmup_s": args.warmup.as_secs_f64(), "rate": args.rate,
-            "linger_s": args.linger.as_secs_f64(),
-            "max_in_flight": max_in_flight, "ack_timeout_s": ACK_TIMEOUT.as_secs_f64(),
-        }),
+        config,
         measured_seconds: seconds,
         rates: vec![
-            Rate {
-                name: "put".into(),
-                per_second: put_in_window as f64 / seconds,
-                total: put_in_window,
-            },
-            Rate {
-                name: "delivered".into(),
-                per_second: total.delivered_in_window as f64 / seconds,
-                total: total.delivered_in_window,
-            },
-            Rate {
-                name: "acked".into(),
-                per_second: total.acked_in_window as f64 / seconds,
-                total: total.acked_in_window,
-            },
+            rate("put", out.put_in_window),
+            rate("delivered", out.delivered_in_window),
+            rate("acked", out.acked_in_window),
         ],
-        histograms: vec![
-            total.deliver.summary("put_to_deliver", "put→deliver"),
-            total.ack.summary("put_to_ack", "put→ack"),
-            total.settle.summary("settle_rtt", "settle round trip"),
-        ],
+        histograms: HISTOGRAMS
+            .iter()
+            .zip(&recorders)
+            .map(|(&(name, description), r)| r.summary(name, description))
+            .collect(),
         details: vec![
-            Detail::new("settle calls", total.settle_calls),
+            Detail::new("settle calls", out.settle_calls),
             Detail::new(
                 "messages per settle call",
-                (total.acked as f64 / total.settle_calls.max(1) as f64 * 10.0).round() / 10.0,
+                (out.acked as f64 / out.settle_calls.max(1) as f64 * 10.0).round() / 10.0,
             ),
         ],
-        accounting,
-        process,
+        accounting: out.accounting,
+        process: out.process,
         load_average: load_average(),
         hgrm_unit: HGRM_UNIT,
+        plots: Vec::new(),
         notes,
     };
-    Ok(Run {
+    Run {
         summary,
-        recorders: vec![
-            ("put_to_deliver".into(), total.deliver),
-            ("put_to_ack".into(), total.ack),
-            ("settle_rtt".into(), total.settle),
-        ],
-    })
+        recorders: HISTOGRAMS
+            .iter()
+            .map(|h| h.0.to_string())
+            .zip(recorders)
+            .collect(),
+        intervals: out.intervals,
+    }
 }

@@ -8,7 +8,7 @@ use leasemq::{Consumer, Delivery, Message, Queue};
 
 use crate::cli::{format_duration, Api};
 use crate::common::{broker_error, nanos, read_header, seq_of, BodyWriter, Clock, Ledger};
-use crate::hist::Recorder;
+use crate::intervals::TimedRecorder;
 
 /// How long consumers may take, after producers stop, to ack what is still in flight.
 const DRAIN_LIMIT: Duration = Duration::from_secs(30);
@@ -66,11 +66,13 @@ pub(super) struct ProducerResult {
     pub(super) problem: Option<String>,
 }
 
+/// A consumer's histograms and counts. The histograms also hand their intervals to the run's
+/// interval log when it keeps one.
 #[derive(Default)]
 pub(super) struct ConsumerResult {
-    pub(super) deliver: Recorder,
-    pub(super) ack: Recorder,
-    pub(super) settle: Recorder,
+    pub(super) deliver: TimedRecorder,
+    pub(super) ack: TimedRecorder,
+    pub(super) settle: TimedRecorder,
     pub(super) ledger: Ledger,
     pub(super) acked: u64,
     pub(super) acked_in_window: u64,
@@ -190,11 +192,11 @@ struct Pending {
 /// One consumer: receives and acks until every producer is done and everything put is acked.
 pub(super) fn consume(
     consumer: Consumer,
+    mut r: ConsumerResult,
     plan: &Plan,
     clock: Clock,
     shared: &Shared,
 ) -> ConsumerResult {
-    let mut r = ConsumerResult::default();
     let mut pending = Pending {
         sent: Vec::with_capacity(plan.settle_batch),
         last: None,
@@ -213,7 +215,12 @@ pub(super) fn consume(
                 if done || shared.abort.load(Relaxed) {
                     break;
                 }
-                if clock.now_ns() > deadline {
+                let now = clock.now_ns();
+                // Idle: hand finished intervals over now rather than at the next value.
+                r.deliver.tick(now);
+                r.ack.tick(now);
+                r.settle.tick(now);
+                if now > deadline {
                     r.problems.push(format!(
                         "{}: gave up waiting for deliveries {} after the run",
                         consumer.name(),
@@ -248,7 +255,7 @@ pub(super) fn consume(
             r.delivered_in_window += 1;
         }
         if plan.in_window(sent) {
-            r.deliver.record(now.saturating_sub(sent));
+            r.deliver.record(now, now.saturating_sub(sent));
         }
         match plan.api {
             Api::PerMessage => {
@@ -257,7 +264,7 @@ pub(super) fn consume(
                 let t1 = clock.now_ns();
                 r.settle_calls += 1;
                 if plan.in_window(t0) {
-                    r.settle.record(t1 - t0);
+                    r.settle.record(t1, t1 - t0);
                 }
                 if acked {
                     on_acked(&mut r, plan, sent, seq, t1);
@@ -284,7 +291,7 @@ fn on_acked(r: &mut ConsumerResult, plan: &Plan, sent: u64, seq: u64, at: u64) {
         r.acked_in_window += 1;
     }
     if plan.in_window(sent) {
-        r.ack.record(at.saturating_sub(sent));
+        r.ack.record(at, at.saturating_sub(sent));
     }
 }
 
@@ -305,7 +312,7 @@ fn flush(
     let t1 = clock.now_ns();
     r.settle_calls += 1;
     if plan.in_window(t0) {
-        r.settle.record(t1 - t0);
+        r.settle.record(t1, t1 - t0);
     }
     if n == pending.sent.len() {
         for &(sent, seq) in &pending.sent {

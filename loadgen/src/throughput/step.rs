@@ -1,0 +1,419 @@
+//! One run of the throughput workload on a fresh broker: a warm-up, the measured window, a
+//! drain, and the end-of-run check. `throughput` is one step; `sweep` is many, each at its
+//! own rate and shard count.
+
+use std::sync::mpsc::{self, Receiver, Sender};
+use std::sync::Arc;
+use std::thread::{self, JoinHandle};
+use std::time::{Duration, SystemTime};
+
+use leasemq::{Broker, Consumer, ConsumerConfig, Queue, QueueConfig, QueueStats};
+
+use super::workers::{consume, produce, ConsumerResult, Plan, ProducerResult, Shared};
+use crate::cli::{Api, WorkloadArgs};
+use crate::common::{add_stats, broker_error, nanos, queue_names, Clock};
+use crate::hist::Recorder;
+use crate::intervals::{IntervalClock, IntervalLog, Piece, TimedRecorder};
+use crate::progress::Progress;
+use crate::report::{thousands, Accounting, CpuSample, ProcessStats};
+
+/// Long enough that no lease runs out during a run: every ack is expected to succeed.
+pub const ACK_TIMEOUT: Duration = Duration::from_secs(600);
+/// Closed loop: the least bound on messages in flight (a smaller one starves the shards of
+/// work while producers wait, and 64 Ki small messages cost little memory).
+const CLOSED_LOOP_IN_FLIGHT: u64 = 65_536;
+/// Open loop: the most messages in flight before producers wait (their lateness counts).
+const OPEN_LOOP_IN_FLIGHT: u64 = 1_000_000;
+/// How often the waiting thread looks at the clock, the interval channel and the bar.
+const WATCH_EVERY: Duration = Duration::from_millis(50);
+/// The histograms of a step, in the order of their interval-log slots.
+pub const HISTOGRAMS: [(&str, &str); 3] = [
+    ("put_to_deliver", "put→deliver"),
+    ("put_to_ack", "put→ack"),
+    ("settle_rtt", "settle round trip"),
+];
+
+/// What one step runs.
+pub struct Step<'a> {
+    pub workload: &'a WorkloadArgs,
+    pub shards: u32,
+    /// Open loop at this many messages/s in total; `None`: closed loop.
+    pub rate: Option<u64>,
+    pub warmup: Duration,
+    pub duration: Duration,
+    /// Keep an interval log with intervals this long.
+    pub hlog_interval: Option<Duration>,
+}
+
+/// What one step measured.
+pub struct StepOutcome {
+    pub deliver: Recorder,
+    pub ack: Recorder,
+    pub settle: Recorder,
+    /// Messages whose send time (intended, in an open loop) fell in the window.
+    pub put_in_window: u64,
+    pub delivered_in_window: u64,
+    /// Acks that returned in the window.
+    pub acked_in_window: u64,
+    pub settle_calls: u64,
+    pub acked: u64,
+    pub max_in_flight: u64,
+    pub accounting: Accounting,
+    pub process: ProcessStats,
+    pub intervals: Option<IntervalLog>,
+}
+
+impl StepOutcome {
+    /// Acks completed per second of the window: the rate the broker sustained.
+    pub fn achieved_rate(&self, window: Duration) -> f64 {
+        self.acked_in_window as f64 / window.as_secs_f64()
+    }
+}
+
+/// Flags that make no run.
+pub fn validate(w: &WorkloadArgs, rate: Option<u64>, duration: Duration) -> Result<(), String> {
+    if w.queues > w.consumers {
+        return Err(format!(
+            "every queue needs a consumer: --queues {} is more than --consumers {}",
+            w.queues, w.consumers
+        ));
+    }
+    if duration.is_zero() {
+        return Err("--duration must be more than zero".into());
+    }
+    if rate == Some(0) {
+        return Err("--rate must be more than zero".into());
+    }
+    Ok(())
+}
+
+fn plan_of(step: &Step) -> Plan {
+    let w = step.workload;
+    let (producers, consumers) = (w.producers as usize, w.consumers as usize);
+    let batched = w.api == Api::Batched;
+    let put_batch = if batched { w.put_batch as usize } else { 1 };
+    let max_in_flight = match (w.max_in_flight, step.rate) {
+        (0, None) => (2 * u64::from(w.prefetch) * consumers as u64
+            + (put_batch * producers) as u64)
+            .max(CLOSED_LOOP_IN_FLIGHT),
+        (0, Some(_)) => OPEN_LOOP_IN_FLIGHT,
+        (n, _) => n,
+    };
+    let warm_ns = nanos(step.warmup);
+    Plan {
+        api: w.api,
+        producers: producers as u64,
+        body_bytes: w.body_bytes as usize,
+        put_batch,
+        settle_batch: w.settle_batch as usize,
+        warm_ns,
+        end_ns: warm_ns + nanos(step.duration),
+        interval_ns: step.rate.map(|r| 1e9 * producers as f64 / r as f64),
+        linger_ns: if batched { nanos(w.linger) } else { 0 },
+        max_in_flight,
+    }
+}
+
+/// The broker, its queues and one consumer per consumer thread.
+fn start_broker(
+    w: &WorkloadArgs,
+    shards: u32,
+) -> Result<(Broker, Vec<Queue>, Vec<Consumer>), String> {
+    let broker = Broker::builder()
+        .shards(shards as usize)
+        .build()
+        .map_err(|e| broker_error("starting the broker", e))?;
+    let config = QueueConfig {
+        ack_timeout: ACK_TIMEOUT,
+        max_body_bytes: (w.body_bytes as usize).max(1024 * 1024),
+        ..QueueConfig::default()
+    };
+    let mut qs = Vec::with_capacity(w.queues as usize);
+    for name in queue_names("throughput", w.queues as usize, shards as usize) {
+        qs.push(
+            broker
+                .declare_queue(&name, config.clone())
+                .map_err(|e| broker_error("declaring a queue", e))?,
+        );
+    }
+    let mut cs = Vec::with_capacity(w.consumers as usize);
+    for i in 0..w.consumers as usize {
+        let consumer_config = ConsumerConfig {
+            prefetch: w.prefetch,
+        };
+        cs.push(
+            qs[i % qs.len()]
+                .consume(&format!("consumer-{i}"), consumer_config)
+                .map_err(|e| broker_error("registering a consumer", e))?,
+        );
+    }
+    Ok((broker, qs, cs))
+}
+
+/// Runs one step and checks it.
+pub fn run_step(step: &Step, progress: &Progress) -> Result<StepOutcome, String> {
+    validate(step.workload, step.rate, step.duration)?;
+    let plan = plan_of(step);
+    let (broker, qs, cs) = start_broker(step.workload, step.shards)?;
+    let shared = Arc::new(Shared::default());
+    let clock = Clock::start();
+    let epoch = SystemTime::now();
+    let mut watch = Watch::new(step, &plan, clock, epoch, progress);
+
+    let consumer_threads: Vec<_> = cs
+        .into_iter()
+        .enumerate()
+        .map(|(i, c)| {
+            let (plan, shared) = (plan.clone(), shared.clone());
+            let result = watch.consumer_result();
+            thread::Builder::new()
+                .name(format!("consumer-{i}"))
+                .spawn(move || consume(c, result, &plan, clock, &shared))
+                .expect("spawn a consumer thread")
+        })
+        .collect();
+    // Only the workers hold senders now: the channel closes when the last one finishes.
+    watch.tx = None;
+    let producers = plan.producers as usize;
+    let producer_threads: Vec<_> = (0..producers)
+        .map(|j| {
+            let (plan, shared) = (plan.clone(), shared.clone());
+            let mine: Vec<Queue> = (0..qs.len())
+                .map(|k| qs[(j + k) % qs.len()].clone())
+                .collect();
+            thread::Builder::new()
+                .name(format!("producer-{j}"))
+                .spawn(move || produce(j as u64, &mine, &plan, clock, &shared))
+                .expect("spawn a producer thread")
+        })
+        .collect();
+
+    watch.until(plan.warm_ns, "warm-up");
+    let cpu = CpuSample::now();
+    watch.until(plan.end_ns, "measuring");
+    let cpu_end = CpuSample::now();
+    watch.while_running(&producer_threads, &consumer_threads);
+
+    let mut put_per_producer = Vec::with_capacity(producers);
+    let mut out = StepOutcome {
+        deliver: Recorder::new(),
+        ack: Recorder::new(),
+        settle: Recorder::new(),
+        put_in_window: 0,
+        delivered_in_window: 0,
+        acked_in_window: 0,
+        settle_calls: 0,
+        acked: 0,
+        max_in_flight: plan.max_in_flight,
+        accounting: Accounting::default(),
+        process: ProcessStats::default(),
+        intervals: None,
+    };
+    let mut problems = Vec::new();
+    for t in producer_threads {
+        let r: ProducerResult = t
+            .join()
+            .map_err(|_| "a producer thread panicked".to_string())?;
+        put_per_producer.push(r.put);
+        out.put_in_window += r.put_in_window;
+        problems.extend(r.problem);
+    }
+    let mut ledger = crate::common::Ledger::default();
+    let mut redelivered = 0;
+    for t in consumer_threads {
+        let r = t
+            .join()
+            .map_err(|_| "a consumer thread panicked".to_string())?;
+        out.deliver.merge(&r.deliver.finish());
+        out.ack.merge(&r.ack.finish());
+        out.settle.merge(&r.settle.finish());
+        ledger.merge(&r.ledger);
+        out.acked += r.acked;
+        out.acked_in_window += r.acked_in_window;
+        out.delivered_in_window += r.delivered_in_window;
+        out.settle_calls += r.settle_calls;
+        redelivered += r.redelivered;
+        problems.extend(r.problems);
+    }
+    out.intervals = watch.finish();
+
+    let mut stats = QueueStats::default();
+    for q in &qs {
+        add_stats(&mut stats, &q.stats());
+    }
+    broker.shutdown();
+
+    out.accounting = Accounting {
+        put: put_per_producer.iter().sum(),
+        redelivered,
+        expired: stats.expired,
+        stale: stats.stale,
+        still_queued: (stats.ready + stats.delayed + stats.leased) as u64,
+        dead_lettered: stats.dead_lettered,
+        dropped: stats.dropped,
+        double_acked: ledger.doubles,
+        problems,
+        ..Accounting::default()
+    };
+    check(&mut out, &put_per_producer, &ledger, &stats);
+
+    let seconds = step.duration.as_secs_f64();
+    let p = &mut out.process;
+    p.cpu_user_s = cpu_end.user_s - cpu.user_s;
+    p.cpu_sys_s = cpu_end.sys_s - cpu.sys_s;
+    p.cpu_s = p.cpu_user_s + p.cpu_sys_s;
+    p.cores_busy = p.cpu_s / seconds;
+    p.cpu_ns_per_message =
+        (out.acked_in_window > 0).then(|| p.cpu_s * 1e9 / out.acked_in_window as f64);
+    p.peak_rss_bytes = crate::report::status_kib("VmHWM").map(|k| k * 1024);
+    Ok(out)
+}
+
+/// The end-of-run check: each producer's sequence numbers against the consumers' ledgers,
+/// and both against the queues' counters.
+fn check(
+    out: &mut StepOutcome,
+    put_per_producer: &[u64],
+    ledger: &crate::common::Ledger,
+    stats: &QueueStats,
+) {
+    let a = &mut out.accounting;
+    let mut never_put = 0;
+    for (p, &n) in put_per_producer.iter().enumerate() {
+        let (missing, beyond) = ledger.check(p, n);
+        a.acked += n - missing;
+        never_put += beyond;
+    }
+    if never_put > 0 {
+        a.problems
+            .push(format!("{never_put} acked message(s) were never put"));
+    }
+    if stats.enqueued != a.put {
+        a.problems.push(format!(
+            "the queues enqueued {} messages but the producers put {}",
+            stats.enqueued, a.put
+        ));
+    }
+    if stats.acked != out.acked {
+        a.problems.push(format!(
+            "the queues counted {} acks but the consumers saw {} succeed",
+            stats.acked, out.acked
+        ));
+    }
+    a.conclude();
+}
+
+/// The thread that started the step, while the workers run: folds finished intervals into
+/// the interval log and keeps the progress bar moving.
+struct Watch<'a> {
+    clock: Clock,
+    progress: &'a Progress,
+    planned: Duration,
+    rate_text: String,
+    /// Handed to each worker's recorders; dropped here once they have theirs.
+    tx: Option<Sender<Piece>>,
+    rx: Option<Receiver<Piece>>,
+    log: Option<IntervalLog>,
+    packed_before: u64,
+}
+
+impl<'a> Watch<'a> {
+    fn new(
+        step: &Step,
+        plan: &Plan,
+        clock: Clock,
+        epoch: SystemTime,
+        progress: &'a Progress,
+    ) -> Watch<'a> {
+        let (tx, rx, log) = match step.hlog_interval {
+            Some(length) => {
+                let names: Vec<&str> = HISTOGRAMS.iter().map(|h| h.0).collect();
+                let interval_clock = IntervalClock::new(plan.warm_ns, length);
+                let log = IntervalLog::new(&names, epoch, interval_clock, step.duration);
+                let (tx, rx) = mpsc::channel();
+                (Some(tx), Some(rx), Some(log))
+            }
+            None => (None, None, None),
+        };
+        Watch {
+            clock,
+            progress,
+            planned: step.warmup + step.duration,
+            rate_text: step
+                .rate
+                .map_or(String::new(), |r| format!(", {}/s offered", thousands(r))),
+            tx,
+            rx,
+            log,
+            packed_before: 0,
+        }
+    }
+
+    /// A consumer's empty result, its recorders wired to the interval log if there is one.
+    fn consumer_result(&self) -> ConsumerResult {
+        let timed = |slot: usize| {
+            TimedRecorder::new(match (&self.tx, &self.log) {
+                (Some(tx), Some(log)) => Some((log.clock(), slot, tx.clone())),
+                _ => None,
+            })
+        };
+        ConsumerResult {
+            deliver: timed(0),
+            ack: timed(1),
+            settle: timed(2),
+            ..ConsumerResult::default()
+        }
+    }
+
+    /// Waits until `at_ns` on the run's clock.
+    fn until(&mut self, at_ns: u64, phase: &str) {
+        loop {
+            let now = self.clock.now_ns();
+            if now >= at_ns {
+                return;
+            }
+            self.look(phase, Duration::from_nanos(at_ns - now).min(WATCH_EVERY));
+        }
+    }
+
+    /// Waits until every worker thread has finished (the drain after the window).
+    fn while_running<A, B>(&mut self, producers: &[JoinHandle<A>], consumers: &[JoinHandle<B>]) {
+        while !(producers.iter().all(|t| t.is_finished())
+            && consumers.iter().all(|t| t.is_finished()))
+        {
+            self.look("draining", WATCH_EVERY);
+        }
+    }
+
+    /// Waits at most `nap` for a finished interval; updates the bar.
+    fn look(&mut self, phase: &str, nap: Duration) {
+        let elapsed = Duration::from_nanos(self.clock.now_ns());
+        self.progress
+            .update(phase, elapsed, self.planned, || self.rate_text.clone());
+        let (Some(rx), Some(log)) = (&self.rx, &mut self.log) else {
+            thread::sleep(nap);
+            return;
+        };
+        match rx.recv_timeout(nap) {
+            Ok(piece) => log.absorb(piece),
+            Err(mpsc::RecvTimeoutError::Timeout) => {}
+            Err(mpsc::RecvTimeoutError::Disconnected) => thread::sleep(nap),
+        }
+        // Intervals two behind the clock are complete but for stragglers: compress them.
+        let settled = log.index_at(self.clock.now_ns()).saturating_sub(1);
+        if settled > self.packed_before {
+            log.pack_before(settled);
+            self.packed_before = settled;
+        }
+    }
+
+    /// Takes the last intervals (every worker has finished its recorders) and the log.
+    fn finish(mut self) -> Option<IntervalLog> {
+        let (rx, mut log) = (self.rx.take()?, self.log.take()?);
+        for piece in rx.try_iter() {
+            log.absorb(piece);
+        }
+        log.close(self.clock.now_ns());
+        Some(log)
+    }
+}
