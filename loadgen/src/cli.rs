@@ -25,6 +25,9 @@ pub enum Command {
     /// Capacity planning: for each shard count, raises the open-loop rate step by step until
     /// put→ack latency breaks a latency objective, and reports the highest rate that held.
     Sweep(SweepArgs),
+    /// Puts N messages into a queue with no consumer, reports the memory each queued message
+    /// takes, then drains the queue and checks every message was acked exactly once.
+    Fill(FillArgs),
 }
 
 /// Which calls the workers use.
@@ -231,6 +234,33 @@ fn parse_step_factor(text: &str) -> Result<f64, String> {
             "{text:?}: the step factor must be above 1 (and at most 100)"
         ))
     }
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct FillArgs {
+    /// Messages to queue (10M take about 1.2 GiB).
+    #[arg(long, default_value = "1M", value_parser = parse_count)]
+    pub messages: u64,
+    /// Body size in bytes (at least 16: a send timestamp and a sequence number).
+    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u32).range(16..=1_048_576))]
+    pub body_bytes: u32,
+    /// Shard threads of the broker (the queue lives on one of them).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=256))]
+    pub shards: u32,
+    /// Messages per `put_batch`.
+    #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u32).range(1..=65_536))]
+    pub put_batch: u32,
+    /// Consumer threads that drain the queue.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub consumers: u32,
+    /// Prefetch of each draining consumer.
+    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..=65_535))]
+    pub prefetch: u32,
+    /// Deliveries per `ack_up_to` while draining; fewer when the channel runs dry.
+    #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..=65_536))]
+    pub settle_batch: u32,
+    #[command(flatten)]
+    pub output: OutputArgs,
 }
 
 #[derive(Debug, Clone, Args)]

@@ -11,6 +11,7 @@
 
 mod cli;
 mod common;
+mod fill;
 mod hist;
 mod intervals;
 mod plot;
@@ -91,6 +92,7 @@ fn main() -> ExitCode {
         Command::Throughput(args) => (throughput::run(args).map(Outcome::Single), &args.output),
         Command::Redelivery(args) => (redelivery::run(args).map(Outcome::Single), &args.output),
         Command::Sweep(args) => (sweep::run(args).map(Outcome::Sweep), &args.output),
+        Command::Fill(args) => (fill::run(args).map(Outcome::Single), &args.output),
     };
     let mut outcome = match result {
         Ok(outcome) => outcome,
