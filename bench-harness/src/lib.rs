@@ -1,13 +1,31 @@
-//! Benchmarks of leasemq, each beside a naive baseline.
+//! Benchmarks of leasemq, each beside a naive baseline measured in the same run.
 //!
-//! The benchmarks live in `benches/`: `cycle` drives one engine shard
-//! ([`leasemq_engine::Shard`]) directly, with no threads and no clock; `broker` drives the
-//! threaded broker ([`leasemq::Broker`]) from a producer thread and a consumer thread.
-//! Each measures the same work done by [`baseline::MutexQueue`]: the same operations
-//! behind one `Mutex`, with no threads of its own, so that the numbers say what the
-//! sharded design buys (or costs) against the obvious implementation.
+//! The benchmarks live in `benches/`; `README.md` lists each with what it measures, its
+//! baseline and the command that runs it. `cycle`, `depth` and `wheel` drive the engine
+//! ([`leasemq_engine::Shard`], its timer wheel) directly, with no threads and no clock;
+//! `broker`, `roundtrip`, `deadletter` and `handoff` drive the threaded broker
+//! ([`leasemq::Broker`]). Where the work is a queue's, the baseline is
+//! [`baseline::MutexQueue`]: the same operations behind one `Mutex`, with no threads of
+//! its own, so that the numbers say what the sharded design buys (or costs) against the
+//! obvious implementation. Where the work is a hand-off between threads, the baseline is
+//! the plain crossbeam channel that does the same hand-off.
 //!
-//! Run them with `cargo bench -p leasemq-bench-harness --bench cycle` (or `--bench broker`).
+//! Run one with `cargo bench -p leasemq-bench-harness --bench <name>`.
+
+/// Whether this bench binary was started by `cargo bench` (which passes `--bench`) rather
+/// than by `cargo test --benches`, which runs each benchmark once as a test: a bench skips
+/// its slowest setups then. The rule is criterion's own.
+pub fn is_bench_run() -> bool {
+    let mut bench = false;
+    for arg in std::env::args().skip(1) {
+        match arg.as_str() {
+            "--bench" => bench = true,
+            "--test" => return false,
+            _ => {}
+        }
+    }
+    bench
+}
 
 pub mod baseline {
     //! A straightforward work queue behind one `Mutex`: the baseline of the benchmarks.

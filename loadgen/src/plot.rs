@@ -64,10 +64,11 @@ pub fn percentile_points(hist: &Histogram<u64>) -> Vec<(f64, f64)> {
         .collect()
 }
 
-/// A log axis from the decade at or below `lo` to the one at or above `hi` (both > 0).
+/// A log axis from the decade at or below `lo` to the one at or above `hi` (both > 0),
+/// with room above `hi` so that no point sits on the frame.
 fn decades(lo: f64, hi: f64) -> (f64, f64) {
     let lo = 10f64.powf(lo.log10().floor());
-    let mut hi = 10f64.powf(hi.log10().ceil());
+    let mut hi = 10f64.powf((hi * 1.25).log10().ceil());
     if hi <= lo {
         hi = lo * 10.0;
     }
@@ -299,6 +300,7 @@ mod tests {
     fn axes_span_whole_decades() {
         assert_eq!(decades(3.0, 4200.0), (1.0, 10_000.0));
         assert_eq!(decades(100.0, 100.0), (100.0, 1000.0));
+        assert_eq!(decades(3.0, 984.0), (1.0, 10_000.0));
         assert_eq!(latency_unit(5e6).0, "µs");
         assert_eq!(latency_unit(50e6).0, "ms");
         assert_eq!(number(0.5), "0.5");
