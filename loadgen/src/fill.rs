@@ -10,8 +10,9 @@
 //! process meanwhile: the producer keeps one batch at a time.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::mpsc::{self, Sender};
 use std::thread;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
 use leasemq::{Broker, Consumer, ConsumerConfig, Message, QueueConfig};
@@ -20,6 +21,7 @@ use serde_json::json;
 use crate::cli::{format_duration, FillArgs};
 use crate::common::{broker_error, nanos, queue_names, read_header, Clock, Ledger, HEADER_BYTES};
 use crate::hist::Recorder;
+use crate::intervals::{IntervalClock, IntervalLog, Piece, TimedRecorder};
 use crate::progress::Progress;
 use crate::report::{
     load_average, status_kib, thousands, Accounting, CpuSample, Detail, ProcessStats, Rate, Summary,
@@ -31,6 +33,9 @@ const DRAIN_LIMIT: Duration = Duration::from_secs(120);
 /// A rough fill and drain speed, for the progress bar's plan only.
 const PLANNING_RATE: f64 = 2e6;
 
+/// The histograms, in the order of the interval log's slots.
+const HISTOGRAMS: [&str; 2] = ["put_batch_rtt", "settle_rtt"];
+
 /// What one draining consumer saw.
 #[derive(Default)]
 struct Drained {
@@ -38,6 +43,14 @@ struct Drained {
     acked: u64,
     settle: Recorder,
     problems: Vec<String>,
+}
+
+/// Where a thread sends its finished intervals (the run's clock, the channel), when `--out`
+/// asked for an interval log.
+type LogTo = Option<(IntervalClock, Sender<Piece>)>;
+
+fn timed(log: &LogTo, slot: usize) -> TimedRecorder {
+    TimedRecorder::new(log.as_ref().map(|(clock, tx)| (*clock, slot, tx.clone())))
 }
 
 pub fn run(args: &FillArgs) -> Result<Run, String> {
@@ -53,13 +66,20 @@ pub fn run(args: &FillArgs) -> Result<Run, String> {
         .declare_queue(name, QueueConfig::default())
         .map_err(|e| broker_error("declaring the queue", e))?;
     let clock = Clock::start();
+    // The wall-clock time of the run clock's 0, for the interval log's timestamps.
+    let epoch = SystemTime::now() - Duration::from_nanos(clock.now_ns());
+    let (tx, rx) = mpsc::channel();
+    let log_to: LogTo = args.output.out.as_ref().map(|_| {
+        let iclock = IntervalClock::new(clock.now_ns(), args.output.hlog_interval);
+        (iclock, tx)
+    });
     let planned = Duration::from_secs_f64(2.0 * args.messages as f64 / PLANNING_RATE);
     let progress = Progress::new(planned, args.output.quiet);
 
     // Fill.
     let rss_before = status_kib("VmRSS").unwrap_or(0) * 1024;
     let cpu_fill = CpuSample::now();
-    let mut put_rtt = Recorder::new();
+    let mut put_rtt = timed(&log_to, 0);
     let mut put = 0u64;
     let start_ns = clock.now_ns();
     while put < args.messages {
@@ -72,7 +92,8 @@ pub fn run(args: &FillArgs) -> Result<Run, String> {
         queue
             .put_batch(batch)
             .map_err(|e| broker_error("put_batch failed", e))?;
-        put_rtt.record(clock.now_ns() - t0);
+        let t1 = clock.now_ns();
+        put_rtt.record(t1, t1 - t0);
         put += n;
         let elapsed = Duration::from_nanos(clock.now_ns() - start_ns);
         progress.update("filling", elapsed, planned, || {
@@ -110,8 +131,9 @@ pub fn run(args: &FillArgs) -> Result<Run, String> {
                     },
                 );
                 let (acked_total, stop) = (&acked_total, &stop);
+                let settle = timed(&log_to, 1);
                 s.spawn(move || match consumer {
-                    Ok(c) => drain(&c, args, put, acked_total, stop, clock),
+                    Ok(c) => drain(&c, args, put, acked_total, stop, clock, settle),
                     Err(e) => Drained {
                         problems: vec![broker_error("registering a consumer", e)],
                         ..Drained::default()
@@ -137,8 +159,19 @@ pub fn run(args: &FillArgs) -> Result<Run, String> {
             .map(|w| w.join().expect("a drain thread panicked"))
             .collect()
     });
-    let drain_ns = clock.now_ns() - drain_start;
+    let end_ns = clock.now_ns();
+    let drain_ns = end_ns - drain_start;
     progress.finish();
+    let put_rtt = put_rtt.finish();
+    let intervals = log_to.map(|(iclock, _)| {
+        let window = Duration::from_nanos(end_ns - start_ns);
+        let mut log = IntervalLog::new(&HISTOGRAMS, epoch, iclock, window);
+        for piece in rx.try_iter() {
+            log.absorb(piece);
+        }
+        log.close(end_ns);
+        log
+    });
     let stats = queue.stats();
     broker.shutdown();
 
@@ -246,10 +279,10 @@ pub fn run(args: &FillArgs) -> Result<Run, String> {
     Ok(Run {
         summary,
         recorders: vec![
-            ("put_batch_rtt".into(), put_rtt),
-            ("settle_rtt".into(), settle),
+            (HISTOGRAMS[0].into(), put_rtt),
+            (HISTOGRAMS[1].into(), settle),
         ],
-        intervals: None,
+        intervals,
     })
 }
 
@@ -274,6 +307,7 @@ fn drain(
     acked_total: &AtomicU64,
     stop: &AtomicBool,
     clock: Clock,
+    mut settle: TimedRecorder,
 ) -> Drained {
     let mut d = Drained::default();
     let mut pending: Vec<u64> = Vec::with_capacity(args.settle_batch as usize);
@@ -312,7 +346,8 @@ fn drain(
         if let Some(tag) = last.filter(|_| dry || pending.len() >= args.settle_batch as usize) {
             let t0 = clock.now_ns();
             let acked = consumer.ack_up_to(tag) as u64;
-            d.settle.record(clock.now_ns() - t0);
+            let t1 = clock.now_ns();
+            settle.record(t1, t1 - t0);
             if acked != pending.len() as u64 {
                 d.problems.push(format!(
                     "ack_up_to acked {acked} of {} deliveries (leases ran out?)",
@@ -328,5 +363,6 @@ fn drain(
             last = None;
         }
     }
+    d.settle = settle.finish();
     d
 }

@@ -292,6 +292,24 @@ fn redelivery_measures_lateness() {
 }
 
 #[test]
+fn fill_reports_memory_per_queued_message_and_drains_everything() {
+    let s = run_and_check(
+        "fill",
+        &["fill", "--messages", "200k", "--consumers", "2", "--quiet"],
+    );
+    assert_eq!(s["accounting"]["put"].as_u64(), Some(200_000));
+    let bytes = s["process"]["bytes_per_queued_message"]
+        .as_f64()
+        .expect("bytes per queued message");
+    // At least the 16-byte body; a few hundred at most (the bar is 150 at 10 M).
+    assert!(
+        (16.0..1_000.0).contains(&bytes),
+        "{bytes} bytes per message"
+    );
+    assert!(rate(&s, "acked (draining)") > 0.0);
+}
+
+#[test]
 fn bad_flags_exit_non_zero_with_a_message() {
     let output = run(&["throughput", "--queues", "3", "--consumers", "1"]);
     assert_eq!(output.status.code(), Some(2));
