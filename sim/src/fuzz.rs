@@ -17,6 +17,7 @@
 
 use std::fmt;
 
+use crate::fault::Fault;
 use crate::gen::Generator;
 use crate::op::Op;
 use crate::rng::{Rng, Source};
@@ -111,9 +112,13 @@ impl std::error::Error for FuzzFailure {}
 /// Decodes `data` into a run (see the module docs), carries it out and checks it after
 /// every op and at the end.
 pub fn run_bytes(data: &[u8]) -> Result<Stats, FuzzFailure> {
+    run(data, None)
+}
+
+fn run(data: &[u8], fault: Option<(Fault, usize)>) -> Result<Stats, FuzzFailure> {
     let seed = seed_of(data);
     let setup = Setup::from_seed(seed);
-    let mut sim = Sim::new(&setup, None);
+    let mut sim = Sim::new(&setup, fault);
     let mut gen = Generator::with_source(seed, ByteSource::new(data.get(8..).unwrap_or(&[])));
     let mut trace = Vec::new();
     let failure = |trace: Vec<Op>, violation: Violation| FuzzFailure {
@@ -158,6 +163,24 @@ mod tests {
             if let Err(f) = run_bytes(&data) {
                 panic!("{f}");
             }
+        }
+    }
+
+    #[test]
+    fn byte_driven_runs_catch_planted_faults() {
+        // The decoded workloads reach far enough for every planted bug to be caught.
+        let mut rng = Rng::new(5);
+        for fault in Fault::ALL {
+            let caught = (0..60).find_map(|_| {
+                let data: Vec<u8> = (0..2000).map(|_| rng.below(256) as u8).collect();
+                run(&data, Some((fault, 1))).err()
+            });
+            let failure = caught.unwrap_or_else(|| panic!("{fault:?} went unnoticed"));
+            assert!(
+                fault.caught_by().contains(&failure.violation.check),
+                "{fault:?} was caught by {}",
+                failure.violation
+            );
         }
     }
 
