@@ -258,6 +258,10 @@ impl ShardThread {
     }
 
     fn process(&mut self, now: Tick, req: Request) {
+        // A dead letter or outcome earlier in this batch may have carried the engine past
+        // the time the batch began (another shard's clock, or a fresh reading): never hand
+        // it an earlier one.
+        let now = now.max(self.engine.now());
         match req {
             Request::Engine { cmd, reply } => {
                 let closing = match &cmd {
