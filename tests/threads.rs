@@ -283,3 +283,33 @@ fn short_ack_timeout_expires_under_the_system_clock_and_another_consumer_gets_it
     assert_eq!((count(s.ready), count(s.leased)), (0, 0));
     broker.shutdown();
 }
+
+/// A consumer that stops reading (a hung handler thread) must not make the broker's memory
+/// grow under the system clock: every expiry gives it its credit back and the message is
+/// delivered to it again, but deliveries whose leases ended unread are dropped from its
+/// channel once it holds twice its prefetch.
+#[test]
+fn a_consumer_that_stops_reading_holds_a_bounded_channel() {
+    let broker = Broker::builder().shards(1).build().unwrap();
+    let q = timeout_queue(&broker, "threads.stuck", Duration::from_millis(1));
+    let stuck = q.consume("stuck", ConsumerConfig { prefetch: 2 }).unwrap();
+    q.put(Message::new("job-1")).unwrap();
+    q.put(Message::new("job-2")).unwrap();
+    // The fault under test is the consumer not reading: let a few hundred leases run out.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while count(q.stats().expired) < 400 {
+        assert!(Instant::now() < deadline, "leases stopped expiring");
+        thread::sleep(Duration::from_millis(5));
+    }
+    let mut waiting = 0;
+    while stuck.try_recv().unwrap().is_some() {
+        waiting += 1;
+    }
+    // Twice the prefetch, and a few more for expiries landing while it is read (without the
+    // bound: one per expiry, hundreds).
+    assert!(
+        waiting <= 16,
+        "a channel of prefetch 2 held {waiting} deliveries"
+    );
+    broker.shutdown();
+}

@@ -261,6 +261,20 @@ impl Shard {
         self.live(queue).map(|idx| self.queues[idx].stats())
     }
 
+    /// How many live leases `consumer` holds; `None` once it has ended.
+    pub fn leases_held(&self, consumer: ConsumerKey) -> Option<usize> {
+        self.consumers
+            .get(consumer.idx as usize)
+            .filter(|c| c.gen == consumer.gen)
+            .map(|c| c.held as usize)
+    }
+
+    /// Whether `tag` is a live lease of `consumer`.
+    pub fn holds(&self, consumer: ConsumerKey, tag: DeliveryTag) -> bool {
+        self.live_consumer(consumer)
+            .is_some_and(|q| self.queues[q].holder(tag.0) == Some(consumer.idx))
+    }
+
     /// The live queue of that name.
     pub fn lookup(&self, name: &str) -> Option<QueueKey> {
         self.names.get(name).copied()

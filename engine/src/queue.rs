@@ -181,6 +181,11 @@ impl QueueState {
         }
     }
 
+    /// The consumer slot holding the live lease `tag`.
+    pub fn holder(&self, tag: u64) -> Option<u32> {
+        self.leases.get(tag).map(|lease| lease.consumer)
+    }
+
     pub fn stats(&self) -> QueueStats {
         QueueStats {
             ready: self.returned.len() + self.fresh.len(),

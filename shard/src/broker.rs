@@ -1,5 +1,6 @@
 //! The broker handle: builds the shards, routes declares, moves the manual clock, shuts down.
 
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -79,10 +80,23 @@ impl BrokerBuilder {
             (0..shards).map(|_| bounded(INBOX_CAPACITY)).unzip();
         let mut threads = Vec::with_capacity(shards);
         for (index, inbox) in receivers.into_iter().enumerate() {
+            let after_panic = inbox.clone();
             let shard = ShardThread::new(index, inbox, senders.clone(), time.clone(), self.tick);
             let thread = std::thread::Builder::new()
                 .name(format!("leasemq-shard-{index}"))
-                .spawn(move || shard.run())
+                .spawn(move || {
+                    // A panic here is a broker bug, and it must not leave callers waiting
+                    // for answers that will never come: unwinding drops every request the
+                    // shard held, and the thread stays to drop each later one, until
+                    // shutdown. A dropped request answers `ShutDown`.
+                    if catch_unwind(AssertUnwindSafe(|| shard.run())).is_err() {
+                        for request in after_panic.iter() {
+                            if matches!(request, Request::Shutdown) {
+                                break;
+                            }
+                        }
+                    }
+                })
                 .map_err(|e| Error::InvalidConfig(format!("cannot start a shard thread: {e}")))?;
             threads.push(thread);
         }

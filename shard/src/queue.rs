@@ -263,7 +263,9 @@ impl Queue {
         let waker = Arc::new(AtomicWaker::new());
         let sink = Sink {
             tx,
+            rx: rx.clone(),
             waker: waker.clone(),
+            prefetch: config.prefetch as usize,
         };
         let queue = self.inner.key;
         let answer = call(self.inner.broker.inbox(self.inner.shard), |reply| {

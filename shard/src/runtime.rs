@@ -62,7 +62,10 @@ impl QueueCell {
 /// The shard's end of a consumer: its channel and the waker of an async reader.
 pub(crate) struct Sink {
     pub tx: Sender<Delivered>,
+    /// The same channel's receiving end, to drop deliveries that ended unread.
+    pub rx: Receiver<Delivered>,
     pub waker: Arc<AtomicWaker>,
+    pub prefetch: usize,
 }
 
 /// An answer held back until the dead letters its command caused have landed.
@@ -546,7 +549,13 @@ impl ShardThread {
             let Some(Some(sink)) = self.sinks.get(slot) else {
                 continue;
             };
-            // Unbounded, filled only up to the consumer's prefetch: never blocks. A send
+            // Under the manual clock time moves only as far as a caller asks, and what a
+            // channel holds after an `advance` must not depend on how it was stepped.
+            let real_time = matches!(self.time, TimeSource::System(_));
+            if real_time && sink.tx.len() >= 2 * sink.prefetch {
+                trim(&self.engine, key, sink);
+            }
+            // Unbounded, but holding at most twice the prefetch: never blocks. A send
             // fails only once the consumer's receiver is gone with its cancel on the way.
             let _ = sink.tx.send(delivered);
             if last.is_some_and(|l| l != slot) {
@@ -576,6 +585,30 @@ impl ShardThread {
         // Requests still queued are dropped with the inbox: each answers ShutDown.
         while let Ok(req) = self.inbox.try_recv() {
             drop(req);
+        }
+    }
+}
+
+/// Drops from the front of a consumer's channel the deliveries whose leases ended unread
+/// (expired, or acked by `ack_up_to`), once it holds twice its prefetch. Under the system
+/// clock a consumer that stopped reading would otherwise collect one more with every
+/// redelivery its credit brings, without end. Unread leases of one queue end in the order they were delivered,
+/// so the ended ones are the oldest in the channel: popping until no more remain than the
+/// consumer's live leases not counting the one about to be sent takes only those. (Only a
+/// caller settling tags it never read can end one out of order.) Should a live one come
+/// out all the same, or the consumer read some meanwhile, it goes back, at the end.
+fn trim(engine: &Shard, consumer: ConsumerKey, sink: &Sink) {
+    let Some(held) = engine.leases_held(consumer) else {
+        return;
+    };
+    while sink.tx.len() > held.saturating_sub(1) {
+        match sink.rx.try_recv() {
+            Ok(delivered) if engine.holds(consumer, delivered.tag) => {
+                let _ = sink.tx.send(delivered);
+                return;
+            }
+            Ok(_) => {}
+            Err(_) => return,
         }
     }
 }
