@@ -69,15 +69,28 @@ thread_local! {
     static SLOT: (Sender<Answer>, Receiver<Answer>) = bounded(1);
 }
 
-/// Polls `attempt` for a while before the caller parks: a few busy spins, then yields that
+/// Polls `attempt` for a while before the thread parks: a few busy spins, then yields that
 /// let the thread that will answer run. A round trip to a shard usually completes within
-/// this, and parking costs a futex wait and wake on each side.
-pub(crate) fn spin_for<T>(mut attempt: impl FnMut() -> Option<T>) -> Option<T> {
-    for round in 0..SPIN_ROUNDS {
+/// this, and parking costs a futex wait and wake on each side. Used by the shard thread
+/// waiting for requests; callers waiting for an answer use [`yield_for`].
+pub(crate) fn spin_for<T>(attempt: impl FnMut() -> Option<T>) -> Option<T> {
+    poll_for(BUSY_ROUNDS, attempt)
+}
+
+/// Like [`spin_for`] without the busy spins: a caller waiting for its answer yields from
+/// the first poll. With more busy threads than cores (producers, consumers and shards on a
+/// small machine) a caller spinning on a core is a core the shard cannot use to answer;
+/// measured on 2 cores, one message per call: 14 % more messages a second.
+pub(crate) fn yield_for<T>(attempt: impl FnMut() -> Option<T>) -> Option<T> {
+    poll_for(0, attempt)
+}
+
+fn poll_for<T>(busy_rounds: u32, mut attempt: impl FnMut() -> Option<T>) -> Option<T> {
+    for round in 0..POLL_ROUNDS {
         if let Some(value) = attempt() {
             return Some(value);
         }
-        if round < 8 {
+        if round < busy_rounds {
             for _ in 0..(1 << round) {
                 std::hint::spin_loop();
             }
@@ -88,8 +101,10 @@ pub(crate) fn spin_for<T>(mut attempt: impl FnMut() -> Option<T>) -> Option<T> {
     None
 }
 
-/// How many polls [`spin_for`] makes before giving up.
-const SPIN_ROUNDS: u32 = 64;
+/// How many polls [`spin_for`] and [`yield_for`] make before giving up.
+const POLL_ROUNDS: u32 = 64;
+/// The first rounds of [`spin_for`] spin 1, 2, 4, … 128 times.
+const BUSY_ROUNDS: u32 = 8;
 
 /// Sends a request and blocks until its answer comes back.
 pub(crate) fn call(inbox: &Sender<Request>, request: impl FnOnce(ReplyTo) -> Request) -> Answer {
@@ -97,7 +112,7 @@ pub(crate) fn call(inbox: &Sender<Request>, request: impl FnOnce(ReplyTo) -> Req
         let req = request(ReplyTo(Some(Target::Sync(tx.clone()))));
         // A request refused by a stopped shard is dropped here, which answers ShutDown.
         drop(inbox.send(req));
-        spin_for(|| rx.try_recv().ok()).unwrap_or_else(|| rx.recv().unwrap_or(Answer::ShutDown))
+        yield_for(|| rx.try_recv().ok()).unwrap_or_else(|| rx.recv().unwrap_or(Answer::ShutDown))
     })
 }
 
