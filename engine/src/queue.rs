@@ -14,6 +14,9 @@ use crate::command::{
     ConsumerKey, DeadLetter, Delivered, Effects, MsgId, Origin, QueueKey, TickLength,
 };
 mod consumers;
+mod tags;
+
+use tags::Tags;
 
 use crate::leases::{Lease, LeaseTable};
 use crate::types::{
@@ -55,9 +58,8 @@ pub(crate) struct ConsumerState {
     pub prefetch: u32,
     /// Live leases held.
     pub held: u32,
-    /// Tags delivered to this consumer, in order. Settled tags are dropped lazily: from the
-    /// front by `ack_up_to`, and by a sweep once they outnumber the live ones.
-    pub tags: VecDeque<u64>,
+    /// Tags delivered to this consumer, in order; settled ones dropped lazily.
+    pub tags: Tags,
 }
 
 impl Ctx<'_> {
@@ -75,7 +77,7 @@ impl ConsumerState {
             name,
             prefetch,
             held: 0,
-            tags: VecDeque::new(),
+            tags: Tags::default(),
         }
     }
 
@@ -387,7 +389,7 @@ impl QueueState {
             },
         );
         let consumer = &mut ctx.consumers[slot as usize];
-        consumer.tags.push_back(tag);
+        consumer.tags.push(tag);
         consumer.held += 1;
         if !consumer.has_credit() {
             self.with_credit -= 1;
@@ -432,15 +434,10 @@ impl QueueState {
             self.with_credit += 1;
         }
         consumer.held -= 1;
-        // Settles usually come in delivery order: drop the settled tags at the front at
-        // once, and sweep the rest once they outnumber the live ones (amortised O(1)).
         let leases = &self.leases;
-        while consumer.tags.front().is_some_and(|&t| !leases.contains(t)) {
-            consumer.tags.pop_front();
-        }
-        if consumer.tags.len() > 2 * consumer.held as usize + 32 {
-            consumer.tags.retain(|&t| leases.contains(t));
-        }
+        consumer
+            .tags
+            .tidy(consumer.held as usize, |t| leases.contains(t));
         Some(lease)
     }
 
@@ -519,7 +516,7 @@ impl QueueState {
     /// `ack_up_to` on one consumer: every live lease of it with a tag up to `tag`.
     pub fn ack_up_to(&mut self, ctx: &mut Ctx, consumer: u32, tag: DeliveryTag) -> usize {
         let mut acked = 0;
-        while let Some(&front) = ctx.consumers[consumer as usize].tags.front() {
+        while let Some(front) = ctx.consumers[consumer as usize].tags.front() {
             if front > tag.0 {
                 break;
             }

@@ -38,7 +38,7 @@ impl QueueState {
                 unread_msgs.push(lease.msg);
             }
         }
-        let read = std::mem::take(&mut ctx.consumers[slot as usize].tags);
+        let read: Vec<u64> = ctx.consumers[slot as usize].tags.take().collect();
         for tag in read {
             if let Some(lease) = self.take_lease(ctx, tag) {
                 self.come_back(ctx, lease.msg, Return::Expired);
@@ -138,7 +138,7 @@ impl QueueState {
             assert_eq!(c.queue, self.key.idx, "consumer's queue");
             let mut held = 0;
             let mut previous = 0;
-            for &tag in &c.tags {
+            for tag in c.tags.iter() {
                 assert!(previous < tag, "consumer tags in order");
                 previous = tag;
                 if let Some(lease) = self.leases.get(tag) {
