@@ -106,7 +106,8 @@ impl Ledger {
         let Some(n) = self.setup.name_index(name) else {
             return Ok(Err(Error::InvalidName));
         };
-        if !self.setup.is_valid(config) {
+        // A dead-letter queue must be another queue: whether it is depends on the name.
+        if !self.setup.is_valid(config) || config.dead_letter.as_deref() == Some(name) {
             return Ok(Err(Error::InvalidConfig(String::new())));
         }
         if let Some(q) = self.by_name[usize::from(n)] {
