@@ -544,14 +544,14 @@ impl ShardThread {
     /// Pushes deliveries into consumer channels, waking each async reader once per run.
     fn flush_deliveries(&mut self) {
         let mut last: Option<usize> = None;
+        // Under the manual clock time moves only as far as a caller asks, and what a channel
+        // holds after an `advance` must not depend on how it was stepped: no trimming.
+        let real_time = matches!(self.time, TimeSource::System(_));
         for (key, delivered) in self.out.deliveries.drain(..) {
             let slot = key.slot();
             let Some(Some(sink)) = self.sinks.get(slot) else {
                 continue;
             };
-            // Under the manual clock time moves only as far as a caller asks, and what a
-            // channel holds after an `advance` must not depend on how it was stepped.
-            let real_time = matches!(self.time, TimeSource::System(_));
             if real_time && sink.tx.len() >= 2 * sink.prefetch {
                 trim(&self.engine, key, sink);
             }
