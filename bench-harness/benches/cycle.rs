@@ -13,12 +13,12 @@ use std::collections::VecDeque;
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
 use criterion::{criterion_group, criterion_main, BenchmarkGroup, Criterion, Throughput};
 use leasemq_bench_harness::baseline::{MutexConsumer, MutexQueue};
+use leasemq_bench_harness::engine::{self, body, NOW};
 use leasemq_engine::{
-    Command, ConsumerConfig, ConsumerKey, DeliveryTag, Effects, Message, PutOutcome, QueueConfig,
-    QueueKey, Reply, Settle, Shard, Tick, MAX_PREFETCH,
+    Command, ConsumerKey, DeliveryTag, Effects, Message, PutOutcome, QueueConfig, QueueKey, Reply,
+    Settle, Shard, MAX_PREFETCH,
 };
 
 /// Leases outstanding throughout.
@@ -26,13 +26,6 @@ const OUTSTANDING: usize = 100_000;
 const CONSUMERS: usize = 2;
 /// Messages per batch in the batched variant.
 const BATCH: usize = 64;
-const BODY: &[u8; 16] = b"0123456789abcdef";
-/// The engine's time, which never moves here.
-const NOW: Tick = 1;
-
-fn body() -> Bytes {
-    Bytes::from_static(BODY)
-}
 
 /// One shard with one queue and [`CONSUMERS`] consumers.
 struct EngineCycle {
@@ -50,28 +43,11 @@ impl EngineCycle {
     fn new() -> EngineCycle {
         let mut shard = Shard::new(0, Duration::from_millis(1));
         let mut out = Effects::new();
-        let declare = Command::Declare {
-            name: "cycle".into(),
-            config: Box::new(QueueConfig::default()),
-        };
-        shard.handle(NOW, declare, &mut out);
-        let Some(Reply::Declared(Ok(queue))) = out.reply.take() else {
-            panic!("declare failed");
-        };
+        let queue = engine::declare(&mut shard, &mut out, "cycle");
         let consumers = (0..CONSUMERS)
             .map(|i| {
-                let consume = Command::Consume {
-                    queue,
-                    name: format!("consumer-{i}"),
-                    config: ConsumerConfig {
-                        prefetch: MAX_PREFETCH,
-                    },
-                };
-                shard.handle(NOW, consume, &mut out);
-                let Some(Reply::Consumed(Ok(key))) = out.reply.take() else {
-                    panic!("consume failed");
-                };
-                key
+                let name = format!("consumer-{i}");
+                engine::consume(&mut shard, &mut out, queue, &name, MAX_PREFETCH)
             })
             .collect();
         let mut cycle = EngineCycle {

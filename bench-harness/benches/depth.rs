@@ -17,13 +17,13 @@ use std::collections::VecDeque;
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use leasemq_bench_harness::baseline::{MutexConsumer, MutexQueue};
+use leasemq_bench_harness::engine::{self, body, NOW};
 use leasemq_bench_harness::is_bench_run;
 use leasemq_engine::{
-    Command, ConsumerConfig, ConsumerKey, DeliveryTag, Effects, Message, PutOutcome, QueueConfig,
-    QueueKey, Reply, Settle, Shard, Tick,
+    Command, ConsumerKey, DeliveryTag, Effects, Message, PutOutcome, QueueConfig, QueueKey, Reply,
+    Settle, Shard,
 };
 
 /// Backlogs measured, with their names in the benchmark ids.
@@ -39,13 +39,6 @@ const TEST_MODE_MAX: usize = 100_000;
 const PREFETCH: u32 = 64;
 /// Messages per `put_batch` while filling the backlog.
 const FILL_BATCH: usize = 4_096;
-const BODY: &[u8; 16] = b"0123456789abcdef";
-/// The engine's time, which never moves here.
-const NOW: Tick = 1;
-
-fn body() -> Bytes {
-    Bytes::from_static(BODY)
-}
 
 /// One shard, one queue holding a backlog, one consumer with no credit left.
 struct EngineDepth {
@@ -62,14 +55,7 @@ impl EngineDepth {
     fn new(queued: usize) -> EngineDepth {
         let mut shard = Shard::new(0, Duration::from_millis(1));
         let mut out = Effects::new();
-        let declare = Command::Declare {
-            name: "depth".into(),
-            config: Box::new(QueueConfig::default()),
-        };
-        shard.handle(NOW, declare, &mut out);
-        let Some(Reply::Declared(Ok(queue))) = out.reply.take() else {
-            panic!("declare failed");
-        };
+        let queue = engine::declare(&mut shard, &mut out, "depth");
         let mut left = queued + PREFETCH as usize;
         while left > 0 {
             let n = left.min(FILL_BATCH);
@@ -79,15 +65,7 @@ impl EngineDepth {
             assert!(matches!(reply, Some(Reply::PutBatch(Ok(v))) if v.len() == n));
             left -= n;
         }
-        let consume = Command::Consume {
-            queue,
-            name: "reader".into(),
-            config: ConsumerConfig { prefetch: PREFETCH },
-        };
-        shard.handle(NOW, consume, &mut out);
-        let Some(Reply::Consumed(Ok(_))) = out.reply.take() else {
-            panic!("consume failed");
-        };
+        engine::consume(&mut shard, &mut out, queue, "reader", PREFETCH);
         let mut depth = EngineDepth {
             shard,
             out,

@@ -7,9 +7,8 @@
 use std::collections::VecDeque;
 use std::time::Duration;
 
-use leasemq_engine::{
-    Command, ConsumerConfig, DeliveryTag, Effects, Message, QueueConfig, Reply, Settle, Shard,
-};
+use leasemq_bench_harness::engine;
+use leasemq_engine::{Command, DeliveryTag, Effects, Message, Reply, Settle, Shard};
 
 fn main() {
     let cycles: u64 = std::env::args()
@@ -17,33 +16,12 @@ fn main() {
         .map_or(200_000, |a| a.parse().expect("cycles"));
     let mut shard = Shard::new(0, Duration::from_millis(1));
     let mut out = Effects::new();
-    let config = Box::new(QueueConfig::default());
-    shard.handle(
-        1,
-        Command::Declare {
-            name: "cycle".into(),
-            config,
-        },
-        &mut out,
-    );
-    let Some(Reply::Declared(Ok(queue))) = out.reply.take() else {
-        panic!("declare failed")
-    };
+    let queue = engine::declare(&mut shard, &mut out, "cycle");
     for name in ["a", "b"] {
-        let config = ConsumerConfig { prefetch: 65_535 };
-        shard.handle(
-            1,
-            Command::Consume {
-                queue,
-                name: name.into(),
-                config,
-            },
-            &mut out,
-        );
-        out.reply.take();
+        engine::consume(&mut shard, &mut out, queue, name, 65_535);
     }
     let mut outstanding = VecDeque::new();
-    let body = bytes::Bytes::from_static(b"0123456789abcdef");
+    let body = engine::body();
     let put = |shard: &mut Shard, out: &mut Effects, outstanding: &mut VecDeque<DeliveryTag>| {
         let message = Message::new(body.clone());
         shard.handle(1, Command::Put { queue, message }, out);

@@ -27,6 +27,55 @@ pub fn is_bench_run() -> bool {
     bench
 }
 
+/// Setting up a bare engine shard for the benchmarks that drive it directly.
+pub mod engine {
+    use bytes::Bytes;
+    use leasemq_engine::{
+        Command, ConsumerConfig, ConsumerKey, Effects, QueueConfig, QueueKey, Reply, Shard, Tick,
+    };
+
+    /// The engine's time in these benchmarks, which never moves.
+    pub const NOW: Tick = 1;
+
+    /// A 16-byte body that costs no allocation to clone.
+    pub fn body() -> Bytes {
+        Bytes::from_static(b"0123456789abcdef")
+    }
+
+    /// Declares `name` with the default config; panics if the engine refuses.
+    pub fn declare(shard: &mut Shard, out: &mut Effects, name: &str) -> QueueKey {
+        let declare = Command::Declare {
+            name: name.into(),
+            config: Box::new(QueueConfig::default()),
+        };
+        shard.handle(NOW, declare, out);
+        let Some(Reply::Declared(Ok(queue))) = out.reply.take() else {
+            panic!("declaring {name} failed");
+        };
+        queue
+    }
+
+    /// Registers consumer `name` on `queue`; panics if the engine refuses.
+    pub fn consume(
+        shard: &mut Shard,
+        out: &mut Effects,
+        queue: QueueKey,
+        name: &str,
+        prefetch: u32,
+    ) -> ConsumerKey {
+        let consume = Command::Consume {
+            queue,
+            name: name.into(),
+            config: ConsumerConfig { prefetch },
+        };
+        shard.handle(NOW, consume, out);
+        let Some(Reply::Consumed(Ok(key))) = out.reply.take() else {
+            panic!("consuming as {name} failed");
+        };
+        key
+    }
+}
+
 pub mod baseline {
     //! A straightforward work queue behind one `Mutex`: the baseline of the benchmarks.
     //!
