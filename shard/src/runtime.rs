@@ -22,7 +22,7 @@ use leasemq_engine::{
     QueueStats, Reply, Shard, Tick, TickLength,
 };
 
-use crate::reply::{spin_for, Answer, ReplyTo};
+use crate::reply::{yield_for, Answer, ReplyTo};
 use crate::router::shard_for;
 
 /// Requests handled per loop turn before effects are flushed.
@@ -244,7 +244,7 @@ impl ShardThread {
             let retry = Instant::now() + Duration::from_micros(100);
             Some(wake_at.map_or(retry, |at| at.min(retry)))
         };
-        if let Some(req) = spin_for(|| self.inbox.try_recv().ok()) {
+        if let Some(req) = yield_for(|| self.inbox.try_recv().ok()) {
             return Some(Ok(req));
         }
         match wake_at {
