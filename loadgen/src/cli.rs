@@ -37,6 +37,9 @@ pub enum Api {
     PerMessage,
     /// `put_batch` and `Consumer::ack_up_to`, many messages per round trip.
     Batched,
+    /// `put_async`, `Consumer::next` and `ack_async`, one message per call, from tokio tasks:
+    /// many calls in flight per runtime thread (closed loop only).
+    Async,
 }
 
 impl Api {
@@ -44,6 +47,7 @@ impl Api {
         match self {
             Api::PerMessage => "per-message",
             Api::Batched => "batched",
+            Api::Async => "async",
         }
     }
 }
@@ -67,10 +71,11 @@ pub struct OutputArgs {
 /// `throughput` and `sweep`.
 #[derive(Debug, Clone, Args)]
 pub struct WorkloadArgs {
-    /// Producer threads.
+    /// Producer threads (tokio tasks with `--api async`).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=1024))]
     pub producers: u32,
-    /// Consumer threads, each with one consumer; consumer i reads queue i mod Q.
+    /// Consumer threads (tokio tasks with `--api async`), each with one consumer; consumer i
+    /// reads queue i mod Q.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=1024))]
     pub consumers: u32,
     /// Queues, spread evenly over the shards (at most one per consumer).
@@ -88,9 +93,14 @@ pub struct WorkloadArgs {
     /// Deliveries per `ack_up_to` (batched API); fewer when the consumer's channel runs dry.
     #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..=65_536))]
     pub settle_batch: u32,
-    /// per-message (`put`, `ack`) or batched (`put_batch`, `ack_up_to`).
+    /// per-message (`put`, `ack`), batched (`put_batch`, `ack_up_to`) or async (`put_async`,
+    /// `ack_async` from tokio tasks).
     #[arg(long, value_enum, default_value_t = Api::Batched)]
     pub api: Api,
+    /// `--api async`: the tokio runtime's worker threads, which run every producer and
+    /// consumer task.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=256))]
+    pub runtime_threads: u32,
     /// Open loop, batched API: the longest a due message waits for its batch to fill.
     #[arg(long, default_value = "100us", value_parser = parse_duration)]
     pub linger: Duration,

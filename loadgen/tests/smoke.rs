@@ -270,6 +270,43 @@ fn throughput_per_message_open_loop() {
 }
 
 #[test]
+fn throughput_async_tasks() {
+    let s = run_and_check(
+        "tp-async",
+        &[
+            "throughput",
+            "--producers",
+            "8",
+            "--consumers",
+            "8",
+            "--queues",
+            "2",
+            "--api",
+            "async",
+            "--runtime-threads",
+            "2",
+            "--duration",
+            "700ms",
+            "--warmup",
+            "100ms",
+            "--quiet",
+        ],
+    );
+    assert!(rate(&s, "acked") > 0.0);
+    assert_eq!(s["config"]["api"], "async");
+    assert_eq!(s["config"]["runtime_threads"], 2);
+    // One `ack_async` per message, as with the blocking per-message API.
+    let settle_calls = s["details"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|d| d["name"] == "settle calls")
+        .and_then(|d| d["value"].as_u64())
+        .expect("settle calls");
+    assert_eq!(Some(settle_calls), s["accounting"]["acked"].as_u64());
+}
+
+#[test]
 fn redelivery_measures_lateness() {
     let s = run_and_check(
         "redelivery",
@@ -317,6 +354,9 @@ fn bad_flags_exit_non_zero_with_a_message() {
     let output = run(&["throughput", "--duration", "5"]);
     assert!(!output.status.success());
     assert!(text(&output.stderr).contains("no unit"));
+    let output = run(&["throughput", "--api", "async", "--rate", "1000"]);
+    assert_eq!(output.status.code(), Some(2));
+    assert!(text(&output.stderr).contains("closed loop only"));
 }
 
 #[test]

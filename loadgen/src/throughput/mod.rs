@@ -19,6 +19,7 @@ use crate::report::{load_average, Detail, Rate, Summary};
 use crate::Run;
 
 pub mod step;
+mod tasks;
 mod workers;
 
 use step::{run_step, Step, StepOutcome, ACK_TIMEOUT, HISTOGRAMS};
@@ -44,16 +45,24 @@ pub fn run(args: &ThroughputArgs) -> Result<Run, String> {
 
 /// "1 producer(s), 1 consumer(s), 1 queue(s); 16-byte bodies; batched API (…)".
 pub fn workload_text(w: &WorkloadArgs) -> String {
-    let api_text = if w.api == Api::Batched {
-        format!(
+    let api_text = match w.api {
+        Api::Batched => format!(
             "batched API (put batch {}, settle batch {}, prefetch {})",
             w.put_batch, w.settle_batch, w.prefetch
-        )
+        ),
+        Api::PerMessage => format!("per-message API (prefetch {})", w.prefetch),
+        Api::Async => format!(
+            "per-message async API on {} runtime thread(s) (prefetch {})",
+            w.runtime_threads, w.prefetch
+        ),
+    };
+    let unit = if w.api == Api::Async {
+        " task(s)"
     } else {
-        format!("per-message API (prefetch {})", w.prefetch)
+        "(s)"
     };
     format!(
-        "{} producer(s), {} consumer(s), {} queue(s); {}-byte bodies; {api_text}",
+        "{} producer{unit}, {} consumer{unit}, {} queue(s); {}-byte bodies; {api_text}",
         w.producers, w.consumers, w.queues, w.body_bytes
     )
 }
@@ -64,7 +73,7 @@ pub fn workload_json(w: &WorkloadArgs) -> serde_json::Value {
         "producers": w.producers, "consumers": w.consumers, "queues": w.queues,
         "body_bytes": w.body_bytes, "prefetch": w.prefetch,
         "put_batch": w.put_batch, "settle_batch": w.settle_batch,
-        "api": w.api.name(), "linger_s": w.linger.as_secs_f64(),
+        "api": w.api.name(), "runtime_threads": w.runtime_threads, "linger_s": w.linger.as_secs_f64(),
         "ack_timeout_s": ACK_TIMEOUT.as_secs_f64(),
     })
 }

@@ -9,6 +9,7 @@ use std::time::{Duration, SystemTime};
 
 use leasemq::{Broker, Consumer, ConsumerConfig, Queue, QueueConfig, QueueStats};
 
+use super::tasks;
 use super::workers::{consume, produce, ConsumerResult, Plan, ProducerResult, Shared};
 use crate::cli::{Api, WorkloadArgs};
 use crate::common::{add_stats, broker_error, nanos, queue_names, Clock};
@@ -83,6 +84,13 @@ pub fn validate(w: &WorkloadArgs, rate: Option<u64>, duration: Duration) -> Resu
     }
     if rate == Some(0) {
         return Err("--rate must be more than zero".into());
+    }
+    if rate.is_some() && w.api == Api::Async {
+        return Err(
+            "--api async runs a closed loop only: an open loop (--rate, sweep) needs \
+             --api per-message or --api batched"
+                .into(),
+        );
     }
     Ok(())
 }
@@ -160,16 +168,38 @@ pub fn run_step(step: &Step, progress: &Progress) -> Result<StepOutcome, String>
     let epoch = SystemTime::now();
     let mut watch = Watch::new(step, &plan, clock, epoch, progress);
 
+    let runtime = match step.workload.api {
+        Api::Async => Some(
+            tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(step.workload.runtime_threads as usize)
+                .thread_name("loadgen-runtime")
+                .enable_time()
+                .build()
+                .map_err(|e| format!("starting the tokio runtime: {e}"))?,
+        ),
+        _ => None,
+    };
     let consumer_threads: Vec<_> = cs
         .into_iter()
         .enumerate()
         .map(|(i, c)| {
             let (plan, shared) = (plan.clone(), shared.clone());
             let result = watch.consumer_result();
-            thread::Builder::new()
-                .name(format!("consumer-{i}"))
-                .spawn(move || consume(c, result, &plan, clock, &shared))
-                .expect("spawn a consumer thread")
+            match &runtime {
+                Some(rt) => {
+                    let queue = qs[i % qs.len()].clone();
+                    Worker::Task(
+                        rt.handle().clone(),
+                        rt.spawn(tasks::consume(c, queue, result, plan, clock, shared)),
+                    )
+                }
+                None => Worker::Thread(
+                    thread::Builder::new()
+                        .name(format!("consumer-{i}"))
+                        .spawn(move || consume(c, result, &plan, clock, &shared))
+                        .expect("spawn a consumer thread"),
+                ),
+            }
         })
         .collect();
     // Only the workers hold senders now: the channel closes when the last one finishes.
@@ -181,10 +211,18 @@ pub fn run_step(step: &Step, progress: &Progress) -> Result<StepOutcome, String>
             let mine: Vec<Queue> = (0..qs.len())
                 .map(|k| qs[(j + k) % qs.len()].clone())
                 .collect();
-            thread::Builder::new()
-                .name(format!("producer-{j}"))
-                .spawn(move || produce(j as u64, &mine, &plan, clock, &shared))
-                .expect("spawn a producer thread")
+            match &runtime {
+                Some(rt) => Worker::Task(
+                    rt.handle().clone(),
+                    rt.spawn(tasks::produce(j as u64, mine, plan, clock, shared)),
+                ),
+                None => Worker::Thread(
+                    thread::Builder::new()
+                        .name(format!("producer-{j}"))
+                        .spawn(move || produce(j as u64, &mine, &plan, clock, &shared))
+                        .expect("spawn a producer thread"),
+                ),
+            }
         })
         .collect();
 
@@ -211,9 +249,7 @@ pub fn run_step(step: &Step, progress: &Progress) -> Result<StepOutcome, String>
     };
     let mut problems = Vec::new();
     for t in producer_threads {
-        let r: ProducerResult = t
-            .join()
-            .map_err(|_| "a producer thread panicked".to_string())?;
+        let r: ProducerResult = t.join().ok_or_else(|| "a producer panicked".to_string())?;
         put_per_producer.push(r.put);
         out.put_in_window += r.put_in_window;
         problems.extend(r.problem);
@@ -221,9 +257,7 @@ pub fn run_step(step: &Step, progress: &Progress) -> Result<StepOutcome, String>
     let mut ledger = crate::common::Ledger::default();
     let mut redelivered = 0;
     for t in consumer_threads {
-        let r = t
-            .join()
-            .map_err(|_| "a consumer thread panicked".to_string())?;
+        let r = t.join().ok_or_else(|| "a consumer panicked".to_string())?;
         out.deliver.merge(&r.deliver.finish());
         out.ack.merge(&r.ack.finish());
         out.settle.merge(&r.settle.finish());
@@ -236,6 +270,7 @@ pub fn run_step(step: &Step, progress: &Progress) -> Result<StepOutcome, String>
         problems.extend(r.problems);
     }
     out.intervals = watch.finish();
+    drop(runtime);
 
     let mut stats = QueueStats::default();
     for q in &qs {
@@ -301,6 +336,29 @@ fn check(
         ));
     }
     a.conclude();
+}
+
+/// A producer or consumer: a thread, or a task on the run's tokio runtime (`--api async`).
+enum Worker<T> {
+    Thread(JoinHandle<T>),
+    Task(tokio::runtime::Handle, tokio::task::JoinHandle<T>),
+}
+
+impl<T> Worker<T> {
+    fn is_finished(&self) -> bool {
+        match self {
+            Worker::Thread(t) => t.is_finished(),
+            Worker::Task(_, t) => t.is_finished(),
+        }
+    }
+
+    /// Its result; `None` if it panicked.
+    fn join(self) -> Option<T> {
+        match self {
+            Worker::Thread(t) => t.join().ok(),
+            Worker::Task(rt, t) => rt.block_on(t).ok(),
+        }
+    }
 }
 
 /// The thread that started the step, while the workers run: folds finished intervals into
@@ -376,8 +434,8 @@ impl<'a> Watch<'a> {
         }
     }
 
-    /// Waits until every worker thread has finished (the drain after the window).
-    fn while_running<A, B>(&mut self, producers: &[JoinHandle<A>], consumers: &[JoinHandle<B>]) {
+    /// Waits until every worker has finished (the drain after the window).
+    fn while_running<A, B>(&mut self, producers: &[Worker<A>], consumers: &[Worker<B>]) {
         while !(producers.iter().all(|t| t.is_finished())
             && consumers.iter().all(|t| t.is_finished()))
         {

@@ -258,7 +258,8 @@ pub(super) fn consume(
             r.deliver.record(now, now.saturating_sub(sent));
         }
         match plan.api {
-            Api::PerMessage => {
+            // Async workers are tasks (`tasks.rs`); one message per call here too.
+            Api::PerMessage | Api::Async => {
                 let t0 = clock.now_ns();
                 let acked = delivery.ack();
                 let t1 = clock.now_ns();
@@ -284,7 +285,7 @@ pub(super) fn consume(
 }
 
 #[inline]
-fn on_acked(r: &mut ConsumerResult, plan: &Plan, sent: u64, seq: u64, at: u64) {
+pub(super) fn on_acked(r: &mut ConsumerResult, plan: &Plan, sent: u64, seq: u64, at: u64) {
     r.ledger.mark(seq);
     r.acked += 1;
     if plan.in_window(at) {
