@@ -6,7 +6,9 @@
 //! run of holes; once holes far outnumber live leases, the oldest leases move to an ordered map,
 //! a few per call so that no call stalls, and memory stays proportional to the live leases.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::BTreeMap;
+
+use crate::deque::ChunkedDeque;
 
 use crate::wheel::{Tick, TimerKey};
 
@@ -34,7 +36,7 @@ const MOVES_PER_CALL: usize = 8;
 pub(crate) struct LeaseTable {
     /// The tag of `ring[0]`; `base + ring.len()` is the next tag to be handed out.
     base: u64,
-    ring: VecDeque<Option<Lease>>,
+    ring: ChunkedDeque<Option<Lease>>,
     in_ring: usize,
     /// Leases older than `base`.
     overflow: BTreeMap<u64, Lease>,
@@ -45,7 +47,7 @@ impl LeaseTable {
     pub fn new(first: u64) -> LeaseTable {
         LeaseTable {
             base: first,
-            ring: VecDeque::new(),
+            ring: ChunkedDeque::new(),
             in_ring: 0,
             overflow: BTreeMap::new(),
         }

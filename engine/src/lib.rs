@@ -32,6 +32,7 @@
 
 mod chunked;
 mod command;
+mod deque;
 mod leases;
 mod queue;
 mod types;

@@ -1,7 +1,7 @@
 //! One queue's state and operations: messages, the ready lists, the lease table, consumers'
 //! round robin, dedup and retry.
 
-use std::collections::VecDeque;
+use crate::deque::ChunkedDeque;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -145,8 +145,8 @@ pub(crate) struct QueueState {
     dedup_ticks: Tick,
     msgs: ChunkSlab<Msg>,
     /// Messages that came back, in the order they became ready again; delivered first.
-    returned: VecDeque<u32>,
-    fresh: VecDeque<u32>,
+    returned: ChunkedDeque<u32>,
+    fresh: ChunkedDeque<u32>,
     delayed: usize,
     leases: LeaseTable,
     /// Consumer slots in registration order.
@@ -170,8 +170,8 @@ impl QueueState {
             dedup_ticks: tick.ticks(config.dedup_window),
             config,
             msgs: ChunkSlab::new(),
-            returned: VecDeque::new(),
-            fresh: VecDeque::new(),
+            returned: ChunkedDeque::new(),
+            fresh: ChunkedDeque::new(),
             delayed: 0,
             leases: LeaseTable::new(1),
             consumers: Vec::new(),

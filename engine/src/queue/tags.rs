@@ -1,6 +1,6 @@
 //! The tags delivered to one consumer, for `ack_up_to` and cancel.
 
-use std::collections::VecDeque;
+use crate::deque::ChunkedDeque;
 
 /// Tags moved per call while a sweep runs: more than the one tag a call can add, so a
 /// sweep always ends, and few enough that no call stalls.
@@ -15,9 +15,9 @@ const SWEEP_STEP: usize = 8;
 #[derive(Debug, Default)]
 pub(crate) struct Tags {
     /// Swept: tags that were live when the sweep passed them, all before `rest`'s.
-    swept: VecDeque<u64>,
+    swept: ChunkedDeque<u64>,
     /// Not yet swept (every tag, while no sweep runs); new tags go on its back.
-    rest: VecDeque<u64>,
+    rest: ChunkedDeque<u64>,
     sweeping: bool,
 }
 
@@ -41,7 +41,7 @@ impl Tags {
 
     /// Every tag, in order, settled ones included.
     pub fn iter(&self) -> impl Iterator<Item = u64> + '_ {
-        self.swept.iter().chain(&self.rest).copied()
+        self.swept.iter().chain(self.rest.iter()).copied()
     }
 
     /// Takes every tag, in order.
@@ -49,7 +49,7 @@ impl Tags {
         let swept = std::mem::take(&mut self.swept);
         let rest = std::mem::take(&mut self.rest);
         self.sweeping = false;
-        swept.into_iter().chain(rest)
+        swept.into_entries().chain(rest.into_entries())
     }
 
     /// After a lease of this consumer ended: drops the settled tags at the front, and
