@@ -63,12 +63,14 @@ impl LeaseTable {
     }
 
     /// Adds the lease of the next tag.
+    #[inline]
     pub fn insert(&mut self, tag: u64, lease: Lease) {
         assert_eq!(tag, self.next_tag(), "tags are handed out in order");
         self.ring.push_back(Some(lease));
         self.in_ring += 1;
     }
 
+    #[inline]
     pub fn get(&self, tag: u64) -> Option<&Lease> {
         if tag >= self.base {
             self.ring.get((tag - self.base) as usize)?.as_ref()
