@@ -13,12 +13,9 @@ use std::time::Duration;
 
 use leasemq::{Consumer, Message, Queue};
 
-use super::workers::{on_acked, ConsumerResult, Plan, ProducerResult, Shared};
-use crate::cli::format_duration;
-use crate::common::{broker_error, nanos, read_header, seq_of, BodyWriter, Clock};
+use super::workers::{ConsumerResult, Plan, ProducerResult, Shared};
+use crate::common::{broker_error, seq_of, BodyWriter, Clock};
 
-/// How long consumers may take, after producers stop, to ack what is still in flight.
-const DRAIN_LIMIT: Duration = Duration::from_secs(30);
 /// How long a producer pauses when the bound on messages in flight is reached.
 const FULL_PAUSE: Duration = Duration::from_millis(1);
 /// How long an idle consumer waits for a delivery before it looks whether the run is over.
@@ -32,11 +29,7 @@ pub(super) async fn produce(
     clock: Clock,
     shared: Arc<Shared>,
 ) -> ProducerResult {
-    let mut result = ProducerResult {
-        put: 0,
-        put_in_window: 0,
-        problem: None,
-    };
+    let mut result = ProducerResult::default();
     let mut bodies = BodyWriter::new(plan.body_bytes);
     let mut local = 0u64;
     let mut turn = 0usize;
@@ -85,26 +78,11 @@ pub(super) async fn consume(
     clock: Clock,
     shared: Arc<Shared>,
 ) -> ConsumerResult {
-    let deadline = plan.end_ns + nanos(DRAIN_LIMIT);
     loop {
         let delivery = match consumer.try_recv() {
             Ok(Some(d)) => d,
             Ok(None) => {
-                let done = u64::from(shared.producers_done.load(Relaxed)) == plan.producers
-                    && shared.acked.load(Relaxed) >= shared.put.load(Relaxed);
-                if done || shared.abort.load(Relaxed) {
-                    break;
-                }
-                let now = clock.now_ns();
-                r.deliver.tick(now);
-                r.ack.tick(now);
-                r.settle.tick(now);
-                if now > deadline {
-                    r.problems.push(format!(
-                        "{}: gave up waiting for deliveries {} after the run",
-                        consumer.name(),
-                        format_duration(DRAIN_LIMIT)
-                    ));
+                if r.idle(consumer.name(), &plan, &shared, clock.now_ns()) {
                     break;
                 }
                 // `next` is cancel-safe: a timeout loses no delivery.
@@ -123,32 +101,12 @@ pub(super) async fn consume(
                 break;
             }
         };
-        let now = clock.now_ns();
-        let Some((sent, seq)) = read_header(&delivery.envelope().body) else {
-            r.problems
-                .push("a delivery without the 16-byte header".into());
+        let Some(header) = r.delivered(&delivery, &plan, clock.now_ns()) else {
             continue;
         };
-        if delivery.envelope().attempt > 1 {
-            r.redelivered += 1;
-        }
-        if plan.in_window(now) {
-            r.delivered_in_window += 1;
-        }
-        if plan.in_window(sent) {
-            r.deliver.record(now, now.saturating_sub(sent));
-        }
         let t0 = clock.now_ns();
         let acked = queue.ack_async(delivery.tag()).await;
-        let t1 = clock.now_ns();
-        r.settle_calls += 1;
-        if plan.in_window(t0) {
-            r.settle.record(t1, t1 - t0);
-        }
-        if acked {
-            on_acked(&mut r, &plan, sent, seq, t1);
-            shared.acked.fetch_add(1, Relaxed);
-        }
+        r.settled_one(&plan, &shared, header, t0, clock.now_ns(), acked);
     }
     r
 }

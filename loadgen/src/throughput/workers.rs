@@ -60,6 +60,7 @@ pub(super) struct Shared {
     pub(super) abort: AtomicBool,
 }
 
+#[derive(Default)]
 pub(super) struct ProducerResult {
     pub(super) put: u64,
     pub(super) put_in_window: u64,
@@ -90,11 +91,7 @@ pub(super) fn produce(
     clock: Clock,
     shared: &Shared,
 ) -> ProducerResult {
-    let mut result = ProducerResult {
-        put: 0,
-        put_in_window: 0,
-        problem: None,
-    };
+    let mut result = ProducerResult::default();
     let mut bodies = BodyWriter::new(plan.body_bytes);
     let mut local = 0u64;
     let mut turn = 0usize;
@@ -201,7 +198,6 @@ pub(super) fn consume(
         sent: Vec::with_capacity(plan.settle_batch),
         last: None,
     };
-    let deadline = plan.end_ns + nanos(DRAIN_LIMIT);
     loop {
         let delivery = match consumer.try_recv() {
             Ok(Some(d)) => d,
@@ -210,22 +206,7 @@ pub(super) fn consume(
                     flush(&consumer, &mut pending, &mut r, plan, clock, shared);
                     continue;
                 }
-                let done = shared.producers_done.load(Relaxed) as u64 == plan.producers
-                    && shared.acked.load(Relaxed) >= shared.put.load(Relaxed);
-                if done || shared.abort.load(Relaxed) {
-                    break;
-                }
-                let now = clock.now_ns();
-                // Idle: hand finished intervals over now rather than at the next value.
-                r.deliver.tick(now);
-                r.ack.tick(now);
-                r.settle.tick(now);
-                if now > deadline {
-                    r.problems.push(format!(
-                        "{}: gave up waiting for deliveries {} after the run",
-                        consumer.name(),
-                        format_duration(DRAIN_LIMIT)
-                    ));
+                if r.idle(consumer.name(), plan, shared, clock.now_ns()) {
                     break;
                 }
                 match consumer.recv_timeout(Duration::from_millis(1)) {
@@ -242,35 +223,15 @@ pub(super) fn consume(
                 break;
             }
         };
-        let now = clock.now_ns();
-        let Some((sent, seq)) = read_header(&delivery.envelope().body) else {
-            r.problems
-                .push("a delivery without the 16-byte header".into());
+        let Some((sent, seq)) = r.delivered(&delivery, plan, clock.now_ns()) else {
             continue;
         };
-        if delivery.envelope().attempt > 1 {
-            r.redelivered += 1;
-        }
-        if plan.in_window(now) {
-            r.delivered_in_window += 1;
-        }
-        if plan.in_window(sent) {
-            r.deliver.record(now, now.saturating_sub(sent));
-        }
         match plan.api {
             // Async workers are tasks (`tasks.rs`); one message per call here too.
             Api::PerMessage | Api::Async => {
                 let t0 = clock.now_ns();
                 let acked = delivery.ack();
-                let t1 = clock.now_ns();
-                r.settle_calls += 1;
-                if plan.in_window(t0) {
-                    r.settle.record(t1, t1 - t0);
-                }
-                if acked {
-                    on_acked(&mut r, plan, sent, seq, t1);
-                    shared.acked.fetch_add(1, Relaxed);
-                }
+                r.settled_one(plan, shared, (sent, seq), t0, clock.now_ns(), acked);
             }
             Api::Batched => {
                 pending.sent.push((sent, seq));
@@ -284,8 +245,77 @@ pub(super) fn consume(
     r
 }
 
+impl ConsumerResult {
+    /// Nothing to receive at `now`: whether this consumer is done (every producer finished
+    /// and everything put acked, the run aborted, or the drain took too long, which is a
+    /// problem). Hands finished intervals over now rather than at the next value.
+    pub(super) fn idle(&mut self, name: &str, plan: &Plan, shared: &Shared, now: u64) -> bool {
+        let done = u64::from(shared.producers_done.load(Relaxed)) == plan.producers
+            && shared.acked.load(Relaxed) >= shared.put.load(Relaxed);
+        if done || shared.abort.load(Relaxed) {
+            return true;
+        }
+        self.deliver.tick(now);
+        self.ack.tick(now);
+        self.settle.tick(now);
+        if now > plan.end_ns + nanos(DRAIN_LIMIT) {
+            self.problems.push(format!(
+                "{name}: gave up waiting for deliveries {} after the run",
+                format_duration(DRAIN_LIMIT)
+            ));
+            return true;
+        }
+        false
+    }
+
+    /// A delivery arrived at `now`: records it and returns its send time and sequence
+    /// number, or `None` (noted as a problem) when it lacks the header.
+    pub(super) fn delivered(
+        &mut self,
+        delivery: &Delivery,
+        plan: &Plan,
+        now: u64,
+    ) -> Option<(u64, u64)> {
+        let Some((sent, seq)) = read_header(&delivery.envelope().body) else {
+            self.problems
+                .push("a delivery without the 16-byte header".into());
+            return None;
+        };
+        if delivery.envelope().attempt > 1 {
+            self.redelivered += 1;
+        }
+        if plan.in_window(now) {
+            self.delivered_in_window += 1;
+        }
+        if plan.in_window(sent) {
+            self.deliver.record(now, now.saturating_sub(sent));
+        }
+        Some((sent, seq))
+    }
+
+    /// A one-message ack call, made at `t0`, answered `acked` at `t1`.
+    pub(super) fn settled_one(
+        &mut self,
+        plan: &Plan,
+        shared: &Shared,
+        (sent, seq): (u64, u64),
+        t0: u64,
+        t1: u64,
+        acked: bool,
+    ) {
+        self.settle_calls += 1;
+        if plan.in_window(t0) {
+            self.settle.record(t1, t1 - t0);
+        }
+        if acked {
+            on_acked(self, plan, sent, seq, t1);
+            shared.acked.fetch_add(1, Relaxed);
+        }
+    }
+}
+
 #[inline]
-pub(super) fn on_acked(r: &mut ConsumerResult, plan: &Plan, sent: u64, seq: u64, at: u64) {
+fn on_acked(r: &mut ConsumerResult, plan: &Plan, sent: u64, seq: u64, at: u64) {
     r.ledger.mark(seq);
     r.acked += 1;
     if plan.in_window(at) {
