@@ -13,8 +13,7 @@
 //! as a user of a queue with no blocking receive would.
 
 use std::hint::black_box;
-use std::thread;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::Bytes;
 use criterion::measurement::WallTime;
@@ -59,23 +58,10 @@ fn two_threads<C: Send>(
     consumer: C,
     consume: impl FnOnce(&C) + Send,
 ) -> (Duration, C) {
-    let start = Instant::now();
-    let consumer = thread::scope(|s| {
-        let producer = thread::Builder::new()
-            .name("bench-producer".into())
-            .spawn_scoped(s, produce)
-            .expect("producer thread");
-        let consumer = thread::Builder::new()
-            .name("bench-consumer".into())
-            .spawn_scoped(s, move || {
-                consume(&consumer);
-                consumer
-            })
-            .expect("consumer thread");
-        producer.join().expect("producer ran");
-        consumer.join().expect("consumer ran")
-    });
-    (start.elapsed(), consumer)
+    leasemq_bench_harness::two_threads(produce, move || {
+        consume(&consumer);
+        consumer
+    })
 }
 
 /// Times `iters` runs, each on the same queue and consumer.

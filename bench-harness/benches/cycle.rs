@@ -78,13 +78,7 @@ impl EngineCycle {
     }
 
     fn put_one(&mut self) {
-        let put = Command::Put {
-            queue: self.queue,
-            message: Message::new(body()),
-        };
-        self.shard.handle(NOW, put, &mut self.out);
-        let reply = self.out.reply.take();
-        assert!(matches!(reply, Some(Reply::Put(Ok(PutOutcome::Enqueued)))));
+        engine::put(&mut self.shard, &mut self.out, self.queue);
         self.take_deliveries();
     }
 

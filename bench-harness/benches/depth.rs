@@ -89,13 +89,7 @@ impl EngineDepth {
 
     /// A put to the back of the backlog, then an ack that delivers its front.
     fn cycle(&mut self) {
-        let put = Command::Put {
-            queue: self.queue,
-            message: Message::new(body()),
-        };
-        self.shard.handle(NOW, put, &mut self.out);
-        let reply = self.out.reply.take();
-        assert!(matches!(reply, Some(Reply::Put(Ok(PutOutcome::Enqueued)))));
+        engine::put(&mut self.shard, &mut self.out, self.queue);
         assert!(self.out.deliveries.is_empty(), "no credit: the put waits");
         let tag = self.outstanding.pop_front().expect("a lease outstanding");
         let ack = Command::Settle {

@@ -14,8 +14,7 @@
 //! `iter_custom`; throughput is deliveries per second.
 
 use std::hint::black_box;
-use std::thread;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::Bytes;
 use criterion::{criterion_group, criterion_main, Criterion, SamplingMode, Throughput};
@@ -37,20 +36,7 @@ fn body() -> Bytes {
 
 /// Runs `produce` and `consume` on two threads; the time until both are done.
 fn two_threads(produce: impl FnOnce() + Send, consume: impl FnOnce() + Send) -> Duration {
-    let start = Instant::now();
-    thread::scope(|s| {
-        let producer = thread::Builder::new()
-            .name("bench-producer".into())
-            .spawn_scoped(s, produce)
-            .expect("producer thread");
-        let consumer = thread::Builder::new()
-            .name("bench-consumer".into())
-            .spawn_scoped(s, consume)
-            .expect("consumer thread");
-        producer.join().expect("producer ran");
-        consumer.join().expect("consumer ran");
-    });
-    start.elapsed()
+    leasemq_bench_harness::two_threads(produce, consume).0
 }
 
 /// One timed run through the broker; the acks that give the credit back are not timed.

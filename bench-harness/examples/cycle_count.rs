@@ -8,7 +8,7 @@ use std::collections::VecDeque;
 use std::time::Duration;
 
 use leasemq_bench_harness::engine;
-use leasemq_engine::{Command, DeliveryTag, Effects, Message, Reply, Settle, Shard};
+use leasemq_engine::{Command, DeliveryTag, Effects, Reply, Settle, Shard};
 
 fn main() {
     let cycles: u64 = std::env::args()
@@ -21,11 +21,8 @@ fn main() {
         engine::consume(&mut shard, &mut out, queue, name, 65_535);
     }
     let mut outstanding = VecDeque::new();
-    let body = engine::body();
     let put = |shard: &mut Shard, out: &mut Effects, outstanding: &mut VecDeque<DeliveryTag>| {
-        let message = Message::new(body.clone());
-        shard.handle(1, Command::Put { queue, message }, out);
-        out.reply.take();
+        engine::put(shard, out, queue);
         for (_, d) in out.deliveries.drain(..) {
             outstanding.push_back(d.tag);
         }

@@ -27,11 +27,34 @@ pub fn is_bench_run() -> bool {
     bench
 }
 
+/// Runs `produce` and `consume` on two named threads; returns the time from their start
+/// until both are done, and what `consume` returned.
+pub fn two_threads<R: Send>(
+    produce: impl FnOnce() + Send,
+    consume: impl FnOnce() -> R + Send,
+) -> (std::time::Duration, R) {
+    let start = std::time::Instant::now();
+    let consumed = std::thread::scope(|s| {
+        let producer = std::thread::Builder::new()
+            .name("bench-producer".into())
+            .spawn_scoped(s, produce)
+            .expect("producer thread");
+        let consumer = std::thread::Builder::new()
+            .name("bench-consumer".into())
+            .spawn_scoped(s, consume)
+            .expect("consumer thread");
+        producer.join().expect("producer ran");
+        consumer.join().expect("consumer ran")
+    });
+    (start.elapsed(), consumed)
+}
+
 /// Setting up a bare engine shard for the benchmarks that drive it directly.
 pub mod engine {
     use bytes::Bytes;
     use leasemq_engine::{
-        Command, ConsumerConfig, ConsumerKey, Effects, QueueConfig, QueueKey, Reply, Shard, Tick,
+        Command, ConsumerConfig, ConsumerKey, Effects, Message, PutOutcome, QueueConfig, QueueKey,
+        Reply, Shard, Tick,
     };
 
     /// The engine's time in these benchmarks, which never moves.
@@ -53,6 +76,21 @@ pub mod engine {
             panic!("declaring {name} failed");
         };
         queue
+    }
+
+    /// Puts one message with [`body`] into `queue`; panics unless it is enqueued. The
+    /// deliveries it caused are left in `out`.
+    pub fn put(shard: &mut Shard, out: &mut Effects, queue: QueueKey) {
+        let put = Command::Put {
+            queue,
+            message: Message::new(body()),
+        };
+        shard.handle(NOW, put, out);
+        let reply = out.reply.take();
+        assert!(
+            matches!(reply, Some(Reply::Put(Ok(PutOutcome::Enqueued)))),
+            "put answered {reply:?}"
+        );
     }
 
     /// Registers consumer `name` on `queue`; panics if the engine refuses.

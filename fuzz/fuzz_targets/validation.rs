@@ -19,6 +19,7 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 use leasemq::{Broker, Consumer, ConsumerConfig, Error, Message, PutOutcome, Queue, QueueConfig};
+use leasemq_sim::fuzz::ByteSource;
 use libfuzzer_sys::fuzz_target;
 
 const DAY: Duration = Duration::from_secs(24 * 3600);
@@ -28,22 +29,16 @@ const MAX_BODY_LIMIT: usize = 64 * 1024 * 1024;
 const MAX_CALLS: usize = 64;
 
 /// The input as a stream of choices; 0 once it runs out.
-struct Input<'a> {
-    data: &'a [u8],
-}
+struct Input<'a>(ByteSource<'a>);
 
 impl Input<'_> {
     fn is_empty(&self) -> bool {
-        self.data.is_empty()
+        self.0.is_empty()
     }
 
     /// The next `n` bytes (at most 8) as a little-endian number.
     fn take(&mut self, n: usize) -> u64 {
-        let (head, tail) = self.data.split_at(n.min(self.data.len()));
-        self.data = tail;
-        head.iter()
-            .rev()
-            .fold(0, |acc, &b| (acc << 8) | u64::from(b))
+        self.0.take(n)
     }
 
     /// In `0..n`, from one byte (`n` is at most 256 everywhere here).
@@ -61,10 +56,8 @@ impl Input<'_> {
 
     /// Up to `max` raw bytes, as (lossy) UTF-8.
     fn text(&mut self, max: usize) -> String {
-        let len = self.below(max + 1).min(self.data.len());
-        let (head, tail) = self.data.split_at(len);
-        self.data = tail;
-        String::from_utf8_lossy(head).into_owned()
+        let len = self.below(max + 1);
+        String::from_utf8_lossy(self.0.bytes(len)).into_owned()
     }
 
     fn queue_name(&mut self) -> String {
@@ -573,7 +566,7 @@ impl World {
 }
 
 fuzz_target!(|data: &[u8]| {
-    let mut input = Input { data };
+    let mut input = Input(ByteSource::new(data));
     let broker = Broker::builder()
         .manual_clock()
         .shards(2)

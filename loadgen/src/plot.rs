@@ -75,6 +75,38 @@ fn decades(lo: f64, hi: f64) -> (f64, f64) {
     (lo, hi)
 }
 
+/// The log latency axis for these values (ns): whole decades around the positive ones, or
+/// 1 µs to 1 ms when there are none (zero has no place on a log axis).
+fn latency_axis(values: impl Iterator<Item = f64>) -> (f64, f64) {
+    let (lo, hi) = values
+        .filter(|&v| v > 0.0)
+        .fold((f64::INFINITY, 0.0f64), |(lo, hi), v| {
+            (lo.min(v), hi.max(v))
+        });
+    if hi > 0.0 {
+        decades(lo, hi)
+    } else {
+        (1e3, 1e6)
+    }
+}
+
+/// The legend box in the upper left corner, over the lines.
+fn draw_legend<'a, X, Y>(
+    chart: &mut ChartContext<'a, SVGBackend<'a>, Cartesian2d<X, Y>>,
+) -> Result<(), String>
+where
+    X: Ranged,
+    Y: Ranged,
+{
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperLeft)
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .draw()
+        .map_err(err)
+}
+
 /// Latency axis labels: nanoseconds shown in µs, or ms when the axis reaches 10 ms.
 fn latency_unit(hi_ns: f64) -> (&'static str, f64) {
     if hi_ns > 10e6 {
@@ -112,14 +144,7 @@ pub fn latency(
     let x_max = all.clone().map(|p| p.0).fold(1.0, f64::max);
     let x_decades = (x_max.log10().ceil() as u32).clamp(MIN_DECADES, MAX_DECADES);
     let x_hi = 10f64.powi(x_decades as i32);
-    let positive = all.clone().map(|p| p.1).filter(|&v| v > 0.0);
-    let lo = positive.clone().fold(f64::INFINITY, f64::min);
-    let hi = positive.fold(0.0, f64::max);
-    let (y_lo, y_hi) = if hi > 0.0 {
-        decades(lo, hi)
-    } else {
-        (1e3, 1e6)
-    };
+    let (y_lo, y_hi) = latency_axis(all.map(|p| p.1));
     let (unit, scale) = latency_unit(y_hi);
 
     let root = SVGBackend::new(path, SIZE).into_drawing_area();
@@ -155,13 +180,7 @@ pub fn latency(
             .label(*label)
             .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], c.stroke_width(2)));
     }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperLeft)
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK)
-        .draw()
-        .map_err(err)?;
+    draw_legend(&mut chart)?;
     root.present().map_err(err)
 }
 
@@ -186,17 +205,7 @@ pub fn sweep(
 ) -> Result<(), String> {
     let points = lines.iter().flat_map(|l| l.points.iter());
     let x_hi = points.clone().map(|p| p.0).fold(1.0, f64::max) * 1.08;
-    let values = points
-        .map(|p| p.1)
-        .chain(slos.iter().map(|s| s.1))
-        .filter(|&v| v > 0.0);
-    let lo = values.clone().fold(f64::INFINITY, f64::min);
-    let hi = values.fold(0.0, f64::max);
-    let (y_lo, y_hi) = if hi > 0.0 {
-        decades(lo, hi)
-    } else {
-        (1e3, 1e6)
-    };
+    let (y_lo, y_hi) = latency_axis(points.map(|p| p.1).chain(slos.iter().map(|s| s.1)));
     let (unit, scale) = latency_unit(y_hi);
     let rate_unit = if x_hi >= 2e6 { ("M", 1e6) } else { ("k", 1e3) };
 
@@ -260,13 +269,7 @@ pub fn sweep(
         }
         .map_err(err)?;
     }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperLeft)
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK)
-        .draw()
-        .map_err(err)?;
+    draw_legend(&mut chart)?;
     root.present().map_err(err)
 }
 
@@ -301,6 +304,11 @@ mod tests {
         assert_eq!(decades(3.0, 4200.0), (1.0, 10_000.0));
         assert_eq!(decades(100.0, 100.0), (100.0, 1000.0));
         assert_eq!(decades(3.0, 984.0), (1.0, 10_000.0));
+        assert_eq!(
+            latency_axis([0.0, 3.0, 4200.0].into_iter()),
+            (1.0, 10_000.0)
+        );
+        assert_eq!(latency_axis([0.0].into_iter()), (1e3, 1e6));
         assert_eq!(latency_unit(5e6).0, "µs");
         assert_eq!(latency_unit(50e6).0, "ms");
         assert_eq!(number(0.5), "0.5");

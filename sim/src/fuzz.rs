@@ -42,11 +42,17 @@ impl<'a> ByteSource<'a> {
         self.data.is_empty()
     }
 
-    /// The next `n` bytes (at most 8) as a little-endian number; fewer when fewer are left.
-    fn take(&mut self, n: usize) -> u64 {
+    /// The next `n` bytes as they are; fewer when fewer are left.
+    pub fn bytes(&mut self, n: usize) -> &'a [u8] {
         let (head, tail) = self.data.split_at(n.min(self.data.len()));
         self.data = tail;
-        head.iter()
+        head
+    }
+
+    /// The next `n` bytes (at most 8) as a little-endian number; fewer when fewer are left.
+    pub fn take(&mut self, n: usize) -> u64 {
+        self.bytes(n)
+            .iter()
             .rev()
             .fold(0, |acc, &b| (acc << 8) | u64::from(b))
     }
