@@ -6,13 +6,12 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{bounded, Sender};
 use leasemq_engine::{validate, Command, Error, QueueConfig};
 
 use crate::queue::Queue;
 use crate::reply::{call, fan_in, Answer};
 use crate::router::shard_for;
-use crate::runtime::{Request, ShardThread, TimeSource, INBOX_CAPACITY};
+use crate::runtime::{Inbox, Request, ShardThread, TimeSource};
 
 /// Builds a [`Broker`].
 #[derive(Clone, Debug)]
@@ -76,12 +75,23 @@ impl BrokerBuilder {
         } else {
             TimeSource::System(Instant::now())
         };
-        let (senders, receivers): (Vec<_>, Vec<_>) =
-            (0..shards).map(|_| bounded(INBOX_CAPACITY)).unzip();
+        let (senders, receivers): (Vec<_>, Vec<_>) = (0..shards)
+            .map(|_| {
+                let (inbox, rx, sleeper) = Inbox::new();
+                (inbox, (rx, sleeper))
+            })
+            .unzip();
         let mut threads = Vec::with_capacity(shards);
-        for (index, inbox) in receivers.into_iter().enumerate() {
+        for (index, (inbox, sleeper)) in receivers.into_iter().enumerate() {
             let after_panic = inbox.clone();
-            let shard = ShardThread::new(index, inbox, senders.clone(), time.clone(), self.tick);
+            let shard = ShardThread::new(
+                index,
+                inbox,
+                sleeper,
+                senders.clone(),
+                time.clone(),
+                self.tick,
+            );
             let thread = std::thread::Builder::new()
                 .name(format!("leasemq-shard-{index}"))
                 .spawn(move || {
@@ -113,7 +123,7 @@ impl BrokerBuilder {
 }
 
 pub(crate) struct BrokerInner {
-    pub shards: Vec<Sender<Request>>,
+    pub shards: Vec<Inbox>,
     manual: bool,
     manual_nanos: AtomicU64,
     shut_down: AtomicBool,
@@ -126,7 +136,7 @@ impl BrokerInner {
         self.shut_down.load(Ordering::Acquire)
     }
 
-    pub fn inbox(&self, shard: usize) -> &Sender<Request> {
+    pub fn inbox(&self, shard: usize) -> &Inbox {
         &self.shards[shard]
     }
 

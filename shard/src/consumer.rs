@@ -3,15 +3,14 @@
 use std::future::poll_fn;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use atomic_waker::AtomicWaker;
-use crossbeam_channel::{Receiver, RecvTimeoutError, TryRecvError};
+use crossbeam_channel::{Receiver, TryRecvError};
 use leasemq_engine::{Command, ConsumerKey, Delivered, DeliveryTag, Envelope, Error, Reply};
 
 use crate::queue::Queue;
 use crate::reply::{call, Answer};
-use crate::runtime::Request;
+use crate::runtime::{Readers, Request};
 
 /// A registered consumer of one queue: receives deliveries up to its prefetch.
 ///
@@ -22,7 +21,7 @@ pub struct Consumer {
     owner: Arc<Owner>,
     key: ConsumerKey,
     rx: Option<Receiver<Delivered>>,
-    waker: Arc<AtomicWaker>,
+    readers: Arc<Readers>,
 }
 
 /// What every delivery of a consumer shares.
@@ -46,7 +45,7 @@ impl Consumer {
         name: &str,
         key: ConsumerKey,
         rx: Receiver<Delivered>,
-        waker: Arc<AtomicWaker>,
+        readers: Arc<Readers>,
     ) -> Consumer {
         Consumer {
             owner: Arc::new(Owner {
@@ -55,7 +54,7 @@ impl Consumer {
             }),
             key,
             rx: Some(rx),
-            waker,
+            readers,
         }
     }
 
@@ -96,20 +95,32 @@ impl Consumer {
     /// shuts down while waiting), `Err(ShutDown)` when called after shutdown.
     pub fn recv(&self) -> Result<Delivery, Error> {
         self.check_open()?;
-        match self.rx().recv() {
-            Ok(delivered) => self.wrap(delivered),
-            Err(_) => Err(Error::Closed),
+        match self.wait(None) {
+            Some(Ok(delivered)) => self.wrap(delivered),
+            _ => Err(Error::Closed),
         }
     }
 
     /// Like [`recv`](Consumer::recv), but waits at most `timeout`: `Ok(None)` then.
     pub fn recv_timeout(&self, timeout: Duration) -> Result<Option<Delivery>, Error> {
         self.check_open()?;
-        match self.rx().recv_timeout(timeout) {
-            Ok(delivered) => self.wrap(delivered).map(Some),
-            Err(RecvTimeoutError::Timeout) => Ok(None),
-            Err(RecvTimeoutError::Disconnected) => Err(Error::Closed),
+        // A timeout too long to add to now waits without one.
+        match self.wait(Instant::now().checked_add(timeout)) {
+            Some(Ok(delivered)) => self.wrap(delivered).map(Some),
+            Some(Err(())) => Err(Error::Closed),
+            None => Ok(None),
         }
+    }
+
+    /// Waits for a delivery (`Ok`) or the channel's end (`Err`): polls briefly, then parks
+    /// until the shard rings (see `wait.rs`). `None` once `deadline` passes.
+    fn wait(&self, deadline: Option<Instant>) -> Option<Result<Delivered, ()>> {
+        let rx = self.rx();
+        self.readers.threads.wait(deadline, || match rx.try_recv() {
+            Ok(delivered) => Some(Ok(delivered)),
+            Err(TryRecvError::Empty) => None,
+            Err(TryRecvError::Disconnected) => Some(Err(())),
+        })
     }
 
     /// A delivery if one is waiting, else `Ok(None)` at once.
@@ -139,7 +150,7 @@ impl Consumer {
                 Err(TryRecvError::Disconnected) => return Poll::Ready(None),
                 Err(TryRecvError::Empty) if registered => return Poll::Pending,
                 // Register, then look again: a delivery sent in between is not missed.
-                Err(TryRecvError::Empty) => self.waker.register(cx.waker()),
+                Err(TryRecvError::Empty) => self.readers.task.register(cx.waker()),
             }
         }
         Poll::Pending

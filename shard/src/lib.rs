@@ -19,6 +19,7 @@ mod queue;
 mod reply;
 mod router;
 mod runtime;
+mod wait;
 
 pub use broker::{Broker, BrokerBuilder, MAX_SHARDS};
 pub use consumer::{Consumer, Delivery};

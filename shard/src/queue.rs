@@ -4,7 +4,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use atomic_waker::AtomicWaker;
 use crossbeam_channel::unbounded;
 use leasemq_engine::{
     validate, Command, ConsumerConfig, DeliveryTag, Error, Message, PutOutcome, QueueKey,
@@ -14,7 +13,7 @@ use leasemq_engine::{
 use crate::broker::BrokerInner;
 use crate::consumer::Consumer;
 use crate::reply::{call, call_async, Answer, ReplyTo};
-use crate::runtime::{QueueCell, Request, Sink};
+use crate::runtime::{QueueCell, Readers, Request, Sink, WakeOnDrop};
 
 /// A handle to one queue. Cheap to clone, `Send + Sync`; every clone reaches the same queue,
 /// and none reaches a later queue of the same name once this one is closed.
@@ -260,12 +259,12 @@ impl Queue {
         validate::consumer_name(name)?;
         validate::consumer_config(&config)?;
         let (tx, rx) = unbounded();
-        let waker = Arc::new(AtomicWaker::new());
+        let readers = Arc::new(Readers::default());
         let sink = Sink {
             tx,
             rx: rx.clone(),
-            waker: waker.clone(),
             prefetch: config.prefetch as usize,
+            readers: WakeOnDrop(readers.clone()),
         };
         let queue = self.inner.key;
         let answer = call(self.inner.broker.inbox(self.inner.shard), |reply| {
@@ -279,7 +278,7 @@ impl Queue {
         });
         match answer {
             Answer::Engine(Reply::Consumed(Ok(key))) => {
-                Ok(Consumer::new(self.clone(), name, key, rx, waker))
+                Ok(Consumer::new(self.clone(), name, key, rx, readers))
             }
             Answer::Engine(Reply::Consumed(Err(e))) => Err(e),
             Answer::ShutDown => Err(Error::ShutDown),

@@ -10,7 +10,8 @@ use crossbeam_channel::{bounded, Receiver, Sender, TrySendError};
 use leasemq_engine::{Error, QueueKey, Reply};
 use tokio::sync::oneshot;
 
-use crate::runtime::{QueueCell, Request};
+use crate::runtime::{Inbox, QueueCell, Request};
+use crate::wait::Sleeper;
 
 /// What a shard answers: the engine's reply, or what the runtime made of it.
 #[derive(Debug)]
@@ -30,6 +31,9 @@ pub(crate) enum Answer {
 }
 
 enum Target {
+    /// A blocking caller's slot, and the caller to wake once the answer is in it.
+    Slot(Sender<Answer>, Arc<Sleeper>),
+    /// A channel read by a plain blocking `recv`.
     Sync(Sender<Answer>),
     Async(oneshot::Sender<Answer>),
 }
@@ -42,6 +46,10 @@ impl ReplyTo {
     pub fn send(mut self, answer: Answer) {
         match self.0.take() {
             // The slot holds one answer and its owner waits for exactly one: never full.
+            Some(Target::Slot(tx, caller)) => {
+                drop(tx.try_send(answer));
+                caller.wake();
+            }
             Some(Target::Sync(tx)) => drop(tx.try_send(answer)),
             Some(Target::Async(tx)) => drop(tx.send(answer)),
             None => {}
@@ -51,8 +59,14 @@ impl ReplyTo {
 
 impl Drop for ReplyTo {
     fn drop(&mut self) {
-        if let Some(Target::Sync(tx)) = self.0.take() {
-            let _ = tx.try_send(Answer::ShutDown);
+        match self.0.take() {
+            Some(Target::Slot(tx, caller)) => {
+                let _ = tx.try_send(Answer::ShutDown);
+                caller.wake();
+            }
+            Some(Target::Sync(tx)) => drop(tx.try_send(Answer::ShutDown)),
+            // Dropping the oneshot's sender wakes its receiver, which reads ShutDown.
+            Some(Target::Async(_)) | None => {}
         }
     }
 }
@@ -63,51 +77,40 @@ impl std::fmt::Debug for ReplyTo {
     }
 }
 
+/// A thread's answer slot, reused by every blocking call it makes: no channel is created
+/// per call.
+struct Slot {
+    tx: Sender<Answer>,
+    rx: Receiver<Answer>,
+    caller: Arc<Sleeper>,
+}
+
 thread_local! {
-    /// Each thread's answer slot, reused by every blocking call it makes: no channel is
-    /// created per call.
-    static SLOT: (Sender<Answer>, Receiver<Answer>) = bounded(1);
+    static SLOT: Slot = {
+        let (tx, rx) = bounded(1);
+        Slot { tx, rx, caller: Arc::new(Sleeper::current()) }
+    };
 }
 
-/// Polls `attempt` a number of times, yielding the core between polls, before the caller
-/// parks. Used both by the shard thread waiting for requests and by callers waiting for an
-/// answer. A round trip to a shard usually completes within these polls, and parking costs
-/// a futex wait on one side and a wake on the other.
-///
-/// No busy spinning: on a machine with more busy threads than cores (producers, consumers
-/// and shards on 2 cores) a thread that spins holds a core that the thread it waits for
-/// needs, and on recent x86 cores each `pause` of a spin loop takes over a hundred cycles.
-/// Measured on 2 cores, one message per call, 8 producers and 8 consumers: the shard
-/// threads spent 22 % of all CPU time on `pause` in a spin of 1 + 2 + … + 128 rounds, and
-/// dropping the spin raised throughput about 1.5x in the same session.
-pub(crate) fn yield_for<T>(mut attempt: impl FnMut() -> Option<T>) -> Option<T> {
-    for _ in 0..POLL_ROUNDS {
-        if let Some(value) = attempt() {
-            return Some(value);
-        }
-        std::thread::yield_now();
-    }
-    None
-}
-
-/// How many polls [`yield_for`] makes before giving up.
-const POLL_ROUNDS: u32 = 64;
-
-/// Sends a request and blocks until its answer comes back.
-pub(crate) fn call(inbox: &Sender<Request>, request: impl FnOnce(ReplyTo) -> Request) -> Answer {
-    SLOT.with(|(tx, rx)| {
-        let req = request(ReplyTo(Some(Target::Sync(tx.clone()))));
+/// Sends a request and blocks until its answer comes back: polls the slot for a few
+/// microseconds, then parks until the shard wakes this thread (see `wait.rs`).
+pub(crate) fn call(inbox: &Inbox, request: impl FnOnce(ReplyTo) -> Request) -> Answer {
+    SLOT.with(|slot| {
+        let req = request(ReplyTo(Some(Target::Slot(
+            slot.tx.clone(),
+            slot.caller.clone(),
+        ))));
         // A request refused by a stopped shard is dropped here, which answers ShutDown.
         drop(inbox.send(req));
-        yield_for(|| rx.try_recv().ok()).unwrap_or_else(|| rx.recv().unwrap_or(Answer::ShutDown))
+        // Every request is answered, or dropped, which answers ShutDown: the wait ends.
+        slot.caller
+            .wait(None, || slot.rx.try_recv().ok())
+            .unwrap_or(Answer::ShutDown)
     })
 }
 
 /// Sends a request and waits for its answer without blocking the executor's thread.
-pub(crate) async fn call_async(
-    inbox: &Sender<Request>,
-    request: impl FnOnce(ReplyTo) -> Request,
-) -> Answer {
+pub(crate) async fn call_async(inbox: &Inbox, request: impl FnOnce(ReplyTo) -> Request) -> Answer {
     let (tx, rx) = oneshot::channel();
     let mut req = request(ReplyTo(Some(Target::Async(tx))));
     loop {

@@ -16,19 +16,59 @@ use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use atomic_waker::AtomicWaker;
-use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, TrySendError};
+use crossbeam_channel::{Receiver, SendError, Sender, TryRecvError, TrySendError};
 use leasemq_engine::{
     Command, ConsumerConfig, ConsumerKey, DeadLetter, DeathOutcome, Delivered, Effects, QueueKey,
     QueueStats, Reply, Shard, Tick, TickLength,
 };
 
-use crate::reply::{yield_for, Answer, ReplyTo};
+use crate::reply::{Answer, ReplyTo};
 use crate::router::shard_for;
+use crate::wait::{Bell, Sleeper};
 
 /// Requests handled per loop turn before effects are flushed.
 pub(crate) const BATCH: usize = 256;
 /// The capacity of each shard's inbox.
 pub(crate) const INBOX_CAPACITY: usize = 8192;
+
+/// The sending side of a shard's inbox: a bounded channel, and the shard thread to wake
+/// when it parked waiting for requests.
+#[derive(Clone, Debug)]
+pub(crate) struct Inbox {
+    tx: Sender<Request>,
+    shard: Arc<Sleeper>,
+}
+
+impl Inbox {
+    /// A shard's inbox: its senders' end and the receiver its thread reads, with the
+    /// sleeper that thread binds when it starts.
+    pub fn new() -> (Inbox, Receiver<Request>, Arc<Sleeper>) {
+        let (tx, rx) = crossbeam_channel::bounded(INBOX_CAPACITY);
+        let shard = Arc::new(Sleeper::default());
+        (
+            Inbox {
+                tx,
+                shard: shard.clone(),
+            },
+            rx,
+            shard,
+        )
+    }
+
+    /// Sends, waiting while the inbox is full.
+    pub fn send(&self, req: Request) -> Result<(), SendError<Request>> {
+        self.tx.send(req)?;
+        self.shard.wake();
+        Ok(())
+    }
+
+    /// Sends if there is room.
+    pub fn try_send(&self, req: Request) -> Result<(), TrySendError<Request>> {
+        self.tx.try_send(req)?;
+        self.shard.wake();
+        Ok(())
+    }
+}
 
 /// What every handle of one queue shares: set by the shard when the queue closes.
 #[derive(Debug, Default)]
@@ -59,13 +99,40 @@ impl QueueCell {
     }
 }
 
-/// The shard's end of a consumer: its channel and the waker of an async reader.
+/// Whoever may wait on a consumer's channel: an async reader's waker, and threads blocked
+/// in `recv`.
+#[derive(Debug, Default)]
+pub(crate) struct Readers {
+    pub task: AtomicWaker,
+    pub threads: Bell,
+}
+
+impl Readers {
+    pub fn wake(&self) {
+        self.task.wake();
+        self.threads.ring();
+    }
+}
+
+/// Wakes the readers when dropped: the last field of a [`Sink`], so it runs after the
+/// channel's sender is gone and a woken reader sees the disconnect. This covers every way
+/// a sink ends, a shard thread unwinding from a panic included.
+pub(crate) struct WakeOnDrop(pub Arc<Readers>);
+
+impl Drop for WakeOnDrop {
+    fn drop(&mut self) {
+        self.0.wake();
+    }
+}
+
+/// The shard's end of a consumer: its channel and whoever waits on it.
 pub(crate) struct Sink {
     pub tx: Sender<Delivered>,
     /// The same channel's receiving end, to drop deliveries that ended unread.
     pub rx: Receiver<Delivered>,
-    pub waker: Arc<AtomicWaker>,
     pub prefetch: usize,
+    /// Declared last, so dropped last (see [`WakeOnDrop`]).
+    pub readers: WakeOnDrop,
 }
 
 /// An answer held back until the dead letters its command caused have landed.
@@ -136,7 +203,9 @@ pub(crate) struct ShardThread {
     engine: Shard,
     index: usize,
     inbox: Receiver<Request>,
-    peers: Vec<Sender<Request>>,
+    /// This thread, as the senders to its inbox see it.
+    sleeper: Arc<Sleeper>,
+    peers: Vec<Inbox>,
     time: TimeSource,
     tick: TickLength,
     out: Effects,
@@ -154,7 +223,8 @@ impl ShardThread {
     pub fn new(
         index: usize,
         inbox: Receiver<Request>,
-        peers: Vec<Sender<Request>>,
+        sleeper: Arc<Sleeper>,
+        peers: Vec<Inbox>,
         time: TimeSource,
         tick: Duration,
     ) -> Self {
@@ -167,6 +237,7 @@ impl ShardThread {
             engine,
             index,
             inbox,
+            sleeper,
             peers,
             time,
             tick: TickLength::new(tick),
@@ -194,6 +265,7 @@ impl ShardThread {
     }
 
     pub fn run(mut self) {
+        self.sleeper.bind();
         while !self.stopping {
             let first = match self.wait() {
                 Some(Ok(req)) => req,
@@ -244,20 +316,16 @@ impl ShardThread {
             let retry = Instant::now() + Duration::from_micros(100);
             Some(wake_at.map_or(retry, |at| at.min(retry)))
         };
-        if let Some(req) = yield_for(|| self.inbox.try_recv().ok()) {
-            return Some(Ok(req));
+        let inbox = &self.inbox;
+        let got = self.sleeper.wait(wake_at, || match inbox.try_recv() {
+            Ok(req) => Some(Ok(req)),
+            Err(TryRecvError::Empty) => None,
+            Err(TryRecvError::Disconnected) => Some(Err(())),
+        });
+        if got.is_none() {
+            self.retry_backlog();
         }
-        match wake_at {
-            None => Some(self.inbox.recv().map_err(|_| ())),
-            Some(at) => match self.inbox.recv_deadline(at) {
-                Ok(req) => Some(Ok(req)),
-                Err(RecvTimeoutError::Timeout) => {
-                    self.retry_backlog();
-                    None
-                }
-                Err(RecvTimeoutError::Disconnected) => Some(Err(())),
-            },
-        }
+        got
     }
 
     fn process(&mut self, now: Tick, req: Request) {
@@ -527,10 +595,8 @@ impl ShardThread {
     /// a pending async `next` is woken to see it.
     fn drop_gone_sinks(&mut self) {
         for key in self.out.consumers_gone.drain(..) {
-            if let Some(sink) = self.sinks.get_mut(key.slot()).and_then(Option::take) {
-                drop(sink.tx);
-                sink.waker.wake();
-            }
+            // Dropping the sink closes the channel, then wakes its readers.
+            drop(self.sinks.get_mut(key.slot()).and_then(Option::take));
         }
     }
 
@@ -577,10 +643,8 @@ impl ShardThread {
                 }
             }
         }
-        for sink in self.sinks.drain(..).flatten() {
-            drop(sink.tx);
-            sink.waker.wake();
-        }
+        // Each sink closes its channel, then wakes its readers.
+        self.sinks.clear();
         self.backlog.clear();
         // Requests still queued are dropped with the inbox: each answers ShutDown.
         while let Ok(req) = self.inbox.try_recv() {
@@ -620,6 +684,6 @@ fn far_future() -> Instant {
 
 fn wake(sinks: &[Option<Sink>], slot: Option<usize>) {
     if let Some(Some(sink)) = slot.and_then(|s| sinks.get(s)) {
-        sink.waker.wake();
+        sink.readers.0.wake();
     }
 }

@@ -13,6 +13,9 @@ use crate::intervals::TimedRecorder;
 /// How long consumers may take, after producers stop, to ack what is still in flight.
 const DRAIN_LIMIT: Duration = Duration::from_secs(30);
 
+/// How long a producer pauses when as many messages are in flight as the run allows.
+const FULL_PAUSE: Duration = Duration::from_micros(20);
+
 /// The run's settings, as the threads need them.
 #[derive(Clone, Debug)]
 pub(super) struct Plan {
@@ -95,7 +98,6 @@ pub(super) fn produce(
     let mut bodies = BodyWriter::new(plan.body_bytes);
     let mut local = 0u64;
     let mut turn = 0usize;
-    let mut waits = 0u32;
     // Open loop: message k of producer j is due at (k + j / P) × interval.
     let offset = plan
         .interval_ns
@@ -138,16 +140,11 @@ pub(super) fn produce(
             .load(Relaxed)
             .saturating_sub(shared.acked.load(Relaxed));
         if in_flight + n as u64 > plan.max_in_flight {
-            // Full: leave the cores to the consumers and shards for a moment.
-            waits += 1;
-            if waits < 16 {
-                thread::yield_now();
-            } else {
-                thread::sleep(Duration::from_micros(20));
-            }
+            // Full: leave the cores to the consumers and shards for a moment. A sleep, not a
+            // yield: beside busy threads a yield can hand a whole time slice to one of them.
+            thread::sleep(FULL_PAUSE);
             continue;
         }
-        waits = 0;
         shared.put.fetch_add(n as u64, Relaxed);
         let queue = &queues[turn % queues.len()];
         turn += 1;

@@ -1,0 +1,335 @@
+//! How one thread waits for another: poll a few microseconds, yield only while yielding
+//! works, then park.
+//!
+//! Every hand-off of the broker (a caller waiting for its answer, a shard waiting for
+//! requests, a consumer thread waiting for a delivery) goes through [`Sleeper::wait`] or
+//! [`Bell::wait`]:
+//!
+//! 1. poll with the CPU's spin hint for at most [`SPIN`]: a round trip whose two sides are
+//!    both on a core completes within it;
+//! 2. poll between `yield_now` calls for at most [`YIELD_BUDGET`]: on an idle machine with
+//!    more of our threads than cores, a yield passes the core to one of them at once, and
+//!    the core neither goes idle nor costs a futex call on either side;
+//! 3. park on a futex until the other side wakes this thread.
+//!
+//! Step 2 is what a busy host punishes. When other processes' threads keep the cores busy,
+//! a yield hands one of them a whole time slice (milliseconds), and yields that return at
+//! once while the thread we wait for sits in another core's run queue only burn the core.
+//! So a thread that sees one slow yield, or a whole budget of yields pass without its
+//! value, skips step 2 for [`BUSY_HOLD`]. A yield loop is never unbounded in time.
+//!
+//! The wake is cheap when nobody sleeps: a fence and a load of the `asleep` flag (a count
+//! for a [`Bell`]), the "is anyone waiting" check of crossbeam's `SyncWaker`; only a thread
+//! that set the flag is unparked. The waiter sets the flag and then looks once more; the
+//! waker publishes its value and then reads the flag. With a sequentially consistent fence
+//! on each side, at least one of them sees the other, so no wake-up is lost.
+
+use std::cell::Cell;
+use std::sync::atomic::{fence, AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Mutex, OnceLock};
+use std::thread::Thread;
+use std::time::{Duration, Instant};
+
+/// How long a waiter polls with the CPU's spin hint before it yields or parks. An idle
+/// round trip to a shard and back that both sides make on their cores takes 1–3 µs here.
+const SPIN: Duration = Duration::from_micros(2);
+
+/// The longest a waiter polls between yields before it parks. On an idle machine with more
+/// of our threads than cores, a yield hands the core to another of them at once, without
+/// the core going idle and without a futex call on either side.
+const YIELD_BUDGET: Duration = Duration::from_micros(500);
+
+/// A yield that took longer than this gave the core to a thread that ran a time slice:
+/// the host is busy, and yielding again would wait out more slices.
+const SLOW_YIELD: Duration = Duration::from_micros(100);
+
+/// How long a thread that saw yields fail (one slow yield, or a whole budget of yields
+/// without the value it waited for) parks without yielding.
+const BUSY_HOLD: Duration = Duration::from_millis(50);
+
+/// Polls made between two readings of the clock while spinning.
+const POLLS_PER_CLOCK_READ: u32 = 8;
+
+/// One thread that may park waiting for something, and the flag that says it does.
+#[derive(Debug, Default)]
+pub(crate) struct Sleeper {
+    thread: OnceLock<Thread>,
+    asleep: AtomicBool,
+}
+
+impl Sleeper {
+    /// A sleeper for the calling thread.
+    pub fn current() -> Sleeper {
+        let sleeper = Sleeper::default();
+        sleeper.bind();
+        sleeper
+    }
+
+    /// Makes the calling thread the one that waits here. Until it is bound nobody waits,
+    /// so a wake does nothing.
+    pub fn bind(&self) {
+        let _ = self.thread.set(std::thread::current());
+    }
+
+    /// Tells the waiter that what it waits for may be there: call after making it visible
+    /// (sending it into a channel). Unparks the waiter only when it is parked or about to.
+    #[inline]
+    pub fn wake(&self) {
+        fence(Ordering::SeqCst);
+        if self.asleep.load(Ordering::Relaxed) && self.asleep.swap(false, Ordering::Relaxed) {
+            if let Some(thread) = self.thread.get() {
+                thread.unpark();
+            }
+        }
+    }
+
+    /// Waits, on the bound thread, until `attempt` gives a value or `deadline` passes
+    /// (`None` then, after one last attempt).
+    pub fn wait<T>(
+        &self,
+        deadline: Option<Instant>,
+        mut attempt: impl FnMut() -> Option<T>,
+    ) -> Option<T> {
+        debug_assert!(
+            self.thread.get().map(Thread::id) == Some(std::thread::current().id()),
+            "only the bound thread waits on a sleeper"
+        );
+        if let Some(value) = spin(deadline, &mut attempt) {
+            return Some(value);
+        }
+        loop {
+            self.asleep.store(true, Ordering::Relaxed);
+            fence(Ordering::SeqCst);
+            if let Some(value) = attempt() {
+                self.asleep.store(false, Ordering::Relaxed);
+                return Some(value);
+            }
+            match deadline {
+                None => std::thread::park(),
+                Some(at) => {
+                    let now = Instant::now();
+                    if now >= at {
+                        self.asleep.store(false, Ordering::Relaxed);
+                        return attempt();
+                    }
+                    std::thread::park_timeout(at - now);
+                }
+            }
+        }
+    }
+}
+
+/// Any number of threads that may park waiting for one thing (a consumer's channel, which
+/// several threads may read): a [`Sleeper`] for many. Ringing it costs a fence and a load
+/// when nobody waits.
+#[derive(Debug, Default)]
+pub(crate) struct Bell {
+    /// How many threads are in `waiting` (read without the lock).
+    count: AtomicUsize,
+    waiting: Mutex<Vec<Thread>>,
+}
+
+impl Bell {
+    /// Wakes every parked waiter: call after making what they wait for visible.
+    #[inline]
+    pub fn ring(&self) {
+        fence(Ordering::SeqCst);
+        if self.count.load(Ordering::Acquire) > 0 {
+            for thread in lock(&self.waiting).iter() {
+                thread.unpark();
+            }
+        }
+    }
+
+    /// Waits until `attempt` gives a value or `deadline` passes (`None` then, after one
+    /// last attempt).
+    pub fn wait<T>(
+        &self,
+        deadline: Option<Instant>,
+        mut attempt: impl FnMut() -> Option<T>,
+    ) -> Option<T> {
+        if let Some(value) = spin(deadline, &mut attempt) {
+            return Some(value);
+        }
+        let me = std::thread::current();
+        lock(&self.waiting).push(me.clone());
+        // Listed before counted: a ringer that sees the count finds this thread in the list.
+        self.count.fetch_add(1, Ordering::SeqCst);
+        let result = loop {
+            fence(Ordering::SeqCst);
+            if let Some(value) = attempt() {
+                break Some(value);
+            }
+            match deadline {
+                None => std::thread::park(),
+                Some(at) => {
+                    let now = Instant::now();
+                    if now >= at {
+                        break attempt();
+                    }
+                    std::thread::park_timeout(at - now);
+                }
+            }
+        };
+        self.count.fetch_sub(1, Ordering::SeqCst);
+        let mut waiting = lock(&self.waiting);
+        if let Some(i) = waiting.iter().position(|t| t.id() == me.id()) {
+            waiting.swap_remove(i);
+        }
+        result
+    }
+}
+
+/// The list is only pushed to and removed from: a panic while it is locked leaves it whole.
+fn lock(waiting: &Mutex<Vec<Thread>>) -> std::sync::MutexGuard<'_, Vec<Thread>> {
+    waiting.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The waiting before a park: polls `attempt` with the CPU's spin hint for at most
+/// [`SPIN`]; then, unless this thread lately found yielding useless, between yields for at
+/// most [`YIELD_BUDGET`]. Never past `deadline`.
+pub(crate) fn spin<T>(
+    deadline: Option<Instant>,
+    attempt: &mut impl FnMut() -> Option<T>,
+) -> Option<T> {
+    if let Some(value) = attempt() {
+        return Some(value);
+    }
+    let start = Instant::now();
+    let spin_end = cap(start + SPIN, deadline);
+    let mut now;
+    loop {
+        for _ in 0..POLLS_PER_CLOCK_READ {
+            std::hint::spin_loop();
+            if let Some(value) = attempt() {
+                return Some(value);
+            }
+        }
+        now = Instant::now();
+        if now >= spin_end {
+            break;
+        }
+    }
+    if YIELDS_USELESS_UNTIL.get().is_some_and(|until| now < until) {
+        return None;
+    }
+    let budget_end = now + YIELD_BUDGET;
+    loop {
+        if deadline.is_some_and(|at| now >= at) {
+            return None;
+        }
+        std::thread::yield_now();
+        if let Some(value) = attempt() {
+            return Some(value);
+        }
+        let after = Instant::now();
+        if after - now > SLOW_YIELD || after >= budget_end {
+            YIELDS_USELESS_UNTIL.set(Some(after + BUSY_HOLD));
+            return None;
+        }
+        now = after;
+    }
+}
+
+/// Caps `at` by an optional deadline.
+fn cap(at: Instant, deadline: Option<Instant>) -> Instant {
+    deadline.map_or(at, |d| d.min(at))
+}
+
+thread_local! {
+    /// Until when this thread parks without yielding first (see [`BUSY_HOLD`]).
+    static YIELDS_USELESS_UNTIL: Cell<Option<Instant>> = const { Cell::new(None) };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicU64;
+    use std::sync::Arc;
+
+    /// Many hand-offs between two threads, each waiting in turn for the other's value:
+    /// a lost wake-up would leave one parked for ever and the test would hang.
+    #[test]
+    fn ping_pong_never_loses_a_wake_up() {
+        let ping = Arc::new(Sleeper::current());
+        let pong = Arc::new(Sleeper::default());
+        let ball = Arc::new(AtomicU64::new(0));
+        let rounds = 20_000u64;
+        let other = {
+            let (ping, pong, ball) = (ping.clone(), pong.clone(), ball.clone());
+            std::thread::spawn(move || {
+                pong.bind();
+                for i in 0..rounds {
+                    let want = 2 * i + 1;
+                    pong.wait(None, || {
+                        (ball.load(Ordering::Acquire) == want).then_some(())
+                    });
+                    ball.store(want + 1, Ordering::Release);
+                    ping.wake();
+                }
+            })
+        };
+        for i in 0..rounds {
+            ball.store(2 * i + 1, Ordering::Release);
+            pong.wake();
+            let want = 2 * i + 2;
+            ping.wait(None, || {
+                (ball.load(Ordering::Acquire) == want).then_some(())
+            });
+        }
+        other.join().unwrap();
+        assert_eq!(ball.load(Ordering::Acquire), 2 * rounds);
+    }
+
+    /// Threads parked on one bell each get a value: a ring wakes every waiter, and one
+    /// that finds nothing parks again.
+    #[test]
+    fn a_bell_wakes_every_parked_waiter() {
+        let bell = Arc::new(Bell::default());
+        let (tx, rx) = crossbeam_channel::unbounded::<u32>();
+        let waiters: Vec<_> = (0..3)
+            .map(|_| {
+                let (bell, rx) = (bell.clone(), rx.clone());
+                std::thread::spawn(move || bell.wait(None, || rx.try_recv().ok()))
+            })
+            .collect();
+        // Let them get past spinning and yielding to their park.
+        while bell.count.load(Ordering::SeqCst) < 3 {
+            std::thread::yield_now();
+        }
+        for value in 0..3 {
+            tx.send(value).unwrap();
+            bell.ring();
+        }
+        let mut got: Vec<u32> = waiters
+            .into_iter()
+            .map(|w| w.join().unwrap().unwrap())
+            .collect();
+        got.sort_unstable();
+        assert_eq!(got, [0, 1, 2]);
+        assert_eq!(bell.count.load(Ordering::SeqCst), 0);
+        assert!(lock(&bell.waiting).is_empty());
+    }
+
+    #[test]
+    fn a_wait_with_a_deadline_gives_up_after_one_last_look() {
+        let sleeper = Sleeper::current();
+        let deadline = Instant::now() + Duration::from_millis(2);
+        let mut polls = 0u32;
+        let got: Option<()> = sleeper.wait(Some(deadline), || {
+            polls += 1;
+            None
+        });
+        assert_eq!(got, None);
+        assert!(Instant::now() >= deadline);
+        assert!(polls >= 2, "polled {polls} times");
+    }
+
+    #[test]
+    fn a_wake_with_nobody_asleep_leaves_the_flag_down() {
+        let sleeper = Sleeper::current();
+        sleeper.wake();
+        assert!(!sleeper.asleep.load(Ordering::Relaxed));
+        assert_eq!(sleeper.wait(None, || Some(7)), Some(7));
+    }
+}
