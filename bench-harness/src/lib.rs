@@ -49,6 +49,50 @@ pub fn two_threads<R: Send>(
     (start.elapsed(), consumed)
 }
 
+/// Threads that keep cores busy beside a benchmark, as a service's own work does: a hand-off
+/// between threads can be fast on an idle machine and slow beside them.
+pub struct BusyThreads {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl BusyThreads {
+    /// Starts `n` threads that spin on integer work until dropped.
+    pub fn start(n: usize) -> BusyThreads {
+        use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+        let stop = std::sync::Arc::new(AtomicBool::new(false));
+        let threads = (0..n)
+            .map(|i| {
+                let stop = stop.clone();
+                std::thread::Builder::new()
+                    .name(format!("bench-busy-{i}"))
+                    .spawn(move || {
+                        let mut x = 0x9E37_79B9_7F4A_7C15u64 + i as u64;
+                        while !stop.load(Relaxed) {
+                            for _ in 0..1024 {
+                                x ^= x << 13;
+                                x ^= x >> 7;
+                                x ^= x << 17;
+                            }
+                            std::hint::black_box(x);
+                        }
+                    })
+                    .expect("busy thread")
+            })
+            .collect();
+        BusyThreads { stop, threads }
+    }
+}
+
+impl Drop for BusyThreads {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
 /// Setting up a bare engine shard for the benchmarks that drive it directly.
 pub mod engine {
     use bytes::Bytes;

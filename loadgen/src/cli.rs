@@ -12,6 +12,11 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
+    /// Run N CPU-bound threads (in a child process) for the whole run, as the busy host of
+    /// a service that embeds the broker; reported in the summary and summary.json.
+    #[arg(long, global = true, value_name = "N", default_value_t = 0,
+          value_parser = clap::value_parser!(u32).range(0..=1024))]
+    pub background_load: u32,
 }
 
 #[derive(Debug, Subcommand)]

@@ -9,6 +9,7 @@
 //! (`latency.svg`, or `sweep.svg`). Every run checks at the end that every message put was
 //! acked exactly once or is still accounted for; if not, it says so and exits with status 1.
 
+mod background;
 mod cli;
 mod common;
 mod fill;
@@ -78,6 +79,20 @@ impl Outcome {
         }
     }
 
+    /// Says in the title and the config that the run had busy threads beside it.
+    fn note_background_load(&mut self, threads: u32) {
+        let (title, config) = match self {
+            Outcome::Single(run) => (&mut run.summary.title, &mut run.summary.config),
+            Outcome::Sweep(sweep) => (&mut sweep.summary.title, &mut sweep.summary.config),
+        };
+        config["background_load"] = threads.into();
+        if threads > 0 {
+            title.push_str(&format!(
+                "; beside {threads} CPU-bound background thread(s)"
+            ));
+        }
+    }
+
     fn accounting(&self) -> &Accounting {
         match self {
             Outcome::Single(run) => &run.summary.accounting,
@@ -87,13 +102,25 @@ impl Outcome {
 }
 
 fn main() -> ExitCode {
+    let args: Vec<_> = std::env::args_os().collect();
+    if args.len() == 3 && args[1] == background::SUBCOMMAND {
+        return background::serve(&args[2].to_string_lossy());
+    }
     let cli = Cli::parse();
+    let load = match background::BackgroundLoad::start(cli.background_load) {
+        Ok(load) => load,
+        Err(e) => {
+            eprintln!("leasemq-loadgen: {e}");
+            return ExitCode::from(2);
+        }
+    };
     let (result, output): (Result<Outcome, String>, &OutputArgs) = match &cli.command {
         Command::Throughput(args) => (throughput::run(args).map(Outcome::Single), &args.output),
         Command::Redelivery(args) => (redelivery::run(args).map(Outcome::Single), &args.output),
         Command::Sweep(args) => (sweep::run(args).map(Outcome::Sweep), &args.output),
         Command::Fill(args) => (fill::run(args).map(Outcome::Single), &args.output),
     };
+    drop(load);
     let mut outcome = match result {
         Ok(outcome) => outcome,
         Err(e) => {
@@ -101,6 +128,7 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    outcome.note_background_load(cli.background_load);
     if let Some(dir) = &output.out {
         if let Err(e) = outcome.write_out(dir) {
             eprintln!("leasemq-loadgen: writing {}: {e}", dir.display());

@@ -241,6 +241,37 @@ fn throughput_batched_closed_loop() {
     assert_eq!(names, ["put_to_deliver", "put_to_ack", "settle_rtt"]);
 }
 
+/// `--background-load` runs its busy threads for the run, says so, and leaves none behind.
+#[test]
+fn throughput_beside_a_background_load() {
+    let s = run_and_check(
+        "tp-background",
+        &[
+            "throughput",
+            "--api",
+            "per-message",
+            "--duration",
+            "500ms",
+            "--warmup",
+            "100ms",
+            "--background-load",
+            "2",
+        ],
+    );
+    assert!(rate(&s, "acked") > 0.0);
+    assert_eq!(s["config"]["background_load"], 2);
+    let title = s["title"].as_str().unwrap();
+    assert!(title.contains("beside 2 CPU-bound"), "{title}");
+    let left: Vec<_> = fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| fs::read(e.path().join("cmdline")).ok())
+        .filter(|cmd| String::from_utf8_lossy(cmd).contains("__background-load"))
+        .collect();
+    assert!(left.is_empty(), "background load still running: {left:?}");
+}
+
 #[test]
 fn throughput_per_message_open_loop() {
     let s = run_and_check(
