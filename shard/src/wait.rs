@@ -15,8 +15,8 @@
 //! Step 2 is what a busy host punishes. When other processes' threads keep the cores busy,
 //! a yield hands one of them a whole time slice (milliseconds), and yields that return at
 //! once while the thread we wait for sits in another core's run queue only burn the core.
-//! So a thread that sees one slow yield, or a whole budget of yields pass without its
-//! value, skips step 2 for [`BUSY_HOLD`]. A yield loop is never unbounded in time.
+//! So a thread that sees one slow yield skips step 2 for [`BUSY_HOLD`], and no yield loop
+//! lasts longer than its budget.
 //!
 //! The wake is cheap when nobody sleeps: a fence and a load of the `asleep` flag (a count
 //! for a [`Bell`]), the "is anyone waiting" check of crossbeam's `SyncWaker`; only a thread
@@ -43,8 +43,8 @@ const YIELD_BUDGET: Duration = Duration::from_micros(500);
 /// the host is busy, and yielding again would wait out more slices.
 const SLOW_YIELD: Duration = Duration::from_micros(100);
 
-/// How long a thread that saw yields fail (one slow yield, or a whole budget of yields
-/// without the value it waited for) parks without yielding.
+/// How long a thread that saw one slow yield parks without yielding. (A budget of yields
+/// that runs out is no such sign: a consumer of a quiet queue meets it all the time.)
 const BUSY_HOLD: Duration = Duration::from_millis(50);
 
 /// Polls made between two readings of the clock while spinning.
@@ -223,8 +223,11 @@ pub(crate) fn spin<T>(
             return Some(value);
         }
         let after = Instant::now();
-        if after - now > SLOW_YIELD || after >= budget_end {
+        if after - now > SLOW_YIELD {
             YIELDS_USELESS_UNTIL.set(Some(after + BUSY_HOLD));
+            return None;
+        }
+        if after >= budget_end {
             return None;
         }
         now = after;
