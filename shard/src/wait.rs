@@ -104,16 +104,9 @@ impl Sleeper {
                 self.asleep.store(false, Ordering::Relaxed);
                 return Some(value);
             }
-            match deadline {
-                None => std::thread::park(),
-                Some(at) => {
-                    let now = Instant::now();
-                    if now >= at {
-                        self.asleep.store(false, Ordering::Relaxed);
-                        return attempt();
-                    }
-                    std::thread::park_timeout(at - now);
-                }
+            if !park_until(deadline) {
+                self.asleep.store(false, Ordering::Relaxed);
+                return attempt();
             }
         }
     }
@@ -160,15 +153,8 @@ impl Bell {
             if let Some(value) = attempt() {
                 break Some(value);
             }
-            match deadline {
-                None => std::thread::park(),
-                Some(at) => {
-                    let now = Instant::now();
-                    if now >= at {
-                        break attempt();
-                    }
-                    std::thread::park_timeout(at - now);
-                }
+            if !park_until(deadline) {
+                break attempt();
             }
         };
         self.count.fetch_sub(1, Ordering::SeqCst);
@@ -178,6 +164,22 @@ impl Bell {
         }
         result
     }
+}
+
+/// Parks until unparked (or spuriously woken), or at most until `deadline`; `false`
+/// without parking once the deadline has passed.
+fn park_until(deadline: Option<Instant>) -> bool {
+    match deadline {
+        None => std::thread::park(),
+        Some(at) => {
+            let now = Instant::now();
+            if now >= at {
+                return false;
+            }
+            std::thread::park_timeout(at - now);
+        }
+    }
+    true
 }
 
 /// The list is only pushed to and removed from: a panic while it is locked leaves it whole.
