@@ -1,4 +1,4 @@
-//! How one thread waits for another: poll a few microseconds, yield only while yielding
+//! How one thread waits for another: spin while spinning pays, yield only while yielding
 //! works, then park.
 //!
 //! Every hand-off of the broker (a caller waiting for its answer, a shard waiting for
@@ -6,17 +6,20 @@
 //! [`Bell::wait`]:
 //!
 //! 1. poll with the CPU's spin hint for at most [`SPIN`]: a round trip whose two sides are
-//!    both on a core completes within it;
+//!    both on a core completes within it. A thread whose spins keep missing (more of our
+//!    threads than cores: the one it waits for is not running) stops spinning, and tries
+//!    again now and then ([`Spinning`]);
 //! 2. poll between `yield_now` calls for at most [`YIELD_BUDGET`]: on an idle machine with
 //!    more of our threads than cores, a yield passes the core to one of them at once, and
 //!    the core neither goes idle nor costs a futex call on either side;
 //! 3. park on a futex until the other side wakes this thread.
 //!
-//! Step 2 is what a busy host punishes. When other processes' threads keep the cores busy,
-//! a yield hands one of them a whole time slice (milliseconds), and yields that return at
-//! once while the thread we wait for sits in another core's run queue only burn the core.
-//! So a thread that sees one slow yield skips step 2 for [`BUSY_HOLD`], and no yield loop
-//! lasts longer than its budget.
+//! A busy host changes the sums. When other processes' threads keep the cores busy, a
+//! yield hands one of them a whole time slice (milliseconds), and a woken thread may wait
+//! in the run queue for part of a slice before it runs. So a thread that sees one slow
+//! yield treats the host as busy for [`BUSY_HOLD`]: it skips step 2 and spins longer in
+//! step 1 ([`BUSY_SPIN`]), to catch its answer while it still holds a core. No spin and no
+//! yield loop lasts longer than its time bound.
 //!
 //! The wake is cheap when nobody sleeps: a fence and a load of the `asleep` flag (a count
 //! for a [`Bell`]), the "is anyone waiting" check of crossbeam's `SyncWaker`; only a thread
@@ -29,6 +32,11 @@ use std::sync::atomic::{fence, AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Mutex, OnceLock};
 use std::thread::Thread;
 use std::time::{Duration, Instant};
+
+/// How long a thread that lately saw a slow yield spins before it parks. Beside busy
+/// threads a parked thread, once woken, can wait in the run queue for part of a time slice
+/// before it runs, so catching the answer while still on the core is worth more.
+const BUSY_SPIN: Duration = Duration::from_micros(10);
 
 /// How long a waiter polls with the CPU's spin hint before it yields or parks. An idle
 /// round trip to a shard and back that both sides make on their cores takes 1–3 µs here.
@@ -43,7 +51,7 @@ const YIELD_BUDGET: Duration = Duration::from_micros(500);
 /// the host is busy, and yielding again would wait out more slices.
 const SLOW_YIELD: Duration = Duration::from_micros(100);
 
-/// How long a thread that saw one slow yield parks without yielding. (A budget of yields
+/// How long a thread that saw one slow yield counts the host as busy. (A budget of yields
 /// that runs out is no such sign: a consumer of a quiet queue meets it all the time.)
 const BUSY_HOLD: Duration = Duration::from_millis(50);
 
@@ -187,9 +195,10 @@ fn lock(waiting: &Mutex<Vec<Thread>>) -> std::sync::MutexGuard<'_, Vec<Thread>> 
     waiting.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// The waiting before a park: polls `attempt` with the CPU's spin hint for at most
-/// [`SPIN`]; then, unless this thread lately found yielding useless, between yields for at
-/// most [`YIELD_BUDGET`]. Never past `deadline`.
+/// The waiting before a park (steps 1 and 2 of the module docs): polls `attempt` with the
+/// CPU's spin hint for at most [`SPIN`] when spinning pays, or [`BUSY_SPIN`] on a busy
+/// host; then, on a host not busy, between yields for at most [`YIELD_BUDGET`]. Never past
+/// `deadline`.
 pub(crate) fn spin<T>(
     deadline: Option<Instant>,
     attempt: &mut impl FnMut() -> Option<T>,
@@ -197,22 +206,30 @@ pub(crate) fn spin<T>(
     if let Some(value) = attempt() {
         return Some(value);
     }
-    let start = Instant::now();
-    let spin_end = cap(start + SPIN, deadline);
-    let mut now;
-    loop {
-        for _ in 0..POLLS_PER_CLOCK_READ {
-            std::hint::spin_loop();
-            if let Some(value) = attempt() {
-                return Some(value);
+    let mut now = Instant::now();
+    let busy = HOST_BUSY_UNTIL.get().is_some_and(|until| now < until);
+    if busy || SPINNING.with(Spinning::should_spin) {
+        let spin_end = cap(now + if busy { BUSY_SPIN } else { SPIN }, deadline);
+        let caught = 'spin: loop {
+            for _ in 0..POLLS_PER_CLOCK_READ {
+                std::hint::spin_loop();
+                if let Some(value) = attempt() {
+                    break 'spin Some(value);
+                }
             }
+            now = Instant::now();
+            if now >= spin_end {
+                break None;
+            }
+        };
+        if !busy {
+            SPINNING.with(|s| s.record(caught.is_some()));
         }
-        now = Instant::now();
-        if now >= spin_end {
-            break;
+        if caught.is_some() {
+            return caught;
         }
     }
-    if YIELDS_USELESS_UNTIL.get().is_some_and(|until| now < until) {
+    if busy {
         return None;
     }
     let budget_end = now + YIELD_BUDGET;
@@ -226,7 +243,7 @@ pub(crate) fn spin<T>(
         }
         let after = Instant::now();
         if after - now > SLOW_YIELD {
-            YIELDS_USELESS_UNTIL.set(Some(after + BUSY_HOLD));
+            HOST_BUSY_UNTIL.set(Some(after + BUSY_HOLD));
             return None;
         }
         if after >= budget_end {
@@ -241,9 +258,44 @@ fn cap(at: Instant, deadline: Option<Instant>) -> Instant {
     deadline.map_or(at, |d| d.min(at))
 }
 
+/// Whether spinning pays on this thread: a spin holds a core, which is waste when the
+/// thread we wait for is not running (more of our threads than cores). A spin that catches
+/// its value earns credit, one that does not loses some; without credit the thread skips
+/// the spin, and tries it again every [`SPIN_PROBE_EVERY`] waits.
+struct Spinning {
+    credit: Cell<i32>,
+    skipped: Cell<u32>,
+}
+
+const SPIN_CREDIT_MAX: i32 = 8;
+const SPIN_PROBE_EVERY: u32 = 32;
+
+impl Spinning {
+    fn should_spin(&self) -> bool {
+        if self.credit.get() >= 0 {
+            return true;
+        }
+        let skipped = self.skipped.get() + 1;
+        self.skipped.set(skipped % SPIN_PROBE_EVERY);
+        skipped == SPIN_PROBE_EVERY
+    }
+
+    fn record(&self, caught: bool) {
+        let credit = self.credit.get();
+        self.credit.set(if caught {
+            (credit.max(0) + 1).min(SPIN_CREDIT_MAX)
+        } else {
+            credit - 1
+        });
+    }
+}
+
 thread_local! {
-    /// Until when this thread parks without yielding first (see [`BUSY_HOLD`]).
-    static YIELDS_USELESS_UNTIL: Cell<Option<Instant>> = const { Cell::new(None) };
+    static SPINNING: Spinning = const {
+        Spinning { credit: Cell::new(0), skipped: Cell::new(0) }
+    };
+    /// Until when this thread counts the host as busy (see [`BUSY_HOLD`]).
+    static HOST_BUSY_UNTIL: Cell<Option<Instant>> = const { Cell::new(None) };
 }
 
 #[cfg(test)]
@@ -314,6 +366,35 @@ mod tests {
         assert_eq!(got, [0, 1, 2]);
         assert_eq!(bell.count.load(Ordering::SeqCst), 0);
         assert!(lock(&bell.waiting).is_empty());
+    }
+
+    #[test]
+    fn spins_that_keep_missing_stop_and_are_tried_again_now_and_then() {
+        let s = Spinning {
+            credit: Cell::new(0),
+            skipped: Cell::new(0),
+        };
+        assert!(s.should_spin());
+        s.record(false);
+        // Out of credit: skipped, but for one probe in every SPIN_PROBE_EVERY waits.
+        let spins = (0..3 * SPIN_PROBE_EVERY)
+            .filter(|_| s.should_spin())
+            .count();
+        assert_eq!(spins, 3);
+        // A probe that catches its value brings spinning back.
+        s.record(true);
+        assert!(s.should_spin());
+        for _ in 0..100 {
+            s.record(true);
+        }
+        assert_eq!(s.credit.get(), SPIN_CREDIT_MAX);
+        // Credit earned is spent one miss at a time.
+        for _ in 0..SPIN_CREDIT_MAX {
+            s.record(false);
+            assert!(s.should_spin());
+        }
+        s.record(false);
+        assert!(!s.should_spin());
     }
 
     #[test]

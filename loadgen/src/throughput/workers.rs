@@ -13,8 +13,41 @@ use crate::intervals::TimedRecorder;
 /// How long consumers may take, after producers stop, to ack what is still in flight.
 const DRAIN_LIMIT: Duration = Duration::from_secs(30);
 
-/// How long a producer pauses when as many messages are in flight as the run allows.
+/// How long a producer sleeps at a time while as many messages are in flight as the run
+/// allows, once yielding has not helped.
 const FULL_PAUSE: Duration = Duration::from_micros(20);
+/// The longest a producer yields while full before it sleeps.
+const FULL_YIELD_BUDGET_NS: u64 = 200_000;
+/// A yield that took longer handed the core to another process's thread for a time slice.
+const SLOW_YIELD_NS: u64 = 100_000;
+
+/// A producer's wait while the run has as many messages in flight as it allows: leave the
+/// core to the consumers and shards. On an idle machine a yield does that at once and costs
+/// no wake-up; beside other busy threads a yield can hand one of them a whole time slice,
+/// so after one slow yield, or after the budget, it sleeps instead.
+struct FullWait {
+    clock: Clock,
+    since: Option<u64>,
+    yields_slow: bool,
+}
+
+impl FullWait {
+    fn wait(&mut self, now: u64) {
+        let since = *self.since.get_or_insert(now);
+        if self.yields_slow || now - since > FULL_YIELD_BUDGET_NS {
+            thread::sleep(FULL_PAUSE);
+            return;
+        }
+        thread::yield_now();
+        self.yields_slow = self.clock.now_ns() - now > SLOW_YIELD_NS;
+    }
+
+    /// Room again: the next wait starts afresh.
+    fn clear(&mut self) {
+        self.since = None;
+        self.yields_slow = false;
+    }
+}
 
 /// The run's settings, as the threads need them.
 #[derive(Clone, Debug)]
@@ -98,6 +131,11 @@ pub(super) fn produce(
     let mut bodies = BodyWriter::new(plan.body_bytes);
     let mut local = 0u64;
     let mut turn = 0usize;
+    let mut full = FullWait {
+        clock,
+        since: None,
+        yields_slow: false,
+    };
     // Open loop: message k of producer j is due at (k + j / P) × interval.
     let offset = plan
         .interval_ns
@@ -140,11 +178,10 @@ pub(super) fn produce(
             .load(Relaxed)
             .saturating_sub(shared.acked.load(Relaxed));
         if in_flight + n as u64 > plan.max_in_flight {
-            // Full: leave the cores to the consumers and shards for a moment. A sleep, not a
-            // yield: beside busy threads a yield can hand a whole time slice to one of them.
-            thread::sleep(FULL_PAUSE);
+            full.wait(now);
             continue;
         }
+        full.clear();
         shared.put.fetch_add(n as u64, Relaxed);
         let queue = &queues[turn % queues.len()];
         turn += 1;
