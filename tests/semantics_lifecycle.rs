@@ -287,18 +287,30 @@ fn after_shutdown_calls_give_shut_down_and_settles_false() {
     );
 }
 
+/// A `recv` (or `recv_timeout`) already blocked when the broker shuts down returns
+/// `ShutDown`, never `Closed`: a worker tells "my queue was closed" from "the broker is
+/// going away" by it.
 #[test]
-fn shutdown_wakes_a_blocked_recv() {
+fn shutdown_wakes_a_blocked_recv_with_shut_down() {
     let broker = broker();
     let q = timeout_queue(&broker, "shutdown.recv", secs(10));
     let a = q.consume("a", prefetch(1)).unwrap();
-    let waiter = std::thread::spawn(move || a.recv().map(|_| ()));
+    let b = q.consume("b", prefetch(1)).unwrap();
+    let (started, waiting) = std::sync::mpsc::channel();
+    let waiter = std::thread::spawn(move || {
+        started.send(()).unwrap();
+        let blocked = a.recv().map(|_| ());
+        let timed = b.recv_timeout(secs(600)).map(|_| ());
+        (blocked, timed)
+    });
+    waiting.recv().unwrap();
+    // Gives the thread time to park in `recv`, so that the shutdown finds it blocked (the
+    // answer must be ShutDown either way; this only makes the blocked case the one tested).
+    std::thread::sleep(std::time::Duration::from_millis(50));
     broker.shutdown();
-    // Closed when it was already waiting, ShutDown when it started after: never a hang.
-    match waiter.join().expect("recv returned") {
-        Err(Error::Closed) | Err(Error::ShutDown) => {}
-        other => panic!("expected Closed or ShutDown, got {other:?}"),
-    }
+    let (blocked, timed) = waiter.join().expect("recv returned");
+    assert_eq!(blocked, Err(Error::ShutDown));
+    assert_eq!(timed, Err(Error::ShutDown));
 }
 
 #[test]

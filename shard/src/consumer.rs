@@ -91,13 +91,22 @@ impl Consumer {
         Ok(())
     }
 
-    /// Blocks until a delivery arrives. `Err(Closed)` once the queue closes (or the broker
-    /// shuts down while waiting), `Err(ShutDown)` when called after shutdown.
+    /// Blocks until a delivery arrives. `Err(Closed)` once the queue closes, `Err(ShutDown)`
+    /// once the broker shuts down (whether it was called before or while waiting).
     pub fn recv(&self) -> Result<Delivery, Error> {
         self.check_open()?;
         match self.wait(None) {
             Some(Ok(delivered)) => self.wrap(delivered),
-            _ => Err(Error::Closed),
+            _ => Err(self.ended()),
+        }
+    }
+
+    /// Why the channel ended: the queue closed, or the broker shut down.
+    fn ended(&self) -> Error {
+        if !self.owner.queue.cell().is_closed() && self.owner.queue.broker().is_shut_down() {
+            Error::ShutDown
+        } else {
+            Error::Closed
         }
     }
 
@@ -107,7 +116,7 @@ impl Consumer {
         // A timeout too long to add to now waits without one.
         match self.wait(Instant::now().checked_add(timeout)) {
             Some(Ok(delivered)) => self.wrap(delivered).map(Some),
-            Some(Err(())) => Err(Error::Closed),
+            Some(Err(())) => Err(self.ended()),
             None => Ok(None),
         }
     }
