@@ -392,3 +392,74 @@ fn envelope_carries_body_id_and_first_attempt() {
     assert_eq!(e.death, None);
     assert_eq!(d.consumer(), "a");
 }
+
+/// A 1-shard manual-clock broker: its first generated id is `~0-1`.
+fn one_shard() -> Broker {
+    Broker::builder().shards(1).manual_clock().build().unwrap()
+}
+
+/// The ids of every message a queue holds, read through a fresh consumer.
+fn ids_held(q: &Queue) -> Vec<String> {
+    let c = q.consume("reader", prefetch(100)).unwrap();
+    let mut ids = Vec::new();
+    while let Some(d) = c.try_recv().unwrap() {
+        ids.push(d.envelope().id.clone());
+    }
+    ids
+}
+
+/// A generated id never equals an id a caller gave that is live in the queue, whatever
+/// the caller chose: `~0-1` is the text the broker would have generated next.
+#[test]
+fn a_generated_id_skips_a_live_given_id_of_the_same_text() {
+    let broker = one_shard();
+    let q = plain(&broker, "ids.given.first");
+    assert_eq!(q.put(msg("~0-1")).unwrap(), PutOutcome::Enqueued);
+    assert_eq!(q.put(Message::new("y")).unwrap(), PutOutcome::Enqueued);
+    let ids = ids_held(&q);
+    assert_eq!(ids.len(), 2);
+    assert_eq!(ids[0], "~0-1");
+    assert_ne!(ids[1], "~0-1", "two live messages with one id: {ids:?}");
+}
+
+/// The same inside one `put_batch`, where the given id comes after the message that gets
+/// a generated one.
+#[test]
+fn a_generated_id_skips_a_given_id_later_in_the_same_batch() {
+    let broker = one_shard();
+    let q = plain(&broker, "ids.batch");
+    let outcomes = q.put_batch(vec![Message::new("y"), msg("~0-1")]).unwrap();
+    assert_eq!(outcomes, [PutOutcome::Enqueued, PutOutcome::Enqueued]);
+    let ids: BTreeSet<String> = ids_held(&q).into_iter().collect();
+    assert_eq!(ids.len(), 2, "{ids:?}");
+}
+
+/// A given id equal to a live generated one is a duplicate: the id is live in the queue.
+#[test]
+fn a_given_id_equal_to_a_live_generated_id_is_a_duplicate() {
+    let broker = one_shard();
+    let q = plain(&broker, "ids.generated.first");
+    assert_eq!(q.put(Message::new("y")).unwrap(), PutOutcome::Enqueued);
+    assert_eq!(q.put(msg("~0-1")).unwrap(), PutOutcome::Duplicate);
+    // Not the broker's form: an ordinary id, whatever it looks like.
+    assert_eq!(q.put(msg("~0-01")).unwrap(), PutOutcome::Enqueued);
+    assert_eq!(q.put(msg("~00-1")).unwrap(), PutOutcome::Enqueued);
+    assert_eq!(ids_held(&q), ["~0-1", "~0-01", "~00-1"]);
+    assert_stats!(q, { enqueued: 3, duplicates: 1 });
+}
+
+/// A dead letter keeps its generated id, and is refused (dropped at its origin) where a
+/// caller's id of the same text is live in the dead-letter queue.
+#[test]
+fn a_dead_letter_never_lands_beside_a_live_namesake() {
+    let broker = one_shard();
+    let (q, dead) = dead_letter_pair(&broker, "ids.src", "ids.dead", QueueConfig::default());
+    assert_eq!(dead.put(msg("~0-1")).unwrap(), PutOutcome::Enqueued);
+    assert_eq!(q.put(Message::new("x")).unwrap(), PutOutcome::Enqueued);
+    let a = q.consume("a", prefetch(1)).unwrap();
+    let d = next(&a);
+    assert_eq!(d.envelope().id, "~0-1");
+    assert!(d.reject());
+    assert_stats!(q, { dead_lettered: 0, dropped: 1 });
+    assert_eq!(ids_held(&dead), ["~0-1"]);
+}

@@ -155,6 +155,11 @@ pub(crate) struct QueueState {
     rr: usize,
     with_credit: usize,
     dedup: Map<Arc<str>, DedupEntry>,
+    /// The broker ids live in this queue, kept only once a caller has given this queue an
+    /// id of the broker's form (`~<shard>-<seq>`): from then on a given id equal to a live
+    /// broker id is a duplicate, and a generated id equal to a given one is skipped. A
+    /// queue whose callers never give such ids pays nothing for it.
+    auto_live: Option<std::collections::HashSet<u64, RandomState>>,
     rng: u64,
     stats: QueueStats,
 }
@@ -178,6 +183,7 @@ impl QueueState {
             rr: 0,
             with_credit: 0,
             dedup: Map::with_hasher(fixed_state()),
+            auto_live: None,
             rng: fixed_state().hash_one(name) | 1,
             stats: QueueStats::default(),
         }
@@ -202,6 +208,7 @@ impl QueueState {
 
     pub fn put(&mut self, ctx: &mut Ctx, message: Message) -> Result<PutOutcome, Error> {
         validate::message(&message, self.config.max_body_bytes)?;
+        self.watch_auto_shaped(message.id.as_deref());
         if self.is_duplicate(message.id.as_deref()) {
             self.stats.duplicates += 1;
             return Ok(PutOutcome::Duplicate);
@@ -209,7 +216,7 @@ impl QueueState {
         if self.is_full(1) {
             return Err(Error::QueueFull);
         }
-        self.enqueue_message(ctx, message);
+        self.enqueue_message(ctx, message, &[]);
         self.dispatch(ctx);
         Ok(PutOutcome::Enqueued)
     }
@@ -226,6 +233,7 @@ impl QueueState {
         let mut accepted = 0;
         for message in &messages {
             validate::message(message, self.config.max_body_bytes)?;
+            self.watch_auto_shaped(message.id.as_deref());
             let duplicate = match message.id.as_deref() {
                 None => false,
                 Some(id) => {
@@ -246,9 +254,18 @@ impl QueueState {
             outcomes.push(PutOutcome::Enqueued);
         }
         drop(batch_ids);
+        // Ids of the broker's form given in this batch: a message without an id enqueued
+        // before them must not be given one of them.
+        let reserved: Vec<u64> = match self.auto_live {
+            None => Vec::new(),
+            Some(_) => messages
+                .iter()
+                .filter_map(|m| m.id.as_deref().and_then(MsgId::parse_auto))
+                .collect(),
+        };
         for (message, outcome) in messages.into_iter().zip(&outcomes) {
             match outcome {
-                PutOutcome::Enqueued => self.enqueue_message(ctx, message),
+                PutOutcome::Enqueued => self.enqueue_message(ctx, message, &reserved),
                 PutOutcome::Duplicate => self.stats.duplicates += 1,
             }
         }
@@ -256,8 +273,45 @@ impl QueueState {
         Ok(outcomes)
     }
 
+    /// A given id is a duplicate when it is live or windowed here, or is the text of a
+    /// broker id live here.
     fn is_duplicate(&self, id: Option<&str>) -> bool {
-        id.is_some_and(|id| self.dedup.contains_key(id))
+        id.is_some_and(|id| {
+            self.dedup.contains_key(id)
+                || self.auto_live.as_ref().is_some_and(|live| {
+                    MsgId::parse_auto(id).is_some_and(|auto| live.contains(&auto))
+                })
+        })
+    }
+
+    /// Starts keeping the broker ids live here the first time a caller gives an id of their
+    /// form (see `auto_live`).
+    fn watch_auto_shaped(&mut self, id: Option<&str>) {
+        if self.auto_live.is_some() || id.is_none_or(|id| MsgId::parse_auto(id).is_none()) {
+            return;
+        }
+        let mut live = std::collections::HashSet::with_hasher(fixed_state());
+        for (_, m) in self.msgs.iter() {
+            if let MsgId::Auto(n) = m.id {
+                live.insert(n);
+            }
+        }
+        self.auto_live = Some(live);
+    }
+
+    /// The next broker id for this queue: the shard's next sequence number, skipping any
+    /// whose text a caller gave as an id still live or windowed here, or in `reserved`.
+    fn next_auto_id(&self, ctx: &mut Ctx, reserved: &[u64]) -> MsgId {
+        loop {
+            *ctx.next_auto_id += 1;
+            let n = MsgId::auto_number(ctx.shard, *ctx.next_auto_id);
+            let id = MsgId::Auto(n);
+            if self.auto_live.is_none()
+                || !(reserved.contains(&n) || self.dedup.contains_key(&*id.to_text()))
+            {
+                return id;
+            }
+        }
     }
 
     fn is_full(&self, adding: usize) -> bool {
@@ -266,13 +320,10 @@ impl QueueState {
             .is_some_and(|max| self.msgs.len() + adding > max)
     }
 
-    fn enqueue_message(&mut self, ctx: &mut Ctx, message: Message) {
+    fn enqueue_message(&mut self, ctx: &mut Ctx, message: Message, reserved: &[u64]) {
         let id = match message.id {
             Some(id) => MsgId::Given(id.into()),
-            None => {
-                *ctx.next_auto_id += 1;
-                MsgId::auto(ctx.shard, *ctx.next_auto_id)
-            }
+            None => self.next_auto_id(ctx, reserved),
         };
         let delay = ctx.tick.ticks(message.delay);
         self.enqueue(ctx, id, message.body, delay, None);
@@ -305,6 +356,9 @@ impl QueueState {
                 previous.is_none(),
                 "a live or windowed id was enqueued again"
             );
+        }
+        if let (MsgId::Auto(n), Some(live)) = (&id, &mut self.auto_live) {
+            live.insert(*n);
         }
         let msg = self.msgs.insert(Msg {
             id,
@@ -339,9 +393,19 @@ impl QueueState {
         if letter.body.len() > self.config.max_body_bytes {
             return false;
         }
-        if let MsgId::Given(id) = &letter.id {
-            if self.dedup.contains_key(&**id) {
-                return false;
+        match &letter.id {
+            MsgId::Given(id) => {
+                self.watch_auto_shaped(Some(id));
+                if self.is_duplicate(Some(id)) {
+                    return false;
+                }
+            }
+            // A broker id from another queue: refused where a caller's id of the same text
+            // is live or windowed here (broker ids themselves never repeat).
+            MsgId::Auto(_) => {
+                if self.auto_live.is_some() && self.dedup.contains_key(&*letter.id.to_text()) {
+                    return false;
+                }
             }
         }
         if self.is_full(1) {
@@ -621,6 +685,9 @@ impl QueueState {
     /// being live.
     fn remove_message(&mut self, msg: u32) -> Msg {
         let m = self.msgs.remove(msg as usize);
+        if let (MsgId::Auto(n), Some(live)) = (&m.id, &mut self.auto_live) {
+            live.remove(n);
+        }
         if let MsgId::Given(id) = &m.id {
             let entry = self.dedup.get_mut(&**id).expect("a given id is indexed");
             entry.live = false;

@@ -257,8 +257,11 @@ struct ModelQueue {
     name: String,
     config: QueueConfig,
     closed: bool,
-    /// Ids given to live messages (broker-assigned ids never make a duplicate).
+    /// Ids given to live messages.
     ids: HashSet<String>,
+    /// The text of every broker-assigned id live here: a given id equal to one is a
+    /// duplicate (SPEC §3: the id is live in the queue).
+    generated: HashSet<String>,
     live: usize,
     enqueued: u64,
     duplicates: u64,
@@ -372,6 +375,8 @@ struct World {
     /// Every handle the broker gave, with the queue it names; old ones stay (stale handles).
     handles: Vec<(Queue, usize)>,
     live: HashMap<String, usize>,
+    /// Each shard's last broker-assigned id sequence number.
+    next_auto: HashMap<usize, u64>,
     /// Kept so their names stay taken: dropping one cancels it.
     consumers: Vec<Consumer>,
 }
@@ -405,6 +410,7 @@ impl World {
                     config,
                     closed: false,
                     ids: HashSet::new(),
+                    generated: HashSet::new(),
                     live: 0,
                     enqueued: 0,
                     duplicates: 0,
@@ -472,7 +478,7 @@ impl World {
                 return Err(e);
             }
             if let Some(id) = &m.id {
-                if !ids.insert(id.clone()) {
+                if model.generated.contains(id) || !ids.insert(id.clone()) {
                     outcomes.push(PutOutcome::Duplicate);
                     continue;
                 }
@@ -488,6 +494,9 @@ impl World {
 
     fn record_puts(&mut self, q: usize, msgs: &[MsgFacts], outcomes: &[PutOutcome]) {
         let model = &mut self.queues[q];
+        let shard = self.broker.shard_of(&model.name);
+        let next = self.next_auto.entry(shard).or_default();
+        let given: HashSet<&str> = msgs.iter().filter_map(|m| m.id.as_deref()).collect();
         for (m, outcome) in msgs.iter().zip(outcomes) {
             if *outcome == PutOutcome::Duplicate {
                 model.duplicates += 1;
@@ -495,8 +504,21 @@ impl World {
             }
             model.live += 1;
             model.enqueued += 1;
-            if let Some(id) = &m.id {
-                model.ids.insert(id.clone());
+            match &m.id {
+                Some(id) => {
+                    model.ids.insert(id.clone());
+                }
+                // The shard's next sequence number whose text no given id of this queue (or
+                // of this batch) has taken: the broker's numbering, which the spec leaves
+                // open, followed here so that a later given id can be judged.
+                None => loop {
+                    *next += 1;
+                    let text = format!("~{shard}-{next}");
+                    if !model.ids.contains(&text) && !given.contains(text.as_str()) {
+                        model.generated.insert(text);
+                        break;
+                    }
+                },
             }
         }
     }
@@ -577,6 +599,7 @@ fuzz_target!(|data: &[u8]| {
         queues: Vec::new(),
         handles: Vec::new(),
         live: HashMap::new(),
+        next_auto: HashMap::new(),
         consumers: Vec::new(),
     };
     for _ in 0..MAX_CALLS {
