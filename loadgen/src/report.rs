@@ -131,17 +131,24 @@ pub struct CpuSample {
 
 impl CpuSample {
     pub fn now() -> CpuSample {
-        let Ok(stat) = fs::read_to_string("/proc/self/stat") else {
-            return CpuSample::default();
-        };
-        // Fields after the ")" that closes the command name start at field 3.
-        let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+        fs::read_to_string("/proc/self/stat")
+            .ok()
+            .and_then(|stat| CpuSample::from_stat(&stat))
+            .unwrap_or_default()
+    }
+
+    /// Reads utime and stime (fields 14 and 15) from a `/proc/<pid>/stat` line. The command
+    /// name (field 2, in parentheses) may hold spaces and parentheses itself, so fields are
+    /// counted from the last `)`.
+    fn from_stat(stat: &str) -> Option<CpuSample> {
+        let (_, rest) = stat.rsplit_once(')')?;
         let fields: Vec<&str> = rest.split_whitespace().collect();
-        let ticks = |i: usize| fields.get(i).and_then(|f| f.parse::<f64>().ok());
-        CpuSample {
-            user_s: ticks(14 - 3).unwrap_or(0.0) / 100.0,
-            sys_s: ticks(15 - 3).unwrap_or(0.0) / 100.0,
-        }
+        // `rest` starts at field 3.
+        let ticks = |field: usize| fields.get(field - 3)?.parse::<f64>().ok();
+        Some(CpuSample {
+            user_s: ticks(14)? / 100.0,
+            sys_s: ticks(15)? / 100.0,
+        })
     }
 
     /// Fills the CPU fields of `stats` with the time spent since `self`.
@@ -383,7 +390,17 @@ mod tests {
     fn proc_readings() {
         let rss = status_kib("VmHWM").expect("VmHWM on Linux");
         assert!(rss > 0);
-        let _ = CpuSample::now();
         assert!(load_average().is_some());
+    }
+
+    #[test]
+    fn cpu_time_is_read_from_fields_14_and_15_after_the_command_name() {
+        // A command name with a space and a ')' of its own; utime 250 and stime 75 ticks.
+        let stat = "4242 (lg (x) y) S 1 4242 4242 0 -1 4194304 900 0 0 0 250 75 0 0 20 0 9 0";
+        let cpu = CpuSample::from_stat(stat).expect("parses");
+        assert_eq!(cpu.user_s, 2.5);
+        assert_eq!(cpu.sys_s, 0.75);
+        assert!(CpuSample::from_stat("4242 (cut short) S 1 2").is_none());
+        assert!(CpuSample::from_stat("no parenthesis at all").is_none());
     }
 }

@@ -33,13 +33,18 @@ fn own_cpu_s() -> f64 {
 
 fn process_cpu_s(pid: u32) -> Option<f64> {
     let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // The command name (field 2) may hold spaces: count fields after its closing ')'.
-    let rest = &stat[stat.rfind(')')? + 2..];
+    Some(stat_cpu_ticks(&stat)? as f64 / clock_ticks_per_s())
+}
+
+/// utime + stime, in clock ticks, from a `/proc/<pid>/stat` line. The command name (field
+/// 2) may hold spaces and parentheses: fields are counted after its last ')'.
+fn stat_cpu_ticks(stat: &str) -> Option<u64> {
+    let (_, rest) = stat.rsplit_once(')')?;
     let fields: Vec<&str> = rest.split_whitespace().collect();
     // utime and stime are fields 14 and 15 of the line, so 11 and 12 after the name.
     let utime: u64 = fields.get(11)?.parse().ok()?;
     let stime: u64 = fields.get(12)?.parse().ok()?;
-    Some((utime + stime) as f64 / clock_ticks_per_s())
+    Some(utime + stime)
 }
 
 fn clock_ticks_per_s() -> f64 {
@@ -67,9 +72,10 @@ mod tests {
     use super::*;
 
     #[test]
-    fn own_process_is_found_and_measured() {
-        let me = std::process::id();
-        assert!(process_cpu_s(me).is_some());
-        assert!(own_cpu_s() >= 0.0);
+    fn cpu_ticks_are_utime_plus_stime_after_the_command_name() {
+        let stat = "77 (redis (x) y) S 1 77 77 0 -1 4194304 900 0 0 0 250 75 0 0 20 0 9 0";
+        assert_eq!(stat_cpu_ticks(stat), Some(325));
+        assert_eq!(stat_cpu_ticks("77 (cut short) S 1 2"), None);
+        assert!(process_cpu_s(std::process::id()).is_some());
     }
 }
