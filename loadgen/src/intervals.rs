@@ -472,13 +472,12 @@ mod tests {
         assert_eq!(log.total_count(0), 5);
         assert_eq!(log.total_count(1), 1);
 
-        let dir = std::env::temp_dir().join(format!("loadgen-hlog-{}", std::process::id()));
-        fs::create_dir_all(&dir).unwrap();
-        let files = write_hlogs(&dir, &[&log]).unwrap();
+        let temp = tempfile::tempdir().unwrap();
+        let dir = temp.path();
+        let files = write_hlogs(dir, &[&log]).unwrap();
         assert_eq!(files[0], ("x".to_string(), "x.hlog".to_string()));
         let text = fs::read(dir.join("x.hlog")).unwrap();
         let y = fs::read(dir.join("y.hlog")).unwrap();
-        fs::remove_dir_all(&dir).unwrap();
         let rendered = String::from_utf8_lossy(&text);
         assert!(
             rendered.starts_with("#[Logged with leasemq-loadgen"),
@@ -525,11 +524,10 @@ mod tests {
         differ.take(36, &[&rec], &mut log);
         assert_eq!(log.total_count(0), rec.count());
         let mut buf = Vec::new();
-        let dir = std::env::temp_dir().join(format!("loadgen-differ-{}", std::process::id()));
-        fs::create_dir_all(&dir).unwrap();
-        write_hlogs(&dir, &[&log]).unwrap();
+        let temp = tempfile::tempdir().unwrap();
+        let dir = temp.path();
+        write_hlogs(dir, &[&log]).unwrap();
         buf.extend(fs::read(dir.join("r.hlog")).unwrap());
-        fs::remove_dir_all(&dir).unwrap();
         let intervals = read_back(&buf);
         let counts: Vec<u64> = intervals.iter().map(|i| i.3.len()).collect();
         assert_eq!(counts, [2, 1, 0, 1]);

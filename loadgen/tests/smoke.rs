@@ -5,10 +5,9 @@
 
 use std::collections::HashMap;
 use std::fs;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output};
 use std::sync::Mutex;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use base64::Engine as _;
 use hdrhistogram::serialization::interval_log::{IntervalLogIterator, LogEntry};
@@ -20,30 +19,6 @@ const BIN: &str = env!("CARGO_BIN_EXE_leasemq-loadgen");
 
 /// One run at a time: they measure, and would only slow each other down.
 static SERIAL: Mutex<()> = Mutex::new(());
-
-/// A fresh directory under the system's temp dir, removed when dropped.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(name: &str) -> TempDir {
-        let nanos = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .expect("clock after 1970")
-            .as_nanos();
-        let dir = std::env::temp_dir().join(format!(
-            "leasemq-loadgen-{name}-{}-{nanos}",
-            std::process::id()
-        ));
-        fs::create_dir_all(&dir).expect("create temp dir");
-        TempDir(dir)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = fs::remove_dir_all(&self.0);
-    }
-}
 
 fn run(args: &[&str]) -> Output {
     let _one_at_a_time = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
@@ -59,8 +34,11 @@ fn text(bytes: &[u8]) -> String {
 
 /// Runs a subcommand with `--out` and checks everything it wrote; returns the summary.
 fn run_and_check(name: &str, args: &[&str]) -> Value {
-    let dir = TempDir::new(name);
-    let out = dir.0.to_str().expect("utf-8 temp path");
+    let dir = tempfile::Builder::new()
+        .prefix(&format!("leasemq-loadgen-{name}-"))
+        .tempdir()
+        .expect("create temp dir");
+    let out = dir.path().to_str().expect("utf-8 temp path");
     let mut all: Vec<&str> = args.to_vec();
     all.extend(["--out", out]);
     let output = run(&all);
@@ -77,7 +55,7 @@ fn run_and_check(name: &str, args: &[&str]) -> Value {
         assert!(stdout.contains(": OK"), "not OK:\n{stdout}");
     }
 
-    let json = fs::read_to_string(dir.0.join("summary.json")).expect("summary.json written");
+    let json = fs::read_to_string(dir.path().join("summary.json")).expect("summary.json written");
     let summary: Value = serde_json::from_str(&json).expect("summary.json parses");
     let accounting = &summary["accounting"];
     assert_eq!(accounting["ok"], Value::Bool(true), "{accounting}");
@@ -112,11 +90,11 @@ fn run_and_check(name: &str, args: &[&str]) -> Value {
                 "percentiles out of order: {h}"
             );
             let file = h["hgrm"].as_str().expect("hgrm file named");
-            check_hgrm(&dir.0.join(file), v("count"));
+            check_hgrm(&dir.path().join(file), v("count"));
             let log = h["hlog"].as_str().expect("hlog file named").to_string();
             let counts = hlogs
                 .entry(log.clone())
-                .or_insert_with(|| hlog_counts(&dir.0.join(&log)));
+                .or_insert_with(|| hlog_counts(&dir.path().join(&log)));
             assert_eq!(
                 counts.get(&tag).copied().unwrap_or(0),
                 v("count"),
@@ -125,7 +103,7 @@ fn run_and_check(name: &str, args: &[&str]) -> Value {
         }
     }
     for plot in summary["plots"].as_array().expect("plots") {
-        check_svg(&dir.0.join(plot.as_str().expect("plot file")));
+        check_svg(&dir.path().join(plot.as_str().expect("plot file")));
     }
     summary
 }

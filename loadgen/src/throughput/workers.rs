@@ -4,6 +4,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::Relaxed};
 use std::thread;
 use std::time::Duration;
 
+use crossbeam_utils::CachePadded;
 use leasemq::{Consumer, Delivery, Message, Queue};
 
 use crate::cli::{format_duration, Api};
@@ -72,26 +73,13 @@ impl Plan {
     }
 }
 
-/// A value alone on its cache lines, so producers and consumers do not share one.
-#[derive(Default)]
-#[repr(align(128))]
-pub(super) struct Padded<T>(pub(super) T);
-
-impl<T> std::ops::Deref for Padded<T> {
-    type Target = T;
-
-    fn deref(&self) -> &T {
-        &self.0
-    }
-}
-
 /// What every thread sees.
 #[derive(Default)]
 pub(super) struct Shared {
     /// Messages handed to `put`/`put_batch` (counted before the call).
-    pub(super) put: Padded<AtomicU64>,
+    pub(super) put: CachePadded<AtomicU64>,
     /// Messages acked.
-    pub(super) acked: Padded<AtomicU64>,
+    pub(super) acked: CachePadded<AtomicU64>,
     pub(super) producers_done: AtomicU32,
     pub(super) abort: AtomicBool,
 }
