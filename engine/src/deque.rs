@@ -6,7 +6,10 @@
 //! first fault in and zero. Measured on a 1 M-lease run, those pushes stalled the shard
 //! thread for up to 95 ms at a time (a redelivery lateness p99.9 of 90 ms). Here entries
 //! live in chunks of `CHUNK` slots: growth allocates one chunk, popping the last entry of a
-//! chunk frees it, and no entry is ever moved once written.
+//! chunk frees it, and once a deque spans more than one chunk no entry is moved again.
+//! Only a deque within its first chunk moves entries, as a `Vec` does: that chunk grows by
+//! doubling, and `push_front` into it shifts its entries up by one; either moves at most
+//! `CHUNK` entries.
 //!
 //! Layout: every chunk but the last holds exactly `CHUNK` slots; the first `head` slots of
 //! the first chunk are vacated (left at `T::default()`), so entry `i` sits at slot
