@@ -444,17 +444,31 @@ impl QueueState {
     }
 
     fn deliver(&mut self, ctx: &mut Ctx, msg: u32, slot: u32) {
+        debug_assert!(
+            matches!(self.msgs[msg as usize].state, MsgState::Ready),
+            "only a ready message is delivered: it is in exactly one place"
+        );
         let tag = self.leases.next_tag();
+        let deadline = ctx.after(self.ack_ticks);
+        debug_assert!(deadline > ctx.now, "a new lease's deadline is ahead");
         let timer = ctx.wheel.insert(
-            ctx.after(self.ack_ticks),
+            deadline,
             Timer::Lease {
                 queue: self.key.idx,
                 tag,
             },
         );
         let consumer = &mut ctx.consumers[slot as usize];
+        debug_assert!(
+            consumer.has_credit(),
+            "dispatch picks a consumer with credit"
+        );
         consumer.tags.push(tag);
         consumer.held += 1;
+        debug_assert!(
+            consumer.held <= consumer.prefetch,
+            "credit never above prefetch"
+        );
         if !consumer.has_credit() {
             self.with_credit -= 1;
         }
@@ -494,6 +508,10 @@ impl QueueState {
     fn end_lease(&mut self, consumers: &mut Slab<ConsumerState>, tag: u64) -> Option<Lease> {
         let lease = self.leases.remove(tag)?;
         let consumer = &mut consumers[lease.consumer as usize];
+        debug_assert!(
+            consumer.held > 0,
+            "a consumer holding a lease holds one or more"
+        );
         if !consumer.has_credit() {
             self.with_credit += 1;
         }
@@ -573,6 +591,7 @@ impl QueueState {
             }
         }
         let deadline = ctx.after(self.ack_ticks);
+        debug_assert!(deadline > ctx.now, "a touched lease's deadline is ahead");
         ctx.wheel.reset(lease.timer, deadline);
         true
     }
@@ -619,8 +638,13 @@ impl QueueState {
         }
     }
 
+    /// Puts a message whose lease just ended back among the ready (or delayed) ones.
     fn requeue(&mut self, ctx: &mut Ctx, msg: u32, how: Return) {
         let m = &mut self.msgs[msg as usize];
+        debug_assert!(
+            matches!(m.state, MsgState::Leased(tag) if !self.leases.contains(tag)),
+            "only a message whose lease has ended comes back: it is in exactly one place"
+        );
         m.state = MsgState::Ready;
         match how {
             Return::Expired | Return::Nacked(0) => self.returned.push_back(msg),
