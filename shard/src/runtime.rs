@@ -279,7 +279,13 @@ impl ShardThread {
                     break;
                 }
                 match self.inbox.try_recv() {
-                    Ok(req) => self.process(now, req),
+                    // The clock is read again for each request: the thread may have been
+                    // off its core since the batch began, and a settle sent after a lease's
+                    // deadline must meet the lease expired (the late ack is refused).
+                    Ok(req) => {
+                        let now = self.now();
+                        self.process(now, req);
+                    }
                     Err(_) => break,
                 }
             }
