@@ -544,6 +544,11 @@ impl ShardThread {
             self.engine
                 .handle(now, Command::Outcomes { outcomes: local }, &mut self.out);
         }
+        if !remote.is_empty() {
+            // An outcome may release a caller on the other shard, whose call must return
+            // only once the deliveries its dead letters caused here are in their channels.
+            self.flush_deliveries();
+        }
         let last = remote.len().saturating_sub(1);
         for (i, (shard, outcomes)) in remote.into_iter().enumerate() {
             let deferred = if i == last { deferred.take() } else { None };
