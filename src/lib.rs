@@ -160,6 +160,8 @@
 //! 6. **Deterministic under the manual clock.** The same program gives the same deliveries,
 //!    tags and attempts.
 
+#![forbid(unsafe_code)]
+
 pub use leasemq_engine::{
     ConsumerConfig, DeathReason, DeathRecord, DeliveryTag, Envelope, Error, Message, PutOutcome,
     QueueConfig, QueueStats, RetryPolicy, Settle,

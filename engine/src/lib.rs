@@ -30,6 +30,8 @@
 //! assert_eq!(shard.stats(queue).unwrap().ready, 1);
 //! ```
 
+#![forbid(unsafe_code)]
+
 mod chunked;
 mod command;
 mod deque;

@@ -13,6 +13,8 @@
 //! barrier across every shard, which returns once each has fired every timer due and
 //! pushed the deliveries that followed.
 
+#![forbid(unsafe_code)]
+
 mod broker;
 mod consumer;
 mod queue;
