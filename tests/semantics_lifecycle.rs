@@ -296,21 +296,41 @@ fn shutdown_wakes_a_blocked_recv_with_shut_down() {
     let q = timeout_queue(&broker, "shutdown.recv", secs(10));
     let a = q.consume("a", prefetch(1)).unwrap();
     let b = q.consume("b", prefetch(1)).unwrap();
-    let (started, waiting) = std::sync::mpsc::channel();
-    let waiter = std::thread::spawn(move || {
-        started.send(()).unwrap();
-        let blocked = a.recv().map(|_| ());
-        let timed = b.recv_timeout(secs(600)).map(|_| ());
-        (blocked, timed)
-    });
-    waiting.recv().unwrap();
-    // Gives the thread time to park in `recv`, so that the shutdown finds it blocked (the
-    // answer must be ShutDown either way; this only makes the blocked case the one tested).
-    std::thread::sleep(std::time::Duration::from_millis(50));
+    let spawn = |name: &str, recv: Box<dyn FnOnce() -> Result<(), Error> + Send>| {
+        std::thread::Builder::new()
+            .name(name.into())
+            .spawn(recv)
+            .unwrap()
+    };
+    let blocked = spawn("blocked-recv", Box::new(move || a.recv().map(|_| ())));
+    let timed = spawn(
+        "blocked-recv-to",
+        Box::new(move || b.recv_timeout(secs(600)).map(|_| ())),
+    );
+    // Shut down only once both threads are parked in their calls.
+    while !(parked("blocked-recv") && parked("blocked-recv-to")) {
+        std::thread::yield_now();
+    }
     broker.shutdown();
-    let (blocked, timed) = waiter.join().expect("recv returned");
-    assert_eq!(blocked, Err(Error::ShutDown));
-    assert_eq!(timed, Err(Error::ShutDown));
+    assert_eq!(blocked.join().expect("recv returned"), Err(Error::ShutDown));
+    assert_eq!(
+        timed.join().expect("recv_timeout returned"),
+        Err(Error::ShutDown)
+    );
+}
+
+/// Whether this process's thread called `name` is asleep (state `S` in
+/// `/proc/self/task/<tid>/stat`): parked, for a thread whose only wait is a `recv`.
+fn parked(name: &str) -> bool {
+    std::fs::read_dir("/proc/self/task")
+        .expect("/proc on Linux")
+        .flatten()
+        .any(|task| {
+            let comm = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
+            let stat = std::fs::read_to_string(task.path().join("stat")).unwrap_or_default();
+            let state = stat.rsplit_once(')').map(|(_, rest)| rest.trim_start());
+            comm.trim() == name && state.is_some_and(|s| s.starts_with('S'))
+        })
 }
 
 #[test]

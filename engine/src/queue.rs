@@ -299,6 +299,12 @@ impl QueueState {
         self.auto_live = Some(live);
     }
 
+    /// Whether a caller gave this queue the text of broker id `id` as an id still live or
+    /// windowed here. Only looked up once the queue watches for such ids (`auto_live`).
+    fn broker_id_taken(&self, id: &MsgId) -> bool {
+        self.auto_live.is_some() && self.dedup.contains_key(&*id.to_text())
+    }
+
     /// The next broker id for this queue: the shard's next sequence number, skipping any
     /// whose text a caller gave as an id still live or windowed here, or in `reserved`.
     fn next_auto_id(&self, ctx: &mut Ctx, reserved: &[u64]) -> MsgId {
@@ -306,9 +312,7 @@ impl QueueState {
             *ctx.next_auto_id += 1;
             let n = MsgId::auto_number(ctx.shard, *ctx.next_auto_id);
             let id = MsgId::Auto(n);
-            if self.auto_live.is_none()
-                || !(reserved.contains(&n) || self.dedup.contains_key(&*id.to_text()))
-            {
+            if !(reserved.contains(&n) || self.broker_id_taken(&id)) {
                 return id;
             }
         }
@@ -403,7 +407,7 @@ impl QueueState {
             // A broker id from another queue: refused where a caller's id of the same text
             // is live or windowed here (broker ids themselves never repeat).
             MsgId::Auto(_) => {
-                if self.auto_live.is_some() && self.dedup.contains_key(&*letter.id.to_text()) {
+                if self.broker_id_taken(&letter.id) {
                     return false;
                 }
             }

@@ -42,31 +42,32 @@ enum Target {
 /// its inbox) answers `ShutDown`, so no caller waits forever.
 pub(crate) struct ReplyTo(Option<Target>);
 
-impl ReplyTo {
-    pub fn send(mut self, answer: Answer) {
-        match self.0.take() {
+impl Target {
+    fn send(self, answer: Answer) {
+        match self {
             // The slot holds one answer and its owner waits for exactly one: never full.
-            Some(Target::Slot(tx, caller)) => {
+            Target::Slot(tx, caller) => {
                 drop(tx.try_send(answer));
                 caller.wake();
             }
-            Some(Target::Sync(tx)) => drop(tx.try_send(answer)),
-            Some(Target::Async(tx)) => drop(tx.send(answer)),
-            None => {}
+            Target::Sync(tx) => drop(tx.try_send(answer)),
+            Target::Async(tx) => drop(tx.send(answer)),
+        }
+    }
+}
+
+impl ReplyTo {
+    pub fn send(mut self, answer: Answer) {
+        if let Some(target) = self.0.take() {
+            target.send(answer);
         }
     }
 }
 
 impl Drop for ReplyTo {
     fn drop(&mut self) {
-        match self.0.take() {
-            Some(Target::Slot(tx, caller)) => {
-                let _ = tx.try_send(Answer::ShutDown);
-                caller.wake();
-            }
-            Some(Target::Sync(tx)) => drop(tx.try_send(Answer::ShutDown)),
-            // Dropping the oneshot's sender wakes its receiver, which reads ShutDown.
-            Some(Target::Async(_)) | None => {}
+        if let Some(target) = self.0.take() {
+            target.send(Answer::ShutDown);
         }
     }
 }

@@ -272,20 +272,13 @@ impl ShardThread {
                 Some(Err(())) => break,
                 None => continue,
             };
-            let now = self.now();
-            self.process(now, first);
+            self.process(first);
             for _ in 1..BATCH {
                 if self.stopping {
                     break;
                 }
                 match self.inbox.try_recv() {
-                    // The clock is read again for each request: the thread may have been
-                    // off its core since the batch began, and a settle sent after a lease's
-                    // deadline must meet the lease expired (the late ack is refused).
-                    Ok(req) => {
-                        let now = self.now();
-                        self.process(now, req);
-                    }
+                    Ok(req) => self.process(req),
                     Err(_) => break,
                 }
             }
@@ -334,11 +327,12 @@ impl ShardThread {
         got
     }
 
-    fn process(&mut self, now: Tick, req: Request) {
-        // A dead letter or outcome earlier in this batch may have carried the engine past
-        // the time the batch began (another shard's clock, or a fresh reading): never hand
-        // it an earlier one.
-        let now = now.max(self.engine.now());
+    /// Handles one request at the time read now, after it left the inbox: the thread may
+    /// have been off its core since its batch began, and a settle sent after a lease's
+    /// deadline must meet the lease expired (the late ack is refused). `now()` is never
+    /// behind the engine, which a dead letter from another shard may have moved on.
+    fn process(&mut self, req: Request) {
+        let now = self.now();
         match req {
             Request::Engine { cmd, reply } => {
                 let closing = match &cmd {

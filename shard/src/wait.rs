@@ -199,10 +199,7 @@ fn lock(waiting: &Mutex<Vec<Thread>>) -> std::sync::MutexGuard<'_, Vec<Thread>> 
 /// CPU's spin hint for at most [`SPIN`] when spinning pays, or [`BUSY_SPIN`] on a busy
 /// host; then, on a host not busy, between yields for at most [`YIELD_BUDGET`]. Never past
 /// `deadline`.
-pub(crate) fn spin<T>(
-    deadline: Option<Instant>,
-    attempt: &mut impl FnMut() -> Option<T>,
-) -> Option<T> {
+fn spin<T>(deadline: Option<Instant>, attempt: &mut impl FnMut() -> Option<T>) -> Option<T> {
     if let Some(value) = attempt() {
         return Some(value);
     }
@@ -280,12 +277,13 @@ impl Spinning {
         skipped == SPIN_PROBE_EVERY
     }
 
+    /// Credit stays within -1 ..= SPIN_CREDIT_MAX: below zero only says "skip".
     fn record(&self, caught: bool) {
         let credit = self.credit.get();
         self.credit.set(if caught {
             (credit.max(0) + 1).min(SPIN_CREDIT_MAX)
         } else {
-            credit - 1
+            (credit - 1).max(-1)
         });
     }
 }
@@ -395,6 +393,13 @@ mod tests {
         }
         s.record(false);
         assert!(!s.should_spin());
+        // However long the misses go on, one caught probe brings spinning back.
+        for _ in 0..1000 {
+            s.record(false);
+        }
+        assert_eq!(s.credit.get(), -1);
+        s.record(true);
+        assert!(s.should_spin());
     }
 
     #[test]
