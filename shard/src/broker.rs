@@ -8,10 +8,11 @@ use std::time::{Duration, Instant};
 
 use leasemq_engine::{validate, Command, Error, QueueConfig};
 
+use crate::protocol::{Answer, Inbox, ReplyTo, Request};
 use crate::queue::Queue;
-use crate::reply::{call, fan_in, Answer};
+use crate::reply::{call, fan_in};
 use crate::router::shard_for;
-use crate::runtime::{Inbox, Request, ShardThread, TimeSource};
+use crate::runtime::{ShardThread, TimeSource};
 
 /// Builds a [`Broker`].
 #[derive(Clone, Debug)]
@@ -286,7 +287,7 @@ impl Broker {
 
     /// Sends one step to every shard and waits for all; returns the messages they sent to
     /// each other meanwhile.
-    fn step_all(&self, request: impl Fn(crate::reply::ReplyTo) -> Request) -> Result<u64, Error> {
+    fn step_all(&self, request: impl Fn(ReplyTo) -> Request) -> Result<u64, Error> {
         let (reply_to, answers) = fan_in(self.inner.shards.len());
         for inbox in &self.inner.shards {
             drop(inbox.send(request(reply_to())));

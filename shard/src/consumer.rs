@@ -8,9 +8,9 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, TryRecvError};
 use leasemq_engine::{Command, ConsumerKey, Delivered, DeliveryTag, Envelope, Error, Reply};
 
+use crate::protocol::{Answer, Readers, Request};
 use crate::queue::Queue;
-use crate::reply::{call, Answer};
-use crate::runtime::{Readers, Request};
+use crate::reply::call;
 
 /// A registered consumer of one queue: receives deliveries up to its prefetch.
 ///

@@ -17,8 +17,10 @@
 
 mod broker;
 mod consumer;
+mod protocol;
 mod queue;
 mod reply;
+pub mod route;
 mod router;
 mod runtime;
 mod wait;

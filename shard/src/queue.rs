@@ -12,8 +12,8 @@ use leasemq_engine::{
 
 use crate::broker::BrokerInner;
 use crate::consumer::Consumer;
-use crate::reply::{call, call_async, Answer, ReplyTo};
-use crate::runtime::{QueueCell, Readers, Request, Sink, WakeOnDrop};
+use crate::protocol::{Answer, QueueCell, Readers, ReplyTo, Request, Sink, WakeOnDrop};
+use crate::reply::{call, call_async};
 
 /// A handle to one queue. Cheap to clone, `Send + Sync`; every clone reaches the same queue,
 /// and none reaches a later queue of the same name once this one is closed.

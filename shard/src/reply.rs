@@ -7,76 +7,10 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use crossbeam_channel::{bounded, Receiver, Sender, TrySendError};
-use leasemq_engine::{Error, QueueKey, Reply};
 use tokio::sync::oneshot;
 
-use crate::runtime::{Inbox, QueueCell, Request};
+use crate::protocol::{Answer, Inbox, ReplyTo, Request};
 use crate::wait::Sleeper;
-
-/// What a shard answers: the engine's reply, or what the runtime made of it.
-#[derive(Debug)]
-pub(crate) enum Answer {
-    Engine(Reply),
-    /// A declare or lookup: the queue and the cell its handles share.
-    Queue(Result<Option<(QueueKey, Arc<QueueCell>)>, Error>),
-    /// An advance or barrier step: how many messages this shard sent to other shards since
-    /// the last step, which the broker needs to know when every dead letter has landed.
-    Step {
-        cross_sent: u64,
-    },
-    /// Done, nothing to say.
-    Done,
-    /// The shard stopped before answering.
-    ShutDown,
-}
-
-enum Target {
-    /// A blocking caller's slot, and the caller to wake once the answer is in it.
-    Slot(Sender<Answer>, Arc<Sleeper>),
-    /// A channel read by a plain blocking `recv`.
-    Sync(Sender<Answer>),
-    Async(oneshot::Sender<Answer>),
-}
-
-/// Where an answer goes. Dropping one unanswered (a shard stopping with requests still in
-/// its inbox) answers `ShutDown`, so no caller waits forever.
-pub(crate) struct ReplyTo(Option<Target>);
-
-impl Target {
-    fn send(self, answer: Answer) {
-        match self {
-            // The slot holds one answer and its owner waits for exactly one: never full.
-            Target::Slot(tx, caller) => {
-                drop(tx.try_send(answer));
-                caller.wake();
-            }
-            Target::Sync(tx) => drop(tx.try_send(answer)),
-            Target::Async(tx) => drop(tx.send(answer)),
-        }
-    }
-}
-
-impl ReplyTo {
-    pub fn send(mut self, answer: Answer) {
-        if let Some(target) = self.0.take() {
-            target.send(answer);
-        }
-    }
-}
-
-impl Drop for ReplyTo {
-    fn drop(&mut self) {
-        if let Some(target) = self.0.take() {
-            target.send(Answer::ShutDown);
-        }
-    }
-}
-
-impl std::fmt::Debug for ReplyTo {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("ReplyTo")
-    }
-}
 
 /// A thread's answer slot, reused by every blocking call it makes: no channel is created
 /// per call.
@@ -97,10 +31,7 @@ thread_local! {
 /// microseconds, then parks until the shard wakes this thread (see `wait.rs`).
 pub(crate) fn call(inbox: &Inbox, request: impl FnOnce(ReplyTo) -> Request) -> Answer {
     SLOT.with(|slot| {
-        let req = request(ReplyTo(Some(Target::Slot(
-            slot.tx.clone(),
-            slot.caller.clone(),
-        ))));
+        let req = request(ReplyTo::slot(slot.tx.clone(), slot.caller.clone()));
         // A request refused by a stopped shard is dropped here, which answers ShutDown.
         drop(inbox.send(req));
         // Every request is answered, or dropped, which answers ShutDown: the wait ends.
@@ -113,7 +44,7 @@ pub(crate) fn call(inbox: &Inbox, request: impl FnOnce(ReplyTo) -> Request) -> A
 /// Sends a request and waits for its answer without blocking the executor's thread.
 pub(crate) async fn call_async(inbox: &Inbox, request: impl FnOnce(ReplyTo) -> Request) -> Answer {
     let (tx, rx) = oneshot::channel();
-    let mut req = request(ReplyTo(Some(Target::Async(tx))));
+    let mut req = request(ReplyTo::oneshot(tx));
     loop {
         match inbox.try_send(req) {
             Ok(()) => break,
@@ -147,5 +78,5 @@ impl Future for YieldNow {
 /// A reply channel for `n` answers, for the broker's calls to every shard at once.
 pub(crate) fn fan_in(n: usize) -> (impl Fn() -> ReplyTo, Receiver<Answer>) {
     let (tx, rx) = bounded(n);
-    (move || ReplyTo(Some(Target::Sync(tx.clone()))), rx)
+    (move || ReplyTo::channel(tx.clone()), rx)
 }

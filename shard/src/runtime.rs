@@ -3,193 +3,27 @@
 //! Each turn it waits for a request (or, under the system clock, the next deadline), drains
 //! up to [`BATCH`] more without waiting, hands each to the engine, and flushes the effects:
 //! deliveries into consumer channels first, then the answers, so that every call returns
-//! only once the deliveries it caused are in their channels. Dead letters travel to the
-//! shard that owns their dead-letter queue through its inbox, and the answer about each
-//! travels back the same way; a call that caused dead letters is answered after that
-//! round trip, so it is a barrier for them too. The loop never blocks on a send: consumer
-//! channels are unbounded but filled only up to each consumer's prefetch, and a send to a
-//! full inbox of another shard waits in a backlog.
+//! only once the deliveries it caused are in their channels. Where dead letters and their
+//! outcomes go, and when a call that caused them is answered, is decided by [`route`],
+//! which the simulator runs too: this loop only supplies the engine calls and the sends.
+//! The loop never blocks on a send: consumer channels are unbounded but filled only up to
+//! each consumer's prefetch, and a send to a full inbox of another shard waits in a
+//! backlog. The requests and answers themselves are in `protocol.rs`.
 
-use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use atomic_waker::AtomicWaker;
-use crossbeam_channel::{Receiver, SendError, Sender, TryRecvError, TrySendError};
+use crossbeam_channel::{Receiver, TryRecvError, TrySendError};
 use leasemq_engine::{
-    Command, ConsumerConfig, ConsumerKey, DeadLetter, DeathOutcome, Delivered, Effects, QueueKey,
-    QueueStats, Reply, Shard, Tick, TickLength,
+    Command, ConsumerKey, Effects, QueueKey, QueueStats, Reply, Shard, Tick, TickLength,
 };
 
-use crate::reply::{Answer, ReplyTo};
-use crate::router::shard_for;
-use crate::wait::{Bell, Sleeper};
+use crate::protocol::{Answer, Deferred, Inbox, QueueCell, ReplyTo, Request, Sink};
+use crate::route::{self, Backlog, Driver, Hop};
+use crate::wait::Sleeper;
 
 /// Requests handled per loop turn before effects are flushed.
 pub(crate) const BATCH: usize = 256;
-/// The capacity of each shard's inbox.
-pub(crate) const INBOX_CAPACITY: usize = 8192;
-
-/// The sending side of a shard's inbox: a bounded channel, and the shard thread to wake
-/// when it parked waiting for requests.
-#[derive(Clone, Debug)]
-pub(crate) struct Inbox {
-    tx: Sender<Request>,
-    shard: Arc<Sleeper>,
-}
-
-impl Inbox {
-    /// A shard's inbox: its senders' end and the receiver its thread reads, with the
-    /// sleeper that thread binds when it starts.
-    pub fn new() -> (Inbox, Receiver<Request>, Arc<Sleeper>) {
-        let (tx, rx) = crossbeam_channel::bounded(INBOX_CAPACITY);
-        let shard = Arc::new(Sleeper::default());
-        (
-            Inbox {
-                tx,
-                shard: shard.clone(),
-            },
-            rx,
-            shard,
-        )
-    }
-
-    /// Sends, waiting while the inbox is full.
-    pub fn send(&self, req: Request) -> Result<(), SendError<Request>> {
-        self.tx.send(req)?;
-        self.shard.wake();
-        Ok(())
-    }
-
-    /// Sends if there is room.
-    pub fn try_send(&self, req: Request) -> Result<(), TrySendError<Request>> {
-        self.tx.try_send(req)?;
-        self.shard.wake();
-        Ok(())
-    }
-}
-
-/// What every handle of one queue shares: set by the shard when the queue closes.
-#[derive(Debug, Default)]
-pub struct QueueCell {
-    closed: AtomicBool,
-    frozen: OnceLock<QueueStats>,
-}
-
-impl QueueCell {
-    pub(crate) fn is_closed(&self) -> bool {
-        self.closed.load(Ordering::Acquire)
-    }
-
-    /// The stats frozen at close (or at shutdown).
-    pub(crate) fn frozen(&self) -> Option<&QueueStats> {
-        self.frozen.get()
-    }
-
-    /// Keeps the stats a stopped shard can no longer answer for.
-    fn freeze(&self, stats: QueueStats) {
-        let _ = self.frozen.set(stats);
-    }
-
-    /// Marks the queue closed, with its counters as they were at close.
-    fn close(&self, stats: QueueStats) {
-        self.freeze(stats);
-        self.closed.store(true, Ordering::Release);
-    }
-}
-
-/// Whoever may wait on a consumer's channel: an async reader's waker, and threads blocked
-/// in `recv`.
-#[derive(Debug, Default)]
-pub(crate) struct Readers {
-    pub task: AtomicWaker,
-    pub threads: Bell,
-}
-
-impl Readers {
-    pub fn wake(&self) {
-        self.task.wake();
-        self.threads.ring();
-    }
-}
-
-/// Wakes the readers when dropped: the last field of a [`Sink`], so it runs after the
-/// channel's sender is gone and a woken reader sees the disconnect. This covers every way
-/// a sink ends, a shard thread unwinding from a panic included.
-pub(crate) struct WakeOnDrop(pub Arc<Readers>);
-
-impl Drop for WakeOnDrop {
-    fn drop(&mut self) {
-        self.0.wake();
-    }
-}
-
-/// The shard's end of a consumer: its channel and whoever waits on it.
-pub(crate) struct Sink {
-    pub tx: Sender<Delivered>,
-    /// The same channel's receiving end, to drop deliveries that ended unread.
-    pub rx: Receiver<Delivered>,
-    pub prefetch: usize,
-    /// Declared last, so dropped last (see [`WakeOnDrop`]).
-    pub readers: WakeOnDrop,
-}
-
-/// An answer held back until the dead letters its command caused have landed.
-pub(crate) struct Deferred {
-    reply: ReplyTo,
-    answer: Answer,
-}
-
-/// One message in a shard's inbox.
-pub(crate) enum Request {
-    /// A command answered with the engine's reply.
-    Engine {
-        cmd: Command,
-        reply: ReplyTo,
-    },
-    /// Declare or look up a queue: answered with the queue and its shared cell.
-    Declare {
-        cmd: Command,
-        reply: ReplyTo,
-    },
-    Consume {
-        queue: QueueKey,
-        name: String,
-        config: ConsumerConfig,
-        sink: Sink,
-        reply: ReplyTo,
-    },
-    /// A consumer ends; `rx` is its channel, whose unread deliveries are released. With a
-    /// `reply`, answered `Done` once the dead letters it caused have landed.
-    Cancel {
-        consumer: ConsumerKey,
-        rx: Receiver<Delivered>,
-        reply: Option<ReplyTo>,
-    },
-    /// Manual clock: fire every timer due by `nanos` since the epoch.
-    Advance {
-        nanos: u64,
-        reply: ReplyTo,
-    },
-    /// Manual clock: answer once everything sent here before it is handled.
-    Barrier {
-        reply: ReplyTo,
-    },
-    /// Dead letters for queues of this shard, from another one.
-    DeadLetters {
-        at: Tick,
-        letters: Vec<DeadLetter>,
-        deferred: Option<Deferred>,
-    },
-    /// What another shard's dead-letter queues did with letters from here.
-    Outcomes {
-        at: Tick,
-        outcomes: Vec<DeathOutcome>,
-        deferred: Option<Deferred>,
-    },
-    Shutdown,
-}
 
 /// Where time comes from.
 #[derive(Clone, Debug)]
@@ -212,7 +46,8 @@ pub(crate) struct ShardThread {
     sinks: Vec<Option<Sink>>,
     cells: Vec<Option<(QueueKey, Arc<QueueCell>)>>,
     replies: Vec<(ReplyTo, Answer)>,
-    backlog: VecDeque<(usize, Request)>,
+    /// Requests for other shards whose inboxes were full.
+    backlog: Backlog<Request>,
     cross_sent: u64,
     /// The manual clock's time, as the last `Advance` (or dead letter) set it.
     manual_now: Tick,
@@ -245,7 +80,7 @@ impl ShardThread {
             sinks: Vec::new(),
             cells: Vec::new(),
             replies: Vec::new(),
-            backlog: VecDeque::new(),
+            backlog: Backlog::default(),
             cross_sent: 0,
             manual_now: 0,
             stopping: false,
@@ -410,29 +245,16 @@ impl ShardThread {
                 self.step(reply);
             }
             Request::Barrier { reply } => self.step(reply),
-            Request::DeadLetters {
-                at,
-                letters,
-                deferred,
-            } => {
-                let now = self.catch_up(at);
-                self.engine
-                    .handle(now, Command::DeadLetters { letters }, &mut self.out);
-                self.route_outcomes(now, deferred);
-            }
-            Request::Outcomes {
-                at,
-                outcomes,
-                deferred,
-            } => {
-                let now = self.catch_up(at);
-                self.engine
-                    .handle(now, Command::Outcomes { outcomes }, &mut self.out);
-                if let Some(Deferred { reply, answer }) = deferred {
-                    self.replies.push((reply, answer));
-                }
+            Request::Hop(hop) => {
+                let now = self.catch_up(hop.at());
+                route::receive(self, now, hop);
             }
             Request::Shutdown => self.stopping = true,
+        }
+        // The engine fires due timers before every command, so any request may leave dead
+        // letters; none waits for a later one to be routed.
+        if !self.out.dead_letters.is_empty() {
+            self.route_dead_letters(now, None);
         }
         self.drop_gone_sinks();
     }
@@ -480,112 +302,15 @@ impl ShardThread {
         }
     }
 
-    /// Sends dead letters to the shards owning their queues, handling this shard's own at
-    /// once. A deferred answer rides with them and comes back with the outcomes.
-    fn route_dead_letters(&mut self, now: Tick, mut deferred: Option<Deferred>) {
-        while !self.out.dead_letters.is_empty() {
-            let n = self.peers.len();
-            let mut local = Vec::new();
-            let mut remote: Vec<(usize, Vec<DeadLetter>)> = Vec::new();
-            for letter in self.out.dead_letters.drain(..) {
-                let shard = shard_for(&letter.to, n);
-                if shard == self.index {
-                    local.push(letter);
-                } else if let Some((_, group)) = remote.iter_mut().find(|(s, _)| *s == shard) {
-                    group.push(letter);
-                } else {
-                    remote.push((shard, vec![letter]));
-                }
-            }
-            if !local.is_empty() {
-                self.engine
-                    .handle(now, Command::DeadLetters { letters: local }, &mut self.out);
-                self.route_outcomes(now, None);
-            }
-            let last = remote.len().saturating_sub(1);
-            for (i, (shard, letters)) in remote.into_iter().enumerate() {
-                let deferred = if i == last { deferred.take() } else { None };
-                self.send_to(
-                    shard,
-                    Request::DeadLetters {
-                        at: now,
-                        letters,
-                        deferred,
-                    },
-                );
-            }
-        }
-        if let Some(Deferred { reply, answer }) = deferred {
-            self.replies.push((reply, answer));
-        }
-    }
-
-    /// Sends what dead-letter queues here did back to the shards the letters came from.
-    fn route_outcomes(&mut self, now: Tick, mut deferred: Option<Deferred>) {
-        let mut remote: Vec<(usize, Vec<DeathOutcome>)> = Vec::new();
-        let mut local = Vec::new();
-        for outcome in self.out.outcomes.drain(..) {
-            let shard = usize::from(outcome.origin.shard);
-            if shard == self.index {
-                local.push(outcome);
-            } else if let Some((_, group)) = remote.iter_mut().find(|(s, _)| *s == shard) {
-                group.push(outcome);
-            } else {
-                remote.push((shard, vec![outcome]));
-            }
-        }
-        if !local.is_empty() {
-            self.engine
-                .handle(now, Command::Outcomes { outcomes: local }, &mut self.out);
-        }
-        if !remote.is_empty() {
-            // An outcome may release a caller on the other shard, whose call must return
-            // only once the deliveries its dead letters caused here are in their channels.
-            self.flush_deliveries();
-        }
-        let last = remote.len().saturating_sub(1);
-        for (i, (shard, outcomes)) in remote.into_iter().enumerate() {
-            let deferred = if i == last { deferred.take() } else { None };
-            self.send_to(
-                shard,
-                Request::Outcomes {
-                    at: now,
-                    outcomes,
-                    deferred,
-                },
-            );
-        }
-        if let Some(Deferred { reply, answer }) = deferred {
-            self.replies.push((reply, answer));
-        }
-    }
-
-    /// Sends to another shard without ever blocking: a full inbox leaves it in the backlog.
-    fn send_to(&mut self, shard: usize, req: Request) {
-        self.cross_sent += 1;
-        if !self.backlog.is_empty() {
-            self.backlog.push_back((shard, req));
-            return;
-        }
-        match self.peers[shard].try_send(req) {
-            Ok(()) => {}
-            Err(TrySendError::Full(req)) => self.backlog.push_back((shard, req)),
-            // That shard has stopped: the broker is shutting down.
-            Err(TrySendError::Disconnected(_)) => {}
-        }
+    /// Routes the dead letters the engine left (see [`route`]); `deferred` is answered
+    /// once they have landed.
+    fn route_dead_letters(&mut self, now: Tick, deferred: Option<Deferred>) {
+        route::dead_letters(self, now, deferred);
     }
 
     fn retry_backlog(&mut self) {
-        while let Some((shard, req)) = self.backlog.pop_front() {
-            match self.peers[shard].try_send(req) {
-                Ok(()) => {}
-                Err(TrySendError::Full(req)) => {
-                    self.backlog.push_front((shard, req));
-                    return;
-                }
-                Err(TrySendError::Disconnected(_)) => {}
-            }
-        }
+        let peers = &self.peers;
+        self.backlog.retry(|shard, req| try_send(peers, shard, req));
     }
 
     /// Answers an advance or barrier step once everything it caused is flushed.
@@ -655,6 +380,48 @@ impl ShardThread {
         while let Ok(req) = self.inbox.try_recv() {
             drop(req);
         }
+    }
+}
+
+impl Driver for ShardThread {
+    type Deferred = Deferred;
+
+    fn place(&self) -> (usize, usize) {
+        (self.index, self.peers.len())
+    }
+
+    fn effects(&mut self) -> &mut Effects {
+        &mut self.out
+    }
+
+    fn handle(&mut self, now: Tick, cmd: Command) {
+        self.engine.handle(now, cmd, &mut self.out);
+    }
+
+    fn flush_deliveries(&mut self) {
+        ShardThread::flush_deliveries(self);
+    }
+
+    /// Never blocks: a full inbox leaves the request in the backlog.
+    fn send(&mut self, to: usize, hop: Hop<Deferred>) {
+        self.cross_sent += 1;
+        let peers = &self.peers;
+        self.backlog.send(to, Request::Hop(hop), |shard, req| {
+            try_send(peers, shard, req)
+        });
+    }
+
+    fn answer(&mut self, Deferred { reply, answer }: Deferred) {
+        self.replies.push((reply, answer));
+    }
+}
+
+/// Sends to a peer's inbox without blocking; gives the request back when the inbox is full.
+/// A request for a shard that has stopped (the broker is shutting down) is dropped.
+fn try_send(peers: &[Inbox], shard: usize, req: Request) -> Result<(), Request> {
+    match peers[shard].try_send(req) {
+        Ok(()) | Err(TrySendError::Disconnected(_)) => Ok(()),
+        Err(TrySendError::Full(req)) => Err(req),
     }
 }
 

@@ -1,15 +1,16 @@
-//! The simulated broker: engine shards driven in one thread on a virtual clock, with the
-//! routing `leasemq-shard`'s runtime does (deliveries into consumer channels, dead letters to
-//! the shard owning their queue, outcomes back), done here so that a seed decides when each
-//! message between shards arrives.
+//! The simulated broker: engine shards driven in one thread on a virtual clock. Effects are
+//! routed by the runtime's own code (`leasemq_shard::route`: dead letters to the shard
+//! owning their queue, outcomes back, a held-back answer riding with them); what travels
+//! between shards waits here, so that a seed decides when each message arrives.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeSet, VecDeque};
 
 use bytes::Bytes;
 use leasemq_engine::{
-    Command, ConsumerConfig, ConsumerKey, DeadLetter, DeathOutcome, Delivered, DeliveryTag,
-    Effects, Message, QueueKey, Reply, Settle, Shard, Tick,
+    Command, ConsumerConfig, ConsumerKey, Delivered, DeliveryTag, Effects, Message, QueueKey,
+    Reply, Settle, Shard, Tick,
 };
+use leasemq_shard::route::{self, Driver, Hop};
 use leasemq_shard::shard_for;
 
 use crate::fault::FaultState;
@@ -32,17 +33,12 @@ pub(crate) struct SimConsumer {
     pub hand: Vec<Delivered>,
 }
 
-/// A message between shards, carrying its sender's time.
-struct Hop {
+/// A message between shards, in flight. What rides with it is the number of the call
+/// whose answer is held back.
+struct InFlight {
     from: usize,
     to: usize,
-    at: Tick,
-    what: Carried,
-}
-
-enum Carried {
-    Letters(Vec<DeadLetter>),
-    Outcomes(Vec<DeathOutcome>),
+    hop: Hop<u64>,
 }
 
 pub(crate) struct World {
@@ -59,8 +55,11 @@ pub(crate) struct World {
     live: Vec<C>,
     /// Consumers that ended, in the order they did.
     pub(crate) ended: Vec<C>,
-    in_flight: Vec<Hop>,
+    in_flight: Vec<InFlight>,
     spare: Vec<Effects>,
+    /// Calls answered by nobody yet: each waits for the dead letters it caused to land.
+    held: BTreeSet<u64>,
+    calls: u64,
     pub fault: Option<FaultState>,
     pub step: usize,
 }
@@ -80,6 +79,8 @@ impl World {
             ended: Vec::new(),
             in_flight: Vec::new(),
             spare: Vec::new(),
+            held: BTreeSet::new(),
+            calls: 0,
             fault: None,
             step: 0,
         }
@@ -157,28 +158,33 @@ impl World {
         }
     }
 
-    /// Delivers every message in flight, and what those cause, oldest first.
+    /// Delivers every message in flight, and what those cause, oldest first. Then every
+    /// call has its answer: one still held back lost its way between shards.
     pub fn flush(&mut self) -> Result<(), Violation> {
         while !self.in_flight.is_empty() {
             self.deliver(0)?;
         }
-        Ok(())
+        match self.held.first() {
+            Some(call) => Err(Violation::new(
+                "answer-held",
+                format!("call {call} was never answered, though nothing is in flight"),
+            )),
+            None => Ok(()),
+        }
     }
 
     fn deliver(&mut self, i: usize) -> Result<(), Violation> {
-        let hop = self.in_flight.remove(i);
+        let InFlight { to, hop, .. } = self.in_flight.remove(i);
         // The receiver catches up to the sender's time first (as the runtime does under
         // the manual clock), so the result does not depend on which arrives first.
-        let at = self.ledger.shard_now[hop.to].max(hop.at);
-        let cmd = match hop.what {
-            Carried::Letters(letters) => Command::DeadLetters { letters },
-            Carried::Outcomes(outcomes) => Command::Outcomes { outcomes },
-        };
+        let at = self.ledger.shard_now[to].max(hop.at());
         self.ledger.stats.hops += 1;
-        if hop.at > self.ledger.shard_now[hop.to] {
+        if hop.at() > self.ledger.shard_now[to] {
             self.ledger.stats.catch_ups += 1;
         }
-        self.call_at(hop.to, at, Some(cmd)).map(drop)
+        let mut shard = OnShard::new(self, to);
+        route::receive(&mut shard, at, hop);
+        shard.finish()
     }
 
     fn jump(&mut self, ticks: u64, order: u64, interleave: bool) -> Result<(), Violation> {
@@ -346,101 +352,145 @@ impl World {
 
     /// One engine call at the global time.
     fn call(&mut self, shard: usize, cmd: Option<Command>) -> Result<Option<Reply>, Violation> {
-        self.call_at(shard, self.now, cmd)
+        let now = self.now;
+        let mut on = OnShard::new(self, shard);
+        let reply = match cmd {
+            // A client's command: answered once the dead letters it caused have landed.
+            Some(cmd) => {
+                let reply = on.engine_call(now, Some(cmd));
+                on.world.calls += 1;
+                let call = on.world.calls;
+                on.world.held.insert(call);
+                route::dead_letters(&mut on, now, Some(call));
+                reply
+            }
+            None => {
+                on.engine_call(now, None);
+                route::dead_letters(&mut on, now, None);
+                None
+            }
+        };
+        on.finish().map(|()| reply)
+    }
+}
+
+/// The world as one shard's thread sees it, for the runtime's routing: engine calls
+/// checked by the ledger, deliveries into the consumers' channels, hops into flight.
+struct OnShard<'w> {
+    world: &'w mut World,
+    shard: usize,
+    /// Effects not yet routed.
+    out: Effects,
+    /// The first violation the ledger found; later calls are skipped.
+    failed: Option<Violation>,
+}
+
+impl<'w> OnShard<'w> {
+    fn new(world: &'w mut World, shard: usize) -> OnShard<'w> {
+        let out = world.spare.pop().unwrap_or_default();
+        OnShard {
+            world,
+            shard,
+            out,
+            failed: None,
+        }
     }
 
-    /// One engine call at `now`, checked by the ledger, its effects routed.
-    fn call_at(
-        &mut self,
-        shard: usize,
-        now: Tick,
-        cmd: Option<Command>,
-    ) -> Result<Option<Reply>, Violation> {
-        let mut out = self.spare.pop().unwrap_or_default();
+    /// One engine call at `now` (`None`: the timers), checked by the ledger; its effects
+    /// join those not yet routed.
+    fn engine_call(&mut self, now: Tick, cmd: Option<Command>) -> Option<Reply> {
+        if self.failed.is_some() {
+            return None;
+        }
+        let world = &mut *self.world;
+        let mut out = world.spare.pop().unwrap_or_default();
         let copy = cmd.clone();
         match cmd {
-            Some(cmd) => self.shards[shard].handle(now, cmd, &mut out),
-            None => self.shards[shard].handle_timeout(now, &mut out),
+            Some(cmd) => world.shards[self.shard].handle(now, cmd, &mut out),
+            None => world.shards[self.shard].handle_timeout(now, &mut out),
         }
-        if let Some(fault) = &mut self.fault {
-            fault.tamper(self.step, &mut out);
+        if let Some(fault) = &mut world.fault {
+            fault.tamper(world.step, &mut out);
         }
-        let checked = self.ledger.observe(shard, now, copy.as_ref(), &out);
+        if let Err(v) = world.ledger.observe(self.shard, now, copy.as_ref(), &out) {
+            self.failed = Some(v);
+        }
         let reply = out.reply.take();
-        let routed = checked.and_then(|()| self.route(shard, now, &mut out));
-        out.deliveries.clear();
-        out.dead_letters.clear();
-        out.outcomes.clear();
-        out.consumers_gone.clear();
-        self.spare.push(out);
-        routed.map(|()| reply)
+        self.out.deliveries.append(&mut out.deliveries);
+        self.out.dead_letters.append(&mut out.dead_letters);
+        self.out.outcomes.append(&mut out.outcomes);
+        self.out.consumers_gone.append(&mut out.consumers_gone);
+        world.spare.push(out);
+        reply
     }
 
-    /// Does what the runtime does with effects: deliveries into channels, ended consumers
-    /// dropped, dead letters and outcomes handled here at once or sent to their shard.
-    fn route(&mut self, shard: usize, now: Tick, out: &mut Effects) -> Result<(), Violation> {
-        for (key, delivered) in out.deliveries.drain(..) {
-            let c = self
+    /// Puts what is left into the channels and hands back the effects.
+    fn finish(mut self) -> Result<(), Violation> {
+        Driver::flush_deliveries(&mut self);
+        let mut out = std::mem::take(&mut self.out);
+        out.dead_letters.clear();
+        out.outcomes.clear();
+        self.world.spare.push(out);
+        self.failed.map_or(Ok(()), Err)
+    }
+}
+
+impl Driver for OnShard<'_> {
+    type Deferred = u64;
+
+    fn place(&self) -> (usize, usize) {
+        (self.shard, self.world.shards.len())
+    }
+
+    fn effects(&mut self) -> &mut Effects {
+        &mut self.out
+    }
+
+    fn handle(&mut self, now: Tick, cmd: Command) {
+        let reply = self.engine_call(now, Some(cmd));
+        debug_assert!(reply.is_none(), "dead letters and outcomes have no reply");
+    }
+
+    /// Deliveries into channels, then the channels of consumers that ended dropped (what
+    /// the shard thread does once per batch).
+    fn flush_deliveries(&mut self) {
+        let world = &mut *self.world;
+        for (key, delivered) in self.out.deliveries.drain(..) {
+            let c = world
                 .ledger
-                .consumer_at(shard as u16, key)
+                .consumer_at(self.shard as u16, key)
                 .expect("the ledger checked every delivery");
-            self.see_consumer(c);
-            self.consumers[c as usize].channel.push_back(delivered);
+            world.see_consumer(c);
+            world.consumers[c as usize].channel.push_back(delivered);
         }
-        for key in out.consumers_gone.drain(..) {
-            let c = self
+        for key in self.out.consumers_gone.drain(..) {
+            let c = world
                 .ledger
-                .consumer_at(shard as u16, key)
+                .consumer_at(self.shard as u16, key)
                 .expect("the ledger checked every ended consumer");
-            self.see_consumer(c);
-            self.live.retain(|&x| x != c);
-            self.ended.push(c);
-            let sc = &mut self.consumers[c as usize];
+            world.see_consumer(c);
+            world.live.retain(|&x| x != c);
+            world.ended.push(c);
+            let sc = &mut world.consumers[c as usize];
             sc.channel.clear();
             sc.hand.clear();
         }
-        let n = self.shards.len();
-        let mut local = Vec::new();
-        for letter in out.dead_letters.drain(..) {
-            let to = shard_for(&letter.to, n);
-            if to == shard {
-                local.push(letter);
-            } else {
-                self.send(shard, to, now, Carried::Letters(vec![letter]));
-            }
-        }
-        let mut mine = Vec::new();
-        for outcome in out.outcomes.drain(..) {
-            let to = usize::from(outcome.origin.shard);
-            if to == shard {
-                mine.push(outcome);
-            } else {
-                self.send(shard, to, now, Carried::Outcomes(vec![outcome]));
-            }
-        }
-        if !local.is_empty() {
-            self.call_at(shard, now, Some(Command::DeadLetters { letters: local }))?;
-        }
-        if !mine.is_empty() {
-            self.call_at(shard, now, Some(Command::Outcomes { outcomes: mine }))?;
-        }
-        Ok(())
     }
 
-    /// Queues a message to another shard, batched with the last one of the same pair when
-    /// that is still the newest in flight (as the runtime groups one batch's sends).
-    fn send(&mut self, from: usize, to: usize, at: Tick, what: Carried) {
-        if let Some(last) = self.in_flight.last_mut() {
-            if last.from == from && last.to == to && last.at == at {
-                match (&mut last.what, what) {
-                    (Carried::Letters(a), Carried::Letters(b)) => return a.extend(b),
-                    (Carried::Outcomes(a), Carried::Outcomes(b)) => return a.extend(b),
-                    (_, what) => {
-                        return self.in_flight.push(Hop { from, to, at, what });
-                    }
-                }
-            }
+    fn send(&mut self, to: usize, hop: Hop<u64>) {
+        self.world.in_flight.push(InFlight {
+            from: self.shard,
+            to,
+            hop,
+        });
+    }
+
+    fn answer(&mut self, call: u64) {
+        if !self.world.held.remove(&call) && self.failed.is_none() {
+            self.failed = Some(Violation::new(
+                "answer-twice",
+                format!("call {call} answered twice, or never held"),
+            ));
         }
-        self.in_flight.push(Hop { from, to, at, what });
     }
 }

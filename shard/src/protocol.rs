@@ -1,0 +1,249 @@
+//! What handles and shard threads say to each other: the requests in a shard's inbox,
+//! the answers that come back and where they go, and what a queue's handles and a
+//! consumer's channel share with the shard that owns them.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
+
+use atomic_waker::AtomicWaker;
+use crossbeam_channel::{Receiver, SendError, Sender, TrySendError};
+use leasemq_engine::{
+    Command, ConsumerConfig, ConsumerKey, Delivered, Error, QueueKey, QueueStats, Reply,
+};
+use tokio::sync::oneshot;
+
+use crate::route::Hop;
+use crate::wait::{Bell, Sleeper};
+
+/// The capacity of each shard's inbox.
+pub(crate) const INBOX_CAPACITY: usize = 8192;
+
+/// The sending side of a shard's inbox: a bounded channel, and the shard thread to wake
+/// when it parked waiting for requests.
+#[derive(Clone, Debug)]
+pub(crate) struct Inbox {
+    tx: Sender<Request>,
+    shard: Arc<Sleeper>,
+}
+
+impl Inbox {
+    /// A shard's inbox: its senders' end and the receiver its thread reads, with the
+    /// sleeper that thread binds when it starts.
+    pub fn new() -> (Inbox, Receiver<Request>, Arc<Sleeper>) {
+        let (tx, rx) = crossbeam_channel::bounded(INBOX_CAPACITY);
+        let shard = Arc::new(Sleeper::default());
+        (
+            Inbox {
+                tx,
+                shard: shard.clone(),
+            },
+            rx,
+            shard,
+        )
+    }
+
+    /// Sends, waiting while the inbox is full.
+    pub fn send(&self, req: Request) -> Result<(), SendError<Request>> {
+        self.tx.send(req)?;
+        self.shard.wake();
+        Ok(())
+    }
+
+    /// Sends if there is room.
+    pub fn try_send(&self, req: Request) -> Result<(), TrySendError<Request>> {
+        self.tx.try_send(req)?;
+        self.shard.wake();
+        Ok(())
+    }
+}
+
+/// What every handle of one queue shares: set by the shard when the queue closes.
+#[derive(Debug, Default)]
+pub struct QueueCell {
+    closed: AtomicBool,
+    frozen: OnceLock<QueueStats>,
+}
+
+impl QueueCell {
+    pub(crate) fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::Acquire)
+    }
+
+    /// The stats frozen at close (or at shutdown).
+    pub(crate) fn frozen(&self) -> Option<&QueueStats> {
+        self.frozen.get()
+    }
+
+    /// Keeps the stats a stopped shard can no longer answer for.
+    pub(crate) fn freeze(&self, stats: QueueStats) {
+        let _ = self.frozen.set(stats);
+    }
+
+    /// Marks the queue closed, with its counters as they were at close.
+    pub(crate) fn close(&self, stats: QueueStats) {
+        self.freeze(stats);
+        self.closed.store(true, Ordering::Release);
+    }
+}
+
+/// Whoever may wait on a consumer's channel: an async reader's waker, and threads blocked
+/// in `recv`.
+#[derive(Debug, Default)]
+pub(crate) struct Readers {
+    pub task: AtomicWaker,
+    pub threads: Bell,
+}
+
+impl Readers {
+    pub fn wake(&self) {
+        self.task.wake();
+        self.threads.ring();
+    }
+}
+
+/// Wakes the readers when dropped: the last field of a [`Sink`], so it runs after the
+/// channel's sender is gone and a woken reader sees the disconnect. This covers every way
+/// a sink ends, a shard thread unwinding from a panic included.
+pub(crate) struct WakeOnDrop(pub Arc<Readers>);
+
+impl Drop for WakeOnDrop {
+    fn drop(&mut self) {
+        self.0.wake();
+    }
+}
+
+/// The shard's end of a consumer: its channel and whoever waits on it.
+pub(crate) struct Sink {
+    pub tx: Sender<Delivered>,
+    /// The same channel's receiving end, to drop deliveries that ended unread.
+    pub rx: Receiver<Delivered>,
+    pub prefetch: usize,
+    /// Declared last, so dropped last (see [`WakeOnDrop`]).
+    pub readers: WakeOnDrop,
+}
+
+/// An answer held back until the dead letters its command caused have landed.
+pub(crate) struct Deferred {
+    pub reply: ReplyTo,
+    pub answer: Answer,
+}
+
+/// One message in a shard's inbox.
+pub(crate) enum Request {
+    /// A command answered with the engine's reply.
+    Engine {
+        cmd: Command,
+        reply: ReplyTo,
+    },
+    /// Declare or look up a queue: answered with the queue and its shared cell.
+    Declare {
+        cmd: Command,
+        reply: ReplyTo,
+    },
+    Consume {
+        queue: QueueKey,
+        name: String,
+        config: ConsumerConfig,
+        sink: Sink,
+        reply: ReplyTo,
+    },
+    /// A consumer ends; `rx` is its channel, whose unread deliveries are released. With a
+    /// `reply`, answered `Done` once the dead letters it caused have landed.
+    Cancel {
+        consumer: ConsumerKey,
+        rx: Receiver<Delivered>,
+        reply: Option<ReplyTo>,
+    },
+    /// Manual clock: fire every timer due by `nanos` since the epoch.
+    Advance {
+        nanos: u64,
+        reply: ReplyTo,
+    },
+    /// Manual clock: answer once everything sent here before it is handled.
+    Barrier {
+        reply: ReplyTo,
+    },
+    /// Dead letters or outcomes from another shard.
+    Hop(Hop<Deferred>),
+    Shutdown,
+}
+
+/// What a shard answers: the engine's reply, or what the runtime made of it.
+#[derive(Debug)]
+pub(crate) enum Answer {
+    Engine(Reply),
+    /// A declare or lookup: the queue and the cell its handles share.
+    Queue(Result<Option<(QueueKey, Arc<QueueCell>)>, Error>),
+    /// An advance or barrier step: how many messages this shard sent to other shards since
+    /// the last step, which the broker needs to know when every dead letter has landed.
+    Step {
+        cross_sent: u64,
+    },
+    /// Done, nothing to say.
+    Done,
+    /// The shard stopped before answering.
+    ShutDown,
+}
+
+enum Target {
+    /// A blocking caller's slot, and the caller to wake once the answer is in it.
+    Slot(Sender<Answer>, Arc<Sleeper>),
+    /// A channel read by a plain blocking `recv`.
+    Sync(Sender<Answer>),
+    Async(oneshot::Sender<Answer>),
+}
+
+/// Where an answer goes. Dropping one unanswered (a shard stopping with requests still in
+/// its inbox) answers `ShutDown`, so no caller waits forever.
+pub(crate) struct ReplyTo(Option<Target>);
+
+impl Target {
+    fn send(self, answer: Answer) {
+        match self {
+            // The slot holds one answer and its owner waits for exactly one: never full.
+            Target::Slot(tx, caller) => {
+                drop(tx.try_send(answer));
+                caller.wake();
+            }
+            Target::Sync(tx) => drop(tx.try_send(answer)),
+            Target::Async(tx) => drop(tx.send(answer)),
+        }
+    }
+}
+
+impl ReplyTo {
+    /// An answer for a blocking caller's slot, waking `caller` once it is there.
+    pub fn slot(tx: Sender<Answer>, caller: Arc<Sleeper>) -> ReplyTo {
+        ReplyTo(Some(Target::Slot(tx, caller)))
+    }
+
+    /// An answer for a channel read by a plain blocking `recv`.
+    pub fn channel(tx: Sender<Answer>) -> ReplyTo {
+        ReplyTo(Some(Target::Sync(tx)))
+    }
+
+    /// An answer for an async caller.
+    pub fn oneshot(tx: oneshot::Sender<Answer>) -> ReplyTo {
+        ReplyTo(Some(Target::Async(tx)))
+    }
+
+    pub fn send(mut self, answer: Answer) {
+        if let Some(target) = self.0.take() {
+            target.send(answer);
+        }
+    }
+}
+
+impl Drop for ReplyTo {
+    fn drop(&mut self) {
+        if let Some(target) = self.0.take() {
+            target.send(Answer::ShutDown);
+        }
+    }
+}
+
+impl std::fmt::Debug for ReplyTo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ReplyTo")
+    }
+}
