@@ -152,6 +152,8 @@ pub struct Stats {
     pub hops: u64,
     /// Of those, the ones that reached a shard behind the sender's time.
     pub catch_ups: u64,
+    /// Of those, the ones that waited in the sender's backlog for room in a full inbox.
+    pub backlogged: u64,
     /// Dead letters that died again in their dead-letter queue and moved on.
     pub chained: u64,
     /// Virtual time simulated, in ticks.
@@ -181,6 +183,7 @@ impl Stats {
         self.errors += o.errors;
         self.hops += o.hops;
         self.catch_ups += o.catch_ups;
+        self.backlogged += o.backlogged;
         self.chained += o.chained;
         self.ticks += o.ticks;
         self.violations += o.violations;
@@ -221,8 +224,13 @@ impl fmt::Display for Stats {
         write!(
             f,
             "  dead letters {} (of which chained {}), dropped {}, cross-shard messages {} \
-             (of which caught up {})",
-            self.dead_letters, self.chained, self.dropped, self.hops, self.catch_ups
+             (of which caught up {}, waited for room {})",
+            self.dead_letters,
+            self.chained,
+            self.dropped,
+            self.hops,
+            self.catch_ups,
+            self.backlogged
         )
     }
 }

@@ -10,7 +10,7 @@ use leasemq_engine::{
     Command, ConsumerConfig, ConsumerKey, Delivered, DeliveryTag, Effects, Message, QueueKey,
     Reply, Settle, Shard, Tick,
 };
-use leasemq_shard::route::{self, Driver, Hop};
+use leasemq_shard::route::{self, Backlog, Driver, Hop};
 use leasemq_shard::shard_for;
 
 use crate::fault::FaultState;
@@ -22,6 +22,10 @@ use crate::Violation;
 
 /// The most deliveries a client holds read and unsettled; it forgets the oldest beyond.
 const HAND: usize = 32;
+
+/// How many hops a shard's inbox holds: small, so that full inboxes and the backlog
+/// behind them (`route::Backlog`, as the shard thread uses it) happen often.
+const INBOX_HOPS: usize = 3;
 
 /// A consumer as its client sees it: what sits unread in its channel, and what it has read
 /// and not settled yet.
@@ -56,6 +60,8 @@ pub(crate) struct World {
     /// Consumers that ended, in the order they did.
     pub(crate) ended: Vec<C>,
     in_flight: Vec<InFlight>,
+    /// Per shard, the hops it sent that wait for room in a full inbox.
+    backlogs: Vec<Backlog<InFlight>>,
     spare: Vec<Effects>,
     /// Calls answered by nobody yet: each waits for the dead letters it caused to land.
     held: BTreeSet<u64>,
@@ -78,6 +84,7 @@ impl World {
             live: Vec::new(),
             ended: Vec::new(),
             in_flight: Vec::new(),
+            backlogs: (0..setup.shards).map(|_| Backlog::default()).collect(),
             spare: Vec::new(),
             held: BTreeSet::new(),
             calls: 0,
@@ -108,8 +115,9 @@ impl World {
         &self.consumers[c as usize]
     }
 
+    /// Hops between shards: in inboxes, or waiting for room.
     pub fn in_flight(&self) -> usize {
-        self.in_flight.len()
+        self.in_flight.len() + self.backlogs.iter().map(Backlog::len).sum::<usize>()
     }
 
     pub fn has_closed(&self, name: u8) -> bool {
@@ -139,6 +147,7 @@ impl World {
             } => self.jump(*ticks, *order, *interleave),
             Op::Deliver { pick } => {
                 if self.in_flight.is_empty() {
+                    self.retry_backlogs();
                     return Ok(());
                 }
                 let i = usize::from(*pick) % self.in_flight.len();
@@ -161,8 +170,12 @@ impl World {
     /// Delivers every message in flight, and what those cause, oldest first. Then every
     /// call has its answer: one still held back lost its way between shards.
     pub fn flush(&mut self) -> Result<(), Violation> {
-        while !self.in_flight.is_empty() {
-            self.deliver(0)?;
+        while self.in_flight() > 0 {
+            if self.in_flight.is_empty() {
+                self.retry_backlogs();
+            } else {
+                self.deliver(0)?;
+            }
         }
         match self.held.first() {
             Some(call) => Err(Violation::new(
@@ -175,6 +188,8 @@ impl World {
 
     fn deliver(&mut self, i: usize) -> Result<(), Violation> {
         let InFlight { to, hop, .. } = self.in_flight.remove(i);
+        // The hop left its inbox: what waits behind a full one may move up.
+        self.retry_backlogs();
         // The receiver catches up to the sender's time first (as the runtime does under
         // the manual clock), so the result does not depend on which arrives first.
         let at = self.ledger.shard_now[to].max(hop.at());
@@ -185,6 +200,14 @@ impl World {
         let mut shard = OnShard::new(self, to);
         route::receive(&mut shard, at, hop);
         shard.finish()
+    }
+
+    /// Moves hops that wait for room into inboxes that have it, in order per sender.
+    fn retry_backlogs(&mut self) {
+        let in_flight = &mut self.in_flight;
+        for backlog in &mut self.backlogs {
+            backlog.retry(|to, hop| enqueue(in_flight, to, hop));
+        }
     }
 
     fn jump(&mut self, ticks: u64, order: u64, interleave: bool) -> Result<(), Violation> {
@@ -478,11 +501,17 @@ impl Driver for OnShard<'_> {
     }
 
     fn send(&mut self, to: usize, hop: Hop<u64>) {
-        self.world.in_flight.push(InFlight {
+        let hop = InFlight {
             from: self.shard,
             to,
             hop,
-        });
+        };
+        let in_flight = &mut self.world.in_flight;
+        let backlog = &mut self.world.backlogs[self.shard];
+        backlog.send(to, hop, |to, hop| enqueue(in_flight, to, hop));
+        if !backlog.is_empty() {
+            self.world.ledger.stats.backlogged += 1;
+        }
     }
 
     fn answer(&mut self, call: u64) {
@@ -493,4 +522,13 @@ impl Driver for OnShard<'_> {
             ));
         }
     }
+}
+
+/// Puts a hop into shard `to`'s inbox, or gives it back when that inbox is full.
+fn enqueue(in_flight: &mut Vec<InFlight>, to: usize, hop: InFlight) -> Result<(), InFlight> {
+    if in_flight.iter().filter(|h| h.to == to).count() >= INBOX_HOPS {
+        return Err(hop);
+    }
+    in_flight.push(hop);
+    Ok(())
 }
