@@ -133,16 +133,13 @@ pub fn dead_letters<D: Driver>(driver: &mut D, now: Tick, mut deferred: Option<D
             driver.handle(now, Command::DeadLetters { letters: local });
             outcomes(driver, now, None);
         }
-        let last = remote.len().saturating_sub(1);
-        for (i, (shard, letters)) in remote.into_iter().enumerate() {
-            let deferred = if i == last { deferred.take() } else { None };
-            let hop = Hop::DeadLetters {
+        send_groups(driver, remote, &mut deferred, |letters, deferred| {
+            Hop::DeadLetters {
                 at: now,
                 letters,
                 deferred,
-            };
-            driver.send(shard, hop);
-        }
+            }
+        });
     }
     if let Some(deferred) = deferred {
         driver.answer(deferred);
@@ -162,18 +159,29 @@ pub fn outcomes<D: Driver>(driver: &mut D, now: Tick, mut deferred: Option<D::De
     if !remote.is_empty() {
         driver.flush_deliveries();
     }
-    let last = remote.len().saturating_sub(1);
-    for (i, (shard, outcomes)) in remote.into_iter().enumerate() {
-        let deferred = if i == last { deferred.take() } else { None };
-        let hop = Hop::Outcomes {
+    send_groups(driver, remote, &mut deferred, |outcomes, deferred| {
+        Hop::Outcomes {
             at: now,
             outcomes,
             deferred,
-        };
-        driver.send(shard, hop);
-    }
+        }
+    });
     if let Some(deferred) = deferred {
         driver.answer(deferred);
+    }
+}
+
+/// Sends one hop per group, `deferred` (taken) riding with the last one.
+fn send_groups<D: Driver, T>(
+    driver: &mut D,
+    groups: Vec<(usize, Vec<T>)>,
+    deferred: &mut Option<D::Deferred>,
+    hop: impl Fn(Vec<T>, Option<D::Deferred>) -> Hop<D::Deferred>,
+) {
+    let last = groups.len().saturating_sub(1);
+    for (i, (shard, items)) in groups.into_iter().enumerate() {
+        let rides = if i == last { deferred.take() } else { None };
+        driver.send(shard, hop(items, rides));
     }
 }
 
