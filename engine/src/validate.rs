@@ -105,8 +105,8 @@ pub fn queue_config(name: &str, config: &QueueConfig) -> Result<(), Error> {
     Ok(())
 }
 
-/// Checks a message against a queue's limits, in the order of SPEC §3: id and delay
-/// (`InvalidMessage`), then the body size (`MessageTooLarge`).
+/// Checks a message against a queue's limits, in the order of contract §3 Put errors: id
+/// and delay (`InvalidMessage`), then the body size (`MessageTooLarge`).
 pub fn message(message: &Message, max_body_bytes: usize) -> Result<(), Error> {
     if let Some(id) = &message.id {
         if id.is_empty() || id.len() > MAX_ID_BYTES {
