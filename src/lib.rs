@@ -8,6 +8,11 @@
 //! available again with `attempt + 1`, and the late settle is refused. Delivery is **at
 //! least once**: a handler may see a message twice, and nothing is lost silently.
 //!
+//! This page is a tutorial. The contract, every guarantee and the meaning of every
+//! operation, is `docs/contract.md` in the repository; the item docs cite it as
+//! "contract §3 `put`" or "contract §2 G1", and list under **Errors** what each call that
+//! returns a `Result` can fail with.
+//!
 //! # Hello, queue
 //!
 //! ```
@@ -159,11 +164,26 @@
 //! 5. **No cross-shard contention.** A queue is touched only by its own shard's thread.
 //! 6. **Deterministic under the manual clock.** The same program gives the same deliveries,
 //!    tags and attempts.
+//!
+//! These are contract §2 G1 to G6.
 
 #![forbid(unsafe_code)]
+#![warn(missing_docs)]
 
 pub use leasemq_engine::{
     ConsumerConfig, DeathReason, DeathRecord, DeliveryTag, Envelope, Error, Message, PutOutcome,
     QueueConfig, QueueStats, RetryPolicy, Settle,
 };
 pub use leasemq_shard::{shard_for, Broker, BrokerBuilder, Consumer, Delivery, Queue};
+
+/// The code blocks of `README.md`, compiled and run by `cargo test --doc` so that the
+/// embedding example there cannot drift from the API.
+#[doc = include_str!("../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;
+
+/// The code blocks of `docs/contract.md` (its API summary), compiled and run by
+/// `cargo test --doc`; the planned parts are `text`.
+#[doc = include_str!("../docs/contract.md")]
+#[cfg(doctest)]
+pub struct ContractDoctests;

@@ -1,5 +1,5 @@
-//! The async forms of SPEC §5 inside a tokio runtime, and `Consumer::next`, which must be
-//! cancel-safe: dropping a pending `next()` loses no delivery.
+//! The async forms of contract §5 Async inside a tokio runtime, and `Consumer::next`, which
+//! must be cancel-safe: dropping a pending `next()` loses no delivery.
 
 use std::collections::BTreeSet;
 use std::future::Future;

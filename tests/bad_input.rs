@@ -1,5 +1,5 @@
 //! A catalogue of the ways a caller can misuse the public API, each with the exact answer it
-//! gets (SPEC §3 "Limits", `declare_queue`, `close()`, `shutdown()`; §4 `advance`).
+//! gets (contract §3 Limits, §3 `declare_queue`, §3 `close`, §3 `shutdown`, §4 `advance`).
 //!
 //! Every row runs on a fresh manual-clock fixture, put first into the state the row needs
 //! (a live lease, an expired one, a closed queue, a shut-down broker, …). After the call the

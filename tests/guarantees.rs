@@ -1,4 +1,5 @@
-//! One or more tests per guarantee of SPEC §2. Each test fails if its guarantee breaks.
+//! One or more tests per guarantee of contract §2 (G1 to G6). Each test fails if its
+//! guarantee breaks.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -31,7 +32,7 @@ fn live(queue: &Queue) -> u64 {
 }
 
 // ---------------------------------------------------------------------------------------
-// 1. At least once
+// G1 At least once
 // ---------------------------------------------------------------------------------------
 
 #[test]
@@ -177,7 +178,7 @@ fn no_message_is_lost_through_random_settles_expiries_and_cancels() {
 }
 
 // ---------------------------------------------------------------------------------------
-// 2. Stale answers change nothing
+// G2 Stale answers change nothing
 // ---------------------------------------------------------------------------------------
 
 type SettleFn = fn(&Queue, DeliveryTag) -> bool;
@@ -290,7 +291,7 @@ fn second_ack_of_the_same_tag_is_stale() {
 }
 
 // ---------------------------------------------------------------------------------------
-// 3. Fresh tags
+// G3 Fresh tags
 // ---------------------------------------------------------------------------------------
 
 #[test]
@@ -367,7 +368,7 @@ fn redelivery_after_expiry_gets_a_new_tag_never_the_old_one() {
 }
 
 // ---------------------------------------------------------------------------------------
-// 4. A lease with deadline d is expired at every t >= d; a settle at t < d succeeds
+// G4 A lease with deadline d is expired at every t >= d; a settle at t < d succeeds
 // ---------------------------------------------------------------------------------------
 
 fn leased_at_zero(name: &str) -> (Broker, Queue, Consumer, Delivery) {
@@ -432,7 +433,7 @@ fn touched_lease_expires_exactly_at_its_new_deadline() {
 }
 
 // ---------------------------------------------------------------------------------------
-// 5. No cross-shard contention: queues are independent of each other
+// G5 No cross-shard contention: queues are independent of each other
 // ---------------------------------------------------------------------------------------
 
 #[test]
@@ -544,7 +545,7 @@ fn cross_shard_dead_letter_forwards_in_every_direction_lose_nothing() {
 }
 
 // ---------------------------------------------------------------------------------------
-// 6. Deterministic under the manual clock
+// G6 Deterministic under the manual clock
 // ---------------------------------------------------------------------------------------
 
 /// A busy program: jittered retries, expiries, releases, dead letters, three queues on

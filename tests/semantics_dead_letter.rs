@@ -1,4 +1,4 @@
-//! SPEC §3 "Expiry", "max_deliveries" and "Dead-lettering".
+//! Contract §3 Expiry, §3 `max_deliveries` and §3 Dead-lettering.
 
 use std::time::Duration;
 

@@ -1,4 +1,4 @@
-//! SPEC §3 "Dispatch": round robin in registration order, credit, and returned messages
+//! Contract §3 Dispatch: round robin in registration order, credit, and returned messages
 //! before fresh ones in the order they became ready again.
 
 use leasemq::{DeliveryTag, QueueConfig, RetryPolicy};

@@ -1,4 +1,4 @@
-//! SPEC §3 "Consumer cancel", `close()` and `shutdown()`.
+//! Contract §3 Consumer cancel, §3 `close` and §3 `shutdown`.
 
 use std::time::Duration;
 

@@ -1,4 +1,4 @@
-//! SPEC §3 "Limits" and `declare_queue`, and the defaults and trait bounds of SPEC §5.
+//! Contract §3 Limits and §3 `declare_queue`, and the defaults and trait bounds of contract §5.
 
 use std::time::Duration;
 

@@ -1,5 +1,5 @@
-//! SPEC §3 `put`: outcomes, deduplication, delays, error order, `QueueFull` and the
-//! atomicity of `put_batch`.
+//! Contract §3 `put`, Deduplication, Delays, Put errors and `put_batch`: outcomes,
+//! deduplication, delays, error order, `QueueFull` and the atomicity of `put_batch`.
 
 use std::collections::BTreeSet;
 use std::time::Duration;

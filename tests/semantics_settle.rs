@@ -1,4 +1,4 @@
-//! SPEC §3 settles: `ack`, `ack_up_to`, `nack` and the retry policy, `nack_with_delay`,
+//! Contract §3 settles: `ack`, `ack_up_to`, `nack` and the retry policy, `nack_with_delay`,
 //! `reject` without a dead-letter queue, `touch` and `max_lease`, `release`, `settle_batch`.
 
 use std::time::Duration;

@@ -1,5 +1,5 @@
-//! SPEC §4 "Time": `advance`, deadline order, rounding to ticks, barriers, jitter; and the
-//! stats counters of SPEC §5 walked through one queue's life.
+//! Contract §4 (time): `advance`, deadline order, rounding to ticks, barriers, jitter; and the
+//! counters of contract §3 `stats` walked through one queue's life.
 
 use std::time::Duration;
 

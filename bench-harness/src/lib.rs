@@ -167,7 +167,7 @@ pub mod baseline {
     //! (which is deadline order, every lease being `ack_timeout` long). Each consumer keeps
     //! its tags in order too, for `ack_up_to`.
     //!
-    //! The meaning is leasemq's (spec §3) for what it offers: `put`, `put_batch`,
+    //! The meaning is leasemq's (contract §3) for what it offers: `put`, `put_batch`,
     //! `try_recv` (a pull within the consumer's prefetch), `ack`, `ack_up_to`, and cancel on
     //! drop. Messages carry no id, delay or retry policy: every message gets a fresh
     //! number as its id and is never a duplicate.

@@ -49,6 +49,7 @@ impl ConsumerKey {
 pub enum MsgId {
     /// Assigned by the broker: the shard's index in the top 16 bits, a per-shard sequence below.
     Auto(u64),
+    /// Given by the producer with `Message::with_id`.
     Given(Arc<str>),
 }
 
@@ -103,14 +104,20 @@ impl fmt::Display for MsgId {
 /// A delivery as it leaves the engine; the consumer turns it into an [`Envelope`].
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Delivered {
+    /// The new lease's tag.
     pub tag: DeliveryTag,
+    /// The message's id.
     pub id: MsgId,
+    /// The message's body.
     pub body: Bytes,
+    /// Deliveries of the message so far, this one included.
     pub attempt: u32,
+    /// Set when the message is a dead letter.
     pub death: Option<Box<DeathRecord>>,
 }
 
 impl Delivered {
+    /// What the consumer sees: the id turned into text, the death record unboxed.
     pub fn into_envelope(self) -> Envelope {
         Envelope {
             id: self.id.to_text(),
@@ -124,7 +131,9 @@ impl Delivered {
 /// Identifies the queue a dead letter came from, across shards.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Origin {
+    /// The index of the shard the letter came from.
     pub shard: u16,
+    /// The queue it died in, on that shard.
     pub queue: QueueKey,
 }
 
@@ -133,9 +142,13 @@ pub struct Origin {
 pub struct DeadLetter {
     /// The dead-letter queue's name, looked up when the letter arrives.
     pub to: Arc<str>,
+    /// Where it died, so that the outcome can find its way back.
     pub origin: Origin,
+    /// The message's id, kept in the dead-letter queue.
     pub id: MsgId,
+    /// The message's body.
     pub body: Bytes,
+    /// Where and why it died.
     pub death: DeathRecord,
 }
 
@@ -143,7 +156,9 @@ pub struct DeadLetter {
 /// `dropped`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct DeathOutcome {
+    /// The queue the letter came from.
     pub origin: Origin,
+    /// Whether the dead-letter queue took it (else it was dropped).
     pub accepted: bool,
 }
 
@@ -153,66 +168,110 @@ pub struct DeathOutcome {
 pub enum Command {
     /// → [`Reply::Declared`]. The caller has checked that the config's dead-letter queue exists.
     Declare {
+        /// The queue's name.
         name: String,
+        /// Its config (boxed to keep commands small).
         config: Box<QueueConfig>,
     },
     /// → [`Reply::Found`].
-    Lookup { name: String },
+    Lookup {
+        /// The queue's name.
+        name: String,
+    },
     /// → [`Reply::Put`].
-    Put { queue: QueueKey, message: Message },
+    Put {
+        /// The queue to put on.
+        queue: QueueKey,
+        /// What to put.
+        message: Message,
+    },
     /// → [`Reply::PutBatch`].
     PutBatch {
+        /// The queue to put on.
         queue: QueueKey,
+        /// What to put, in order.
         messages: Vec<Message>,
     },
     /// → [`Reply::Settled`].
     Settle {
+        /// The queue that issued the tag.
         queue: QueueKey,
+        /// The delivery to settle.
         tag: DeliveryTag,
+        /// What to do with it.
         op: Settle,
     },
     /// → [`Reply::SettledBatch`].
     SettleBatch {
+        /// The queue that issued the tags.
         queue: QueueKey,
+        /// The settles, applied in order.
         settles: Vec<(DeliveryTag, Settle)>,
     },
     /// → [`Reply::Consumed`].
     Consume {
+        /// The queue to read.
         queue: QueueKey,
+        /// The consumer's name, unique among the queue's live consumers.
         name: String,
+        /// Its prefetch.
         config: ConsumerConfig,
     },
     /// → [`Reply::Count`].
     AckUpTo {
+        /// Whose leases to ack.
         consumer: ConsumerKey,
+        /// The highest tag to ack.
         tag: DeliveryTag,
     },
     /// Silent. `unread` are the deliveries still in the consumer's channel: released, not
     /// returned.
     Cancel {
+        /// The consumer that ends.
         consumer: ConsumerKey,
+        /// The tags of its deliveries it never read.
         unread: Vec<DeliveryTag>,
     },
     /// → [`Reply::Stats`].
-    Stats { queue: QueueKey },
+    Stats {
+        /// The queue asked about.
+        queue: QueueKey,
+    },
     /// → [`Reply::Closed`].
-    Close { queue: QueueKey },
+    Close {
+        /// The queue to close.
+        queue: QueueKey,
+    },
     /// Silent: dead letters for queues of this shard; answered with [`Effects::outcomes`].
-    DeadLetters { letters: Vec<DeadLetter> },
+    DeadLetters {
+        /// The letters, each naming its dead-letter queue.
+        letters: Vec<DeadLetter>,
+    },
     /// Silent: what dead-letter queues did with letters from queues of this shard.
-    Outcomes { outcomes: Vec<DeathOutcome> },
+    Outcomes {
+        /// One per letter, naming the queue it came from.
+        outcomes: Vec<DeathOutcome>,
+    },
 }
 
 /// The answer to one command.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Reply {
+    /// The queue declared or found, or why not.
     Declared(Result<QueueKey, Error>),
+    /// The live queue of that name, if any.
     Found(Option<QueueKey>),
+    /// What the put did, or why it failed.
     Put(Result<PutOutcome, Error>),
+    /// One outcome per message, or the first failure (then none was enqueued).
     PutBatch(Result<Vec<PutOutcome>, Error>),
+    /// Whether the settle took effect: `false` for a stale tag or a refused request.
     Settled(bool),
+    /// One result per settle, in order.
     SettledBatch(Vec<bool>),
+    /// The new consumer, or why not.
     Consumed(Result<ConsumerKey, Error>),
+    /// How many leases `AckUpTo` acked.
     Count(usize),
     /// `None` when the queue is closed.
     Stats(Option<Box<QueueStats>>),
@@ -237,6 +296,7 @@ pub struct Effects {
 }
 
 impl Effects {
+    /// Nothing to do yet.
     pub fn new() -> Self {
         Self::default()
     }
@@ -249,11 +309,13 @@ pub struct TickLength {
 }
 
 impl TickLength {
+    /// Ticks of `tick` (at least 1 ns).
     pub fn new(tick: Duration) -> TickLength {
         let nanos = u64::try_from(tick.as_nanos()).unwrap_or(u64::MAX).max(1);
         TickLength { nanos }
     }
 
+    /// The length of one tick.
     pub fn as_duration(self) -> Duration {
         Duration::from_nanos(self.nanos)
     }

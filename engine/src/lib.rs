@@ -15,7 +15,8 @@
 //! consumer channels, [`DeadLetter`]s to the shard owning the dead-letter queue, and
 //! [`DeathOutcome`]s back to the shard the letter came from. Because nothing here depends on
 //! anything but its inputs, the same commands at the same ticks always give the same effects;
-//! tests, simulators and benchmarks drive it directly.
+//! tests, simulators and benchmarks drive it directly. What each command means is the
+//! contract's (`docs/contract.md` in the repository, cited as "contract §3 `put`").
 //!
 //! ```
 //! use leasemq_engine::{Command, Effects, Message, QueueConfig, Reply, Shard};
@@ -31,6 +32,7 @@
 //! ```
 
 #![forbid(unsafe_code)]
+#![warn(missing_docs)]
 
 mod chunked;
 mod command;
@@ -122,6 +124,7 @@ impl Shard {
         self
     }
 
+    /// The shard's number, as given to [`Shard::new`].
     pub fn index(&self) -> u16 {
         self.index
     }
@@ -131,6 +134,7 @@ impl Shard {
         self.now
     }
 
+    /// The length of this shard's ticks.
     pub fn tick_length(&self) -> TickLength {
         self.tick
     }

@@ -61,27 +61,33 @@ impl Message {
         self
     }
 
+    /// The body, as given to [`Message::new`].
     pub fn body(&self) -> &Bytes {
         &self.body
     }
 
+    /// The id given with [`Message::with_id`]; `None` when the broker is to assign one.
     pub fn id(&self) -> Option<&str> {
         self.id.as_deref()
     }
 
+    /// The delay given with [`Message::with_delay`]; zero when there is none.
     pub fn delay(&self) -> Duration {
         self.delay
     }
 }
 
-/// What `put` did with a message.
+/// What `put` did with a message (contract §3 `put`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum PutOutcome {
+    /// The message is live in the queue: ready, or delayed.
     Enqueued,
+    /// Its id is taken in the queue (contract §3 Deduplication): nothing was added, and
+    /// only the queue's `duplicates` counter moved.
     Duplicate,
 }
 
-/// Why a message was dead-lettered.
+/// Why a message was dead-lettered (contract §3 Dead-lettering).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum DeathReason {
     /// A consumer rejected it.
@@ -95,15 +101,19 @@ pub enum DeathReason {
 pub struct DeathRecord {
     /// The queue the message died in.
     pub queue: String,
+    /// Why it died there.
     pub reason: DeathReason,
-    /// How many times it was delivered there.
+    /// Its `attempt` there when it died: how many times it had been delivered (a release
+    /// gives one back).
     pub attempts: u32,
 }
 
 /// What a consumer sees of a message.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Envelope {
+    /// The message's id: the one its producer gave, or the one the broker assigned.
     pub id: String,
+    /// The body, as put.
     pub body: Bytes,
     /// Deliveries of this message so far, this one included (the first is 1).
     pub attempt: u32,
@@ -118,25 +128,48 @@ impl Envelope {
     }
 }
 
-/// One settle in a [`settle_batch`](crate::Command::SettleBatch).
+/// One settle in a `settle_batch` ([`Command::SettleBatch`](crate::Command::SettleBatch)
+/// in the engine): each variant does what the call of the same name does (contract §3).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Settle {
+    /// Finish the delivery: the message is gone (contract §3 `ack`).
     Ack,
+    /// Retry after the queue's retry delay (contract §3 `nack`).
     Nack,
+    /// Retry after this delay instead, at most 7 days (contract §3 `nack_with_delay`).
     NackWithDelay(Duration),
+    /// Dead-letter now (contract §3 `reject`).
     Reject,
+    /// Hand back unseen, to the front, costing no attempt (contract §3 `release`).
     Release,
+    /// Restart the lease clock (contract §3 `touch`).
     Touch,
 }
 
 /// How long a nacked message waits before it is ready again:
 /// `min(initial × multiplier^(attempt−1), max)`, ± `jitter` of that from the queue's seeded
-/// generator.
+/// generator (contract §5 `RetryPolicy`, §4 Jitter).
+///
+/// ```
+/// use std::time::Duration;
+/// use leasemq_engine::RetryPolicy;
+///
+/// let policy = RetryPolicy::default(); // 1 s, doubling, at most 60 s
+/// assert_eq!(policy.base_delay(1), Duration::from_secs(1));
+/// assert_eq!(policy.base_delay(3), Duration::from_secs(4));
+/// assert_eq!(policy.base_delay(20), Duration::from_secs(60));
+/// assert_eq!(RetryPolicy::immediate().base_delay(5), Duration::ZERO);
+/// ```
 #[derive(Clone, Debug, PartialEq)]
 pub struct RetryPolicy {
+    /// The delay after the first delivery's nack (default 1 s; at most 7 days).
     pub initial: Duration,
+    /// What each further attempt multiplies the delay by (default 2.0; finite, at least 1.0).
     pub multiplier: f64,
+    /// The longest delay, before jitter (default 60 s; at most 7 days).
     pub max: Duration,
+    /// The fraction by which a delay may be drawn shorter or longer, from 0.0 (default: none)
+    /// to 1.0.
     pub jitter: f64,
 }
 
@@ -175,22 +208,38 @@ impl RetryPolicy {
     }
 }
 
-/// A queue's settings. Build with `..QueueConfig::default()`.
+/// A queue's settings. Build with `..QueueConfig::default()`; contract §3 Limits lists
+/// what each field accepts, and `declare_queue` refuses anything else with
+/// `InvalidConfig`.
+///
+/// ```
+/// use std::time::Duration;
+/// use leasemq_engine::QueueConfig;
+///
+/// let config = QueueConfig { ack_timeout: Duration::from_secs(5), ..QueueConfig::default() };
+/// assert_eq!(config.max_body_bytes, 1024 * 1024);
+/// ```
 #[derive(Clone, Debug, PartialEq)]
 pub struct QueueConfig {
-    /// Lease length, from 1 ms to 7 days.
+    /// Lease length, from 1 ms to 7 days (default 30 s).
     pub ack_timeout: Duration,
-    /// The longest a lease may be kept alive by `touch`, counted from its delivery.
+    /// The longest a lease may be kept alive by `touch`, counted from its delivery; at least
+    /// `ack_timeout` (default: no limit).
     pub max_lease: Option<Duration>,
+    /// How long a nacked message waits (default: `RetryPolicy::default()`).
     pub retry: RetryPolicy,
-    /// Deliveries after which a message that comes back is dead-lettered.
+    /// Deliveries after which a message that comes back is dead-lettered; at least 1
+    /// (default: no limit).
     pub max_deliveries: Option<u32>,
-    /// The queue that receives dead letters; must already exist.
+    /// The queue that receives dead letters; must already exist and be another queue
+    /// (default: none, dead letters are dropped and counted).
     pub dead_letter: Option<String>,
-    /// How long after its first enqueue an id still counts as a duplicate.
+    /// How long after its first enqueue an id still counts as a duplicate, at most 7 days
+    /// (default zero: only while the message is live).
     pub dedup_window: Duration,
-    /// The most live messages (ready + delayed + leased).
+    /// The most live messages (ready + delayed + leased); at least 1 (default: no limit).
     pub max_length: Option<usize>,
+    /// The largest body a put may carry, from 1 byte to 64 MiB (default 1 MiB).
     pub max_body_bytes: usize,
 }
 
@@ -222,23 +271,39 @@ impl Default for ConsumerConfig {
     }
 }
 
-/// A queue's gauges and counters.
+/// A queue's gauges (what it holds now) and counters (what happened since it was declared);
+/// contract §3 `stats`.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct QueueStats {
+    /// Gauge: messages waiting for a consumer with credit.
     pub ready: usize,
+    /// Gauge: messages waiting for a delay (from `with_delay` or a nack) to end.
     pub delayed: usize,
+    /// Gauge: live leases.
     pub leased: usize,
+    /// Gauge: live consumers.
     pub consumers: usize,
+    /// Puts answered `Enqueued`, and dead letters taken in from other queues.
     pub enqueued: u64,
+    /// Puts answered `Duplicate`.
     pub duplicates: u64,
+    /// Deliveries made, first or not.
     pub delivered: u64,
+    /// Leases ended by `ack`, `ack_up_to` or an `Ack` in a batch.
     pub acked: u64,
+    /// Leases ended by a nack, with or without a delay, also those that became dead letters.
     pub nacked: u64,
+    /// Leases ended by `reject`.
     pub rejected: u64,
+    /// Leases ended by `release`, and unread deliveries released when their consumer ended.
     pub released: u64,
+    /// Leases that reached their deadline.
     pub expired: u64,
+    /// Dead letters the dead-letter queue took.
     pub dead_lettered: u64,
+    /// Dead letters dropped: no dead-letter queue, or it refused them.
     pub dropped: u64,
+    /// Settles and touches of stale tags (contract §2 G2).
     pub stale: u64,
 }
 
@@ -255,25 +320,35 @@ impl QueueStats {
     }
 }
 
-/// Everything that can go wrong, with a message a person can act on.
+/// Everything that can go wrong, with a message a person can act on. A call that fails
+/// changes nothing (contract §3).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Error {
-    /// A queue or consumer name is empty, too long or has characters outside the allowed set.
+    /// A queue or consumer name is empty, too long or has characters outside the allowed set
+    /// (contract §3 Limits).
     InvalidName,
+    /// A queue config, a prefetch or a broker setting is outside its limits; says which and
+    /// why (contract §3 Limits).
     InvalidConfig(String),
+    /// A message's id is empty or over 1 024 bytes, or its delay is over 7 days; says which.
     InvalidMessage(String),
     /// The queue exists with a different config.
     ConfigMismatch,
+    /// The named dead-letter queue does not exist (or is closed); carries its name.
     UnknownQueue(String),
     /// The queue already has a consumer of that name.
     DuplicateConsumer,
+    /// The queue was closed (through this handle or another).
     QueueClosed,
+    /// The queue holds `max_length` live messages already.
     QueueFull,
+    /// The body is larger than the queue's `max_body_bytes`.
     MessageTooLarge,
-    /// The consumer was cancelled or its queue closed.
+    /// The consumer's queue was closed: no more deliveries will come.
     Closed,
     /// `advance` needs a broker built with `manual_clock()`.
     NotManualClock,
+    /// The broker was shut down.
     ShutDown,
 }
 

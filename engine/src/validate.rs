@@ -1,4 +1,6 @@
-//! Checks of names, configs and messages. Each broken limit is an error, never a clamp.
+//! Checks of names, configs and messages (contract §3 Limits). Each broken limit is an
+//! error, never a clamp. The engine runs them before it changes anything; the shard crate's
+//! handles run the ones they can without a round trip to the shard.
 
 use std::time::Duration;
 
@@ -8,6 +10,11 @@ use crate::types::{
 };
 
 /// Queue names: 1–255 bytes of `[A-Za-z0-9._:-]`.
+///
+/// # Errors
+///
+/// [`Error::InvalidName`] for a name that is empty, longer than 255 bytes, or has a byte
+/// outside that set.
 pub fn queue_name(name: &str) -> Result<(), Error> {
     let allowed = |b: u8| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b':' | b'-');
     if name.is_empty() || name.len() > MAX_NAME_BYTES || !name.bytes().all(allowed) {
@@ -17,6 +24,10 @@ pub fn queue_name(name: &str) -> Result<(), Error> {
 }
 
 /// Consumer names: 1–255 bytes of UTF-8 (a `&str` is UTF-8 already).
+///
+/// # Errors
+///
+/// [`Error::InvalidName`] for a name that is empty or longer than 255 bytes.
 pub fn consumer_name(name: &str) -> Result<(), Error> {
     if name.is_empty() || name.len() > MAX_NAME_BYTES {
         return Err(Error::InvalidName);
@@ -24,6 +35,11 @@ pub fn consumer_name(name: &str) -> Result<(), Error> {
     Ok(())
 }
 
+/// A consumer's config: a prefetch from 1 to [`MAX_PREFETCH`].
+///
+/// # Errors
+///
+/// [`Error::InvalidConfig`] for a prefetch of 0 or over [`MAX_PREFETCH`], saying so.
 pub fn consumer_config(config: &ConsumerConfig) -> Result<(), Error> {
     if config.prefetch == 0 || config.prefetch > MAX_PREFETCH {
         return Err(Error::InvalidConfig(format!(
@@ -40,6 +56,15 @@ fn invalid(what: String) -> Result<(), Error> {
 
 /// Checks a queue's config on its own; whether its `dead_letter` queue exists is the
 /// broker's question, since that queue may live on another shard.
+///
+/// # Errors
+///
+/// [`Error::InvalidConfig`], naming the first field out of its limits: `ack_timeout` outside
+/// 1 ms to 7 days, `max_lease` under `ack_timeout`, `retry.multiplier` under 1.0 or not
+/// finite, `retry.jitter` outside 0.0 to 1.0, `retry.initial` or `retry.max` over 7 days,
+/// `max_deliveries` or `max_length` of 0, `max_body_bytes` outside 1 to 64 MiB,
+/// `dedup_window` over 7 days, or a `dead_letter` that names queue `name` itself or is not a
+/// valid queue name.
 pub fn queue_config(name: &str, config: &QueueConfig) -> Result<(), Error> {
     let ack = config.ack_timeout;
     if !(MIN_ACK_TIMEOUT..=MAX_DURATION).contains(&ack) {
@@ -105,8 +130,13 @@ pub fn queue_config(name: &str, config: &QueueConfig) -> Result<(), Error> {
     Ok(())
 }
 
-/// Checks a message against a queue's limits, in the order of SPEC §3: id and delay
-/// (`InvalidMessage`), then the body size (`MessageTooLarge`).
+/// Checks a message against a queue's limits, in the order of contract §3 Put errors: id
+/// and delay (`InvalidMessage`), then the body size (`MessageTooLarge`).
+///
+/// # Errors
+///
+/// [`Error::InvalidMessage`] for an id that is empty or over [`MAX_ID_BYTES`] bytes, then
+/// for a delay over 7 days; [`Error::MessageTooLarge`] for a body over `max_body_bytes`.
 pub fn message(message: &Message, max_body_bytes: usize) -> Result<(), Error> {
     if let Some(id) = &message.id {
         if id.is_empty() || id.len() > MAX_ID_BYTES {

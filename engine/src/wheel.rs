@@ -174,6 +174,7 @@ impl<T> Wheel<T> {
         self.entries.len()
     }
 
+    /// Whether no timer is pending.
     pub fn is_empty(&self) -> bool {
         self.entries.is_empty()
     }
@@ -227,10 +228,12 @@ impl<T> Wheel<T> {
         self.entry(key).deadline
     }
 
+    /// The value of a live timer. Panics on a key that is not live.
     pub fn get(&self, key: TimerKey) -> &T {
         &self.entry(key).value
     }
 
+    /// The value of a live timer, to change it in place. Panics on a key that is not live.
     pub fn get_mut(&mut self, key: TimerKey) -> &mut T {
         self.assert_live(key);
         &mut self.entries[key.0 as usize].value

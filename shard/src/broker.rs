@@ -14,7 +14,18 @@ use crate::reply::{call, fan_in};
 use crate::router::shard_for;
 use crate::runtime::{ShardThread, TimeSource};
 
-/// Builds a [`Broker`].
+/// Builds a [`Broker`]: how many shards, which clock, how long a tick. Start with
+/// [`Broker::builder`].
+///
+/// ```
+/// # mod leasemq { pub use leasemq_engine::*; pub use leasemq_shard::*; }
+/// use leasemq::Broker;
+///
+/// let broker = Broker::builder().shards(2).manual_clock().build()?;
+/// assert_eq!(broker.shard_count(), 2);
+/// broker.shutdown();
+/// # Ok::<(), leasemq::Error>(())
+/// ```
 #[derive(Clone, Debug)]
 pub struct BrokerBuilder {
     shards: Option<usize>,
@@ -36,26 +47,33 @@ impl Default for BrokerBuilder {
 pub const MAX_SHARDS: usize = 1024;
 
 impl BrokerBuilder {
-    /// How many shard threads (default: the available parallelism).
+    /// How many shard threads, from 1 to [`MAX_SHARDS`] (default: the available
+    /// parallelism). A queue lives on the shard [`shard_for`] maps its name to.
     pub fn shards(mut self, n: usize) -> Self {
         self.shards = Some(n);
         self
     }
 
-    /// Time moves only when [`Broker::advance`] says so: for tests and simulations.
+    /// Time moves only when [`Broker::advance`] says so: for tests and simulations, which
+    /// then repeat exactly (contract §2 G6, §4 Clocks).
     pub fn manual_clock(mut self) -> Self {
         self.manual_clock = true;
         self
     }
 
     /// The length of one tick, the unit deadlines are rounded up to (default 1 ms; from
-    /// 1 µs to 1 s).
+    /// 1 µs to 1 s; contract §4 Ticks).
     pub fn tick(mut self, tick: Duration) -> Self {
         self.tick = tick;
         self
     }
 
     /// Starts the shard threads.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidConfig`] when `shards` is 0 or over [`MAX_SHARDS`], when `tick` is
+    /// under 1 µs or over 1 s, or when the system refuses to start a thread.
     pub fn build(self) -> Result<Broker, Error> {
         let shards = self
             .shards
@@ -164,9 +182,29 @@ impl Drop for BrokerInner {
 
 /// A running broker: a set of shard threads, each owning the queues that hash onto it.
 ///
-/// Cheap to clone; every clone drives the same shards. The shards stop at
+/// Cheap to clone, `Send + Sync`; every clone drives the same shards. The shards stop at
 /// [`shutdown`](Broker::shutdown), or when the last handle of any kind (broker, queue,
 /// consumer, delivery) is dropped.
+///
+/// ```
+/// # mod leasemq { pub use leasemq_engine::*; pub use leasemq_shard::*; }
+/// use std::time::Duration;
+/// use leasemq::{Broker, ConsumerConfig, Message, QueueConfig};
+///
+/// let broker = Broker::builder().shards(2).manual_clock().build()?;
+/// let config = QueueConfig { ack_timeout: Duration::from_secs(5), ..QueueConfig::default() };
+/// let jobs = broker.declare_queue("jobs", config)?;
+/// let worker = jobs.consume("worker", ConsumerConfig::default())?;
+/// jobs.put(Message::new("resize photo 17"))?;
+///
+/// let first = worker.try_recv()?.expect("delivered before put returned");
+/// broker.advance(Duration::from_secs(5))?; // the lease runs out
+/// let again = worker.try_recv()?.expect("redelivered during advance");
+/// assert_eq!(again.envelope().attempt, 2);
+/// assert!(!first.ack() && again.ack());
+/// broker.shutdown();
+/// # Ok::<(), leasemq::Error>(())
+/// ```
 #[derive(Clone)]
 pub struct Broker {
     inner: Arc<BrokerInner>,
@@ -183,11 +221,16 @@ impl std::fmt::Debug for Broker {
 }
 
 impl Broker {
+    /// A builder with the defaults: one shard per core, the system clock, 1 ms ticks.
     pub fn builder() -> BrokerBuilder {
         BrokerBuilder::default()
     }
 
     /// A broker with the default settings: one shard per core, the system clock.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidConfig`] when the system refuses to start a shard thread.
     pub fn new() -> Result<Broker, Error> {
         Broker::builder().build()
     }
@@ -202,7 +245,35 @@ impl Broker {
         shard_for(name, self.inner.shards.len())
     }
 
-    /// Declares a queue, or returns the existing one when its config is equal.
+    /// Declares a queue, or returns the existing one when its config is equal (contract §3
+    /// `declare_queue`).
+    ///
+    /// # Errors
+    ///
+    /// Checked in this order, and a failed declare creates nothing:
+    ///
+    /// - [`Error::ShutDown`] after [`shutdown`](Broker::shutdown);
+    /// - [`Error::InvalidName`] unless `name` is 1 to 255 bytes of `[A-Za-z0-9._:-]`;
+    /// - [`Error::InvalidConfig`] for a config outside its limits (contract §3 Limits),
+    ///   including a `dead_letter` naming this queue or not a valid queue name;
+    /// - [`Error::UnknownQueue`] when `dead_letter` names no live queue;
+    /// - [`Error::ConfigMismatch`] when a live queue of that name has another config.
+    ///
+    /// ```
+    /// # mod leasemq { pub use leasemq_engine::*; pub use leasemq_shard::*; }
+    /// use leasemq::{Broker, Error, QueueConfig};
+    ///
+    /// let broker = Broker::builder().manual_clock().build()?;
+    /// let jobs = broker.declare_queue("jobs", QueueConfig::default())?;
+    /// let again = broker.declare_queue("jobs", QueueConfig::default())?; // the same queue
+    /// assert_eq!(again.name(), jobs.name());
+    ///
+    /// let other = QueueConfig { max_length: Some(10), ..QueueConfig::default() };
+    /// assert_eq!(broker.declare_queue("jobs", other).unwrap_err(), Error::ConfigMismatch);
+    /// let refused = broker.declare_queue("no spaces", QueueConfig::default());
+    /// assert_eq!(refused.unwrap_err(), Error::InvalidName);
+    /// # Ok::<(), leasemq::Error>(())
+    /// ```
     pub fn declare_queue(&self, name: &str, config: QueueConfig) -> Result<Queue, Error> {
         if self.inner.is_shut_down() {
             return Err(Error::ShutDown);
@@ -232,7 +303,8 @@ impl Broker {
         }
     }
 
-    /// The live queue called `name`, if there is one.
+    /// The live queue called `name`, if there is one; `None` for a name never declared, a
+    /// closed queue, an invalid name, or after [`shutdown`](Broker::shutdown).
     pub fn queue(&self, name: &str) -> Option<Queue> {
         self.lookup(name).ok().flatten()
     }
@@ -263,7 +335,14 @@ impl Broker {
 
     /// Moves the manual clock forward by `by` and returns once every shard has fired every
     /// timer due and pushed the deliveries that followed into consumer channels, and every
-    /// dead letter that caused has landed.
+    /// dead letter that caused has landed (contract §4 `advance`). One long advance does what
+    /// many short ones adding up to it do: each timer fires at its own deadline.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::NotManualClock`] on a broker built without
+    /// [`manual_clock`](BrokerBuilder::manual_clock) (checked first); [`Error::ShutDown`]
+    /// after [`shutdown`](Broker::shutdown).
     pub fn advance(&self, by: Duration) -> Result<(), Error> {
         if !self.inner.manual {
             return Err(Error::NotManualClock);
@@ -303,11 +382,13 @@ impl Broker {
     }
 
     /// Stops every shard and joins its thread. Idempotent. Afterwards `put`, `consume`,
-    /// `declare_queue`, `advance` and `recv` give [`Error::ShutDown`]; settles return false.
+    /// `declare_queue`, `advance` and `recv` give [`Error::ShutDown`]; settles return false
+    /// (contract §3 `shutdown`).
     pub fn shutdown(&self) {
         self.inner.shutdown();
     }
 
+    /// Whether [`shutdown`](Broker::shutdown) was called, through this handle or a clone.
     pub fn is_shut_down(&self) -> bool {
         self.inner.is_shut_down()
     }

@@ -12,11 +12,13 @@ use crate::protocol::{Answer, Readers, Request};
 use crate::queue::Queue;
 use crate::reply::call;
 
-/// A registered consumer of one queue: receives deliveries up to its prefetch.
+/// A registered consumer of one queue: receives deliveries up to its prefetch. `Send`, not
+/// `Clone`; made by [`Queue::consume`].
 ///
 /// Dropping it (or [`cancel`](Consumer::cancel)) ends it: every live lease it holds comes
 /// back at once; deliveries still unread in its channel are released without costing an
-/// attempt. The cancel is ordered after the earlier calls of the thread that drops it.
+/// attempt. The cancel is ordered after the earlier calls of the thread that drops it
+/// (contract §3 Consumer cancel).
 pub struct Consumer {
     owner: Arc<Owner>,
     key: ConsumerKey,
@@ -58,6 +60,7 @@ impl Consumer {
         }
     }
 
+    /// The consumer's name, unique among its queue's live consumers.
     pub fn name(&self) -> &str {
         &self.owner.name
     }
@@ -91,8 +94,32 @@ impl Consumer {
         Ok(())
     }
 
-    /// Blocks until a delivery arrives. `Err(Closed)` once the queue closes, `Err(ShutDown)`
-    /// once the broker shuts down (whether it was called before or while waiting).
+    /// Blocks until a delivery arrives, and returns it (contract §3 Receiving).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Closed`] once the queue is closed, also for deliveries still in the channel;
+    /// [`Error::ShutDown`] once the broker shuts down, whether that happened before the call or
+    /// while it waited.
+    ///
+    /// ```
+    /// # mod leasemq { pub use leasemq_engine::*; pub use leasemq_shard::*; }
+    /// use leasemq::{Broker, ConsumerConfig, Message, QueueConfig};
+    ///
+    /// let broker = Broker::builder().shards(2).build()?;
+    /// let jobs = broker.declare_queue("jobs", QueueConfig::default())?;
+    /// let worker = jobs.consume("worker", ConsumerConfig::default())?;
+    /// let producer = {
+    ///     let jobs = jobs.clone();
+    ///     std::thread::spawn(move || jobs.put(Message::new("resize photo 17")))
+    /// };
+    /// let job = worker.recv()?; // waits for the producer thread's put
+    /// assert_eq!(&job.envelope().body[..], b"resize photo 17");
+    /// assert!(job.ack());
+    /// producer.join().unwrap()?;
+    /// broker.shutdown();
+    /// # Ok::<(), leasemq::Error>(())
+    /// ```
     pub fn recv(&self) -> Result<Delivery, Error> {
         self.check_open()?;
         match self.wait(None) {
@@ -111,6 +138,11 @@ impl Consumer {
     }
 
     /// Like [`recv`](Consumer::recv), but waits at most `timeout`: `Ok(None)` then.
+    ///
+    /// # Errors
+    ///
+    /// As [`recv`](Consumer::recv): [`Error::Closed`] once the queue is closed,
+    /// [`Error::ShutDown`] once the broker shuts down.
     pub fn recv_timeout(&self, timeout: Duration) -> Result<Option<Delivery>, Error> {
         self.check_open()?;
         // A timeout too long to add to now waits without one.
@@ -132,7 +164,14 @@ impl Consumer {
         })
     }
 
-    /// A delivery if one is waiting, else `Ok(None)` at once.
+    /// A delivery if one is waiting, else `Ok(None)` at once. Since every call is a barrier for
+    /// its own effects (contract §4 Barriers), a `try_recv` right after a `put` or an `advance`
+    /// finds what they delivered.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Closed`] once the queue is closed; [`Error::ShutDown`] after the broker's
+    /// shutdown.
     pub fn try_recv(&self) -> Result<Option<Delivery>, Error> {
         self.check_open()?;
         match self.rx().try_recv() {
@@ -166,7 +205,27 @@ impl Consumer {
     }
 
     /// Acks every live lease of this consumer with a tag up to `tag`, read or still unread;
-    /// returns how many (RabbitMQ's `multiple=true`).
+    /// returns how many (RabbitMQ's `multiple=true`; contract §3 `ack_up_to`). Tags that name no
+    /// live lease of this consumer are skipped without counting as stale; on a closed queue or
+    /// after shutdown it returns 0.
+    ///
+    /// ```
+    /// # mod leasemq { pub use leasemq_engine::*; pub use leasemq_shard::*; }
+    /// use leasemq::{Broker, ConsumerConfig, Message, QueueConfig};
+    ///
+    /// let broker = Broker::builder().manual_clock().build()?;
+    /// let events = broker.declare_queue("events", QueueConfig::default())?;
+    /// let reader = events.consume("reader", ConsumerConfig::default())?;
+    /// events.put_batch((0..10).map(|i| Message::new(format!("event {i}"))).collect())?;
+    ///
+    /// let mut last = None;
+    /// while let Some(d) = reader.try_recv()? {
+    ///     last = Some(d.tag());
+    /// }
+    /// assert_eq!(reader.ack_up_to(last.unwrap()), 10); // one round trip for all ten
+    /// assert_eq!(events.stats().leased, 0);
+    /// # Ok::<(), leasemq::Error>(())
+    /// ```
     pub fn ack_up_to(&self, tag: DeliveryTag) -> usize {
         let queue = &self.owner.queue;
         if queue.broker().is_shut_down() || queue.cell().is_closed() {
@@ -220,7 +279,9 @@ impl Drop for Consumer {
     }
 }
 
-/// One hand-over of a message to a consumer, under a lease.
+/// One hand-over of a message to a consumer, under a lease: its tag, what the consumer sees
+/// of the message ([`Envelope`]), and settles for that tag on its own queue (each the
+/// [`Queue`] call of the same name, so `delivery.ack()` is `queue.ack(delivery.tag())`).
 #[derive(Clone)]
 pub struct Delivery {
     tag: DeliveryTag,
@@ -248,10 +309,12 @@ impl PartialEq for Delivery {
 }
 
 impl Delivery {
+    /// This delivery's tag: greater than every tag its queue handed out before (contract §2 G3).
     pub fn tag(&self) -> DeliveryTag {
         self.tag
     }
 
+    /// What the consumer sees of the message: id, body, attempt, death record.
     pub fn envelope(&self) -> &Envelope {
         &self.envelope
     }
@@ -266,26 +329,37 @@ impl Delivery {
         &self.owner.queue
     }
 
+    /// Finishes the delivery: the message is gone. `false` if the tag is stale. See
+    /// [`Queue::ack`].
     pub fn ack(&self) -> bool {
         self.owner.queue.ack(self.tag)
     }
 
+    /// Gives the message back to be retried after the queue's retry delay. `false` if the tag is
+    /// stale. See [`Queue::nack`].
     pub fn nack(&self) -> bool {
         self.owner.queue.nack(self.tag)
     }
 
+    /// Gives the message back to be retried after `delay` (at most 7 days). See
+    /// [`Queue::nack_with_delay`].
     pub fn nack_with_delay(&self, delay: Duration) -> bool {
         self.owner.queue.nack_with_delay(self.tag, delay)
     }
 
+    /// Dead-letters the message now. `false` if the tag is stale. See [`Queue::reject`].
     pub fn reject(&self) -> bool {
         self.owner.queue.reject(self.tag)
     }
 
+    /// Hands the message back unseen, costing no attempt. `false` if the tag is stale. See
+    /// [`Queue::release`].
     pub fn release(&self) -> bool {
         self.owner.queue.release(self.tag)
     }
 
+    /// Restarts the lease clock. `false` if the tag is stale or `max_lease` refuses it. See
+    /// [`Queue::touch`].
     pub fn touch(&self) -> bool {
         self.owner.queue.touch(self.tag)
     }

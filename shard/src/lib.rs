@@ -12,8 +12,15 @@
 //! engine's next deadline), or from a manual clock that only [`Broker::advance`] moves: a
 //! barrier across every shard, which returns once each has fired every timer due and
 //! pushed the deliveries that followed.
+//!
+//! What each call means is the contract's (`docs/contract.md` in the repository), which
+//! the item docs cite as "contract §3 `put`". Their examples are written as a user of the
+//! `leasemq` crate writes them, since that crate re-exports these handles beside the
+//! engine's data types; a hidden first line in each maps `leasemq` onto this crate and
+//! `leasemq-engine`.
 
 #![forbid(unsafe_code)]
+#![warn(missing_docs)]
 
 mod broker;
 mod consumer;

@@ -17,6 +17,13 @@ use crate::reply::{call, call_async};
 
 /// A handle to one queue. Cheap to clone, `Send + Sync`; every clone reaches the same queue,
 /// and none reaches a later queue of the same name once this one is closed.
+///
+/// Each call is one round trip to the thread of the queue's shard, and a barrier for its own
+/// effects: when it returns, every delivery it caused is in its consumer's channel (contract
+/// §4 Barriers). A settle (`ack`, `nack`, `nack_with_delay`, `reject`, `release`, `touch`)
+/// returns `false` for a stale tag and then changes nothing but the `stale` counter
+/// (contract §2 G2); it also returns `false`, counting nothing, on a closed queue and after
+/// shutdown. The `_async` forms do the same without blocking a tokio worker thread.
 #[derive(Clone)]
 pub struct Queue {
     inner: Arc<QueueInner>,
@@ -64,6 +71,7 @@ impl Queue {
         }
     }
 
+    /// The queue's name.
     pub fn name(&self) -> &str {
         &self.inner.name
     }
@@ -108,7 +116,37 @@ impl Queue {
 
     // ----- put -----------------------------------------------------------------------------
 
-    /// Puts a message. When it returns, any delivery it caused is in its consumer's channel.
+    /// Puts a message (contract §3 `put`): `Enqueued`, or `Duplicate` when its id is taken in
+    /// the queue (contract §3 Deduplication). When it returns, any delivery it caused is in its
+    /// consumer's channel.
+    ///
+    /// # Errors
+    ///
+    /// Checked in this order; a put that fails changes nothing:
+    ///
+    /// - [`Error::ShutDown`] after the broker's shutdown;
+    /// - [`Error::QueueClosed`] once the queue is closed;
+    /// - [`Error::InvalidMessage`] for an id that is empty or over 1 024 bytes, then for a delay
+    ///   over 7 days;
+    /// - [`Error::MessageTooLarge`] for a body over the queue's `max_body_bytes`;
+    /// - (a taken id is then `Ok(PutOutcome::Duplicate)`;)
+    /// - [`Error::QueueFull`] when the queue holds `max_length` live messages already.
+    ///
+    /// ```
+    /// # mod leasemq { pub use leasemq_engine::*; pub use leasemq_shard::*; }
+    /// use leasemq::{Broker, ConsumerConfig, Message, PutOutcome, QueueConfig};
+    ///
+    /// let broker = Broker::builder().manual_clock().build()?;
+    /// let jobs = broker.declare_queue("jobs", QueueConfig::default())?;
+    /// let resize = || Message::new("resize photo 17").with_id("photo-17");
+    /// assert_eq!(jobs.put(resize())?, PutOutcome::Enqueued);
+    /// assert_eq!(jobs.put(resize())?, PutOutcome::Duplicate); // the id is live
+    ///
+    /// let worker = jobs.consume("worker", ConsumerConfig::default())?;
+    /// let job = worker.try_recv()?.expect("consume hands out what is ready");
+    /// assert_eq!(job.envelope().id, "photo-17");
+    /// # Ok::<(), leasemq::Error>(())
+    /// ```
     pub fn put(&self, message: Message) -> Result<PutOutcome, Error> {
         let cmd = Command::Put {
             queue: self.inner.key,
@@ -117,8 +155,16 @@ impl Queue {
         put_result(self.request(cmd))
     }
 
-    /// Puts many messages in one round trip; atomic for errors: if any message would fail,
-    /// none is enqueued and that error is returned.
+    /// Puts many messages, in order, in one round trip (contract §3 `put_batch`): one outcome
+    /// per message; an id repeated in the batch is a duplicate the second time.
+    ///
+    /// # Errors
+    ///
+    /// Atomic for errors: the messages are checked in order, each as [`put`](Queue::put) checks
+    /// it, and if any would fail none is enqueued and the first failure is returned:
+    /// [`Error::ShutDown`], [`Error::QueueClosed`], [`Error::InvalidMessage`],
+    /// [`Error::MessageTooLarge`], or [`Error::QueueFull`] when the messages that would be
+    /// enqueued do not fit under `max_length`.
     pub fn put_batch(&self, messages: Vec<Message>) -> Result<Vec<PutOutcome>, Error> {
         let cmd = Command::PutBatch {
             queue: self.inner.key,
@@ -127,6 +173,11 @@ impl Queue {
         put_batch_result(self.request(cmd))
     }
 
+    /// [`put`](Queue::put) without blocking: for a tokio task.
+    ///
+    /// # Errors
+    ///
+    /// As [`put`](Queue::put).
     pub async fn put_async(&self, message: Message) -> Result<PutOutcome, Error> {
         let cmd = Command::Put {
             queue: self.inner.key,
@@ -135,6 +186,11 @@ impl Queue {
         put_result(self.request_async(cmd).await)
     }
 
+    /// [`put_batch`](Queue::put_batch) without blocking: for a tokio task.
+    ///
+    /// # Errors
+    ///
+    /// As [`put_batch`](Queue::put_batch).
     pub async fn put_batch_async(&self, messages: Vec<Message>) -> Result<Vec<PutOutcome>, Error> {
         let cmd = Command::PutBatch {
             queue: self.inner.key,
@@ -169,37 +225,86 @@ impl Queue {
         settled(self.request_async(cmd).await)
     }
 
-    /// Finishes a delivery: the message is gone. `false` if the tag is stale.
+    /// Finishes a delivery: the message is gone, and the consumer's credit is back (contract §3
+    /// `ack`). `false` if the tag is stale: never issued, settled already, or its lease ended.
+    ///
+    /// ```
+    /// # mod leasemq { pub use leasemq_engine::*; pub use leasemq_shard::*; }
+    /// use leasemq::{Broker, ConsumerConfig, Message, QueueConfig};
+    ///
+    /// let broker = Broker::builder().manual_clock().build()?;
+    /// let jobs = broker.declare_queue("jobs", QueueConfig::default())?;
+    /// let worker = jobs.consume("worker", ConsumerConfig::default())?;
+    /// jobs.put(Message::new("send invoice 4"))?;
+    ///
+    /// let job = worker.try_recv()?.unwrap();
+    /// assert!(jobs.ack(job.tag())); // done: the message is gone for good
+    /// assert!(!jobs.ack(job.tag())); // a second ack is stale and changes nothing
+    /// assert_eq!((jobs.stats().acked, jobs.stats().stale), (1, 1));
+    /// # Ok::<(), leasemq::Error>(())
+    /// ```
     pub fn ack(&self, tag: DeliveryTag) -> bool {
         self.settle(tag, Settle::Ack)
     }
 
-    /// Gives the message back to be retried after the queue's retry delay.
+    /// Gives the message back to be retried after the queue's retry delay for this delivery's
+    /// attempt (contract §3 `nack`); with [`QueueConfig::max_deliveries`] reached it is
+    /// dead-lettered instead. `false` if the tag is stale.
+    ///
+    /// [`QueueConfig::max_deliveries`]: leasemq_engine::QueueConfig::max_deliveries
+    ///
+    /// ```
+    /// # mod leasemq { pub use leasemq_engine::*; pub use leasemq_shard::*; }
+    /// use std::time::Duration;
+    /// use leasemq::{Broker, ConsumerConfig, Message, QueueConfig, RetryPolicy};
+    ///
+    /// let broker = Broker::builder().manual_clock().build()?;
+    /// let retry = RetryPolicy { initial: Duration::from_secs(1), ..RetryPolicy::default() };
+    /// let jobs = broker.declare_queue("jobs", QueueConfig { retry, ..QueueConfig::default() })?;
+    /// let worker = jobs.consume("worker", ConsumerConfig::default())?;
+    /// jobs.put(Message::new("call the flaky API"))?;
+    ///
+    /// let first = worker.try_recv()?.unwrap();
+    /// assert!(jobs.nack(first.tag())); // failed: try again in a second
+    /// assert!(worker.try_recv()?.is_none());
+    /// broker.advance(Duration::from_secs(1))?;
+    /// let second = worker.try_recv()?.expect("retried after the delay");
+    /// assert_eq!(second.envelope().attempt, 2);
+    /// # Ok::<(), leasemq::Error>(())
+    /// ```
     pub fn nack(&self, tag: DeliveryTag) -> bool {
         self.settle(tag, Settle::Nack)
     }
 
-    /// Gives the message back to be retried after `delay` (zero: at once; at most 7 days).
+    /// Gives the message back to be retried after `delay` instead of the retry policy's (zero:
+    /// at once; contract §3 `nack_with_delay`). `false` if the tag is stale, and `false` without
+    /// counting it stale for a delay over 7 days.
     pub fn nack_with_delay(&self, tag: DeliveryTag, delay: Duration) -> bool {
         self.settle(tag, Settle::NackWithDelay(delay))
     }
 
-    /// Dead-letters the message now; it is never retried.
+    /// Dead-letters the message now, with reason `Rejected`; it is never retried (contract §3
+    /// `reject`, §3 Dead-lettering). Returns once the letter has landed in the dead-letter queue
+    /// or been dropped. `false` if the tag is stale.
     pub fn reject(&self, tag: DeliveryTag) -> bool {
         self.settle(tag, Settle::Reject)
     }
 
-    /// Hands the message back unseen: to the front, costing no attempt.
+    /// Hands the message back unseen: to the front of the queue, costing no attempt (contract §3
+    /// `release`). `false` if the tag is stale.
     pub fn release(&self, tag: DeliveryTag) -> bool {
         self.settle(tag, Settle::Release)
     }
 
-    /// Restarts the lease clock: the new deadline is now + `ack_timeout`.
+    /// Restarts the lease clock: the new deadline is now + `ack_timeout` (contract §3 `touch`).
+    /// `false` if the tag is stale, and `false` without counting it stale when the lease would
+    /// then outlast `max_lease` from its delivery.
     pub fn touch(&self, tag: DeliveryTag) -> bool {
         self.settle(tag, Settle::Touch)
     }
 
-    /// Applies many settles, in order, in one round trip; one result per entry.
+    /// Applies many settles, in order, in one round trip; one result per entry, each what the
+    /// single call would return (contract §3 `settle_batch`).
     pub fn settle_batch(&self, settles: &[(DeliveryTag, Settle)]) -> Vec<bool> {
         if self.inner.cell.is_closed() {
             return vec![false; settles.len()];
@@ -211,30 +316,37 @@ impl Queue {
         settled_batch(self.request(cmd), settles.len())
     }
 
+    /// [`ack`](Queue::ack) without blocking: for a tokio task.
     pub async fn ack_async(&self, tag: DeliveryTag) -> bool {
         self.settle_async(tag, Settle::Ack).await
     }
 
+    /// [`nack`](Queue::nack) without blocking: for a tokio task.
     pub async fn nack_async(&self, tag: DeliveryTag) -> bool {
         self.settle_async(tag, Settle::Nack).await
     }
 
+    /// [`nack_with_delay`](Queue::nack_with_delay) without blocking: for a tokio task.
     pub async fn nack_with_delay_async(&self, tag: DeliveryTag, delay: Duration) -> bool {
         self.settle_async(tag, Settle::NackWithDelay(delay)).await
     }
 
+    /// [`reject`](Queue::reject) without blocking: for a tokio task.
     pub async fn reject_async(&self, tag: DeliveryTag) -> bool {
         self.settle_async(tag, Settle::Reject).await
     }
 
+    /// [`release`](Queue::release) without blocking: for a tokio task.
     pub async fn release_async(&self, tag: DeliveryTag) -> bool {
         self.settle_async(tag, Settle::Release).await
     }
 
+    /// [`touch`](Queue::touch) without blocking: for a tokio task.
     pub async fn touch_async(&self, tag: DeliveryTag) -> bool {
         self.settle_async(tag, Settle::Touch).await
     }
 
+    /// [`settle_batch`](Queue::settle_batch) without blocking: for a tokio task.
     pub async fn settle_batch_async(&self, settles: &[(DeliveryTag, Settle)]) -> Vec<bool> {
         if self.inner.cell.is_closed() {
             return vec![false; settles.len()];
@@ -248,7 +360,34 @@ impl Queue {
 
     // ----- consumers, stats, close ---------------------------------------------------------
 
-    /// Registers a consumer. Deliveries start at once, up to its prefetch.
+    /// Registers a consumer, last in the queue's round robin (contract §3 `consume`). Deliveries
+    /// start at once, up to its prefetch: what is ready is in its channel when this returns.
+    ///
+    /// # Errors
+    ///
+    /// Checked in this order; a consume that fails registers nothing:
+    ///
+    /// - [`Error::ShutDown`] after the broker's shutdown;
+    /// - [`Error::QueueClosed`] once the queue is closed;
+    /// - [`Error::InvalidName`] unless `name` is 1 to 255 bytes;
+    /// - [`Error::InvalidConfig`] for a prefetch of 0 or over 65 535;
+    /// - [`Error::DuplicateConsumer`] when a live consumer of this queue has that name.
+    ///
+    /// ```
+    /// # mod leasemq { pub use leasemq_engine::*; pub use leasemq_shard::*; }
+    /// use leasemq::{Broker, ConsumerConfig, Error, Message, QueueConfig};
+    ///
+    /// let broker = Broker::builder().manual_clock().build()?;
+    /// let jobs = broker.declare_queue("jobs", QueueConfig::default())?;
+    /// jobs.put_batch(vec![Message::new("a"), Message::new("b"), Message::new("c")])?;
+    ///
+    /// let worker = jobs.consume("worker", ConsumerConfig { prefetch: 2 })?;
+    /// assert!(worker.try_recv()?.is_some() && worker.try_recv()?.is_some());
+    /// assert!(worker.try_recv()?.is_none(), "prefetch 2: the third waits for credit");
+    /// let taken = jobs.consume("worker", ConsumerConfig::default());
+    /// assert_eq!(taken.unwrap_err(), Error::DuplicateConsumer);
+    /// # Ok::<(), leasemq::Error>(())
+    /// ```
     pub fn consume(&self, name: &str, config: ConsumerConfig) -> Result<Consumer, Error> {
         if self.inner.broker.is_shut_down() {
             return Err(Error::ShutDown);
@@ -286,8 +425,9 @@ impl Queue {
         }
     }
 
-    /// The queue's gauges and counters; after close, the counters as they were then with
-    /// every gauge at zero.
+    /// The queue's gauges and counters (contract §3 `stats`); after close, the counters as they
+    /// were then with every gauge at zero; after the broker's shutdown, everything as it was
+    /// when its shard stopped.
     pub fn stats(&self) -> QueueStats {
         if !self.inner.cell.is_closed() {
             if let Outcome::Reply(Reply::Stats(Some(stats))) = self.request(Command::Stats {
@@ -303,7 +443,9 @@ impl Queue {
         }
     }
 
-    /// Closes the queue: drops its consumers, leases and messages. `true` the first time.
+    /// Closes the queue: drops its consumers, leases and messages, requeuing and dead-lettering
+    /// nothing (contract §3 `close`). `true` the first time, through any handle; `false` after,
+    /// and after the broker's shutdown. The name can then be declared again.
     pub fn close(&self) -> bool {
         if self.inner.cell.is_closed() {
             return false;
@@ -316,6 +458,7 @@ impl Queue {
         )
     }
 
+    /// Whether the queue was closed, through this handle or another.
     pub fn is_closed(&self) -> bool {
         self.inner.cell.is_closed()
     }

@@ -22,7 +22,7 @@
 //!
 //! # What is checked
 //!
-//! After every engine call, against the ledger (SPEC §2 and §3):
+//! After every engine call, against the ledger (contract §2 and §3):
 //!
 //! - **every message is in exactly one place**: ready, delayed, leased to one consumer,
 //!   acked, in flight as a dead letter, dead-lettered into a named queue (where it is ready
@@ -35,7 +35,7 @@
 //!   sit on work); timers fire at their deadlines, each at its own tick within a jump (an
 //!   expiry a tick early or late shows as a delivery, a settle answer or a gauge the ledger
 //!   did not expect);
-//! - every reply is what SPEC §3 says, errors in their order; **a stale settle returns
+//! - every reply is what contract §3 says, errors in their order; **a stale settle returns
 //!   `false` and changes nothing but `stale`**; a refused touch or nack changes nothing;
 //! - the dead letters (addressee, origin, id, body, **death record**), their outcomes and the
 //!   consumers that end are the expected ones;

@@ -101,7 +101,7 @@ impl Setup {
         u64::try_from(self.tick.as_nanos()).expect("a tick of a few ms")
     }
 
-    /// `d` in whole ticks, rounded up (SPEC §4: nothing fires early).
+    /// `d` in whole ticks, rounded up (contract §4 Ticks: nothing fires early).
     pub fn ticks(&self, d: Duration) -> u64 {
         let nanos = d.as_nanos();
         let ticks = nanos.div_ceil(u128::from(self.tick_nanos()));
@@ -172,7 +172,7 @@ fn valid_config(rng: &mut Rng, names: &[String], me: usize) -> QueueConfig {
     }
 }
 
-/// A config that breaks one limit of SPEC §3, so `declare` answers `InvalidConfig`.
+/// A config that breaks one limit of contract §3 Limits, so `declare` answers `InvalidConfig`.
 fn invalid_config(rng: &mut Rng, name: &str, base: &QueueConfig) -> QueueConfig {
     let mut c = base.clone();
     match rng.below(5) {

@@ -87,7 +87,7 @@ impl Harness {
         }
     }
 
-    /// Runs `ops` steps; `Ok(false)` when the run stopped at a tie the SPEC leaves open.
+    /// Runs `ops` steps; `Ok(false)` when the run stopped at a tie the contract leaves open.
     pub(crate) fn run(&mut self, ops: usize) -> Result<bool, String> {
         for _ in 0..ops {
             let step = self.generate();

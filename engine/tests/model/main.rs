@@ -1,6 +1,6 @@
 //! Model-based test of one shard: random operations drawn from a seed are carried out by the
-//! real [`Shard`] and by a naive model written from SPEC §3 and §4, and the two are compared
-//! after every step (sled's `fuzz_model.rs`, TigerBeetle's VOPR).
+//! real [`Shard`] and by a naive model written from contract §3 and §4, and the two are
+//! compared after every step (sled's `fuzz_model.rs`, TigerBeetle's VOPR).
 //!
 //! The model keeps each queue as plainly as it can: a `BTreeMap` of messages, two `VecDeque`s
 //! of ready ones (returned, fresh), a `BTreeMap` of leases, consumers in registration order,
@@ -18,10 +18,10 @@
 //!
 //! Most runs count time in ticks of 1 ms, some in ticks of 3 or 10 ms. Two timers with the
 //! same deadline fire in the order their deadlines were last set, a touch counting as a new
-//! insertion, as `engine/src/wheel.rs` documents. The SPEC leaves the order of a touched
-//! lease against a timer set around the touch open (eager and lazy timer wheels differ
-//! there, see [`Model::order_is_open`]); with `LEASEMQ_MODEL_TIES=open` the run stops at
-//! such a step rather than assume the eager order, and is counted as cut short.
+//! insertion, as `engine/src/wheel.rs` documents. Contract §4 Equal deadlines leaves the
+//! order of a touched lease against a timer set around the touch open (eager and lazy timer
+//! wheels differ there, see [`Model::order_is_open`]); with `LEASEMQ_MODEL_TIES=open` the run
+//! stops at such a step rather than assume the eager order, and is counted as cut short.
 
 mod commands;
 mod harness;
@@ -58,7 +58,7 @@ impl TickLen {
         TickLen(tick.as_nanos())
     }
 
-    /// `d` in whole ticks, rounded up: a deadline never comes early (SPEC §4).
+    /// `d` in whole ticks, rounded up: a deadline never comes early (contract §4 Ticks).
     fn of(self, d: Duration) -> Tick {
         self.of_nanos(d.as_nanos())
     }

@@ -178,7 +178,8 @@ pub(crate) struct Model {
     pub(crate) next_auto: u64,
     next_seq: u64,
     pub(crate) fx: ModelEffects,
-    /// Set when the step hit a tie whose order the SPEC leaves open.
+    /// Set when the step hit a tie whose order the contract leaves open (contract §4 Equal
+    /// deadlines).
     pub(crate) open_order: Option<String>,
     /// Take such ties in the order the deadlines were last set, as an eager wheel does,
     /// instead of stopping there.
@@ -191,7 +192,7 @@ pub(crate) fn valid_queue_name(name: &str) -> bool {
     !name.is_empty() && name.len() <= 255 && name.chars().all(allowed)
 }
 
-/// The limits of SPEC §3 that the generator breaks.
+/// The limits of contract §3 Limits that the generator breaks.
 pub(crate) fn check_config(name: &str, config: &QueueConfig) -> Result<(), Error> {
     let invalid = |why: &str| Err(Error::InvalidConfig(why.to_string()));
     if config.ack_timeout < ms(1) || config.ack_timeout > SEVEN_DAYS {
@@ -303,7 +304,7 @@ impl Model {
         timers
     }
 
-    /// Whether the SPEC leaves open which of two timers due at the same tick fires first,
+    /// Whether the contract leaves open which of two timers due at the same tick fires first,
     /// where that changes what is seen. Equal deadlines fire in the order they were set
     /// (STYLE: the wheel); but a wheel may set a touched lease at its new deadline at the
     /// touch (eagerly), keep its place when the slot does not change (Linux `__mod_timer`),

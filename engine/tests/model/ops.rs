@@ -312,7 +312,8 @@ impl Harness {
         let mut config = QueueConfig {
             ack_timeout,
             // With ticks coarser than the durations, whether `max_lease` is rounded up to a
-            // tick before the comparison is the SPEC's to say; it does not.
+            // tick before the comparison is the contract's to say; it leaves it open
+            // (contract §4 Ticks).
             max_lease: (whole_ms && rng.one_in(3)).then(|| ack_timeout * rng.range(1, 3) as u32),
             retry,
             max_deliveries: rng.one_in(2).then(|| rng.range(1, 3) as u32),

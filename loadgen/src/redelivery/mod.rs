@@ -275,7 +275,7 @@ pub fn run(args: &RedeliveryArgs) -> Result<Run, String> {
         notes.push(format!(
             "{} of {} measured redeliveries came up to one tick before put + ack_timeout \
              (recorded as 0): the shard starts a lease at the tick its batch began in, rounded \
-             down, while SPEC §4 rounds deadlines up",
+             down, while deadlines round up (contract §4 Ticks)",
             thousands(t.early),
             thousands(t.lateness.count())
         ));

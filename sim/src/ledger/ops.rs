@@ -1,4 +1,4 @@
-//! What each command must do, by SPEC §3: the reply the ledger expects and the changes it
+//! What each command must do, by contract §3: the reply the ledger expects and the changes it
 //! records. Deliveries each command causes are checked by `dispatch`.
 
 use leasemq_engine::{
