@@ -1,9 +1,9 @@
-//! The limits of SPEC §3 through the public API: arbitrary bytes become a sequence of
+//! The limits of contract §3 through the public API: arbitrary bytes become a sequence of
 //! `declare_queue`, `consume`, `put`, `put_batch`, `close` and `queue` calls on a 2-shard
 //! broker with a manual clock, with names, configs and messages at and past every limit
 //! (zero and huge durations, NaN, infinite and negative multipliers and jitter, prefetch 0
 //! and huge, bodies around `max_body_bytes`, ids of 0, 1 024 and 1 025 bytes, dead letters to
-//! queues that do or do not exist). A reference written from the spec says what each call
+//! queues that do or do not exist). A reference written from the contract (`docs/contract.md`) says what each call
 //! must answer; the target panics when the broker answers anything else, when an accepted
 //! queue cannot be found afterwards, or when a refused one can.
 //!
@@ -260,7 +260,7 @@ struct ModelQueue {
     /// Ids given to live messages.
     ids: HashSet<String>,
     /// The text of every broker-assigned id live here: a given id equal to one is a
-    /// duplicate (SPEC §3: the id is live in the queue).
+    /// duplicate (contract §3 Deduplication: the id is live in the queue).
     generated: HashSet<String>,
     live: usize,
     enqueued: u64,
@@ -268,18 +268,18 @@ struct ModelQueue {
     consumers: HashSet<String>,
 }
 
-/// SPEC §3 "Limits" and `declare_queue`: 1–255 bytes of `[A-Za-z0-9._:-]`.
+/// contract §3 Limits and `declare_queue`: 1–255 bytes of `[A-Za-z0-9._:-]`.
 fn valid_queue_name(name: &str) -> bool {
     let allowed = |b: u8| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b':' | b'-');
     (1..=255).contains(&name.len()) && name.bytes().all(allowed)
 }
 
-/// SPEC §3 "Limits": consumer names are 1–255 bytes of UTF-8.
+/// contract §3 Limits: consumer names are 1–255 bytes of UTF-8.
 fn valid_consumer_name(name: &str) -> bool {
     (1..=255).contains(&name.len())
 }
 
-/// SPEC §3 "Limits" on a queue config, without the dead-letter queue's existence: every
+/// contract §3 Limits on a queue config, without the dead-letter queue's existence: every
 /// broken one is `InvalidConfig`.
 fn config_breaks_limits(name: &str, c: &QueueConfig) -> bool {
     let ms = Duration::from_millis(1);
@@ -294,21 +294,21 @@ fn config_breaks_limits(name: &str, c: &QueueConfig) -> bool {
     !(ack_ok && lease_ok && multiplier_ok && jitter_ok && counts_ok && body_ok && dead_letter_ok)
 }
 
-/// Where the broker is stricter than SPEC §3 says, the reference lets it be (so the target
+/// Where the broker is stricter than contract §3 says, the reference lets it be (so the target
 /// looks past these to other bugs) unless `LEASEMQ_FUZZ_STRICT` is set in the environment;
 /// `fuzz/regressions/validation/` holds an input for each, which fails in strict mode:
 ///
-/// - an infinite `retry.multiplier` is `InvalidConfig` (the spec asks only for ≥ 1.0);
+/// - an infinite `retry.multiplier` is `InvalidConfig` (the contract asks only for ≥ 1.0);
 /// - `retry.initial`, `retry.max` and `dedup_window` over 7 days are `InvalidConfig` (the
-///   spec sets them no limit);
-/// - a `dead_letter` that is not a valid queue name is `InvalidConfig` (the spec: such a
+///   contract sets them no limit);
+/// - a `dead_letter` that is not a valid queue name is `InvalidConfig` (the contract: such a
 ///   queue cannot exist, so `UnknownQueue`).
 fn strict() -> bool {
     static STRICT: OnceLock<bool> = OnceLock::new();
     *STRICT.get_or_init(|| std::env::var_os("LEASEMQ_FUZZ_STRICT").is_some())
 }
 
-/// The limits the broker adds to SPEC §3's (see [`strict`]).
+/// The limits the broker adds to contract §3's (see [`strict`]).
 fn broker_only_limits(c: &QueueConfig) -> bool {
     c.retry.multiplier == f64::INFINITY
         || c.retry.initial > WEEK
@@ -319,7 +319,7 @@ fn broker_only_limits(c: &QueueConfig) -> bool {
             .is_some_and(|dl| !valid_queue_name(dl))
 }
 
-/// The errors SPEC §3 allows for this call; `Ok` only when it allows none. Where the spec
+/// The errors contract §3 allows for this call; `Ok` only when it allows none. Where the contract
 /// names no order between two broken rules, either error is right.
 #[derive(Default)]
 struct Allowed(Vec<Error>);
@@ -333,12 +333,12 @@ impl Allowed {
         match got {
             Ok(v) => assert!(
                 self.0.is_empty(),
-                "{call}: accepted ({v:?}), but the spec refuses it with one of {:?}",
+                "{call}: accepted ({v:?}), but the contract refuses it with one of {:?}",
                 self.0
             ),
             Err(e) => assert!(
                 self.0.iter().any(|a| discriminant(a) == discriminant(e)),
-                "{call}: refused with {e:?}, but the spec allows only {:?}",
+                "{call}: refused with {e:?}, but the contract allows only {:?}",
                 self.0
             ),
         }
@@ -355,10 +355,10 @@ fn same<T: std::fmt::Debug + PartialEq>(
         (Err(g), Err(w)) => discriminant(g) == discriminant(w),
         _ => false,
     };
-    assert!(agree, "{call}: got {got:?}, the spec says {want:?}");
+    assert!(agree, "{call}: got {got:?}, the contract says {want:?}");
 }
 
-/// SPEC §3 `put`: the message's own error, if any, in the spec's order after `QueueClosed`.
+/// contract §3 `put`: the message's own error, if any, in the contract's order after `QueueClosed`.
 fn message_error(m: &MsgFacts, config: &QueueConfig) -> Option<Error> {
     let id_bad =
         m.id.as_ref()
@@ -509,7 +509,7 @@ impl World {
                     model.ids.insert(id.clone());
                 }
                 // The shard's next sequence number whose text no given id of this queue (or
-                // of this batch) has taken: the broker's numbering, which the spec leaves
+                // of this batch) has taken: the broker's numbering, which the contract leaves
                 // open, followed here so that a later given id can be judged.
                 None => loop {
                     *next += 1;

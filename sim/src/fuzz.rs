@@ -2,7 +2,7 @@
 //!
 //! The first 8 bytes (little-endian, zero-padded when the input is shorter) are the seed: it
 //! fixes the [`Setup`] (shards, tick, names, config palettes) and the workload's mix. Every
-//! later byte drives the workload generator in place of the seeded [`Rng`](crate::Rng): each
+//! later byte drives the workload generator in place of the seeded [`Rng`]: each
 //! choice it makes (which kind of op, which queue, consumer, delay, settle…) takes the next
 //! one or two bytes. So every input decodes into a workload the ledger can check, and a
 //! fuzzer's mutation of one byte changes one choice rather than scrambling the rest. The run
@@ -27,7 +27,7 @@ use crate::{quietly, Sim, Stats, Violation};
 /// The most ops one input runs, whatever its length.
 pub const MAX_OPS: usize = 4096;
 
-/// The bytes of an input as a [`Source`]: `below(n)` takes as few bytes as hold `n - 1`
+/// The bytes of an input as a `Source`: `below(n)` takes as few bytes as hold `n - 1`
 /// (none for `n == 1`) and reduces them modulo `n`. Once the bytes run out every draw is 0.
 pub struct ByteSource<'a> {
     data: &'a [u8],

@@ -65,7 +65,7 @@ impl Setup {
         }
     }
 
-    /// The text of name index `name` ([`BAD_NAME`] is an invalid name).
+    /// The text of name index `name` (`BAD_NAME` is an invalid name).
     pub fn name(&self, name: u8) -> &str {
         self.names
             .get(usize::from(name))
