@@ -15,11 +15,13 @@ use std::thread;
 use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
-use leasemq::{Broker, Consumer, ConsumerConfig, Message, QueueConfig};
+use leasemq::{Consumer, ConsumerConfig, Message, QueueConfig};
 use serde_json::json;
 
 use crate::cli::{format_duration, FillArgs};
-use crate::common::{broker_error, nanos, queue_names, read_header, Clock, Ledger, HEADER_BYTES};
+use crate::common::{
+    broker_error, nanos, new_broker, queue_names, read_header, Clock, Ledger, HEADER_BYTES,
+};
 use crate::hist::Recorder;
 use crate::intervals::{IntervalClock, IntervalLog, Piece, TimedRecorder};
 use crate::progress::Progress;
@@ -57,10 +59,7 @@ pub fn run(args: &FillArgs) -> Result<Run, String> {
     if args.messages == 0 {
         return Err("--messages must be at least 1".into());
     }
-    let broker = Broker::builder()
-        .shards(args.shards as usize)
-        .build()
-        .map_err(|e| broker_error("starting the broker", e))?;
+    let broker = new_broker(args.shards)?;
     let name = &queue_names("fill", 1, args.shards as usize)[0];
     let queue = broker
         .declare_queue(name, QueueConfig::default())

@@ -20,11 +20,11 @@
 
 use std::time::{Duration, SystemTime};
 
-use leasemq::{Broker, ConsumerConfig, QueueConfig};
+use leasemq::{ConsumerConfig, QueueConfig};
 use serde_json::json;
 
 use crate::cli::{format_duration, RedeliveryArgs};
-use crate::common::{broker_error, nanos, queue_names};
+use crate::common::{broker_error, nanos, new_broker, queue_names};
 use crate::hist::{Recorder, HGRM_UNIT};
 use crate::intervals::{Differ, IntervalClock, IntervalLog};
 use crate::progress::Progress;
@@ -104,10 +104,7 @@ pub fn run(args: &RedeliveryArgs) -> Result<Run, String> {
     }
     let consumers = args.leases.div_ceil(MAX_PREFETCH);
     let prefetch = args.leases.div_ceil(consumers) as u32;
-    let broker = Broker::builder()
-        .shards(args.shards as usize)
-        .build()
-        .map_err(|e| broker_error("starting the broker", e))?;
+    let broker = new_broker(args.shards)?;
     let name = &queue_names("redelivery", 1, args.shards as usize)[0];
     let config = QueueConfig {
         ack_timeout,

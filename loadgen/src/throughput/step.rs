@@ -12,7 +12,7 @@ use leasemq::{Broker, Consumer, ConsumerConfig, Queue, QueueConfig, QueueStats};
 use super::tasks;
 use super::workers::{consume, produce, ConsumerResult, Plan, ProducerResult, Shared};
 use crate::cli::{Api, WorkloadArgs};
-use crate::common::{add_stats, broker_error, nanos, queue_names, Clock};
+use crate::common::{add_stats, broker_error, nanos, new_broker, queue_names, Clock};
 use crate::hist::Recorder;
 use crate::intervals::{IntervalClock, IntervalLog, Piece, TimedRecorder};
 use crate::progress::Progress;
@@ -127,10 +127,7 @@ fn start_broker(
     w: &WorkloadArgs,
     shards: u32,
 ) -> Result<(Broker, Vec<Queue>, Vec<Consumer>), String> {
-    let broker = Broker::builder()
-        .shards(shards as usize)
-        .build()
-        .map_err(|e| broker_error("starting the broker", e))?;
+    let broker = new_broker(shards)?;
     let config = QueueConfig {
         ack_timeout: ACK_TIMEOUT,
         max_body_bytes: (w.body_bytes as usize).max(1024 * 1024),
