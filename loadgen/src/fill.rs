@@ -26,7 +26,7 @@ use crate::hist::Recorder;
 use crate::intervals::{IntervalClock, IntervalLog, Piece, TimedRecorder};
 use crate::progress::Progress;
 use crate::report::{
-    load_average, status_kib, thousands, Accounting, CpuSample, Detail, ProcessStats, Rate, Summary,
+    cpu_now, load_average, rss_bytes, thousands, Accounting, Detail, ProcessStats, Rate, Summary,
 };
 use crate::Run;
 
@@ -76,8 +76,8 @@ pub fn run(args: &FillArgs) -> Result<Run, String> {
     let progress = Progress::new(planned, args.output.quiet);
 
     // Fill.
-    let rss_before = status_kib("VmRSS").unwrap_or(0) * 1024;
-    let cpu_fill = CpuSample::now();
+    let rss_before = rss_bytes();
+    let cpu_before = cpu_now();
     let mut put_rtt = timed(&log_to, 0);
     let mut put = 0u64;
     let start_ns = clock.now_ns();
@@ -104,9 +104,8 @@ pub fn run(args: &FillArgs) -> Result<Run, String> {
         });
     }
     let fill_ns = clock.now_ns() - start_ns;
-    let rss_filled = status_kib("VmRSS").unwrap_or(0) * 1024;
-    let mut process = ProcessStats::default();
-    cpu_fill.fill_since(&mut process, fill_ns as f64 / 1e9, put);
+    let rss_filled = rss_bytes();
+    let mut process = ProcessStats::over_window(cpu_before, cpu_now(), fill_ns as f64 / 1e9, put);
     let filled = queue.stats();
     let mut problems = Vec::new();
     if filled.ready as u64 != put {

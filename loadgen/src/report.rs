@@ -9,6 +9,7 @@ use std::path::Path;
 
 use serde::Serialize;
 
+use crate::cpu::CpuTime;
 use crate::hist::{write_hgrm, HistSummary, Recorder, HGRM_SCALE, HGRM_UNIT};
 use crate::intervals::{write_hlogs, IntervalLog};
 use crate::plot;
@@ -122,53 +123,38 @@ pub struct ProcessStats {
     pub bytes_per_queued_message: Option<f64>,
 }
 
-/// CPU time of this process so far, from `/proc/self/stat` (USER_HZ = 100 ticks a second).
-#[derive(Clone, Copy, Debug, Default)]
-pub struct CpuSample {
-    pub user_s: f64,
-    pub sys_s: f64,
+impl ProcessStats {
+    /// The process figures of a window of `seconds` in which `messages` were handled: the
+    /// CPU time the process used between `start` and `end`, and the peak RSS so far.
+    pub fn over_window(start: CpuTime, end: CpuTime, seconds: f64, messages: u64) -> ProcessStats {
+        let cpu_user_s = end.user_s - start.user_s;
+        let cpu_sys_s = end.sys_s - start.sys_s;
+        let cpu_s = cpu_user_s + cpu_sys_s;
+        ProcessStats {
+            cpu_user_s,
+            cpu_sys_s,
+            cpu_s,
+            cores_busy: if seconds > 0.0 { cpu_s / seconds } else { 0.0 },
+            cpu_ns_per_message: (messages > 0).then(|| cpu_s * 1e9 / messages as f64),
+            peak_rss_bytes: status_kib("VmHWM").map(|k| k * 1024),
+            bytes_per_queued_message: None,
+        }
+    }
 }
 
-impl CpuSample {
-    pub fn now() -> CpuSample {
-        fs::read_to_string("/proc/self/stat")
-            .ok()
-            .and_then(|stat| CpuSample::from_stat(&stat))
-            .unwrap_or_default()
-    }
+/// The CPU time of this whole process so far (broker shards included); zero when `/proc`
+/// cannot be read.
+pub fn cpu_now() -> CpuTime {
+    CpuTime::of_process(std::process::id()).unwrap_or_default()
+}
 
-    /// Reads utime and stime (fields 14 and 15) from a `/proc/<pid>/stat` line. The command
-    /// name (field 2, in parentheses) may hold spaces and parentheses itself, so fields are
-    /// counted from the last `)`.
-    fn from_stat(stat: &str) -> Option<CpuSample> {
-        let (_, rest) = stat.rsplit_once(')')?;
-        let fields: Vec<&str> = rest.split_whitespace().collect();
-        // `rest` starts at field 3.
-        let ticks = |field: usize| fields.get(field - 3)?.parse::<f64>().ok();
-        Some(CpuSample {
-            user_s: ticks(14)? / 100.0,
-            sys_s: ticks(15)? / 100.0,
-        })
-    }
-
-    /// Fills the CPU fields of `stats` with the time spent since `self`.
-    pub fn fill_since(&self, stats: &mut ProcessStats, seconds: f64, messages: u64) {
-        let end = CpuSample::now();
-        stats.cpu_user_s = end.user_s - self.user_s;
-        stats.cpu_sys_s = end.sys_s - self.sys_s;
-        stats.cpu_s = stats.cpu_user_s + stats.cpu_sys_s;
-        stats.cores_busy = if seconds > 0.0 {
-            stats.cpu_s / seconds
-        } else {
-            0.0
-        };
-        stats.cpu_ns_per_message = (messages > 0).then(|| stats.cpu_s * 1e9 / messages as f64);
-        stats.peak_rss_bytes = status_kib("VmHWM").map(|k| k * 1024);
-    }
+/// The resident set now (`VmRSS`), in bytes; zero when `/proc` cannot be read.
+pub fn rss_bytes() -> u64 {
+    status_kib("VmRSS").unwrap_or(0) * 1024
 }
 
 /// A `kB` field of `/proc/self/status` (VmRSS, VmHWM), in KiB.
-pub fn status_kib(field: &str) -> Option<u64> {
+fn status_kib(field: &str) -> Option<u64> {
     let status = fs::read_to_string("/proc/self/status").ok()?;
     status.lines().find_map(|line| {
         let rest = line.strip_prefix(field)?.strip_prefix(':')?;
@@ -391,16 +377,5 @@ mod tests {
         let rss = status_kib("VmHWM").expect("VmHWM on Linux");
         assert!(rss > 0);
         assert!(load_average().is_some());
-    }
-
-    #[test]
-    fn cpu_time_is_read_from_fields_14_and_15_after_the_command_name() {
-        // A command name with a space and a ')' of its own; utime 250 and stime 75 ticks.
-        let stat = "4242 (lg (x) y) S 1 4242 4242 0 -1 4194304 900 0 0 0 250 75 0 0 20 0 9 0";
-        let cpu = CpuSample::from_stat(stat).expect("parses");
-        assert_eq!(cpu.user_s, 2.5);
-        assert_eq!(cpu.sys_s, 0.75);
-        assert!(CpuSample::from_stat("4242 (cut short) S 1 2").is_none());
-        assert!(CpuSample::from_stat("no parenthesis at all").is_none());
     }
 }

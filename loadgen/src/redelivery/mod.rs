@@ -25,11 +25,12 @@ use serde_json::json;
 
 use crate::cli::{format_duration, RedeliveryArgs};
 use crate::common::{broker_error, nanos, new_broker, queue_names};
+use crate::cpu::CpuTime;
 use crate::hist::{Recorder, HGRM_UNIT};
 use crate::intervals::{Differ, IntervalClock, IntervalLog};
 use crate::progress::Progress;
 use crate::report::{
-    load_average, status_kib, thousands, Accounting, CpuSample, Detail, ProcessStats, Rate, Summary,
+    cpu_now, load_average, rss_bytes, thousands, Accounting, Detail, ProcessStats, Rate, Summary,
 };
 use crate::Run;
 
@@ -121,7 +122,7 @@ pub fn run(args: &RedeliveryArgs) -> Result<Run, String> {
                 .map_err(|e| broker_error("registering a consumer", e))?,
         );
     }
-    let rss_before = status_kib("VmRSS").unwrap_or(0) * 1024;
+    let rss_before = rss_bytes();
     let mut d = Driver::new(
         queue.clone(),
         cs,
@@ -138,7 +139,7 @@ pub fn run(args: &RedeliveryArgs) -> Result<Run, String> {
     let progress = Progress::new(duration, args.output.quiet);
 
     // Fill, then measure for the duration.
-    let mut cpu = CpuSample::default();
+    let mut cpu = CpuTime::default();
     let mut rss_filled = 0;
     let mut bookkeeping = 0;
     while d.filled_ns.is_none() && d.problems.is_empty() {
@@ -156,8 +157,8 @@ pub fn run(args: &RedeliveryArgs) -> Result<Run, String> {
             return Err(overwhelmed(args.leases, ack_timeout, d.clock.now_ns()));
         }
         if d.filled_ns.is_some() {
-            cpu = CpuSample::now();
-            rss_filled = status_kib("VmRSS").unwrap_or(0) * 1024;
+            cpu = cpu_now();
+            rss_filled = rss_bytes();
             bookkeeping = d.bookkeeping_bytes();
         }
     }
@@ -182,8 +183,8 @@ pub fn run(args: &RedeliveryArgs) -> Result<Run, String> {
         }
     }
     let seconds = duration.as_secs_f64();
-    let mut process = ProcessStats::default();
-    cpu.fill_since(&mut process, seconds, d.t.w_acked + d.t.w_touched);
+    let renewals = d.t.w_acked + d.t.w_touched;
+    let mut process = ProcessStats::over_window(cpu, cpu_now(), seconds, renewals);
 
     // Drain: ack everything still out, wait for what is expiring, then check.
     d.draining = true;

@@ -16,7 +16,7 @@ use crate::common::{add_stats, broker_error, nanos, new_broker, queue_names, Clo
 use crate::hist::Recorder;
 use crate::intervals::{IntervalClock, IntervalLog, Piece, TimedRecorder};
 use crate::progress::Progress;
-use crate::report::{thousands, Accounting, CpuSample, ProcessStats};
+use crate::report::{cpu_now, thousands, Accounting, ProcessStats};
 
 /// Long enough that no lease runs out during a run: every ack is expected to succeed.
 pub const ACK_TIMEOUT: Duration = Duration::from_secs(600);
@@ -224,9 +224,9 @@ pub fn run_step(step: &Step, progress: &Progress) -> Result<StepOutcome, String>
         .collect();
 
     watch.until(plan.warm_ns, "warm-up");
-    let cpu = CpuSample::now();
+    let cpu_start = cpu_now();
     watch.until(plan.end_ns, "measuring");
-    let cpu_end = CpuSample::now();
+    let cpu_end = cpu_now();
     watch.while_running(&producer_threads, &consumer_threads);
 
     let mut put_per_producer = Vec::with_capacity(producers);
@@ -290,14 +290,7 @@ pub fn run_step(step: &Step, progress: &Progress) -> Result<StepOutcome, String>
     check(&mut out, &put_per_producer, &ledger, &stats);
 
     let seconds = step.duration.as_secs_f64();
-    let p = &mut out.process;
-    p.cpu_user_s = cpu_end.user_s - cpu.user_s;
-    p.cpu_sys_s = cpu_end.sys_s - cpu.sys_s;
-    p.cpu_s = p.cpu_user_s + p.cpu_sys_s;
-    p.cores_busy = p.cpu_s / seconds;
-    p.cpu_ns_per_message =
-        (out.acked_in_window > 0).then(|| p.cpu_s * 1e9 / out.acked_in_window as f64);
-    p.peak_rss_bytes = crate::report::status_kib("VmHWM").map(|k| k * 1024);
+    out.process = ProcessStats::over_window(cpu_start, cpu_end, seconds, out.acked_in_window);
     Ok(out)
 }
 
