@@ -26,7 +26,8 @@ use crate::hist::Recorder;
 use crate::intervals::{IntervalClock, IntervalLog, Piece, TimedRecorder};
 use crate::progress::Progress;
 use crate::report::{
-    cpu_now, load_average, rss_bytes, thousands, Accounting, Detail, ProcessStats, Rate, Summary,
+    cpu_now, load_average, rss_bytes, thousands, Accounting, Detail, ProcessStats, Rate, Seen,
+    Summary,
 };
 use crate::Run;
 
@@ -182,36 +183,24 @@ pub fn run(args: &FillArgs) -> Result<Run, String> {
         acked_calls += d.acked;
         problems.extend(d.problems.iter().cloned());
     }
-    let (missing, never_put) = ledger.check(0, put);
-    if never_put > 0 {
-        problems.push(format!("{never_put} acked message(s) were never put"));
+    if drain_ns >= nanos(DRAIN_LIMIT) {
+        let (missing, _) = ledger.check(0, put);
+        if missing > 0 {
+            problems.push(format!(
+                "{} message(s) not drained within {}",
+                thousands(missing),
+                format_duration(DRAIN_LIMIT)
+            ));
+        }
     }
-    if missing > 0 && drain_ns >= nanos(DRAIN_LIMIT) {
-        problems.push(format!(
-            "{} message(s) not drained within {}",
-            thousands(missing),
-            format_duration(DRAIN_LIMIT)
-        ));
-    }
-    if stats.acked != acked_calls {
-        problems.push(format!(
-            "the queue counted {} acks but ack_up_to reported {}",
-            stats.acked, acked_calls
-        ));
-    }
-    let mut accounting = Accounting {
-        put,
-        acked: put - missing,
-        still_queued: (stats.ready + stats.delayed + stats.leased) as u64,
-        dead_lettered: stats.dead_lettered,
-        dropped: stats.dropped,
-        expired: stats.expired,
-        stale: stats.stale,
-        double_acked: ledger.doubles,
+    let seen = Seen {
+        put: &[put],
+        ledger: &ledger,
+        acked: acked_calls,
+        redelivered: 0,
         problems,
-        ..Accounting::default()
     };
-    accounting.conclude();
+    let accounting = Accounting::check(seen, &stats);
     let grown = rss_filled.saturating_sub(rss_before);
     process.bytes_per_queued_message = Some(grown as f64 / put as f64);
 

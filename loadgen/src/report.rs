@@ -1,14 +1,16 @@
 //! The results of a run: the summary table on stdout, `summary.json`, the `.hgrm` and `.hlog`
-//! files and `latency.svg`, and the process figures (CPU time, peak RSS) read from
-//! `/proc/self`.
+//! files and `latency.svg`; the end-of-run check; and the process figures (CPU time, peak
+//! RSS) read from `/proc/self`.
 
 use std::fmt::Write as _;
 use std::fs;
 use std::io::{self, BufWriter, Write};
 use std::path::Path;
 
+use leasemq::QueueStats;
 use serde::Serialize;
 
+use crate::common::Ledger;
 use crate::cpu::CpuTime;
 use crate::hist::{write_hgrm, HistSummary, Recorder, HGRM_SCALE, HGRM_UNIT};
 use crate::intervals::{write_hlogs, IntervalLog};
@@ -108,6 +110,66 @@ impl Accounting {
         }
         self.ok = self.problems.is_empty();
     }
+
+    /// The end-of-run check: ticks every producer's sequence numbers off in the consumers'
+    /// ledger, holds both against the queues' counters (`stats`, summed over the run's
+    /// queues), and concludes.
+    pub fn check(seen: Seen, stats: &QueueStats) -> Accounting {
+        let mut problems = seen.problems;
+        let mut acked = 0;
+        let mut never_put = 0;
+        for (producer, &n) in seen.put.iter().enumerate() {
+            let (missing, beyond) = seen.ledger.check(producer, n);
+            acked += n - missing;
+            never_put += beyond;
+        }
+        let put = seen.put.iter().sum();
+        if never_put > 0 {
+            problems.push(format!("{never_put} acked message(s) were never put"));
+        }
+        if stats.enqueued != put {
+            problems.push(format!(
+                "the queues enqueued {} messages but {put} were put",
+                stats.enqueued
+            ));
+        }
+        if stats.acked != seen.acked {
+            problems.push(format!(
+                "the queues counted {} acks but the consumers saw {} succeed",
+                stats.acked, seen.acked
+            ));
+        }
+        let mut accounting = Accounting {
+            put,
+            acked,
+            still_queued: (stats.ready + stats.delayed + stats.leased) as u64,
+            dead_lettered: stats.dead_lettered,
+            dropped: stats.dropped,
+            redelivered: seen.redelivered,
+            expired: stats.expired,
+            stale: stats.stale,
+            double_acked: seen.ledger.doubles,
+            problems,
+            ..Accounting::default()
+        };
+        accounting.conclude();
+        accounting
+    }
+}
+
+/// What the producers and consumers of a run saw, for the end-of-run check.
+pub struct Seen<'a> {
+    /// How many messages each producer put, indexed by the producer number that their
+    /// sequence numbers carry.
+    pub put: &'a [u64],
+    /// Which sequence numbers were acked: every consumer's ledger, merged.
+    pub ledger: &'a Ledger,
+    /// Acks that succeeded, as the consumers counted them.
+    pub acked: u64,
+    /// Deliveries with attempt > 1.
+    pub redelivered: u64,
+    /// What went wrong during the run.
+    pub problems: Vec<String>,
 }
 
 #[derive(Debug, Default, Serialize)]
@@ -342,6 +404,7 @@ pub fn write_json<T: Serialize>(path: &Path, value: &T) -> io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::common::seq_of;
 
     #[test]
     fn thousands_separators() {
@@ -370,6 +433,44 @@ mod tests {
         };
         b.conclude();
         assert!(b.ok && b.lost == 0);
+    }
+
+    #[test]
+    fn check_ticks_off_every_producer_and_holds_the_queue_counters() {
+        // Producer 0 put 3 and 0 and 1 were acked; producer 1 put 2, 0 was acked twice, and
+        // 5, which it never put, once.
+        let mut ledger = Ledger::default();
+        for (producer, n) in [(0, 0), (0, 1), (1, 0), (1, 0), (1, 5)] {
+            ledger.mark(seq_of(producer, n));
+        }
+        let stats = QueueStats {
+            enqueued: 5,
+            acked: 4,
+            ready: 1,
+            ..QueueStats::default()
+        };
+        let seen = Seen {
+            put: &[3, 2],
+            ledger: &ledger,
+            acked: 5,
+            redelivered: 0,
+            problems: vec!["a producer stopped early".into()],
+        };
+        let a = Accounting::check(seen, &stats);
+        assert_eq!((a.put, a.acked, a.still_queued), (5, 3, 1));
+        assert_eq!((a.double_acked, a.lost), (1, 1));
+        assert!(!a.ok);
+        let expected = [
+            "1 message(s) lost",
+            "a producer stopped early",
+            "1 acked message(s) were never put",
+            "the queues counted 4 acks but the consumers saw 5 succeed",
+            "1 message(s) acked more than once",
+        ];
+        assert_eq!(a.problems.len(), expected.len(), "{:?}", a.problems);
+        for (problem, start) in a.problems.iter().zip(expected) {
+            assert!(problem.starts_with(start), "{problem}");
+        }
     }
 
     #[test]

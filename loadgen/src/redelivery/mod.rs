@@ -30,7 +30,8 @@ use crate::hist::{Recorder, HGRM_UNIT};
 use crate::intervals::{Differ, IntervalClock, IntervalLog};
 use crate::progress::Progress;
 use crate::report::{
-    cpu_now, load_average, rss_bytes, thousands, Accounting, Detail, ProcessStats, Rate, Summary,
+    cpu_now, load_average, rss_bytes, thousands, Accounting, Detail, ProcessStats, Rate, Seen,
+    Summary,
 };
 use crate::Run;
 
@@ -218,42 +219,20 @@ pub fn run(args: &RedeliveryArgs) -> Result<Run, String> {
 
     let t = d.t;
     let mut problems = d.problems;
-    let (missing, never_put) = t.ledger.check(0, t.put);
-    if never_put > 0 {
-        problems.push(format!("{never_put} acked message(s) were never put"));
-    }
-    if stats.enqueued != t.put {
-        problems.push(format!(
-            "the queue enqueued {} messages but {} were put",
-            stats.enqueued, t.put
-        ));
-    }
-    if stats.acked != t.acked {
-        problems.push(format!(
-            "the queue counted {} acks but {} succeeded",
-            stats.acked, t.acked
-        ));
-    }
     if t.too_early > 0 {
         problems.push(format!(
             "{} redelivery(ies) arrived more than one tick before the lease could have ended",
             t.too_early
         ));
     }
-    let mut accounting = Accounting {
-        put: t.put,
-        acked: t.put - missing,
-        still_queued: (stats.ready + stats.delayed + stats.leased) as u64,
-        dead_lettered: stats.dead_lettered,
-        dropped: stats.dropped,
+    let seen = Seen {
+        put: &[t.put],
+        ledger: &t.ledger,
+        acked: t.acked,
         redelivered: t.redelivered,
-        expired: stats.expired,
-        stale: stats.stale,
-        double_acked: t.ledger.doubles,
         problems,
-        ..Accounting::default()
     };
-    accounting.conclude();
+    let accounting = Accounting::check(seen, &stats);
     process.bytes_per_queued_message = (rss_filled > 0).then(|| {
         rss_filled.saturating_sub(rss_before + bookkeeping as u64) as f64 / args.leases as f64
     });

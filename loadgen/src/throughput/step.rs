@@ -16,7 +16,7 @@ use crate::common::{add_stats, broker_error, nanos, new_broker, queue_names, Clo
 use crate::hist::Recorder;
 use crate::intervals::{IntervalClock, IntervalLog, Piece, TimedRecorder};
 use crate::progress::Progress;
-use crate::report::{cpu_now, thousands, Accounting, ProcessStats};
+use crate::report::{cpu_now, thousands, Accounting, ProcessStats, Seen};
 
 /// Long enough that no lease runs out during a run: every ack is expected to succeed.
 pub const ACK_TIMEOUT: Duration = Duration::from_secs(600);
@@ -275,57 +275,18 @@ pub fn run_step(step: &Step, progress: &Progress) -> Result<StepOutcome, String>
     }
     broker.shutdown();
 
-    out.accounting = Accounting {
-        put: put_per_producer.iter().sum(),
+    let seen = Seen {
+        put: &put_per_producer,
+        ledger: &ledger,
+        acked: out.acked,
         redelivered,
-        expired: stats.expired,
-        stale: stats.stale,
-        still_queued: (stats.ready + stats.delayed + stats.leased) as u64,
-        dead_lettered: stats.dead_lettered,
-        dropped: stats.dropped,
-        double_acked: ledger.doubles,
         problems,
-        ..Accounting::default()
     };
-    check(&mut out, &put_per_producer, &ledger, &stats);
+    out.accounting = Accounting::check(seen, &stats);
 
     let seconds = step.duration.as_secs_f64();
     out.process = ProcessStats::over_window(cpu_start, cpu_end, seconds, out.acked_in_window);
     Ok(out)
-}
-
-/// The end-of-run check: each producer's sequence numbers against the consumers' ledgers,
-/// and both against the queues' counters.
-fn check(
-    out: &mut StepOutcome,
-    put_per_producer: &[u64],
-    ledger: &crate::common::Ledger,
-    stats: &QueueStats,
-) {
-    let a = &mut out.accounting;
-    let mut never_put = 0;
-    for (p, &n) in put_per_producer.iter().enumerate() {
-        let (missing, beyond) = ledger.check(p, n);
-        a.acked += n - missing;
-        never_put += beyond;
-    }
-    if never_put > 0 {
-        a.problems
-            .push(format!("{never_put} acked message(s) were never put"));
-    }
-    if stats.enqueued != a.put {
-        a.problems.push(format!(
-            "the queues enqueued {} messages but the producers put {}",
-            stats.enqueued, a.put
-        ));
-    }
-    if stats.acked != out.acked {
-        a.problems.push(format!(
-            "the queues counted {} acks but the consumers saw {} succeed",
-            stats.acked, out.acked
-        ));
-    }
-    a.conclude();
 }
 
 /// A producer or consumer: a thread, or a task on the run's tokio runtime (`--api async`).
