@@ -228,16 +228,8 @@ pub fn run(args: &FillArgs) -> Result<Run, String> {
         }),
         measured_seconds: fill_s,
         rates: vec![
-            Rate {
-                name: "put (filling)".into(),
-                per_second: put as f64 / fill_s,
-                total: put,
-            },
-            Rate {
-                name: "acked (draining)".into(),
-                per_second: acked_calls as f64 / drain_s,
-                total: acked_calls,
-            },
+            Rate::new("put (filling)", put, fill_s),
+            Rate::new("acked (draining)", acked_calls, drain_s),
         ],
         histograms: vec![
             put_rtt.summary("put_batch_rtt", "put batch round trip"),

@@ -50,6 +50,17 @@ pub struct Rate {
     pub total: u64,
 }
 
+impl Rate {
+    /// `total` counted in a window of `seconds`.
+    pub fn new(name: &str, total: u64, seconds: f64) -> Rate {
+        Rate {
+            name: name.into(),
+            per_second: total as f64 / seconds,
+            total,
+        }
+    }
+}
+
 #[derive(Debug, Serialize)]
 pub struct Detail {
     pub name: String,

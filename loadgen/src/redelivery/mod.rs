@@ -262,12 +262,6 @@ pub fn run(args: &RedeliveryArgs) -> Result<Run, String> {
             "no redelivery was measured: lengthen --duration or raise --never-ack-fraction".into(),
         );
     }
-    let per_s = |n: u64| n as f64 / seconds;
-    let rate = |name: &str, n: u64| Rate {
-        name: name.into(),
-        per_second: per_s(n),
-        total: n,
-    };
     let summary = Summary {
         tool: "leasemq-loadgen",
         version: env!("CARGO_PKG_VERSION"),
@@ -292,10 +286,10 @@ pub fn run(args: &RedeliveryArgs) -> Result<Run, String> {
         }),
         measured_seconds: seconds,
         rates: vec![
-            rate("put", t.w_put),
-            rate("acked", t.w_acked),
-            rate("touched", t.w_touched),
-            rate("redelivered", t.w_redelivered),
+            Rate::new("put", t.w_put, seconds),
+            Rate::new("acked", t.w_acked, seconds),
+            Rate::new("touched", t.w_touched, seconds),
+            Rate::new("redelivered", t.w_redelivered, seconds),
         ],
         histograms: HISTOGRAMS
             .iter()
