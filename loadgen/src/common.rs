@@ -4,7 +4,7 @@
 use std::time::{Duration, Instant};
 
 use bytes::{BufMut, Bytes, BytesMut};
-use leasemq::{shard_for, Error, QueueStats};
+use leasemq::{shard_for, Broker, Error, QueueStats};
 
 /// How close to a due time [`Clock::wait_until`] stops sleeping and spins.
 const SPIN_BEFORE_DUE_NS: u64 = 60_000;
@@ -220,6 +220,14 @@ pub fn add_stats(total: &mut QueueStats, s: &QueueStats) {
     total.dead_lettered += s.dead_lettered;
     total.dropped += s.dropped;
     total.stale += s.stale;
+}
+
+/// A broker with `shards` shard threads and the default settings.
+pub fn new_broker(shards: u32) -> Result<Broker, String> {
+    Broker::builder()
+        .shards(shards as usize)
+        .build()
+        .map_err(|e| broker_error("starting the broker", e))
 }
 
 /// Turns a broker error into the message the run fails with.

@@ -15,16 +15,19 @@ use std::thread;
 use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
-use leasemq::{Broker, Consumer, ConsumerConfig, Message, QueueConfig};
+use leasemq::{Broker, Consumer, ConsumerConfig, Message, Queue, QueueConfig, QueueStats};
 use serde_json::json;
 
 use crate::cli::{format_duration, FillArgs};
-use crate::common::{broker_error, nanos, queue_names, read_header, Clock, Ledger, HEADER_BYTES};
+use crate::common::{
+    broker_error, nanos, new_broker, queue_names, read_header, Clock, Ledger, HEADER_BYTES,
+};
 use crate::hist::Recorder;
 use crate::intervals::{IntervalClock, IntervalLog, Piece, TimedRecorder};
 use crate::progress::Progress;
 use crate::report::{
-    load_average, status_kib, thousands, Accounting, CpuSample, Detail, ProcessStats, Rate, Summary,
+    cpu_now, load_average, rss_bytes, thousands, Accounting, Detail, ProcessStats, Rate, Seen,
+    Summary,
 };
 use crate::Run;
 
@@ -36,13 +39,28 @@ const PLANNING_RATE: f64 = 2e6;
 /// The histograms, in the order of the interval log's slots.
 const HISTOGRAMS: [&str; 2] = ["put_batch_rtt", "settle_rtt"];
 
-/// What one draining consumer saw.
+/// What one draining consumer saw, or all of them together.
 #[derive(Default)]
 struct Drained {
     ledger: Ledger,
+    /// Acks as `ack_up_to` reported them.
     acked: u64,
     settle: Recorder,
     problems: Vec<String>,
+}
+
+impl Drained {
+    /// Everything the consumers saw, added up.
+    fn merge(all: &[Drained]) -> Drained {
+        let mut total = Drained::default();
+        for d in all {
+            total.ledger.merge(&d.ledger);
+            total.settle.merge(&d.settle);
+            total.acked += d.acked;
+            total.problems.extend(d.problems.iter().cloned());
+        }
+        total
+    }
 }
 
 /// Where a thread sends its finished intervals (the run's clock, the channel), when `--out`
@@ -53,18 +71,44 @@ fn timed(log: &LogTo, slot: usize) -> TimedRecorder {
     TimedRecorder::new(log.as_ref().map(|(clock, tx)| (*clock, slot, tx.clone())))
 }
 
+/// What the fill and the drain share.
+struct Context<'a> {
+    args: &'a FillArgs,
+    queue: Queue,
+    clock: Clock,
+    log_to: LogTo,
+    progress: Progress,
+    /// How long the fill and the drain are expected to take, for the progress bar.
+    planned: Duration,
+}
+
+/// What the fill left behind.
+struct Filled {
+    put: u64,
+    /// When the first put started, on the run's clock.
+    start_ns: u64,
+    /// How long the puts took.
+    fill_ns: u64,
+    rss_before: u64,
+    rss_filled: u64,
+    /// The process's figures over the fill.
+    process: ProcessStats,
+    /// Messages ready in the queue once the last put returned.
+    ready: u64,
+}
+
+impl Filled {
+    /// The growth of the resident set per queued message.
+    fn bytes_per_message(&self) -> f64 {
+        self.rss_filled.saturating_sub(self.rss_before) as f64 / self.put as f64
+    }
+}
+
 pub fn run(args: &FillArgs) -> Result<Run, String> {
     if args.messages == 0 {
         return Err("--messages must be at least 1".into());
     }
-    let broker = Broker::builder()
-        .shards(args.shards as usize)
-        .build()
-        .map_err(|e| broker_error("starting the broker", e))?;
-    let name = &queue_names("fill", 1, args.shards as usize)[0];
-    let queue = broker
-        .declare_queue(name, QueueConfig::default())
-        .map_err(|e| broker_error("declaring the queue", e))?;
+    let (broker, queue) = open(args)?;
     let clock = Clock::start();
     // The wall-clock time of the run clock's 0, for the interval log's timestamps.
     let epoch = SystemTime::now() - Duration::from_nanos(clock.now_ns());
@@ -74,12 +118,64 @@ pub fn run(args: &FillArgs) -> Result<Run, String> {
         (iclock, tx)
     });
     let planned = Duration::from_secs_f64(2.0 * args.messages as f64 / PLANNING_RATE);
-    let progress = Progress::new(planned, args.output.quiet);
+    let cx = Context {
+        args,
+        queue,
+        clock,
+        log_to,
+        progress: Progress::new(planned, args.output.quiet),
+        planned,
+    };
 
-    // Fill.
-    let rss_before = status_kib("VmRSS").unwrap_or(0) * 1024;
-    let cpu_fill = CpuSample::now();
-    let mut put_rtt = timed(&log_to, 0);
+    let (filled, put_rtt) = fill(&cx)?;
+    let drain_start = clock.now_ns();
+    let drained = drain(&cx, &filled, drain_start);
+    let end_ns = clock.now_ns();
+    let drain_ns = end_ns - drain_start;
+    cx.progress.finish();
+    let put_rtt = put_rtt.finish();
+    let intervals = cx.log_to.map(|(iclock, _)| {
+        let window = Duration::from_nanos(end_ns - filled.start_ns);
+        let mut log = IntervalLog::new(&HISTOGRAMS, epoch, iclock, window);
+        for piece in rx.try_iter() {
+            log.absorb(piece);
+        }
+        log.close(end_ns);
+        log
+    });
+    let stats = cx.queue.stats();
+    broker.shutdown();
+
+    let drained = Drained::merge(&drained);
+    let accounting = check(&filled, &drained, drain_ns, &stats);
+    let summary = summarise(args, filled, &put_rtt, &drained, drain_ns, accounting);
+    Ok(Run {
+        summary,
+        recorders: vec![
+            (HISTOGRAMS[0].into(), put_rtt),
+            (HISTOGRAMS[1].into(), drained.settle),
+        ],
+        intervals,
+    })
+}
+
+/// Setup: the broker and the one queue, without a consumer.
+fn open(args: &FillArgs) -> Result<(Broker, Queue), String> {
+    let broker = new_broker(args.shards)?;
+    let name = &queue_names("fill", 1, args.shards as usize)[0];
+    let queue = broker
+        .declare_queue(name, QueueConfig::default())
+        .map_err(|e| broker_error("declaring the queue", e))?;
+    Ok((broker, queue))
+}
+
+/// Fill: puts every message, a batch at a time, reading the resident set and the CPU time
+/// just before the first put and just after the last; and the put batches' round trips.
+fn fill(cx: &Context) -> Result<(Filled, TimedRecorder), String> {
+    let (args, clock) = (cx.args, cx.clock);
+    let rss_before = rss_bytes();
+    let cpu_before = cpu_now();
+    let mut put_rtt = timed(&cx.log_to, 0);
     let mut put = 0u64;
     let start_ns = clock.now_ns();
     while put < args.messages {
@@ -89,14 +185,14 @@ pub fn run(args: &FillArgs) -> Result<Run, String> {
             .map(|seq| Message::new(body(args.body_bytes as usize, sent, seq)))
             .collect();
         let t0 = clock.now_ns();
-        queue
+        cx.queue
             .put_batch(batch)
             .map_err(|e| broker_error("put_batch failed", e))?;
         let t1 = clock.now_ns();
         put_rtt.record(t1, t1 - t0);
         put += n;
         let elapsed = Duration::from_nanos(clock.now_ns() - start_ns);
-        progress.update("filling", elapsed, planned, || {
+        cx.progress.update("filling", elapsed, cx.planned, || {
             format!(
                 ", {} of {} queued",
                 thousands(put),
@@ -105,35 +201,40 @@ pub fn run(args: &FillArgs) -> Result<Run, String> {
         });
     }
     let fill_ns = clock.now_ns() - start_ns;
-    let rss_filled = status_kib("VmRSS").unwrap_or(0) * 1024;
-    let mut process = ProcessStats::default();
-    cpu_fill.fill_since(&mut process, fill_ns as f64 / 1e9, put);
-    let filled = queue.stats();
-    let mut problems = Vec::new();
-    if filled.ready as u64 != put {
-        problems.push(format!(
-            "{} message(s) put but {} ready after the fill",
-            put, filled.ready
-        ));
-    }
+    let rss_filled = rss_bytes();
+    let process = ProcessStats::over_window(cpu_before, cpu_now(), fill_ns as f64 / 1e9, put);
+    let filled = Filled {
+        put,
+        start_ns,
+        fill_ns,
+        rss_before,
+        rss_filled,
+        process,
+        ready: cx.queue.stats().ready as u64,
+    };
+    Ok((filled, put_rtt))
+}
 
-    // Drain.
-    let drain_start = clock.now_ns();
+/// Drain: `--consumers` threads receive and ack until everything put is acked, the drain,
+/// begun at `drain_start` on the run's clock, has taken [`DRAIN_LIMIT`], or every one of
+/// them has stopped; what each saw.
+fn drain(cx: &Context, filled: &Filled, drain_start: u64) -> Vec<Drained> {
+    let (args, clock, put) = (cx.args, cx.clock, filled.put);
     let acked_total = AtomicU64::new(0);
     let stop = AtomicBool::new(false);
-    let drained: Vec<Drained> = thread::scope(|s| {
+    thread::scope(|s| {
         let workers: Vec<_> = (0..args.consumers)
             .map(|i| {
-                let consumer = queue.consume(
+                let consumer = cx.queue.consume(
                     &format!("drain-{i}"),
                     ConsumerConfig {
                         prefetch: args.prefetch,
                     },
                 );
                 let (acked_total, stop) = (&acked_total, &stop);
-                let settle = timed(&log_to, 1);
+                let settle = timed(&cx.log_to, 1);
                 s.spawn(move || match consumer {
-                    Ok(c) => drain(&c, args, put, acked_total, stop, clock, settle),
+                    Ok(c) => drain_one(&c, args, put, acked_total, stop, clock, settle),
                     Err(e) => Drained {
                         problems: vec![broker_error("registering a consumer", e)],
                         ..Drained::default()
@@ -147,8 +248,8 @@ pub fn run(args: &FillArgs) -> Result<Run, String> {
                 break;
             }
             let left = put - acked_total.load(Relaxed).min(put);
-            let elapsed = Duration::from_nanos(clock.now_ns() - start_ns);
-            progress.update("draining", elapsed, planned, || {
+            let elapsed = Duration::from_nanos(clock.now_ns() - filled.start_ns);
+            cx.progress.update("draining", elapsed, cx.planned, || {
                 format!(", {} to ack", thousands(left))
             });
             thread::sleep(Duration::from_millis(10));
@@ -158,68 +259,59 @@ pub fn run(args: &FillArgs) -> Result<Run, String> {
             .into_iter()
             .map(|w| w.join().expect("a drain thread panicked"))
             .collect()
-    });
-    let end_ns = clock.now_ns();
-    let drain_ns = end_ns - drain_start;
-    progress.finish();
-    let put_rtt = put_rtt.finish();
-    let intervals = log_to.map(|(iclock, _)| {
-        let window = Duration::from_nanos(end_ns - start_ns);
-        let mut log = IntervalLog::new(&HISTOGRAMS, epoch, iclock, window);
-        for piece in rx.try_iter() {
-            log.absorb(piece);
+    })
+}
+
+/// The end-of-run check, and the problems only `fill` can have: a queue that did not hold
+/// every message after the fill, a drain that ran out of time.
+fn check(filled: &Filled, drained: &Drained, drain_ns: u64, stats: &QueueStats) -> Accounting {
+    let put = filled.put;
+    let mut problems = Vec::new();
+    if filled.ready != put {
+        problems.push(format!(
+            "{} message(s) put but {} ready after the fill",
+            put, filled.ready
+        ));
+    }
+    problems.extend(drained.problems.iter().cloned());
+    if drain_ns >= nanos(DRAIN_LIMIT) {
+        let (missing, _) = drained.ledger.check(0, put);
+        if missing > 0 {
+            problems.push(format!(
+                "{} message(s) not drained within {}",
+                thousands(missing),
+                format_duration(DRAIN_LIMIT)
+            ));
         }
-        log.close(end_ns);
-        log
-    });
-    let stats = queue.stats();
-    broker.shutdown();
-
-    let mut ledger = Ledger::default();
-    let mut settle = Recorder::new();
-    let mut acked_calls = 0;
-    for d in &drained {
-        ledger.merge(&d.ledger);
-        settle.merge(&d.settle);
-        acked_calls += d.acked;
-        problems.extend(d.problems.iter().cloned());
     }
-    let (missing, never_put) = ledger.check(0, put);
-    if never_put > 0 {
-        problems.push(format!("{never_put} acked message(s) were never put"));
-    }
-    if missing > 0 && drain_ns >= nanos(DRAIN_LIMIT) {
-        problems.push(format!(
-            "{} message(s) not drained within {}",
-            thousands(missing),
-            format_duration(DRAIN_LIMIT)
-        ));
-    }
-    if stats.acked != acked_calls {
-        problems.push(format!(
-            "the queue counted {} acks but ack_up_to reported {}",
-            stats.acked, acked_calls
-        ));
-    }
-    let mut accounting = Accounting {
-        put,
-        acked: put - missing,
-        still_queued: (stats.ready + stats.delayed + stats.leased) as u64,
-        dead_lettered: stats.dead_lettered,
-        dropped: stats.dropped,
-        expired: stats.expired,
-        stale: stats.stale,
-        double_acked: ledger.doubles,
+    let seen = Seen {
+        put: &[put],
+        ledger: &drained.ledger,
+        acked: drained.acked,
+        redelivered: 0,
         problems,
-        ..Accounting::default()
     };
-    accounting.conclude();
-    let grown = rss_filled.saturating_sub(rss_before);
-    process.bytes_per_queued_message = Some(grown as f64 / put as f64);
+    Accounting::check(seen, stats)
+}
 
-    let fill_s = fill_ns as f64 / 1e9;
+/// Report: the summary of a finished run.
+fn summarise(
+    args: &FillArgs,
+    filled: Filled,
+    put_rtt: &Recorder,
+    drained: &Drained,
+    drain_ns: u64,
+    accounting: Accounting,
+) -> Summary {
+    let put = filled.put;
+    let fill_s = filled.fill_ns as f64 / 1e9;
     let drain_s = drain_ns as f64 / 1e9;
-    let summary = Summary {
+    let bytes_per_message = filled.bytes_per_message();
+    let process = ProcessStats {
+        bytes_per_queued_message: Some(bytes_per_message),
+        ..filled.process
+    };
+    Summary {
         tool: "leasemq-loadgen",
         version: env!("CARGO_PKG_VERSION"),
         command: "fill",
@@ -241,29 +333,18 @@ pub fn run(args: &FillArgs) -> Result<Run, String> {
         }),
         measured_seconds: fill_s,
         rates: vec![
-            Rate {
-                name: "put (filling)".into(),
-                per_second: put as f64 / fill_s,
-                total: put,
-            },
-            Rate {
-                name: "acked (draining)".into(),
-                per_second: acked_calls as f64 / drain_s,
-                total: acked_calls,
-            },
+            Rate::new("put (filling)", put, fill_s),
+            Rate::new("acked (draining)", drained.acked, drain_s),
         ],
         histograms: vec![
             put_rtt.summary("put_batch_rtt", "put batch round trip"),
-            settle.summary("settle_rtt", "ack_up_to round trip"),
+            drained.settle.summary("settle_rtt", "ack_up_to round trip"),
         ],
         details: vec![
-            Detail::new("queued at the end of the fill", filled.ready as u64),
-            Detail::new("RSS before the fill (MiB)", mib(rss_before)),
-            Detail::new("RSS with the queue full (MiB)", mib(rss_filled)),
-            Detail::new(
-                "bytes per queued message",
-                (grown as f64 / put as f64).round(),
-            ),
+            Detail::new("queued at the end of the fill", filled.ready),
+            Detail::new("RSS before the fill (MiB)", mib(filled.rss_before)),
+            Detail::new("RSS with the queue full (MiB)", mib(filled.rss_filled)),
+            Detail::new("bytes per queued message", bytes_per_message.round()),
             Detail::new("fill time (s)", (fill_s * 1e3).round() / 1e3),
             Detail::new("drain time (s)", (drain_s * 1e3).round() / 1e3),
         ],
@@ -275,15 +356,7 @@ pub fn run(args: &FillArgs) -> Result<Run, String> {
         notes: vec![
             "process figures (CPU, per message) cover the fill; peak RSS is the whole run's".into(),
         ],
-    };
-    Ok(Run {
-        summary,
-        recorders: vec![
-            (HISTOGRAMS[0].into(), put_rtt),
-            (HISTOGRAMS[1].into(), settle),
-        ],
-        intervals,
-    })
+    }
 }
 
 /// A body of `size` bytes with the header, in its own allocation.
@@ -300,7 +373,7 @@ fn mib(bytes: u64) -> f64 {
 
 /// One consumer: receives, and acks with `ack_up_to` every `settle_batch` deliveries or
 /// when its channel runs dry, until everything put is acked or it is told to stop.
-fn drain(
+fn drain_one(
     consumer: &Consumer,
     args: &FillArgs,
     put: u64,

@@ -12,6 +12,7 @@
 mod background;
 mod cli;
 mod common;
+mod cpu;
 mod fill;
 mod hist;
 mod intervals;

@@ -13,6 +13,7 @@
 use std::path::Path;
 
 use hdrhistogram::Histogram;
+use plotters::coord::Shift;
 use plotters::prelude::*;
 
 const SIZE: (u32, u32) = (1000, 640);
@@ -125,6 +126,21 @@ fn number(v: f64) -> String {
     }
 }
 
+/// The caption, margins and axis label areas that both plots share.
+fn chart_builder<'a, 'b>(
+    root: &'a DrawingArea<SVGBackend<'b>, Shift>,
+    title: &str,
+) -> ChartBuilder<'a, 'b, SVGBackend<'b>> {
+    let mut builder = ChartBuilder::on(root);
+    builder
+        .caption(title, ("sans-serif", 18))
+        .margin(20)
+        .margin_right(45)
+        .x_label_area_size(45)
+        .y_label_area_size(70);
+    builder
+}
+
 fn err<E: std::fmt::Display>(e: E) -> String {
     e.to_string()
 }
@@ -150,12 +166,7 @@ pub fn latency(
     let root = SVGBackend::new(path, SIZE).into_drawing_area();
     root.fill(&WHITE).map_err(err)?;
     let key_points: Vec<f64> = (0..=x_decades).map(|d| 10f64.powi(d as i32)).collect();
-    let mut chart = ChartBuilder::on(&root)
-        .caption(title, ("sans-serif", 18))
-        .margin(20)
-        .margin_right(45)
-        .x_label_area_size(45)
-        .y_label_area_size(70)
+    let mut chart = chart_builder(&root, title)
         .build_cartesian_2d(
             (1.0..x_hi).log_scale().with_key_points(key_points),
             (y_lo / scale..y_hi / scale).log_scale(),
@@ -211,12 +222,7 @@ pub fn sweep(
 
     let root = SVGBackend::new(path, SIZE).into_drawing_area();
     root.fill(&WHITE).map_err(err)?;
-    let mut chart = ChartBuilder::on(&root)
-        .caption(title, ("sans-serif", 18))
-        .margin(20)
-        .margin_right(45)
-        .x_label_area_size(45)
-        .y_label_area_size(70)
+    let mut chart = chart_builder(&root, title)
         .build_cartesian_2d(0.0..x_hi, (y_lo / scale..y_hi / scale).log_scale())
         .map_err(err)?;
     chart

@@ -1,14 +1,17 @@
 //! The results of a run: the summary table on stdout, `summary.json`, the `.hgrm` and `.hlog`
-//! files and `latency.svg`, and the process figures (CPU time, peak RSS) read from
-//! `/proc/self`.
+//! files and `latency.svg`; the end-of-run check; and the process figures (CPU time, peak
+//! RSS) read from `/proc/self`.
 
 use std::fmt::Write as _;
 use std::fs;
 use std::io::{self, BufWriter, Write};
 use std::path::Path;
 
+use leasemq::QueueStats;
 use serde::Serialize;
 
+use crate::common::Ledger;
+use crate::cpu::CpuTime;
 use crate::hist::{write_hgrm, HistSummary, Recorder, HGRM_SCALE, HGRM_UNIT};
 use crate::intervals::{write_hlogs, IntervalLog};
 use crate::plot;
@@ -45,6 +48,17 @@ pub struct Rate {
     pub per_second: f64,
     /// How many in the measured window.
     pub total: u64,
+}
+
+impl Rate {
+    /// `total` counted in a window of `seconds`.
+    pub fn new(name: &str, total: u64, seconds: f64) -> Rate {
+        Rate {
+            name: name.into(),
+            per_second: total as f64 / seconds,
+            total,
+        }
+    }
 }
 
 #[derive(Debug, Serialize)]
@@ -107,6 +121,66 @@ impl Accounting {
         }
         self.ok = self.problems.is_empty();
     }
+
+    /// The end-of-run check: ticks every producer's sequence numbers off in the consumers'
+    /// ledger, holds both against the queues' counters (`stats`, summed over the run's
+    /// queues), and concludes.
+    pub fn check(seen: Seen, stats: &QueueStats) -> Accounting {
+        let mut problems = seen.problems;
+        let mut acked = 0;
+        let mut never_put = 0;
+        for (producer, &n) in seen.put.iter().enumerate() {
+            let (missing, beyond) = seen.ledger.check(producer, n);
+            acked += n - missing;
+            never_put += beyond;
+        }
+        let put = seen.put.iter().sum();
+        if never_put > 0 {
+            problems.push(format!("{never_put} acked message(s) were never put"));
+        }
+        if stats.enqueued != put {
+            problems.push(format!(
+                "the queues enqueued {} messages but {put} were put",
+                stats.enqueued
+            ));
+        }
+        if stats.acked != seen.acked {
+            problems.push(format!(
+                "the queues counted {} acks but the consumers saw {} succeed",
+                stats.acked, seen.acked
+            ));
+        }
+        let mut accounting = Accounting {
+            put,
+            acked,
+            still_queued: (stats.ready + stats.delayed + stats.leased) as u64,
+            dead_lettered: stats.dead_lettered,
+            dropped: stats.dropped,
+            redelivered: seen.redelivered,
+            expired: stats.expired,
+            stale: stats.stale,
+            double_acked: seen.ledger.doubles,
+            problems,
+            ..Accounting::default()
+        };
+        accounting.conclude();
+        accounting
+    }
+}
+
+/// What the producers and consumers of a run saw, for the end-of-run check.
+pub struct Seen<'a> {
+    /// How many messages each producer put, indexed by the producer number that their
+    /// sequence numbers carry.
+    pub put: &'a [u64],
+    /// Which sequence numbers were acked: every consumer's ledger, merged.
+    pub ledger: &'a Ledger,
+    /// Acks that succeeded, as the consumers counted them.
+    pub acked: u64,
+    /// Deliveries with attempt > 1.
+    pub redelivered: u64,
+    /// What went wrong during the run.
+    pub problems: Vec<String>,
 }
 
 #[derive(Debug, Default, Serialize)]
@@ -122,53 +196,38 @@ pub struct ProcessStats {
     pub bytes_per_queued_message: Option<f64>,
 }
 
-/// CPU time of this process so far, from `/proc/self/stat` (USER_HZ = 100 ticks a second).
-#[derive(Clone, Copy, Debug, Default)]
-pub struct CpuSample {
-    pub user_s: f64,
-    pub sys_s: f64,
+impl ProcessStats {
+    /// The process figures of a window of `seconds` in which `messages` were handled: the
+    /// CPU time the process used between `start` and `end`, and the peak RSS so far.
+    pub fn over_window(start: CpuTime, end: CpuTime, seconds: f64, messages: u64) -> ProcessStats {
+        let cpu_user_s = end.user_s - start.user_s;
+        let cpu_sys_s = end.sys_s - start.sys_s;
+        let cpu_s = cpu_user_s + cpu_sys_s;
+        ProcessStats {
+            cpu_user_s,
+            cpu_sys_s,
+            cpu_s,
+            cores_busy: if seconds > 0.0 { cpu_s / seconds } else { 0.0 },
+            cpu_ns_per_message: (messages > 0).then(|| cpu_s * 1e9 / messages as f64),
+            peak_rss_bytes: status_kib("VmHWM").map(|k| k * 1024),
+            bytes_per_queued_message: None,
+        }
+    }
 }
 
-impl CpuSample {
-    pub fn now() -> CpuSample {
-        fs::read_to_string("/proc/self/stat")
-            .ok()
-            .and_then(|stat| CpuSample::from_stat(&stat))
-            .unwrap_or_default()
-    }
+/// The CPU time of this whole process so far (broker shards included); zero when `/proc`
+/// cannot be read.
+pub fn cpu_now() -> CpuTime {
+    CpuTime::of_process(std::process::id()).unwrap_or_default()
+}
 
-    /// Reads utime and stime (fields 14 and 15) from a `/proc/<pid>/stat` line. The command
-    /// name (field 2, in parentheses) may hold spaces and parentheses itself, so fields are
-    /// counted from the last `)`.
-    fn from_stat(stat: &str) -> Option<CpuSample> {
-        let (_, rest) = stat.rsplit_once(')')?;
-        let fields: Vec<&str> = rest.split_whitespace().collect();
-        // `rest` starts at field 3.
-        let ticks = |field: usize| fields.get(field - 3)?.parse::<f64>().ok();
-        Some(CpuSample {
-            user_s: ticks(14)? / 100.0,
-            sys_s: ticks(15)? / 100.0,
-        })
-    }
-
-    /// Fills the CPU fields of `stats` with the time spent since `self`.
-    pub fn fill_since(&self, stats: &mut ProcessStats, seconds: f64, messages: u64) {
-        let end = CpuSample::now();
-        stats.cpu_user_s = end.user_s - self.user_s;
-        stats.cpu_sys_s = end.sys_s - self.sys_s;
-        stats.cpu_s = stats.cpu_user_s + stats.cpu_sys_s;
-        stats.cores_busy = if seconds > 0.0 {
-            stats.cpu_s / seconds
-        } else {
-            0.0
-        };
-        stats.cpu_ns_per_message = (messages > 0).then(|| stats.cpu_s * 1e9 / messages as f64);
-        stats.peak_rss_bytes = status_kib("VmHWM").map(|k| k * 1024);
-    }
+/// The resident set now (`VmRSS`), in bytes; zero when `/proc` cannot be read.
+pub fn rss_bytes() -> u64 {
+    status_kib("VmRSS").unwrap_or(0) * 1024
 }
 
 /// A `kB` field of `/proc/self/status` (VmRSS, VmHWM), in KiB.
-pub fn status_kib(field: &str) -> Option<u64> {
+fn status_kib(field: &str) -> Option<u64> {
     let status = fs::read_to_string("/proc/self/status").ok()?;
     status.lines().find_map(|line| {
         let rest = line.strip_prefix(field)?.strip_prefix(':')?;
@@ -356,6 +415,7 @@ pub fn write_json<T: Serialize>(path: &Path, value: &T) -> io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::common::seq_of;
 
     #[test]
     fn thousands_separators() {
@@ -387,20 +447,47 @@ mod tests {
     }
 
     #[test]
+    fn check_ticks_off_every_producer_and_holds_the_queue_counters() {
+        // Producer 0 put 3 and 0 and 1 were acked; producer 1 put 2, 0 was acked twice, and
+        // 5, which it never put, once.
+        let mut ledger = Ledger::default();
+        for (producer, n) in [(0, 0), (0, 1), (1, 0), (1, 0), (1, 5)] {
+            ledger.mark(seq_of(producer, n));
+        }
+        let stats = QueueStats {
+            enqueued: 5,
+            acked: 4,
+            ready: 1,
+            ..QueueStats::default()
+        };
+        let seen = Seen {
+            put: &[3, 2],
+            ledger: &ledger,
+            acked: 5,
+            redelivered: 0,
+            problems: vec!["a producer stopped early".into()],
+        };
+        let a = Accounting::check(seen, &stats);
+        assert_eq!((a.put, a.acked, a.still_queued), (5, 3, 1));
+        assert_eq!((a.double_acked, a.lost), (1, 1));
+        assert!(!a.ok);
+        let expected = [
+            "1 message(s) lost",
+            "a producer stopped early",
+            "1 acked message(s) were never put",
+            "the queues counted 4 acks but the consumers saw 5 succeed",
+            "1 message(s) acked more than once",
+        ];
+        assert_eq!(a.problems.len(), expected.len(), "{:?}", a.problems);
+        for (problem, start) in a.problems.iter().zip(expected) {
+            assert!(problem.starts_with(start), "{problem}");
+        }
+    }
+
+    #[test]
     fn proc_readings() {
         let rss = status_kib("VmHWM").expect("VmHWM on Linux");
         assert!(rss > 0);
         assert!(load_average().is_some());
-    }
-
-    #[test]
-    fn cpu_time_is_read_from_fields_14_and_15_after_the_command_name() {
-        // A command name with a space and a ')' of its own; utime 250 and stime 75 ticks.
-        let stat = "4242 (lg (x) y) S 1 4242 4242 0 -1 4194304 900 0 0 0 250 75 0 0 20 0 9 0";
-        let cpu = CpuSample::from_stat(stat).expect("parses");
-        assert_eq!(cpu.user_s, 2.5);
-        assert_eq!(cpu.sys_s, 0.75);
-        assert!(CpuSample::from_stat("4242 (cut short) S 1 2").is_none());
-        assert!(CpuSample::from_stat("no parenthesis at all").is_none());
     }
 }

@@ -111,11 +111,6 @@ fn summarise(args: &ThroughputArgs, out: StepOutcome) -> Run {
     config["warmup_s"] = json!(args.warmup.as_secs_f64());
     config["rate"] = json!(args.rate);
     config["max_in_flight"] = json!(out.max_in_flight);
-    let rate = |name: &str, total: u64| Rate {
-        name: name.into(),
-        per_second: total as f64 / seconds,
-        total,
-    };
     let recorders = [out.deliver, out.ack, out.settle];
     let summary = Summary {
         tool: "leasemq-loadgen",
@@ -125,9 +120,9 @@ fn summarise(args: &ThroughputArgs, out: StepOutcome) -> Run {
         config,
         measured_seconds: seconds,
         rates: vec![
-            rate("put", out.put_in_window),
-            rate("delivered", out.delivered_in_window),
-            rate("acked", out.acked_in_window),
+            Rate::new("put", out.put_in_window, seconds),
+            Rate::new("delivered", out.delivered_in_window, seconds),
+            Rate::new("acked", out.acked_in_window, seconds),
         ],
         histograms: HISTOGRAMS
             .iter()

@@ -12,11 +12,11 @@ use leasemq::{Broker, Consumer, ConsumerConfig, Queue, QueueConfig, QueueStats};
 use super::tasks;
 use super::workers::{consume, produce, ConsumerResult, Plan, ProducerResult, Shared};
 use crate::cli::{Api, WorkloadArgs};
-use crate::common::{add_stats, broker_error, nanos, queue_names, Clock};
+use crate::common::{add_stats, broker_error, nanos, new_broker, queue_names, Clock, Ledger};
 use crate::hist::Recorder;
 use crate::intervals::{IntervalClock, IntervalLog, Piece, TimedRecorder};
 use crate::progress::Progress;
-use crate::report::{thousands, Accounting, CpuSample, ProcessStats};
+use crate::report::{cpu_now, thousands, Accounting, ProcessStats, Seen};
 
 /// Long enough that no lease runs out during a run: every ack is expected to succeed.
 pub const ACK_TIMEOUT: Duration = Duration::from_secs(600);
@@ -127,10 +127,7 @@ fn start_broker(
     w: &WorkloadArgs,
     shards: u32,
 ) -> Result<(Broker, Vec<Queue>, Vec<Consumer>), String> {
-    let broker = Broker::builder()
-        .shards(shards as usize)
-        .build()
-        .map_err(|e| broker_error("starting the broker", e))?;
+    let broker = new_broker(shards)?;
     let config = QueueConfig {
         ack_timeout: ACK_TIMEOUT,
         max_body_bytes: (w.body_bytes as usize).max(1024 * 1024),
@@ -163,179 +160,216 @@ pub fn run_step(step: &Step, progress: &Progress) -> Result<StepOutcome, String>
     validate(step.workload, step.rate, step.duration)?;
     let plan = plan_of(step);
     let (broker, qs, cs) = start_broker(step.workload, step.shards)?;
-    let shared = Arc::new(Shared::default());
     let clock = Clock::start();
-    let epoch = SystemTime::now();
-    let mut watch = Watch::new(step, &plan, clock, epoch, progress);
-
-    let runtime = match step.workload.api {
-        Api::Async => Some(
-            tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(step.workload.runtime_threads as usize)
-                .thread_name("loadgen-runtime")
-                .enable_time()
-                .build()
-                .map_err(|e| format!("starting the tokio runtime: {e}"))?,
-        ),
-        _ => None,
+    let mut watch = Watch::new(step, &plan, clock, SystemTime::now(), progress);
+    let runtime = start_runtime(step.workload)?;
+    let spawner = Spawner {
+        plan: &plan,
+        clock,
+        shared: Arc::default(),
+        runtime: runtime.as_ref(),
     };
-    let consumer_threads: Vec<_> = cs
-        .into_iter()
-        .enumerate()
-        .map(|(i, c)| {
-            let (plan, shared) = (plan.clone(), shared.clone());
-            let result = watch.consumer_result();
-            match &runtime {
-                Some(rt) => {
-                    let queue = qs[i % qs.len()].clone();
-                    Worker::Task(
-                        rt.handle().clone(),
-                        rt.spawn(tasks::consume(c, queue, result, plan, clock, shared)),
-                    )
-                }
-                None => Worker::Thread(
-                    thread::Builder::new()
-                        .name(format!("consumer-{i}"))
-                        .spawn(move || consume(c, result, &plan, clock, &shared))
-                        .expect("spawn a consumer thread"),
-                ),
-            }
-        })
-        .collect();
-    // Only the workers hold senders now: the channel closes when the last one finishes.
-    watch.tx = None;
-    let producers = plan.producers as usize;
-    let producer_threads: Vec<_> = (0..producers)
-        .map(|j| {
-            let (plan, shared) = (plan.clone(), shared.clone());
-            let mine: Vec<Queue> = (0..qs.len())
-                .map(|k| qs[(j + k) % qs.len()].clone())
-                .collect();
-            match &runtime {
-                Some(rt) => Worker::Task(
-                    rt.handle().clone(),
-                    rt.spawn(tasks::produce(j as u64, mine, plan, clock, shared)),
-                ),
-                None => Worker::Thread(
-                    thread::Builder::new()
-                        .name(format!("producer-{j}"))
-                        .spawn(move || produce(j as u64, &mine, &plan, clock, &shared))
-                        .expect("spawn a producer thread"),
-                ),
-            }
-        })
-        .collect();
+    let (producers, consumers) = spawner.start(&qs, cs, &mut watch);
 
+    // The warm-up; the measured window, its CPU time read at both ends; the drain.
     watch.until(plan.warm_ns, "warm-up");
-    let cpu = CpuSample::now();
+    let cpu_start = cpu_now();
     watch.until(plan.end_ns, "measuring");
-    let cpu_end = CpuSample::now();
-    watch.while_running(&producer_threads, &consumer_threads);
+    let cpu_end = cpu_now();
+    watch.while_running(&producers, &consumers);
 
-    let mut put_per_producer = Vec::with_capacity(producers);
-    let mut out = StepOutcome {
-        deliver: Recorder::new(),
-        ack: Recorder::new(),
-        settle: Recorder::new(),
-        put_in_window: 0,
-        delivered_in_window: 0,
-        acked_in_window: 0,
-        settle_calls: 0,
-        acked: 0,
-        max_in_flight: plan.max_in_flight,
-        accounting: Accounting::default(),
-        process: ProcessStats::default(),
-        intervals: None,
-    };
-    let mut problems = Vec::new();
-    for t in producer_threads {
-        let r: ProducerResult = t.join().ok_or_else(|| "a producer panicked".to_string())?;
-        put_per_producer.push(r.put);
-        out.put_in_window += r.put_in_window;
-        problems.extend(r.problem);
-    }
-    let mut ledger = crate::common::Ledger::default();
-    let mut redelivered = 0;
-    for t in consumer_threads {
-        let r = t.join().ok_or_else(|| "a consumer panicked".to_string())?;
-        out.deliver.merge(&r.deliver.finish());
-        out.ack.merge(&r.ack.finish());
-        out.settle.merge(&r.settle.finish());
-        ledger.merge(&r.ledger);
-        out.acked += r.acked;
-        out.acked_in_window += r.acked_in_window;
-        out.delivered_in_window += r.delivered_in_window;
-        out.settle_calls += r.settle_calls;
-        redelivered += r.redelivered;
-        problems.extend(r.problems);
-    }
-    out.intervals = watch.finish();
+    let produced = Produced::join(producers)?;
+    let consumed = Consumed::join(consumers)?;
+    let intervals = watch.finish();
     drop(runtime);
-
     let mut stats = QueueStats::default();
     for q in &qs {
         add_stats(&mut stats, &q.stats());
     }
     broker.shutdown();
 
-    out.accounting = Accounting {
-        put: put_per_producer.iter().sum(),
-        redelivered,
-        expired: stats.expired,
-        stale: stats.stale,
-        still_queued: (stats.ready + stats.delayed + stats.leased) as u64,
-        dead_lettered: stats.dead_lettered,
-        dropped: stats.dropped,
-        double_acked: ledger.doubles,
-        problems,
-        ..Accounting::default()
-    };
-    check(&mut out, &put_per_producer, &ledger, &stats);
-
+    let accounting = check(&produced, &consumed, &stats);
     let seconds = step.duration.as_secs_f64();
-    let p = &mut out.process;
-    p.cpu_user_s = cpu_end.user_s - cpu.user_s;
-    p.cpu_sys_s = cpu_end.sys_s - cpu.sys_s;
-    p.cpu_s = p.cpu_user_s + p.cpu_sys_s;
-    p.cores_busy = p.cpu_s / seconds;
-    p.cpu_ns_per_message =
-        (out.acked_in_window > 0).then(|| p.cpu_s * 1e9 / out.acked_in_window as f64);
-    p.peak_rss_bytes = crate::report::status_kib("VmHWM").map(|k| k * 1024);
-    Ok(out)
+    let process = ProcessStats::over_window(cpu_start, cpu_end, seconds, consumed.acked_in_window);
+    Ok(StepOutcome {
+        deliver: consumed.deliver,
+        ack: consumed.ack,
+        settle: consumed.settle,
+        put_in_window: produced.put_in_window,
+        delivered_in_window: consumed.delivered_in_window,
+        acked_in_window: consumed.acked_in_window,
+        settle_calls: consumed.settle_calls,
+        acked: consumed.acked,
+        max_in_flight: plan.max_in_flight,
+        accounting,
+        process,
+        intervals,
+    })
 }
 
 /// The end-of-run check: each producer's sequence numbers against the consumers' ledgers,
 /// and both against the queues' counters.
-fn check(
-    out: &mut StepOutcome,
-    put_per_producer: &[u64],
-    ledger: &crate::common::Ledger,
-    stats: &QueueStats,
-) {
-    let a = &mut out.accounting;
-    let mut never_put = 0;
-    for (p, &n) in put_per_producer.iter().enumerate() {
-        let (missing, beyond) = ledger.check(p, n);
-        a.acked += n - missing;
-        never_put += beyond;
+fn check(produced: &Produced, consumed: &Consumed, stats: &QueueStats) -> Accounting {
+    let problems = produced.problems.iter().chain(&consumed.problems);
+    let seen = Seen {
+        put: &produced.put,
+        ledger: &consumed.ledger,
+        acked: consumed.acked,
+        redelivered: consumed.redelivered,
+        problems: problems.cloned().collect(),
+    };
+    Accounting::check(seen, stats)
+}
+
+/// The tokio runtime that runs the workers as tasks with `--api async`; none otherwise.
+fn start_runtime(w: &WorkloadArgs) -> Result<Option<tokio::runtime::Runtime>, String> {
+    if w.api != Api::Async {
+        return Ok(None);
     }
-    if never_put > 0 {
-        a.problems
-            .push(format!("{never_put} acked message(s) were never put"));
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(w.runtime_threads as usize)
+        .thread_name("loadgen-runtime")
+        .enable_time()
+        .build()
+        .map(Some)
+        .map_err(|e| format!("starting the tokio runtime: {e}"))
+}
+
+/// Starts the step's producers and consumers: threads, or tasks on its tokio runtime.
+struct Spawner<'a> {
+    plan: &'a Plan,
+    clock: Clock,
+    shared: Arc<Shared>,
+    runtime: Option<&'a tokio::runtime::Runtime>,
+}
+
+impl Spawner<'_> {
+    /// Starts the consumers, one per consumer of `cs` (consumer i reads queue i mod Q), then
+    /// the producers.
+    fn start(
+        &self,
+        qs: &[Queue],
+        cs: Vec<Consumer>,
+        watch: &mut Watch<'_>,
+    ) -> (Vec<Worker<ProducerResult>>, Vec<Worker<ConsumerResult>>) {
+        let consumers = cs
+            .into_iter()
+            .enumerate()
+            .map(|(i, c)| self.consumer(i, c, &qs[i % qs.len()], watch.consumer_result()))
+            .collect();
+        // Only the workers hold senders now: the channel closes when the last one finishes.
+        watch.tx = None;
+        let producers = (0..self.plan.producers as usize)
+            .map(|j| {
+                // Its own queue first, then round the others.
+                let mine = (0..qs.len()).map(|k| qs[(j + k) % qs.len()].clone());
+                self.producer(j, mine.collect())
+            })
+            .collect();
+        (producers, consumers)
     }
-    if stats.enqueued != a.put {
-        a.problems.push(format!(
-            "the queues enqueued {} messages but the producers put {}",
-            stats.enqueued, a.put
-        ));
+
+    /// Consumer `i`, which receives from `queue` through `c` and records into `result`.
+    fn consumer(
+        &self,
+        i: usize,
+        c: Consumer,
+        queue: &Queue,
+        result: ConsumerResult,
+    ) -> Worker<ConsumerResult> {
+        let (plan, clock, shared) = (self.plan.clone(), self.clock, self.shared.clone());
+        match self.runtime {
+            Some(rt) => {
+                let task = tasks::consume(c, queue.clone(), result, plan, clock, shared);
+                Worker::Task(rt.handle().clone(), rt.spawn(task))
+            }
+            None => Worker::Thread(
+                thread::Builder::new()
+                    .name(format!("consumer-{i}"))
+                    .spawn(move || consume(c, result, &plan, clock, &shared))
+                    .expect("spawn a consumer thread"),
+            ),
+        }
     }
-    if stats.acked != out.acked {
-        a.problems.push(format!(
-            "the queues counted {} acks but the consumers saw {} succeed",
-            stats.acked, out.acked
-        ));
+
+    /// Producer `j`, which puts into `queues` round robin.
+    fn producer(&self, j: usize, queues: Vec<Queue>) -> Worker<ProducerResult> {
+        let (plan, clock, shared) = (self.plan.clone(), self.clock, self.shared.clone());
+        match self.runtime {
+            Some(rt) => {
+                let task = tasks::produce(j as u64, queues, plan, clock, shared);
+                Worker::Task(rt.handle().clone(), rt.spawn(task))
+            }
+            None => Worker::Thread(
+                thread::Builder::new()
+                    .name(format!("producer-{j}"))
+                    .spawn(move || produce(j as u64, &queues, &plan, clock, &shared))
+                    .expect("spawn a producer thread"),
+            ),
+        }
     }
-    a.conclude();
+}
+
+/// What the producers reported, in the order of their numbers.
+struct Produced {
+    /// Messages each producer put.
+    put: Vec<u64>,
+    put_in_window: u64,
+    problems: Vec<String>,
+}
+
+impl Produced {
+    /// Waits for every producer and adds up what they report.
+    fn join(producers: Vec<Worker<ProducerResult>>) -> Result<Produced, String> {
+        let mut produced = Produced {
+            put: Vec::with_capacity(producers.len()),
+            put_in_window: 0,
+            problems: Vec::new(),
+        };
+        for t in producers {
+            let r = t.join().ok_or_else(|| "a producer panicked".to_string())?;
+            produced.put.push(r.put);
+            produced.put_in_window += r.put_in_window;
+            produced.problems.extend(r.problem);
+        }
+        Ok(produced)
+    }
+}
+
+/// What the consumers reported, merged.
+#[derive(Default)]
+struct Consumed {
+    deliver: Recorder,
+    ack: Recorder,
+    settle: Recorder,
+    ledger: Ledger,
+    acked: u64,
+    acked_in_window: u64,
+    delivered_in_window: u64,
+    settle_calls: u64,
+    redelivered: u64,
+    problems: Vec<String>,
+}
+
+impl Consumed {
+    /// Waits for every consumer and merges what they report.
+    fn join(consumers: Vec<Worker<ConsumerResult>>) -> Result<Consumed, String> {
+        let mut c = Consumed::default();
+        for t in consumers {
+            let r = t.join().ok_or_else(|| "a consumer panicked".to_string())?;
+            c.deliver.merge(&r.deliver.finish());
+            c.ack.merge(&r.ack.finish());
+            c.settle.merge(&r.settle.finish());
+            c.ledger.merge(&r.ledger);
+            c.acked += r.acked;
+            c.acked_in_window += r.acked_in_window;
+            c.delivered_in_window += r.delivered_in_window;
+            c.settle_calls += r.settle_calls;
+            c.redelivered += r.redelivered;
+            c.problems.extend(r.problems);
+        }
+        Ok(c)
+    }
 }
 
 /// A producer or consumer: a thread, or a task on the run's tokio runtime (`--api async`).
