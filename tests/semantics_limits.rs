@@ -52,6 +52,32 @@ fn ack_timeout_must_be_between_one_millisecond_and_seven_days() {
     declares(&broker, "lim.t4", timeout(SEVEN_DAYS));
 }
 
+/// Contract §7: a durable queue needs a data dir, which no broker can open yet. The answer
+/// says so, names the field, and leaves nothing behind; the same config with `durable:
+/// false` is declared.
+#[test]
+fn a_durable_queue_without_a_data_dir_is_invalid_config() {
+    let broker = broker();
+    let durable = QueueConfig {
+        durable: true,
+        ..QueueConfig::default()
+    };
+    match broker.declare_queue("lim.durable", durable) {
+        Err(Error::InvalidConfig(why)) => {
+            assert!(why.contains("durable") && why.contains("data dir"), "{why}");
+        }
+        other => panic!("expected InvalidConfig, got {other:?}"),
+    }
+    assert!(broker.queue("lim.durable").is_none());
+    assert!(
+        !QueueConfig::default().durable,
+        "queues are in memory by default"
+    );
+    declares(&broker, "lim.durable", QueueConfig::default());
+    let storage = Error::Storage("wal/0/00000001.wal: fsync failed".into());
+    assert!(storage.to_string().contains("fsync failed"), "{storage}");
+}
+
 #[test]
 fn max_lease_must_not_be_shorter_than_ack_timeout() {
     let broker = broker();

@@ -241,6 +241,10 @@ pub struct QueueConfig {
     pub max_length: Option<usize>,
     /// The largest body a put may carry, from 1 byte to 64 MiB (default 1 MiB).
     pub max_body_bytes: usize,
+    /// Whether the queue's messages survive a restart, kept in the broker's data dir
+    /// (contract §7, default false). Durable queues need a broker with a data dir, which
+    /// this version cannot open yet: a durable queue is `InvalidConfig`.
+    pub durable: bool,
 }
 
 impl Default for QueueConfig {
@@ -254,6 +258,7 @@ impl Default for QueueConfig {
             dedup_window: Duration::ZERO,
             max_length: None,
             max_body_bytes: 1024 * 1024,
+            durable: false,
         }
     }
 }
@@ -350,6 +355,8 @@ pub enum Error {
     NotManualClock,
     /// The broker was shut down.
     ShutDown,
+    /// The data dir failed: says which file and what went wrong (contract §7).
+    Storage(String),
 }
 
 impl fmt::Display for Error {
@@ -381,6 +388,7 @@ impl fmt::Display for Error {
                 f.write_str("advance needs a broker built with manual_clock()")
             }
             Error::ShutDown => f.write_str("the broker is shut down"),
+            Error::Storage(why) => write!(f, "storage failed: {why}"),
         }
     }
 }

@@ -188,6 +188,9 @@ impl Input<'_> {
                 _ => self.u32() as usize,
             };
         }
+        if set(11) {
+            c.durable = true;
+        }
         c
     }
 
@@ -291,7 +294,16 @@ fn config_breaks_limits(name: &str, c: &QueueConfig) -> bool {
     let counts_ok = c.max_deliveries != Some(0) && c.max_length != Some(0);
     let body_ok = (1..=MAX_BODY_LIMIT).contains(&c.max_body_bytes);
     let dead_letter_ok = c.dead_letter.as_deref() != Some(name);
-    !(ack_ok && lease_ok && multiplier_ok && jitter_ok && counts_ok && body_ok && dead_letter_ok)
+    // The target's broker has no data dir (contract §7).
+    let durable_ok = !c.durable;
+    !(ack_ok
+        && lease_ok
+        && multiplier_ok
+        && jitter_ok
+        && counts_ok
+        && body_ok
+        && dead_letter_ok
+        && durable_ok)
 }
 
 /// Where the broker is stricter than contract §3 says, the reference lets it be (so the target

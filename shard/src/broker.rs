@@ -280,6 +280,13 @@ impl Broker {
         }
         validate::queue_name(name)?;
         validate::queue_config(name, &config)?;
+        if config.durable {
+            return Err(Error::InvalidConfig(
+                "durable: a durable queue needs a broker with a data dir, \
+                 which this version cannot open yet; declare it with durable: false"
+                    .into(),
+            ));
+        }
         if let Some(dead_letter) = &config.dead_letter {
             if self.lookup(dead_letter)?.is_none() {
                 return Err(Error::UnknownQueue(dead_letter.clone()));

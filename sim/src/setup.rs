@@ -169,6 +169,8 @@ fn valid_config(rng: &mut Rng, names: &[String], me: usize) -> QueueConfig {
         } else {
             1024 * 1024
         },
+        // The engine keeps no log: durability lives in the shard layer.
+        durable: false,
     }
 }
 

@@ -332,6 +332,7 @@ impl Harness {
             } else {
                 QueueConfig::default().max_body_bytes
             },
+            durable: false,
         };
         if rng.one_in(25) {
             match rng.below(7) {
