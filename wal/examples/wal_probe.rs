@@ -1,5 +1,6 @@
 //! A quick probe of the log on a real disk: records appended and synced per second in
-//! batches, fsyncs per second, and records recovered per second.
+//! batches, sync rounds per second, the latency of a round carrying one record, and
+//! records recovered per second.
 //!
 //! `cargo run --release -p leasemq-wal --example wal_probe -- [DIR] [RECORDS] [BATCH]`
 //! (defaults: a temporary directory under the current one, 2 000 000 records, batches
@@ -47,9 +48,21 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let durable = wal.sync()?;
     let elapsed = start.elapsed();
     assert_eq!(durable, Lsn(records));
+    let rounds = rounds.load(Ordering::Relaxed);
+
+    // One record at a time, each waited for: the latency of a round (write + fdatasync).
+    let mut latencies: Vec<f64> = (0..200)
+        .map(|_| {
+            let start = Instant::now();
+            wal.append(&payload)?;
+            wal.sync()?;
+            Ok(start.elapsed().as_secs_f64() * 1e6)
+        })
+        .collect::<Result<_, leasemq_wal::WalError>>()?;
+    latencies.sort_by(f64::total_cmp);
+    let total = records + latencies.len() as u64;
     let segments = wal.segments().len();
     drop(wal);
-    let rounds = rounds.load(Ordering::Relaxed);
     println!(
         "append+sync: {records} records of 16 bytes in batches of {batch}: {:.3} s, \
          {:.0} records/s, {rounds} sync rounds ({:.0}/s, {:.0} records each), {segments} segments",
@@ -59,13 +72,20 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         records as f64 / rounds as f64,
     );
 
+    println!(
+        "one record per round: median {:.0} µs, p99 {:.0} µs over {} rounds",
+        latencies[latencies.len() / 2],
+        latencies[latencies.len() * 99 / 100],
+        latencies.len()
+    );
+
     let start = Instant::now();
     let mut count = 0u64;
     let (_wal, report) = Wal::open(storage, &dir, Options::default(), Lsn(1), |_, p| {
         count += p.len() as u64 / 16;
     })?;
     let elapsed = start.elapsed();
-    assert_eq!(count, records);
+    assert_eq!(count, total);
     println!(
         "recovery: {} records in {:.3} s, {:.0} records/s",
         report.replayed,
