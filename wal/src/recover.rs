@@ -266,21 +266,18 @@ fn check_end(buf: &[u8], scan: &frame::Scan, max_payload: usize) -> End {
 }
 
 /// Removes the segments after the last one with data (keeping the first if none has any).
+///
+/// Such segments were created by a roll whose first write never reached the disk. A
+/// segment counts as empty only if every byte of it is zero: one whose first header is
+/// zero but that holds anything further on is kept and scanned, so that damage to a
+/// synced header cannot pass for an empty segment.
 fn remove_trailing_empty(
     storage: &dyn Storage,
     segments: &mut Vec<Segment>,
 ) -> Result<Vec<PathBuf>, WalError> {
-    let mut keep = 1.min(segments.len());
-    for (i, segment) in segments.iter().enumerate() {
-        let mut header = [0u8; HEADER];
-        let n = (segment.capacity as usize).min(HEADER);
-        segment
-            .file
-            .read_at(&mut header[..n], 0)
-            .map_err(|e| WalError::io(&segment.path, "read", e))?;
-        if header.iter().any(|&b| b != 0) {
-            keep = i + 1;
-        }
+    let mut keep = segments.len();
+    while keep > 1 && is_empty(&segments[keep - 1])? {
+        keep -= 1;
     }
     let mut removed = Vec::new();
     for segment in segments.drain(keep..) {
@@ -290,6 +287,19 @@ fn remove_trailing_empty(
         removed.push(segment.path);
     }
     Ok(removed)
+}
+
+fn is_empty(segment: &Segment) -> Result<bool, WalError> {
+    let mut header = [0u8; HEADER];
+    let n = (segment.capacity as usize).min(HEADER);
+    segment
+        .file
+        .read_at(&mut header[..n], 0)
+        .map_err(|e| WalError::io(&segment.path, "read", e))?;
+    if header.iter().any(|&b| b != 0) {
+        return Ok(false);
+    }
+    Ok(read_all(segment)?.iter().all(|&b| b == 0))
 }
 
 fn read_all(segment: &Segment) -> Result<Vec<u8>, WalError> {

@@ -38,6 +38,8 @@ impl Wal {
     ///
     /// Records before `from` (covered by a snapshot, in segments not yet removed) are
     /// checked but not replayed. A torn tail is cut and described in the report.
+    /// `replay` sees each record as soon as its frame checks out, before later segments
+    /// are read: if `open` then fails, the caller discards what it replayed.
     ///
     /// # Errors
     ///

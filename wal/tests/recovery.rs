@@ -284,3 +284,30 @@ fn an_empty_segment_left_by_a_crash_during_a_roll_is_removed() {
     assert_eq!(report.removed.len(), 1);
     assert_eq!(segment_files(&crashed), before);
 }
+
+#[test]
+fn a_zeroed_header_of_synced_data_does_not_pass_for_an_empty_segment() {
+    let disk = MemDisk::new();
+    let (mut wal, _, _) = open(&disk, small(256)).unwrap();
+    // One write per record, so the last segment holds several writes.
+    let mut n = 1;
+    while segment_files(&disk).len() < 3
+        || frame_offsets(&disk.contents(segment_files(&disk).last().unwrap()).unwrap()).len() < 3
+    {
+        append_synced(&mut wal, n..=n);
+        n += 1;
+    }
+    drop(wal);
+    let last = segment_files(&disk).last().unwrap().clone();
+    disk.damage(&last, 0, &[0; 24]);
+    match open(&disk, small(256)) {
+        Err(WalError::Corrupt {
+            path,
+            offset,
+            detail,
+        }) => {
+            assert_eq!((path, offset), (last, 0), "{detail}");
+        }
+        other => panic!("{:?}", other.map(|(_, r, rep)| (r.len(), rep))),
+    }
+}
