@@ -143,7 +143,7 @@ impl fmt::Debug for Options {
 impl Options {
     fn check(&self) -> Result<(), WalError> {
         let frame = frame::frame_len(self.max_record_bytes) as u64;
-        let why = if !self.segment_bytes.is_multiple_of(8) {
+        let why = if self.segment_bytes % 8 != 0 {
             "segment_bytes must be a multiple of 8"
         } else if frame > self.segment_bytes {
             "a frame of max_record_bytes must fit in segment_bytes"

@@ -53,7 +53,8 @@ pub trait StorageFile: Send + Sync + Debug {
     fn sync_data(&self) -> io::Result<()>;
 }
 
-/// The real file system, through `std::fs`.
+/// The real file system, through `std::fs` (Unix: positioned reads and writes, `flock`
+/// for the directory lock, and on Linux `fallocate`).
 #[derive(Clone, Copy, Debug, Default)]
 pub struct DiskStorage;
 
@@ -75,11 +76,8 @@ impl Storage for DiskStorage {
             .create(true)
             .truncate(false)
             .open(dir.join(LOCK_FILE))?;
-        match file.try_lock() {
-            Ok(()) => Ok(Box::new(file)),
-            Err(fs::TryLockError::WouldBlock) => Err(io::ErrorKind::WouldBlock.into()),
-            Err(fs::TryLockError::Error(e)) => Err(e),
-        }
+        lock_exclusive(&file)?;
+        Ok(Box::new(file))
     }
 
     fn list(&self, dir: &Path) -> io::Result<Vec<String>> {
@@ -161,6 +159,15 @@ impl DiskFile {
         }
         Ok(())
     }
+}
+
+/// `flock(LOCK_EX | LOCK_NB)` on the lock file: held while the file is open, released by
+/// the kernel when the process dies, so a crash leaves no stale lock. (`File::try_lock`
+/// does the same from Rust 1.89; the workspace still builds with 1.85.)
+#[cfg(unix)]
+fn lock_exclusive(file: &File) -> io::Result<()> {
+    use rustix::fs::{flock, FlockOperation};
+    flock(file, FlockOperation::NonBlockingLockExclusive).map_err(io::Error::from)
 }
 
 /// `fallocate(2)`: reserves the blocks and extends the file in one metadata operation,
