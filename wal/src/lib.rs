@@ -142,13 +142,12 @@ impl fmt::Debug for Options {
 
 impl Options {
     fn check(&self) -> Result<(), WalError> {
-        let frame = frame::frame_len(self.max_record_bytes) as u64;
         let why = if self.segment_bytes % 8 != 0 {
             "segment_bytes must be a multiple of 8"
-        } else if frame > self.segment_bytes {
-            "a frame of max_record_bytes must fit in segment_bytes"
         } else if u32::try_from(self.max_record_bytes).is_err() {
             "max_record_bytes must fit in 32 bits"
+        } else if frame::frame_len(self.max_record_bytes) as u64 > self.segment_bytes {
+            "a frame of max_record_bytes must fit in segment_bytes"
         } else {
             return Ok(());
         };

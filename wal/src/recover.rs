@@ -110,27 +110,7 @@ pub(crate) fn recover(
     from: u64,
     replay: &mut dyn FnMut(Lsn, &[u8]),
 ) -> Result<Recovered, WalError> {
-    let mut found: Vec<u64> = storage
-        .list(dir)
-        .map_err(|e| WalError::io(dir, "list", e))?
-        .iter()
-        .filter_map(|name| parse_segment_name(name))
-        .collect();
-    found.sort_unstable();
-    let mut segments = Vec::new();
-    for &lsn in &found {
-        let path = dir.join(segment_name(lsn));
-        let file = storage
-            .open(&path)
-            .map_err(|e| WalError::io(&path, "open", e))?;
-        let capacity = file.size().map_err(|e| WalError::io(&path, "stat", e))?;
-        segments.push(Segment {
-            path,
-            file,
-            first_lsn: lsn,
-            capacity,
-        });
-    }
+    let mut segments = open_segments(storage, dir)?;
     let removed = remove_trailing_empty(storage, &mut segments)?;
     if segments.is_empty() {
         // A new log, or one started after a snapshot: its first record will be `from`.
@@ -167,62 +147,28 @@ pub(crate) fn recover(
                 ),
             ));
         }
-        let buf = read_all(segment)?;
-        let scan = frame::scan(&buf, next_lsn, options.max_record_bytes, |lsn, payload| {
-            if lsn >= from {
-                replay(Lsn(lsn), payload);
-                replayed += 1;
-            }
-        });
-        let damage = check_end(&buf, &scan, options.max_record_bytes);
-        let at = scan.end as u64;
-        match damage {
-            End::Clean => {}
-            End::Corrupt(detail) => return Err(WalError::corrupt(&segment.path, at, detail)),
-            End::Tail(detail) if i != last => {
-                return Err(WalError::corrupt(&segment.path, at, detail))
-            }
-            End::Tail(detail) => {
-                let bytes = frame::nonzero_end(&buf, scan.end) - scan.end;
-                cut(segment, at, bytes)?;
-                torn = Some(TornTail {
-                    path: segment.path.clone(),
-                    offset: at,
-                    bytes: bytes as u64,
-                    detail,
-                });
-            }
-        }
-        next_lsn = scan.next_lsn;
-        pos = at;
+        let (end, next, cut) =
+            replay_segment(segment, next_lsn, i == last, options, &mut |lsn, p| {
+                if lsn.0 >= from {
+                    replay(lsn, p);
+                    replayed += 1;
+                }
+            })?;
+        torn = cut.or(torn);
+        next_lsn = next;
+        pos = end;
     }
     if next_lsn < from {
         return Err(WalError::corrupt(
             &segments[last].path,
             pos,
             format!(
-                "the log ends before lsn {next_lsn}, short of lsn {from} that replay starts at"
+                "the log ends at lsn {}, before lsn {from} that replay starts at",
+                next_lsn - 1
             ),
         ));
     }
-    let current = &mut segments[last];
-    if current.capacity < options.segment_bytes {
-        // A crash lost the preallocation, or the segment size grew since.
-        current
-            .file
-            .allocate(options.segment_bytes)
-            .map_err(|e| WalError::io(&current.path, "fallocate", e))?;
-        current.capacity = options.segment_bytes;
-    }
-    // What recovery read may be in the page cache only (the process died, the machine
-    // did not): sync it before calling any of it durable.
-    current
-        .file
-        .sync_data()
-        .map_err(|e| WalError::io(&current.path, "fdatasync", e))?;
-    storage
-        .sync_dir(dir)
-        .map_err(|e| WalError::io(dir, "fsync directory", e))?;
+    make_current(storage, dir, &mut segments[last], options.segment_bytes)?;
     let report = RecoveryReport {
         next_lsn: Lsn(next_lsn),
         replayed,
@@ -235,6 +181,92 @@ pub(crate) fn recover(
         pos,
         report,
     })
+}
+
+/// Checks and replays one segment whose first record is `first_lsn`; returns where its
+/// records end, the next lsn, and the torn tail it cut (only the last segment may have
+/// one).
+fn replay_segment(
+    segment: &Segment,
+    first_lsn: u64,
+    is_last: bool,
+    options: &Options,
+    replay: &mut dyn FnMut(Lsn, &[u8]),
+) -> Result<(u64, u64, Option<TornTail>), WalError> {
+    let buf = read_all(segment)?;
+    let scan = frame::scan(&buf, first_lsn, options.max_record_bytes, |lsn, payload| {
+        replay(Lsn(lsn), payload)
+    });
+    let at = scan.end as u64;
+    let torn = match check_end(&buf, &scan, options.max_record_bytes) {
+        End::Clean => None,
+        End::Corrupt(detail) => return Err(WalError::corrupt(&segment.path, at, detail)),
+        End::Tail(detail) if !is_last => return Err(WalError::corrupt(&segment.path, at, detail)),
+        End::Tail(detail) => {
+            let bytes = frame::nonzero_end(&buf, scan.end) - scan.end;
+            cut(segment, at, bytes)?;
+            Some(TornTail {
+                path: segment.path.clone(),
+                offset: at,
+                bytes: bytes as u64,
+                detail,
+            })
+        }
+    };
+    Ok((at, scan.next_lsn, torn))
+}
+
+/// Opens the segments in `dir`, in lsn order.
+fn open_segments(storage: &dyn Storage, dir: &Path) -> Result<Vec<Segment>, WalError> {
+    let mut found: Vec<u64> = storage
+        .list(dir)
+        .map_err(|e| WalError::io(dir, "list", e))?
+        .iter()
+        .filter_map(|name| parse_segment_name(name))
+        .collect();
+    found.sort_unstable();
+    let mut segments = Vec::with_capacity(found.len());
+    for lsn in found {
+        let path = dir.join(segment_name(lsn));
+        let file = storage
+            .open(&path)
+            .map_err(|e| WalError::io(&path, "open", e))?;
+        let capacity = file.size().map_err(|e| WalError::io(&path, "stat", e))?;
+        segments.push(Segment {
+            path,
+            file,
+            first_lsn: lsn,
+            capacity,
+        });
+    }
+    Ok(segments)
+}
+
+/// Readies the last segment for appends: preallocated, and synced with its directory.
+fn make_current(
+    storage: &dyn Storage,
+    dir: &Path,
+    current: &mut Segment,
+    segment_bytes: u64,
+) -> Result<(), WalError> {
+    if current.capacity < segment_bytes {
+        // A crash lost the preallocation, or the segment size grew since.
+        current
+            .file
+            .allocate(segment_bytes)
+            .map_err(|e| WalError::io(&current.path, "fallocate", e))?;
+        current.capacity = segment_bytes;
+    }
+    // What recovery read may be in the page cache only (the process died, the machine
+    // did not): sync it before calling any of it durable. Only the last segment can
+    // hold unsynced data: the syncer syncs a segment before it writes the next.
+    current
+        .file
+        .sync_data()
+        .map_err(|e| WalError::io(&current.path, "fdatasync", e))?;
+    storage
+        .sync_dir(dir)
+        .map_err(|e| WalError::io(dir, "fsync directory", e))
 }
 
 /// How the data of a segment ends, past its last good record.

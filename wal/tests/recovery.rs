@@ -84,7 +84,7 @@ fn a_torn_tail_is_cut_at_every_byte_offset_of_the_last_write() {
     let offsets = frame_offsets(&image);
     assert_eq!(offsets.len(), 12);
     let write_start = offsets[8];
-    let end = leasemq_wal_end(&image);
+    let end = written_end(&image);
     for cut in write_start..end {
         let damaged = disk.fork();
         damaged.damage(seg, cut as u64, &vec![0; end - cut]);
@@ -119,7 +119,7 @@ fn a_torn_tail_is_cut_at_every_byte_offset_of_the_last_write() {
 }
 
 /// The end of the written frames in a segment image.
-fn leasemq_wal_end(image: &[u8]) -> usize {
+fn written_end(image: &[u8]) -> usize {
     image
         .iter()
         .rposition(|&b| b != 0)
@@ -138,7 +138,7 @@ fn garbage_from_any_offset_of_the_last_write_is_a_torn_tail() {
     let seg = &segment_files(&disk)[0];
     let image = disk.contents(seg).unwrap();
     let offsets = frame_offsets(&image);
-    let end = leasemq_wal_end(&image);
+    let end = written_end(&image);
     for cut in offsets[7]..end {
         let damaged = disk.fork();
         damaged.damage(seg, cut as u64, &vec![0xA5; end - cut]);
@@ -239,13 +239,12 @@ fn a_missing_segment_is_an_lsn_gap() {
 
 #[test]
 fn a_valid_record_with_the_wrong_lsn_is_an_error() {
-    // Copy record 2's frame over record 3's: a valid frame, the wrong lsn.
+    // Copy a record's frame over a later one's: a valid frame, the wrong lsn.
     let disk = log_with_last_write(6, 1, 4096);
     let seg = &segment_files(&disk)[0];
     let image = disk.contents(seg).unwrap();
     let offsets = frame_offsets(&image);
-    // payload(2) and payload(3) differ in length; use records 4 and 5 which... pick any
-    // two with the same frame size.
+    // Two records whose frames have the same size, so that one fits over the other.
     let (a, b) = (0..5)
         .flat_map(|i| (i + 1..5).map(move |j| (i, j)))
         .find(|&(i, j)| offsets[i + 1] - offsets[i] == offsets[j + 1] - offsets[j])
