@@ -1,0 +1,205 @@
+//! Record frames: encoding, checking and scanning a segment's bytes. Pure: no IO.
+//!
+//! A frame is a 24-byte header, the payload, and zeros up to the next multiple of 8:
+//!
+//! ```text
+//!  0..4   crc32c of bytes 4..24 and of the payload (little-endian)
+//!  4..8   payload length, u32
+//!  8..16  lsn, u64
+//! 16..24  first: the lsn of the first record of the write that carried this frame, u64
+//! 24..    payload, then zero padding to a multiple of 8
+//! ```
+//!
+//! Segments are preallocated with zeros, so an all-zero header marks the end of the
+//! written data. No real header is all zero: its lsn is at least 1.
+//!
+//! `first` tells apart, at recovery, a write torn by a crash from damage to data that was
+//! already synced. The syncer issues one write per segment per round and starts the next
+//! round only after the fsync of this one, so at most one write can be unsynced at a crash,
+//! and the disk may have kept any subset of its sectors. A damaged frame followed by valid
+//! frames of that same write (`first` at or below the damaged record's lsn) is such a tear;
+//! a valid frame from a later write (`first` above it) proves the damaged bytes had been
+//! synced before it was written: that is corruption.
+
+/// Bytes in a frame header.
+pub(crate) const HEADER: usize = 24;
+
+/// Bytes a frame with a payload of `len` bytes takes.
+pub(crate) fn frame_len(len: usize) -> usize {
+    HEADER + len.next_multiple_of(8)
+}
+
+/// Appends a frame for `payload` with its `first` and crc left zero: [`seal`] fills them
+/// in once the write that carries it is known.
+pub(crate) fn push_unsealed(buf: &mut Vec<u8>, lsn: u64, payload: &[u8]) {
+    let len = u32::try_from(payload.len()).expect("payload length checked against the limit");
+    buf.extend_from_slice(&[0; 4]);
+    buf.extend_from_slice(&len.to_le_bytes());
+    buf.extend_from_slice(&lsn.to_le_bytes());
+    buf.extend_from_slice(&[0; 8]);
+    buf.extend_from_slice(payload);
+    let padding = payload.len().next_multiple_of(8) - payload.len();
+    buf.extend_from_slice(&[0; 8][..padding]);
+}
+
+/// Sets `first` and the crc of every frame in `buf`, which holds whole frames only.
+pub(crate) fn seal(buf: &mut [u8], first: u64) {
+    let mut at = 0;
+    while at < buf.len() {
+        let len = read_u32(buf, at + 4) as usize;
+        let end = at + HEADER + len;
+        buf[at + 16..at + 24].copy_from_slice(&first.to_le_bytes());
+        let crc = crc32c::crc32c(&buf[at + 4..end]);
+        buf[at..at + 4].copy_from_slice(&crc.to_le_bytes());
+        at += frame_len(len);
+    }
+    assert_eq!(at, buf.len(), "a sealed buffer holds whole frames");
+}
+
+/// What lies at an offset of a segment.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Decoded<'a> {
+    /// A frame whose crc matches.
+    Frame {
+        lsn: u64,
+        first: u64,
+        payload: &'a [u8],
+        /// Bytes the whole frame takes, padding included.
+        size: usize,
+    },
+    /// An all-zero header, or too few bytes left for a header: the end of written data.
+    End,
+    /// Not a frame.
+    Damaged(String),
+}
+
+/// Reads the frame at `at` (a multiple of 8).
+pub(crate) fn decode(buf: &[u8], at: usize, max_payload: usize) -> Decoded<'_> {
+    if buf.len() - at < HEADER {
+        return if buf[at..].iter().all(|&b| b == 0) {
+            Decoded::End
+        } else {
+            Decoded::Damaged("a partial header at the end of the segment".into())
+        };
+    }
+    let header = &buf[at..at + HEADER];
+    if header.iter().all(|&b| b == 0) {
+        return Decoded::End;
+    }
+    let crc = read_u32(buf, at);
+    let len = read_u32(buf, at + 4) as usize;
+    let lsn = read_u64(buf, at + 8);
+    let first = read_u64(buf, at + 16);
+    if len > max_payload {
+        return Decoded::Damaged(format!("length {len} exceeds the limit of {max_payload}"));
+    }
+    let size = frame_len(len);
+    if size > buf.len() - at {
+        return Decoded::Damaged(format!("length {len} runs past the end of the segment"));
+    }
+    let actual = crc32c::crc32c(&buf[at + 4..at + HEADER + len]);
+    if actual != crc {
+        return Decoded::Damaged(format!(
+            "crc32c {actual:#010x} where the header says {crc:#010x}"
+        ));
+    }
+    if first > lsn || first == 0 {
+        return Decoded::Damaged(format!("first lsn {first} does not fit lsn {lsn}"));
+    }
+    Decoded::Frame {
+        lsn,
+        first,
+        payload: &buf[at + HEADER..at + HEADER + len],
+        size,
+    }
+}
+
+/// How a scan of a segment ended.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Stop {
+    /// At an all-zero header or the end of the segment.
+    Clean,
+    /// At bytes that are not a frame: a torn write if it is the log's tail.
+    Damaged(String),
+    /// At a valid frame with the wrong lsn: always an error.
+    Gap(String),
+}
+
+/// Where a scan of a segment stopped.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct Scan {
+    /// The offset just past the last good frame.
+    pub(crate) end: usize,
+    /// The lsn the next frame should carry.
+    pub(crate) next_lsn: u64,
+    /// Why it stopped.
+    pub(crate) stop: Stop,
+}
+
+/// Walks the frames of a segment from offset 0, expecting lsns from `first_lsn` on, and
+/// hands each good record to `on_record`.
+pub(crate) fn scan(
+    buf: &[u8],
+    first_lsn: u64,
+    max_payload: usize,
+    mut on_record: impl FnMut(u64, &[u8]),
+) -> Scan {
+    let mut at = 0;
+    let mut next_lsn = first_lsn;
+    let stop = loop {
+        if at == buf.len() {
+            break Stop::Clean;
+        }
+        match decode(buf, at, max_payload) {
+            Decoded::End => break Stop::Clean,
+            Decoded::Damaged(detail) => break Stop::Damaged(detail),
+            Decoded::Frame { lsn, .. } if lsn != next_lsn => {
+                break Stop::Gap(format!("lsn {lsn} where {next_lsn} was due"));
+            }
+            Decoded::Frame { payload, size, .. } => {
+                on_record(next_lsn, payload);
+                next_lsn += 1;
+                at += size;
+            }
+        }
+    };
+    Scan {
+        end: at,
+        next_lsn,
+        stop,
+    }
+}
+
+/// After damage at `damaged` where lsn `due` was expected: the offset of a valid frame
+/// further on that a later write than the damaged record's carried (see the module
+/// docs), if there is one. Such a frame makes the damage corruption, not a torn tail.
+pub(crate) fn later_write_after(
+    buf: &[u8],
+    damaged: usize,
+    due: u64,
+    max_payload: usize,
+) -> Option<usize> {
+    (damaged + 8..buf.len()).step_by(8).find(
+        |&at| matches!(decode(buf, at, max_payload), Decoded::Frame { first, .. } if first > due),
+    )
+}
+
+/// The offset just past the last non-zero byte at or after `from`, or `from` if there is
+/// none.
+pub(crate) fn nonzero_end(buf: &[u8], from: usize) -> usize {
+    buf[from..]
+        .iter()
+        .rposition(|&b| b != 0)
+        .map_or(from, |i| from + i + 1)
+}
+
+fn read_u32(buf: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes(buf[at..at + 4].try_into().expect("4 bytes"))
+}
+
+fn read_u64(buf: &[u8], at: usize) -> u64 {
+    u64::from_le_bytes(buf[at..at + 8].try_into().expect("8 bytes"))
+}
+
+#[cfg(test)]
+mod tests;

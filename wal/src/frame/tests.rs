@@ -1,0 +1,132 @@
+use super::*;
+
+const MAX: usize = 1 << 20;
+
+/// Frames for `payloads`, lsns from `first` on, all sealed as one write.
+fn write(first: u64, payloads: &[&[u8]]) -> Vec<u8> {
+    let mut buf = Vec::new();
+    for (i, p) in payloads.iter().enumerate() {
+        push_unsealed(&mut buf, first + i as u64, p);
+    }
+    seal(&mut buf, first);
+    buf
+}
+
+fn records(buf: &[u8], first: u64) -> (Vec<(u64, Vec<u8>)>, Scan) {
+    let mut out = Vec::new();
+    let scan = scan(buf, first, MAX, |lsn, p| out.push((lsn, p.to_vec())));
+    (out, scan)
+}
+
+#[test]
+fn frames_round_trip_with_padding_to_eight() {
+    let payloads: Vec<Vec<u8>> = (0..20).map(|n| vec![n as u8 + 1; n]).collect();
+    let refs: Vec<&[u8]> = payloads.iter().map(|p| p.as_slice()).collect();
+    let mut buf = write(7, &refs);
+    let total: usize = payloads.iter().map(|p| frame_len(p.len())).sum();
+    assert_eq!(buf.len(), total);
+    assert_eq!(frame_len(0), 24);
+    assert_eq!(frame_len(1), 32);
+    assert_eq!(frame_len(8), 32);
+    assert_eq!(frame_len(9), 40);
+    buf.extend_from_slice(&[0; 64]); // the preallocated rest of the segment
+    let (got, scan) = records(&buf, 7);
+    assert_eq!(scan.stop, Stop::Clean);
+    assert_eq!(scan.end, total);
+    assert_eq!(scan.next_lsn, 27);
+    let want: Vec<(u64, Vec<u8>)> = (7..).zip(payloads).collect();
+    assert_eq!(got, want);
+}
+
+#[test]
+fn a_zero_header_ends_the_data_and_an_exact_fit_ends_cleanly() {
+    let buf = write(1, &[b"abc", b"defgh"]);
+    let (got, scan) = records(&buf, 1);
+    assert_eq!(got.len(), 2);
+    assert_eq!(scan.stop, Stop::Clean);
+    assert_eq!(scan.end, buf.len());
+    let (got, scan) = records(&[0; 40], 5);
+    assert!(got.is_empty());
+    assert_eq!(
+        scan,
+        Scan {
+            end: 0,
+            next_lsn: 5,
+            stop: Stop::Clean
+        }
+    );
+}
+
+#[test]
+fn every_flipped_bit_of_a_frame_is_detected() {
+    let frame = write(3, &[b"hello, log"]);
+    for bit in 0..frame.len() * 8 {
+        let mut buf = frame.clone();
+        buf[bit / 8] ^= 1 << (bit % 8);
+        let (got, scan) = records(&buf, 3);
+        let in_padding = bit / 8 >= HEADER + 10;
+        if in_padding {
+            // Padding is not covered: it is never read.
+            assert_eq!(got.len(), 1, "bit {bit}");
+        } else {
+            assert!(got.is_empty(), "bit {bit} went unnoticed");
+            assert!(
+                matches!(scan.stop, Stop::Damaged(_) | Stop::Gap(_)),
+                "bit {bit}: {:?}",
+                scan.stop
+            );
+        }
+    }
+}
+
+#[test]
+fn a_valid_frame_with_the_wrong_lsn_is_a_gap() {
+    let mut buf = write(1, &[b"one"]);
+    buf.extend(write(3, &[b"three"]));
+    let (got, scan) = records(&buf, 1);
+    assert_eq!(got.len(), 1);
+    assert_eq!(scan.end, 32);
+    assert!(matches!(scan.stop, Stop::Gap(ref d) if d.contains("lsn 3 where 2")));
+}
+
+#[test]
+fn a_length_past_the_limit_or_the_segment_is_damage() {
+    let mut buf = write(1, &[&[9; 100]]);
+    let (_, scan) = records(&buf[..64], 1);
+    assert!(matches!(scan.stop, Stop::Damaged(ref d) if d.contains("past the end")));
+    let scan = scan_with_max(&buf, 50);
+    assert!(matches!(scan.stop, Stop::Damaged(ref d) if d.contains("limit")));
+    buf.truncate(20);
+    let (_, scan) = records(&buf, 1);
+    assert!(matches!(scan.stop, Stop::Damaged(ref d) if d.contains("partial header")));
+}
+
+fn scan_with_max(buf: &[u8], max: usize) -> Scan {
+    scan(buf, 1, max, |_, _| {})
+}
+
+#[test]
+fn a_later_write_after_damage_is_found_but_the_same_write_is_not() {
+    // Write 1 carries lsns 1..=3, write 2 lsns 4..=5.
+    let mut buf = write(1, &[b"a", b"b", b"c"]);
+    let second = buf.len();
+    buf.extend(write(4, &[b"d", b"e"]));
+    buf.extend_from_slice(&[0; 32]);
+    // Damage lsn 2 (offset 32): lsn 3 is the same write, lsn 4 a later one.
+    let mut torn = buf.clone();
+    torn[40] ^= 1;
+    assert_eq!(later_write_after(&torn, 32, 2, MAX), Some(second));
+    // Damage lsn 4: only lsn 5 follows, from the same write: a tear.
+    let mut torn = buf.clone();
+    torn[second + 30] ^= 1;
+    assert_eq!(later_write_after(&torn, second, 4, MAX), None);
+}
+
+#[test]
+fn nonzero_end_finds_the_last_written_byte() {
+    let mut buf = vec![0u8; 100];
+    assert_eq!(nonzero_end(&buf, 10), 10);
+    buf[57] = 1;
+    assert_eq!(nonzero_end(&buf, 10), 58);
+    assert_eq!(nonzero_end(&buf, 60), 60);
+}

@@ -1,0 +1,159 @@
+//! A per-shard write-ahead log of opaque records.
+//!
+//! The log knows nothing of queues or messages: a record is a byte string, and the log
+//! numbers records with an [`Lsn`] (1, 2, 3, … per log, never reused). That is all a
+//! shard's state machine needs to replay, and all a replication layer needs to ship.
+//!
+//! # The pieces
+//!
+//! - [`Wal`] is the writer, owned by one thread (the shard's). [`Wal::append`] frames a
+//!   record into a buffer and returns its lsn at once; [`Wal::submit`] hands what was
+//!   appended to the log's **syncer thread**, which writes it and calls `fdatasync`. The
+//!   owner never waits for the disk: it reads [`Wal::durable`] (an atomic) and is woken
+//!   by [`Options::on_progress`] after every fsync, so it can release the answers that
+//!   waited on it. [`Wal::sync`] blocks, for tests and shutdown.
+//! - **Group commit**, as RabbitMQ's Ra WAL and LavinMQ's persister do it: one fsync in
+//!   flight; the first submit wakes the syncer; whatever is submitted while it writes
+//!   and syncs goes in its next round, whole. No timer: a round is as large as what
+//!   arrived during the previous one.
+//! - [`Wal::open`] is recovery: it locks the directory, checks every frame of every
+//!   segment, hands the records from a given lsn on to a callback, cuts a torn tail
+//!   (reported in [`RecoveryReport::torn`], not an error) and refuses, with
+//!   [`WalError::Corrupt`] naming file and byte offset, any other damage.
+//! - Compaction: the owner writes a snapshot of its state with [`write_snapshot`] (temp
+//!   file, fsync, rename, directory fsync), then [`Wal::remove_before`] deletes the
+//!   segments it covers. [`latest_snapshot`] reads it back at the next start, and replay
+//!   starts after its lsn. Disk use follows what the snapshot and the live records hold.
+//! - [`Storage`] and [`StorageFile`] are the only way to the disk: [`DiskStorage`] is
+//!   `std::fs`; [`MemDisk`] is a fake disk that, on [`MemDisk::crash`], keeps only what
+//!   was synced plus any subset of unsynced sectors, for crash tests.
+//!
+//! # On disk
+//!
+//! A log's directory holds segments named `<first lsn, 20 digits>.wal`, each preallocated
+//! to [`Options::segment_bytes`] with `fallocate` (a metadata operation: no zeros are
+//! written, and a full disk shows when a segment is created, where the append that needs
+//! it can fail whole, rather than in a write after the append was accepted). Frames are
+//! described in `frame.rs`: crc32c (Castagnoli, hardware-accelerated on x86-64 and ARMv8)
+//! over the length, the lsn, the first lsn of the write, and the payload; 8-byte aligned.
+//! An all-zero header ends the data. Segments are never recycled: a recycled segment
+//! would hold old, valid frames after the tail, which recovery would have to tell apart.
+//!
+//! # Durability rules
+//!
+//! - A record is durable when [`Wal::durable`] is at or past its lsn; never before.
+//! - A new segment's directory entry is synced before the first record in it counts as
+//!   durable; the previous segment's records are synced before the new one is written,
+//!   so only the last segment with data can hold an unsynced write at a crash.
+//! - A failed write or fsync **poisons** the log: that error, and nothing else, comes
+//!   back from every later call, and nothing is retried (after a failed fsync the page
+//!   cache may already have dropped the data: PostgreSQL's "fsyncgate").
+//! - A full disk when a segment must be created fails that append whole, without
+//!   poisoning.
+//!
+//! ```
+//! use std::sync::Arc;
+//! use leasemq_wal::{Lsn, MemDisk, Options, Wal};
+//!
+//! let disk = Arc::new(MemDisk::new());
+//! let dir = std::path::Path::new("/data/shard-0");
+//! let (mut wal, report) = Wal::open(disk.clone(), dir, Options::default(), Lsn(1), |_, _| {})?;
+//! assert_eq!(report.next_lsn, Lsn(1));
+//! let lsn = wal.append(b"put jobs 17")?;
+//! wal.submit()?;                 // the syncer writes and fsyncs it
+//! wal.sync()?;                   // (or wait for on_progress and read durable())
+//! assert!(wal.durable() >= lsn);
+//! drop(wal);
+//!
+//! let mut replayed = Vec::new();
+//! let (_wal, _) = Wal::open(disk, dir, Options::default(), Lsn(1), |lsn, payload| {
+//!     replayed.push((lsn, payload.to_vec()))
+//! })?;
+//! assert_eq!(replayed, vec![(Lsn(1), b"put jobs 17".to_vec())]);
+//! # Ok::<(), leasemq_wal::WalError>(())
+//! ```
+
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+mod error;
+mod frame;
+mod mem;
+mod recover;
+mod snapshot;
+mod storage;
+mod syncer;
+mod wal;
+
+use std::fmt;
+use std::sync::Arc;
+
+pub use error::WalError;
+pub use mem::{Crash, MemDisk, SECTOR};
+pub use recover::{RecoveryReport, TornTail};
+pub use snapshot::{latest_snapshot, write_snapshot, Snapshot};
+pub use storage::{DirLock, DiskStorage, Storage, StorageFile, LOCK_FILE};
+pub use wal::Wal;
+
+/// A record's log sequence number: 1 for a log's first record, one more for each next.
+/// `Lsn(0)` stands for "no record".
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Lsn(pub u64);
+
+impl fmt::Display for Lsn {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+/// How a log is laid out and whom it tells of progress.
+#[derive(Clone)]
+pub struct Options {
+    /// The size of each segment file, preallocated when it is created; a multiple of 8.
+    /// Default 64 MiB.
+    pub segment_bytes: u64,
+    /// The largest payload an append takes; its frame must fit in a segment.
+    /// Default 16 MiB.
+    pub max_record_bytes: usize,
+    /// Called on the syncer thread after each round of fsyncs (when [`Wal::durable`] may
+    /// have moved) and when the log is poisoned. Keep it short: wake the owner.
+    pub on_progress: Option<Arc<dyn Fn() + Send + Sync>>,
+}
+
+impl Default for Options {
+    fn default() -> Options {
+        Options {
+            segment_bytes: 64 << 20,
+            max_record_bytes: 16 << 20,
+            on_progress: None,
+        }
+    }
+}
+
+impl fmt::Debug for Options {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Options")
+            .field("segment_bytes", &self.segment_bytes)
+            .field("max_record_bytes", &self.max_record_bytes)
+            .field("on_progress", &self.on_progress.is_some())
+            .finish()
+    }
+}
+
+impl Options {
+    fn check(&self) -> Result<(), WalError> {
+        let why = if self.segment_bytes % 8 != 0 {
+            "segment_bytes must be a multiple of 8"
+        } else if u32::try_from(self.max_record_bytes).is_err() {
+            "max_record_bytes must fit in 32 bits"
+        } else if frame::frame_len(self.max_record_bytes) as u64 > self.segment_bytes {
+            "a frame of max_record_bytes must fit in segment_bytes"
+        } else {
+            return Ok(());
+        };
+        Err(WalError::InvalidOptions(format!(
+            "{why} (segment_bytes {}, max_record_bytes {})",
+            self.segment_bytes, self.max_record_bytes
+        )))
+    }
+}

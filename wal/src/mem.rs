@@ -1,0 +1,487 @@
+//! [`MemDisk`]: an in-memory disk that models what survives a crash.
+//!
+//! Each file keeps two images: what the process sees, and what is durable (as of the last
+//! `sync_data`). Directory entries likewise: what the process sees, and what the last
+//! `sync_dir` of each directory made durable. [`MemDisk::crash`] returns a new disk built
+//! from the durable state plus, depending on [`Crash`], some of what was not synced: every
+//! unsynced 512-byte sector is kept or lost independently (so a write can be torn at any
+//! sector, in any pattern), and the unsynced directory operations are kept or lost
+//! together. The crashed disk fails every later call, so a log still running on it is
+//! poisoned rather than writing into the new one.
+//!
+//! Tests also use its hooks: flip a bit in durable data, count data syncs, hold syncs
+//! at a gate (to see what a second fsync carries), fail the next sync, fill the disk.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+
+use crate::storage::{DirLock, Storage, StorageFile};
+
+/// The unit a crash keeps or loses whole.
+pub const SECTOR: u64 = 512;
+
+/// A shared handle to one in-memory disk; clones see the same disk.
+#[derive(Clone, Debug, Default)]
+pub struct MemDisk {
+    inner: Arc<Inner>,
+}
+
+/// What a [`MemDisk::crash`] does with data and directory entries that were not synced.
+#[derive(Clone, Copy, Debug)]
+pub enum Crash {
+    /// Everything written survives (the process died, the machine did not).
+    KeepUnsynced,
+    /// Nothing unsynced survives.
+    LoseUnsynced,
+    /// A seeded choice: file lengths and directory operations kept or lost, and either a
+    /// random prefix of each file's unsynced sectors or a random subset of them kept.
+    Tear {
+        /// Seeds the choices; the same seed on the same disk makes the same image.
+        seed: u64,
+    },
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    state: Mutex<State>,
+    changed: Condvar,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    crashed: bool,
+    inodes: HashMap<u64, Inode>,
+    next_inode: u64,
+    names: BTreeMap<PathBuf, u64>,
+    durable_names: BTreeMap<PathBuf, u64>,
+    locks: BTreeSet<PathBuf>,
+    capacity: Option<u64>,
+    data_syncs: u64,
+    hold_syncs: bool,
+    held: usize,
+    fail_next_sync: bool,
+}
+
+#[derive(Clone, Debug, Default)]
+struct Inode {
+    data: Vec<u8>,
+    durable: Vec<u8>,
+    dirty: BTreeSet<u64>,
+}
+
+impl MemDisk {
+    /// An empty disk with no size limit.
+    pub fn new() -> MemDisk {
+        MemDisk::default()
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.inner.state.lock().expect("mem disk lock")
+    }
+
+    /// The disk after a crash now: a new disk holding what survived (see [`Crash`]). This
+    /// disk fails every later call, and its directory locks are gone with the process.
+    pub fn crash(&self, mode: Crash) -> MemDisk {
+        let mut state = self.state();
+        state.crashed = true;
+        self.inner.changed.notify_all();
+        let mut rng = Rng(match mode {
+            Crash::Tear { seed } => seed,
+            _ => 0,
+        });
+        let keep_dir_ops = match mode {
+            Crash::KeepUnsynced => true,
+            Crash::LoseUnsynced => false,
+            Crash::Tear { .. } => rng.coin(),
+        };
+        let names = if keep_dir_ops {
+            state.names.clone()
+        } else {
+            state.durable_names.clone()
+        };
+        let mut inodes = HashMap::new();
+        for &ino in names.values() {
+            let inode = &state.inodes[&ino];
+            let image = match mode {
+                Crash::KeepUnsynced => inode.data.clone(),
+                Crash::LoseUnsynced => inode.durable.clone(),
+                Crash::Tear { .. } => inode.torn(&mut rng),
+            };
+            inodes.insert(
+                ino,
+                Inode {
+                    data: image.clone(),
+                    durable: image,
+                    dirty: BTreeSet::new(),
+                },
+            );
+        }
+        MemDisk::from_state(State {
+            inodes,
+            next_inode: state.next_inode,
+            durable_names: names.clone(),
+            names,
+            capacity: state.capacity,
+            ..State::default()
+        })
+    }
+
+    fn from_state(state: State) -> MemDisk {
+        MemDisk {
+            inner: Arc::new(Inner {
+                state: Mutex::new(state),
+                changed: Condvar::new(),
+            }),
+        }
+    }
+
+    /// A copy of this disk as it is now, everything in it durable: for trying several
+    /// damages on the same image.
+    pub fn fork(&self) -> MemDisk {
+        let state = self.state();
+        let inodes = state
+            .names
+            .values()
+            .map(|&ino| {
+                let data = state.inodes[&ino].data.clone();
+                let inode = Inode {
+                    durable: data.clone(),
+                    data,
+                    dirty: BTreeSet::new(),
+                };
+                (ino, inode)
+            })
+            .collect();
+        MemDisk::from_state(State {
+            inodes,
+            next_inode: state.next_inode,
+            names: state.names.clone(),
+            durable_names: state.names.clone(),
+            capacity: state.capacity,
+            ..State::default()
+        })
+    }
+
+    /// The contents of a file, or `None` if there is none by that name.
+    pub fn contents(&self, path: &Path) -> Option<Vec<u8>> {
+        let state = self.state();
+        let ino = state.names.get(path)?;
+        Some(state.inodes[ino].data.clone())
+    }
+
+    /// Overwrites bytes of a file, durably, as damage would: no sync needed. Panics if the
+    /// file does not exist or is shorter.
+    pub fn damage(&self, path: &Path, offset: u64, bytes: &[u8]) {
+        let mut state = self.state();
+        let ino = state.names[path];
+        let inode = state.inodes.get_mut(&ino).expect("inode");
+        let range = offset as usize..offset as usize + bytes.len();
+        inode.data[range.clone()].copy_from_slice(bytes);
+        inode.durable[range].copy_from_slice(bytes);
+    }
+
+    /// Flips one bit of a file, durably.
+    pub fn flip_bit(&self, path: &Path, offset: u64, bit: u8) {
+        let byte = self.contents(path).expect("file")[offset as usize];
+        self.damage(path, offset, &[byte ^ (1 << bit)]);
+    }
+
+    /// How many `sync_data` calls have succeeded on this disk.
+    pub fn data_syncs(&self) -> u64 {
+        self.state().data_syncs
+    }
+
+    /// Makes every later `sync_data` wait at a gate until [`release_syncs`](Self::release_syncs).
+    pub fn hold_syncs(&self) {
+        self.state().hold_syncs = true;
+    }
+
+    /// Opens the gate of [`hold_syncs`](Self::hold_syncs).
+    pub fn release_syncs(&self) {
+        self.state().hold_syncs = false;
+        self.inner.changed.notify_all();
+    }
+
+    /// Blocks until a `sync_data` waits at the gate.
+    pub fn wait_for_held_sync(&self) {
+        let mut state = self.state();
+        while state.held == 0 {
+            state = self.inner.changed.wait(state).expect("mem disk lock");
+        }
+    }
+
+    /// Makes the next `sync_data` fail with an IO error, as a failing device would.
+    pub fn fail_next_sync(&self) {
+        self.state().fail_next_sync = true;
+    }
+
+    /// Limits the bytes all files may hold together; `None` for no limit.
+    pub fn set_capacity(&self, bytes: Option<u64>) {
+        self.state().capacity = bytes;
+    }
+
+    fn check(state: &State) -> io::Result<()> {
+        if state.crashed {
+            Err(io::Error::other("the disk crashed"))
+        } else {
+            Ok(())
+        }
+    }
+}
+
+impl State {
+    fn used(&self) -> u64 {
+        self.names
+            .values()
+            .map(|ino| self.inodes[ino].data.len() as u64)
+            .sum()
+    }
+
+    /// Checks that a file may grow from `old` to `new` bytes.
+    fn reserve(&self, old: u64, new: u64) -> io::Result<()> {
+        match self.capacity {
+            Some(cap) if new > old && self.used() + (new - old) > cap => {
+                Err(io::ErrorKind::StorageFull.into())
+            }
+            _ => Ok(()),
+        }
+    }
+
+    fn inode(&mut self, ino: u64) -> &mut Inode {
+        self.inodes.get_mut(&ino).expect("open file's inode")
+    }
+}
+
+impl Inode {
+    fn sync(&mut self) {
+        self.durable.resize(self.data.len(), 0);
+        for &sector in &self.dirty {
+            let range = sector_range(sector, self.data.len());
+            self.durable[range.clone()].copy_from_slice(&self.data[range]);
+        }
+        self.dirty.clear();
+    }
+
+    /// A crash image: the durable data, the length change kept or not, and some of the
+    /// unsynced sectors.
+    fn torn(&self, rng: &mut Rng) -> Vec<u8> {
+        let len = if rng.coin() {
+            self.data.len()
+        } else {
+            self.durable.len()
+        };
+        let mut image = self.durable.clone();
+        image.resize(len, 0);
+        let dirty: Vec<u64> = self.dirty.iter().copied().collect();
+        let prefix = rng.below(dirty.len() as u64 + 1) as usize;
+        let holes = rng.coin();
+        for (i, &sector) in dirty.iter().enumerate() {
+            let keep = if holes { rng.coin() } else { i < prefix };
+            if keep {
+                let range = sector_range(sector, self.data.len());
+                if image.len() < range.end {
+                    image.resize(range.end, 0);
+                }
+                image[range.clone()].copy_from_slice(&self.data[range]);
+            }
+        }
+        image
+    }
+}
+
+fn sector_range(sector: u64, len: usize) -> std::ops::Range<usize> {
+    let start = (sector * SECTOR) as usize;
+    start.min(len)..((sector + 1) * SECTOR).min(len as u64) as usize
+}
+
+#[derive(Debug)]
+struct MemFile {
+    disk: MemDisk,
+    ino: u64,
+}
+
+#[derive(Debug)]
+struct MemLock {
+    disk: MemDisk,
+    dir: PathBuf,
+}
+
+impl Drop for MemLock {
+    fn drop(&mut self) {
+        self.disk.state().locks.remove(&self.dir);
+    }
+}
+
+impl Storage for MemDisk {
+    fn create_dir_all(&self, _dir: &Path) -> io::Result<()> {
+        MemDisk::check(&self.state())
+    }
+
+    fn lock(&self, dir: &Path) -> io::Result<DirLock> {
+        let mut state = self.state();
+        MemDisk::check(&state)?;
+        if !state.locks.insert(dir.to_path_buf()) {
+            return Err(io::ErrorKind::WouldBlock.into());
+        }
+        Ok(Box::new(MemLock {
+            disk: self.clone(),
+            dir: dir.to_path_buf(),
+        }))
+    }
+
+    fn list(&self, dir: &Path) -> io::Result<Vec<String>> {
+        let state = self.state();
+        MemDisk::check(&state)?;
+        Ok(state
+            .names
+            .keys()
+            .filter(|p| p.parent() == Some(dir))
+            .filter_map(|p| p.file_name()?.to_str().map(str::to_owned))
+            .collect())
+    }
+
+    fn create(&self, path: &Path) -> io::Result<Box<dyn StorageFile>> {
+        let mut state = self.state();
+        MemDisk::check(&state)?;
+        if state.names.contains_key(path) {
+            return Err(io::ErrorKind::AlreadyExists.into());
+        }
+        let ino = state.next_inode;
+        state.next_inode += 1;
+        state.inodes.insert(ino, Inode::default());
+        state.names.insert(path.to_path_buf(), ino);
+        Ok(Box::new(MemFile {
+            disk: self.clone(),
+            ino,
+        }))
+    }
+
+    fn open(&self, path: &Path) -> io::Result<Box<dyn StorageFile>> {
+        let state = self.state();
+        MemDisk::check(&state)?;
+        let ino = *state.names.get(path).ok_or(io::ErrorKind::NotFound)?;
+        Ok(Box::new(MemFile {
+            disk: self.clone(),
+            ino,
+        }))
+    }
+
+    fn remove(&self, path: &Path) -> io::Result<()> {
+        let mut state = self.state();
+        MemDisk::check(&state)?;
+        state.names.remove(path).ok_or(io::ErrorKind::NotFound)?;
+        Ok(())
+    }
+
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
+        let mut state = self.state();
+        MemDisk::check(&state)?;
+        let ino = state.names.remove(from).ok_or(io::ErrorKind::NotFound)?;
+        state.names.insert(to.to_path_buf(), ino);
+        Ok(())
+    }
+
+    fn sync_dir(&self, dir: &Path) -> io::Result<()> {
+        let mut state = self.state();
+        MemDisk::check(&state)?;
+        state.durable_names.retain(|p, _| p.parent() != Some(dir));
+        let entries: Vec<(PathBuf, u64)> = state
+            .names
+            .iter()
+            .filter(|(p, _)| p.parent() == Some(dir))
+            .map(|(p, &ino)| (p.clone(), ino))
+            .collect();
+        state.durable_names.extend(entries);
+        Ok(())
+    }
+}
+
+impl StorageFile for MemFile {
+    fn size(&self) -> io::Result<u64> {
+        let mut state = self.disk.state();
+        MemDisk::check(&state)?;
+        Ok(state.inode(self.ino).data.len() as u64)
+    }
+
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        let mut state = self.disk.state();
+        MemDisk::check(&state)?;
+        let data = &state.inode(self.ino).data;
+        let start = offset as usize;
+        let end = start + buf.len();
+        if end > data.len() {
+            return Err(io::ErrorKind::UnexpectedEof.into());
+        }
+        buf.copy_from_slice(&data[start..end]);
+        Ok(())
+    }
+
+    fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        let mut state = self.disk.state();
+        MemDisk::check(&state)?;
+        let old = state.inode(self.ino).data.len() as u64;
+        let end = offset + buf.len() as u64;
+        state.reserve(old, end)?;
+        let inode = state.inode(self.ino);
+        if inode.data.len() < end as usize {
+            inode.data.resize(end as usize, 0);
+        }
+        inode.data[offset as usize..end as usize].copy_from_slice(buf);
+        if !buf.is_empty() {
+            inode.dirty.extend(offset / SECTOR..=(end - 1) / SECTOR);
+        }
+        Ok(())
+    }
+
+    fn allocate(&self, len: u64) -> io::Result<()> {
+        let mut state = self.disk.state();
+        MemDisk::check(&state)?;
+        let old = state.inode(self.ino).data.len() as u64;
+        state.reserve(old, len)?;
+        let inode = state.inode(self.ino);
+        if inode.data.len() < len as usize {
+            inode.data.resize(len as usize, 0);
+        }
+        Ok(())
+    }
+
+    fn sync_data(&self) -> io::Result<()> {
+        let mut state = self.disk.state();
+        while state.hold_syncs && !state.crashed {
+            state.held += 1;
+            self.disk.inner.changed.notify_all();
+            state = self.disk.inner.changed.wait(state).expect("mem disk lock");
+            state.held -= 1;
+        }
+        MemDisk::check(&state)?;
+        if std::mem::take(&mut state.fail_next_sync) {
+            return Err(io::Error::other("injected fsync failure"));
+        }
+        state.data_syncs += 1;
+        state.inode(self.ino).sync();
+        Ok(())
+    }
+}
+
+/// splitmix64 (Steele, Lea & Flood, 2014): seeded choices for [`Crash::Tear`].
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    fn coin(&mut self) -> bool {
+        self.next() & 1 == 1
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        ((u128::from(self.next()) * u128::from(n)) >> 64) as u64
+    }
+}

@@ -1,0 +1,356 @@
+//! Recovery: find the segments, check every frame, replay, cut a torn tail.
+
+use std::collections::VecDeque;
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use crate::frame::{self, Stop, HEADER};
+use crate::storage::Storage;
+use crate::syncer::Segment;
+use crate::{Lsn, Options, WalError};
+
+/// What recovery found and did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RecoveryReport {
+    /// The lsn the next append gets.
+    pub next_lsn: Lsn,
+    /// Records handed to the replay callback.
+    pub replayed: u64,
+    /// Segments the log holds now.
+    pub segments: usize,
+    /// The torn tail that was cut, if there was one.
+    pub torn: Option<TornTail>,
+    /// Empty segments after the last one with data, removed (a crash after a segment was
+    /// created, before anything in it was synced).
+    pub removed: Vec<PathBuf>,
+}
+
+/// A torn tail recovery cut: the bytes of an unfinished write at the end of the log,
+/// zeroed (and synced) so that new records go where it began.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TornTail {
+    /// The segment it was in.
+    pub path: PathBuf,
+    /// Where it began: just past the last good record.
+    pub offset: u64,
+    /// How many bytes were cut (up to the last non-zero byte).
+    pub bytes: u64,
+    /// What was found at `offset`.
+    pub detail: String,
+}
+
+impl fmt::Display for TornTail {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "cut a torn tail of {} bytes at byte {} of {}: {}",
+            self.bytes,
+            self.offset,
+            self.path.display(),
+            self.detail
+        )
+    }
+}
+
+/// The log's state after recovery, for the writer.
+pub(crate) struct Recovered {
+    pub(crate) segments: VecDeque<Arc<Segment>>,
+    /// Where the next frame goes in the last segment.
+    pub(crate) pos: u64,
+    pub(crate) report: RecoveryReport,
+}
+
+/// The file name of the segment whose first lsn is `lsn`.
+pub(crate) fn segment_name(lsn: u64) -> String {
+    format!("{lsn:020}.wal")
+}
+
+fn parse_segment_name(name: &str) -> Option<u64> {
+    let digits = name.strip_suffix(".wal")?;
+    if digits.len() != 20 || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    digits.parse().ok()
+}
+
+/// Creates, preallocates and opens a segment; nothing is synced.
+pub(crate) fn create_segment(
+    storage: &dyn Storage,
+    dir: &Path,
+    first_lsn: u64,
+    capacity: u64,
+) -> Result<Segment, WalError> {
+    let path = dir.join(segment_name(first_lsn));
+    let file = storage
+        .create(&path)
+        .map_err(|e| WalError::io(&path, "create", e))?;
+    if let Err(e) = file.allocate(capacity) {
+        // Best effort: a leftover empty segment is removed by the next recovery anyway.
+        let _ = storage.remove(&path);
+        return Err(if e.kind() == std::io::ErrorKind::StorageFull {
+            WalError::NoSpace { path }
+        } else {
+            WalError::io(&path, "fallocate", e)
+        });
+    }
+    Ok(Segment {
+        path,
+        file,
+        first_lsn,
+        capacity,
+    })
+}
+
+/// Recovers the log in `dir` (see [`Wal::open`](crate::Wal::open)).
+pub(crate) fn recover(
+    storage: &dyn Storage,
+    dir: &Path,
+    options: &Options,
+    from: u64,
+    replay: &mut dyn FnMut(Lsn, &[u8]),
+) -> Result<Recovered, WalError> {
+    let mut segments = open_segments(storage, dir)?;
+    let removed = remove_trailing_empty(storage, &mut segments)?;
+    if segments.is_empty() {
+        // A new log, or one started after a snapshot: its first record will be `from`.
+        segments.push(create_segment(
+            storage,
+            dir,
+            from.max(1),
+            options.segment_bytes,
+        )?);
+    }
+    if segments[0].first_lsn > from {
+        return Err(WalError::corrupt(
+            &segments[0].path,
+            0,
+            format!(
+                "the log starts at lsn {}, after lsn {from} that replay starts at",
+                segments[0].first_lsn
+            ),
+        ));
+    }
+    let mut next_lsn = segments[0].first_lsn;
+    let mut replayed = 0;
+    let mut torn = None;
+    let mut pos = 0;
+    let last = segments.len() - 1;
+    for (i, segment) in segments.iter().enumerate() {
+        if segment.first_lsn != next_lsn {
+            return Err(WalError::corrupt(
+                &segment.path,
+                0,
+                format!(
+                    "the segment starts at lsn {} but the one before ends before lsn {next_lsn}",
+                    segment.first_lsn
+                ),
+            ));
+        }
+        let (end, next, cut) =
+            replay_segment(segment, next_lsn, i == last, options, &mut |lsn, p| {
+                if lsn.0 >= from {
+                    replay(lsn, p);
+                    replayed += 1;
+                }
+            })?;
+        torn = cut.or(torn);
+        next_lsn = next;
+        pos = end;
+    }
+    if next_lsn < from {
+        return Err(WalError::corrupt(
+            &segments[last].path,
+            pos,
+            format!(
+                "the log ends at lsn {}, before lsn {from} that replay starts at",
+                next_lsn - 1
+            ),
+        ));
+    }
+    make_current(storage, dir, &mut segments[last], options.segment_bytes)?;
+    let report = RecoveryReport {
+        next_lsn: Lsn(next_lsn),
+        replayed,
+        segments: segments.len(),
+        torn,
+        removed,
+    };
+    Ok(Recovered {
+        segments: segments.into_iter().map(Arc::new).collect(),
+        pos,
+        report,
+    })
+}
+
+/// Checks and replays one segment whose first record is `first_lsn`; returns where its
+/// records end, the next lsn, and the torn tail it cut (only the last segment may have
+/// one).
+fn replay_segment(
+    segment: &Segment,
+    first_lsn: u64,
+    is_last: bool,
+    options: &Options,
+    replay: &mut dyn FnMut(Lsn, &[u8]),
+) -> Result<(u64, u64, Option<TornTail>), WalError> {
+    let buf = read_all(segment)?;
+    let scan = frame::scan(&buf, first_lsn, options.max_record_bytes, |lsn, payload| {
+        replay(Lsn(lsn), payload)
+    });
+    let at = scan.end as u64;
+    let torn = match check_end(&buf, &scan, options.max_record_bytes) {
+        End::Clean => None,
+        End::Corrupt(detail) => return Err(WalError::corrupt(&segment.path, at, detail)),
+        End::Tail(detail) if !is_last => return Err(WalError::corrupt(&segment.path, at, detail)),
+        End::Tail(detail) => {
+            let bytes = frame::nonzero_end(&buf, scan.end) - scan.end;
+            cut(segment, at, bytes)?;
+            Some(TornTail {
+                path: segment.path.clone(),
+                offset: at,
+                bytes: bytes as u64,
+                detail,
+            })
+        }
+    };
+    Ok((at, scan.next_lsn, torn))
+}
+
+/// Opens the segments in `dir`, in lsn order.
+fn open_segments(storage: &dyn Storage, dir: &Path) -> Result<Vec<Segment>, WalError> {
+    let mut found: Vec<u64> = storage
+        .list(dir)
+        .map_err(|e| WalError::io(dir, "list", e))?
+        .iter()
+        .filter_map(|name| parse_segment_name(name))
+        .collect();
+    found.sort_unstable();
+    let mut segments = Vec::with_capacity(found.len());
+    for lsn in found {
+        let path = dir.join(segment_name(lsn));
+        let file = storage
+            .open(&path)
+            .map_err(|e| WalError::io(&path, "open", e))?;
+        let capacity = file.size().map_err(|e| WalError::io(&path, "stat", e))?;
+        segments.push(Segment {
+            path,
+            file,
+            first_lsn: lsn,
+            capacity,
+        });
+    }
+    Ok(segments)
+}
+
+/// Readies the last segment for appends: preallocated, and synced with its directory.
+fn make_current(
+    storage: &dyn Storage,
+    dir: &Path,
+    current: &mut Segment,
+    segment_bytes: u64,
+) -> Result<(), WalError> {
+    if current.capacity < segment_bytes {
+        // A crash lost the preallocation, or the segment size grew since.
+        current
+            .file
+            .allocate(segment_bytes)
+            .map_err(|e| WalError::io(&current.path, "fallocate", e))?;
+        current.capacity = segment_bytes;
+    }
+    // What recovery read may be in the page cache only (the process died, the machine
+    // did not): sync it before calling any of it durable. Only the last segment can
+    // hold unsynced data: the syncer syncs a segment before it writes the next.
+    current
+        .file
+        .sync_data()
+        .map_err(|e| WalError::io(&current.path, "fdatasync", e))?;
+    storage
+        .sync_dir(dir)
+        .map_err(|e| WalError::io(dir, "fsync directory", e))
+}
+
+/// How the data of a segment ends, past its last good record.
+enum End {
+    /// Zeros only.
+    Clean,
+    /// Damage that only a torn write at the log's tail could explain.
+    Tail(String),
+    /// Damage nothing but corruption explains.
+    Corrupt(String),
+}
+
+fn check_end(buf: &[u8], scan: &frame::Scan, max_payload: usize) -> End {
+    let detail = match &scan.stop {
+        Stop::Gap(detail) => return End::Corrupt(detail.clone()),
+        Stop::Damaged(detail) => detail.clone(),
+        // A header lost whole reads as zeros, though the rest of its write may be there.
+        Stop::Clean if frame::nonzero_end(buf, scan.end) > scan.end => {
+            "bytes after the end of the records".to_string()
+        }
+        Stop::Clean => return End::Clean,
+    };
+    match frame::later_write_after(buf, scan.end, scan.next_lsn, max_payload) {
+        Some(at) => End::Corrupt(format!(
+            "{detail}, and a record written after it follows at byte {at}"
+        )),
+        None => End::Tail(detail),
+    }
+}
+
+/// Removes the segments after the last one with data (keeping the first if none has any).
+///
+/// Such segments were created by a roll whose first write never reached the disk. A
+/// segment counts as empty only if every byte of it is zero: one whose first header is
+/// zero but that holds anything further on is kept and scanned, so that damage to a
+/// synced header cannot pass for an empty segment.
+fn remove_trailing_empty(
+    storage: &dyn Storage,
+    segments: &mut Vec<Segment>,
+) -> Result<Vec<PathBuf>, WalError> {
+    let mut keep = segments.len();
+    while keep > 1 && is_empty(&segments[keep - 1])? {
+        keep -= 1;
+    }
+    let mut removed = Vec::new();
+    for segment in segments.drain(keep..) {
+        storage
+            .remove(&segment.path)
+            .map_err(|e| WalError::io(&segment.path, "remove", e))?;
+        removed.push(segment.path);
+    }
+    Ok(removed)
+}
+
+fn is_empty(segment: &Segment) -> Result<bool, WalError> {
+    let mut header = [0u8; HEADER];
+    let n = (segment.capacity as usize).min(HEADER);
+    segment
+        .file
+        .read_at(&mut header[..n], 0)
+        .map_err(|e| WalError::io(&segment.path, "read", e))?;
+    if header.iter().any(|&b| b != 0) {
+        return Ok(false);
+    }
+    Ok(read_all(segment)?.iter().all(|&b| b == 0))
+}
+
+fn read_all(segment: &Segment) -> Result<Vec<u8>, WalError> {
+    let mut buf = vec![0; segment.capacity as usize];
+    segment
+        .file
+        .read_at(&mut buf, 0)
+        .map_err(|e| WalError::io(&segment.path, "read", e))?;
+    Ok(buf)
+}
+
+/// Zeroes `bytes` bytes from `offset` and syncs them.
+fn cut(segment: &Segment, offset: u64, bytes: usize) -> Result<(), WalError> {
+    segment
+        .file
+        .write_at(&vec![0; bytes], offset)
+        .map_err(|e| WalError::io(&segment.path, "write", e))?;
+    segment
+        .file
+        .sync_data()
+        .map_err(|e| WalError::io(&segment.path, "fdatasync", e))
+}

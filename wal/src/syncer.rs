@@ -1,0 +1,271 @@
+//! The syncer thread: writes what the owner submitted and fsyncs it, one round at a time.
+//!
+//! A round takes everything queued when it starts. It writes the round's frames to each
+//! segment they belong to with one `write_at` and one `fdatasync` per segment, in
+//! segment order, then publishes the new durable lsn. The next round starts
+//! only after that, so exactly one fsync is in flight, and what the owner submits during
+//! a round goes whole into the next one.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+
+use crate::frame;
+use crate::storage::{Storage, StorageFile};
+use crate::WalError;
+
+/// One segment file, shared by the owner (which appends to it) and the syncer (which
+/// writes and syncs it).
+#[derive(Debug)]
+pub(crate) struct Segment {
+    pub(crate) path: PathBuf,
+    pub(crate) file: Box<dyn StorageFile>,
+    /// The lsn in its name: its first record's, if it has one.
+    pub(crate) first_lsn: u64,
+    /// Its preallocated size: frames go below it.
+    pub(crate) capacity: u64,
+}
+
+/// Frames appended to one segment between two submits, not yet sealed (see `frame::seal`).
+#[derive(Debug)]
+pub(crate) struct Piece {
+    pub(crate) segment: Arc<Segment>,
+    pub(crate) offset: u64,
+    pub(crate) bytes: Vec<u8>,
+    pub(crate) first: u64,
+    pub(crate) last: u64,
+    /// The segment was created for this piece: its directory entry must be synced too.
+    pub(crate) new_segment: bool,
+}
+
+/// What the owner and the syncer share.
+pub(crate) struct Shared {
+    state: Mutex<State>,
+    changed: Condvar,
+    durable: AtomicU64,
+    poisoned: AtomicBool,
+    storage: Arc<dyn Storage>,
+    dir: PathBuf,
+    on_progress: Option<Arc<dyn Fn() + Send + Sync>>,
+}
+
+#[derive(Default)]
+struct State {
+    queue: Vec<Piece>,
+    removals: Vec<PathBuf>,
+    busy: bool,
+    stop: bool,
+    error: Option<WalError>,
+    /// Emptied piece buffers, handed back to the owner for reuse.
+    spare: Vec<Vec<u8>>,
+}
+
+/// Buffers kept for reuse; more than a few means the owner submits rarely and big.
+const SPARE_BUFFERS: usize = 4;
+
+impl Shared {
+    pub(crate) fn new(
+        storage: Arc<dyn Storage>,
+        dir: PathBuf,
+        durable: u64,
+        on_progress: Option<Arc<dyn Fn() + Send + Sync>>,
+    ) -> Shared {
+        Shared {
+            state: Mutex::new(State::default()),
+            changed: Condvar::new(),
+            durable: AtomicU64::new(durable),
+            poisoned: AtomicBool::new(false),
+            storage,
+            dir,
+            on_progress,
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().expect("wal state lock")
+    }
+
+    pub(crate) fn storage(&self) -> &dyn Storage {
+        &*self.storage
+    }
+
+    pub(crate) fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    pub(crate) fn durable(&self) -> u64 {
+        self.durable.load(Ordering::Acquire)
+    }
+
+    /// The poisoning error, if the log is poisoned.
+    pub(crate) fn error(&self) -> Option<WalError> {
+        if self.poisoned.load(Ordering::Acquire) {
+            self.lock().error.clone()
+        } else {
+            None
+        }
+    }
+
+    /// Poisons the log with `error` (the first error sticks) and returns the error it holds.
+    pub(crate) fn poison(&self, error: WalError) -> WalError {
+        let mut state = self.lock();
+        let error = state.error.get_or_insert(error).clone();
+        self.poisoned.store(true, Ordering::Release);
+        self.changed.notify_all();
+        drop(state);
+        self.notify_owner();
+        error
+    }
+
+    pub(crate) fn take_buffer(&self) -> Vec<u8> {
+        self.lock().spare.pop().unwrap_or_default()
+    }
+
+    /// Queues pieces and removals for the syncer and wakes it.
+    pub(crate) fn submit(&self, pieces: &mut Vec<Piece>, removals: Vec<PathBuf>) {
+        let mut state = self.lock();
+        state.queue.append(pieces);
+        state.removals.extend(removals);
+        // A busy syncer looks at the queue when its round ends: no wake-up needed.
+        if !state.busy {
+            self.changed.notify_all();
+        }
+    }
+
+    /// Blocks until the syncer is idle with nothing queued, or the log is poisoned.
+    pub(crate) fn wait_idle(&self) -> Result<(), WalError> {
+        let mut state = self.lock();
+        loop {
+            if let Some(error) = &state.error {
+                return Err(error.clone());
+            }
+            if !state.busy && state.queue.is_empty() && state.removals.is_empty() {
+                return Ok(());
+            }
+            state = self.changed.wait(state).expect("wal state lock");
+        }
+    }
+
+    /// Asks the syncer to finish what is queued and stop.
+    pub(crate) fn stop(&self) {
+        self.lock().stop = true;
+        self.changed.notify_all();
+    }
+
+    fn notify_owner(&self) {
+        if let Some(notify) = &self.on_progress {
+            notify();
+        }
+    }
+}
+
+/// The syncer thread's body.
+pub(crate) fn run(shared: Arc<Shared>) {
+    let mut scratch = Vec::new();
+    while let Some((mut pieces, removals)) = next_round(&shared) {
+        let result = write_round(&shared, &mut pieces, &mut scratch)
+            .and_then(|()| remove(&shared, &removals));
+        if let Err(error) = result {
+            shared.poison(error);
+            return;
+        }
+        let mut state = shared.lock();
+        state.busy = false;
+        for piece in pieces {
+            if state.spare.len() < SPARE_BUFFERS {
+                let mut bytes = piece.bytes;
+                bytes.clear();
+                state.spare.push(bytes);
+            }
+        }
+        shared.changed.notify_all();
+        drop(state);
+        shared.notify_owner();
+    }
+}
+
+/// Waits for work; `None` once stopped with nothing left to do.
+fn next_round(shared: &Shared) -> Option<(Vec<Piece>, Vec<PathBuf>)> {
+    let mut state = shared.lock();
+    loop {
+        if !state.queue.is_empty() || !state.removals.is_empty() {
+            state.busy = true;
+            return Some((
+                std::mem::take(&mut state.queue),
+                std::mem::take(&mut state.removals),
+            ));
+        }
+        if state.stop {
+            return None;
+        }
+        state = shared.changed.wait(state).expect("wal state lock");
+    }
+}
+
+/// Writes and syncs a round's pieces, segment by segment, publishing the durable lsn
+/// after each segment's fsync.
+fn write_round(
+    shared: &Shared,
+    pieces: &mut [Piece],
+    scratch: &mut Vec<u8>,
+) -> Result<(), WalError> {
+    let mut rest = pieces;
+    while let Some(head) = rest.first() {
+        let segment = Arc::clone(&head.segment);
+        let n = rest
+            .iter()
+            .take_while(|p| Arc::ptr_eq(&p.segment, &segment))
+            .count();
+        let (group, tail) = rest.split_at_mut(n);
+        rest = tail;
+        if group.iter().any(|p| p.new_segment) {
+            shared
+                .storage
+                .sync_dir(&shared.dir)
+                .map_err(|e| WalError::io(&shared.dir, "fsync directory", e))?;
+        }
+        // Every frame of this write names its first lsn: recovery tells a torn write
+        // from damage by it (see `frame`). Pieces of one segment are contiguous: one
+        // write for all of them (a copy costs less than a system call per submit).
+        let first = group[0].first;
+        let offset = group[0].offset;
+        let bytes = if let [piece] = group {
+            &mut piece.bytes
+        } else {
+            scratch.clear();
+            for piece in group.iter() {
+                debug_assert_eq!(piece.offset, offset + scratch.len() as u64);
+                scratch.extend_from_slice(&piece.bytes);
+            }
+            &mut *scratch
+        };
+        frame::seal(bytes, first);
+        segment
+            .file
+            .write_at(bytes, offset)
+            .map_err(|e| WalError::io(&segment.path, "write", e))?;
+        segment
+            .file
+            .sync_data()
+            .map_err(|e| WalError::io(&segment.path, "fdatasync", e))?;
+        let last = group[n - 1].last;
+        shared.durable.store(last, Ordering::Release);
+    }
+    Ok(())
+}
+
+fn remove(shared: &Shared, paths: &[PathBuf]) -> Result<(), WalError> {
+    if paths.is_empty() {
+        return Ok(());
+    }
+    for path in paths {
+        shared
+            .storage
+            .remove(path)
+            .map_err(|e| WalError::io(path, "remove", e))?;
+    }
+    shared
+        .storage
+        .sync_dir(&shared.dir)
+        .map_err(|e| WalError::io(&shared.dir, "fsync directory", e))
+}

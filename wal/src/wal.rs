@@ -1,0 +1,262 @@
+//! [`Wal`]: the writer, owned by one thread.
+
+use std::collections::VecDeque;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use crate::frame;
+use crate::recover::{self, RecoveryReport};
+use crate::storage::{DirLock, Storage};
+use crate::syncer::{self, Piece, Segment, Shared};
+use crate::{Lsn, Options, WalError};
+
+/// A write-ahead log, open for appending; see the [crate docs](crate).
+///
+/// Owned by one thread. Appends are buffered; [`submit`](Wal::submit) hands them to the
+/// log's syncer thread, which writes and fsyncs them while the owner goes on. Dropping
+/// the log lets the syncer finish what was submitted, then joins it; what was appended
+/// but not submitted is dropped.
+pub struct Wal {
+    shared: Arc<Shared>,
+    syncer: Option<JoinHandle<()>>,
+    segment_bytes: u64,
+    max_record_bytes: usize,
+    /// Every live segment, oldest first; the last is the one appended to.
+    segments: VecDeque<Arc<Segment>>,
+    /// Where the next frame goes in the last segment.
+    pos: u64,
+    /// Appended, not yet submitted.
+    pending: Vec<Piece>,
+    next_lsn: u64,
+    _lock: DirLock,
+}
+
+impl Wal {
+    /// Opens (or creates) the log in `dir`: takes the directory's lock, recovers, calls
+    /// `replay` with every record from lsn `from` on, in order, and starts the syncer.
+    ///
+    /// Records before `from` (covered by a snapshot, in segments not yet removed) are
+    /// checked but not replayed. A torn tail is cut and described in the report.
+    /// `replay` sees each record as soon as its frame checks out, before later segments
+    /// are read: if `open` then fails, the caller discards what it replayed.
+    ///
+    /// # Errors
+    ///
+    /// [`WalError::Locked`] if another opener holds the directory;
+    /// [`WalError::Corrupt`] naming file and offset for a damaged record anywhere but
+    /// the torn tail, an lsn gap, or a log that starts after `from` or ends before it;
+    /// [`WalError::InvalidOptions`]; [`WalError::Io`] if the storage fails.
+    pub fn open(
+        storage: Arc<dyn Storage>,
+        dir: &Path,
+        options: Options,
+        from: Lsn,
+        mut replay: impl FnMut(Lsn, &[u8]),
+    ) -> Result<(Wal, RecoveryReport), WalError> {
+        options.check()?;
+        storage
+            .create_dir_all(dir)
+            .map_err(|e| WalError::io(dir, "create directory", e))?;
+        let lock = storage.lock(dir).map_err(|e| {
+            if e.kind() == std::io::ErrorKind::WouldBlock {
+                WalError::Locked { path: dir.into() }
+            } else {
+                WalError::io(dir, "lock", e)
+            }
+        })?;
+        let recovered = recover::recover(&*storage, dir, &options, from.0, &mut replay)?;
+        let next_lsn = recovered.report.next_lsn.0;
+        let shared = Arc::new(Shared::new(
+            storage,
+            dir.to_path_buf(),
+            next_lsn - 1,
+            options.on_progress.clone(),
+        ));
+        let syncer = std::thread::Builder::new()
+            .name("leasemq-wal-sync".into())
+            .spawn({
+                let shared = Arc::clone(&shared);
+                move || syncer::run(shared)
+            })
+            .map_err(|e| WalError::io(dir, "spawn the syncer thread", e))?;
+        let wal = Wal {
+            shared,
+            syncer: Some(syncer),
+            segment_bytes: options.segment_bytes,
+            max_record_bytes: options.max_record_bytes,
+            segments: recovered.segments,
+            pos: recovered.pos,
+            pending: Vec::new(),
+            next_lsn,
+            _lock: lock,
+        };
+        Ok((wal, recovered.report))
+    }
+
+    /// Appends a record and returns its lsn. Nothing is written yet: the record is
+    /// framed into a buffer, which [`submit`](Wal::submit) hands to the syncer.
+    ///
+    /// When the record does not fit in the current segment, a new one is created and
+    /// preallocated here, on the caller's thread (no fsync: the syncer does that).
+    ///
+    /// # Errors
+    ///
+    /// [`WalError::TooLarge`] for a payload over the limit; [`WalError::NoSpace`] if a
+    /// new segment was needed and the disk is full: in both cases nothing was appended
+    /// and the log goes on. [`WalError::Io`] if creating a segment failed otherwise; the
+    /// poisoning error once the log is poisoned.
+    pub fn append(&mut self, payload: &[u8]) -> Result<Lsn, WalError> {
+        self.check()?;
+        if payload.len() > self.max_record_bytes {
+            return Err(WalError::TooLarge {
+                len: payload.len(),
+                max: self.max_record_bytes,
+            });
+        }
+        let size = frame::frame_len(payload.len()) as u64;
+        let mut new_segment = false;
+        if self.pos + size > self.current().capacity {
+            self.roll()?;
+            new_segment = true;
+        }
+        let lsn = self.next_lsn;
+        let current = Arc::clone(self.current());
+        let piece = match self.pending.last_mut() {
+            Some(piece) if Arc::ptr_eq(&piece.segment, &current) => piece,
+            _ => {
+                let bytes = self.shared.take_buffer();
+                self.pending.push(Piece {
+                    segment: current,
+                    offset: self.pos,
+                    bytes,
+                    first: lsn,
+                    last: lsn,
+                    new_segment,
+                });
+                self.pending.last_mut().expect("just pushed")
+            }
+        };
+        frame::push_unsealed(&mut piece.bytes, lsn, payload);
+        piece.last = lsn;
+        self.pos += size;
+        self.next_lsn += 1;
+        Ok(Lsn(lsn))
+    }
+
+    /// Hands everything appended so far to the syncer, without waiting. If the syncer is
+    /// idle it starts a round at once; if an fsync is in flight, these records go in the
+    /// next round, with whatever else is submitted before that one starts.
+    ///
+    /// # Errors
+    ///
+    /// The poisoning error once the log is poisoned.
+    pub fn submit(&mut self) -> Result<(), WalError> {
+        self.check()?;
+        if !self.pending.is_empty() {
+            self.shared.submit(&mut self.pending, Vec::new());
+        }
+        Ok(())
+    }
+
+    /// Submits, then blocks until everything appended is durable and queued segment
+    /// removals are done; returns the durable lsn. For tests and shutdown: the owner's
+    /// hot path uses [`submit`](Wal::submit) and [`durable`](Wal::durable).
+    ///
+    /// # Errors
+    ///
+    /// The poisoning error, if a write or fsync failed.
+    pub fn sync(&mut self) -> Result<Lsn, WalError> {
+        self.submit()?;
+        self.shared.wait_idle()?;
+        Ok(self.durable())
+    }
+
+    /// The last lsn known to be on disk: every record up to it is durable. Never blocks.
+    pub fn durable(&self) -> Lsn {
+        Lsn(self.shared.durable())
+    }
+
+    /// The lsn of the last record appended, `Lsn(0)` if none ever was.
+    pub fn last_appended(&self) -> Lsn {
+        Lsn(self.next_lsn - 1)
+    }
+
+    /// `Ok` while the log works; the poisoning error once a write or fsync failed.
+    ///
+    /// # Errors
+    ///
+    /// The error that poisoned the log.
+    pub fn check(&self) -> Result<(), WalError> {
+        match self.shared.error() {
+            Some(error) => Err(error),
+            None => Ok(()),
+        }
+    }
+
+    /// Removes the segments whose records all lie before `lsn` (the owner has a durable
+    /// snapshot covering them) and are durable; the segment appended to is never removed.
+    /// The syncer deletes the files and syncs the directory after its current round.
+    /// Returns how many segments go.
+    ///
+    /// # Errors
+    ///
+    /// The poisoning error once the log is poisoned.
+    pub fn remove_before(&mut self, lsn: Lsn) -> Result<usize, WalError> {
+        self.check()?;
+        let bound = lsn.0.min(self.shared.durable() + 1);
+        let mut removals = Vec::new();
+        while self.segments.len() > 1 && self.segments[1].first_lsn <= bound {
+            let segment = self.segments.pop_front().expect("more than one segment");
+            removals.push(segment.path.clone());
+        }
+        let n = removals.len();
+        if n > 0 {
+            self.shared.submit(&mut Vec::new(), removals);
+        }
+        Ok(n)
+    }
+
+    /// The paths of the live segments, oldest first.
+    pub fn segments(&self) -> Vec<PathBuf> {
+        self.segments.iter().map(|s| s.path.clone()).collect()
+    }
+
+    fn current(&self) -> &Arc<Segment> {
+        self.segments.back().expect("a log has a segment")
+    }
+
+    /// Starts a new segment for the next record.
+    fn roll(&mut self) -> Result<(), WalError> {
+        let segment = recover::create_segment(
+            self.shared.storage(),
+            self.shared.dir(),
+            self.next_lsn,
+            self.segment_bytes,
+        )?;
+        self.segments.push_back(Arc::new(segment));
+        self.pos = 0;
+        Ok(())
+    }
+}
+
+impl std::fmt::Debug for Wal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Wal")
+            .field("dir", &self.shared.dir())
+            .field("segments", &self.segments.len())
+            .field("last_appended", &self.last_appended())
+            .field("durable", &self.durable())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Drop for Wal {
+    fn drop(&mut self) {
+        self.shared.stop();
+        if let Some(syncer) = self.syncer.take() {
+            // A panic there would be a bug in this crate; it was printed already.
+            let _ = syncer.join();
+        }
+    }
+}

@@ -1,0 +1,312 @@
+//! Recovery: round trips, torn tails at every byte, corruption, gaps, rolling, removal.
+
+mod common;
+
+use common::*;
+use leasemq_wal::{Lsn, MemDisk, WalError};
+
+#[test]
+fn records_round_trip_through_a_reopen() {
+    let disk = MemDisk::new();
+    let (mut wal, records, report) = open(&disk, small(4096)).unwrap();
+    assert!(records.is_empty());
+    assert_eq!(report.next_lsn, Lsn(1));
+    append_synced(&mut wal, 1..=50);
+    assert_eq!(wal.durable(), Lsn(50));
+    assert_eq!(wal.last_appended(), Lsn(50));
+    drop(wal);
+    let (mut wal, records, report) = open(&disk, small(4096)).unwrap();
+    assert_eq!(records, expected(1..=50));
+    assert_eq!(report.next_lsn, Lsn(51));
+    assert_eq!(report.torn, None);
+    append_synced(&mut wal, 51..=60);
+    drop(wal);
+    let (_wal, records, _) = open(&disk, small(4096)).unwrap();
+    assert_eq!(records, expected(1..=60));
+}
+
+#[test]
+fn segments_roll_and_replay_in_order() {
+    let disk = MemDisk::new();
+    let (mut wal, _, _) = open(&disk, small(256)).unwrap();
+    append_synced(&mut wal, 1..=100);
+    let files = segment_files(&disk);
+    assert!(files.len() > 10, "{} segments", files.len());
+    assert_eq!(wal.segments(), files);
+    assert!(files[0].ends_with("00000000000000000001.wal"));
+    drop(wal);
+    let (_wal, records, report) = open(&disk, small(256)).unwrap();
+    assert_eq!(records, expected(1..=100));
+    assert_eq!(report.segments, files.len());
+}
+
+#[test]
+fn replay_starts_at_the_given_lsn_and_checks_what_it_skips() {
+    let disk = MemDisk::new();
+    let (mut wal, _, _) = open(&disk, small(256)).unwrap();
+    append_synced(&mut wal, 1..=40);
+    drop(wal);
+    let (_wal, records, report) = open_from(
+        std::sync::Arc::new(disk.clone()),
+        dir(),
+        small(256),
+        Lsn(31),
+    )
+    .unwrap();
+    assert_eq!(records, expected(31..=40));
+    assert_eq!(report.replayed, 10);
+    drop(_wal);
+    disk.flip_bit(&segment_files(&disk)[0], 30, 2);
+    let err = open_from(std::sync::Arc::new(disk), dir(), small(256), Lsn(31)).unwrap_err();
+    assert!(matches!(err, WalError::Corrupt { .. }), "{err}");
+}
+
+/// Writes records 1..=`n` in segments of `segment_bytes`, the last `torn` of them as one
+/// write that the crash tears; returns the disk.
+fn log_with_last_write(n: u64, torn: u64, segment_bytes: u64) -> MemDisk {
+    let disk = MemDisk::new();
+    let (mut wal, _, _) = open(&disk, small(segment_bytes)).unwrap();
+    append_synced(&mut wal, 1..=n - torn);
+    for k in n - torn + 1..=n {
+        wal.append(&payload(k)).unwrap();
+    }
+    wal.sync().unwrap();
+    drop(wal);
+    disk
+}
+
+#[test]
+fn a_torn_tail_is_cut_at_every_byte_offset_of_the_last_write() {
+    // The last write carries records 9..=12; the crash keeps its first `cut` bytes only.
+    let disk = log_with_last_write(12, 4, 4096);
+    let seg = &segment_files(&disk)[0];
+    let image = disk.contents(seg).unwrap();
+    let offsets = frame_offsets(&image);
+    assert_eq!(offsets.len(), 12);
+    let write_start = offsets[8];
+    let end = written_end(&image);
+    for cut in write_start..end {
+        let damaged = disk.fork();
+        damaged.damage(seg, cut as u64, &vec![0; end - cut]);
+        // Records whose header and payload lie wholly before the cut survive (padding
+        // is zeros anyway).
+        let whole = offsets
+            .iter()
+            .take_while(|&&o| o + 24 + payload_len(&image, o) <= cut)
+            .count() as u64;
+        let (mut wal, records, report) = open(&damaged, small(4096)).unwrap();
+        assert_eq!(records, expected(1..=whole), "cut at byte {cut}");
+        let next = whole + 1;
+        assert_eq!(report.next_lsn, Lsn(next), "cut at byte {cut}");
+        let tail_start = offsets.get(whole as usize).copied().unwrap_or(end);
+        match &report.torn {
+            Some(torn) => {
+                assert_eq!(torn.offset, tail_start as u64, "cut at byte {cut}");
+                assert_eq!(&torn.path, seg);
+                assert!(torn.bytes > 0 && torn.bytes <= (cut - tail_start) as u64);
+            }
+            // The lsn's low byte (header byte 8) is never zero here: past it, something
+            // is left to cut.
+            None => assert!(cut <= tail_start + 8, "cut at byte {cut}: no torn tail"),
+        }
+        // The log goes on after the cut, and the cut stays cut.
+        append_synced(&mut wal, next..=next + 2);
+        drop(wal);
+        let (_wal, records, report) = open(&damaged, small(4096)).unwrap();
+        assert_eq!(records, expected(1..=next + 2), "cut at byte {cut}");
+        assert_eq!(report.torn, None);
+    }
+}
+
+/// The end of the written frames in a segment image.
+fn written_end(image: &[u8]) -> usize {
+    image
+        .iter()
+        .rposition(|&b| b != 0)
+        .map_or(0, |i| i + 1)
+        .next_multiple_of(8)
+}
+
+fn payload_len(image: &[u8], at: usize) -> usize {
+    u32::from_le_bytes(image[at + 4..at + 8].try_into().unwrap()) as usize
+}
+
+#[test]
+fn garbage_from_any_offset_of_the_last_write_is_a_torn_tail() {
+    // A lost sector need not read as zeros on every device: fill the tail with 0xA5.
+    let disk = log_with_last_write(10, 3, 4096);
+    let seg = &segment_files(&disk)[0];
+    let image = disk.contents(seg).unwrap();
+    let offsets = frame_offsets(&image);
+    let end = written_end(&image);
+    for cut in offsets[7]..end {
+        let damaged = disk.fork();
+        damaged.damage(seg, cut as u64, &vec![0xA5; end - cut]);
+        let (_wal, records, report) = open(&damaged, small(4096)).unwrap();
+        let whole = records.len() as u64;
+        assert!((7..=10).contains(&whole), "cut at {cut}: {whole} records");
+        assert_eq!(records, expected(1..=whole), "cut at byte {cut}");
+        assert!(report.torn.is_some() || whole == 10, "cut at {cut}");
+    }
+}
+
+#[test]
+fn a_hole_in_the_last_write_is_a_torn_tail_even_with_valid_frames_after_it() {
+    let disk = log_with_last_write(10, 5, 4096);
+    let seg = &segment_files(&disk)[0];
+    let offsets = frame_offsets(&disk.contents(seg).unwrap());
+    // Record 7 (in the last write, 6..=10) lost; 8..=10 of the same write survived.
+    disk.damage(seg, offsets[6] as u64 + 8, &[0xFF; 8]);
+    let (_wal, records, report) = open(&disk, small(4096)).unwrap();
+    assert_eq!(records, expected(1..=6));
+    assert_eq!(report.torn.unwrap().offset, offsets[6] as u64);
+}
+
+#[test]
+fn a_damaged_record_followed_by_a_later_write_is_an_error_naming_file_and_offset() {
+    let disk = log_with_last_write(10, 5, 4096);
+    let seg = &segment_files(&disk)[0];
+    let offsets = frame_offsets(&disk.contents(seg).unwrap());
+    // Record 3 was written (and synced) before the write of 6..=10.
+    for byte in [0, 5, 9, 17, 25] {
+        let damaged = disk.fork();
+        damaged.flip_bit(seg, (offsets[2] + byte) as u64, 4);
+        match open(&damaged, small(4096)) {
+            Err(WalError::Corrupt {
+                path,
+                offset,
+                detail,
+            }) => {
+                assert_eq!(&path, seg);
+                assert_eq!(offset, offsets[2] as u64, "{detail}");
+                let msg = format!("{}", open(&damaged, small(4096)).unwrap_err());
+                assert!(
+                    msg.contains("00000000000000000001.wal")
+                        && msg.contains(&format!("byte {offset}")),
+                    "{msg}"
+                );
+            }
+            other => panic!("byte {byte}: {:?}", other.map(|(_, r, rep)| (r.len(), rep))),
+        }
+    }
+}
+
+#[test]
+fn a_bit_flip_in_an_earlier_segment_is_an_error_naming_it() {
+    let disk = MemDisk::new();
+    let (mut wal, _, _) = open(&disk, small(256)).unwrap();
+    append_synced(&mut wal, 1..=60);
+    drop(wal);
+    let files = segment_files(&disk);
+    let victim = &files[1];
+    let offsets = frame_offsets(&disk.contents(victim).unwrap());
+    // The last record of a full segment has nothing after it in that segment: still an
+    // error, because later segments exist.
+    for &at in [offsets[0], *offsets.last().unwrap()].iter() {
+        let damaged = disk.fork();
+        damaged.flip_bit(victim, at as u64 + 26, 0);
+        match open(&damaged, small(256)) {
+            Err(WalError::Corrupt { path, offset, .. }) => {
+                assert_eq!(&path, victim);
+                assert_eq!(offset, at as u64);
+            }
+            other => panic!("flip at {at}: {:?}", other.map(|(_, r, _)| r.len())),
+        }
+    }
+}
+
+#[test]
+fn a_missing_segment_is_an_lsn_gap() {
+    let disk = MemDisk::new();
+    let (mut wal, _, _) = open(&disk, small(256)).unwrap();
+    append_synced(&mut wal, 1..=60);
+    drop(wal);
+    let files = segment_files(&disk);
+    leasemq_wal::Storage::remove(&disk, &files[2]).unwrap();
+    match open(&disk, small(256)) {
+        Err(WalError::Corrupt {
+            path,
+            offset,
+            detail,
+        }) => {
+            assert_eq!(path, files[3]);
+            assert_eq!(offset, 0);
+            assert!(detail.contains("ends before lsn"), "{detail}");
+        }
+        other => panic!("{:?}", other.map(|(_, r, _)| r.len())),
+    }
+}
+
+#[test]
+fn a_valid_record_with_the_wrong_lsn_is_an_error() {
+    // Copy a record's frame over a later one's: a valid frame, the wrong lsn.
+    let disk = log_with_last_write(6, 1, 4096);
+    let seg = &segment_files(&disk)[0];
+    let image = disk.contents(seg).unwrap();
+    let offsets = frame_offsets(&image);
+    // Two records whose frames have the same size, so that one fits over the other.
+    let (a, b) = (0..5)
+        .flat_map(|i| (i + 1..5).map(move |j| (i, j)))
+        .find(|&(i, j)| offsets[i + 1] - offsets[i] == offsets[j + 1] - offsets[j])
+        .expect("two records of one frame size");
+    let frame = image[offsets[a]..offsets[a + 1]].to_vec();
+    disk.damage(seg, offsets[b] as u64, &frame);
+    match open(&disk, small(4096)) {
+        Err(WalError::Corrupt { offset, detail, .. }) => {
+            assert_eq!(offset, offsets[b] as u64);
+            assert!(
+                detail.contains(&format!("lsn {} where {} was due", a + 1, b + 1)),
+                "{detail}"
+            );
+        }
+        other => panic!("{:?}", other.map(|(_, r, _)| r.len())),
+    }
+}
+
+#[test]
+fn an_empty_segment_left_by_a_crash_during_a_roll_is_removed() {
+    let disk = MemDisk::new();
+    let (mut wal, _, _) = open(&disk, small(256)).unwrap();
+    append_synced(&mut wal, 1..=5);
+    let before = segment_files(&disk);
+    // Fill up the segment and roll, but crash before the syncer writes anything.
+    disk.hold_syncs();
+    let mut n = 6;
+    while segment_files(&disk).len() == before.len() {
+        wal.append(&payload(n)).unwrap();
+        n += 1;
+    }
+    let crashed = disk.crash(leasemq_wal::Crash::KeepUnsynced);
+    drop(wal);
+    let (_wal, records, report) = open(&crashed, small(256)).unwrap();
+    assert_eq!(records, expected(1..=5));
+    assert_eq!(report.removed.len(), 1);
+    assert_eq!(segment_files(&crashed), before);
+}
+
+#[test]
+fn a_zeroed_header_of_synced_data_does_not_pass_for_an_empty_segment() {
+    let disk = MemDisk::new();
+    let (mut wal, _, _) = open(&disk, small(256)).unwrap();
+    // One write per record, so the last segment holds several writes.
+    let mut n = 1;
+    while segment_files(&disk).len() < 3
+        || frame_offsets(&disk.contents(segment_files(&disk).last().unwrap()).unwrap()).len() < 3
+    {
+        append_synced(&mut wal, n..=n);
+        n += 1;
+    }
+    drop(wal);
+    let last = segment_files(&disk).last().unwrap().clone();
+    disk.damage(&last, 0, &[0; 24]);
+    match open(&disk, small(256)) {
+        Err(WalError::Corrupt {
+            path,
+            offset,
+            detail,
+        }) => {
+            assert_eq!((path, offset), (last, 0), "{detail}");
+        }
+        other => panic!("{:?}", other.map(|(_, r, rep)| (r.len(), rep))),
+    }
+}

@@ -1,0 +1,306 @@
+//! The writer: group commit, poisoning, a full disk, the lock, compaction, snapshots.
+
+mod common;
+
+use std::sync::{Arc, Condvar, Mutex};
+
+use common::*;
+use leasemq_wal::{latest_snapshot, write_snapshot, Crash, Lsn, MemDisk, Options, WalError};
+
+#[test]
+fn appends_during_an_inflight_fsync_ride_the_next_one() {
+    let disk = MemDisk::new();
+    let (mut wal, _, _) = open(&disk, small(4096)).unwrap();
+    let base = disk.data_syncs();
+    disk.hold_syncs();
+    wal.append(b"first").unwrap();
+    wal.submit().unwrap();
+    disk.wait_for_held_sync(); // the fsync of record 1 is in flight
+    for n in 2..=20 {
+        wal.append(&payload(n)).unwrap();
+        wal.submit().unwrap(); // each wakes the syncer, which is busy
+    }
+    assert_eq!(
+        wal.durable(),
+        Lsn(0),
+        "nothing is durable while the fsync hangs"
+    );
+    disk.release_syncs();
+    assert_eq!(wal.sync().unwrap(), Lsn(20));
+    assert_eq!(
+        disk.data_syncs() - base,
+        2,
+        "one fsync for record 1, one for 2..=20"
+    );
+    drop(wal);
+    let (_wal, records, _) = open(&disk, small(4096)).unwrap();
+    assert_eq!(records.len(), 20);
+}
+
+#[test]
+fn the_owner_learns_durability_without_blocking() {
+    let disk = MemDisk::new();
+    let rounds = Arc::new((Mutex::new(0u64), Condvar::new()));
+    let options = Options {
+        on_progress: Some({
+            let rounds = Arc::clone(&rounds);
+            Arc::new(move || {
+                *rounds.0.lock().unwrap() += 1;
+                rounds.1.notify_all();
+            })
+        }),
+        ..small(4096)
+    };
+    let (mut wal, _, _) = open(&disk, options).unwrap();
+    disk.hold_syncs();
+    let lsn = wal.append(b"x").unwrap();
+    wal.submit().unwrap();
+    disk.wait_for_held_sync();
+    // The owner goes on appending while the fsync runs.
+    let later = wal.append(b"y").unwrap();
+    assert_eq!(wal.durable(), Lsn(0));
+    disk.release_syncs();
+    let mut n = rounds.0.lock().unwrap();
+    while *n == 0 {
+        n = rounds.1.wait(n).unwrap();
+    }
+    drop(n);
+    assert_eq!(
+        wal.durable(),
+        lsn,
+        "the first round covers only what was submitted"
+    );
+    assert_eq!(wal.sync().unwrap(), later);
+}
+
+#[test]
+fn a_failed_fsync_poisons_the_log_for_good() {
+    let disk = MemDisk::new();
+    let (mut wal, _, _) = open(&disk, small(4096)).unwrap();
+    append_synced(&mut wal, 1..=3);
+    disk.fail_next_sync();
+    wal.append(b"lost").unwrap();
+    let err = wal.sync().unwrap_err();
+    let WalError::Io { op, ref path, .. } = err else {
+        panic!("{err}")
+    };
+    assert_eq!(op, "fdatasync");
+    assert!(path.ends_with("00000000000000000001.wal"));
+    assert_eq!(wal.durable(), Lsn(3));
+    // Every later call answers the same error; the fsync is not tried again.
+    let syncs = disk.data_syncs();
+    for _ in 0..3 {
+        assert_eq!(
+            wal.append(b"more").unwrap_err().to_string(),
+            err.to_string()
+        );
+        assert_eq!(wal.submit().unwrap_err().to_string(), err.to_string());
+        assert_eq!(wal.sync().unwrap_err().to_string(), err.to_string());
+        assert_eq!(
+            wal.remove_before(Lsn(2)).unwrap_err().to_string(),
+            err.to_string()
+        );
+        assert!(wal.check().is_err());
+    }
+    assert_eq!(disk.data_syncs(), syncs);
+}
+
+#[test]
+fn a_full_disk_fails_the_append_whole_and_the_log_goes_on() {
+    let disk = MemDisk::new();
+    disk.set_capacity(Some(1024));
+    let (mut wal, _, _) = open(&disk, small(512)).unwrap();
+    // Two segments fit; the third cannot be allocated.
+    let mut n = 1;
+    let err = loop {
+        match wal.append(&payload(n)) {
+            Ok(lsn) => assert_eq!(lsn, Lsn(n)),
+            Err(e) => break e,
+        }
+        n += 1;
+    };
+    assert!(matches!(err, WalError::NoSpace { .. }), "{err}");
+    assert_eq!(
+        wal.last_appended(),
+        Lsn(n - 1),
+        "nothing of the failed append"
+    );
+    assert_eq!(wal.sync().unwrap(), Lsn(n - 1), "the log is not poisoned");
+    // Space freed: the same append succeeds with the lsn it would have had.
+    disk.set_capacity(None);
+    assert_eq!(wal.append(&payload(n)).unwrap(), Lsn(n));
+    wal.sync().unwrap();
+    drop(wal);
+    let (_wal, records, _) = open(&disk, small(512)).unwrap();
+    assert_eq!(records, expected(1..=n));
+}
+
+#[test]
+fn a_record_over_the_limit_is_refused_without_harm() {
+    let disk = MemDisk::new();
+    let (mut wal, _, _) = open(&disk, small(256)).unwrap();
+    let err = wal.append(&[0; 233]).unwrap_err();
+    assert!(
+        matches!(err, WalError::TooLarge { len: 233, max: 232 }),
+        "{err}"
+    );
+    assert_eq!(wal.append(&[7; 232]).unwrap(), Lsn(1));
+    assert_eq!(wal.sync().unwrap(), Lsn(1));
+}
+
+#[test]
+fn options_that_cannot_work_are_refused() {
+    let disk = MemDisk::new();
+    let bad = Options {
+        max_record_bytes: 1000,
+        ..small(512)
+    };
+    assert!(matches!(open(&disk, bad), Err(WalError::InvalidOptions(_))));
+    assert!(matches!(
+        open(&disk, small(500)),
+        Err(WalError::InvalidOptions(_))
+    ));
+}
+
+#[test]
+fn a_second_opener_gets_locked_until_the_first_is_dropped() {
+    let disk = MemDisk::new();
+    let (wal, _, _) = open(&disk, small(4096)).unwrap();
+    let err = open(&disk, small(4096)).unwrap_err();
+    assert!(
+        matches!(err, WalError::Locked { ref path } if path == dir()),
+        "{err}"
+    );
+    drop(wal);
+    open(&disk, small(4096)).unwrap();
+}
+
+#[test]
+fn compaction_keeps_exactly_the_records_from_the_cut() {
+    let disk = MemDisk::new();
+    let (mut wal, _, _) = open(&disk, small(256)).unwrap();
+    append_synced(&mut wal, 1..=100);
+    let before = wal.segments().len();
+    let storage: &dyn leasemq_wal::Storage = &disk;
+    write_snapshot(storage, dir(), Lsn(70), b"state up to 70").unwrap();
+    let removed = wal.remove_before(Lsn(71)).unwrap();
+    assert!(removed > 0 && removed < before, "{removed} of {before}");
+    wal.sync().unwrap();
+    assert_eq!(segment_files(&disk), wal.segments());
+    drop(wal);
+    // The first kept segment holds lsn 71; all before it are gone.
+    let snap = latest_snapshot(storage, dir()).unwrap().unwrap();
+    assert_eq!(
+        (snap.lsn, snap.data.as_slice()),
+        (Lsn(70), &b"state up to 70"[..])
+    );
+    let (_wal, records, _) = open_from(Arc::new(disk.clone()), dir(), small(256), Lsn(71)).unwrap();
+    assert_eq!(records, expected(71..=100));
+    drop(_wal);
+    let err = open_from(Arc::new(disk.clone()), dir(), small(256), Lsn(1)).unwrap_err();
+    assert!(
+        matches!(err, WalError::Corrupt { .. }),
+        "replay from 1 is impossible now: {err}"
+    );
+    // Every record still on disk is at or after the first kept segment's lsn, and that
+    // segment starts at or before 71.
+    let first: u64 = segment_files(&disk)[0]
+        .file_stem()
+        .unwrap()
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(
+        first <= 71 && first > 1,
+        "first kept segment starts at {first}"
+    );
+}
+
+#[test]
+fn compaction_never_removes_what_is_not_durable() {
+    let disk = MemDisk::new();
+    let (mut wal, _, _) = open(&disk, small(256)).unwrap();
+    append_synced(&mut wal, 1..=20);
+    disk.hold_syncs();
+    for n in 21..=60 {
+        wal.append(&payload(n)).unwrap();
+    }
+    wal.submit().unwrap();
+    disk.wait_for_held_sync();
+    let durable = wal.durable();
+    wal.remove_before(Lsn(61)).unwrap();
+    disk.release_syncs();
+    wal.sync().unwrap();
+    drop(wal);
+    // Removal stopped at the durable lsn: the segment holding durable + 1 is still there.
+    let (_wal, records, _) = open_from(
+        Arc::new(disk.clone()),
+        dir(),
+        small(256),
+        Lsn(durable.0 + 1),
+    )
+    .unwrap();
+    assert_eq!(records, expected(durable.0 + 1..=60));
+}
+
+#[test]
+fn a_damaged_snapshot_is_an_error_and_an_interrupted_one_is_ignored() {
+    let disk = MemDisk::new();
+    let storage: &dyn leasemq_wal::Storage = &disk;
+    assert_eq!(latest_snapshot(storage, dir()).unwrap(), None);
+    write_snapshot(storage, dir(), Lsn(5), b"five").unwrap();
+    let path = write_snapshot(storage, dir(), Lsn(9), b"nine").unwrap();
+    assert_eq!(
+        latest_snapshot(storage, dir()).unwrap().unwrap().lsn,
+        Lsn(9)
+    );
+    assert_eq!(
+        storage.list(dir()).unwrap().len(),
+        1,
+        "the older snapshot is removed"
+    );
+    // A crash before the rename leaves the old snapshot in force.
+    let crashed = {
+        let half = disk.fork();
+        let tmp = dir().join("snapshot-00000000000000000012.tmp");
+        let f = leasemq_wal::Storage::create(&half, &tmp).unwrap();
+        f.write_at(b"LMQSNAP1 half written", 0).unwrap();
+        half.crash(Crash::KeepUnsynced)
+    };
+    let storage2: &dyn leasemq_wal::Storage = &crashed;
+    assert_eq!(
+        latest_snapshot(storage2, dir()).unwrap().unwrap().data,
+        b"nine"
+    );
+    disk.flip_bit(&path, 34, 1);
+    match latest_snapshot(storage, dir()) {
+        Err(WalError::Corrupt {
+            path: p, offset, ..
+        }) => {
+            assert_eq!(p, path);
+            assert_eq!(offset, 24);
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn the_syncer_survives_many_small_rounds_from_another_thread() {
+    // The owner can live on any thread: the log moves with it.
+    let disk = MemDisk::new();
+    let (wal, _, _) = open(&disk, small(1024)).unwrap();
+    let handle = std::thread::spawn(move || {
+        let mut wal = wal;
+        for n in 1..=2000 {
+            wal.append(&payload(n)).unwrap();
+            if n % 7 == 0 {
+                wal.submit().unwrap();
+            }
+        }
+        wal.sync().unwrap()
+    });
+    assert_eq!(handle.join().unwrap(), Lsn(2000));
+    let (_wal, records, _) = open(&disk, small(1024)).unwrap();
+    assert_eq!(records, expected(1..=2000));
+}
