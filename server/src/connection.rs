@@ -621,3 +621,5 @@ pub(crate) fn short(mut text: String) -> ShortString {
     ShortString::from(text)
 }
 
+#[cfg(test)]
+mod tests;

@@ -49,7 +49,7 @@ fn decode_stored(body: &Bytes) -> Option<(BasicProperties, Bytes)> {
     let len = u32::from_be_bytes([body[1], body[2], body[3], body[4]]) as usize;
     let end = PREFIX.checked_add(len).filter(|&end| end <= body.len())?;
     match parse_properties(&body[PREFIX..end]) {
-        Ok((rest, properties)) if rest.is_empty() => Some((properties, body.slice(end..))),
+        Ok(([], properties)) => Some((properties, body.slice(end..))),
         _ => None,
     }
 }
