@@ -336,6 +336,7 @@ impl Connection {
             "basic.nack",
             "per_consumer_qos",
             "authentication_failure_close",
+            "publisher_confirms",
         ] {
             capabilities.insert(name.into(), AMQPValue::Boolean(true));
         }

@@ -14,7 +14,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use amq_protocol::frame::AMQPContentHeader;
-use amq_protocol::protocol::{basic, channel, queue, AMQPClass, BasicProperties};
+use amq_protocol::protocol::{basic, channel, confirm, queue, AMQPClass, BasicProperties};
 use amq_protocol::types::ShortString;
 use bytes::BytesMut;
 use leasemq::{ConsumerConfig, Delivery, DeliveryTag, Error, Message, Queue, QueueConfig, Settle};
@@ -42,6 +42,12 @@ pub(crate) struct Channel {
     incoming: Option<Incoming>,
     /// Consumer tags in use on this channel.
     consumer_tags: Vec<ShortString>,
+    /// Publisher confirms are on (`confirm.select`).
+    confirm: bool,
+    /// Publishes completed on this channel since `confirm.select`: the last one's number.
+    published: u64,
+    /// The highest publish number confirmed with `basic.ack`.
+    confirmed: u64,
 }
 
 /// What a channel delivery tag stands for.
@@ -135,6 +141,14 @@ impl Connection {
                 Ok(())
             }
             AMQPClass::Basic(basic::AMQPMethod::Consume(consume)) => self.consume(ch, consume),
+            AMQPClass::Confirm(confirm::AMQPMethod::Select(select)) => {
+                state.confirm = true;
+                if !select.nowait {
+                    let ok = confirm::AMQPMethod::SelectOk(confirm::SelectOk {});
+                    self.send(ch, AMQPClass::Confirm(ok));
+                }
+                Ok(())
+            }
             AMQPClass::Basic(basic::AMQPMethod::Cancel(cancel)) => {
                 self.cancel(ch, cancel);
                 Ok(())
@@ -454,6 +468,10 @@ impl Connection {
             body,
         } = state.incoming.take().expect("checked by the caller");
         let (_, properties) = header.expect("complete content has a header");
+        if state.confirm {
+            // Numbered as the client numbers them: every publish on a confirming channel.
+            state.published += 1;
+        }
         let m = AMQPClass::Basic(basic::AMQPMethod::Publish(publish.clone()));
         if !publish.exchange.as_str().is_empty() {
             let text = format!(
@@ -514,14 +532,37 @@ impl Connection {
         }
     }
 
-    /// Puts the publishes gathered so far, one `put_batch` per run of one channel and queue.
+    /// Puts the publishes gathered so far, one `put_batch` per run of one channel and queue,
+    /// then confirms them on the channels that asked for confirms: every publish completed
+    /// so far is then in its queue (or was unroutable, which RabbitMQ confirms too).
     pub(super) fn flush_batches(&mut self) {
         for batch in std::mem::take(&mut self.batches) {
+            let open = self
+                .channels
+                .get(&batch.channel)
+                .is_some_and(|s| !s.closing);
+            if !open || self.phase != super::Phase::Open {
+                continue; // a fault earlier in this flush ended its channel or connection
+            }
             if let Err(e) = batch.queue.put_batch(batch.messages) {
                 let m = AMQPClass::Basic(basic::AMQPMethod::Publish(basic::Publish::default()));
                 let fault = broker_fault(batch.channel, &e, &m);
                 self.fail(fault);
             }
+        }
+        let mut acks = Vec::new();
+        for (&ch, state) in &mut self.channels {
+            if state.confirm && !state.closing && state.published > state.confirmed {
+                state.confirmed = state.published;
+                acks.push((ch, state.published));
+            }
+        }
+        for (ch, tag) in acks {
+            let ack = basic::Ack {
+                delivery_tag: tag,
+                multiple: true,
+            };
+            self.send(ch, AMQPClass::Basic(basic::AMQPMethod::Ack(ack)));
         }
     }
 

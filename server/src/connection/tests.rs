@@ -624,3 +624,45 @@ fn garbage_after_the_handshake_never_panics() {
         c.conn.take_output(&mut out);
     }
 }
+
+#[test]
+fn with_confirms_the_publishes_of_one_read_are_acked_together_once_put() {
+    use amq_protocol::protocol::confirm;
+    let mut c = Client::open();
+    c.declare("confirmed");
+    let select = method(
+        1,
+        AMQPClass::Confirm(confirm::AMQPMethod::Select(confirm::Select {
+            nowait: false,
+        })),
+    );
+    let out = c.feed(&[select]);
+    assert_eq!(
+        out,
+        [method(
+            1,
+            AMQPClass::Confirm(confirm::AMQPMethod::SelectOk(confirm::SelectOk {}))
+        )]
+    );
+    let frames: Vec<AMQPFrame> = (0..3)
+        .flat_map(|_| Client::publish_frames("confirmed", BasicProperties::default(), b"x"))
+        .collect();
+    let out = c.feed(&frames);
+    let ack = basic::Ack {
+        delivery_tag: 3,
+        multiple: true,
+    };
+    assert_eq!(out, [basic_method(1, basic::AMQPMethod::Ack(ack))]);
+    assert_eq!(c.broker.queue("confirmed").unwrap().stats().ready, 3);
+    // A publish to no queue is confirmed too (after nothing: it is dropped).
+    let out = c.feed(&Client::publish_frames(
+        "nowhere",
+        BasicProperties::default(),
+        b"y",
+    ));
+    let ack = basic::Ack {
+        delivery_tag: 4,
+        multiple: true,
+    };
+    assert_eq!(out, [basic_method(1, basic::AMQPMethod::Ack(ack))]);
+}

@@ -185,3 +185,16 @@ def test_a_wrong_password_is_refused():
     )
     with pytest.raises(pika.exceptions.ProbableAuthenticationError):
         pika.BlockingConnection(params)
+
+
+def test_publisher_confirms():
+    conn = connect()
+    ch = conn.channel()
+    ch.confirm_delivery()
+    queue = fresh_queue(ch, "confirmed")
+    for i in range(50):
+        ch.basic_publish(exchange="", routing_key=queue, body=str(i).encode())
+    assert ch.queue_declare(queue=queue, passive=True).method.message_count == 50
+    with pytest.raises(pika.exceptions.UnroutableError):
+        ch.basic_publish(exchange="", routing_key="no-such-queue", body=b"lost", mandatory=True)
+    conn.close()
