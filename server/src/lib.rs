@@ -16,6 +16,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod arguments;
 mod connection;
 pub mod content;
 pub mod serve;

@@ -20,8 +20,8 @@ use bytes::BytesMut;
 use leasemq::{ConsumerConfig, Delivery, DeliveryTag, Error, Message, Queue, QueueConfig, Settle};
 
 use super::{code, method_name, short, Connection, Fault, Subscription};
-use crate::content;
 use crate::wire::BASIC_CLASS;
+use crate::{arguments, content};
 
 /// The most prefetch a broker consumer takes; also what `prefetch_count = 0` (AMQP's "no
 /// limit") becomes.
@@ -222,9 +222,6 @@ impl Connection {
         if declare.auto_delete {
             return refuse("an auto-delete queue");
         }
-        if let Some(arg) = declare.arguments.inner().keys().next() {
-            return refuse(&format!("queue argument '{arg}'"));
-        }
         let queue = if declare.passive {
             match self.queue(name) {
                 Some(q) => q,
@@ -236,10 +233,17 @@ impl Connection {
         } else {
             // `durable` is accepted, but every queue is in memory until leasemqd has a
             // data directory (the startup line says so).
-            let config = QueueConfig {
+            let base = QueueConfig {
                 ack_timeout: self.settings.ack_timeout,
                 max_body_bytes: self.max_stored_bytes(),
                 ..QueueConfig::default()
+            };
+            let config = match arguments::queue_config(&declare.arguments, base) {
+                Ok(config) => config,
+                Err(refused) if refused.code == code::NOT_IMPLEMENTED => {
+                    return Err(Fault::connection(refused.code, refused.text).for_method(&m));
+                }
+                Err(refused) => return Err(Fault::channel(ch, refused.code, refused.text, &m)),
             };
             match self.broker.declare_queue(name, config) {
                 Ok(q) => {

@@ -198,3 +198,35 @@ def test_publisher_confirms():
     with pytest.raises(pika.exceptions.UnroutableError):
         ch.basic_publish(exchange="", routing_key="no-such-queue", body=b"lost", mandatory=True)
     conn.close()
+
+
+def test_reject_dead_letters_through_the_default_exchange():
+    conn = connect()
+    ch = conn.channel()
+    dead = fresh_queue(ch, "dead")
+    work = f"work-{uuid.uuid4().hex[:8]}"
+    ch.queue_declare(
+        queue=work,
+        arguments={"x-dead-letter-exchange": "", "x-dead-letter-routing-key": dead},
+    )
+    ch.basic_publish(
+        exchange="",
+        routing_key=work,
+        body=b"poison",
+        properties=pika.BasicProperties(content_type="application/json"),
+    )
+    method, _props, _body = next(ch.consume(work, inactivity_timeout=5))
+    ch.basic_reject(method.delivery_tag, requeue=False)
+    ch.cancel()
+    method, props, body = next(ch.consume(dead, inactivity_timeout=5))
+    assert (body, props.content_type) == (b"poison", "application/json")
+    ch.basic_ack(method.delivery_tag)
+    conn.close()
+
+
+def test_an_unsupported_queue_argument_is_refused_not_ignored():
+    conn = connect()
+    ch = conn.channel()
+    with pytest.raises(pika.exceptions.ConnectionClosedByBroker) as err:
+        ch.queue_declare(queue="capped", arguments={"x-max-length": 10})
+    assert err.value.reply_code == 540
