@@ -29,7 +29,7 @@ use amq_protocol::types::{AMQPValue, FieldTable, ShortString};
 use leasemq::{Broker, Consumer, Delivery, Queue};
 
 use crate::wire::{self, Next, Output};
-use channel::{Batch, Channel};
+use channel::{Channel, Pending};
 
 /// What a connection needs to know that is the same for all of them.
 #[derive(Debug, Clone)]
@@ -172,8 +172,8 @@ pub struct Connection {
     next_consumer: u64,
     /// Queues by name, so a publish needs no lookup round trip.
     queues: HashMap<String, Queue>,
-    /// Publishes of the current input, put in one `put_batch` per channel and queue.
-    batches: Vec<Batch>,
+    /// Publishes and settles of the current input, made in batches when it is done.
+    pending: Vec<Pending>,
     out: Output,
 }
 
@@ -202,7 +202,7 @@ impl Connection {
             rotor: 0,
             next_consumer: 0,
             queues: HashMap::new(),
-            batches: Vec::new(),
+            pending: Vec::new(),
             out: Output::default(),
         }
     }
@@ -247,7 +247,7 @@ impl Connection {
                 }
             }
         }
-        self.flush_batches();
+        self.flush_pending();
         used
     }
 
@@ -516,7 +516,7 @@ impl Connection {
         use connection::AMQPMethod as M;
         match method {
             M::Close(_) => {
-                self.flush_batches();
+                self.flush_pending();
                 self.end_subscriptions(None);
                 self.send(0, AMQPClass::Connection(M::CloseOk(connection::CloseOk {})));
                 self.phase = Phase::Closed;
@@ -533,10 +533,12 @@ impl Connection {
     /// Answers a fault: a channel error closes the channel, a connection error the
     /// connection (RabbitMQ's soft and hard errors).
     fn fail(&mut self, fault: Fault) {
+        // What came before the fault happened before it: the settles among it must reach
+        // the broker before the consumers end and their leases come back.
+        self.apply_pending();
         match fault.channel {
             Some(channel) => self.close_channel_with(channel, fault),
             None => {
-                self.batches.clear();
                 self.end_subscriptions(None);
                 self.channels.clear();
                 let close = connection::Close {

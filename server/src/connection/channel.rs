@@ -63,11 +63,20 @@ struct Incoming {
     body: BytesMut,
 }
 
-/// Publishes of one read for one channel and queue, put with one `put_batch`.
-pub(crate) struct Batch {
-    channel: u16,
-    queue: Queue,
-    messages: Vec<Message>,
+/// Broker calls gathered from one read, made in order when the read is done (or before a
+/// method that must see their effects): a run of publishes to one queue on one channel is
+/// one `put_batch`, a run of settles of one queue's deliveries one `settle_batch`.
+pub(crate) enum Pending {
+    Put {
+        channel: u16,
+        queue: Queue,
+        messages: Vec<Message>,
+    },
+    Settle {
+        channel: u16,
+        queue: Queue,
+        settles: Vec<(DeliveryTag, Settle)>,
+    },
 }
 
 impl Connection {
@@ -76,9 +85,18 @@ impl Connection {
         ch: u16,
         method: AMQPClass,
     ) -> Result<(), Fault> {
-        if !matches!(method, AMQPClass::Basic(basic::AMQPMethod::Publish(_))) {
-            // Whatever this method does, it comes after the publishes before it.
-            self.flush_batches();
+        let gathered = matches!(
+            method,
+            AMQPClass::Basic(
+                basic::AMQPMethod::Publish(_)
+                    | basic::AMQPMethod::Ack(_)
+                    | basic::AMQPMethod::Nack(_)
+                    | basic::AMQPMethod::Reject(_)
+            )
+        );
+        if !gathered {
+            // Whatever this method does, it comes after the publishes and settles before it.
+            self.flush_pending();
         }
         let Some(state) = self.channels.get_mut(&ch) else {
             return self.handle_unopened(ch, method);
@@ -374,18 +392,19 @@ impl Connection {
                 }
             }
         };
-        // One settle_batch per queue, in tag order. A `false` answer is a stale tag (its
-        // lease ran out and the message went elsewhere): the broker counted it, and AMQP
-        // hears nothing, as the contract asks.
-        let mut i = 0;
-        while i < taken.len() {
-            let queue = &taken[i].queue;
-            let mut batch = Vec::new();
-            while i < taken.len() && taken[i].queue.name() == queue.name() {
-                batch.push((taken[i].tag, how));
-                i += 1;
+        for Unacked { queue, tag } in taken {
+            match self.pending.last_mut() {
+                Some(Pending::Settle {
+                    channel,
+                    queue: q,
+                    settles,
+                }) if *channel == ch && q.name() == queue.name() => settles.push((tag, how)),
+                _ => self.pending.push(Pending::Settle {
+                    channel: ch,
+                    queue,
+                    settles: vec![(tag, how)],
+                }),
             }
-            queue.settle_batch(&batch);
         }
         Ok(())
     }
@@ -497,11 +516,13 @@ impl Connection {
             return Err(Fault::channel(ch, code::PRECONDITION_FAILED, text, &m));
         };
         let message = Message::new(stored);
-        match self.batches.last_mut() {
-            Some(b) if b.channel == ch && b.queue.name() == queue.name() => {
-                b.messages.push(message)
-            }
-            _ => self.batches.push(Batch {
+        match self.pending.last_mut() {
+            Some(Pending::Put {
+                channel,
+                queue: q,
+                messages,
+            }) if *channel == ch && q.name() == queue.name() => messages.push(message),
+            _ => self.pending.push(Pending::Put {
                 channel: ch,
                 queue,
                 messages: vec![message],
@@ -536,24 +557,11 @@ impl Connection {
         }
     }
 
-    /// Puts the publishes gathered so far, one `put_batch` per run of one channel and queue,
-    /// then confirms them on the channels that asked for confirms: every publish completed
-    /// so far is then in its queue (or was unroutable, which RabbitMQ confirms too).
-    pub(super) fn flush_batches(&mut self) {
-        for batch in std::mem::take(&mut self.batches) {
-            let open = self
-                .channels
-                .get(&batch.channel)
-                .is_some_and(|s| !s.closing);
-            if !open || self.phase != super::Phase::Open {
-                continue; // a fault earlier in this flush ended its channel or connection
-            }
-            if let Err(e) = batch.queue.put_batch(batch.messages) {
-                let m = AMQPClass::Basic(basic::AMQPMethod::Publish(basic::Publish::default()));
-                let fault = broker_fault(batch.channel, &e, &m);
-                self.fail(fault);
-            }
-        }
+    /// Makes the broker calls gathered so far, then confirms the publishes on the channels
+    /// that asked for confirms: every publish completed so far is then in its queue (or
+    /// was unroutable, which RabbitMQ confirms too).
+    pub(super) fn flush_pending(&mut self) {
+        self.apply_pending();
         let mut acks = Vec::new();
         for (&ch, state) in &mut self.channels {
             if state.confirm && !state.closing && state.published > state.confirmed {
@@ -567,6 +575,37 @@ impl Connection {
                 multiple: true,
             };
             self.send(ch, AMQPClass::Basic(basic::AMQPMethod::Ack(ack)));
+        }
+    }
+
+    /// Makes the gathered broker calls, in order. A call whose channel a fault earlier in
+    /// the same flush closed is dropped, as RabbitMQ ignores what follows a channel error.
+    pub(super) fn apply_pending(&mut self) {
+        for op in std::mem::take(&mut self.pending) {
+            let ch = match &op {
+                Pending::Put { channel, .. } | Pending::Settle { channel, .. } => *channel,
+            };
+            let open = self.channels.get(&ch).is_some_and(|s| !s.closing);
+            if !open || self.phase != super::Phase::Open {
+                continue;
+            }
+            match op {
+                Pending::Put {
+                    queue, messages, ..
+                } => {
+                    if let Err(e) = queue.put_batch(messages) {
+                        let m =
+                            AMQPClass::Basic(basic::AMQPMethod::Publish(basic::Publish::default()));
+                        self.fail(broker_fault(ch, &e, &m));
+                    }
+                }
+                // A `false` answer is a stale tag (its lease ran out and the message went
+                // elsewhere): the broker counted it, and AMQP hears nothing, as the
+                // contract asks.
+                Pending::Settle { queue, settles, .. } => {
+                    queue.settle_batch(&settles);
+                }
+            }
         }
     }
 
@@ -617,7 +656,6 @@ impl Connection {
     /// back), and `channel.close` goes out.
     pub(super) fn close_channel_with(&mut self, ch: u16, fault: Fault) {
         self.end_subscriptions(Some(ch));
-        self.batches.retain(|b| b.channel != ch);
         if let Some(state) = self.channels.get_mut(&ch) {
             *state = Channel {
                 closing: true,

@@ -666,3 +666,42 @@ fn with_confirms_the_publishes_of_one_read_are_acked_together_once_put() {
     };
     assert_eq!(out, [basic_method(1, basic::AMQPMethod::Ack(ack))]);
 }
+
+#[test]
+fn acks_before_a_channel_error_in_the_same_read_still_count() {
+    let mut c = Client::open();
+    c.declare("mixed");
+    let frames: Vec<AMQPFrame> = (0..2)
+        .flat_map(|_| Client::publish_frames("mixed", BasicProperties::default(), b"x"))
+        .collect();
+    c.feed(&frames);
+    assert_eq!(deliveries(&c.consume("mixed", false)).len(), 2);
+    // One read: a good ack, then a tag never issued (a channel error).
+    let out = c.feed(&[ack(1, false), ack(99, false)]);
+    assert_eq!(channel_close_code(&out), Some(406));
+    let stats = c.broker.queue("mixed").unwrap().stats();
+    // Delivery 1 was acked; delivery 2 came back when the channel's consumer ended.
+    assert_eq!(
+        (stats.acked, stats.ready, stats.leased, stats.stale),
+        (1, 1, 0, 0)
+    );
+}
+
+#[test]
+fn settles_of_one_read_follow_the_publishes_before_them() {
+    let mut c = Client::open();
+    c.declare("order");
+    c.feed(&Client::publish_frames(
+        "order",
+        BasicProperties::default(),
+        b"first",
+    ));
+    assert_eq!(deliveries(&c.consume("order", false)).len(), 1);
+    // One read: publish a second message, ack the first, nack-requeue nothing else.
+    let mut frames = Client::publish_frames("order", BasicProperties::default(), b"second");
+    frames.push(ack(1, false));
+    let out = c.feed(&frames);
+    assert_eq!(deliveries(&out), [(2, false, b"second".to_vec())]);
+    let stats = c.broker.queue("order").unwrap().stats();
+    assert_eq!((stats.enqueued, stats.acked, stats.leased), (2, 1, 1));
+}
