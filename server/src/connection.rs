@@ -15,6 +15,7 @@
 //! peer cannot have meant (malformed, over `frame_max`) end it at once.
 
 mod channel;
+mod publish;
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -29,7 +30,8 @@ use amq_protocol::types::{AMQPValue, FieldTable, ShortString};
 use leasemq::{Broker, Consumer, Delivery, Queue};
 
 use crate::wire::{self, Next, Output};
-use channel::{Channel, Pending};
+use channel::Channel;
+use publish::Pending;
 
 /// What a connection needs to know that is the same for all of them.
 #[derive(Debug, Clone)]
