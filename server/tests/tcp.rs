@@ -51,6 +51,10 @@ impl Client {
     }
 
     async fn connect(addr: std::net::SocketAddr) -> Client {
+        Client::connect_with_heartbeat(addr, 0).await
+    }
+
+    async fn connect_with_heartbeat(addr: std::net::SocketAddr, heartbeat: u16) -> Client {
         let stream = TcpStream::connect(addr).await.unwrap();
         let mut c = Client {
             stream,
@@ -78,7 +82,7 @@ impl Client {
         let tune_ok = connection::TuneOk {
             channel_max: tune.channel_max,
             frame_max: tune.frame_max,
-            heartbeat: 0,
+            heartbeat,
         };
         let open = connection::Open {
             virtual_host: "/".into(),
@@ -267,5 +271,26 @@ async fn a_dropped_socket_returns_its_unacked_deliveries() {
         stats = q.stats();
     }
     assert_eq!((stats.ready, stats.leased, stats.consumers), (1, 0, 0));
+    broker.shutdown();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_quiet_connection_gets_heartbeats_when_the_client_asks_for_them() {
+    let broker = Broker::builder().shards(1).build().unwrap();
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(serve::accept_loop(
+        listener,
+        broker.clone(),
+        Arc::new(Settings::default()),
+    ));
+
+    // tune-ok asks for a 1 s heartbeat: the server beats every half interval when quiet,
+    // and the client's own heartbeats keep the connection open.
+    let mut c = Client::connect_with_heartbeat(addr, 1).await;
+    for _ in 0..3 {
+        assert_eq!(c.recv().await, AMQPFrame::Heartbeat);
+        c.send(&[AMQPFrame::Heartbeat]).await;
+    }
     broker.shutdown();
 }
