@@ -1,0 +1,207 @@
+//! `queue.declare` arguments (RabbitMQ's `x-` arguments) read into a [`QueueConfig`].
+//!
+//! Served: `x-dead-letter-exchange` (only `""`, the default exchange) with
+//! `x-dead-letter-routing-key` (the dead-letter queue, which must be declared first), and
+//! `x-consumer-timeout` (milliseconds: the queue's lease length). Anything else is refused,
+//! never ignored.
+
+use std::time::Duration;
+
+use amq_protocol::types::{AMQPValue, FieldTable};
+use leasemq::QueueConfig;
+
+/// Why the arguments were refused: a reply code and its text.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Refused {
+    /// 540 for an argument not served, 406 for a value that is wrong.
+    pub code: u16,
+    /// What to change.
+    pub text: String,
+}
+
+fn refused(code: u16, text: String) -> Refused {
+    Refused { code, text }
+}
+
+/// `config` with the declare's arguments applied.
+///
+/// # Errors
+///
+/// [`Refused`] 540 for an argument that is not served, 406 for a value of the wrong type
+/// or out of range.
+pub fn queue_config(
+    arguments: &FieldTable,
+    mut config: QueueConfig,
+) -> Result<QueueConfig, Refused> {
+    let args = arguments.inner();
+    let mut dead_letter_exchange = None;
+    for (key, value) in args {
+        match key.as_str() {
+            "x-dead-letter-exchange" => dead_letter_exchange = Some(string(key.as_str(), value)?),
+            "x-dead-letter-routing-key" => config.dead_letter = Some(string(key.as_str(), value)?),
+            "x-consumer-timeout" => {
+                let ms = integer(key.as_str(), value)?;
+                config.ack_timeout = Duration::from_millis(ms);
+            }
+            other => {
+                let text = format!("queue argument '{other}' is not supported by leasemqd yet");
+                return Err(refused(540, text));
+            }
+        }
+    }
+    match (dead_letter_exchange.as_deref(), &config.dead_letter) {
+        (None, None) | (Some(""), Some(_)) => Ok(config),
+        (Some(""), None) => Err(refused(
+            406,
+            "PRECONDITION_FAILED - x-dead-letter-exchange \"\" needs x-dead-letter-routing-key (the dead-letter queue)".into(),
+        )),
+        (None, Some(_)) => Err(refused(
+            406,
+            "PRECONDITION_FAILED - x-dead-letter-routing-key needs x-dead-letter-exchange \"\"".into(),
+        )),
+        (Some(exchange), _) => Err(refused(
+            540,
+            format!("dead-lettering through exchange '{exchange}' is not supported: only the default exchange \"\""),
+        )),
+    }
+}
+
+fn string(key: &str, value: &AMQPValue) -> Result<String, Refused> {
+    match value {
+        AMQPValue::LongString(s) => String::from_utf8(s.as_bytes().to_vec())
+            .map_err(|_| refused(406, format!("PRECONDITION_FAILED - {key} is not UTF-8"))),
+        AMQPValue::ShortString(s) => Ok(s.as_str().to_string()),
+        other => Err(refused(
+            406,
+            format!("PRECONDITION_FAILED - {key} must be a string, not {other:?}"),
+        )),
+    }
+}
+
+fn integer(key: &str, value: &AMQPValue) -> Result<u64, Refused> {
+    let n: i128 = match *value {
+        AMQPValue::ShortShortInt(n) => n.into(),
+        AMQPValue::ShortShortUInt(n) => n.into(),
+        AMQPValue::ShortInt(n) => n.into(),
+        AMQPValue::ShortUInt(n) => n.into(),
+        AMQPValue::LongInt(n) => n.into(),
+        AMQPValue::LongUInt(n) => n.into(),
+        AMQPValue::LongLongInt(n) => n.into(),
+        _ => {
+            return Err(refused(
+                406,
+                format!("PRECONDITION_FAILED - {key} must be an integer"),
+            ))
+        }
+    };
+    u64::try_from(n).map_err(|_| {
+        refused(
+            406,
+            format!("PRECONDITION_FAILED - {key} must not be negative"),
+        )
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(pairs: &[(&str, AMQPValue)]) -> FieldTable {
+        let mut table = FieldTable::default();
+        for (k, v) in pairs {
+            table.insert((*k).into(), v.clone());
+        }
+        table
+    }
+
+    #[test]
+    fn no_arguments_keep_the_config() {
+        assert_eq!(
+            queue_config(&FieldTable::default(), QueueConfig::default()),
+            Ok(QueueConfig::default())
+        );
+    }
+
+    #[test]
+    fn dead_lettering_through_the_default_exchange_names_the_queue() {
+        let table = args(&[
+            ("x-dead-letter-exchange", AMQPValue::LongString("".into())),
+            (
+                "x-dead-letter-routing-key",
+                AMQPValue::LongString("jobs.dead".into()),
+            ),
+        ]);
+        let config = queue_config(&table, QueueConfig::default()).unwrap();
+        assert_eq!(config.dead_letter.as_deref(), Some("jobs.dead"));
+    }
+
+    #[test]
+    fn a_named_dead_letter_exchange_is_not_served() {
+        let table = args(&[
+            (
+                "x-dead-letter-exchange",
+                AMQPValue::LongString("dlx".into()),
+            ),
+            (
+                "x-dead-letter-routing-key",
+                AMQPValue::LongString("jobs.dead".into()),
+            ),
+        ]);
+        assert_eq!(
+            queue_config(&table, QueueConfig::default())
+                .unwrap_err()
+                .code,
+            540
+        );
+    }
+
+    #[test]
+    fn half_a_dead_letter_setting_is_a_406() {
+        let table = args(&[("x-dead-letter-exchange", AMQPValue::LongString("".into()))]);
+        assert_eq!(
+            queue_config(&table, QueueConfig::default())
+                .unwrap_err()
+                .code,
+            406
+        );
+        let table = args(&[(
+            "x-dead-letter-routing-key",
+            AMQPValue::LongString("d".into()),
+        )]);
+        assert_eq!(
+            queue_config(&table, QueueConfig::default())
+                .unwrap_err()
+                .code,
+            406
+        );
+    }
+
+    #[test]
+    fn consumer_timeout_is_the_lease_length() {
+        let table = args(&[("x-consumer-timeout", AMQPValue::LongLongInt(90_000))]);
+        let config = queue_config(&table, QueueConfig::default()).unwrap();
+        assert_eq!(config.ack_timeout, Duration::from_secs(90));
+        let table = args(&[("x-consumer-timeout", AMQPValue::LongLongInt(-1))]);
+        assert_eq!(
+            queue_config(&table, QueueConfig::default())
+                .unwrap_err()
+                .code,
+            406
+        );
+        let table = args(&[("x-consumer-timeout", AMQPValue::LongString("soon".into()))]);
+        assert_eq!(
+            queue_config(&table, QueueConfig::default())
+                .unwrap_err()
+                .code,
+            406
+        );
+    }
+
+    #[test]
+    fn other_arguments_are_refused_not_ignored() {
+        let table = args(&[("x-max-length", AMQPValue::LongInt(10))]);
+        let refused = queue_config(&table, QueueConfig::default()).unwrap_err();
+        assert_eq!(refused.code, 540);
+        assert!(refused.text.contains("x-max-length"));
+    }
+}

@@ -1,0 +1,630 @@
+//! One AMQP 0-9-1 connection as a state machine: bytes in, broker calls and frames out.
+//!
+//! [`Connection`] does no IO. The driver (`serve.rs`) feeds it what the socket read
+//! ([`Connection::handle_input`]), hands it each delivery a consumer of it received
+//! ([`Connection::handle_delivery`], after [`Connection::poll_delivery`] or
+//! [`Connection::try_delivery`]), and writes out what it produced
+//! ([`Connection::take_output`]). The broker calls it makes are the blocking forms: each is
+//! one round trip to a shard thread, which never waits on a connection.
+//!
+//! The connection walks through the handshake (protocol header, `connection.start`/
+//! `start-ok` with PLAIN, `tune`/`tune-ok`, `open`/`open-ok`), then serves channels
+//! (`channel.rs`). A fault answers as RabbitMQ does: a channel error closes that channel
+//! (`channel.close`, then everything on it but `close-ok` is dropped), a connection error
+//! closes the connection (`connection.close`, then everything but `close-ok`). Frames the
+//! peer cannot have meant (malformed, over `frame_max`) end it at once.
+
+mod channel;
+mod publish;
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::pin::pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use amq_protocol::frame::AMQPFrame;
+use amq_protocol::protocol::{connection, AMQPClass};
+use amq_protocol::types::{AMQPValue, FieldTable, ShortString};
+use leasemq::{Broker, Consumer, Delivery, Queue};
+
+use crate::wire::{self, Next, Output};
+use channel::Channel;
+use publish::Pending;
+
+/// What a connection needs to know that is the same for all of them.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// The one user name PLAIN accepts.
+    pub user: String,
+    /// Its password.
+    pub password: String,
+    /// Accept the user only from a loopback address (as RabbitMQ does for `guest`).
+    pub loopback_only: bool,
+    /// The largest frame the server proposes and accepts, overhead included.
+    pub frame_max: u32,
+    /// The most channels the server proposes.
+    pub channel_max: u16,
+    /// Lease length of the queues AMQP declares (RabbitMQ's `consumer_timeout`).
+    pub ack_timeout: Duration,
+    /// The largest message body a publish may carry (RabbitMQ's `max_message_size`).
+    pub max_message_bytes: usize,
+}
+
+impl Default for Settings {
+    fn default() -> Settings {
+        Settings {
+            user: "guest".into(),
+            password: "guest".into(),
+            loopback_only: true,
+            frame_max: 131_072,
+            channel_max: 2047,
+            ack_timeout: Duration::from_secs(30 * 60),
+            max_message_bytes: 16 << 20,
+        }
+    }
+}
+
+/// Where the connection is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    AwaitHeader,
+    AwaitStartOk,
+    AwaitTuneOk,
+    AwaitOpen,
+    Open,
+    /// We sent `connection.close` and wait for `close-ok`.
+    Closing,
+    /// Nothing more is read; the driver flushes the output and closes the socket.
+    Closed,
+}
+
+/// An AMQP reply code and the method it answers, for `channel.close`/`connection.close`.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Fault {
+    /// `Some(channel)` for a channel error, `None` for a connection error.
+    channel: Option<u16>,
+    code: u16,
+    text: String,
+    class_id: u16,
+    method_id: u16,
+}
+
+/// Reply codes (AMQP 0-9-1 §1.9, as RabbitMQ uses them).
+pub(crate) mod code {
+    pub const ACCESS_REFUSED: u16 = 403;
+    pub const NOT_FOUND: u16 = 404;
+    pub const PRECONDITION_FAILED: u16 = 406;
+    pub const CONNECTION_FORCED: u16 = 320;
+    pub const FRAME_ERROR: u16 = 501;
+    pub const COMMAND_INVALID: u16 = 503;
+    pub const CHANNEL_ERROR: u16 = 504;
+    pub const UNEXPECTED_FRAME: u16 = 505;
+    pub const NOT_ALLOWED: u16 = 530;
+    pub const NOT_IMPLEMENTED: u16 = 540;
+    pub const INTERNAL_ERROR: u16 = 541;
+}
+
+impl Fault {
+    pub(crate) fn channel(
+        channel: u16,
+        code: u16,
+        text: impl Into<String>,
+        m: &AMQPClass,
+    ) -> Fault {
+        Fault {
+            channel: Some(channel),
+            code,
+            text: text.into(),
+            class_id: m.get_amqp_class_id(),
+            method_id: m.get_amqp_method_id(),
+        }
+    }
+
+    pub(crate) fn connection(code: u16, text: impl Into<String>) -> Fault {
+        Fault {
+            channel: None,
+            code,
+            text: text.into(),
+            class_id: 0,
+            method_id: 0,
+        }
+    }
+
+    pub(crate) fn for_method(mut self, m: &AMQPClass) -> Fault {
+        self.class_id = m.get_amqp_class_id();
+        self.method_id = m.get_amqp_method_id();
+        self
+    }
+}
+
+/// `exchange.declare` for `Exchange(Declare(Declare { .. }))`.
+pub(crate) fn method_name(m: &AMQPClass) -> String {
+    let debug = format!("{m:?}");
+    let mut parts = debug.split('(');
+    let class = parts.next().unwrap_or_default().to_lowercase();
+    let method = parts.next().unwrap_or_default().to_lowercase();
+    format!("{class}.{method}")
+}
+
+/// One consumer of this connection: the broker's consumer and what AMQP calls it.
+struct Subscription {
+    channel: u16,
+    tag: ShortString,
+    queue: Queue,
+    consumer: Consumer,
+    no_ack: bool,
+}
+
+/// One AMQP connection's protocol state; see the module docs.
+pub struct Connection {
+    broker: Broker,
+    settings: Arc<Settings>,
+    id: u64,
+    peer_is_loopback: bool,
+    phase: Phase,
+    frame_max: usize,
+    channel_max: u16,
+    heartbeat: u16,
+    channels: HashMap<u16, Channel>,
+    subscriptions: Vec<Subscription>,
+    /// Where the next look for a delivery starts, so no consumer starves the others.
+    rotor: usize,
+    next_consumer: u64,
+    /// Queues by name, so a publish needs no lookup round trip.
+    queues: HashMap<String, Queue>,
+    /// Publishes and settles of the current input, made in batches when it is done.
+    pending: Vec<Pending>,
+    out: Output,
+}
+
+impl Connection {
+    /// A connection that waits for the protocol header. `id` names it in consumer names
+    /// and logs; `peer_is_loopback` decides whether a loopback-only user may log in.
+    pub fn new(
+        broker: Broker,
+        settings: Arc<Settings>,
+        id: u64,
+        peer_is_loopback: bool,
+    ) -> Connection {
+        let frame_max = settings.frame_max as usize;
+        let channel_max = settings.channel_max;
+        Connection {
+            broker,
+            settings,
+            id,
+            peer_is_loopback,
+            phase: Phase::AwaitHeader,
+            frame_max,
+            channel_max,
+            heartbeat: 0,
+            channels: HashMap::new(),
+            subscriptions: Vec::new(),
+            rotor: 0,
+            next_consumer: 0,
+            queues: HashMap::new(),
+            pending: Vec::new(),
+            out: Output::default(),
+        }
+    }
+
+    /// Feeds bytes read from the socket; returns how many were used (whole frames). The
+    /// rest must be fed again, with what is read next, once more has arrived.
+    pub fn handle_input(&mut self, input: &[u8]) -> usize {
+        let mut used = 0;
+        while used < input.len() && !matches!(self.phase, Phase::Closed) {
+            let rest = &input[used..];
+            if self.phase == Phase::AwaitHeader {
+                match wire::protocol_header(rest) {
+                    None => break,
+                    Some(Ok(())) => {
+                        used += 8;
+                        self.send_start();
+                    }
+                    Some(Err(())) => {
+                        // AMQP 0-9-1 §4.2.2: answer with the header we speak, then close.
+                        let ours = amq_protocol::frame::ProtocolVersion::amqp_0_9_1();
+                        let _ = self.out.frame(&AMQPFrame::ProtocolHeader(ours));
+                        self.phase = Phase::Closed;
+                        used = input.len();
+                    }
+                }
+                continue;
+            }
+            match wire::next_frame(rest, self.frame_max) {
+                Next::Incomplete => break,
+                Next::Frame(frame, n) => {
+                    used += n;
+                    self.handle_frame(frame);
+                }
+                Next::TooLarge(n) => {
+                    let text = format!("frame of {n} bytes is over frame_max {}", self.frame_max);
+                    self.abort(Fault::connection(code::FRAME_ERROR, text));
+                    used = input.len();
+                }
+                Next::Malformed => {
+                    self.abort(Fault::connection(code::FRAME_ERROR, "malformed frame"));
+                    used = input.len();
+                }
+            }
+        }
+        self.flush_pending();
+        used
+    }
+
+    /// Moves the bytes waiting for the socket onto the end of `to`.
+    pub fn take_output(&mut self, to: &mut Vec<u8>) {
+        self.out.drain_into(to);
+    }
+
+    /// Bytes waiting for the socket.
+    pub fn output_len(&self) -> usize {
+        self.out.len()
+    }
+
+    /// Whether the connection still reads frames (it does until it is closed).
+    pub fn is_closed(&self) -> bool {
+        self.phase == Phase::Closed
+    }
+
+    /// Whether the connection sent `connection.close` and waits for the answer.
+    pub fn is_closing(&self) -> bool {
+        self.phase == Phase::Closing
+    }
+
+    /// The heartbeat interval the client asked for in `tune-ok` (zero: none).
+    pub fn heartbeat(&self) -> Duration {
+        Duration::from_secs(u64::from(self.heartbeat))
+    }
+
+    /// Appends a heartbeat frame (the driver sends one when the socket was quiet).
+    pub fn send_heartbeat(&mut self) {
+        if self.phase == Phase::Open {
+            let _ = self.out.frame(&AMQPFrame::Heartbeat);
+        }
+    }
+
+    /// The next delivery of any consumer of this connection, or `Pending` (with the waker
+    /// registered with every consumer). Consumers are looked at in turn from where the last
+    /// look stopped.
+    pub fn poll_delivery(&mut self, cx: &mut Context<'_>) -> Poll<(usize, Option<Delivery>)> {
+        let n = self.subscriptions.len();
+        for step in 0..n {
+            let i = (self.rotor + step) % n;
+            let next = pin!(self.subscriptions[i].consumer.next());
+            if let Poll::Ready(d) = next.poll(cx) {
+                self.rotor = (i + 1) % n;
+                return Poll::Ready((i, d));
+            }
+        }
+        Poll::Pending
+    }
+
+    /// A delivery that is already waiting, without blocking; `None` if none is.
+    pub fn try_delivery(&mut self) -> Option<(usize, Option<Delivery>)> {
+        let waker = std::task::Waker::noop();
+        match self.poll_delivery(&mut Context::from_waker(waker)) {
+            Poll::Ready(found) => Some(found),
+            Poll::Pending => None,
+        }
+    }
+
+    /// Sends a delivery that [`poll_delivery`](Connection::poll_delivery) or
+    /// [`try_delivery`](Connection::try_delivery) returned for consumer `index` as a
+    /// `basic.deliver` (a `None` there means that consumer's queue closed).
+    pub fn handle_delivery(&mut self, index: usize, delivery: Option<Delivery>) {
+        match delivery {
+            Some(delivery) => self.deliver(index, delivery),
+            None => {
+                // The queue was closed under the consumer: nothing more will come.
+                self.subscriptions.swap_remove(index);
+            }
+        }
+    }
+
+    fn send(&mut self, channel: u16, method: AMQPClass) {
+        if self.out.method(channel, method).is_err() {
+            self.abort(Fault::connection(
+                code::INTERNAL_ERROR,
+                "could not write a frame",
+            ));
+        }
+    }
+
+    fn send_start(&mut self) {
+        let mut capabilities = FieldTable::default();
+        for name in [
+            "basic.nack",
+            "per_consumer_qos",
+            "authentication_failure_close",
+            "publisher_confirms",
+        ] {
+            capabilities.insert(name.into(), AMQPValue::Boolean(true));
+        }
+        let mut properties = FieldTable::default();
+        properties.insert("product".into(), AMQPValue::LongString("leasemqd".into()));
+        let version = env!("CARGO_PKG_VERSION");
+        properties.insert("version".into(), AMQPValue::LongString(version.into()));
+        properties.insert("platform".into(), AMQPValue::LongString("Rust".into()));
+        properties.insert("capabilities".into(), AMQPValue::FieldTable(capabilities));
+        let start = connection::Start {
+            version_major: 0,
+            version_minor: 9,
+            server_properties: properties,
+            mechanisms: "PLAIN".into(),
+            locales: "en_US".into(),
+        };
+        self.phase = Phase::AwaitStartOk;
+        self.send(
+            0,
+            AMQPClass::Connection(connection::AMQPMethod::Start(start)),
+        );
+    }
+
+    fn handle_frame(&mut self, frame: AMQPFrame) {
+        match self.phase {
+            Phase::AwaitHeader | Phase::Closed => {}
+            Phase::Closing => self.handle_while_closing(frame),
+            Phase::AwaitStartOk | Phase::AwaitTuneOk | Phase::AwaitOpen => {
+                if let Err(fault) = self.handle_handshake(frame) {
+                    self.fail(fault);
+                }
+            }
+            Phase::Open => {
+                if let Err(fault) = self.handle_open(frame) {
+                    self.fail(fault);
+                }
+            }
+        }
+    }
+
+    /// After our `connection.close`, only the peer's `close-ok` (or its own `close`) counts.
+    fn handle_while_closing(&mut self, frame: AMQPFrame) {
+        match frame {
+            AMQPFrame::Method(0, AMQPClass::Connection(connection::AMQPMethod::CloseOk(_))) => {
+                self.phase = Phase::Closed;
+            }
+            AMQPFrame::Method(0, AMQPClass::Connection(connection::AMQPMethod::Close(_))) => {
+                let ok = connection::AMQPMethod::CloseOk(connection::CloseOk {});
+                self.send(0, AMQPClass::Connection(ok));
+                self.phase = Phase::Closed;
+            }
+            _ => {}
+        }
+    }
+
+    fn handle_handshake(&mut self, frame: AMQPFrame) -> Result<(), Fault> {
+        use connection::AMQPMethod as M;
+        let method = match frame {
+            AMQPFrame::Method(0, AMQPClass::Connection(method)) => method,
+            AMQPFrame::Heartbeat => return Ok(()),
+            other => {
+                let text = format!("unexpected {} during the handshake", frame_kind(&other));
+                return Err(Fault::connection(code::UNEXPECTED_FRAME, text));
+            }
+        };
+        match (self.phase, method) {
+            (Phase::AwaitStartOk, M::StartOk(start_ok)) => self.handle_start_ok(start_ok),
+            (Phase::AwaitTuneOk, M::TuneOk(tune_ok)) => self.handle_tune_ok(tune_ok),
+            (Phase::AwaitOpen, M::Open(open)) => {
+                if open.virtual_host.as_str() != "/" {
+                    let text = format!(
+                        "vhost '{}' not found: leasemqd has only '/'",
+                        open.virtual_host
+                    );
+                    return Err(Fault::connection(code::NOT_ALLOWED, text)
+                        .for_method(&AMQPClass::Connection(M::Open(open))));
+                }
+                self.phase = Phase::Open;
+                self.send(0, AMQPClass::Connection(M::OpenOk(connection::OpenOk {})));
+                Ok(())
+            }
+            (_, M::Close(_)) => {
+                self.send(0, AMQPClass::Connection(M::CloseOk(connection::CloseOk {})));
+                self.phase = Phase::Closed;
+                Ok(())
+            }
+            (_, other) => {
+                let m = AMQPClass::Connection(other);
+                let text = format!("unexpected {} during the handshake", method_name(&m));
+                Err(Fault::connection(code::COMMAND_INVALID, text).for_method(&m))
+            }
+        }
+    }
+
+    fn handle_start_ok(&mut self, start_ok: connection::StartOk) -> Result<(), Fault> {
+        let m = AMQPClass::Connection(connection::AMQPMethod::StartOk(start_ok.clone()));
+        if start_ok.mechanism.as_str() != "PLAIN" {
+            let text = format!(
+                "unsupported auth mechanism {}: only PLAIN",
+                start_ok.mechanism
+            );
+            return Err(Fault::connection(code::ACCESS_REFUSED, text).for_method(&m));
+        }
+        // PLAIN (RFC 4616): [authzid] NUL authcid NUL passwd.
+        let mut parts = start_ok.response.as_bytes().split(|&b| b == 0);
+        let (_, user, password) = (parts.next(), parts.next(), parts.next());
+        let settings = &self.settings;
+        let valid = user == Some(settings.user.as_bytes())
+            && password == Some(settings.password.as_bytes())
+            && parts.next().is_none();
+        if !valid {
+            let text = "ACCESS_REFUSED - login refused: wrong user name or password";
+            return Err(Fault::connection(code::ACCESS_REFUSED, text).for_method(&m));
+        }
+        if settings.loopback_only && !self.peer_is_loopback {
+            let text = format!("user '{}' can only connect from localhost", settings.user);
+            return Err(Fault::connection(code::ACCESS_REFUSED, text).for_method(&m));
+        }
+        let tune = connection::Tune {
+            channel_max: settings.channel_max,
+            frame_max: settings.frame_max,
+            heartbeat: 0,
+        };
+        self.phase = Phase::AwaitTuneOk;
+        self.send(0, AMQPClass::Connection(connection::AMQPMethod::Tune(tune)));
+        Ok(())
+    }
+
+    fn handle_tune_ok(&mut self, tune_ok: connection::TuneOk) -> Result<(), Fault> {
+        let ours = self.settings.frame_max;
+        let frame_max = if tune_ok.frame_max == 0 {
+            ours
+        } else {
+            tune_ok.frame_max
+        };
+        if frame_max > ours || frame_max < amq_protocol::protocol::constants::FRAME_MIN_SIZE {
+            let m = AMQPClass::Connection(connection::AMQPMethod::TuneOk(tune_ok));
+            let text = format!("frame_max {frame_max} is outside 8192..={ours}");
+            return Err(Fault::connection(code::NOT_ALLOWED, text).for_method(&m));
+        }
+        self.frame_max = frame_max as usize;
+        let channel_max = self.settings.channel_max;
+        self.channel_max = match tune_ok.channel_max {
+            0 => channel_max,
+            n => n.min(channel_max),
+        };
+        self.heartbeat = tune_ok.heartbeat;
+        self.phase = Phase::AwaitOpen;
+        Ok(())
+    }
+
+    fn handle_open(&mut self, frame: AMQPFrame) -> Result<(), Fault> {
+        match frame {
+            AMQPFrame::Heartbeat => Ok(()),
+            AMQPFrame::Method(0, AMQPClass::Connection(method)) => {
+                self.handle_connection_method(method)
+            }
+            AMQPFrame::Method(channel, method) if channel != 0 => {
+                self.handle_channel_method(channel, method)
+            }
+            AMQPFrame::Header(channel, header) if channel != 0 => {
+                self.handle_header(channel, header)
+            }
+            AMQPFrame::Body(channel, body) if channel != 0 => self.handle_body(channel, body),
+            other => {
+                let text = format!(
+                    "unexpected {} on channel {}",
+                    frame_kind(&other),
+                    other.channel_id()
+                );
+                Err(Fault::connection(code::UNEXPECTED_FRAME, text))
+            }
+        }
+    }
+
+    fn handle_connection_method(&mut self, method: connection::AMQPMethod) -> Result<(), Fault> {
+        use connection::AMQPMethod as M;
+        match method {
+            M::Close(_) => {
+                self.flush_pending();
+                self.end_subscriptions(None);
+                self.send(0, AMQPClass::Connection(M::CloseOk(connection::CloseOk {})));
+                self.phase = Phase::Closed;
+                Ok(())
+            }
+            other => {
+                let m = AMQPClass::Connection(other);
+                let text = format!("{} is not supported by leasemqd", method_name(&m));
+                Err(Fault::connection(code::NOT_IMPLEMENTED, text).for_method(&m))
+            }
+        }
+    }
+
+    /// Answers a fault: a channel error closes the channel, a connection error the
+    /// connection (RabbitMQ's soft and hard errors).
+    fn fail(&mut self, fault: Fault) {
+        // What came before the fault happened before it: the settles among it must reach
+        // the broker before the consumers end and their leases come back.
+        self.apply_pending();
+        match fault.channel {
+            Some(channel) => self.close_channel_with(channel, fault),
+            None => {
+                self.end_subscriptions(None);
+                self.channels.clear();
+                let close = connection::Close {
+                    reply_code: fault.code,
+                    reply_text: short(fault.text),
+                    class_id: fault.class_id,
+                    method_id: fault.method_id,
+                };
+                self.phase = Phase::Closing;
+                self.send(
+                    0,
+                    AMQPClass::Connection(connection::AMQPMethod::Close(close)),
+                );
+            }
+        }
+    }
+
+    /// A connection error after which the input cannot be trusted (framing is lost):
+    /// `connection.close`, and nothing more is read.
+    fn abort(&mut self, fault: Fault) {
+        if self.phase != Phase::Closing && self.phase != Phase::Closed {
+            self.fail(fault);
+        }
+        self.phase = Phase::Closed;
+    }
+
+    /// Cancels the broker consumers of `channel` (all of them for `None`): the deliveries
+    /// they received and did not settle come back to the queue, redelivered; those still
+    /// unread are released.
+    fn end_subscriptions(&mut self, channel: Option<u16>) {
+        let mut i = 0;
+        while i < self.subscriptions.len() {
+            if channel.is_none_or(|c| self.subscriptions[i].channel == c) {
+                self.subscriptions.swap_remove(i).consumer.cancel();
+            } else {
+                i += 1;
+            }
+        }
+    }
+
+    /// The queue called `name`, from the cache or the broker.
+    fn queue(&mut self, name: &str) -> Option<Queue> {
+        if let Some(q) = self.queues.get(name) {
+            if !q.is_closed() {
+                return Some(q.clone());
+            }
+            self.queues.remove(name);
+        }
+        let q = self.broker.queue(name)?;
+        self.queues.insert(name.to_string(), q.clone());
+        Some(q)
+    }
+}
+
+impl Drop for Connection {
+    /// A connection that ends without a clean close (the socket dropped) returns every
+    /// unacked delivery too, as the consumers it drops are cancelled.
+    fn drop(&mut self) {
+        self.end_subscriptions(None);
+    }
+}
+
+/// What kind of frame, for error texts.
+fn frame_kind(frame: &AMQPFrame) -> String {
+    match frame {
+        AMQPFrame::ProtocolHeader(_) => "protocol header".into(),
+        AMQPFrame::Method(_, m) => method_name(m),
+        AMQPFrame::Header(..) => "content header".into(),
+        AMQPFrame::Body(..) => "content body".into(),
+        AMQPFrame::Heartbeat | AMQPFrame::InvalidHeartbeat(_) => "heartbeat".into(),
+    }
+}
+
+/// A reply text, cut to the 255 bytes a short string holds.
+pub(crate) fn short(mut text: String) -> ShortString {
+    if text.len() > 255 {
+        let mut end = 255;
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        text.truncate(end);
+    }
+    ShortString::from(text)
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,481 @@
+//! Channels: queues, consumers, deliveries and settles, mapped onto the broker (publishes
+//! are in `publish.rs`).
+//!
+//! AMQP's unacked model maps onto leases. Every `basic.deliver` is one broker delivery
+//! under a lease of the queue's `ack_timeout` (30 minutes, RabbitMQ's `consumer_timeout`);
+//! the channel numbers its deliveries 1, 2, 3, … and remembers which broker tag of which
+//! queue each number stands for. `basic.ack` acks those leases; `basic.nack`/`basic.reject`
+//! with `requeue=true` nack them with no delay, with `requeue=false` reject them (dead
+//! letter). Closing the channel cancels its broker consumers, which returns every lease
+//! they hold: the next delivery of those messages has `attempt` + 1, which AMQP reads as
+//! `redelivered`. A lease that ran out was redelivered elsewhere; its late ack is stale and
+//! changes nothing (the broker counts it), never a channel error.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use amq_protocol::protocol::{basic, channel, confirm, queue, AMQPClass};
+use amq_protocol::types::ShortString;
+use bytes::BytesMut;
+use leasemq::{ConsumerConfig, Delivery, DeliveryTag, Error, Queue, QueueConfig, Settle};
+
+use super::publish::{Incoming, Pending};
+use super::{code, method_name, short, Connection, Fault, Subscription};
+use crate::{arguments, content};
+
+/// The most prefetch a broker consumer takes; also what `prefetch_count = 0` (AMQP's "no
+/// limit") becomes.
+const MAX_PREFETCH: u16 = u16::MAX;
+
+/// One open channel.
+#[derive(Default)]
+pub(crate) struct Channel {
+    /// We sent `channel.close` and wait for `close-ok`.
+    pub(super) closing: bool,
+    /// `basic.qos` prefetch for the consumers started after it; 0 means no limit.
+    prefetch: u16,
+    /// The last delivery tag handed out on this channel.
+    last_tag: u64,
+    /// Deliveries not yet settled, by channel delivery tag.
+    unacked: BTreeMap<u64, Unacked>,
+    /// A publish whose content is still arriving.
+    pub(super) incoming: Option<Incoming>,
+    /// Consumer tags in use on this channel.
+    consumer_tags: Vec<ShortString>,
+    /// Publisher confirms are on (`confirm.select`).
+    pub(super) confirm: bool,
+    /// Publishes completed on this channel since `confirm.select`: the last one's number.
+    pub(super) published: u64,
+    /// The highest publish number confirmed with `basic.ack`.
+    pub(super) confirmed: u64,
+}
+
+/// What a channel delivery tag stands for.
+struct Unacked {
+    queue: Queue,
+    tag: DeliveryTag,
+}
+
+impl Connection {
+    pub(super) fn handle_channel_method(
+        &mut self,
+        ch: u16,
+        method: AMQPClass,
+    ) -> Result<(), Fault> {
+        let gathered = matches!(
+            method,
+            AMQPClass::Basic(
+                basic::AMQPMethod::Publish(_)
+                    | basic::AMQPMethod::Ack(_)
+                    | basic::AMQPMethod::Nack(_)
+                    | basic::AMQPMethod::Reject(_)
+            )
+        );
+        if !gathered {
+            // Whatever this method does, it comes after the publishes and settles before it.
+            self.flush_pending();
+        }
+        let Some(state) = self.channels.get_mut(&ch) else {
+            return self.handle_unopened(ch, method);
+        };
+        if state.closing {
+            // After our channel.close only its close-ok (or the peer's own close) counts.
+            match method {
+                AMQPClass::Channel(channel::AMQPMethod::CloseOk(_)) => {
+                    self.channels.remove(&ch);
+                }
+                AMQPClass::Channel(channel::AMQPMethod::Close(_)) => {
+                    self.channels.remove(&ch);
+                    self.send(
+                        ch,
+                        AMQPClass::Channel(channel::AMQPMethod::CloseOk(channel::CloseOk {})),
+                    );
+                }
+                _ => {}
+            }
+            return Ok(());
+        }
+        if state.incoming.is_some() {
+            let text = format!(
+                "expected content for basic.publish, got {}",
+                method_name(&method)
+            );
+            return Err(Fault::connection(code::UNEXPECTED_FRAME, text).for_method(&method));
+        }
+        match method {
+            AMQPClass::Channel(channel::AMQPMethod::Close(_)) => {
+                self.end_subscriptions(Some(ch));
+                self.channels.remove(&ch);
+                self.send(
+                    ch,
+                    AMQPClass::Channel(channel::AMQPMethod::CloseOk(channel::CloseOk {})),
+                );
+                Ok(())
+            }
+            AMQPClass::Channel(channel::AMQPMethod::CloseOk(_)) => Ok(()),
+            AMQPClass::Queue(queue::AMQPMethod::Declare(declare)) => self.declare(ch, declare),
+            AMQPClass::Basic(basic::AMQPMethod::Qos(qos)) => {
+                state.prefetch = qos.prefetch_count;
+                self.send(
+                    ch,
+                    AMQPClass::Basic(basic::AMQPMethod::QosOk(basic::QosOk {})),
+                );
+                Ok(())
+            }
+            AMQPClass::Basic(basic::AMQPMethod::Publish(publish)) => {
+                let m = AMQPClass::Basic(basic::AMQPMethod::Publish(publish.clone()));
+                if publish.immediate {
+                    let text = "immediate=true is not supported (nor by RabbitMQ)";
+                    return Err(Fault::connection(code::NOT_IMPLEMENTED, text).for_method(&m));
+                }
+                state.incoming = Some(Incoming {
+                    publish,
+                    header: None,
+                    body: BytesMut::new(),
+                });
+                Ok(())
+            }
+            AMQPClass::Basic(basic::AMQPMethod::Consume(consume)) => self.consume(ch, consume),
+            AMQPClass::Confirm(confirm::AMQPMethod::Select(select)) => {
+                state.confirm = true;
+                if !select.nowait {
+                    let ok = confirm::AMQPMethod::SelectOk(confirm::SelectOk {});
+                    self.send(ch, AMQPClass::Confirm(ok));
+                }
+                Ok(())
+            }
+            AMQPClass::Basic(basic::AMQPMethod::Cancel(cancel)) => {
+                self.cancel(ch, cancel);
+                Ok(())
+            }
+            AMQPClass::Basic(basic::AMQPMethod::Ack(ack)) => {
+                let m = AMQPClass::Basic(basic::AMQPMethod::Ack(ack.clone()));
+                self.settle(ch, ack.delivery_tag, ack.multiple, Settle::Ack, &m)
+            }
+            AMQPClass::Basic(basic::AMQPMethod::Nack(nack)) => {
+                let m = AMQPClass::Basic(basic::AMQPMethod::Nack(nack.clone()));
+                self.settle(
+                    ch,
+                    nack.delivery_tag,
+                    nack.multiple,
+                    requeue(nack.requeue),
+                    &m,
+                )
+            }
+            AMQPClass::Basic(basic::AMQPMethod::Reject(reject)) => {
+                let m = AMQPClass::Basic(basic::AMQPMethod::Reject(reject.clone()));
+                self.settle(ch, reject.delivery_tag, false, requeue(reject.requeue), &m)
+            }
+            AMQPClass::Channel(channel::AMQPMethod::Open(_)) => {
+                let text = format!("channel {ch} is already open");
+                Err(Fault::connection(code::CHANNEL_ERROR, text).for_method(&method))
+            }
+            other => {
+                let text = format!("{} is not supported by leasemqd yet", method_name(&other));
+                Err(Fault::connection(code::NOT_IMPLEMENTED, text).for_method(&other))
+            }
+        }
+    }
+
+    /// A method on a channel that is not open: only `channel.open` may come.
+    fn handle_unopened(&mut self, ch: u16, method: AMQPClass) -> Result<(), Fault> {
+        match method {
+            AMQPClass::Channel(channel::AMQPMethod::Open(_)) if ch <= self.channel_max => {
+                self.channels.insert(ch, Channel::default());
+                self.send(
+                    ch,
+                    AMQPClass::Channel(channel::AMQPMethod::OpenOk(channel::OpenOk {})),
+                );
+                Ok(())
+            }
+            AMQPClass::Channel(channel::AMQPMethod::Open(_)) => {
+                let text = format!("channel {ch} is over channel_max {}", self.channel_max);
+                Err(Fault::connection(code::NOT_ALLOWED, text).for_method(&method))
+            }
+            // A close-ok that crossed the peer's own close.
+            AMQPClass::Channel(channel::AMQPMethod::CloseOk(_)) => Ok(()),
+            other => {
+                let text = format!("{} on channel {ch}, which is not open", method_name(&other));
+                Err(Fault::connection(code::CHANNEL_ERROR, text).for_method(&other))
+            }
+        }
+    }
+
+    fn declare(&mut self, ch: u16, declare: queue::Declare) -> Result<(), Fault> {
+        let m = AMQPClass::Queue(queue::AMQPMethod::Declare(declare.clone()));
+        let name = declare.queue.as_str();
+        let refuse = |what: &str| {
+            let text = format!("{what} is not supported by leasemqd yet");
+            Err(Fault::connection(code::NOT_IMPLEMENTED, text).for_method(&m))
+        };
+        if name.is_empty() {
+            return refuse("a server-named queue (queue.declare with an empty name)");
+        }
+        if declare.exclusive {
+            return refuse("an exclusive queue");
+        }
+        if declare.auto_delete {
+            return refuse("an auto-delete queue");
+        }
+        let queue = if declare.passive {
+            match self.queue(name) {
+                Some(q) => q,
+                None => {
+                    let text = format!("NOT_FOUND - no queue '{name}' in vhost '/'");
+                    return Err(Fault::channel(ch, code::NOT_FOUND, text, &m));
+                }
+            }
+        } else {
+            // `durable` is accepted, but every queue is in memory until leasemqd has a
+            // data directory (the startup line says so).
+            let base = QueueConfig {
+                ack_timeout: self.settings.ack_timeout,
+                max_body_bytes: self.max_stored_bytes(),
+                ..QueueConfig::default()
+            };
+            let config = match arguments::queue_config(&declare.arguments, base) {
+                Ok(config) => config,
+                Err(refused) if refused.code == code::NOT_IMPLEMENTED => {
+                    return Err(Fault::connection(refused.code, refused.text).for_method(&m));
+                }
+                Err(refused) => return Err(Fault::channel(ch, refused.code, refused.text, &m)),
+            };
+            match self.broker.declare_queue(name, config) {
+                Ok(q) => {
+                    self.queues.insert(name.to_string(), q.clone());
+                    q
+                }
+                Err(e) => return Err(broker_fault(ch, &e, &m)),
+            }
+        };
+        if declare.nowait {
+            return Ok(());
+        }
+        let stats = queue.stats();
+        let ok = queue::DeclareOk {
+            queue: declare.queue,
+            message_count: u32::try_from(stats.ready).unwrap_or(u32::MAX),
+            consumer_count: u32::try_from(stats.consumers).unwrap_or(u32::MAX),
+        };
+        self.send(ch, AMQPClass::Queue(queue::AMQPMethod::DeclareOk(ok)));
+        Ok(())
+    }
+
+    /// The largest stored body: the largest payload, plus its properties (which fit one
+    /// frame) and the few bytes of the stored layout.
+    fn max_stored_bytes(&self) -> usize {
+        self.settings.max_message_bytes + self.settings.frame_max as usize + 16
+    }
+
+    fn consume(&mut self, ch: u16, consume: basic::Consume) -> Result<(), Fault> {
+        let m = AMQPClass::Basic(basic::AMQPMethod::Consume(consume.clone()));
+        if consume.exclusive {
+            let text = "an exclusive consumer is not supported by leasemqd yet";
+            return Err(Fault::connection(code::NOT_IMPLEMENTED, text).for_method(&m));
+        }
+        if let Some(arg) = consume.arguments.inner().keys().next() {
+            let text = format!("consumer argument '{arg}' is not supported by leasemqd yet");
+            return Err(Fault::connection(code::NOT_IMPLEMENTED, text).for_method(&m));
+        }
+        let Some(queue) = self.queue(consume.queue.as_str()) else {
+            let text = format!("NOT_FOUND - no queue '{}' in vhost '/'", consume.queue);
+            return Err(Fault::channel(ch, code::NOT_FOUND, text, &m));
+        };
+        self.next_consumer += 1;
+        let tag = match consume.consumer_tag.as_str() {
+            "" => ShortString::from(format!("amq.ctag-{}-{}", self.id, self.next_consumer)),
+            _ => consume.consumer_tag.clone(),
+        };
+        let state = self.channels.get_mut(&ch).expect("checked by the caller");
+        if state.consumer_tags.contains(&tag) {
+            let text = format!("NOT_ALLOWED - attempt to reuse consumer tag '{tag}'");
+            return Err(Fault::connection(code::NOT_ALLOWED, text).for_method(&m));
+        }
+        let prefetch = match state.prefetch {
+            0 => MAX_PREFETCH,
+            n => n,
+        };
+        // The broker's consumer name is the connection's, unique whatever tags clients pick.
+        let name = format!("amqp-{}-{}", self.id, self.next_consumer);
+        let config = ConsumerConfig {
+            prefetch: u32::from(prefetch),
+        };
+        let consumer = queue
+            .consume(&name, config)
+            .map_err(|e| broker_fault(ch, &e, &m))?;
+        state.consumer_tags.push(tag.clone());
+        if !consume.nowait {
+            let ok = basic::ConsumeOk {
+                consumer_tag: tag.clone(),
+            };
+            self.send(ch, AMQPClass::Basic(basic::AMQPMethod::ConsumeOk(ok)));
+        }
+        self.subscriptions.push(Subscription {
+            channel: ch,
+            tag,
+            queue,
+            consumer,
+            no_ack: consume.no_ack,
+        });
+        Ok(())
+    }
+
+    /// `basic.cancel`: ends the consumer. Today that also returns the deliveries it has
+    /// not settled (the broker cancels its consumer); their later acks are stale and
+    /// ignored. Keeping them leased to the channel needs a broker call that stops a
+    /// consumer's deliveries without ending its leases.
+    fn cancel(&mut self, ch: u16, cancel: basic::Cancel) {
+        if let Some(i) = self
+            .subscriptions
+            .iter()
+            .position(|s| s.channel == ch && s.tag == cancel.consumer_tag)
+        {
+            self.subscriptions.swap_remove(i).consumer.cancel();
+        }
+        if let Some(state) = self.channels.get_mut(&ch) {
+            state.consumer_tags.retain(|t| *t != cancel.consumer_tag);
+        }
+        if !cancel.nowait {
+            let ok = basic::CancelOk {
+                consumer_tag: cancel.consumer_tag,
+            };
+            self.send(ch, AMQPClass::Basic(basic::AMQPMethod::CancelOk(ok)));
+        }
+    }
+
+    /// `basic.ack`/`nack`/`reject` of one channel tag, or of every unsettled one up to it
+    /// (`multiple`; tag 0 with `multiple` means all of them).
+    fn settle(
+        &mut self,
+        ch: u16,
+        tag: u64,
+        multiple: bool,
+        how: Settle,
+        m: &AMQPClass,
+    ) -> Result<(), Fault> {
+        let state = self.channels.get_mut(&ch).expect("checked by the caller");
+        let taken: Vec<Unacked> = if multiple {
+            let upto = if tag == 0 { u64::MAX } else { tag };
+            let keep = state.unacked.split_off(&upto.saturating_add(1));
+            std::mem::replace(&mut state.unacked, keep)
+                .into_values()
+                .collect()
+        } else {
+            match state.unacked.remove(&tag) {
+                Some(u) => vec![u],
+                None => {
+                    let text = format!("PRECONDITION_FAILED - unknown delivery tag {tag}");
+                    return Err(Fault::channel(ch, code::PRECONDITION_FAILED, text, m));
+                }
+            }
+        };
+        for Unacked { queue, tag } in taken {
+            match self.pending.last_mut() {
+                Some(Pending::Settle {
+                    channel,
+                    queue: q,
+                    settles,
+                }) if *channel == ch && q.name() == queue.name() => settles.push((tag, how)),
+                _ => self.pending.push(Pending::Settle {
+                    channel: ch,
+                    queue,
+                    settles: vec![(tag, how)],
+                }),
+            }
+        }
+        Ok(())
+    }
+
+    /// Sends one delivery of subscription `index` as `basic.deliver` + content.
+    pub(super) fn deliver(&mut self, index: usize, delivery: Delivery) {
+        let sub = &self.subscriptions[index];
+        let (ch, no_ack) = (sub.channel, sub.no_ack);
+        let Some(state) = self.channels.get_mut(&ch) else {
+            // The channel is gone; its consumer is being cancelled.
+            delivery.release();
+            return;
+        };
+        state.last_tag += 1;
+        let channel_tag = state.last_tag;
+        if no_ack {
+            // Automatic acknowledgement: settled as it is sent.
+            delivery.ack();
+        } else {
+            let unacked = Unacked {
+                queue: sub.queue.clone(),
+                tag: delivery.tag(),
+            };
+            state.unacked.insert(channel_tag, unacked);
+        }
+        let envelope = delivery.envelope();
+        let deliver = basic::Deliver {
+            consumer_tag: sub.tag.clone(),
+            delivery_tag: channel_tag,
+            redelivered: envelope.redelivered(),
+            exchange: ShortString::from(""),
+            routing_key: ShortString::from(sub.queue.name()),
+        };
+        let (properties, payload) = content::decode(&envelope.body);
+        self.send(ch, AMQPClass::Basic(basic::AMQPMethod::Deliver(deliver)));
+        if self
+            .out
+            .content(ch, properties, &payload, self.frame_max)
+            .is_err()
+        {
+            self.abort(Fault::connection(
+                code::INTERNAL_ERROR,
+                "could not write a frame",
+            ));
+        }
+    }
+
+    /// Closes `ch` for a channel error: its consumers end (their unsettled deliveries come
+    /// back), and `channel.close` goes out.
+    pub(super) fn close_channel_with(&mut self, ch: u16, fault: Fault) {
+        self.end_subscriptions(Some(ch));
+        if let Some(state) = self.channels.get_mut(&ch) {
+            *state = Channel {
+                closing: true,
+                ..Channel::default()
+            };
+        }
+        let close = channel::Close {
+            reply_code: fault.code,
+            reply_text: short(fault.text),
+            class_id: fault.class_id,
+            method_id: fault.method_id,
+        };
+        self.send(ch, AMQPClass::Channel(channel::AMQPMethod::Close(close)));
+    }
+}
+
+/// `requeue=true` is a nack with no delay; `false` a reject (dead letter).
+fn requeue(requeue: bool) -> Settle {
+    if requeue {
+        Settle::NackWithDelay(Duration::ZERO)
+    } else {
+        Settle::Reject
+    }
+}
+
+/// The AMQP error for a broker error on channel `ch`.
+pub(super) fn broker_fault(ch: u16, e: &Error, m: &AMQPClass) -> Fault {
+    let (code, text) = match e {
+        Error::ShutDown => {
+            return Fault::connection(code::CONNECTION_FORCED, "broker is shutting down")
+                .for_method(m)
+        }
+        Error::QueueClosed | Error::UnknownQueue(_) => {
+            (code::NOT_FOUND, format!("NOT_FOUND - {e}"))
+        }
+        Error::InvalidName => (
+            code::PRECONDITION_FAILED,
+            format!("PRECONDITION_FAILED - {e} (names are 1 to 255 bytes of A-Z a-z 0-9 . _ : -)"),
+        ),
+        _ => (
+            code::PRECONDITION_FAILED,
+            format!("PRECONDITION_FAILED - {e}"),
+        ),
+    };
+    Fault::channel(ch, code, text, m)
+}

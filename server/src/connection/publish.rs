@@ -1,0 +1,238 @@
+//! Publishes: a `basic.publish` and its content frames put back together, routed through
+//! the default exchange, and the broker calls of one read (publishes and settles) gathered
+//! and made in batches.
+
+use amq_protocol::frame::AMQPContentHeader;
+use amq_protocol::protocol::{basic, AMQPClass, BasicProperties};
+use bytes::BytesMut;
+use leasemq::{DeliveryTag, Message, Queue, Settle};
+
+use super::channel::broker_fault;
+use super::{code, Connection, Fault};
+use crate::content;
+use crate::wire::BASIC_CLASS;
+
+/// A `basic.publish` waiting for its content header and body.
+pub(super) struct Incoming {
+    pub(super) publish: basic::Publish,
+    pub(super) header: Option<(u64, BasicProperties)>,
+    pub(super) body: BytesMut,
+}
+
+/// Broker calls gathered from one read, made in order when the read is done (or before a
+/// method that must see their effects): a run of publishes to one queue on one channel is
+/// one `put_batch`, a run of settles of one queue's deliveries one `settle_batch`.
+pub(crate) enum Pending {
+    Put {
+        channel: u16,
+        queue: Queue,
+        messages: Vec<Message>,
+    },
+    Settle {
+        channel: u16,
+        queue: Queue,
+        settles: Vec<(DeliveryTag, Settle)>,
+    },
+}
+
+impl Connection {
+    pub(super) fn handle_header(
+        &mut self,
+        ch: u16,
+        header: AMQPContentHeader,
+    ) -> Result<(), Fault> {
+        if self.channel_closing(ch) {
+            return Ok(());
+        }
+        let max = self.settings.max_message_bytes;
+        let incoming = self.incoming(ch, "content header")?;
+        if incoming.header.is_some() || header.class_id != BASIC_CLASS {
+            return Err(Fault::connection(
+                code::UNEXPECTED_FRAME,
+                "unexpected content header",
+            ));
+        }
+        let m = AMQPClass::Basic(basic::AMQPMethod::Publish(incoming.publish.clone()));
+        if header.body_size > max as u64 {
+            let channel = self.channels.get_mut(&ch).expect("just seen");
+            channel.incoming = None;
+            let text = format!(
+                "PRECONDITION_FAILED - message size {} is larger than the maximum of {max}",
+                header.body_size
+            );
+            return Err(Fault::channel(ch, code::PRECONDITION_FAILED, text, &m));
+        }
+        incoming.body.reserve(header.body_size as usize);
+        incoming.header = Some((header.body_size, header.properties));
+        if header.body_size == 0 {
+            self.complete_publish(ch)?;
+        }
+        Ok(())
+    }
+
+    pub(super) fn handle_body(&mut self, ch: u16, body: Vec<u8>) -> Result<(), Fault> {
+        if self.channel_closing(ch) {
+            return Ok(());
+        }
+        let incoming = self.incoming(ch, "content body")?;
+        let Some((size, _)) = incoming.header else {
+            return Err(Fault::connection(
+                code::UNEXPECTED_FRAME,
+                "content body before its header",
+            ));
+        };
+        incoming.body.extend_from_slice(&body);
+        match (incoming.body.len() as u64).cmp(&size) {
+            std::cmp::Ordering::Less => Ok(()),
+            std::cmp::Ordering::Equal => self.complete_publish(ch),
+            std::cmp::Ordering::Greater => Err(Fault::connection(
+                code::FRAME_ERROR,
+                format!("content body longer than the {size} bytes its header announced"),
+            )),
+        }
+    }
+
+    /// Whether we closed `ch` and wait for its `close-ok`: content for it (of a publish sent
+    /// before the peer saw our `channel.close`) is dropped quietly.
+    fn channel_closing(&self, ch: u16) -> bool {
+        self.channels.get(&ch).is_some_and(|s| s.closing)
+    }
+
+    /// The channel's publish in progress; content with none is a connection error.
+    fn incoming(&mut self, ch: u16, what: &str) -> Result<&mut Incoming, Fault> {
+        let unexpected = || {
+            let text = format!("unexpected {what} on channel {ch}");
+            Fault::connection(code::UNEXPECTED_FRAME, text)
+        };
+        let state = self.channels.get_mut(&ch).ok_or_else(unexpected)?;
+        state.incoming.as_mut().ok_or_else(unexpected)
+    }
+
+    /// A publish whose content is complete: routed through the default exchange to the
+    /// queue its routing key names, and added to this read's batch for that queue.
+    fn complete_publish(&mut self, ch: u16) -> Result<(), Fault> {
+        let state = self.channels.get_mut(&ch).expect("checked by the caller");
+        let Incoming {
+            publish,
+            header,
+            body,
+        } = state.incoming.take().expect("checked by the caller");
+        let (_, properties) = header.expect("complete content has a header");
+        if state.confirm {
+            // Numbered as the client numbers them: every publish on a confirming channel.
+            state.published += 1;
+        }
+        let m = AMQPClass::Basic(basic::AMQPMethod::Publish(publish.clone()));
+        if !publish.exchange.as_str().is_empty() {
+            let text = format!(
+                "NOT_FOUND - no exchange '{}' in vhost '/' (leasemqd has only the default exchange)",
+                publish.exchange
+            );
+            return Err(Fault::channel(ch, code::NOT_FOUND, text, &m));
+        }
+        let Some(queue) = self.queue(publish.routing_key.as_str()) else {
+            // The default exchange drops what it cannot route, unless `mandatory` asks for
+            // it back.
+            if publish.mandatory {
+                self.return_unroutable(ch, publish, properties, &body);
+            }
+            return Ok(());
+        };
+        let Some(stored) = content::encode(&properties, &body) else {
+            let text = "PRECONDITION_FAILED - message properties could not be stored";
+            return Err(Fault::channel(ch, code::PRECONDITION_FAILED, text, &m));
+        };
+        let message = Message::new(stored);
+        match self.pending.last_mut() {
+            Some(Pending::Put {
+                channel,
+                queue: q,
+                messages,
+            }) if *channel == ch && q.name() == queue.name() => messages.push(message),
+            _ => self.pending.push(Pending::Put {
+                channel: ch,
+                queue,
+                messages: vec![message],
+            }),
+        }
+        Ok(())
+    }
+
+    fn return_unroutable(
+        &mut self,
+        ch: u16,
+        publish: basic::Publish,
+        properties: BasicProperties,
+        body: &[u8],
+    ) {
+        let ret = basic::Return {
+            reply_code: 312,
+            reply_text: "NO_ROUTE".into(),
+            exchange: publish.exchange,
+            routing_key: publish.routing_key,
+        };
+        self.send(ch, AMQPClass::Basic(basic::AMQPMethod::Return(ret)));
+        if self
+            .out
+            .content(ch, properties, body, self.frame_max)
+            .is_err()
+        {
+            self.abort(Fault::connection(
+                code::INTERNAL_ERROR,
+                "could not write a frame",
+            ));
+        }
+    }
+
+    /// Makes the broker calls gathered so far, then confirms the publishes on the channels
+    /// that asked for confirms: every publish completed so far is then in its queue (or
+    /// was unroutable, which RabbitMQ confirms too).
+    pub(super) fn flush_pending(&mut self) {
+        self.apply_pending();
+        let mut acks = Vec::new();
+        for (&ch, state) in &mut self.channels {
+            if state.confirm && !state.closing && state.published > state.confirmed {
+                state.confirmed = state.published;
+                acks.push((ch, state.published));
+            }
+        }
+        for (ch, tag) in acks {
+            let ack = basic::Ack {
+                delivery_tag: tag,
+                multiple: true,
+            };
+            self.send(ch, AMQPClass::Basic(basic::AMQPMethod::Ack(ack)));
+        }
+    }
+
+    /// Makes the gathered broker calls, in order. A call whose channel a fault earlier in
+    /// the same flush closed is dropped, as RabbitMQ ignores what follows a channel error.
+    pub(super) fn apply_pending(&mut self) {
+        for op in std::mem::take(&mut self.pending) {
+            let ch = match &op {
+                Pending::Put { channel, .. } | Pending::Settle { channel, .. } => *channel,
+            };
+            let open = self.channels.get(&ch).is_some_and(|s| !s.closing);
+            if !open || self.phase != super::Phase::Open {
+                continue;
+            }
+            match op {
+                Pending::Put {
+                    queue, messages, ..
+                } => {
+                    if let Err(e) = queue.put_batch(messages) {
+                        let m =
+                            AMQPClass::Basic(basic::AMQPMethod::Publish(basic::Publish::default()));
+                        self.fail(broker_fault(ch, &e, &m));
+                    }
+                }
+                // A `false` answer is a stale tag (its lease ran out and the message went
+                // elsewhere): the broker counted it, and AMQP hears nothing, as the
+                // contract asks.
+                Pending::Settle { queue, settles, .. } => {
+                    queue.settle_batch(&settles);
+                }
+            }
+        }
+    }
+}

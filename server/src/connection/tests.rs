@@ -1,0 +1,707 @@
+//! The state machine driven frame by frame: frames made with `amq-protocol`'s generator go
+//! in, the bytes that come out are parsed back into frames and checked. The broker runs
+//! under the manual clock, so a lease runs out only when a test advances it.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use amq_protocol::frame::{
+    gen_frame, parse_frame, AMQPContentHeader, AMQPFrame, ProtocolVersion, WriteContext,
+};
+use amq_protocol::protocol::{
+    basic, channel, connection, exchange, queue, AMQPClass, BasicProperties,
+};
+use amq_protocol::types::{AMQPValue, FieldTable};
+use leasemq::Broker;
+
+use super::{Connection, Settings};
+
+/// A connection under test, with the broker behind it.
+struct Client {
+    broker: Broker,
+    conn: Connection,
+}
+
+fn encode(frames: &[AMQPFrame]) -> Vec<u8> {
+    let mut bytes = Vec::new();
+    for frame in frames {
+        bytes = gen_frame(frame)(WriteContext::from(bytes))
+            .unwrap()
+            .into_inner()
+            .0;
+    }
+    bytes
+}
+
+fn decode(mut bytes: &[u8]) -> Vec<AMQPFrame> {
+    let mut frames = Vec::new();
+    while !bytes.is_empty() {
+        let (rest, frame) = parse_frame(bytes).expect("the server writes whole, valid frames");
+        frames.push(frame);
+        bytes = rest;
+    }
+    frames
+}
+
+fn method(channel: u16, m: AMQPClass) -> AMQPFrame {
+    AMQPFrame::Method(channel, m)
+}
+
+fn conn_method(m: connection::AMQPMethod) -> AMQPFrame {
+    method(0, AMQPClass::Connection(m))
+}
+
+fn basic_method(channel: u16, m: basic::AMQPMethod) -> AMQPFrame {
+    method(channel, AMQPClass::Basic(m))
+}
+
+fn start_ok(user: &str, password: &str) -> AMQPFrame {
+    conn_method(connection::AMQPMethod::StartOk(connection::StartOk {
+        client_properties: FieldTable::default(),
+        mechanism: "PLAIN".into(),
+        response: format!("\0{user}\0{password}").into(),
+        locale: "en_US".into(),
+    }))
+}
+
+impl Client {
+    fn new(settings: Settings) -> Client {
+        let broker = Broker::builder().shards(1).manual_clock().build().unwrap();
+        let conn = Connection::new(broker.clone(), Arc::new(settings), 1, true);
+        Client { broker, conn }
+    }
+
+    /// Feeds raw bytes, then lets every waiting delivery out; returns what was written.
+    fn feed_bytes(&mut self, bytes: &[u8]) -> Vec<AMQPFrame> {
+        let used = self.conn.handle_input(bytes);
+        if !self.conn.is_closed() {
+            assert_eq!(used, bytes.len(), "whole frames are used whole");
+        }
+        while let Some((i, d)) = self.conn.try_delivery() {
+            self.conn.handle_delivery(i, d);
+        }
+        let mut out = Vec::new();
+        self.conn.take_output(&mut out);
+        decode(&out)
+    }
+
+    fn feed(&mut self, frames: &[AMQPFrame]) -> Vec<AMQPFrame> {
+        self.feed_bytes(&encode(frames))
+    }
+
+    /// A connection through the handshake (frame_max 8192), with channel 1 open.
+    fn open() -> Client {
+        let mut c = Client::new(Settings {
+            ack_timeout: Duration::from_secs(10),
+            ..Settings::default()
+        });
+        let header = AMQPFrame::ProtocolHeader(ProtocolVersion::amqp_0_9_1());
+        let out = c.feed(&[header]);
+        assert!(matches!(
+            out[..],
+            [AMQPFrame::Method(
+                0,
+                AMQPClass::Connection(connection::AMQPMethod::Start(_))
+            )]
+        ));
+        let out = c.feed(&[start_ok("guest", "guest")]);
+        let [AMQPFrame::Method(0, AMQPClass::Connection(connection::AMQPMethod::Tune(tune)))] =
+            &out[..]
+        else {
+            panic!("expected connection.tune, got {out:?}");
+        };
+        assert_eq!((tune.frame_max, tune.channel_max), (131_072, 2047));
+        let tune_ok = conn_method(connection::AMQPMethod::TuneOk(connection::TuneOk {
+            channel_max: 16,
+            frame_max: 8192,
+            heartbeat: 0,
+        }));
+        let open = conn_method(connection::AMQPMethod::Open(connection::Open {
+            virtual_host: "/".into(),
+        }));
+        let channel_open = method(
+            1,
+            AMQPClass::Channel(channel::AMQPMethod::Open(channel::Open {})),
+        );
+        let out = c.feed(&[tune_ok, open, channel_open]);
+        assert_eq!(
+            out,
+            [
+                conn_method(connection::AMQPMethod::OpenOk(connection::OpenOk {})),
+                method(
+                    1,
+                    AMQPClass::Channel(channel::AMQPMethod::OpenOk(channel::OpenOk {}))
+                ),
+            ]
+        );
+        c
+    }
+
+    fn declare(&mut self, name: &str) {
+        let declare = queue::Declare {
+            queue: name.into(),
+            durable: true,
+            ..queue::Declare::default()
+        };
+        let out = self.feed(&[method(
+            1,
+            AMQPClass::Queue(queue::AMQPMethod::Declare(declare)),
+        )]);
+        let ok = queue::DeclareOk {
+            queue: name.into(),
+            message_count: 0,
+            consumer_count: 0,
+        };
+        assert_eq!(
+            out,
+            [method(
+                1,
+                AMQPClass::Queue(queue::AMQPMethod::DeclareOk(ok))
+            )]
+        );
+    }
+
+    /// basic.publish + content header + the body in one body frame.
+    fn publish_frames(queue: &str, properties: BasicProperties, body: &[u8]) -> Vec<AMQPFrame> {
+        let publish = basic::Publish {
+            exchange: "".into(),
+            routing_key: queue.into(),
+            mandatory: false,
+            immediate: false,
+        };
+        let header = AMQPContentHeader {
+            class_id: 60,
+            body_size: body.len() as u64,
+            properties,
+        };
+        let mut frames = vec![
+            basic_method(1, basic::AMQPMethod::Publish(publish)),
+            AMQPFrame::Header(1, header),
+        ];
+        if !body.is_empty() {
+            frames.push(AMQPFrame::Body(1, body.to_vec()));
+        }
+        frames
+    }
+
+    fn consume(&mut self, queue: &str, no_ack: bool) -> Vec<AMQPFrame> {
+        let consume = basic::Consume {
+            queue: queue.into(),
+            consumer_tag: "".into(),
+            no_ack,
+            ..basic::Consume::default()
+        };
+        self.feed(&[basic_method(1, basic::AMQPMethod::Consume(consume))])
+    }
+}
+
+/// The (delivery tag, redelivered, body) of each basic.deliver in `out`, with its content
+/// put back together.
+fn deliveries(out: &[AMQPFrame]) -> Vec<(u64, bool, Vec<u8>)> {
+    let mut found: Vec<(u64, bool, Vec<u8>)> = Vec::new();
+    for frame in out {
+        match frame {
+            AMQPFrame::Method(1, AMQPClass::Basic(basic::AMQPMethod::Deliver(d))) => {
+                found.push((d.delivery_tag, d.redelivered, Vec::new()));
+            }
+            AMQPFrame::Body(1, body) => found.last_mut().unwrap().2.extend_from_slice(body),
+            _ => {}
+        }
+    }
+    found
+}
+
+fn channel_close_code(out: &[AMQPFrame]) -> Option<u16> {
+    out.iter().find_map(|f| match f {
+        AMQPFrame::Method(_, AMQPClass::Channel(channel::AMQPMethod::Close(c))) => {
+            Some(c.reply_code)
+        }
+        _ => None,
+    })
+}
+
+fn connection_close_code(out: &[AMQPFrame]) -> Option<u16> {
+    out.iter().find_map(|f| match f {
+        AMQPFrame::Method(0, AMQPClass::Connection(connection::AMQPMethod::Close(c))) => {
+            Some(c.reply_code)
+        }
+        _ => None,
+    })
+}
+
+fn ack(tag: u64, multiple: bool) -> AMQPFrame {
+    basic_method(
+        1,
+        basic::AMQPMethod::Ack(basic::Ack {
+            delivery_tag: tag,
+            multiple,
+        }),
+    )
+}
+
+fn nack(tag: u64, requeue: bool) -> AMQPFrame {
+    basic_method(
+        1,
+        basic::AMQPMethod::Nack(basic::Nack {
+            delivery_tag: tag,
+            multiple: false,
+            requeue,
+        }),
+    )
+}
+
+#[test]
+fn a_wrong_password_is_refused_with_403() {
+    let mut c = Client::new(Settings::default());
+    c.feed(&[AMQPFrame::ProtocolHeader(ProtocolVersion::amqp_0_9_1())]);
+    let out = c.feed(&[start_ok("guest", "nope")]);
+    assert_eq!(connection_close_code(&out), Some(403));
+    let out = c.feed(&[conn_method(connection::AMQPMethod::CloseOk(
+        connection::CloseOk {},
+    ))]);
+    assert!(out.is_empty());
+    assert!(c.conn.is_closed());
+}
+
+#[test]
+fn guest_is_refused_from_a_remote_address() {
+    let broker = Broker::builder().shards(1).manual_clock().build().unwrap();
+    let conn = Connection::new(broker.clone(), Arc::new(Settings::default()), 1, false);
+    let mut c = Client { broker, conn };
+    c.feed(&[AMQPFrame::ProtocolHeader(ProtocolVersion::amqp_0_9_1())]);
+    let out = c.feed(&[start_ok("guest", "guest")]);
+    assert_eq!(connection_close_code(&out), Some(403));
+}
+
+#[test]
+fn another_protocol_header_is_answered_with_ours_and_closed() {
+    let mut c = Client::new(Settings::default());
+    let out = c.feed_bytes(b"AMQP\x01\x01\x00\x0a");
+    assert_eq!(
+        out,
+        [AMQPFrame::ProtocolHeader(ProtocolVersion::amqp_0_9_1())]
+    );
+    assert!(c.conn.is_closed());
+}
+
+#[test]
+fn a_header_split_across_reads_waits_for_the_rest() {
+    let mut c = Client::new(Settings::default());
+    assert_eq!(c.conn.handle_input(b"AMQ"), 0);
+    let out = c.feed_bytes(b"AMQP\x00\x00\x09\x01");
+    assert!(matches!(
+        out[..],
+        [AMQPFrame::Method(
+            0,
+            AMQPClass::Connection(connection::AMQPMethod::Start(_))
+        )]
+    ));
+}
+
+#[test]
+fn a_publish_is_delivered_with_its_properties_and_its_body_split_per_frame_max() {
+    let mut c = Client::open();
+    c.declare("jobs");
+    let mut headers = FieldTable::default();
+    headers.insert("n".into(), AMQPValue::LongInt(7));
+    let properties = BasicProperties::default()
+        .with_content_type("text/plain".into())
+        .with_headers(headers);
+    let body: Vec<u8> = (0..20_000u32).map(|i| i as u8).collect();
+    // The client splits its body too: frames of at most 8192 bytes, overhead included.
+    let mut frames = Client::publish_frames("jobs", properties.clone(), &[]);
+    frames[1] = AMQPFrame::Header(
+        1,
+        AMQPContentHeader {
+            class_id: 60,
+            body_size: body.len() as u64,
+            properties: properties.clone(),
+        },
+    );
+    frames.extend(
+        body.chunks(8184)
+            .map(|piece| AMQPFrame::Body(1, piece.to_vec())),
+    );
+    assert!(c.feed(&frames).is_empty());
+    assert_eq!(c.broker.queue("jobs").unwrap().stats().ready, 1);
+
+    let out = c.consume("jobs", false);
+    let AMQPFrame::Method(1, AMQPClass::Basic(basic::AMQPMethod::ConsumeOk(ok))) = &out[0] else {
+        panic!("expected basic.consume-ok first, got {out:?}");
+    };
+    assert!(ok.consumer_tag.as_str().starts_with("amq.ctag-"));
+    let AMQPFrame::Method(1, AMQPClass::Basic(basic::AMQPMethod::Deliver(deliver))) = &out[1]
+    else {
+        panic!("expected basic.deliver, got {out:?}");
+    };
+    assert_eq!(deliver.consumer_tag, ok.consumer_tag);
+    assert_eq!((deliver.delivery_tag, deliver.redelivered), (1, false));
+    assert_eq!(
+        (deliver.exchange.as_str(), deliver.routing_key.as_str()),
+        ("", "jobs")
+    );
+    let AMQPFrame::Header(1, header) = &out[2] else {
+        panic!("expected a content header, got {out:?}");
+    };
+    assert_eq!(
+        (header.body_size, &header.properties),
+        (20_000, &properties)
+    );
+    let sizes: Vec<usize> = out[3..]
+        .iter()
+        .map(|f| match f {
+            AMQPFrame::Body(1, b) => b.len(),
+            other => panic!("expected body frames, got {other:?}"),
+        })
+        .collect();
+    assert_eq!(sizes, [8184, 8184, 3632]);
+    assert_eq!(deliveries(&out), [(1, false, body)]);
+
+    assert!(c.feed(&[ack(1, false)]).is_empty());
+    let stats = c.broker.queue("jobs").unwrap().stats();
+    assert_eq!((stats.acked, stats.leased, stats.ready), (1, 0, 0));
+}
+
+#[test]
+fn nack_with_requeue_redelivers_with_the_flag_and_a_new_tag() {
+    let mut c = Client::open();
+    c.declare("retry");
+    c.feed(&Client::publish_frames(
+        "retry",
+        BasicProperties::default(),
+        b"flaky",
+    ));
+    let out = c.consume("retry", false);
+    assert_eq!(deliveries(&out), [(1, false, b"flaky".to_vec())]);
+    let out = c.feed(&[nack(1, true)]);
+    assert_eq!(deliveries(&out), [(2, true, b"flaky".to_vec())]);
+    let stats = c.broker.queue("retry").unwrap().stats();
+    assert_eq!((stats.nacked, stats.delivered), (1, 2));
+}
+
+#[test]
+fn nack_without_requeue_rejects() {
+    let mut c = Client::open();
+    c.declare("poison");
+    c.feed(&Client::publish_frames(
+        "poison",
+        BasicProperties::default(),
+        b"not json",
+    ));
+    c.consume("poison", false);
+    assert!(c.feed(&[nack(1, false)]).is_empty());
+    let stats = c.broker.queue("poison").unwrap().stats();
+    assert_eq!((stats.rejected, stats.ready, stats.leased), (1, 0, 0));
+}
+
+#[test]
+fn ack_multiple_settles_every_delivery_up_to_the_tag() {
+    let mut c = Client::open();
+    c.declare("batch");
+    let frames: Vec<AMQPFrame> = (0..5)
+        .flat_map(|i| {
+            Client::publish_frames(
+                "batch",
+                BasicProperties::default(),
+                format!("m{i}").as_bytes(),
+            )
+        })
+        .collect();
+    c.feed(&frames);
+    let out = c.consume("batch", false);
+    assert_eq!(deliveries(&out).len(), 5);
+    assert!(c.feed(&[ack(3, true)]).is_empty());
+    let stats = c.broker.queue("batch").unwrap().stats();
+    assert_eq!((stats.acked, stats.leased), (3, 2));
+    // Tag 0 with multiple: everything outstanding.
+    assert!(c.feed(&[ack(0, true)]).is_empty());
+    assert_eq!(c.broker.queue("batch").unwrap().stats().acked, 5);
+}
+
+#[test]
+fn qos_prefetch_bounds_the_deliveries_in_flight() {
+    let mut c = Client::open();
+    c.declare("bounded");
+    let qos = basic::Qos {
+        prefetch_count: 2,
+        global: false,
+    };
+    let out = c.feed(&[basic_method(1, basic::AMQPMethod::Qos(qos))]);
+    assert_eq!(
+        out,
+        [basic_method(1, basic::AMQPMethod::QosOk(basic::QosOk {}))]
+    );
+    let frames: Vec<AMQPFrame> = (0..5)
+        .flat_map(|_| Client::publish_frames("bounded", BasicProperties::default(), b"x"))
+        .collect();
+    c.feed(&frames);
+    assert_eq!(deliveries(&c.consume("bounded", false)).len(), 2);
+    assert_eq!(
+        deliveries(&c.feed(&[ack(1, false)])),
+        [(3, false, b"x".to_vec())]
+    );
+}
+
+#[test]
+fn closing_the_channel_returns_unacked_deliveries_redelivered() {
+    let mut c = Client::open();
+    c.declare("crash");
+    c.feed(&Client::publish_frames(
+        "crash",
+        BasicProperties::default(),
+        b"half done",
+    ));
+    c.consume("crash", false);
+    let close = channel::Close {
+        reply_code: 200,
+        reply_text: "bye".into(),
+        class_id: 0,
+        method_id: 0,
+    };
+    let out = c.feed(&[method(
+        1,
+        AMQPClass::Channel(channel::AMQPMethod::Close(close)),
+    )]);
+    assert_eq!(
+        out,
+        [method(
+            1,
+            AMQPClass::Channel(channel::AMQPMethod::CloseOk(channel::CloseOk {}))
+        )]
+    );
+    let stats = c.broker.queue("crash").unwrap().stats();
+    assert_eq!((stats.ready, stats.leased, stats.consumers), (1, 0, 0));
+
+    c.feed(&[method(
+        1,
+        AMQPClass::Channel(channel::AMQPMethod::Open(channel::Open {})),
+    )]);
+    let out = c.consume("crash", false);
+    assert_eq!(deliveries(&out), [(1, true, b"half done".to_vec())]);
+}
+
+#[test]
+fn a_late_ack_after_the_lease_ran_out_is_ignored_not_an_error() {
+    let mut c = Client::open();
+    c.declare("slow");
+    c.feed(&Client::publish_frames(
+        "slow",
+        BasicProperties::default(),
+        b"long job",
+    ));
+    c.consume("slow", false);
+    c.broker.advance(Duration::from_secs(11)).unwrap(); // the lease was 10 s
+                                                        // The message came back and was delivered again to the same consumer.
+    let out = c.feed(&[]);
+    assert_eq!(deliveries(&out), [(2, true, b"long job".to_vec())]);
+    assert!(c.feed(&[ack(1, false)]).is_empty());
+    let stats = c.broker.queue("slow").unwrap().stats();
+    assert_eq!((stats.stale, stats.expired, stats.leased), (1, 1, 1));
+    assert!(c.feed(&[ack(2, false)]).is_empty());
+    assert_eq!(c.broker.queue("slow").unwrap().stats().acked, 1);
+}
+
+#[test]
+fn an_unknown_delivery_tag_closes_the_channel_with_406() {
+    let mut c = Client::open();
+    let out = c.feed(&[ack(42, false)]);
+    assert_eq!(channel_close_code(&out), Some(406));
+    // Until close-ok, the channel ignores everything else.
+    assert!(c.feed(&[ack(43, false)]).is_empty());
+    let ok = method(
+        1,
+        AMQPClass::Channel(channel::AMQPMethod::CloseOk(channel::CloseOk {})),
+    );
+    assert!(c.feed(&[ok]).is_empty());
+    // The connection lives on: the channel can be opened again.
+    let out = c.feed(&[method(
+        1,
+        AMQPClass::Channel(channel::AMQPMethod::Open(channel::Open {})),
+    )]);
+    assert_eq!(
+        out,
+        [method(
+            1,
+            AMQPClass::Channel(channel::AMQPMethod::OpenOk(channel::OpenOk {}))
+        )]
+    );
+}
+
+#[test]
+fn publishing_to_an_exchange_other_than_the_default_is_a_404() {
+    let mut c = Client::open();
+    let mut frames = Client::publish_frames("jobs", BasicProperties::default(), b"x");
+    frames[0] = basic_method(
+        1,
+        basic::AMQPMethod::Publish(basic::Publish {
+            exchange: "logs".into(),
+            routing_key: "jobs".into(),
+            mandatory: false,
+            immediate: false,
+        }),
+    );
+    assert_eq!(channel_close_code(&c.feed(&frames)), Some(404));
+}
+
+#[test]
+fn a_mandatory_publish_nowhere_comes_back_as_basic_return() {
+    let mut c = Client::open();
+    let mut frames = Client::publish_frames("nowhere", BasicProperties::default(), b"lost?");
+    frames[0] = basic_method(
+        1,
+        basic::AMQPMethod::Publish(basic::Publish {
+            exchange: "".into(),
+            routing_key: "nowhere".into(),
+            mandatory: true,
+            immediate: false,
+        }),
+    );
+    let out = c.feed(&frames);
+    let AMQPFrame::Method(1, AMQPClass::Basic(basic::AMQPMethod::Return(ret))) = &out[0] else {
+        panic!("expected basic.return, got {out:?}");
+    };
+    assert_eq!(ret.reply_code, 312);
+    assert_eq!(out[2], AMQPFrame::Body(1, b"lost?".to_vec()));
+}
+
+#[test]
+fn an_unsupported_method_closes_the_connection_with_540() {
+    let mut c = Client::open();
+    let declare = exchange::Declare {
+        exchange: "logs".into(),
+        kind: "fanout".into(),
+        ..exchange::Declare::default()
+    };
+    let out = c.feed(&[method(
+        1,
+        AMQPClass::Exchange(exchange::AMQPMethod::Declare(declare)),
+    )]);
+    assert_eq!(connection_close_code(&out), Some(540));
+    assert!(c.conn.is_closing());
+    c.feed(&[conn_method(connection::AMQPMethod::CloseOk(
+        connection::CloseOk {},
+    ))]);
+    assert!(c.conn.is_closed());
+}
+
+#[test]
+fn a_frame_over_frame_max_ends_the_connection_with_501() {
+    let mut c = Client::open();
+    let frames = Client::publish_frames("jobs", BasicProperties::default(), &[0; 9000]);
+    let out = c.feed(&frames);
+    assert_eq!(connection_close_code(&out), Some(501));
+    assert!(c.conn.is_closed());
+}
+
+#[test]
+fn a_method_on_a_channel_never_opened_is_a_504() {
+    let mut c = Client::open();
+    let qos = basic::Qos {
+        prefetch_count: 1,
+        global: false,
+    };
+    let out = c.feed(&[basic_method(7, basic::AMQPMethod::Qos(qos))]);
+    assert_eq!(connection_close_code(&out), Some(504));
+}
+
+#[test]
+fn garbage_after_the_handshake_never_panics() {
+    // A small deterministic generator: each seed is a different run of junk.
+    for seed in 1..200u64 {
+        let mut c = Client::open();
+        c.declare("q");
+        let mut x = seed;
+        let junk: Vec<u8> = (0..512)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x as u8
+            })
+            .collect();
+        c.conn.handle_input(&junk);
+        let mut out = Vec::new();
+        c.conn.take_output(&mut out);
+    }
+}
+
+#[test]
+fn with_confirms_the_publishes_of_one_read_are_acked_together_once_put() {
+    use amq_protocol::protocol::confirm;
+    let mut c = Client::open();
+    c.declare("confirmed");
+    let select = method(
+        1,
+        AMQPClass::Confirm(confirm::AMQPMethod::Select(confirm::Select {
+            nowait: false,
+        })),
+    );
+    let out = c.feed(&[select]);
+    assert_eq!(
+        out,
+        [method(
+            1,
+            AMQPClass::Confirm(confirm::AMQPMethod::SelectOk(confirm::SelectOk {}))
+        )]
+    );
+    let frames: Vec<AMQPFrame> = (0..3)
+        .flat_map(|_| Client::publish_frames("confirmed", BasicProperties::default(), b"x"))
+        .collect();
+    let out = c.feed(&frames);
+    let ack = basic::Ack {
+        delivery_tag: 3,
+        multiple: true,
+    };
+    assert_eq!(out, [basic_method(1, basic::AMQPMethod::Ack(ack))]);
+    assert_eq!(c.broker.queue("confirmed").unwrap().stats().ready, 3);
+    // A publish to no queue is confirmed too (after nothing: it is dropped).
+    let out = c.feed(&Client::publish_frames(
+        "nowhere",
+        BasicProperties::default(),
+        b"y",
+    ));
+    let ack = basic::Ack {
+        delivery_tag: 4,
+        multiple: true,
+    };
+    assert_eq!(out, [basic_method(1, basic::AMQPMethod::Ack(ack))]);
+}
+
+#[test]
+fn acks_before_a_channel_error_in_the_same_read_still_count() {
+    let mut c = Client::open();
+    c.declare("mixed");
+    let frames: Vec<AMQPFrame> = (0..2)
+        .flat_map(|_| Client::publish_frames("mixed", BasicProperties::default(), b"x"))
+        .collect();
+    c.feed(&frames);
+    assert_eq!(deliveries(&c.consume("mixed", false)).len(), 2);
+    // One read: a good ack, then a tag never issued (a channel error).
+    let out = c.feed(&[ack(1, false), ack(99, false)]);
+    assert_eq!(channel_close_code(&out), Some(406));
+    let stats = c.broker.queue("mixed").unwrap().stats();
+    // Delivery 1 was acked; delivery 2 came back when the channel's consumer ended.
+    assert_eq!(
+        (stats.acked, stats.ready, stats.leased, stats.stale),
+        (1, 1, 0, 0)
+    );
+}
+
+#[test]
+fn settles_of_one_read_follow_the_publishes_before_them() {
+    let mut c = Client::open();
+    c.declare("order");
+    c.feed(&Client::publish_frames(
+        "order",
+        BasicProperties::default(),
+        b"first",
+    ));
+    assert_eq!(deliveries(&c.consume("order", false)).len(), 1);
+    // One read: publish a second message, ack the first, nack-requeue nothing else.
+    let mut frames = Client::publish_frames("order", BasicProperties::default(), b"second");
+    frames.push(ack(1, false));
+    let out = c.feed(&frames);
+    assert_eq!(deliveries(&out), [(2, false, b"second".to_vec())]);
+    let stats = c.broker.queue("order").unwrap().stats();
+    assert_eq!((stats.enqueued, stats.acked, stats.leased), (2, 1, 1));
+}

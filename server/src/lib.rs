@@ -1,0 +1,25 @@
+//! leasemqd: leasemq queues served over AMQP 0-9-1, so that unmodified AMQP clients
+//! (pika, lapin, amqplib) publish to and consume from a leasemq broker.
+//!
+//! The pieces, from the wire inwards:
+//!
+//! - [`serve`] is the tokio side: it accepts sockets and runs one task per connection,
+//!   which only reads, writes and waits. It is the connection's one writer.
+//! - [`Connection`] is the protocol, with no IO: bytes in, broker calls and frames out.
+//!   It is unit-tested by feeding it frames and reading the frames it answers with.
+//! - [`wire`] cuts frames and writes them with `amq-protocol`'s codec; [`content`] keeps an
+//!   AMQP message's properties inside the leasemq message body.
+//!
+//! How AMQP's unacked deliveries map onto leases is in `connection/channel.rs`; what is
+//! served and what is not yet is in `server/README.md`.
+
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+pub mod arguments;
+mod connection;
+pub mod content;
+pub mod serve;
+pub mod wire;
+
+pub use connection::{Connection, Settings};

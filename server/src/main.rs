@@ -1,0 +1,112 @@
+//! `leasemqd`: serves a leasemq broker over AMQP 0-9-1 (contract §8).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use clap::Parser;
+use leasemq::Broker;
+use leasemq_server::{serve, Settings};
+use mimalloc::MiMalloc;
+
+#[global_allocator]
+static GLOBAL: MiMalloc = MiMalloc;
+
+/// leasemqd: leasemq queues for AMQP 0-9-1 clients (pika, lapin, amqplib).
+#[derive(Parser, Debug)]
+#[command(version)]
+struct Args {
+    /// Address to listen on (port 0 picks a free port; the ready line names it).
+    #[arg(long, default_value = "127.0.0.1:5672")]
+    listen: SocketAddr,
+    /// Shard threads of the broker (default: the machine's parallelism).
+    #[arg(long)]
+    shards: Option<usize>,
+    /// Directory for durable queues. Not served yet: refused.
+    #[arg(long, value_name = "DIR")]
+    data_dir: Option<PathBuf>,
+    /// Address for Prometheus metrics at /metrics. Not served yet: refused.
+    #[arg(long, value_name = "ADDR")]
+    metrics: Option<SocketAddr>,
+    /// The user PLAIN accepts, as NAME:PASSWORD. Default guest:guest, from loopback only
+    /// (as RabbitMQ); any other user may connect from anywhere.
+    #[arg(long, value_name = "NAME:PASSWORD")]
+    user: Option<String>,
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    match run(args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("leasemqd: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(args: Args) -> Result<(), String> {
+    if let Some(dir) = &args.data_dir {
+        return Err(format!(
+            "--data-dir {} is not supported yet: leasemqd keeps every queue in memory; start it without --data-dir",
+            dir.display()
+        ));
+    }
+    if let Some(addr) = args.metrics {
+        return Err(format!(
+            "--metrics {addr} is not supported yet; start leasemqd without --metrics"
+        ));
+    }
+    let mut settings = Settings::default();
+    if let Some(user) = &args.user {
+        let Some((name, password)) = user.split_once(':').filter(|(n, _)| !n.is_empty()) else {
+            return Err(format!("--user {user:?} is not NAME:PASSWORD"));
+        };
+        settings.loopback_only = false;
+        settings.user = name.to_string();
+        settings.password = password.to_string();
+    }
+    let mut builder = Broker::builder();
+    if let Some(n) = args.shards {
+        builder = builder.shards(n);
+    }
+    let broker = builder
+        .build()
+        .map_err(|e| format!("cannot start the broker: {e}"))?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| format!("cannot start the runtime: {e}"))?;
+    let result = runtime.block_on(serve_until_signal(
+        args.listen,
+        broker.clone(),
+        Arc::new(settings),
+    ));
+    broker.shutdown();
+    result
+}
+
+async fn serve_until_signal(
+    listen: SocketAddr,
+    broker: Broker,
+    settings: Arc<Settings>,
+) -> Result<(), String> {
+    let listener = tokio::net::TcpListener::bind(listen)
+        .await
+        .map_err(|e| format!("cannot listen on {listen}: {e}"))?;
+    let local = listener.local_addr().map_err(|e| e.to_string())?;
+    let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .map_err(|e| format!("cannot watch SIGTERM: {e}"))?;
+    println!(
+        "leasemqd {} ready: AMQP 0-9-1 on {local}, {} shards; every queue is in memory (no --data-dir)",
+        env!("CARGO_PKG_VERSION"),
+        broker.shard_count(),
+    );
+    tokio::select! {
+        () = serve::accept_loop(listener, broker, settings) => {}
+        _ = tokio::signal::ctrl_c() => println!("leasemqd: SIGINT, shutting down"),
+        _ = sigterm.recv() => println!("leasemqd: SIGTERM, shutting down"),
+    }
+    Ok(())
+}

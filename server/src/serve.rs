@@ -1,0 +1,120 @@
+//! The tokio driver: accepts connections and moves bytes between sockets and
+//! [`Connection`]s. It makes no protocol decision.
+
+use std::future::poll_fn;
+use std::io;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use leasemq::Broker;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::time::{sleep_until, Instant};
+
+use crate::{Connection, Settings};
+
+/// Above this many bytes waiting for a socket, a connection stops reading and stops taking
+/// deliveries until the peer has read some: what one connection buffers stays bounded.
+const HIGH_WATER: usize = 1 << 20;
+
+/// How long a connection we closed waits for the peer's `close-ok`.
+const CLOSE_GRACE: Duration = Duration::from_secs(5);
+
+/// Accepts connections on `listener` until the future ends (it never does on its own);
+/// each runs in its own task.
+pub async fn accept_loop(listener: TcpListener, broker: Broker, settings: Arc<Settings>) {
+    let ids = AtomicU64::new(0);
+    loop {
+        let (stream, peer) = match listener.accept().await {
+            Ok(accepted) => accepted,
+            Err(e) => {
+                // Out of file descriptors and the like: wait a moment, as a busy server must.
+                eprintln!("leasemqd: accept failed: {e}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let id = ids.fetch_add(1, Ordering::Relaxed) + 1;
+        let conn = Connection::new(
+            broker.clone(),
+            settings.clone(),
+            id,
+            peer.ip().is_loopback(),
+        );
+        tokio::spawn(async move {
+            if let Err(e) = run_connection(stream, peer, conn).await {
+                eprintln!("leasemqd: connection {id} from {peer}: {e}");
+            }
+        });
+    }
+}
+
+/// Drives one connection until it closes or its socket fails.
+pub async fn run_connection(
+    stream: TcpStream,
+    _peer: SocketAddr,
+    mut conn: Connection,
+) -> io::Result<()> {
+    stream.set_nodelay(true)?;
+    let (mut reader, mut writer) = stream.into_split();
+    let mut input = Vec::with_capacity(64 * 1024);
+    let mut output: Vec<u8> = Vec::new();
+    let mut written = 0;
+    let mut close_deadline: Option<Instant> = None;
+    let mut last_write = Instant::now();
+    let mut last_read = Instant::now();
+    loop {
+        // Deliveries that are already waiting go out with what is being written.
+        while output.len() - written + conn.output_len() < HIGH_WATER {
+            match conn.try_delivery() {
+                Some((i, d)) => conn.handle_delivery(i, d),
+                None => break,
+            }
+        }
+        conn.take_output(&mut output);
+        let pending = output.len() - written;
+        if conn.is_closed() && pending == 0 {
+            writer.shutdown().await.ok();
+            return Ok(());
+        }
+        if conn.is_closing() && close_deadline.is_none() {
+            close_deadline = Some(Instant::now() + CLOSE_GRACE);
+        }
+        let heartbeat = conn.heartbeat();
+        let beat_at = last_write + heartbeat / 2;
+        let room = pending < HIGH_WATER;
+        tokio::select! {
+            read = reader.read_buf(&mut input), if room && !conn.is_closed() => {
+                if read? == 0 {
+                    return Ok(()); // the peer went away; dropping `conn` returns its leases
+                }
+                last_read = Instant::now();
+                let used = conn.handle_input(&input);
+                input.drain(..used);
+            }
+            n = writer.write(&output[written..]), if pending > 0 => {
+                written += n?;
+                last_write = Instant::now();
+                if written == output.len() {
+                    output.clear();
+                    written = 0;
+                }
+            }
+            (i, d) = poll_fn(|cx| conn.poll_delivery(cx)), if room && !conn.is_closed() => {
+                conn.handle_delivery(i, d);
+            }
+            () = sleep_until(beat_at), if !heartbeat.is_zero() => {
+                if last_read.elapsed() > heartbeat * 2 {
+                    return Err(io::Error::new(io::ErrorKind::TimedOut, "missed heartbeats"));
+                }
+                conn.send_heartbeat();
+                last_write = Instant::now();
+            }
+            () = sleep_until(close_deadline.unwrap_or_else(Instant::now)), if close_deadline.is_some() => {
+                return Ok(()); // no close-ok in time
+            }
+        }
+    }
+}

@@ -1,0 +1,212 @@
+//! Frames in and out, on top of `amq-protocol`'s codec.
+//!
+//! [`next_frame`] cuts one whole frame off the front of the input (reading only the length
+//! in the frame header, so that a frame over `frame_max` is refused before it is buffered)
+//! and hands it to `amq_protocol::frame::parse_frame`. [`Output`] appends frames made by
+//! `amq_protocol::frame::gen_frame` to the bytes waiting for the socket, and splits a
+//! message's content over body frames that fit `frame_max`.
+
+use amq_protocol::frame::{gen_frame, parse_frame, AMQPContentHeader, AMQPFrame, WriteContext};
+use amq_protocol::protocol::{AMQPClass, BasicProperties};
+
+/// Bytes a frame adds around its payload: type (1), channel (2), size (4), end marker (1).
+pub const FRAME_OVERHEAD: usize = 8;
+
+/// The class id of `basic`, the only class with content.
+pub const BASIC_CLASS: u16 = 60;
+
+/// What the front of the input holds.
+#[derive(Debug, PartialEq)]
+// Returned once per frame and matched at once: boxing the frame would cost an allocation
+// per frame to save a few hundred bytes of stack.
+#[allow(clippy::large_enum_variant)]
+pub enum Next {
+    /// One whole frame, and how many bytes it took.
+    Frame(AMQPFrame, usize),
+    /// Not a whole frame yet: read more.
+    Incomplete,
+    /// A frame header announcing more than `frame_max` bytes.
+    TooLarge(usize),
+    /// A whole frame that `amq-protocol` could not parse (bad end marker, unknown class or
+    /// method, a field cut short).
+    Malformed,
+}
+
+/// The 8 bytes a client opens with, or `None` until 8 have arrived; `Some(Err)` for
+/// anything but the AMQP 0-9-1 header.
+pub fn protocol_header(input: &[u8]) -> Option<Result<(), ()>> {
+    if input.len() < 8 {
+        return None;
+    }
+    let ours = AMQPFrame::ProtocolHeader(amq_protocol::frame::ProtocolVersion::amqp_0_9_1());
+    Some(match parse_frame(&input[..8]) {
+        Ok((_, frame)) if frame == ours => Ok(()),
+        _ => Err(()),
+    })
+}
+
+/// Cuts the next frame off `input`, refusing one whose whole size is over `frame_max`.
+pub fn next_frame(input: &[u8], frame_max: usize) -> Next {
+    const HEADER: usize = 7;
+    if input.len() < HEADER {
+        return Next::Incomplete;
+    }
+    let payload = u32::from_be_bytes([input[3], input[4], input[5], input[6]]) as usize;
+    let whole = payload.saturating_add(FRAME_OVERHEAD);
+    if whole > frame_max {
+        return Next::TooLarge(whole);
+    }
+    if input.len() < whole {
+        return Next::Incomplete;
+    }
+    match parse_frame(&input[..whole]) {
+        Ok(([], frame)) => Next::Frame(frame, whole),
+        _ => Next::Malformed,
+    }
+}
+
+/// A frame that `amq-protocol` refused to write (a field over its wire limit).
+#[derive(Debug)]
+pub struct GenFailed;
+
+/// Bytes waiting for the socket, appended frame by frame.
+#[derive(Debug, Default)]
+pub struct Output {
+    buf: Vec<u8>,
+    scratch: Vec<u8>,
+}
+
+impl Output {
+    /// Appends one frame; on failure nothing is appended.
+    pub fn frame(&mut self, frame: &AMQPFrame) -> Result<(), GenFailed> {
+        // The frame is written into a scratch buffer first: a writer that fails consumes
+        // its buffer, and the frames already waiting must survive that.
+        let mut scratch = std::mem::take(&mut self.scratch);
+        scratch.clear();
+        match gen_frame(frame)(WriteContext::from(scratch)) {
+            Ok(ctx) => {
+                let written = ctx.into_inner().0;
+                self.buf.extend_from_slice(&written);
+                self.scratch = written;
+                Ok(())
+            }
+            // `gen_frame` fails only for a value over its wire limit, which the state
+            // machine never builds.
+            Err(_) => Err(GenFailed),
+        }
+    }
+
+    /// Appends a method frame.
+    pub fn method(&mut self, channel: u16, method: AMQPClass) -> Result<(), GenFailed> {
+        self.frame(&AMQPFrame::Method(channel, method))
+    }
+
+    /// Appends a content header and the body, split into frames of at most `frame_max`.
+    pub fn content(
+        &mut self,
+        channel: u16,
+        properties: BasicProperties,
+        body: &[u8],
+        frame_max: usize,
+    ) -> Result<(), GenFailed> {
+        let header = AMQPContentHeader {
+            class_id: BASIC_CLASS,
+            body_size: body.len() as u64,
+            properties,
+        };
+        self.frame(&AMQPFrame::Header(channel, header))?;
+        let chunk = frame_max.saturating_sub(FRAME_OVERHEAD).max(1);
+        for piece in body.chunks(chunk) {
+            self.frame(&AMQPFrame::Body(channel, piece.to_vec()))?;
+        }
+        Ok(())
+    }
+
+    /// Bytes waiting.
+    pub fn len(&self) -> usize {
+        self.buf.len()
+    }
+
+    /// Whether nothing waits.
+    pub fn is_empty(&self) -> bool {
+        self.buf.is_empty()
+    }
+
+    /// Moves everything waiting onto the end of `to`.
+    pub fn drain_into(&mut self, to: &mut Vec<u8>) {
+        if to.is_empty() {
+            std::mem::swap(to, &mut self.buf);
+        } else {
+            to.append(&mut self.buf);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use amq_protocol::protocol::channel;
+
+    fn open_frame() -> Vec<u8> {
+        let mut out = Output::default();
+        out.method(
+            3,
+            AMQPClass::Channel(channel::AMQPMethod::Open(channel::Open {})),
+        )
+        .unwrap();
+        let mut bytes = Vec::new();
+        out.drain_into(&mut bytes);
+        bytes
+    }
+
+    #[test]
+    fn a_frame_is_cut_only_once_it_is_whole() {
+        let bytes = open_frame();
+        for cut in 0..bytes.len() {
+            assert_eq!(
+                next_frame(&bytes[..cut], 4096),
+                Next::Incomplete,
+                "cut at {cut}"
+            );
+        }
+        let Next::Frame(frame, used) = next_frame(&bytes, 4096) else {
+            panic!("a whole frame");
+        };
+        assert_eq!((frame.channel_id(), used), (3, bytes.len()));
+    }
+
+    #[test]
+    fn a_frame_over_frame_max_is_refused_from_its_header() {
+        let header = [3u8, 0, 1, 0, 1, 0, 0]; // a body frame announcing 65 536 bytes
+        assert_eq!(
+            next_frame(&header, 8192),
+            Next::TooLarge(65_536 + FRAME_OVERHEAD)
+        );
+    }
+
+    #[test]
+    fn a_bad_end_marker_is_malformed() {
+        let mut bytes = open_frame();
+        *bytes.last_mut().unwrap() = 0;
+        assert_eq!(next_frame(&bytes, 4096), Next::Malformed);
+    }
+
+    #[test]
+    fn content_is_split_into_frames_that_fit() {
+        let mut out = Output::default();
+        out.content(1, BasicProperties::default(), &[7; 100], 48)
+            .unwrap();
+        let mut bytes = Vec::new();
+        out.drain_into(&mut bytes);
+        let mut sizes = Vec::new();
+        let mut rest = &bytes[..];
+        while let Next::Frame(frame, used) = next_frame(rest, 48) {
+            if let AMQPFrame::Body(_, body) = frame {
+                sizes.push(body.len());
+            }
+            rest = &rest[used..];
+        }
+        assert!(rest.is_empty());
+        assert_eq!(sizes, [40, 40, 20]);
+    }
+}

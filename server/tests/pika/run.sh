@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# End-to-end test of leasemqd with the unmodified pika client: builds leasemqd, starts it
+# on a free port, runs test_pika.py with pytest, and stops the server.
+#
+# Needs python3 (with venv) and network access to PyPI the first time: pika and pytest are
+# installed into a virtual environment under target/pika-venv, reused on later runs.
+# Extra arguments go to pytest (e.g. -k nack).
+set -euo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+root="$(cd "$here/../../.." && pwd)"
+cd "$root"
+
+venv="$root/target/pika-venv"
+if [ ! -x "$venv/bin/pytest" ] || ! "$venv/bin/python" -c 'import pika' 2>/dev/null; then
+    python3 -m venv "$venv"
+    "$venv/bin/pip" install --quiet "pika>=1.3,<2" "pytest>=7"
+fi
+
+cargo build --locked -p leasemq-server --bin leasemqd
+log="$(mktemp)"
+target/debug/leasemqd --listen 127.0.0.1:0 --shards 2 >"$log" 2>&1 &
+server=$!
+trap 'kill "$server" 2>/dev/null || true; wait "$server" 2>/dev/null || true; rm -f "$log"' EXIT
+
+# The ready line names the port the server picked.
+port=""
+for _ in $(seq 1 100); do
+    port="$(sed -n 's/.* on 127\.0\.0\.1:\([0-9]*\),.*/\1/p' "$log")"
+    [ -n "$port" ] && break
+    if ! kill -0 "$server" 2>/dev/null; then
+        cat "$log" >&2
+        echo "leasemqd exited before it was ready" >&2
+        exit 1
+    fi
+    sleep 0.1
+done
+if [ -z "$port" ]; then
+    cat "$log" >&2
+    echo "leasemqd did not say it was ready" >&2
+    exit 1
+fi
+
+export PYTHONDONTWRITEBYTECODE=1
+status=0
+LEASEMQD_PORT="$port" "$venv/bin/pytest" -q -p no:cacheprovider "$here/test_pika.py" "$@" || status=$?
+if [ "$status" -ne 0 ]; then
+    echo "--- leasemqd log" >&2
+    cat "$log" >&2
+fi
+exit "$status"

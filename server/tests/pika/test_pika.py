@@ -1,0 +1,232 @@
+"""leasemqd against an unmodified pika client.
+
+Run by run.sh, which starts leasemqd and passes its address in LEASEMQD_PORT.
+Each test uses its own queue, so the tests do not depend on one another.
+"""
+
+import os
+import uuid
+
+import pika
+import pytest
+
+PORT = int(os.environ["LEASEMQD_PORT"])
+
+
+def connect():
+    return pika.BlockingConnection(
+        pika.ConnectionParameters(host="127.0.0.1", port=PORT, connection_attempts=3)
+    )
+
+
+def fresh_queue(channel, prefix):
+    name = f"{prefix}-{uuid.uuid4().hex[:8]}"
+    ok = channel.queue_declare(queue=name, durable=True)
+    assert ok.method.queue == name
+    assert ok.method.message_count == 0
+    return name
+
+
+def test_publish_then_consume_with_acks():
+    n = 500
+    conn = connect()
+    ch = conn.channel()
+    queue = fresh_queue(ch, "jobs")
+    for i in range(n):
+        ch.basic_publish(
+            exchange="",
+            routing_key=queue,
+            body=f"job {i}".encode(),
+            properties=pika.BasicProperties(
+                content_type="text/plain", headers={"n": i}, correlation_id=f"c-{i}"
+            ),
+        )
+    assert ch.queue_declare(queue=queue, passive=True).method.message_count == n
+
+    ch.basic_qos(prefetch_count=20)
+    seen = []
+
+    def on_message(channel, method, properties, body):
+        i = len(seen)
+        assert body == f"job {i}".encode()
+        assert properties.content_type == "text/plain"
+        assert properties.headers == {"n": i}
+        assert properties.correlation_id == f"c-{i}"
+        assert not method.redelivered
+        assert method.routing_key == queue
+        seen.append(method.delivery_tag)
+        channel.basic_ack(method.delivery_tag)
+        if len(seen) == n:
+            channel.stop_consuming()
+
+    ch.basic_consume(queue=queue, on_message_callback=on_message)
+    ch.start_consuming()
+    assert seen == list(range(1, n + 1))
+    assert ch.queue_declare(queue=queue, passive=True).method.message_count == 0
+    conn.close()
+
+
+def test_nack_with_requeue_redelivers_with_the_flag_set():
+    conn = connect()
+    ch = conn.channel()
+    queue = fresh_queue(ch, "retry")
+    ch.basic_publish(exchange="", routing_key=queue, body=b"flaky")
+    deliveries = []
+
+    def on_message(channel, method, properties, body):
+        deliveries.append((method.delivery_tag, method.redelivered, body))
+        if len(deliveries) == 1:
+            channel.basic_nack(method.delivery_tag, requeue=True)
+        else:
+            channel.basic_ack(method.delivery_tag)
+            channel.stop_consuming()
+
+    ch.basic_consume(queue=queue, on_message_callback=on_message)
+    ch.start_consuming()
+    assert deliveries == [(1, False, b"flaky"), (2, True, b"flaky")]
+    assert ch.queue_declare(queue=queue, passive=True).method.message_count == 0
+    conn.close()
+
+
+def test_ack_multiple_settles_everything_up_to_the_tag():
+    conn = connect()
+    ch = conn.channel()
+    queue = fresh_queue(ch, "multi")
+    for i in range(10):
+        ch.basic_publish(exchange="", routing_key=queue, body=str(i).encode())
+    tags = []
+    for method, _props, _body in ch.consume(queue, inactivity_timeout=5):
+        assert method is not None, "timed out waiting for a delivery"
+        tags.append(method.delivery_tag)
+        if len(tags) == 10:
+            break
+    ch.basic_ack(tags[6], multiple=True)  # settles 1..=7
+    ch.cancel()
+    conn.close()
+    # The three left (8, 9, 10) came back when the consumer ended.
+    conn = connect()
+    ch = conn.channel()
+    assert ch.queue_declare(queue=queue, passive=True).method.message_count == 3
+    bodies = []
+    for method, _props, body in ch.consume(queue, inactivity_timeout=5):
+        assert method is not None, "timed out waiting for a delivery"
+        assert method.redelivered
+        bodies.append(body)
+        ch.basic_ack(method.delivery_tag)
+        if len(bodies) == 3:
+            break
+    assert bodies == [b"7", b"8", b"9"]
+    conn.close()
+
+
+def test_closing_a_channel_returns_its_unacked_deliveries_redelivered():
+    conn = connect()
+    ch = conn.channel()
+    queue = fresh_queue(ch, "crash")
+    ch.basic_publish(exchange="", routing_key=queue, body=b"half done")
+    method, _props, body = next(ch.consume(queue, inactivity_timeout=5))
+    assert (body, method.redelivered) == (b"half done", False)
+    ch.close()  # no ack: the worker "crashed"
+
+    ch = conn.channel()
+    method, _props, body = next(ch.consume(queue, inactivity_timeout=5))
+    assert (body, method.redelivered) == (b"half done", True)
+    ch.basic_ack(method.delivery_tag)
+    conn.close()
+
+
+def test_reject_without_requeue_drops_the_message():
+    conn = connect()
+    ch = conn.channel()
+    queue = fresh_queue(ch, "poison")
+    ch.basic_publish(exchange="", routing_key=queue, body=b"not json")
+    method, _props, _body = next(ch.consume(queue, inactivity_timeout=5))
+    ch.basic_reject(method.delivery_tag, requeue=False)
+    ch.cancel()
+    assert ch.queue_declare(queue=queue, passive=True).method.message_count == 0
+    conn.close()
+
+
+def test_a_body_larger_than_a_frame_comes_back_whole():
+    conn = connect()
+    ch = conn.channel()
+    queue = fresh_queue(ch, "big")
+    body = os.urandom(1_000_000)  # several frames of frame_max 131072
+    ch.basic_publish(exchange="", routing_key=queue, body=body)
+    method, _props, got = next(ch.consume(queue, inactivity_timeout=5))
+    assert got == body
+    ch.basic_ack(method.delivery_tag)
+    conn.close()
+
+
+def test_passive_declare_of_a_missing_queue_is_a_channel_error():
+    conn = connect()
+    ch = conn.channel()
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as err:
+        ch.queue_declare(queue="no-such-queue", passive=True)
+    assert err.value.reply_code == 404
+    # The connection survives a channel error.
+    ch = conn.channel()
+    fresh_queue(ch, "after-error")
+    conn.close()
+
+
+def test_an_unsupported_method_closes_the_connection_with_540():
+    conn = connect()
+    ch = conn.channel()
+    with pytest.raises(pika.exceptions.ConnectionClosedByBroker) as err:
+        ch.exchange_declare(exchange="logs", exchange_type="fanout")
+    assert err.value.reply_code == 540
+
+
+def test_a_wrong_password_is_refused():
+    params = pika.ConnectionParameters(
+        host="127.0.0.1", port=PORT, credentials=pika.PlainCredentials("guest", "wrong")
+    )
+    with pytest.raises(pika.exceptions.ProbableAuthenticationError):
+        pika.BlockingConnection(params)
+
+
+def test_publisher_confirms():
+    conn = connect()
+    ch = conn.channel()
+    ch.confirm_delivery()
+    queue = fresh_queue(ch, "confirmed")
+    for i in range(50):
+        ch.basic_publish(exchange="", routing_key=queue, body=str(i).encode())
+    assert ch.queue_declare(queue=queue, passive=True).method.message_count == 50
+    with pytest.raises(pika.exceptions.UnroutableError):
+        ch.basic_publish(exchange="", routing_key="no-such-queue", body=b"lost", mandatory=True)
+    conn.close()
+
+
+def test_reject_dead_letters_through_the_default_exchange():
+    conn = connect()
+    ch = conn.channel()
+    dead = fresh_queue(ch, "dead")
+    work = f"work-{uuid.uuid4().hex[:8]}"
+    ch.queue_declare(
+        queue=work,
+        arguments={"x-dead-letter-exchange": "", "x-dead-letter-routing-key": dead},
+    )
+    ch.basic_publish(
+        exchange="",
+        routing_key=work,
+        body=b"poison",
+        properties=pika.BasicProperties(content_type="application/json"),
+    )
+    method, _props, _body = next(ch.consume(work, inactivity_timeout=5))
+    ch.basic_reject(method.delivery_tag, requeue=False)
+    ch.cancel()
+    method, props, body = next(ch.consume(dead, inactivity_timeout=5))
+    assert (body, props.content_type) == (b"poison", "application/json")
+    ch.basic_ack(method.delivery_tag)
+    conn.close()
+
+
+def test_an_unsupported_queue_argument_is_refused_not_ignored():
+    conn = connect()
+    ch = conn.channel()
+    with pytest.raises(pika.exceptions.ConnectionClosedByBroker) as err:
+        ch.queue_declare(queue="capped", arguments={"x-max-length": 10})
+    assert err.value.reply_code == 540

@@ -1,0 +1,296 @@
+//! The driver over a real socket: a client made of `amq-protocol` frames talks to
+//! `serve::accept_loop` on a loopback port. (The unmodified-client tests are in
+//! `tests/pika/`.)
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use amq_protocol::frame::{
+    gen_frame, parse_frame, AMQPContentHeader, AMQPFrame, ProtocolVersion, WriteContext,
+};
+use amq_protocol::protocol::{basic, channel, connection, queue, AMQPClass, BasicProperties};
+use amq_protocol::types::FieldTable;
+use leasemq::Broker;
+use leasemq_server::{serve, Settings};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::time::timeout;
+
+struct Client {
+    stream: TcpStream,
+    input: Vec<u8>,
+}
+
+impl Client {
+    async fn send(&mut self, frames: &[AMQPFrame]) {
+        let mut bytes = Vec::new();
+        for frame in frames {
+            bytes = gen_frame(frame)(WriteContext::from(bytes))
+                .unwrap()
+                .into_inner()
+                .0;
+        }
+        self.stream.write_all(&bytes).await.unwrap();
+    }
+
+    /// The next frame from the server, waiting at most 10 s for it.
+    async fn recv(&mut self) -> AMQPFrame {
+        loop {
+            if let Ok((rest, frame)) = parse_frame(&self.input[..]) {
+                let used = self.input.len() - rest.len();
+                self.input.drain(..used);
+                return frame;
+            }
+            let read = timeout(
+                Duration::from_secs(10),
+                self.stream.read_buf(&mut self.input),
+            );
+            let n = read.await.expect("a frame within 10 s").unwrap();
+            assert!(n > 0, "the server closed the connection");
+        }
+    }
+
+    async fn connect(addr: std::net::SocketAddr) -> Client {
+        Client::connect_with_heartbeat(addr, 0).await
+    }
+
+    async fn connect_with_heartbeat(addr: std::net::SocketAddr, heartbeat: u16) -> Client {
+        let stream = TcpStream::connect(addr).await.unwrap();
+        let mut c = Client {
+            stream,
+            input: Vec::new(),
+        };
+        c.send(&[AMQPFrame::ProtocolHeader(ProtocolVersion::amqp_0_9_1())])
+            .await;
+        assert!(matches!(
+            c.recv().await,
+            AMQPFrame::Method(0, AMQPClass::Connection(connection::AMQPMethod::Start(_)))
+        ));
+        let start_ok = connection::StartOk {
+            client_properties: FieldTable::default(),
+            mechanism: "PLAIN".into(),
+            response: "\0guest\0guest".into(),
+            locale: "en_US".into(),
+        };
+        c.send(&[conn(connection::AMQPMethod::StartOk(start_ok))])
+            .await;
+        let AMQPFrame::Method(0, AMQPClass::Connection(connection::AMQPMethod::Tune(tune))) =
+            c.recv().await
+        else {
+            panic!("expected connection.tune");
+        };
+        let tune_ok = connection::TuneOk {
+            channel_max: tune.channel_max,
+            frame_max: tune.frame_max,
+            heartbeat,
+        };
+        let open = connection::Open {
+            virtual_host: "/".into(),
+        };
+        c.send(&[
+            conn(connection::AMQPMethod::TuneOk(tune_ok)),
+            conn(connection::AMQPMethod::Open(open)),
+            AMQPFrame::Method(
+                1,
+                AMQPClass::Channel(channel::AMQPMethod::Open(channel::Open {})),
+            ),
+        ])
+        .await;
+        assert_eq!(
+            c.recv().await,
+            conn(connection::AMQPMethod::OpenOk(connection::OpenOk {}))
+        );
+        assert!(matches!(
+            c.recv().await,
+            AMQPFrame::Method(1, AMQPClass::Channel(channel::AMQPMethod::OpenOk(_)))
+        ));
+        c
+    }
+}
+
+fn conn(m: connection::AMQPMethod) -> AMQPFrame {
+    AMQPFrame::Method(0, AMQPClass::Connection(m))
+}
+
+fn on1(m: basic::AMQPMethod) -> AMQPFrame {
+    AMQPFrame::Method(1, AMQPClass::Basic(m))
+}
+
+fn publish(queue: &str, body: &[u8]) -> [AMQPFrame; 3] {
+    let publish = basic::Publish {
+        exchange: "".into(),
+        routing_key: queue.into(),
+        mandatory: false,
+        immediate: false,
+    };
+    let header = AMQPContentHeader {
+        class_id: 60,
+        body_size: body.len() as u64,
+        properties: BasicProperties::default(),
+    };
+    [
+        on1(basic::AMQPMethod::Publish(publish)),
+        AMQPFrame::Header(1, header),
+        AMQPFrame::Body(1, body.to_vec()),
+    ]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thousand_publishes_in_one_write_are_consumed_and_acked_over_tcp() {
+    let broker = Broker::builder().shards(2).build().unwrap();
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(serve::accept_loop(
+        listener,
+        broker.clone(),
+        Arc::new(Settings::default()),
+    ));
+
+    let mut c = Client::connect(addr).await;
+    let declare = queue::Declare {
+        queue: "tcp-jobs".into(),
+        ..queue::Declare::default()
+    };
+    c.send(&[AMQPFrame::Method(
+        1,
+        AMQPClass::Queue(queue::AMQPMethod::Declare(declare)),
+    )])
+    .await;
+    assert!(matches!(
+        c.recv().await,
+        AMQPFrame::Method(1, AMQPClass::Queue(queue::AMQPMethod::DeclareOk(_)))
+    ));
+
+    let n = 1000;
+    let frames: Vec<AMQPFrame> = (0..n)
+        .flat_map(|i| publish("tcp-jobs", format!("job {i}").as_bytes()))
+        .collect();
+    c.send(&frames).await;
+    let qos = basic::Qos {
+        prefetch_count: 50,
+        global: false,
+    };
+    let consume = basic::Consume {
+        queue: "tcp-jobs".into(),
+        consumer_tag: "worker".into(),
+        ..basic::Consume::default()
+    };
+    c.send(&[
+        on1(basic::AMQPMethod::Qos(qos)),
+        on1(basic::AMQPMethod::Consume(consume)),
+    ])
+    .await;
+    assert_eq!(
+        c.recv().await,
+        on1(basic::AMQPMethod::QosOk(basic::QosOk {}))
+    );
+    let ok = basic::ConsumeOk {
+        consumer_tag: "worker".into(),
+    };
+    assert_eq!(c.recv().await, on1(basic::AMQPMethod::ConsumeOk(ok)));
+
+    // Read every delivery in order, acking each batch of 50 with one `multiple` ack.
+    for i in 0..n {
+        let AMQPFrame::Method(1, AMQPClass::Basic(basic::AMQPMethod::Deliver(d))) = c.recv().await
+        else {
+            panic!("expected basic.deliver {i}");
+        };
+        assert_eq!((d.delivery_tag, d.redelivered), (i + 1, false));
+        assert!(matches!(c.recv().await, AMQPFrame::Header(1, _)));
+        assert_eq!(
+            c.recv().await,
+            AMQPFrame::Body(1, format!("job {i}").into_bytes())
+        );
+        if (i + 1) % 50 == 0 {
+            let ack = basic::Ack {
+                delivery_tag: i + 1,
+                multiple: true,
+            };
+            c.send(&[on1(basic::AMQPMethod::Ack(ack))]).await;
+        }
+    }
+
+    let close = connection::Close {
+        reply_code: 200,
+        reply_text: "bye".into(),
+        class_id: 0,
+        method_id: 0,
+    };
+    c.send(&[conn(connection::AMQPMethod::Close(close))]).await;
+    assert_eq!(
+        c.recv().await,
+        conn(connection::AMQPMethod::CloseOk(connection::CloseOk {}))
+    );
+    let stats = broker.queue("tcp-jobs").unwrap().stats();
+    assert_eq!(
+        (stats.enqueued, stats.acked, stats.ready, stats.leased),
+        (1000, 1000, 0, 0)
+    );
+    broker.shutdown();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_socket_returns_its_unacked_deliveries() {
+    let broker = Broker::builder().shards(1).build().unwrap();
+    let q = broker
+        .declare_queue("tcp-crash", leasemq::QueueConfig::default())
+        .unwrap();
+    q.put(leasemq::Message::new("half done")).unwrap();
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(serve::accept_loop(
+        listener,
+        broker.clone(),
+        Arc::new(Settings::default()),
+    ));
+
+    let mut c = Client::connect(addr).await;
+    let consume = basic::Consume {
+        queue: "tcp-crash".into(),
+        ..basic::Consume::default()
+    };
+    c.send(&[on1(basic::AMQPMethod::Consume(consume))]).await;
+    assert!(matches!(
+        c.recv().await,
+        AMQPFrame::Method(1, AMQPClass::Basic(basic::AMQPMethod::ConsumeOk(_)))
+    ));
+    assert!(matches!(
+        c.recv().await,
+        AMQPFrame::Method(1, AMQPClass::Basic(basic::AMQPMethod::Deliver(_)))
+    ));
+    assert_eq!(q.stats().leased, 1);
+    drop(c); // the client dies without acking
+
+    // The server notices the closed socket and cancels the consumer; wait for it.
+    let mut stats = q.stats();
+    for _ in 0..500 {
+        if stats.ready == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        stats = q.stats();
+    }
+    assert_eq!((stats.ready, stats.leased, stats.consumers), (1, 0, 0));
+    broker.shutdown();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_quiet_connection_gets_heartbeats_when_the_client_asks_for_them() {
+    let broker = Broker::builder().shards(1).build().unwrap();
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(serve::accept_loop(
+        listener,
+        broker.clone(),
+        Arc::new(Settings::default()),
+    ));
+
+    // tune-ok asks for a 1 s heartbeat: the server beats every half interval when quiet,
+    // and the client's own heartbeats keep the connection open.
+    let mut c = Client::connect_with_heartbeat(addr, 1).await;
+    for _ in 0..3 {
+        assert_eq!(c.recv().await, AMQPFrame::Heartbeat);
+        c.send(&[AMQPFrame::Heartbeat]).await;
+    }
+    broker.shutdown();
+}
