@@ -87,14 +87,14 @@ impl MemDisk {
         let mut state = self.state();
         state.crashed = true;
         self.inner.changed.notify_all();
-        let mut rng = Rng(match mode {
+        let mut rng = fastrand::Rng::with_seed(match mode {
             Crash::Tear { seed } => seed,
             _ => 0,
         });
         let keep_dir_ops = match mode {
             Crash::KeepUnsynced => true,
             Crash::LoseUnsynced => false,
-            Crash::Tear { .. } => rng.coin(),
+            Crash::Tear { .. } => rng.bool(),
         };
         let names = if keep_dir_ops {
             state.names.clone()
@@ -266,8 +266,8 @@ impl Inode {
 
     /// A crash image: the durable data, the length change kept or not, and some of the
     /// unsynced sectors.
-    fn torn(&self, rng: &mut Rng) -> Vec<u8> {
-        let len = if rng.coin() {
+    fn torn(&self, rng: &mut fastrand::Rng) -> Vec<u8> {
+        let len = if rng.bool() {
             self.data.len()
         } else {
             self.durable.len()
@@ -275,10 +275,10 @@ impl Inode {
         let mut image = self.durable.clone();
         image.resize(len, 0);
         let dirty: Vec<u64> = self.dirty.iter().copied().collect();
-        let prefix = rng.below(dirty.len() as u64 + 1) as usize;
-        let holes = rng.coin();
+        let prefix = rng.usize(..=dirty.len());
+        let holes = rng.bool();
         for (i, &sector) in dirty.iter().enumerate() {
-            let keep = if holes { rng.coin() } else { i < prefix };
+            let keep = if holes { rng.bool() } else { i < prefix };
             if keep {
                 let range = sector_range(sector, self.data.len());
                 if image.len() < range.end {
@@ -462,26 +462,5 @@ impl StorageFile for MemFile {
         state.data_syncs += 1;
         state.inode(self.ino).sync();
         Ok(())
-    }
-}
-
-/// splitmix64 (Steele, Lea & Flood, 2014): seeded choices for [`Crash::Tear`].
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    fn coin(&mut self) -> bool {
-        self.next() & 1 == 1
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        ((u128::from(self.next()) * u128::from(n)) >> 64) as u64
     }
 }

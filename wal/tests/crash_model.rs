@@ -12,22 +12,6 @@ use std::sync::Arc;
 use common::*;
 use leasemq_wal::{latest_snapshot, write_snapshot, Crash, Lsn, MemDisk, Storage, Wal};
 
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
-
 /// What the test believes: every record appended, by lsn - 1, and the snapshot's lsn.
 struct Model {
     records: Vec<Vec<u8>>,
@@ -44,8 +28,8 @@ fn open_model(disk: &MemDisk, options: &leasemq_wal::Options) -> (Wal, Records, 
 }
 
 fn run(seed: u64) {
-    let mut rng = Rng(seed);
-    let segment_bytes = [256, 512, 2048, 8192][rng.below(4) as usize];
+    let mut rng = fastrand::Rng::with_seed(seed);
+    let segment_bytes = [256, 512, 2048, 8192][rng.u64(..4) as usize];
     let options = small(segment_bytes);
     let mut disk = MemDisk::new();
     let (mut wal, _, _) = open_model(&disk, &options);
@@ -58,15 +42,15 @@ fn run(seed: u64) {
     let mut held = false;
     let mut unsubmitted = false;
     for step in 0..400 {
-        if held && rng.below(30) == 0 {
+        if held && rng.u64(..30) == 0 {
             disk.release_syncs();
             held = false;
         }
-        match rng.below(100) {
+        match rng.u64(..100) {
             0..=54 => {
-                let max = if rng.below(10) == 0 { 200 } else { 40 };
-                let len = rng.below(max) as usize;
-                let payload: Vec<u8> = (0..len).map(|_| rng.next() as u8).collect();
+                let max = if rng.u64(..10) == 0 { 200 } else { 40 };
+                let len = rng.u64(..max) as usize;
+                let payload: Vec<u8> = (0..len).map(|_| rng.u8(..)).collect();
                 let lsn = wal.append(&payload).unwrap();
                 model.records.push(payload);
                 unsubmitted = true;
@@ -107,10 +91,10 @@ fn run(seed: u64) {
             }
             _ => {
                 let durable = wal.durable().0;
-                let mode = match rng.below(4) {
+                let mode = match rng.u64(..4) {
                     0 => Crash::KeepUnsynced,
                     1 => Crash::LoseUnsynced,
-                    _ => Crash::Tear { seed: rng.next() },
+                    _ => Crash::Tear { seed: rng.u64(..) },
                 };
                 let after = disk.crash(mode);
                 drop(wal); // its syncer meets the crashed disk and stops
