@@ -313,3 +313,49 @@ fn a_consumer_that_stops_reading_holds_a_bounded_channel() {
     );
     broker.shutdown();
 }
+
+/// `on_shard_start` runs once on every shard thread, with its index, before `build`
+/// returns; the broker then works as usual.
+#[test]
+fn on_shard_start_runs_on_each_shard_thread_before_build_returns() {
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let record = seen.clone();
+    let broker = Broker::builder()
+        .shards(3)
+        .manual_clock()
+        .on_shard_start(move |shard| {
+            let name = thread::current().name().map(str::to_owned);
+            record.lock().unwrap().push((shard, name));
+        })
+        .build()
+        .unwrap();
+    let mut seen = seen.lock().unwrap().clone();
+    seen.sort();
+    let want: Vec<_> = (0..3)
+        .map(|i| (i, Some(format!("leasemq-shard-{i}"))))
+        .collect();
+    assert_eq!(seen, want);
+    let q = broker
+        .declare_queue("setup.q", QueueConfig::default())
+        .unwrap();
+    assert_eq!(q.put(Message::new("x")).unwrap(), PutOutcome::Enqueued);
+    broker.shutdown();
+}
+
+/// A setup that panics fails `build` with a message that says so, instead of leaving a
+/// shard that never ran it.
+#[test]
+fn a_panicking_shard_setup_fails_build() {
+    let result = Broker::builder()
+        .shards(2)
+        .on_shard_start(|shard| {
+            if shard == 1 {
+                panic!("setup refused on purpose");
+            }
+        })
+        .build();
+    match result {
+        Err(leasemq::Error::InvalidConfig(why)) => assert!(why.contains("on_shard_start"), "{why}"),
+        other => panic!("expected InvalidConfig, got {other:?}"),
+    }
+}
