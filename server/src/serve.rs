@@ -84,9 +84,17 @@ pub async fn run_connection(
         }
         let heartbeat = conn.heartbeat();
         let beat_at = last_write + heartbeat / 2;
+        // Deliveries wait while the output holds HIGH_WATER; reading goes on up to twice
+        // that (what one read makes the output grow by is small), so a client's acks,
+        // publishes and heartbeats are still heard while a backlog of deliveries drains.
         let room = pending < HIGH_WATER;
+        let read_room = pending < 2 * HIGH_WATER;
+        if !read_room {
+            // A client is not late with its heartbeats while we do not read them.
+            last_read = Instant::now();
+        }
         tokio::select! {
-            read = reader.read_buf(&mut input), if room && !conn.is_closed() => {
+            read = reader.read_buf(&mut input), if read_room && !conn.is_closed() => {
                 if read? == 0 {
                     return Ok(()); // the peer went away; dropping `conn` returns its leases
                 }

@@ -354,6 +354,12 @@ impl Connection {
         m: &AMQPClass,
     ) -> Result<(), Fault> {
         let state = self.channels.get_mut(&ch).expect("checked by the caller");
+        // As RabbitMQ: with `multiple`, the named tag itself must be outstanding (0 means
+        // all of them); a tag never delivered, or settled already, is a channel error.
+        if multiple && tag != 0 && !state.unacked.contains_key(&tag) {
+            let text = format!("PRECONDITION_FAILED - unknown delivery tag {tag}");
+            return Err(Fault::channel(ch, code::PRECONDITION_FAILED, text, m));
+        }
         let taken: Vec<Unacked> = if multiple {
             let upto = if tag == 0 { u64::MAX } else { tag };
             let keep = state.unacked.split_off(&upto.saturating_add(1));

@@ -12,6 +12,9 @@ use super::{code, Connection, Fault};
 use crate::content;
 use crate::wire::BASIC_CLASS;
 
+/// What is reserved for a message body before its frames arrive.
+const FIRST_BODY_RESERVE: usize = 128 * 1024;
+
 /// A `basic.publish` waiting for its content header and body.
 pub(super) struct Incoming {
     pub(super) publish: basic::Publish,
@@ -62,7 +65,11 @@ impl Connection {
             );
             return Err(Fault::channel(ch, code::PRECONDITION_FAILED, text, &m));
         }
-        incoming.body.reserve(header.body_size as usize);
+        // Room for the first frame only: a header promises a size, the body frames prove
+        // it; reserving the whole promise would let a few bytes of input claim 16 MiB.
+        incoming
+            .body
+            .reserve((header.body_size as usize).min(FIRST_BODY_RESERVE));
         incoming.header = Some((header.body_size, header.properties));
         if header.body_size == 0 {
             self.complete_publish(ch)?;

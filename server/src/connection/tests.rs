@@ -501,6 +501,24 @@ fn a_late_ack_after_the_lease_ran_out_is_ignored_not_an_error() {
     assert_eq!(c.broker.queue("slow").unwrap().stats().acked, 1);
 }
 
+/// As RabbitMQ: `multiple` names a tag that must itself be outstanding; a tag past every
+/// delivery is a channel error, not "everything".
+#[test]
+fn ack_multiple_of_a_tag_never_delivered_is_406_and_settles_nothing() {
+    let mut c = Client::open();
+    c.declare("far");
+    c.feed(&Client::publish_frames(
+        "far",
+        BasicProperties::default(),
+        b"m",
+    ));
+    let out = c.consume("far", false);
+    assert_eq!(deliveries(&out).len(), 1);
+    let out = c.feed(&[ack(1000, true)]);
+    assert_eq!(channel_close_code(&out), Some(406));
+    assert_eq!(c.broker.queue("far").unwrap().stats().acked, 0);
+}
+
 #[test]
 fn an_unknown_delivery_tag_closes_the_channel_with_406() {
     let mut c = Client::open();
