@@ -147,13 +147,12 @@ pub(crate) fn recover(
                 ),
             ));
         }
-        let (end, next, cut) =
-            replay_segment(segment, next_lsn, i == last, options, &mut |lsn, p| {
-                if lsn.0 >= from {
-                    replay(lsn, p);
-                    replayed += 1;
-                }
-            })?;
+        let (end, next, cut) = replay_segment(segment, next_lsn, i == last, &mut |lsn, p| {
+            if lsn.0 >= from {
+                replay(lsn, p);
+                replayed += 1;
+            }
+        })?;
         torn = cut.or(torn);
         next_lsn = next;
         pos = end;
@@ -190,15 +189,17 @@ fn replay_segment(
     segment: &Segment,
     first_lsn: u64,
     is_last: bool,
-    options: &Options,
     replay: &mut dyn FnMut(Lsn, &[u8]),
 ) -> Result<(u64, u64, Option<TornTail>), WalError> {
     let buf = read_all(segment)?;
-    let scan = frame::scan(&buf, first_lsn, options.max_record_bytes, |lsn, payload| {
+    // `max_record_bytes` limits what is appended from now on; records already written
+    // under a larger limit are read back whole. Only the segment itself bounds a length.
+    let read_limit = buf.len();
+    let scan = frame::scan(&buf, first_lsn, read_limit, |lsn, payload| {
         replay(Lsn(lsn), payload)
     });
     let at = scan.end as u64;
-    let torn = match check_end(&buf, &scan, options.max_record_bytes) {
+    let torn = match check_end(&buf, &scan, read_limit) {
         End::Clean => None,
         End::Corrupt(detail) => return Err(WalError::corrupt(&segment.path, at, detail)),
         End::Tail(detail) if !is_last => return Err(WalError::corrupt(&segment.path, at, detail)),

@@ -310,3 +310,29 @@ fn a_zeroed_header_of_synced_data_does_not_pass_for_an_empty_segment() {
         other => panic!("{:?}", other.map(|(_, r, rep)| (r.len(), rep))),
     }
 }
+
+/// A record written under a larger `max_record_bytes` is read back whole when the log is
+/// opened with a smaller one: the limit is for appends, and a durable record is never cut
+/// as a torn tail.
+#[test]
+fn a_lower_record_limit_never_cuts_records_already_written() {
+    let disk = MemDisk::new();
+    let (mut wal, _, _) = open(&disk, small(4096)).unwrap();
+    wal.append(&[7u8; 1000]).unwrap();
+    wal.append(b"after").unwrap();
+    wal.submit().unwrap();
+    assert_eq!(wal.sync().unwrap(), Lsn(2));
+    drop(wal);
+    let mut lower = small(4096);
+    lower.max_record_bytes = 100;
+    let (mut wal, records, report) = open(&disk, lower).unwrap();
+    assert_eq!(report.torn, None);
+    assert_eq!(
+        records,
+        vec![(Lsn(1), vec![7u8; 1000]), (Lsn(2), b"after".to_vec())]
+    );
+    assert!(
+        wal.append(&[0u8; 101]).is_err(),
+        "appends still keep the new limit"
+    );
+}
