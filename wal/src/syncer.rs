@@ -82,7 +82,8 @@ impl Shared {
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
-        self.state.lock().expect("wal state lock")
+        // A panic never leaves the state half-changed (see `run`): take it as it is.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     pub(crate) fn storage(&self) -> &dyn Storage {
@@ -142,7 +143,7 @@ impl Shared {
             if !state.busy && state.queue.is_empty() && state.removals.is_empty() {
                 return Ok(());
             }
-            state = self.changed.wait(state).expect("wal state lock");
+            state = self.changed.wait(state).unwrap_or_else(|e| e.into_inner());
         }
     }
 
@@ -159,12 +160,23 @@ impl Shared {
     }
 }
 
-/// The syncer thread's body.
+/// The syncer thread's body. A panic in it (in the owner's `on_progress` callback, or a
+/// bug here) poisons the log, so that `sync` and every later call fail instead of waiting
+/// for a thread that is gone.
 pub(crate) fn run(shared: Arc<Shared>) {
+    let rounds = std::panic::AssertUnwindSafe(|| rounds(&shared));
+    if std::panic::catch_unwind(rounds).is_err() {
+        let gone = std::io::Error::other("the log's syncer thread panicked");
+        shared.poison(WalError::io(&shared.dir, "sync round", gone));
+    }
+}
+
+/// Runs sync rounds until stopped, or until one fails (which poisons the log).
+fn rounds(shared: &Shared) {
     let mut scratch = Vec::new();
-    while let Some((mut pieces, removals)) = next_round(&shared) {
-        let result = write_round(&shared, &mut pieces, &mut scratch)
-            .and_then(|()| remove(&shared, &removals));
+    while let Some((mut pieces, removals)) = next_round(shared) {
+        let result =
+            write_round(shared, &mut pieces, &mut scratch).and_then(|()| remove(shared, &removals));
         if let Err(error) = result {
             shared.poison(error);
             return;
@@ -198,7 +210,10 @@ fn next_round(shared: &Shared) -> Option<(Vec<Piece>, Vec<PathBuf>)> {
         if state.stop {
             return None;
         }
-        state = shared.changed.wait(state).expect("wal state lock");
+        state = shared
+            .changed
+            .wait(state)
+            .unwrap_or_else(|e| e.into_inner());
     }
 }
 

@@ -304,3 +304,23 @@ fn the_syncer_survives_many_small_rounds_from_another_thread() {
     let (_wal, records, _) = open(&disk, small(1024)).unwrap();
     assert_eq!(records, expected(1..=2000));
 }
+
+/// A panic in the owner's `on_progress` callback kills the syncer thread; it must poison
+/// the log, so that the next `sync` fails instead of waiting for ever.
+#[test]
+fn a_panicking_progress_callback_poisons_instead_of_hanging() {
+    let disk = MemDisk::new();
+    let mut options = small(4096);
+    options.on_progress = Some(Arc::new(|| panic!("the owner's callback failed")));
+    let (mut wal, _, _) = open(&disk, options).unwrap();
+    wal.append(b"one").unwrap();
+    wal.submit().unwrap();
+    // The round itself completes: this sync may see it before the callback panics.
+    let _ = wal.sync();
+    let next = wal
+        .append(b"two")
+        .and_then(|_| wal.submit())
+        .and_then(|()| wal.sync());
+    assert!(next.is_err(), "the log must be poisoned: {next:?}");
+    assert!(wal.check().is_err());
+}
