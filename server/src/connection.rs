@@ -50,6 +50,10 @@ pub struct Settings {
     pub ack_timeout: Duration,
     /// The largest message body a publish may carry (RabbitMQ's `max_message_size`).
     pub max_message_bytes: usize,
+    /// The heartbeat interval the server proposes in `connection.tune`, in seconds (60,
+    /// as RabbitMQ): a client that leaves the choice to the server then beats, and a peer
+    /// that vanished without closing its socket is noticed and its leases come back.
+    pub heartbeat: u16,
 }
 
 impl Default for Settings {
@@ -62,6 +66,7 @@ impl Default for Settings {
             channel_max: 2047,
             ack_timeout: Duration::from_secs(30 * 60),
             max_message_bytes: 16 << 20,
+            heartbeat: 60,
         }
     }
 }
@@ -460,7 +465,7 @@ impl Connection {
         let tune = connection::Tune {
             channel_max: settings.channel_max,
             frame_max: settings.frame_max,
-            heartbeat: 0,
+            heartbeat: settings.heartbeat,
         };
         self.phase = Phase::AwaitTuneOk;
         self.send(0, AMQPClass::Connection(connection::AMQPMethod::Tune(tune)));

@@ -110,7 +110,10 @@ impl Client {
         else {
             panic!("expected connection.tune, got {out:?}");
         };
-        assert_eq!((tune.frame_max, tune.channel_max), (131_072, 2047));
+        assert_eq!(
+            (tune.frame_max, tune.channel_max, tune.heartbeat),
+            (131_072, 2047, 60)
+        );
         let tune_ok = conn_method(connection::AMQPMethod::TuneOk(connection::TuneOk {
             channel_max: 16,
             frame_max: 8192,
