@@ -147,33 +147,25 @@ mod tests {
                 AMQPValue::LongString("jobs.dead".into()),
             ),
         ]);
-        assert_eq!(
-            queue_config(&table, QueueConfig::default())
-                .unwrap_err()
-                .code,
-            540
-        );
+        assert_eq!(refusal_code(&table), 540);
+    }
+
+    /// The reply code a declare with these arguments is refused with.
+    fn refusal_code(table: &FieldTable) -> u16 {
+        queue_config(table, QueueConfig::default())
+            .unwrap_err()
+            .code
     }
 
     #[test]
     fn half_a_dead_letter_setting_is_a_406() {
         let table = args(&[("x-dead-letter-exchange", AMQPValue::LongString("".into()))]);
-        assert_eq!(
-            queue_config(&table, QueueConfig::default())
-                .unwrap_err()
-                .code,
-            406
-        );
+        assert_eq!(refusal_code(&table), 406);
         let table = args(&[(
             "x-dead-letter-routing-key",
             AMQPValue::LongString("d".into()),
         )]);
-        assert_eq!(
-            queue_config(&table, QueueConfig::default())
-                .unwrap_err()
-                .code,
-            406
-        );
+        assert_eq!(refusal_code(&table), 406);
     }
 
     #[test]
@@ -182,19 +174,9 @@ mod tests {
         let config = queue_config(&table, QueueConfig::default()).unwrap();
         assert_eq!(config.ack_timeout, Duration::from_secs(90));
         let table = args(&[("x-consumer-timeout", AMQPValue::LongLongInt(-1))]);
-        assert_eq!(
-            queue_config(&table, QueueConfig::default())
-                .unwrap_err()
-                .code,
-            406
-        );
+        assert_eq!(refusal_code(&table), 406);
         let table = args(&[("x-consumer-timeout", AMQPValue::LongString("soon".into()))]);
-        assert_eq!(
-            queue_config(&table, QueueConfig::default())
-                .unwrap_err()
-                .code,
-            406
-        );
+        assert_eq!(refusal_code(&table), 406);
     }
 
     #[test]

@@ -131,7 +131,7 @@ impl ShardThread {
             TimeSource::System(epoch) => {
                 let now = self.now();
                 self.engine.handle_timeout(now, &mut self.out);
-                self.route_dead_letters(now, None);
+                route::dead_letters(self, now, None);
                 self.flush();
                 // Wake when the deadline's tick begins in real time, not a whole number of
                 // ticks from now: `now` is rounded down, and counting from it would add up
@@ -181,7 +181,7 @@ impl ShardThread {
                 }
                 // Answered now, or after the dead letters it caused have landed.
                 let answer = Answer::Engine(answer);
-                self.route_dead_letters(now, Some(Deferred { reply, answer }));
+                route::dead_letters(self, now, Some(Deferred { reply, answer }));
             }
             Request::Declare { cmd, reply } => {
                 self.engine.handle(now, cmd, &mut self.out);
@@ -233,7 +233,7 @@ impl ShardThread {
                     reply,
                     answer: Answer::Done,
                 });
-                self.route_dead_letters(now, deferred);
+                route::dead_letters(self, now, deferred);
             }
             Request::Advance { nanos, reply } => {
                 if let TimeSource::Manual = self.time {
@@ -241,7 +241,7 @@ impl ShardThread {
                 }
                 let now = self.now();
                 self.engine.handle_timeout(now, &mut self.out);
-                self.route_dead_letters(now, None);
+                route::dead_letters(self, now, None);
                 self.step(reply);
             }
             Request::Barrier { reply } => self.step(reply),
@@ -254,7 +254,7 @@ impl ShardThread {
         // The engine fires due timers before every command, so any request may leave dead
         // letters; none waits for a later one to be routed.
         if !self.out.dead_letters.is_empty() {
-            self.route_dead_letters(now, None);
+            route::dead_letters(self, now, None);
         }
         self.drop_gone_sinks();
     }
@@ -300,12 +300,6 @@ impl ShardThread {
                 self.cells[idx] = None;
             }
         }
-    }
-
-    /// Routes the dead letters the engine left (see [`route`]); `deferred` is answered
-    /// once they have landed.
-    fn route_dead_letters(&mut self, now: Tick, deferred: Option<Deferred>) {
-        route::dead_letters(self, now, deferred);
     }
 
     fn retry_backlog(&mut self) {
