@@ -135,6 +135,8 @@ pub struct Origin {
     pub shard: u16,
     /// The queue it died in, on that shard.
     pub queue: QueueKey,
+    /// The message's number in that queue's log; 0 when the queue is not durable.
+    pub msg: u64,
 }
 
 /// A message on its way to a dead-letter queue, which may live on another shard.
@@ -291,6 +293,9 @@ pub struct Effects {
     pub outcomes: Vec<DeathOutcome>,
     /// Consumers that ended (cancelled, or their queue closed): drop their channels.
     pub consumers_gone: Vec<ConsumerKey>,
+    /// Changes to durable queues, in order: written to the log, and on disk before any
+    /// delivery, answer or outcome that followed them leaves the shard (contract §7).
+    pub log: Vec<crate::durable::Change>,
     /// The answer to the command just handled.
     pub reply: Option<Reply>,
 }

@@ -37,6 +37,7 @@
 mod chunked;
 mod command;
 mod deque;
+pub mod durable;
 mod leases;
 mod queue;
 mod types;
@@ -76,6 +77,13 @@ pub struct Shard {
     consumers: Slab<ConsumerState>,
     next_gen: u32,
     next_auto_id: u64,
+    /// The next durable queue and message numbers (contract §7; see [`durable`]).
+    next_log_queue: u32,
+    next_seq: u64,
+    /// Log time at tick 0, in nanoseconds.
+    log_epoch: u64,
+    /// Set between the first [`Shard::restore`] and [`Shard::finish_restore`].
+    restoring: Option<Box<restore::Restoring>>,
 }
 
 /// Splits the shard into its queues and what a queue operation borrows from the rest.
@@ -92,10 +100,14 @@ macro_rules! ctx {
                 consumers: &mut $shard.consumers,
                 out: $out,
                 next_auto_id: &mut $shard.next_auto_id,
+                next_seq: &mut $shard.next_seq,
+                log_epoch: $shard.log_epoch,
             },
         )
     };
 }
+
+mod restore;
 
 impl Shard {
     /// Shard number `index` (it shows in broker-assigned message ids), counting time in
@@ -112,6 +124,10 @@ impl Shard {
             consumers: Slab::new(),
             next_gen: 0,
             next_auto_id: 0,
+            next_log_queue: 0,
+            next_seq: 0,
+            log_epoch: 0,
+            restoring: None,
         }
     }
 
@@ -173,7 +189,9 @@ impl Shard {
     pub fn handle(&mut self, now: Tick, cmd: Command, out: &mut Effects) {
         self.handle_timeout(now, out);
         let reply = match cmd {
-            Command::Declare { name, config } => Some(Reply::Declared(self.declare(name, *config))),
+            Command::Declare { name, config } => {
+                Some(Reply::Declared(self.declare(name, *config, out)))
+            }
             Command::Lookup { name } => Some(Reply::Found(self.names.get(name.as_str()).copied())),
             Command::Put { queue, message } => Some(Reply::Put(match self.live(queue) {
                 Some(idx) => {
@@ -254,7 +272,9 @@ impl Shard {
                 for outcome in outcomes {
                     debug_assert_eq!(outcome.origin.shard, self.index);
                     if let Some(idx) = self.live(outcome.origin.queue) {
-                        self.queues[idx].count_outcome(outcome.accepted);
+                        let (queues, mut ctx) = ctx!(self, out);
+                        let msg = outcome.origin.msg;
+                        queues[idx].count_outcome(&mut ctx, msg, outcome.accepted);
                     }
                 }
                 None
@@ -317,7 +337,12 @@ impl Shard {
         self.next_gen
     }
 
-    fn declare(&mut self, name: String, config: QueueConfig) -> Result<QueueKey, Error> {
+    fn declare(
+        &mut self,
+        name: String,
+        config: QueueConfig,
+        out: &mut Effects,
+    ) -> Result<QueueKey, Error> {
         validate::queue_name(&name)?;
         validate::queue_config(&name, &config)?;
         if let Some(&key) = self.names.get(name.as_str()) {
@@ -333,7 +358,17 @@ impl Shard {
             idx: u32::try_from(entry.key()).expect("fewer than 2^32 queues"),
             gen,
         };
-        entry.insert(QueueState::new(key, &name, config, self.tick));
+        let durable = config.durable;
+        let queue = entry.insert(QueueState::new(key, &name, config, self.tick));
+        if durable {
+            self.next_log_queue += 1;
+            queue.log = Some(self.next_log_queue);
+            out.log.push(durable::Change::Declared {
+                queue: self.next_log_queue,
+                name: queue.name.clone(),
+                config: Box::new(queue.config.clone()),
+            });
+        }
         self.names.insert(name.into(), key);
         Ok(key)
     }
@@ -365,6 +400,9 @@ impl Shard {
         let idx = self.live(queue)?;
         let state = self.queues.remove(idx);
         self.names.remove(&*state.name);
+        if let Some(queue) = state.log {
+            out.log.push(durable::Change::Closed { queue });
+        }
         let (_, mut ctx) = ctx!(self, out);
         Some(state.close(&mut ctx))
     }

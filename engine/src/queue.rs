@@ -13,7 +13,9 @@ use crate::chunked::ChunkSlab;
 use crate::command::{
     ConsumerKey, DeadLetter, Delivered, Effects, MsgId, Origin, QueueKey, TickLength,
 };
+use crate::durable::Change;
 mod consumers;
+mod restore;
 mod tags;
 
 use tags::Tags;
@@ -97,10 +99,23 @@ pub(crate) struct Ctx<'a> {
     pub consumers: &'a mut Slab<ConsumerState>,
     pub out: &'a mut Effects,
     pub next_auto_id: &'a mut u64,
+    /// The shard's next durable message number.
+    pub next_seq: &'a mut u64,
+    /// Log time at tick 0, in nanoseconds.
+    pub log_epoch: u64,
+}
+
+impl Ctx<'_> {
+    /// `tick` in log time.
+    pub fn log_time(&self, tick: Tick) -> u64 {
+        self.log_epoch.saturating_add(self.tick.start_of(tick))
+    }
 }
 
 #[derive(Debug)]
 struct Msg {
+    /// The message's number in the log; 0 in a queue that is not durable.
+    seq: u64,
     id: MsgId,
     body: Bytes,
     /// Deliveries so far.
@@ -162,6 +177,21 @@ pub(crate) struct QueueState {
     auto_live: Option<std::collections::HashSet<u64, RandomState>>,
     rng: u64,
     stats: QueueStats,
+    /// The queue's number in the log; `None` for a queue that is not durable.
+    pub log: Option<u32>,
+    /// Durable messages on their way to the dead-letter queue, by number: logged as removed
+    /// only once that queue has taken them (its enqueue is on disk by then), and written
+    /// into snapshots until then, so that a crash in between loses none.
+    dying: Map<u64, Dying>,
+}
+
+/// A durable message sent to the dead-letter queue, not yet taken there.
+#[derive(Debug)]
+struct Dying {
+    id: MsgId,
+    body: Bytes,
+    attempt: u32,
+    death: Option<Box<DeathRecord>>,
 }
 
 impl QueueState {
@@ -186,6 +216,8 @@ impl QueueState {
             auto_live: None,
             rng: fixed_state().hash_one(name) | 1,
             stats: QueueStats::default(),
+            log: None,
+            dying: Map::with_hasher(fixed_state()),
         }
     }
 
@@ -364,7 +396,15 @@ impl QueueState {
         if let (MsgId::Auto(n), Some(live)) = (&id, &mut self.auto_live) {
             live.insert(*n);
         }
+        let seq = match self.log {
+            Some(_) => {
+                *ctx.next_seq += 1;
+                *ctx.next_seq
+            }
+            None => 0,
+        };
         let msg = self.msgs.insert(Msg {
+            seq,
             id,
             body,
             attempt: 0,
@@ -372,11 +412,39 @@ impl QueueState {
             state: MsgState::Ready,
         }) as u32;
         self.stats.enqueued += 1;
-        if delay == 0 {
+        let ready_at = if delay == 0 {
             self.fresh.push_back(msg);
+            None
         } else {
-            self.delay_message(ctx, msg, ctx.after(delay));
+            let at = ctx.after(delay);
+            self.delay_message(ctx, msg, at);
+            Some(at)
+        };
+        if let Some(queue) = self.log {
+            self.log_enqueued(ctx, queue, msg, ready_at);
         }
+    }
+
+    /// Logs the enqueue of `msg`, with the deadline of its id's dedup window.
+    fn log_enqueued(&self, ctx: &mut Ctx, queue: u32, msg: u32, ready_at: Option<Tick>) {
+        let m = &self.msgs[msg as usize];
+        let dedup_until = match &m.id {
+            MsgId::Given(id) => self.dedup[&**id]
+                .window
+                .map(|timer| ctx.log_time(ctx.wheel.deadline(timer))),
+            MsgId::Auto(_) => None,
+        };
+        let change = Change::Enqueued {
+            queue,
+            seq: m.seq,
+            id: m.id.clone(),
+            body: m.body.clone(),
+            attempt: m.attempt,
+            ready_at: ready_at.map(|at| ctx.log_time(at)),
+            dedup_until,
+            death: m.death.clone(),
+        };
+        ctx.out.log.push(change);
     }
 
     fn delay_message(&mut self, ctx: &mut Ctx, msg: u32, at: Tick) {
@@ -493,6 +561,14 @@ impl QueueState {
         m.attempt += 1;
         m.state = MsgState::Leased(tag);
         self.stats.delivered += 1;
+        if let Some(queue) = self.log {
+            ctx.out.log.push(Change::Delivered {
+                queue,
+                seq: m.seq,
+                tag,
+                attempt: m.attempt,
+            });
+        }
         ctx.out.deliveries.push((
             key,
             Delivered {
@@ -578,7 +654,8 @@ impl QueueState {
     fn ack(&mut self, ctx: &mut Ctx, tag: u64) {
         let lease = self.take_lease(ctx, tag).expect("checked live");
         self.stats.acked += 1;
-        self.remove_message(lease.msg);
+        let m = self.remove_message(lease.msg);
+        self.log_removed(ctx, m.seq);
     }
 
     fn nack(&mut self, ctx: &mut Ctx, tag: u64, delay: Tick) {
@@ -650,13 +727,39 @@ impl QueueState {
             "only a message whose lease has ended comes back: it is in exactly one place"
         );
         m.state = MsgState::Ready;
-        match how {
-            Return::Expired | Return::Nacked(0) => self.returned.push_back(msg),
-            Return::Nacked(delay) => self.delay_message(ctx, msg, ctx.after(delay)),
+        // An expiry or an immediate nack is not logged: after a restart a message that was
+        // leased is ready at once with its attempt kept, which is what they did.
+        let ready_at = match how {
+            Return::Expired | Return::Nacked(0) => {
+                self.returned.push_back(msg);
+                return;
+            }
+            Return::Nacked(delay) => {
+                let at = ctx.after(delay);
+                self.delay_message(ctx, msg, at);
+                Some(ctx.log_time(at))
+            }
             Return::Released => {
                 m.attempt -= 1;
                 self.returned.push_front(msg);
+                None
             }
+        };
+        if let Some(queue) = self.log {
+            let m = &self.msgs[msg as usize];
+            ctx.out.log.push(Change::Returned {
+                queue,
+                seq: m.seq,
+                attempt: m.attempt,
+                ready_at,
+            });
+        }
+    }
+
+    /// Logs that the message numbered `seq` left a durable queue for good.
+    fn log_removed(&self, ctx: &mut Ctx, seq: u64) {
+        if let Some(queue) = self.log {
+            ctx.out.log.push(Change::Removed { queue, seq });
         }
     }
 
@@ -681,31 +784,46 @@ impl QueueState {
 
     fn dead_letter(&mut self, ctx: &mut Ctx, msg: u32, reason: DeathReason) {
         let m = self.remove_message(msg);
-        match &self.dead_letter {
-            Some(to) => ctx.out.dead_letters.push(DeadLetter {
-                to: to.clone(),
-                origin: Origin {
-                    shard: ctx.shard,
-                    queue: self.key,
-                },
-                id: m.id,
-                body: m.body,
-                death: DeathRecord {
-                    queue: self.name.to_string(),
-                    reason,
-                    attempts: m.attempt,
-                },
-            }),
-            None => self.stats.dropped += 1,
+        let Some(to) = &self.dead_letter else {
+            self.stats.dropped += 1;
+            self.log_removed(ctx, m.seq);
+            return;
+        };
+        if self.log.is_some() {
+            let dying = Dying {
+                id: m.id.clone(),
+                body: m.body.clone(),
+                attempt: m.attempt,
+                death: m.death,
+            };
+            self.dying.insert(m.seq, dying);
         }
+        ctx.out.dead_letters.push(DeadLetter {
+            to: to.clone(),
+            origin: Origin {
+                shard: ctx.shard,
+                queue: self.key,
+                msg: m.seq,
+            },
+            id: m.id,
+            body: m.body,
+            death: DeathRecord {
+                queue: self.name.to_string(),
+                reason,
+                attempts: m.attempt,
+            },
+        });
     }
 
-    /// The dead-letter queue's answer for a letter of ours.
-    pub fn count_outcome(&mut self, accepted: bool) {
+    /// The dead-letter queue's answer for a letter of ours, the message numbered `seq`.
+    pub fn count_outcome(&mut self, ctx: &mut Ctx, seq: u64, accepted: bool) {
         if accepted {
             self.stats.dead_lettered += 1;
         } else {
             self.stats.dropped += 1;
+        }
+        if self.dying.remove(&seq).is_some() {
+            self.log_removed(ctx, seq);
         }
     }
 

@@ -347,6 +347,7 @@ mod tests {
             origin: Origin {
                 shard: 0,
                 queue: origin,
+                msg: 0,
             },
             id: MsgId::Given(id.into()),
             body: bytes::Bytes::from_static(b"x"),

@@ -388,6 +388,7 @@ impl Harness {
         Origin {
             shard: 0,
             queue: self.queue_keys[q],
+            msg: 0,
         }
     }
 

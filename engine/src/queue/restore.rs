@@ -1,0 +1,192 @@
+//! Rebuilding a durable queue from its logged changes (see `durable.rs`).
+//!
+//! While changes are applied the queue is a bag of messages with attempts and live ids:
+//! nothing is in a ready list, no timer is set. [`QueueState::finish_restore`] then sets
+//! the delays and dedup windows that have not ended and lines the ready messages up:
+//! those delivered before (leased or returned at the crash) first, then fresh ones, each
+//! in the order they were first enqueued (contract §7 item 3).
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+
+use super::{Ctx, DedupEntry, Msg, MsgId, MsgState, QueueState, Timer};
+use crate::durable::{Change, RestoreError};
+use crate::leases::LeaseTable;
+use crate::types::DeathRecord;
+use crate::wheel::{Tick, Wheel};
+
+impl QueueState {
+    /// Adds a logged message; returns its slot.
+    pub fn restore_enqueue(
+        &mut self,
+        seq: u64,
+        id: MsgId,
+        body: Bytes,
+        attempt: u32,
+        death: Option<Box<DeathRecord>>,
+    ) -> Result<u32, RestoreError> {
+        match &id {
+            MsgId::Given(given) => {
+                self.watch_auto_shaped(Some(given));
+                let entry = self.dedup.entry(given.clone()).or_insert(DedupEntry {
+                    live: false,
+                    window: None,
+                });
+                if entry.live {
+                    return Err(RestoreError(format!(
+                        "queue {:?}: id {given:?} enqueued twice while live",
+                        &*self.name
+                    )));
+                }
+                entry.live = true;
+            }
+            MsgId::Auto(n) => {
+                if let Some(live) = &mut self.auto_live {
+                    live.insert(*n);
+                }
+            }
+        }
+        let slot = self.msgs.insert(Msg {
+            seq,
+            id,
+            body,
+            attempt,
+            death,
+            state: MsgState::Ready,
+        });
+        Ok(slot as u32)
+    }
+
+    /// A logged delivery or return: the message's attempt now.
+    pub fn restore_attempt(&mut self, slot: u32, attempt: u32) {
+        self.msgs[slot as usize].attempt = attempt;
+    }
+
+    /// Tags handed out after the restart start at `next` or later.
+    pub fn restore_next_tag(&mut self, next: u64) {
+        debug_assert_eq!(self.leases.len(), 0, "no lease is live while restoring");
+        if next > self.leases.next_tag() {
+            self.leases = LeaseTable::new(next);
+        }
+    }
+
+    /// A logged removal (ack, drop, dead letter taken).
+    pub fn restore_remove(&mut self, slot: u32) {
+        self.remove_message(slot);
+    }
+
+    /// Ends the restore: `ready_at` says when a message becomes ready (a tick after now,
+    /// or `None` for at once), `windows` the dedup windows still open.
+    pub fn finish_restore(
+        &mut self,
+        ctx: &mut Ctx,
+        ready_at: impl Fn(u64) -> Option<Tick>,
+        windows: Vec<(Arc<str>, Tick)>,
+    ) {
+        let mut ready: Vec<(u64, u32, bool)> = Vec::new();
+        let mut delayed: Vec<(u32, Tick)> = Vec::new();
+        for (slot, msg) in self.msgs.iter() {
+            match ready_at(msg.seq) {
+                Some(at) => delayed.push((slot as u32, at)),
+                None => ready.push((msg.seq, slot as u32, msg.attempt > 0)),
+            }
+        }
+        for (slot, at) in delayed {
+            self.delay_message(ctx, slot, at);
+        }
+        ready.sort_unstable();
+        for &(_, slot, returned) in &ready {
+            if returned {
+                self.returned.push_back(slot);
+            }
+        }
+        for &(_, slot, returned) in &ready {
+            if !returned {
+                self.fresh.push_back(slot);
+            }
+        }
+        for (id, until) in windows {
+            let timer = Timer::Dedup {
+                queue: self.key.idx,
+                id: id.clone(),
+            };
+            let timer = ctx.wheel.insert(until, timer);
+            let entry = self.dedup.entry(id).or_insert(DedupEntry {
+                live: false,
+                window: None,
+            });
+            entry.window = Some(timer);
+        }
+        self.dedup
+            .retain(|_, entry| entry.live || entry.window.is_some());
+    }
+
+    /// The changes that rebuild this durable queue (see `Shard::image`).
+    pub fn image(
+        &self,
+        wheel: &Wheel<Timer>,
+        log_time: impl Fn(Tick) -> u64,
+        emit: &mut impl FnMut(Change),
+    ) {
+        let queue = self.log.expect("only durable queues have an image");
+        emit(Change::Declared {
+            queue,
+            name: self.name.clone(),
+            config: Box::new(self.config.clone()),
+        });
+        emit(Change::Tags {
+            queue,
+            next: self.leases.next_tag(),
+        });
+        let window = |id: &MsgId| match id {
+            MsgId::Given(id) => self.dedup[&**id]
+                .window
+                .map(|timer| log_time(wheel.deadline(timer))),
+            MsgId::Auto(_) => None,
+        };
+        for (_, m) in self.msgs.iter() {
+            let ready_at = match m.state {
+                MsgState::Delayed(timer) => Some(log_time(wheel.deadline(timer))),
+                MsgState::Ready | MsgState::Leased(_) => None,
+            };
+            emit(Change::Enqueued {
+                queue,
+                seq: m.seq,
+                id: m.id.clone(),
+                body: m.body.clone(),
+                attempt: m.attempt,
+                ready_at,
+                dedup_until: window(&m.id),
+                death: m.death.clone(),
+            });
+        }
+        for (&seq, d) in &self.dying {
+            // A message of the same id put since is the same message by its id.
+            if let MsgId::Given(id) = &d.id {
+                if self.dedup.get(&**id).is_some_and(|e| e.live) {
+                    continue;
+                }
+            }
+            emit(Change::Enqueued {
+                queue,
+                seq,
+                id: d.id.clone(),
+                body: d.body.clone(),
+                attempt: d.attempt,
+                ready_at: None,
+                dedup_until: None,
+                death: d.death.clone(),
+            });
+        }
+        for (id, entry) in &self.dedup {
+            if let (false, Some(timer)) = (entry.live, entry.window) {
+                emit(Change::Windowed {
+                    queue,
+                    id: id.clone(),
+                    until: log_time(wheel.deadline(timer)),
+                });
+            }
+        }
+    }
+}

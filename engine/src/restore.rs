@@ -1,0 +1,256 @@
+//! Restoring a shard's durable queues from their log, and the snapshot image that
+//! shortens it (see [`crate::durable`]).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use ahash::RandomState;
+
+use crate::durable::{Change, RestoreError};
+use crate::queue::{fixed_state, Ctx, QueueState};
+use crate::{Effects, MsgId, QueueKey, Shard, Tick};
+
+type Map<K, V> = HashMap<K, V, RandomState>;
+
+/// What a restore keeps between changes.
+pub(crate) struct Restoring {
+    /// Durable queue number → slot.
+    queues: Map<u32, u32>,
+    /// Message number → (queue slot, message slot).
+    msgs: Map<u64, (u32, u32)>,
+    /// Message number → log time it becomes ready, for the delayed ones.
+    ready_at: Map<u64, u64>,
+    /// (durable queue number, id) → log time its dedup window ends.
+    windows: Map<(u32, Arc<str>), u64>,
+    /// The latest [`Change::Clock`].
+    clock: Option<u64>,
+}
+
+impl Restoring {
+    fn queue(&self, queue: u32) -> Result<u32, RestoreError> {
+        self.queues
+            .get(&queue)
+            .copied()
+            .ok_or_else(|| RestoreError(format!("queue number {queue} was never declared")))
+    }
+
+    fn msg(&self, queue: u32, seq: u64) -> Result<(u32, u32), RestoreError> {
+        let idx = self.queue(queue)?;
+        match self.msgs.get(&seq) {
+            Some(&(q, slot)) if q == idx => Ok((q, slot)),
+            _ => Err(RestoreError(format!(
+                "message {seq} of queue number {queue} was never enqueued"
+            ))),
+        }
+    }
+}
+
+impl Shard {
+    /// Sets the log time (nanoseconds) of tick 0: what [`Change`]s carry as instants is
+    /// `epoch + tick × tick length`. Set it before the first command, and before
+    /// [`Shard::finish_restore`].
+    pub fn set_log_epoch(&mut self, nanos: u64) {
+        self.log_epoch = nanos;
+    }
+
+    /// The log time of `tick`.
+    pub fn log_time(&self, tick: Tick) -> u64 {
+        self.log_epoch.saturating_add(self.tick.start_of(tick))
+    }
+
+    /// Applies one logged change, in log order, before the shard handles any command.
+    ///
+    /// # Errors
+    ///
+    /// [`RestoreError`] when the change does not fit what came before it (a message or
+    /// queue the log never named, a queue declared twice): the log is damaged.
+    pub fn restore(&mut self, change: Change) -> Result<(), RestoreError> {
+        let r = self.restoring.get_or_insert_with(|| {
+            Box::new(Restoring {
+                queues: Map::with_hasher(fixed_state()),
+                msgs: Map::with_hasher(fixed_state()),
+                ready_at: Map::with_hasher(fixed_state()),
+                windows: Map::with_hasher(fixed_state()),
+                clock: None,
+            })
+        });
+        match change {
+            Change::Clock { now } => r.clock = Some(r.clock.map_or(now, |c| c.max(now))),
+            Change::Counters {
+                next_queue,
+                next_seq,
+                next_auto_id,
+            } => {
+                self.next_log_queue = self.next_log_queue.max(next_queue);
+                self.next_seq = self.next_seq.max(next_seq);
+                self.next_auto_id = self.next_auto_id.max(next_auto_id);
+            }
+            Change::Declared {
+                queue,
+                name,
+                config,
+            } => {
+                if r.queues.contains_key(&queue) || self.names.contains_key(&name) {
+                    return Err(RestoreError(format!(
+                        "queue {name:?} (number {queue}) declared twice"
+                    )));
+                }
+                let gen = {
+                    self.next_gen = self.next_gen.wrapping_add(1);
+                    self.next_gen
+                };
+                let entry = self.queues.vacant_entry();
+                let idx = u32::try_from(entry.key()).expect("fewer than 2^32 queues");
+                let key = QueueKey { idx, gen };
+                let state = entry.insert(QueueState::new(key, &name, *config, self.tick));
+                state.log = Some(queue);
+                self.names.insert(name, key);
+                r.queues.insert(queue, idx);
+                self.next_log_queue = self.next_log_queue.max(queue);
+            }
+            Change::Closed { queue } => {
+                let idx = r.queue(queue)?;
+                let state = self.queues.remove(idx as usize);
+                self.names.remove(&*state.name);
+                r.queues.remove(&queue);
+                r.msgs.retain(|_, (q, _)| *q != idx);
+                r.windows.retain(|(q, _), _| *q != queue);
+                // Nothing is in the wheel yet; the effects of closing are empty.
+                let mut out = Effects::new();
+                let (_, mut ctx) = ctx!(self, &mut out);
+                state.close(&mut ctx);
+            }
+            Change::Tags { queue, next } => {
+                let idx = r.queue(queue)?;
+                self.queues[idx as usize].restore_next_tag(next);
+            }
+            Change::Enqueued {
+                queue,
+                seq,
+                id,
+                body,
+                attempt,
+                ready_at,
+                dedup_until,
+                death,
+            } => {
+                let idx = r.queue(queue)?;
+                if r.msgs.contains_key(&seq) {
+                    return Err(RestoreError(format!("message {seq} enqueued twice")));
+                }
+                if let MsgId::Auto(n) = id {
+                    if n >> 48 == u64::from(self.index) {
+                        self.next_auto_id = self.next_auto_id.max(n & ((1 << 48) - 1));
+                    }
+                }
+                if let (MsgId::Given(given), Some(until)) = (&id, dedup_until) {
+                    r.windows.insert((queue, given.clone()), until);
+                }
+                let q = &mut self.queues[idx as usize];
+                let slot = q.restore_enqueue(seq, id, body, attempt, death)?;
+                r.msgs.insert(seq, (idx, slot));
+                if let Some(at) = ready_at {
+                    r.ready_at.insert(seq, at);
+                }
+                self.next_seq = self.next_seq.max(seq);
+            }
+            Change::Delivered {
+                queue,
+                seq,
+                tag,
+                attempt,
+            } => {
+                let (idx, slot) = r.msg(queue, seq)?;
+                let q = &mut self.queues[idx as usize];
+                q.restore_attempt(slot, attempt);
+                q.restore_next_tag(tag + 1);
+                // Leased at the crash, or returned by an expiry: ready at once.
+                r.ready_at.remove(&seq);
+            }
+            Change::Returned {
+                queue,
+                seq,
+                attempt,
+                ready_at,
+            } => {
+                let (idx, slot) = r.msg(queue, seq)?;
+                self.queues[idx as usize].restore_attempt(slot, attempt);
+                match ready_at {
+                    Some(at) => r.ready_at.insert(seq, at),
+                    None => r.ready_at.remove(&seq),
+                };
+            }
+            Change::Removed { queue, seq } => {
+                let (idx, slot) = r.msg(queue, seq)?;
+                self.queues[idx as usize].restore_remove(slot);
+                r.msgs.remove(&seq);
+                r.ready_at.remove(&seq);
+            }
+            Change::Windowed { queue, id, until } => {
+                r.queue(queue)?;
+                r.windows.insert((queue, id), until);
+            }
+        }
+        Ok(())
+    }
+
+    /// The latest log time the restored changes recorded; a manual clock resumes there.
+    pub fn restored_clock(&self) -> Option<u64> {
+        self.restoring.as_ref().and_then(|r| r.clock)
+    }
+
+    /// Ends a restore (a no-op when nothing was restored): sets the delays and dedup
+    /// windows that end after now, by the log epoch set with [`Shard::set_log_epoch`], and
+    /// lines up the ready messages.
+    pub fn finish_restore(&mut self) {
+        let Some(r) = self.restoring.take() else {
+            return;
+        };
+        let (now, epoch, slack) = (self.now, self.log_epoch, self.slack);
+        let tick_nanos = self.tick.start_of(1).max(1);
+        let after_now = |nanos: u64| -> Option<Tick> {
+            let since = nanos.checked_sub(epoch)?;
+            let tick = since.div_ceil(tick_nanos) + slack;
+            (tick > now).then_some(tick)
+        };
+        let mut ready_at: Map<u64, Tick> = Map::with_hasher(fixed_state());
+        for (&seq, &nanos) in &r.ready_at {
+            if let Some(tick) = after_now(nanos) {
+                ready_at.insert(seq, tick);
+            }
+        }
+        let mut windows: Map<u32, Vec<(Arc<str>, Tick)>> = Map::with_hasher(fixed_state());
+        for ((queue, id), &until) in &r.windows {
+            if let Some(tick) = after_now(until) {
+                windows.entry(*queue).or_default().push((id.clone(), tick));
+            }
+        }
+        let mut out = Effects::new();
+        for (&queue, &idx) in &r.queues {
+            let mut ours = windows.remove(&queue).unwrap_or_default();
+            ours.sort();
+            let (queues, mut ctx) = ctx!(self, &mut out);
+            queues[idx as usize].finish_restore(&mut ctx, |seq| ready_at.get(&seq).copied(), ours);
+        }
+    }
+
+    /// The changes that rebuild what this shard's durable queues hold now: a snapshot.
+    /// Restoring them into a new shard gives the same queues, messages, attempts, ids,
+    /// delays, dedup windows and next tags as restoring the whole log would.
+    pub fn image(&self, mut emit: impl FnMut(Change)) {
+        emit(Change::Clock {
+            now: self.log_time(self.now),
+        });
+        emit(Change::Counters {
+            next_queue: self.next_log_queue,
+            next_seq: self.next_seq,
+            next_auto_id: self.next_auto_id,
+        });
+        let mut durable: Vec<&QueueState> = self.queues.iter().map(|(_, q)| q).collect();
+        durable.retain(|q| q.log.is_some());
+        durable.sort_by_key(|q| q.log);
+        for queue in durable {
+            queue.image(&self.wheel, |tick| self.log_time(tick), &mut emit);
+        }
+    }
+}
