@@ -112,8 +112,8 @@ pub struct Options {
     /// The size of each segment file, preallocated when it is created; a multiple of 8.
     /// Default 64 MiB.
     pub segment_bytes: u64,
-    /// The largest payload an append takes; its frame must fit in a segment.
-    /// Default 16 MiB.
+    /// The largest payload an append takes. A record whose frame is larger than a
+    /// segment gets a segment of its own, of its size. Default 16 MiB.
     pub max_record_bytes: usize,
     /// Called on the syncer thread after each round of fsyncs (when [`Wal::durable`] may
     /// have moved) and when the log is poisoned. Keep it short: wake the owner.
@@ -146,8 +146,8 @@ impl Options {
             "segment_bytes must be a multiple of 8"
         } else if u32::try_from(self.max_record_bytes).is_err() {
             "max_record_bytes must fit in 32 bits"
-        } else if frame::frame_len(self.max_record_bytes) as u64 > self.segment_bytes {
-            "a frame of max_record_bytes must fit in segment_bytes"
+        } else if self.segment_bytes == 0 {
+            "segment_bytes must not be zero"
         } else {
             return Ok(());
         };

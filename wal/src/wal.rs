@@ -98,7 +98,8 @@ impl Wal {
     /// framed into a buffer, which [`submit`](Wal::submit) hands to the syncer.
     ///
     /// When the record does not fit in the current segment, a new one is created and
-    /// preallocated here, on the caller's thread (no fsync: the syncer does that).
+    /// preallocated here, on the caller's thread (no fsync: the syncer does that); a
+    /// record larger than a segment gets a segment of its own size.
     ///
     /// # Errors
     ///
@@ -117,7 +118,7 @@ impl Wal {
         let size = frame::frame_len(payload.len()) as u64;
         let mut new_segment = false;
         if self.pos + size > self.current().capacity {
-            self.roll()?;
+            self.roll(size)?;
             new_segment = true;
         }
         let lsn = self.next_lsn;
@@ -226,13 +227,15 @@ impl Wal {
         self.segments.back().expect("a log has a segment")
     }
 
-    /// Starts a new segment for the next record.
-    fn roll(&mut self) -> Result<(), WalError> {
+    /// Starts a new segment for the next record, whose frame is `frame` bytes: one of
+    /// [`Options::segment_bytes`](crate::Options::segment_bytes), or just large enough
+    /// for a frame larger than that.
+    fn roll(&mut self, frame: u64) -> Result<(), WalError> {
         let segment = recover::create_segment(
             self.shared.storage(),
             self.shared.dir(),
             self.next_lsn,
-            self.segment_bytes,
+            self.segment_bytes.max(frame),
         )?;
         self.segments.push_back(Arc::new(segment));
         self.pos = 0;

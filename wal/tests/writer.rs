@@ -151,15 +151,37 @@ fn a_record_over_the_limit_is_refused_without_harm() {
 #[test]
 fn options_that_cannot_work_are_refused() {
     let disk = MemDisk::new();
-    let bad = Options {
-        max_record_bytes: 1000,
+    for bad in [
+        small(500),
+        Options {
+            segment_bytes: 0,
+            ..small(64)
+        },
+    ] {
+        assert!(matches!(open(&disk, bad), Err(WalError::InvalidOptions(_))));
+    }
+}
+
+/// A record larger than a segment gets a segment of its own, and reads back after the
+/// records around it.
+#[test]
+fn a_record_larger_than_a_segment_gets_a_segment_of_its_own() {
+    let disk = MemDisk::new();
+    let options = Options {
+        max_record_bytes: 10_000,
         ..small(512)
     };
-    assert!(matches!(open(&disk, bad), Err(WalError::InvalidOptions(_))));
-    assert!(matches!(
-        open(&disk, small(500)),
-        Err(WalError::InvalidOptions(_))
-    ));
+    let (mut wal, _, _) = open(&disk, options.clone()).unwrap();
+    let records: Vec<Vec<u8>> = vec![vec![1; 100], vec![2; 5_000], vec![3; 100]];
+    for r in &records {
+        wal.append(r).unwrap();
+    }
+    assert_eq!(wal.sync().unwrap(), Lsn(3));
+    assert_eq!(wal.segments().len(), 3, "before, the large one, after");
+    drop(wal);
+    let (_, replayed, _) = open(&disk, options).unwrap();
+    let replayed: Vec<Vec<u8>> = replayed.into_iter().map(|(_, r)| r).collect();
+    assert_eq!(replayed, records);
 }
 
 #[test]
