@@ -174,7 +174,7 @@ pub use leasemq_engine::{
     ConsumerConfig, DeathReason, DeathRecord, DeliveryTag, Envelope, Error, Message, PutOutcome,
     QueueConfig, QueueStats, RetryPolicy, Settle,
 };
-pub use leasemq_shard::{shard_for, Broker, BrokerBuilder, Consumer, Delivery, Queue};
+pub use leasemq_shard::{shard_for, Broker, BrokerBuilder, Consumer, Delivery, Queue, SyncPolicy};
 
 /// The code blocks of `README.md`, compiled and run by `cargo test --doc` so that the
 /// embedding example there cannot drift from the API.

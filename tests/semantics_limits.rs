@@ -52,9 +52,8 @@ fn ack_timeout_must_be_between_one_millisecond_and_seven_days() {
     declares(&broker, "lim.t4", timeout(SEVEN_DAYS));
 }
 
-/// Contract §7: a durable queue needs a data dir, which no broker can open yet. The answer
-/// says so, names the field, and leaves nothing behind; the same config with `durable:
-/// false` is declared.
+/// Contract §7: a durable queue needs a broker with a data dir. The answer says so, names
+/// the field, and leaves nothing behind; the same config with `durable: false` is declared.
 #[test]
 fn a_durable_queue_without_a_data_dir_is_invalid_config() {
     let broker = broker();

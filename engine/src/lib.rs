@@ -302,6 +302,18 @@ impl Shard {
             .is_some_and(|q| self.queues[q].holder(tag.0) == Some(consumer.idx))
     }
 
+    /// Whether `queue` is live and durable (its changes come out in [`Effects::log`]).
+    pub fn is_durable(&self, queue: QueueKey) -> bool {
+        self.live(queue)
+            .is_some_and(|idx| self.queues[idx].log.is_some())
+    }
+
+    /// The queue `consumer` reads, while both live.
+    pub fn queue_of(&self, consumer: ConsumerKey) -> Option<QueueKey> {
+        let idx = self.live_consumer(consumer)?;
+        Some(self.queues[idx].key)
+    }
+
     /// The live queue of that name.
     pub fn lookup(&self, name: &str) -> Option<QueueKey> {
         self.names.get(name).copied()

@@ -201,8 +201,10 @@ impl Shard {
 
     /// Ends a restore (a no-op when nothing was restored): sets the delays and dedup
     /// windows that end after now, by the log epoch set with [`Shard::set_log_epoch`], and
-    /// lines up the ready messages.
-    pub fn finish_restore(&mut self) {
+    /// lines up the ready messages. A message leased at the crash after its last allowed
+    /// delivery (`max_deliveries`) is dead-lettered: the runtime routes
+    /// `out.dead_letters` and writes `out.log` as after any command.
+    pub fn finish_restore(&mut self, out: &mut Effects) {
         let Some(r) = self.restoring.take() else {
             return;
         };
@@ -225,11 +227,10 @@ impl Shard {
                 windows.entry(*queue).or_default().push((id.clone(), tick));
             }
         }
-        let mut out = Effects::new();
         for (&queue, &idx) in &r.queues {
             let mut ours = windows.remove(&queue).unwrap_or_default();
             ours.sort();
-            let (queues, mut ctx) = ctx!(self, &mut out);
+            let (queues, mut ctx) = ctx!(self, out);
             queues[idx as usize].finish_restore(&mut ctx, |seq| ready_at.get(&seq).copied(), ours);
         }
     }

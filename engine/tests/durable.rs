@@ -340,8 +340,10 @@ impl Run {
         }
     }
 
-    /// A shard restored from `batches`, its clock resumed where the log left off.
-    fn restore(batches: &[Bytes]) -> Shard {
+    /// A shard restored from `batches`, its clock resumed where the log left off, with
+    /// what the restore left to route: the messages leased at the crash after their last
+    /// allowed delivery, dead-lettered.
+    fn restore(batches: &[Bytes]) -> (Shard, Effects) {
         let mut shard = Shard::new(0, Duration::from_millis(1));
         for batch in batches {
             decode_batch(batch.clone(), |change| shard.restore(change))
@@ -349,9 +351,10 @@ impl Run {
                 .expect("fits");
         }
         shard.set_log_epoch(shard.restored_clock().unwrap_or(0));
-        shard.finish_restore();
+        let mut out = Effects::new();
+        shard.finish_restore(&mut out);
         shard.check_invariants();
-        shard
+        (shard, out)
     }
 
     fn image(&self) -> Bytes {
@@ -368,10 +371,13 @@ impl Run {
         if rng.below(2) == 0 {
             self.log = vec![image];
         }
-        self.shard = Run::restore(&self.log);
+        let (shard, out) = Run::restore(&self.log);
+        self.shard = shard;
+        self.out = out;
         self.now = 0;
         self.leases.clear();
         self.consumers.clear();
+        self.settle_effects();
         self.restarts += 1;
     }
 
@@ -397,7 +403,12 @@ impl Run {
         );
         let mut expected: BTreeMap<(&'static str, String), u32> = BTreeMap::new();
         for (id, entry) in &self.ledger {
-            expected.insert((entry.queue, id.clone()), entry.attempt + 1);
+            // Leased after its third delivery: dead-lettered by the restart.
+            if entry.queue == "q" && entry.attempt >= 3 {
+                expected.insert(("dlq", id.clone()), 1);
+            } else {
+                expected.insert((entry.queue, id.clone()), entry.attempt + 1);
+            }
         }
         let got: BTreeMap<(&'static str, String), u32> = from_log
             .iter()
@@ -416,8 +427,11 @@ impl Run {
 
 /// Everything a restored shard delivers once every delay has passed: (queue, id, attempt,
 /// tag), in delivery order per queue.
-fn drain(mut shard: Shard) -> Vec<(&'static str, String, u32, u64)> {
-    let mut out = Effects::new();
+fn drain((mut shard, mut out): (Shard, Effects)) -> Vec<(&'static str, String, u32, u64)> {
+    let letters = std::mem::take(&mut out.dead_letters);
+    shard.handle(0, Command::DeadLetters { letters }, &mut out);
+    let outcomes = std::mem::take(&mut out.outcomes);
+    shard.handle(0, Command::Outcomes { outcomes }, &mut out);
     shard.handle_timeout(WEEK_TICKS, &mut out);
     let mut got = Vec::new();
     for queue in ["q", "dlq"] {
@@ -500,8 +514,7 @@ fn delays_windows_and_the_order_of_returned_messages_survive() {
     run.consume(q, "q", 1); // leases "a"
     let image = run.image();
     for (what, batches) in [("log", run.log.clone()), ("image", vec![image])] {
-        let mut shard = Run::restore(&batches);
-        let mut out = Effects::new();
+        let (mut shard, mut out) = Run::restore(&batches);
         let key = shard.lookup("q").unwrap();
         let put_again = |shard: &mut Shard, out: &mut Effects, at: Tick| {
             let message = Message::new("again").with_id("gone");

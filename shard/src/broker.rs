@@ -12,7 +12,9 @@ use crate::protocol::{Answer, Inbox, ReplyTo, Request};
 use crate::queue::Queue;
 use crate::reply::{call, fan_in};
 use crate::router::shard_for;
-use crate::runtime::{ShardThread, TimeSource};
+use crate::runtime::{new_engine, ShardThread, TimeSource};
+use crate::store::{DataDir, ShardLog, SyncPolicy};
+use crate::wait::Sleeper;
 
 /// Builds a [`Broker`]: how many shards, which clock, how long a tick. Start with
 /// [`Broker::builder`].
@@ -32,6 +34,8 @@ pub struct BrokerBuilder {
     manual_clock: bool,
     tick: Duration,
     on_shard_start: Option<ShardSetup>,
+    data_dir: Option<std::path::PathBuf>,
+    sync: SyncPolicy,
 }
 
 impl Default for BrokerBuilder {
@@ -41,6 +45,8 @@ impl Default for BrokerBuilder {
             manual_clock: false,
             tick: Duration::from_millis(1),
             on_shard_start: None,
+            data_dir: None,
+            sync: SyncPolicy::Always,
         }
     }
 }
@@ -109,23 +115,80 @@ impl BrokerBuilder {
         self
     }
 
-    /// Starts the shard threads.
+    /// Where durable queues keep their logs (contract §7): each shard writes its own log
+    /// under this directory, and [`build`](Self::build) replays them, so every durable
+    /// queue is back before it returns. One broker at a time may have a data dir open. A
+    /// data dir remembers its shard count: built without [`shards`](Self::shards), the
+    /// broker takes that count.
+    ///
+    /// ```
+    /// # mod leasemq { pub use leasemq_engine::*; pub use leasemq_shard::*; }
+    /// use leasemq::{Broker, ConsumerConfig, Message, QueueConfig};
+    ///
+    /// let dir = std::env::temp_dir().join(format!("leasemq-doc-{}", std::process::id()));
+    /// let durable = QueueConfig { durable: true, ..QueueConfig::default() };
+    /// let broker = Broker::builder().shards(2).data_dir(&dir).build()?;
+    /// let jobs = broker.declare_queue("jobs", durable.clone())?;
+    /// jobs.put(Message::new("resize photo 17"))?; // answered once it is on disk
+    /// broker.shutdown();
+    ///
+    /// let broker = Broker::builder().data_dir(&dir).build()?; // two shards, as before
+    /// let jobs = broker.queue("jobs").expect("a durable queue is back");
+    /// let worker = jobs.consume("worker", ConsumerConfig::default())?;
+    /// assert_eq!(&worker.try_recv()?.unwrap().envelope().body[..], b"resize photo 17");
+    /// broker.shutdown();
+    /// # std::fs::remove_dir_all(&dir).unwrap();
+    /// # Ok::<(), leasemq::Error>(())
+    /// ```
+    pub fn data_dir(mut self, path: impl Into<std::path::PathBuf>) -> Self {
+        self.data_dir = Some(path.into());
+        self
+    }
+
+    /// When durable queues' records reach the disk (default [`SyncPolicy::Always`]: before
+    /// anything they caused leaves the shard).
+    pub fn sync(mut self, policy: SyncPolicy) -> Self {
+        self.sync = policy;
+        self
+    }
+
+    /// Starts the shard threads, after replaying the data dir's logs if there is one.
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidConfig`] when `shards` is 0 or over [`MAX_SHARDS`], when `tick` is
-    /// under 1 µs or over 1 s, when the system refuses to start a thread, or when the
+    /// [`Error::InvalidConfig`] when `shards` is 0 or over [`MAX_SHARDS`] or differs from
+    /// the data dir's, when `tick` is under 1 µs or over 1 s, when a `sync` interval is
+    /// zero, when the system refuses to start a thread, or when the
     /// [`on_shard_start`](Self::on_shard_start) setup panics (the broker is shut down
-    /// again first).
+    /// again first). [`Error::Storage`] when the data dir is locked by another broker,
+    /// cannot be read or written, or holds a damaged record (naming file and offset).
     pub fn build(self) -> Result<Broker, Error> {
-        let shards = self
-            .shards
-            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
-        if shards == 0 || shards > MAX_SHARDS {
-            return Err(Error::InvalidConfig(format!(
-                "shards must be from 1 to {MAX_SHARDS}, got {shards}"
-            )));
+        let default_shards = std::thread::available_parallelism().map_or(1, |n| n.get());
+        if let SyncPolicy::Interval(d) = self.sync {
+            if d.is_zero() || d > leasemq_engine::MAX_DURATION {
+                return Err(Error::InvalidConfig(format!(
+                    "sync: the interval must be from 1 ns to 7 days, got {d:?}"
+                )));
+            }
         }
+        let data_dir = match &self.data_dir {
+            Some(path) => {
+                if let Some(n) = self.shards {
+                    check_shards(n)?;
+                }
+                Some(DataDir::open(path, self.shards, default_shards)?)
+            }
+            None => None,
+        };
+        let shards = match &data_dir {
+            Some(dir) => dir.shards,
+            None => self.shards.unwrap_or(default_shards),
+        };
+        check_shards(shards)?;
+        self.start(shards, data_dir)
+    }
+
+    fn start(self, shards: usize, data_dir: Option<DataDir>) -> Result<Broker, Error> {
         if self.tick < Duration::from_micros(1) || self.tick > Duration::from_secs(1) {
             return Err(Error::InvalidConfig(format!(
                 "tick must be from 1 µs to 1 s, got {:?}",
@@ -137,12 +200,34 @@ impl BrokerBuilder {
         } else {
             TimeSource::System(Instant::now())
         };
+        let wall = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));
         let (senders, receivers): (Vec<_>, Vec<_>) = (0..shards)
             .map(|_| {
                 let (inbox, rx, sleeper) = Inbox::new();
                 (inbox, (rx, sleeper))
             })
             .unzip();
+        let sleepers: Vec<Arc<Sleeper>> = receivers.iter().map(|(_, s)| s.clone()).collect();
+        let engines = restore(data_dir.as_ref(), self.sync, &sleepers, |index| {
+            new_engine(index, &time, self.tick)
+        })?;
+        // Log time at tick 0: the wall clock, or the manual clock where the logs left off.
+        let epoch = match time {
+            TimeSource::System(_) => wall,
+            TimeSource::Manual => engines
+                .iter()
+                .filter_map(|(engine, _)| engine.restored_clock())
+                .max()
+                .unwrap_or(0),
+        };
+        let mut engines = engines.into_iter().map(|(mut engine, log)| {
+            engine.set_log_epoch(epoch);
+            let mut out = leasemq_engine::Effects::new();
+            engine.finish_restore(&mut out);
+            (engine, log, out)
+        });
         let mut threads = Vec::with_capacity(shards);
         // Each shard thread says whether its setup ran, before it serves anything.
         let (setup_done, setups) = crossbeam_channel::bounded::<bool>(shards);
@@ -156,7 +241,7 @@ impl BrokerBuilder {
                 sleeper,
                 senders.clone(),
                 time.clone(),
-                self.tick,
+                engines.next().expect("one engine per shard"),
             );
             let thread = std::thread::Builder::new()
                 .name(format!("leasemq-shard-{index}"))
@@ -189,6 +274,8 @@ impl BrokerBuilder {
                 manual_nanos: AtomicU64::new(0),
                 shut_down: AtomicBool::new(false),
                 threads: Mutex::new(threads),
+                durable: data_dir.is_some(),
+                data_dir: Mutex::new(data_dir),
             }),
         };
         if !(0..shards).all(|_| setups.recv() == Ok(true)) {
@@ -196,6 +283,10 @@ impl BrokerBuilder {
             return Err(Error::InvalidConfig(
                 "the on_shard_start setup panicked on a shard thread".into(),
             ));
+        }
+        // Messages the restore dead-lettered land before anyone can look.
+        if broker.inner.durable {
+            while broker.step_all(|reply| Request::Barrier { reply })? > 0 {}
         }
         Ok(broker)
     }
@@ -208,6 +299,10 @@ pub(crate) struct BrokerInner {
     shut_down: AtomicBool,
     /// Taken once, by the shutdown that joins them; never touched on the message path.
     threads: Mutex<Vec<JoinHandle<()>>>,
+    /// Whether the broker has a data dir, so durable queues can be declared.
+    durable: bool,
+    /// The data dir's lock, let go once the shards have stopped.
+    data_dir: Mutex<Option<DataDir>>,
 }
 
 impl BrokerInner {
@@ -231,6 +326,13 @@ impl BrokerInner {
         for thread in threads.drain(..) {
             let _ = thread.join();
         }
+        // Every shard has synced and closed its log: another broker may open the dir.
+        drop(
+            self.data_dir
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .take(),
+        );
     }
 }
 
@@ -340,16 +442,23 @@ impl Broker {
         }
         validate::queue_name(name)?;
         validate::queue_config(name, &config)?;
-        if config.durable {
+        if config.durable && !self.inner.durable {
             return Err(Error::InvalidConfig(
-                "durable: a durable queue needs a broker with a data dir, \
-                 which this version cannot open yet; declare it with durable: false"
+                "durable: a durable queue needs a broker with a data dir \
+                 (BrokerBuilder::data_dir); declare it with durable: false"
                     .into(),
             ));
         }
         if let Some(dead_letter) = &config.dead_letter {
-            if self.lookup(dead_letter)?.is_none() {
-                return Err(Error::UnknownQueue(dead_letter.clone()));
+            match self.lookup(dead_letter)? {
+                None => return Err(Error::UnknownQueue(dead_letter.clone())),
+                Some(dlq) if config.durable && !dlq.is_durable() => {
+                    return Err(Error::InvalidConfig(format!(
+                        "dead_letter: the dead-letter queue {dead_letter:?} of a durable \
+                         queue must be durable too, or its dead letters would not survive"
+                    )))
+                }
+                Some(_) => {}
             }
         }
         let shard = self.shard_of(name);
@@ -459,4 +568,48 @@ impl Broker {
     pub fn is_shut_down(&self) -> bool {
         self.inner.is_shut_down()
     }
+}
+
+fn check_shards(shards: usize) -> Result<(), Error> {
+    if shards == 0 || shards > MAX_SHARDS {
+        return Err(Error::InvalidConfig(format!(
+            "shards must be from 1 to {MAX_SHARDS}, got {shards}"
+        )));
+    }
+    Ok(())
+}
+
+/// Each shard's engine, restored from its log in the data dir (all shards at once, one
+/// thread each), or fresh without one.
+fn restore(
+    data_dir: Option<&DataDir>,
+    sync: SyncPolicy,
+    sleepers: &[Arc<Sleeper>],
+    engine: impl Fn(usize) -> leasemq_engine::Shard + Sync,
+) -> Result<Vec<(leasemq_engine::Shard, Option<ShardLog>)>, Error> {
+    let Some(dir) = data_dir else {
+        return Ok((0..sleepers.len()).map(|i| (engine(i), None)).collect());
+    };
+    std::thread::scope(|scope| {
+        let restores: Vec<_> = sleepers
+            .iter()
+            .enumerate()
+            .map(|(index, sleeper)| {
+                let engine = &engine;
+                scope.spawn(move || {
+                    let mut shard = engine(index);
+                    let log =
+                        ShardLog::recover(dir.shard_dir(index), &mut shard, sync, sleeper.clone())?;
+                    Ok((shard, Some(log)))
+                })
+            })
+            .collect();
+        restores
+            .into_iter()
+            .map(|r| {
+                r.join()
+                    .unwrap_or_else(|_| Err(Error::Storage("a shard's recovery panicked".into())))
+            })
+            .collect()
+    })
 }

@@ -30,9 +30,11 @@ mod reply;
 pub mod route;
 mod router;
 mod runtime;
+mod store;
 mod wait;
 
 pub use broker::{Broker, BrokerBuilder, MAX_SHARDS};
 pub use consumer::{Consumer, Delivery};
 pub use queue::Queue;
 pub use router::shard_for;
+pub use store::{SyncPolicy, META_FILE};

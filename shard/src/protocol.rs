@@ -62,9 +62,22 @@ impl Inbox {
 pub struct QueueCell {
     closed: AtomicBool,
     frozen: OnceLock<QueueStats>,
+    durable: bool,
 }
 
 impl QueueCell {
+    /// The cell of a new handle's queue; `durable` as its config says.
+    pub(crate) fn new(durable: bool) -> QueueCell {
+        QueueCell {
+            durable,
+            ..QueueCell::default()
+        }
+    }
+
+    pub(crate) fn is_durable(&self) -> bool {
+        self.durable
+    }
+
     pub(crate) fn is_closed(&self) -> bool {
         self.closed.load(Ordering::Acquire)
     }
@@ -126,6 +139,47 @@ pub(crate) struct Sink {
 pub(crate) struct Deferred {
     pub reply: ReplyTo,
     pub answer: Answer,
+    /// The answer is about a durable queue: should its log fail before the answer leaves,
+    /// the answer becomes a refusal (see `store.rs`).
+    pub durable: bool,
+}
+
+impl Deferred {
+    /// An answer about a queue that is not durable.
+    pub fn plain(reply: ReplyTo, answer: Answer) -> Deferred {
+        Deferred {
+            reply,
+            answer,
+            durable: false,
+        }
+    }
+
+    /// Sends the answer; `failed` is the error of a log that failed before it left.
+    pub fn send(self, failed: Option<&Error>) {
+        let answer = match failed {
+            Some(e) if self.durable => refused(self.answer, e),
+            _ => self.answer,
+        };
+        self.reply.send(answer);
+    }
+}
+
+/// What an answer about a durable queue becomes when the change it reports never reached
+/// the disk: a put or declare fails with the storage error, a settle did not happen.
+pub(crate) fn refused(answer: Answer, e: &Error) -> Answer {
+    match answer {
+        Answer::Engine(reply) => Answer::Engine(match reply {
+            Reply::Put(Ok(_)) => Reply::Put(Err(e.clone())),
+            Reply::PutBatch(Ok(_)) => Reply::PutBatch(Err(e.clone())),
+            Reply::Settled(_) => Reply::Settled(false),
+            Reply::SettledBatch(results) => Reply::SettledBatch(vec![false; results.len()]),
+            Reply::Count(_) => Reply::Count(0),
+            Reply::Declared(Ok(_)) => Reply::Declared(Err(e.clone())),
+            other => other,
+        }),
+        Answer::Queue(Ok(_)) => Answer::Queue(Err(e.clone())),
+        other => other,
+    }
 }
 
 /// One message in a shard's inbox.
@@ -163,8 +217,8 @@ pub(crate) enum Request {
     Barrier {
         reply: ReplyTo,
     },
-    /// Dead letters or outcomes from another shard.
-    Hop(Hop<Deferred>),
+    /// Dead letters or outcomes from another shard (boxed: rare, and large).
+    Hop(Box<Hop<Deferred>>),
     Shutdown,
 }
 

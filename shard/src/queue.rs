@@ -85,6 +85,11 @@ impl Queue {
         &self.inner.broker
     }
 
+    /// Whether the queue is durable: its messages survive a restart (contract §7).
+    pub fn is_durable(&self) -> bool {
+        self.inner.cell.is_durable()
+    }
+
     pub(crate) fn cell(&self) -> &QueueCell {
         &self.inner.cell
     }

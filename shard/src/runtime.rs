@@ -15,11 +15,12 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, TryRecvError, TrySendError};
 use leasemq_engine::{
-    Command, ConsumerKey, Effects, QueueKey, QueueStats, Reply, Shard, Tick, TickLength,
+    Command, ConsumerKey, Delivered, Effects, QueueKey, QueueStats, Reply, Shard, Tick, TickLength,
 };
 
 use crate::protocol::{Answer, Deferred, Inbox, QueueCell, ReplyTo, Request, Sink};
 use crate::route::{self, Backlog, Driver, Hop};
+use crate::store::{Held, ShardLog};
 use crate::wait::Sleeper;
 
 /// Requests handled per loop turn before effects are flushed.
@@ -45,7 +46,9 @@ pub(crate) struct ShardThread {
     out: Effects,
     sinks: Vec<Option<Sink>>,
     cells: Vec<Option<(QueueKey, Arc<QueueCell>)>>,
-    replies: Vec<(ReplyTo, Answer)>,
+    replies: Vec<Deferred>,
+    /// The log of this shard's durable queues, when the broker has a data dir.
+    log: Option<ShardLog>,
     /// Requests for other shards whose inboxes were full.
     backlog: Backlog<Request>,
     cross_sent: u64,
@@ -55,20 +58,19 @@ pub(crate) struct ShardThread {
 }
 
 impl ShardThread {
+    /// A shard thread around `engine` (made by [`new_engine`], restored from `log` if
+    /// the broker has a data dir, with `out` what the restore left to route).
     pub fn new(
         index: usize,
         inbox: Receiver<Request>,
         sleeper: Arc<Sleeper>,
         peers: Vec<Inbox>,
         time: TimeSource,
-        tick: Duration,
+        (engine, log, out): (Shard, Option<ShardLog>, Effects),
     ) -> Self {
-        let index16 = u16::try_from(index).expect("at most 65 536 shards");
-        let engine = match time {
-            TimeSource::System(_) => Shard::new(index16, tick).for_real_time(),
-            TimeSource::Manual => Shard::new(index16, tick),
-        };
+        let tick = engine.tick_length().as_duration();
         ShardThread {
+            log,
             engine,
             index,
             inbox,
@@ -76,7 +78,7 @@ impl ShardThread {
             peers,
             time,
             tick: TickLength::new(tick),
-            out: Effects::new(),
+            out,
             sinks: Vec::new(),
             cells: Vec::new(),
             replies: Vec::new(),
@@ -101,11 +103,19 @@ impl ShardThread {
 
     pub fn run(mut self) {
         self.sleeper.bind();
+        // What the restore left: messages it dead-lettered.
+        let now = self.now();
+        route::dead_letters(&mut self, now, None);
+        self.flush();
+        self.pump_log();
         while !self.stopping {
             let first = match self.wait() {
-                Some(Ok(req)) => req,
-                Some(Err(())) => break,
-                None => continue,
+                Some(Woke::Request(req)) => req,
+                Some(Woke::Gone) => break,
+                Some(Woke::Durable) | None => {
+                    self.pump_log();
+                    continue;
+                }
             };
             self.process(first);
             for _ in 1..BATCH {
@@ -118,14 +128,115 @@ impl ShardThread {
                 }
             }
             self.flush();
+            self.pump_log();
             self.retry_backlog();
         }
         self.stop();
     }
 
-    /// Waits for the next request; under the system clock, fires due timers first and
-    /// returns `None` when it woke for a deadline. `Some(Err)` when every sender is gone.
-    fn wait(&mut self) -> Option<Result<Request, ()>> {
+    /// Hands the turn's records to the log's syncer, lets out what the disk now covers,
+    /// and writes a snapshot when the log has grown enough.
+    fn pump_log(&mut self) {
+        let Some(log) = &mut self.log else {
+            return;
+        };
+        log.submit(Instant::now());
+        self.release_held();
+        if let Some(log) = &mut self.log {
+            log.maybe_snapshot(&self.engine);
+        }
+        self.release_held();
+    }
+
+    /// Sends what the log no longer holds back.
+    fn release_held(&mut self) {
+        let Some(mut log) = self.log.take() else {
+            return;
+        };
+        let mut woken: Option<usize> = None;
+        log.release(|what, failed| match what {
+            Held::Delivery(key, delivered) => {
+                // Once the log failed, a delivery of a durable queue never leaves: its
+                // lease runs out in memory, and after a restart it is back.
+                if failed.is_none() {
+                    self.deliver(key, delivered, &mut woken);
+                }
+            }
+            Held::Reply(deferred) => deferred.send(failed),
+            Held::Hop(to, hop) => {
+                if failed.is_none() {
+                    let peers = &self.peers;
+                    self.backlog.send(to, Request::Hop(Box::new(hop)), |shard, req| {
+                        try_send(peers, shard, req)
+                    });
+                }
+            }
+        });
+        wake(&self.sinks, woken);
+        self.log = Some(log);
+    }
+
+    /// Appends the changes the engine logged so far, stamped with the engine's time.
+    fn log_pending(&mut self) {
+        if self.out.log.is_empty() {
+            return;
+        }
+        let now = self.engine.log_time(self.engine.now());
+        match &mut self.log {
+            Some(log) => log.append(now, &mut self.out.log),
+            // No data dir, no durable queue: nothing can log.
+            None => self.out.log.clear(),
+        }
+    }
+
+    /// Whether what leaves the shard now must wait for the disk.
+    fn holding(&mut self) -> bool {
+        self.log_pending();
+        self.log.as_ref().is_some_and(ShardLog::holding)
+    }
+
+    /// The error to refuse `cmd` with, when it would change a durable queue whose log
+    /// failed.
+    fn refuse(&self, cmd: &Command) -> Option<Reply> {
+        let e = self.log.as_ref()?.failed()?;
+        let durable = |queue: QueueKey| self.engine.is_durable(queue);
+        Some(match cmd {
+            Command::Put { queue, .. } if durable(*queue) => Reply::Put(Err(e.clone())),
+            Command::PutBatch { queue, .. } if durable(*queue) => Reply::PutBatch(Err(e.clone())),
+            Command::Settle { queue, .. } if durable(*queue) => Reply::Settled(false),
+            Command::SettleBatch { queue, settles } if durable(*queue) => {
+                Reply::SettledBatch(vec![false; settles.len()])
+            }
+            Command::AckUpTo { consumer, .. }
+                if self.engine.queue_of(*consumer).is_some_and(durable) =>
+            {
+                Reply::Count(0)
+            }
+            _ => return None,
+        })
+    }
+
+    /// Whether `cmd` is about a durable queue.
+    fn about_durable(&self, cmd: &Command) -> bool {
+        match cmd {
+            Command::Put { queue, .. }
+            | Command::PutBatch { queue, .. }
+            | Command::Settle { queue, .. }
+            | Command::SettleBatch { queue, .. }
+            | Command::Close { queue }
+            | Command::Stats { queue } => self.engine.is_durable(*queue),
+            Command::AckUpTo { consumer, .. } => self
+                .engine
+                .queue_of(*consumer)
+                .is_some_and(|q| self.engine.is_durable(q)),
+            Command::Declare { config, .. } => config.durable,
+            _ => false,
+        }
+    }
+
+    /// Waits for the next request, or for the disk to cover what is held back; under the
+    /// system clock, fires due timers first and returns `None` when it woke for a deadline.
+    fn wait(&mut self) -> Option<Woke> {
         let wake_at = match self.time {
             TimeSource::Manual => None,
             TimeSource::System(epoch) => {
@@ -133,6 +244,7 @@ impl ShardThread {
                 self.engine.handle_timeout(now, &mut self.out);
                 route::dead_letters(self, now, None);
                 self.flush();
+                self.pump_log();
                 // Wake when the deadline's tick begins in real time, not a whole number of
                 // ticks from now: `now` is rounded down, and counting from it would add up
                 // to a tick of lateness to every timer.
@@ -150,11 +262,20 @@ impl ShardThread {
             let retry = Instant::now() + Duration::from_micros(100);
             Some(wake_at.map_or(retry, |at| at.min(retry)))
         };
+        let submit_at = self.log.as_ref().and_then(ShardLog::submit_at);
+        let wake_at = match (wake_at, submit_at) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
         let inbox = &self.inbox;
+        let log = &self.log;
         let got = self.sleeper.wait(wake_at, || match inbox.try_recv() {
-            Ok(req) => Some(Ok(req)),
-            Err(TryRecvError::Empty) => None,
-            Err(TryRecvError::Disconnected) => Some(Err(())),
+            Ok(req) => Some(Woke::Request(req)),
+            Err(TryRecvError::Disconnected) => Some(Woke::Gone),
+            Err(TryRecvError::Empty) => log
+                .as_ref()
+                .is_some_and(ShardLog::progressed)
+                .then_some(Woke::Durable),
         });
         if got.is_none() {
             self.retry_backlog();
@@ -170,10 +291,16 @@ impl ShardThread {
         let now = self.now();
         match req {
             Request::Engine { cmd, reply } => {
+                if let Some(refusal) = self.refuse(&cmd) {
+                    let answer = Answer::Engine(refusal);
+                    self.replies.push(Deferred::plain(reply, answer));
+                    return;
+                }
                 let closing = match &cmd {
                     Command::Close { queue } => Some(*queue),
                     _ => None,
                 };
+                let durable = self.about_durable(&cmd);
                 self.engine.handle(now, cmd, &mut self.out);
                 let answer = self.take_reply();
                 if let (Some(key), Reply::Closed(Some(stats))) = (closing, &answer) {
@@ -181,9 +308,20 @@ impl ShardThread {
                 }
                 // Answered now, or after the dead letters it caused have landed.
                 let answer = Answer::Engine(answer);
-                route::dead_letters(self, now, Some(Deferred { reply, answer }));
+                let deferred = Deferred {
+                    reply,
+                    answer,
+                    durable,
+                };
+                route::dead_letters(self, now, Some(deferred));
             }
             Request::Declare { cmd, reply } => {
+                let durable = self.about_durable(&cmd);
+                if let (true, Some(e)) = (durable, self.log.as_ref().and_then(|l| l.failed())) {
+                    let answer = Answer::Queue(Err(e.clone()));
+                    self.replies.push(Deferred::plain(reply, answer));
+                    return;
+                }
                 self.engine.handle(now, cmd, &mut self.out);
                 let answer = match self.take_reply() {
                     Reply::Declared(result) => {
@@ -192,7 +330,11 @@ impl ShardThread {
                     Reply::Found(found) => Answer::Queue(Ok(found.map(|key| self.cell(key)))),
                     other => unreachable!("declare answered {other:?}"),
                 };
-                self.replies.push((reply, answer));
+                self.replies.push(Deferred {
+                    reply,
+                    answer,
+                    durable,
+                });
             }
             Request::Consume {
                 queue,
@@ -216,7 +358,8 @@ impl ShardThread {
                     }
                     self.sinks[key.slot()] = Some(sink);
                 }
-                self.replies.push((reply, Answer::Engine(reply_value)));
+                self.replies
+                    .push(Deferred::plain(reply, Answer::Engine(reply_value)));
             }
             Request::Cancel {
                 consumer,
@@ -225,14 +368,15 @@ impl ShardThread {
             } => {
                 // What this shard still holds for the consumer counts as unread too.
                 self.flush_deliveries();
-                let unread = rx.try_iter().map(|d| d.tag).collect();
+                let mut unread: Vec<_> = rx.try_iter().map(|d| d.tag).collect();
+                if let Some(log) = &mut self.log {
+                    let held = log.take_deliveries_of(consumer);
+                    unread.extend(held.into_iter().map(|d| d.tag));
+                }
                 self.engine
                     .handle(now, Command::Cancel { consumer, unread }, &mut self.out);
                 self.drop_gone_sinks();
-                let deferred = reply.map(|reply| Deferred {
-                    reply,
-                    answer: Answer::Done,
-                });
+                let deferred = reply.map(|reply| Deferred::plain(reply, Answer::Done));
                 route::dead_letters(self, now, deferred);
             }
             Request::Advance { nanos, reply } => {
@@ -247,7 +391,7 @@ impl ShardThread {
             Request::Barrier { reply } => self.step(reply),
             Request::Hop(hop) => {
                 let now = self.catch_up(hop.at());
-                route::receive(self, now, hop);
+                route::receive(self, now, *hop);
             }
             Request::Shutdown => self.stopping = true,
         }
@@ -257,6 +401,7 @@ impl ShardThread {
             route::dead_letters(self, now, None);
         }
         self.drop_gone_sinks();
+        self.log_pending();
     }
 
     fn take_reply(&mut self) -> Reply {
@@ -284,7 +429,7 @@ impl ShardThread {
         match &self.cells[idx] {
             Some((k, cell)) if *k == key => (key, cell.clone()),
             _ => {
-                let cell = Arc::new(QueueCell::default());
+                let cell = Arc::new(QueueCell::new(self.engine.is_durable(key)));
                 self.cells[idx] = Some((key, cell.clone()));
                 (key, cell)
             }
@@ -312,13 +457,18 @@ impl ShardThread {
         self.flush_deliveries();
         // Messages still in the backlog count as sent: the broker must step again.
         let cross_sent = std::mem::take(&mut self.cross_sent) + self.backlog.len() as u64;
-        self.replies.push((reply, Answer::Step { cross_sent }));
+        self.replies
+            .push(Deferred::plain(reply, Answer::Step { cross_sent }));
     }
 
     /// Drops the channels of consumers that ended; a blocked `recv` sees the disconnect,
     /// a pending async `next` is woken to see it.
     fn drop_gone_sinks(&mut self) {
         for key in self.out.consumers_gone.drain(..) {
+            // A consumer whose queue closed gets none of what was held for it.
+            if let Some(log) = &mut self.log {
+                log.take_deliveries_of(key);
+            }
             // Dropping the sink closes the channel, then wakes its readers.
             drop(self.sinks.get_mut(key.slot()).and_then(Option::take));
         }
@@ -326,40 +476,69 @@ impl ShardThread {
 
     fn flush(&mut self) {
         self.flush_deliveries();
-        for (reply, answer) in self.replies.drain(..) {
-            reply.send(answer);
+        if self.holding() {
+            let log = self.log.as_mut().expect("holding needs a log");
+            for deferred in self.replies.drain(..) {
+                log.hold(Held::Reply(deferred));
+            }
+        } else {
+            for deferred in self.replies.drain(..) {
+                deferred.send(None);
+            }
         }
     }
 
-    /// Pushes deliveries into consumer channels, waking each async reader once per run.
+    /// Pushes deliveries into consumer channels, waking each async reader once per run;
+    /// or, while the log holds things back, adds them to what it holds.
     fn flush_deliveries(&mut self) {
+        if self.holding() {
+            let log = self.log.as_mut().expect("holding needs a log");
+            for (key, delivered) in self.out.deliveries.drain(..) {
+                log.hold(Held::Delivery(key, delivered));
+            }
+            return;
+        }
         let mut last: Option<usize> = None;
+        let deliveries = std::mem::take(&mut self.out.deliveries);
+        let mut deliveries = deliveries;
+        for (key, delivered) in deliveries.drain(..) {
+            self.deliver(key, delivered, &mut last);
+        }
+        // Keep the vector's capacity: a warm shard does not allocate.
+        self.out.deliveries = deliveries;
+        wake(&self.sinks, last);
+    }
+
+    /// Pushes one delivery into its consumer's channel; `last` is the consumer of the one
+    /// before, woken when the run of deliveries to it ends.
+    fn deliver(&mut self, key: ConsumerKey, delivered: Delivered, last: &mut Option<usize>) {
+        let slot = key.slot();
+        let Some(Some(sink)) = self.sinks.get(slot) else {
+            return;
+        };
         // Under the manual clock time moves only as far as a caller asks, and what a channel
         // holds after an `advance` must not depend on how it was stepped: no trimming.
         let real_time = matches!(self.time, TimeSource::System(_));
-        for (key, delivered) in self.out.deliveries.drain(..) {
-            let slot = key.slot();
-            let Some(Some(sink)) = self.sinks.get(slot) else {
-                continue;
-            };
-            if real_time && sink.tx.len() >= 2 * sink.prefetch {
-                trim(&self.engine, key, sink);
-            }
-            // Unbounded, but holding at most twice the prefetch: never blocks. A send
-            // fails only once the consumer's receiver is gone with its cancel on the way.
-            let _ = sink.tx.send(delivered);
-            if last.is_some_and(|l| l != slot) {
-                wake(&self.sinks, last);
-            }
-            last = Some(slot);
+        if real_time && sink.tx.len() >= 2 * sink.prefetch {
+            trim(&self.engine, key, sink);
         }
-        wake(&self.sinks, last);
+        // Unbounded, but holding at most twice the prefetch: never blocks. A send fails
+        // only once the consumer's receiver is gone with its cancel on the way.
+        let _ = sink.tx.send(delivered);
+        if last.is_some_and(|l| l != slot) {
+            wake(&self.sinks, *last);
+        }
+        *last = Some(slot);
     }
 
     /// Stops: freezes the stats of every live queue for its handles, answers what is left,
     /// and drops every consumer channel so that blocked receivers wake up.
     fn stop(&mut self) {
         self.flush();
+        if let Some(log) = &mut self.log {
+            log.close();
+        }
+        self.release_held();
         for entry in self.cells.iter_mut() {
             if let Some((key, cell)) = entry.take() {
                 if let Some(stats) = self.engine.stats(key) {
@@ -399,14 +578,19 @@ impl Driver for ShardThread {
     /// Never blocks: a full inbox leaves the request in the backlog.
     fn send(&mut self, to: usize, hop: Hop<Deferred>) {
         self.cross_sent += 1;
+        if self.holding() {
+            let log = self.log.as_mut().expect("holding needs a log");
+            log.hold(Held::Hop(to, hop));
+            return;
+        }
         let peers = &self.peers;
-        self.backlog.send(to, Request::Hop(hop), |shard, req| {
+        self.backlog.send(to, Request::Hop(Box::new(hop)), |shard, req| {
             try_send(peers, shard, req)
         });
     }
 
-    fn answer(&mut self, Deferred { reply, answer }: Deferred) {
-        self.replies.push((reply, answer));
+    fn answer(&mut self, deferred: Deferred) {
+        self.replies.push(deferred);
     }
 }
 
@@ -440,6 +624,24 @@ fn trim(engine: &Shard, consumer: ConsumerKey, sink: &Sink) {
             Ok(_) => {}
             Err(_) => return,
         }
+    }
+}
+
+/// Why the shard thread stopped waiting.
+enum Woke {
+    Request(Request),
+    /// Every sender is gone.
+    Gone,
+    /// The disk covers something the log held back, or the log failed.
+    Durable,
+}
+
+/// A shard's engine: counting time in `tick`s, with a tick of slack under the system clock.
+pub(crate) fn new_engine(index: usize, time: &TimeSource, tick: Duration) -> Shard {
+    let index16 = u16::try_from(index).expect("at most 65 536 shards");
+    match time {
+        TimeSource::System(_) => Shard::new(index16, tick).for_real_time(),
+        TimeSource::Manual => Shard::new(index16, tick),
     }
 }
 

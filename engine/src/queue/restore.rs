@@ -13,7 +13,7 @@ use bytes::Bytes;
 use super::{Ctx, DedupEntry, Msg, MsgId, MsgState, QueueState, Timer};
 use crate::durable::{Change, RestoreError};
 use crate::leases::LeaseTable;
-use crate::types::DeathRecord;
+use crate::types::{DeathReason, DeathRecord};
 use crate::wheel::{Tick, Wheel};
 
 impl QueueState {
@@ -96,9 +96,17 @@ impl QueueState {
             self.delay_message(ctx, slot, at);
         }
         ready.sort_unstable();
+        let spent = |attempt: u32| self.config.max_deliveries.is_some_and(|max| attempt >= max);
+        let mut poisoned = Vec::new();
         for &(_, slot, returned) in &ready {
             if returned {
-                self.returned.push_back(slot);
+                // Leased at the crash after its last allowed delivery: it came back, as
+                // from an expiry, and is dead-lettered (contract §7 item 3).
+                if spent(self.msgs[slot as usize].attempt) {
+                    poisoned.push(slot);
+                } else {
+                    self.returned.push_back(slot);
+                }
             }
         }
         for &(_, slot, returned) in &ready {
@@ -120,6 +128,10 @@ impl QueueState {
         }
         self.dedup
             .retain(|_, entry| entry.live || entry.window.is_some());
+        for slot in poisoned {
+            self.msgs[slot as usize].state = MsgState::Ready;
+            self.dead_letter(ctx, slot, DeathReason::MaxDeliveries);
+        }
     }
 
     /// The changes that rebuild this durable queue (see `Shard::image`).

@@ -1,0 +1,418 @@
+//! Durable queues on the shard threads (contract §7): the data dir, each shard's log, and
+//! what a shard holds back until the records that caused it are on disk.
+//!
+//! A data dir holds `leasemq.meta` (its format and shard count), a `LOCK` file that one
+//! broker at a time holds, and one directory per shard (`shard-0`, `shard-1`, …) with that
+//! shard's write-ahead log and its latest snapshot (`leasemq-wal`). A shard's records are
+//! batches of the engine's [`Change`]s, each batch starting with the log time; a snapshot
+//! is the engine's image in the same form.
+//!
+//! The rule under [`SyncPolicy::Always`]: once a turn of the shard loop has logged a
+//! change, every delivery, answer and message to another shard that the turn produced
+//! waits in [`ShardLog::held`] until the fsync covering that change is done, and so does
+//! everything after it (the queue keeps its order). A shard whose durable queues do nothing
+//! holds nothing, so its other queues keep their speed. The fsyncs run on the log's syncer
+//! thread, one at a time, each taking what was submitted while the previous one ran.
+
+use std::collections::VecDeque;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use leasemq_engine::durable::{begin_batch, decode_batch, Change};
+use leasemq_engine::{ConsumerKey, Delivered, Error, Shard};
+use leasemq_wal::{
+    latest_snapshot, write_snapshot, DirLock, DiskStorage, Lsn, Options, Storage, Wal, WalError,
+};
+
+use crate::protocol::Deferred;
+use crate::route::Hop;
+use crate::wait::Sleeper;
+
+/// When the records of durable queues reach the disk (contract §7).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum SyncPolicy {
+    /// Nothing leaves a shard before the records that caused it are on disk: a put or
+    /// settle of a durable queue is answered, and a delivery from one handed over, only
+    /// after the fsync that covers it. Records that arrive during one fsync share the next.
+    #[default]
+    Always,
+    /// Answers at once and fsyncs at least this often: a crash loses at most the changes
+    /// of the last interval (Redis `appendfsync everysec`).
+    Interval(Duration),
+}
+
+/// The name of the file that records a data dir's format and shard count.
+pub const META_FILE: &str = "leasemq.meta";
+const META_FORMAT: &str = "leasemq data dir, format 1";
+
+/// Segments of a shard's log: small, so that a compacted log holds little beside the
+/// snapshot.
+const SEGMENT_BYTES: u64 = 8 << 20;
+/// The largest record: a batch holding one largest body, with room for the rest.
+const MAX_RECORD_BYTES: usize = leasemq_engine::MAX_BODY_LIMIT + (1 << 20);
+/// A snapshot is written once the log has grown by this much since the last one, or by
+/// twice the last one's size, whichever is more.
+const SNAPSHOT_AFTER_BYTES: u64 = 16 << 20;
+
+/// A data dir, locked for this broker for as long as this lives.
+#[derive(Debug)]
+pub(crate) struct DataDir {
+    pub path: PathBuf,
+    pub shards: usize,
+    _lock: DirLock,
+}
+
+fn storage_error(e: WalError) -> Error {
+    Error::Storage(e.to_string())
+}
+
+fn io_error(path: &Path, what: &str, e: std::io::Error) -> Error {
+    Error::Storage(format!("{}: {what}: {e}", path.display()))
+}
+
+impl DataDir {
+    /// Opens (or makes) the data dir at `path` and takes its lock; `shards` is the count
+    /// the builder asked for, if it did.
+    pub fn open(path: &Path, shards: Option<usize>, default: usize) -> Result<DataDir, Error> {
+        let storage = DiskStorage;
+        storage
+            .create_dir_all(path)
+            .map_err(|e| io_error(path, "create the data dir", e))?;
+        let lock = storage.lock(path).map_err(|e| {
+            if e.kind() == std::io::ErrorKind::WouldBlock {
+                Error::Storage(format!(
+                    "{}: the data dir is locked by another broker (its {} file)",
+                    path.display(),
+                    leasemq_wal::LOCK_FILE
+                ))
+            } else {
+                io_error(path, "lock the data dir", e)
+            }
+        })?;
+        let meta = path.join(META_FILE);
+        let shards = match std::fs::read_to_string(&meta) {
+            Ok(text) => {
+                let stored = parse_meta(&text).ok_or_else(|| {
+                    Error::Storage(format!(
+                        "{}: not a leasemq data dir file (expected \"{META_FORMAT}\")",
+                        meta.display()
+                    ))
+                })?;
+                match shards {
+                    Some(asked) if asked != stored => {
+                        return Err(Error::InvalidConfig(format!(
+                            "shards: the data dir {} was made with {stored} shards, \
+                             the builder asks for {asked}; build without shards(n) to use \
+                             {stored}",
+                            path.display()
+                        )))
+                    }
+                    _ => stored,
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                let shards = shards.unwrap_or(default);
+                write_meta(path, &meta, shards)?;
+                shards
+            }
+            Err(e) => return Err(io_error(&meta, "read", e)),
+        };
+        Ok(DataDir {
+            path: path.to_path_buf(),
+            shards,
+            _lock: lock,
+        })
+    }
+
+    /// The directory of shard `index`'s log.
+    pub fn shard_dir(&self, index: usize) -> PathBuf {
+        self.path.join(format!("shard-{index}"))
+    }
+}
+
+fn parse_meta(text: &str) -> Option<usize> {
+    let mut lines = text.lines();
+    if lines.next()? != META_FORMAT {
+        return None;
+    }
+    lines.next()?.strip_prefix("shards ")?.parse().ok()
+}
+
+/// Writes the meta file whole: a temp file, fsynced, renamed, the directory fsynced.
+fn write_meta(dir: &Path, meta: &Path, shards: usize) -> Result<(), Error> {
+    use std::io::Write;
+    let tmp = meta.with_extension("tmp");
+    let text = format!("{META_FORMAT}\nshards {shards}\n");
+    let mut file = std::fs::File::create(&tmp).map_err(|e| io_error(&tmp, "create", e))?;
+    file.write_all(text.as_bytes())
+        .map_err(|e| io_error(&tmp, "write", e))?;
+    file.sync_all().map_err(|e| io_error(&tmp, "fsync", e))?;
+    std::fs::rename(&tmp, meta).map_err(|e| io_error(&tmp, "rename", e))?;
+    DiskStorage
+        .sync_dir(dir)
+        .map_err(|e| io_error(dir, "fsync directory", e))
+}
+
+/// Something that waits for the disk before it leaves the shard.
+pub(crate) enum Held {
+    Delivery(ConsumerKey, Delivered),
+    Reply(Deferred),
+    Hop(usize, Hop<Deferred>),
+}
+
+/// One shard's log, and what waits on it.
+pub(crate) struct ShardLog {
+    wal: Wal,
+    storage: Arc<dyn Storage>,
+    dir: PathBuf,
+    policy: SyncPolicy,
+    buf: Vec<u8>,
+    /// What waits for the disk, each behind the lsn that must be durable first.
+    pub held: VecDeque<(Lsn, Held)>,
+    /// Appended records not yet handed to the syncer.
+    unsubmitted: bool,
+    last_submit: Instant,
+    since_snapshot: u64,
+    snapshot_bytes: u64,
+    /// Set once a write, an fsync or a snapshot failed: the durable queues of this shard
+    /// refuse every change from then on.
+    failed: Option<Error>,
+}
+
+impl ShardLog {
+    /// Opens shard `index`'s log in `dir`, restoring what it and its snapshot hold into
+    /// `engine`; `wake` is woken after every fsync.
+    pub fn recover(
+        dir: PathBuf,
+        engine: &mut Shard,
+        policy: SyncPolicy,
+        wake: Arc<Sleeper>,
+    ) -> Result<ShardLog, Error> {
+        let storage: Arc<dyn Storage> = Arc::new(DiskStorage);
+        storage
+            .create_dir_all(&dir)
+            .map_err(|e| io_error(&dir, "create directory", e))?;
+        let snapshot = latest_snapshot(&*storage, &dir).map_err(storage_error)?;
+        let mut from = Lsn(1);
+        let mut snapshot_bytes = 0;
+        if let Some(snapshot) = snapshot {
+            let path = snapshot.path.display().to_string();
+            snapshot_bytes = snapshot.data.len() as u64;
+            restore_batch(engine, Bytes::from(snapshot.data), &path)?;
+            from = Lsn(snapshot.lsn.0 + 1);
+        }
+        let options = Options {
+            segment_bytes: SEGMENT_BYTES,
+            max_record_bytes: MAX_RECORD_BYTES,
+            on_progress: Some(Arc::new(move || wake.wake())),
+        };
+        let mut failure = None;
+        let mut since_snapshot = 0;
+        let (wal, report) = Wal::open(storage.clone(), &dir, options, from, |lsn, payload| {
+            if failure.is_none() {
+                since_snapshot += payload.len() as u64;
+                let at = format!("{} record {lsn}", dir.display());
+                let batch = Bytes::copy_from_slice(payload);
+                failure = restore_batch(engine, batch, &at).err();
+            }
+        })
+        .map_err(storage_error)?;
+        if let Some(e) = failure {
+            return Err(e);
+        }
+        if let Some(torn) = &report.torn {
+            eprintln!(
+                "leasemq: {}: cut a torn last write at byte {} (a crash during a write; \
+                 nothing in it was ever acknowledged)",
+                torn.path.display(),
+                torn.offset
+            );
+        }
+        Ok(ShardLog {
+            wal,
+            storage,
+            dir,
+            policy,
+            buf: Vec::new(),
+            held: VecDeque::new(),
+            unsubmitted: false,
+            last_submit: Instant::now(),
+            since_snapshot,
+            snapshot_bytes,
+            failed: None,
+        })
+    }
+
+    /// The error durable queues answer with once the log failed.
+    pub fn failed(&self) -> Option<&Error> {
+        self.failed.as_ref()
+    }
+
+    /// Whether what leaves the shard now must wait for the disk: under `Always`, once a
+    /// change was appended and not yet synced, or while anything else waits.
+    pub fn holding(&self) -> bool {
+        matches!(self.policy, SyncPolicy::Always)
+            && (self.wal.last_appended() > self.wal.durable() || !self.held.is_empty())
+    }
+
+    /// Appends one batch: the log time, then `changes` (drained).
+    pub fn append(&mut self, log_time: u64, changes: &mut Vec<Change>) {
+        if self.failed.is_some() {
+            changes.clear();
+            return;
+        }
+        self.buf.clear();
+        begin_batch(&mut self.buf);
+        Change::Clock { now: log_time }.encode(&mut self.buf);
+        for change in changes.drain(..) {
+            change.encode(&mut self.buf);
+        }
+        match self.wal.append(&self.buf) {
+            Ok(_) => {
+                self.unsubmitted = true;
+                self.since_snapshot += self.buf.len() as u64;
+            }
+            Err(e) => self.fail(e),
+        }
+        if self.buf.capacity() > 1 << 20 {
+            self.buf = Vec::new();
+        }
+    }
+
+    /// Holds `what` until everything appended so far is durable.
+    pub fn hold(&mut self, what: Held) {
+        let lsn = self.wal.last_appended();
+        self.held.push_back((lsn, what));
+    }
+
+    /// Takes out the held deliveries of a consumer that ends, to count them unread.
+    pub fn take_deliveries_of(&mut self, consumer: ConsumerKey) -> Vec<Delivered> {
+        let mut taken = Vec::new();
+        let mut kept = VecDeque::with_capacity(self.held.len());
+        for (lsn, what) in self.held.drain(..) {
+            match what {
+                Held::Delivery(key, delivered) if key == consumer => taken.push(delivered),
+                other => kept.push_back((lsn, other)),
+            }
+        }
+        self.held = kept;
+        taken
+    }
+
+    /// Hands what was appended to the syncer: at once under `Always`; under `Interval(d)`
+    /// once `d` has passed since the last hand-over.
+    pub fn submit(&mut self, now: Instant) {
+        if !self.unsubmitted || self.failed.is_some() {
+            return;
+        }
+        if let SyncPolicy::Interval(d) = self.policy {
+            if now < self.last_submit + d {
+                return;
+            }
+        }
+        self.unsubmitted = false;
+        self.last_submit = now;
+        if let Err(e) = self.wal.submit() {
+            self.fail(e);
+        }
+    }
+
+    /// When the loop must wake to submit under `Interval`, if records wait for it.
+    pub fn submit_at(&self) -> Option<Instant> {
+        match self.policy {
+            SyncPolicy::Interval(d) if self.unsubmitted => Some(self.last_submit + d),
+            _ => None,
+        }
+    }
+
+    /// Whether something held may leave now (an fsync finished, or the log failed).
+    pub fn progressed(&self) -> bool {
+        self.held
+            .front()
+            .is_some_and(|(lsn, _)| *lsn <= self.wal.durable())
+            || (!self.held.is_empty() && self.wal.check().is_err())
+    }
+
+    /// What may leave now, in order: what the disk covers, or, once the log failed,
+    /// everything held, to be answered with the failure.
+    pub fn release(&mut self, mut each: impl FnMut(Held, Option<&Error>)) {
+        if self.failed.is_none() {
+            if let Err(e) = self.wal.check() {
+                self.fail(e);
+            }
+        }
+        let durable = self.wal.durable();
+        while let Some((lsn, _)) = self.held.front() {
+            if self.failed.is_none() && *lsn > durable {
+                break;
+            }
+            let (_, what) = self.held.pop_front().expect("looked at the front");
+            each(what, self.failed.as_ref());
+        }
+    }
+
+    /// Writes a snapshot of `engine` when the log has grown enough since the last, and
+    /// removes the segments it covers. Waits for the disk first: a snapshot covers only
+    /// durable records.
+    pub fn maybe_snapshot(&mut self, engine: &Shard) {
+        let due = self.since_snapshot > SNAPSHOT_AFTER_BYTES.max(2 * self.snapshot_bytes);
+        if !due || self.failed.is_some() {
+            return;
+        }
+        let lsn = match self.wal.sync() {
+            Ok(lsn) => lsn,
+            Err(e) => return self.fail(e),
+        };
+        self.unsubmitted = false;
+        let mut image = Vec::new();
+        begin_batch(&mut image);
+        engine.image(|change| change.encode(&mut image));
+        let written = write_snapshot(&*self.storage, &self.dir, lsn, &image)
+            .and_then(|_| self.wal.remove_before(Lsn(lsn.0 + 1)));
+        match written {
+            Ok(_) => {
+                self.since_snapshot = 0;
+                self.snapshot_bytes = image.len() as u64;
+            }
+            Err(e) => self.fail(e),
+        }
+    }
+
+    /// At shutdown: everything appended goes to disk.
+    pub fn close(&mut self) {
+        if self.failed.is_none() {
+            if let Err(e) = self.wal.sync() {
+                self.fail(e);
+            }
+        }
+    }
+
+    fn fail(&mut self, e: WalError) {
+        if self.failed.is_none() {
+            self.failed = Some(storage_error(e));
+        }
+    }
+}
+
+/// Restores one batch of changes into `engine`; `at` names where it came from.
+fn restore_batch(engine: &mut Shard, batch: Bytes, at: &str) -> Result<(), Error> {
+    match decode_batch(batch, |change| engine.restore(change)) {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(e)) => Err(Error::Storage(format!("{at}: {e}"))),
+        Err(e) => Err(Error::Storage(format!("{at}: {e}"))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_meta_file_says_its_format_and_shard_count() {
+        assert_eq!(parse_meta(&format!("{META_FORMAT}\nshards 4\n")), Some(4));
+        assert_eq!(parse_meta("shards 4\n"), None);
+        assert_eq!(parse_meta(&format!("{META_FORMAT}\nshards x\n")), None);
+    }
+}
