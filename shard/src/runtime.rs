@@ -166,9 +166,10 @@ impl ShardThread {
             Held::Hop(to, hop) => {
                 if failed.is_none() {
                     let peers = &self.peers;
-                    self.backlog.send(to, Request::Hop(Box::new(hop)), |shard, req| {
-                        try_send(peers, shard, req)
-                    });
+                    self.backlog
+                        .send(to, Request::Hop(Box::new(hop)), |shard, req| {
+                            try_send(peers, shard, req)
+                        });
                 }
             }
         });
@@ -482,8 +483,10 @@ impl ShardThread {
                 log.hold(Held::Reply(deferred));
             }
         } else {
+            // A log that failed refuses what its durable queues would answer.
+            let failed = self.log.as_ref().and_then(|log| log.failed().cloned());
             for deferred in self.replies.drain(..) {
-                deferred.send(None);
+                deferred.send(failed.as_ref());
             }
         }
     }
@@ -584,9 +587,10 @@ impl Driver for ShardThread {
             return;
         }
         let peers = &self.peers;
-        self.backlog.send(to, Request::Hop(Box::new(hop)), |shard, req| {
-            try_send(peers, shard, req)
-        });
+        self.backlog
+            .send(to, Request::Hop(Box::new(hop)), |shard, req| {
+                try_send(peers, shard, req)
+            });
     }
 
     fn answer(&mut self, deferred: Deferred) {
