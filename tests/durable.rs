@@ -367,3 +367,57 @@ fn disk_use(dir: &Path) -> u64 {
     }
     total
 }
+
+/// A put_batch larger than one log record is cut into several and comes back whole.
+#[test]
+fn a_batch_larger_than_a_record_comes_back_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = open_with(dir.path(), 1);
+    let q = broker.declare_queue("big", durable()).unwrap();
+    let body = vec![7u8; 1 << 20];
+    let batch: Vec<Message> = (0..12).map(|_| Message::new(body.clone())).collect();
+    assert_eq!(q.put_batch(batch).unwrap().len(), 12);
+    assert_eq!(q.put(Message::new("after")), Ok(PutOutcome::Enqueued));
+    broker.shutdown();
+    let broker = open(dir.path());
+    let got = drain(&broker, "big");
+    assert_eq!(got.len(), 13);
+    assert!(got[..12].iter().all(|m| m.1.len() == 1 << 20));
+    broker.shutdown();
+}
+
+/// Broker ids stay unique across restarts also where a dead letter carried one into a
+/// queue of another shard.
+#[test]
+fn broker_ids_carried_by_dead_letters_are_not_handed_out_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = open_with(dir.path(), 2);
+    let (src, dlq) = (0..)
+        .map(|i| (format!("ids{i}"), format!("ids-dead{i}")))
+        .find(|(s, d)| broker.shard_of(s) != broker.shard_of(d))
+        .unwrap();
+    broker.shutdown();
+    let mut seen = std::collections::HashSet::new();
+    for _ in 0..3 {
+        let broker = open(dir.path());
+        broker.declare_queue(&dlq, durable()).unwrap();
+        let config = QueueConfig {
+            dead_letter: Some(dlq.clone()),
+            ..QueueConfig::default()
+        };
+        let q = broker.declare_queue(&src, config).unwrap();
+        q.put(Message::new("no id")).unwrap();
+        let c = q.consume("c", ConsumerConfig::default()).unwrap();
+        let d = c.try_recv().unwrap().unwrap();
+        assert!(
+            seen.insert(d.envelope().id.clone()),
+            "{} again",
+            d.envelope().id
+        );
+        assert!(d.reject());
+        broker.shutdown();
+    }
+    let broker = open(dir.path());
+    assert_eq!(drain(&broker, &dlq).len(), 3);
+    broker.shutdown();
+}

@@ -783,13 +783,16 @@ impl QueueState {
     // ----- dead letters --------------------------------------------------------------------
 
     fn dead_letter(&mut self, ctx: &mut Ctx, msg: u32, reason: DeathReason) {
-        let m = self.remove_message(msg);
-        let Some(to) = &self.dead_letter else {
+        let Some(to) = self.dead_letter.clone() else {
+            let m = self.remove_message(msg);
             self.stats.dropped += 1;
             self.log_removed(ctx, m.seq);
             return;
         };
+        let m = self.msgs.remove(msg as usize);
         if self.log.is_some() {
+            // Its id stays live until the outcome: were it put again meanwhile, a crash
+            // could bring back both.
             let dying = Dying {
                 id: m.id.clone(),
                 body: m.body.clone(),
@@ -797,9 +800,11 @@ impl QueueState {
                 death: m.death,
             };
             self.dying.insert(m.seq, dying);
+        } else {
+            self.release_id(&m.id);
         }
         ctx.out.dead_letters.push(DeadLetter {
-            to: to.clone(),
+            to,
             origin: Origin {
                 shard: ctx.shard,
                 queue: self.key,
@@ -822,7 +827,8 @@ impl QueueState {
         } else {
             self.stats.dropped += 1;
         }
-        if self.dying.remove(&seq).is_some() {
+        if let Some(dying) = self.dying.remove(&seq) {
+            self.release_id(&dying.id);
             self.log_removed(ctx, seq);
         }
     }
@@ -831,17 +837,23 @@ impl QueueState {
     /// being live.
     fn remove_message(&mut self, msg: u32) -> Msg {
         let m = self.msgs.remove(msg as usize);
-        if let (MsgId::Auto(n), Some(live)) = (&m.id, &mut self.auto_live) {
+        self.release_id(&m.id);
+        m
+    }
+
+    /// The id of a message that left stops being live (a windowed one stays a duplicate
+    /// until its window ends).
+    fn release_id(&mut self, id: &MsgId) {
+        if let (MsgId::Auto(n), Some(live)) = (id, &mut self.auto_live) {
             live.remove(n);
         }
-        if let MsgId::Given(id) = &m.id {
+        if let MsgId::Given(id) = id {
             let entry = self.dedup.get_mut(&**id).expect("a given id is indexed");
             entry.live = false;
             if entry.window.is_none() {
                 self.dedup.remove(&**id);
             }
         }
-        m
     }
 
     // ----- timers --------------------------------------------------------------------------

@@ -24,6 +24,9 @@ pub(crate) struct Restoring {
     windows: Map<(u32, Arc<str>), u64>,
     /// The latest [`Change::Clock`].
     clock: Option<u64>,
+    /// The highest broker id sequence seen, by the shard that made it: a dead letter
+    /// keeps its id, so ids of one shard can be in another's log.
+    auto_ids: Map<u16, u64>,
 }
 
 impl Restoring {
@@ -72,6 +75,7 @@ impl Shard {
                 ready_at: Map::with_hasher(fixed_state()),
                 windows: Map::with_hasher(fixed_state()),
                 clock: None,
+                auto_ids: Map::with_hasher(fixed_state()),
             })
         });
         match change {
@@ -139,8 +143,11 @@ impl Shard {
                     return Err(RestoreError(format!("message {seq} enqueued twice")));
                 }
                 if let MsgId::Auto(n) = id {
-                    if n >> 48 == u64::from(self.index) {
-                        self.next_auto_id = self.next_auto_id.max(n & ((1 << 48) - 1));
+                    let (shard, seq) = ((n >> 48) as u16, n & ((1 << 48) - 1));
+                    let max = r.auto_ids.entry(shard).or_default();
+                    *max = (*max).max(seq);
+                    if shard == self.index {
+                        self.next_auto_id = self.next_auto_id.max(seq);
                     }
                 }
                 if let (MsgId::Given(given), Some(until)) = (&id, dedup_until) {
@@ -192,6 +199,20 @@ impl Shard {
             }
         }
         Ok(())
+    }
+
+    /// The highest broker id sequence each shard had made, among the restored messages;
+    /// pass each shard's to its [`Shard::reserve_auto_ids`], so that no id repeats.
+    pub fn restored_auto_ids(&self) -> Vec<(u16, u64)> {
+        self.restoring
+            .as_ref()
+            .map(|r| r.auto_ids.iter().map(|(&s, &n)| (s, n)).collect())
+            .unwrap_or_default()
+    }
+
+    /// Broker ids of this shard go on after sequence `seq`.
+    pub fn reserve_auto_ids(&mut self, seq: u64) {
+        self.next_auto_id = self.next_auto_id.max(seq);
     }
 
     /// The latest log time the restored changes recorded; a manual clock resumes there.

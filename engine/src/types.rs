@@ -242,8 +242,8 @@ pub struct QueueConfig {
     /// The largest body a put may carry, from 1 byte to 64 MiB (default 1 MiB).
     pub max_body_bytes: usize,
     /// Whether the queue's messages survive a restart, kept in the broker's data dir
-    /// (contract §7, default false). Durable queues need a broker with a data dir, which
-    /// this version cannot open yet: a durable queue is `InvalidConfig`.
+    /// (contract §7, default false). A durable queue needs a broker with a data dir
+    /// (`BrokerBuilder::data_dir`), and a dead-letter queue that is durable too.
     pub durable: bool,
 }
 

@@ -578,3 +578,60 @@ fn delays_windows_and_the_order_of_returned_messages_survive() {
         );
     }
 }
+
+/// An id stays taken while its message is on the way to the dead-letter queue: a put of
+/// the same id meanwhile is a duplicate, so a crash cannot bring back two messages of one
+/// id, and the log and an image taken meanwhile both restore.
+#[test]
+fn an_id_stays_taken_while_its_dead_letter_is_on_the_way() {
+    let mut run = Run::new();
+    let q = run.key("q");
+    let put = |run: &mut Run| {
+        let message = Message::new("x").with_id("x");
+        run.shard
+            .handle(run.now, Command::Put { queue: q, message }, &mut run.out);
+        run.capture_log();
+        run.out.reply.take()
+    };
+    assert_eq!(put(&mut run), Some(Reply::Put(Ok(PutOutcome::Enqueued))));
+    run.ledger.insert(
+        "x".into(),
+        Entry {
+            queue: "q",
+            attempt: 0,
+        },
+    );
+    run.consume(q, "q", 1);
+    let tag = DeliveryTag(run.leases.keys().next().unwrap().1);
+    // The reject, without routing its dead letter yet.
+    let cmd = Command::Settle {
+        queue: q,
+        tag,
+        op: Settle::Reject,
+    };
+    run.shard.handle(run.now, cmd, &mut run.out);
+    run.out.reply.take();
+    run.capture_log();
+    assert_eq!(run.out.dead_letters.len(), 1);
+    assert_eq!(put(&mut run), Some(Reply::Put(Ok(PutOutcome::Duplicate))));
+    let image = run.image();
+    for batches in [run.log.clone(), vec![image]] {
+        let got = drain(Run::restore(&batches));
+        let ids: Vec<(&str, &str)> = got.iter().map(|(q, id, ..)| (*q, id.as_str())).collect();
+        assert_eq!(ids, [("q", "x")], "back in its queue, once");
+    }
+    run.settle_effects();
+    let got = drain(Run::restore(&run.log));
+    let ids: Vec<(&str, &str)> = got.iter().map(|(q, id, ..)| (*q, id.as_str())).collect();
+    assert_eq!(
+        ids,
+        [("dlq", "x")],
+        "taken by the dead-letter queue: gone from its source"
+    );
+    run.now = 50; // the end of the id's dedup window, from its put at 0
+    assert_eq!(
+        put(&mut run),
+        Some(Reply::Put(Ok(PutOutcome::Enqueued))),
+        "free again"
+    );
+}

@@ -222,12 +222,25 @@ impl BrokerBuilder {
                 .max()
                 .unwrap_or(0),
         };
-        let mut engines = engines.into_iter().map(|(mut engine, log)| {
-            engine.set_log_epoch(epoch);
-            let mut out = leasemq_engine::Effects::new();
-            engine.finish_restore(&mut out);
-            (engine, log, out)
-        });
+        // A dead letter keeps its broker id: a shard's ids may be in another's log.
+        let mut auto_ids = vec![0u64; shards];
+        for (engine, _) in &engines {
+            for (shard, seq) in engine.restored_auto_ids() {
+                if let Some(max) = auto_ids.get_mut(usize::from(shard)) {
+                    *max = (*max).max(seq);
+                }
+            }
+        }
+        let mut engines = engines
+            .into_iter()
+            .zip(auto_ids)
+            .map(|((mut engine, log), ids)| {
+                engine.reserve_auto_ids(ids);
+                engine.set_log_epoch(epoch);
+                let mut out = leasemq_engine::Effects::new();
+                engine.finish_restore(&mut out);
+                (engine, log, out)
+            });
         let mut threads = Vec::with_capacity(shards);
         // Each shard thread says whether its setup ran, before it serves anything.
         let (setup_done, setups) = crossbeam_channel::bounded::<bool>(shards);

@@ -49,6 +49,11 @@ pub(crate) struct ShardThread {
     replies: Vec<Deferred>,
     /// The log of this shard's durable queues, when the broker has a data dir.
     log: Option<ShardLog>,
+    /// The request (or timer pass) being handled logged a change: what it causes waits.
+    logged: bool,
+    /// How many deliveries and answers were waiting for the turn's flush when the request
+    /// being handled began.
+    request_start: (usize, usize),
     /// Requests for other shards whose inboxes were full.
     backlog: Backlog<Request>,
     cross_sent: u64,
@@ -71,6 +76,8 @@ impl ShardThread {
         let tick = engine.tick_length().as_duration();
         ShardThread {
             log,
+            logged: false,
+            request_start: (0, 0),
             engine,
             index,
             inbox,
@@ -163,37 +170,74 @@ impl ShardThread {
                 }
             }
             Held::Reply(deferred) => deferred.send(failed),
-            Held::Hop(to, hop) => {
-                if failed.is_none() {
+            Held::Hop(to, hop) => match failed {
+                None => {
                     let peers = &self.peers;
                     self.backlog
                         .send(to, Request::Hop(Box::new(hop)), |shard, req| {
                             try_send(peers, shard, req)
                         });
                 }
-            }
+                // Dead letters or outcomes whose changes never reached the disk: the
+                // source keeps its message (it is logged as gone only on an outcome),
+                // and the answer riding along is refused.
+                Some(e) => {
+                    let (Hop::DeadLetters { deferred, .. } | Hop::Outcomes { deferred, .. }) = hop;
+                    if let Some(deferred) = deferred {
+                        deferred.send(Some(e));
+                    }
+                }
+            },
         });
         wake(&self.sinks, woken);
         self.log = Some(log);
     }
 
-    /// Appends the changes the engine logged so far, stamped with the engine's time.
+    /// Appends the changes the engine logged so far, stamped with the engine's time, and
+    /// notes that the request being handled logged some.
     fn log_pending(&mut self) {
         if self.out.log.is_empty() {
             return;
         }
         let now = self.engine.log_time(self.engine.now());
         match &mut self.log {
-            Some(log) => log.append(now, &mut self.out.log),
+            Some(log) => {
+                log.append(now, &mut self.out.log);
+                self.logged = true;
+            }
             // No data dir, no durable queue: nothing can log.
             None => self.out.log.clear(),
         }
     }
 
-    /// Whether what leaves the shard now must wait for the disk.
-    fn holding(&mut self) -> bool {
+    /// Whether what the request being handled causes from now on waits for the disk: it
+    /// logged a change, under `Always` (or after the log failed, to be refused).
+    fn depends(&mut self) -> bool {
+        if self.log.is_none() {
+            return false;
+        }
         self.log_pending();
-        self.log.as_ref().is_some_and(ShardLog::holding)
+        self.logged && self.log.as_ref().is_some_and(ShardLog::holds_back)
+    }
+
+    /// At the end of a request that logged: what it left to send waits for the disk.
+    fn hold_what_it_caused(&mut self) {
+        if !self.depends() {
+            return;
+        }
+        let log = self.log.as_mut().expect("depends needs a log");
+        // What earlier requests of the turn left is theirs: it goes out with the turn.
+        let (deliveries, replies) = self.request_start;
+        let deliveries = deliveries.min(self.out.deliveries.len());
+        for (key, delivered) in self.out.deliveries.drain(deliveries..) {
+            log.hold(true, Held::Delivery(key, delivered));
+        }
+        let replies = replies.min(self.replies.len());
+        for deferred in self.replies.drain(replies..) {
+            log.hold(true, Held::Reply(deferred));
+        }
+        // All it caused waits; what is left for the turn's flush does not depend on it.
+        self.logged = false;
     }
 
     /// The error to refuse `cmd` with, when it would change a durable queue whose log
@@ -219,13 +263,15 @@ impl ShardThread {
 
     /// Whether `cmd` is about a durable queue.
     fn about_durable(&self, cmd: &Command) -> bool {
+        if self.log.is_none() {
+            return false;
+        }
         match cmd {
             Command::Put { queue, .. }
             | Command::PutBatch { queue, .. }
             | Command::Settle { queue, .. }
             | Command::SettleBatch { queue, .. }
-            | Command::Close { queue }
-            | Command::Stats { queue } => self.engine.is_durable(*queue),
+            | Command::Close { queue } => self.engine.is_durable(*queue),
             Command::AckUpTo { consumer, .. } => self
                 .engine
                 .queue_of(*consumer)
@@ -242,6 +288,7 @@ impl ShardThread {
             TimeSource::Manual => None,
             TimeSource::System(epoch) => {
                 let now = self.now();
+                self.logged = false;
                 self.engine.handle_timeout(now, &mut self.out);
                 route::dead_letters(self, now, None);
                 self.flush();
@@ -290,6 +337,8 @@ impl ShardThread {
     /// behind the engine, which a dead letter from another shard may have moved on.
     fn process(&mut self, req: Request) {
         let now = self.now();
+        self.logged = false;
+        self.request_start = (self.out.deliveries.len(), self.replies.len());
         match req {
             Request::Engine { cmd, reply } => {
                 if let Some(refusal) = self.refuse(&cmd) {
@@ -402,7 +451,7 @@ impl ShardThread {
             route::dead_letters(self, now, None);
         }
         self.drop_gone_sinks();
-        self.log_pending();
+        self.hold_what_it_caused();
     }
 
     fn take_reply(&mut self) -> Reply {
@@ -477,35 +526,39 @@ impl ShardThread {
 
     fn flush(&mut self) {
         self.flush_deliveries();
-        if self.holding() {
-            let log = self.log.as_mut().expect("holding needs a log");
+        let depends = self.depends();
+        let Some(log) = self.log.as_mut() else {
             for deferred in self.replies.drain(..) {
-                log.hold(Held::Reply(deferred));
+                deferred.send(None);
             }
-        } else {
-            // A log that failed refuses what its durable queues would answer.
-            let failed = self.log.as_ref().and_then(|log| log.failed().cloned());
-            for deferred in self.replies.drain(..) {
-                deferred.send(failed.as_ref());
+            return;
+        };
+        for deferred in self.replies.drain(..) {
+            // A step of the manual clock answers once everything before it went out.
+            let step = matches!(deferred.answer, Answer::Step { .. });
+            if depends || (step && log.is_holding()) {
+                log.hold(depends, Held::Reply(deferred));
+            } else {
+                // A log that failed refuses what its durable queues would answer.
+                deferred.send(log.failed());
             }
         }
     }
 
     /// Pushes deliveries into consumer channels, waking each async reader once per run;
-    /// or, while the log holds things back, adds them to what it holds.
+    /// what depends on the log, or must stay behind a held delivery to the same consumer,
+    /// waits for the disk instead.
     fn flush_deliveries(&mut self) {
-        if self.holding() {
-            let log = self.log.as_mut().expect("holding needs a log");
-            for (key, delivered) in self.out.deliveries.drain(..) {
-                log.hold(Held::Delivery(key, delivered));
-            }
-            return;
-        }
+        let depends = self.depends();
         let mut last: Option<usize> = None;
-        let deliveries = std::mem::take(&mut self.out.deliveries);
-        let mut deliveries = deliveries;
+        let mut deliveries = std::mem::take(&mut self.out.deliveries);
         for (key, delivered) in deliveries.drain(..) {
-            self.deliver(key, delivered, &mut last);
+            match &mut self.log {
+                Some(log) if depends || log.holds_for(key) => {
+                    log.hold(depends, Held::Delivery(key, delivered));
+                }
+                _ => self.deliver(key, delivered, &mut last),
+            }
         }
         // Keep the vector's capacity: a warm shard does not allocate.
         self.out.deliveries = deliveries;
@@ -581,9 +634,9 @@ impl Driver for ShardThread {
     /// Never blocks: a full inbox leaves the request in the backlog.
     fn send(&mut self, to: usize, hop: Hop<Deferred>) {
         self.cross_sent += 1;
-        if self.holding() {
-            let log = self.log.as_mut().expect("holding needs a log");
-            log.hold(Held::Hop(to, hop));
+        if self.depends() {
+            let log = self.log.as_mut().expect("depends needs a log");
+            log.hold(true, Held::Hop(to, hop));
             return;
         }
         let peers = &self.peers;

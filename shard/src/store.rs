@@ -7,14 +7,16 @@
 //! batches of the engine's [`Change`]s, each batch starting with the log time; a snapshot
 //! is the engine's image in the same form.
 //!
-//! The rule under [`SyncPolicy::Always`]: once a turn of the shard loop has logged a
-//! change, every delivery, answer and message to another shard that the turn produced
-//! waits in [`ShardLog::held`] until the fsync covering that change is done, and so does
-//! everything after it (the queue keeps its order). A shard whose durable queues do nothing
-//! holds nothing, so its other queues keep their speed. The fsyncs run on the log's syncer
-//! thread, one at a time, each taking what was submitted while the previous one ran.
+//! The rule under [`SyncPolicy::Always`]: what a request caused once it logged a change
+//! (its answer, its deliveries, its messages to other shards) waits in [`ShardLog::held`]
+//! until the fsync covering that change is done. What does not depend on the log goes out
+//! at once, unless it must stay behind something held: a delivery to a consumer that has
+//! one held, a step of the manual clock while anything is held. So each consumer gets its
+//! deliveries in order, and the other queues of a shard keep their speed while its durable
+//! queues wait for the disk. The fsyncs run on the log's syncer thread, one at a time,
+//! each taking what was submitted while the previous one ran.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -52,6 +54,9 @@ const META_FORMAT: &str = "leasemq data dir, format 1";
 const SEGMENT_BYTES: u64 = 8 << 20;
 /// The largest record: a batch holding one largest body, with room for the rest.
 const MAX_RECORD_BYTES: usize = leasemq_engine::MAX_BODY_LIMIT + (1 << 20);
+/// A turn's changes are cut into records of about this size (a change is never cut), so
+/// that no record exceeds [`MAX_RECORD_BYTES`].
+const RECORD_BYTES: usize = 4 << 20;
 /// A snapshot is written once the log has grown by this much since the last one, or by
 /// twice the last one's size, whichever is more.
 const SNAPSHOT_AFTER_BYTES: u64 = 16 << 20;
@@ -169,8 +174,11 @@ pub(crate) struct ShardLog {
     dir: PathBuf,
     policy: SyncPolicy,
     buf: Vec<u8>,
-    /// What waits for the disk, each behind the lsn that must be durable first.
-    pub held: VecDeque<(Lsn, Held)>,
+    /// What waits for the disk, each behind the lsn that must be durable first, and
+    /// whether it depends on the log (else it only keeps its place in the order).
+    held: VecDeque<(Lsn, bool, Held)>,
+    /// Consumers with deliveries in `held`, and how many.
+    held_consumers: HashMap<ConsumerKey, usize>,
     /// Appended records not yet handed to the syncer.
     unsubmitted: bool,
     last_submit: Instant,
@@ -237,6 +245,7 @@ impl ShardLog {
             policy,
             buf: Vec::new(),
             held: VecDeque::new(),
+            held_consumers: HashMap::new(),
             unsubmitted: false,
             last_submit: Instant::now(),
             since_snapshot,
@@ -250,24 +259,54 @@ impl ShardLog {
         self.failed.as_ref()
     }
 
-    /// Whether what leaves the shard now must wait for the disk: under `Always`, once a
-    /// change was appended and not yet synced, or while anything else waits.
-    pub fn holding(&self) -> bool {
-        matches!(self.policy, SyncPolicy::Always)
-            && (self.wal.last_appended() > self.wal.durable() || !self.held.is_empty())
+    /// Whether what a logged change caused waits for the disk: under `Always`, or once
+    /// the log failed (then to be refused).
+    pub fn holds_back(&self) -> bool {
+        matches!(self.policy, SyncPolicy::Always) || self.failed.is_some()
     }
 
-    /// Appends one batch: the log time, then `changes` (drained).
+    /// Whether anything waits.
+    pub fn is_holding(&self) -> bool {
+        !self.held.is_empty()
+    }
+
+    /// Whether a delivery to `consumer` waits, so that the next one must too.
+    pub fn holds_for(&self, consumer: ConsumerKey) -> bool {
+        !self.held_consumers.is_empty() && self.held_consumers.contains_key(&consumer)
+    }
+
+    /// Appends `changes` (drained), stamped with the log time, in as few records as fit.
+    /// Once the log failed they are dropped: nothing more reaches the disk.
     pub fn append(&mut self, log_time: u64, changes: &mut Vec<Change>) {
         if self.failed.is_some() {
             changes.clear();
             return;
         }
-        self.buf.clear();
-        begin_batch(&mut self.buf);
-        Change::Clock { now: log_time }.encode(&mut self.buf);
+        let start = |buf: &mut Vec<u8>| {
+            buf.clear();
+            begin_batch(buf);
+            Change::Clock { now: log_time }.encode(buf);
+        };
+        start(&mut self.buf);
+        let header = self.buf.len();
         for change in changes.drain(..) {
+            if self.buf.len() > RECORD_BYTES {
+                self.append_record();
+                start(&mut self.buf);
+            }
             change.encode(&mut self.buf);
+        }
+        if self.buf.len() > header {
+            self.append_record();
+        }
+        if self.buf.capacity() > 2 * RECORD_BYTES {
+            self.buf = Vec::new();
+        }
+    }
+
+    fn append_record(&mut self) {
+        if self.failed.is_some() {
+            return;
         }
         match self.wal.append(&self.buf) {
             Ok(_) => {
@@ -276,25 +315,41 @@ impl ShardLog {
             }
             Err(e) => self.fail(e),
         }
-        if self.buf.capacity() > 1 << 20 {
-            self.buf = Vec::new();
-        }
     }
 
-    /// Holds `what` until everything appended so far is durable.
-    pub fn hold(&mut self, what: Held) {
+    /// Holds `what` until everything appended so far is durable; `depends` says whether
+    /// it was caused by a logged change (else it only keeps its place in the order).
+    pub fn hold(&mut self, depends: bool, what: Held) {
+        if let Held::Delivery(key, _) = &what {
+            *self.held_consumers.entry(*key).or_default() += 1;
+        }
         let lsn = self.wal.last_appended();
-        self.held.push_back((lsn, what));
+        self.held.push_back((lsn, depends, what));
+    }
+
+    fn let_go(&mut self, what: &Held) {
+        if let Held::Delivery(key, _) = what {
+            if let Some(n) = self.held_consumers.get_mut(key) {
+                *n -= 1;
+                if *n == 0 {
+                    self.held_consumers.remove(key);
+                }
+            }
+        }
     }
 
     /// Takes out the held deliveries of a consumer that ends, to count them unread.
     pub fn take_deliveries_of(&mut self, consumer: ConsumerKey) -> Vec<Delivered> {
+        if !self.holds_for(consumer) {
+            return Vec::new();
+        }
+        self.held_consumers.remove(&consumer);
         let mut taken = Vec::new();
         let mut kept = VecDeque::with_capacity(self.held.len());
-        for (lsn, what) in self.held.drain(..) {
+        for (lsn, depends, what) in self.held.drain(..) {
             match what {
                 Held::Delivery(key, delivered) if key == consumer => taken.push(delivered),
-                other => kept.push_back((lsn, other)),
+                other => kept.push_back((lsn, depends, other)),
             }
         }
         self.held = kept;
@@ -331,12 +386,13 @@ impl ShardLog {
     pub fn progressed(&self) -> bool {
         self.held
             .front()
-            .is_some_and(|(lsn, _)| *lsn <= self.wal.durable())
-            || (!self.held.is_empty() && self.wal.check().is_err())
+            .is_some_and(|(lsn, _, _)| *lsn <= self.wal.durable())
+            || (!self.held.is_empty() && (self.failed.is_some() || self.wal.check().is_err()))
     }
 
-    /// What may leave now, in order: what the disk covers, or, once the log failed,
-    /// everything held, to be answered with the failure.
+    /// What may leave now, in order: what the disk covers; once the log failed, also
+    /// the rest, each with the failure if it depended on a change that never reached the
+    /// disk (to be refused), or without if it only kept its place in the order.
     pub fn release(&mut self, mut each: impl FnMut(Held, Option<&Error>)) {
         if self.failed.is_none() {
             if let Err(e) = self.wal.check() {
@@ -344,12 +400,17 @@ impl ShardLog {
             }
         }
         let durable = self.wal.durable();
-        while let Some((lsn, _)) = self.held.front() {
-            if self.failed.is_none() && *lsn > durable {
+        while let Some(&(lsn, depends, _)) = self.held.front() {
+            let covered = lsn <= durable;
+            if !covered && self.failed.is_none() {
                 break;
             }
-            let (_, what) = self.held.pop_front().expect("looked at the front");
-            each(what, self.failed.as_ref());
+            let (_, _, what) = self.held.pop_front().expect("looked at the front");
+            self.let_go(&what);
+            let refused = (!covered && depends)
+                .then_some(())
+                .and(self.failed.as_ref());
+            each(what, refused);
         }
     }
 

@@ -115,6 +115,7 @@ impl QueueState {
             }
         }
         for (id, until) in windows {
+            self.watch_auto_shaped(Some(&id));
             let timer = Timer::Dedup {
                 queue: self.key.idx,
                 id: id.clone(),
@@ -174,12 +175,6 @@ impl QueueState {
             });
         }
         for (&seq, d) in &self.dying {
-            // A message of the same id put since is the same message by its id.
-            if let MsgId::Given(id) = &d.id {
-                if self.dedup.get(&**id).is_some_and(|e| e.live) {
-                    continue;
-                }
-            }
             emit(Change::Enqueued {
                 queue,
                 seq,
