@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
+use leasemq::SyncPolicy;
 
 /// Drives an in-process leasemq broker and measures it into HDR histograms.
 #[derive(Debug, Parser)]
@@ -114,6 +115,82 @@ pub struct WorkloadArgs {
     /// 1 000 000).
     #[arg(long, default_value_t = 0, value_parser = parse_count)]
     pub max_in_flight: u64,
+    #[command(flatten)]
+    pub storage: StorageArgs,
+}
+
+/// Durable queues and the broker's data dir. Shared by `throughput` and `sweep`.
+#[derive(Debug, Clone, Args)]
+pub struct StorageArgs {
+    /// Declare the queues durable: every put and settle is logged in the broker's data dir,
+    /// and (with --sync always) answered only once its record is on disk.
+    #[arg(long)]
+    pub durable: bool,
+    /// The broker's data dir: each run (each sweep step) logs into a fresh directory made
+    /// inside PATH, removed when it ends; PATH itself is left in place. Without --durable the
+    /// queues stay in memory, on a broker that has a data dir [default with --durable: a
+    /// temporary directory, removed at the end of the run].
+    #[arg(long, value_name = "PATH")]
+    pub data_dir: Option<PathBuf>,
+    /// When the log reaches the disk: always (a put or settle is answered after the fsync
+    /// that covers it; fsyncs are shared by what arrives while one runs) or interval:MS
+    /// (answered at once, fsynced at least every MS milliseconds; a unit may follow, e.g.
+    /// interval:500us). Needs --durable or --data-dir [default: always].
+    #[arg(long, value_name = "always|interval:MS", value_parser = parse_sync)]
+    pub sync: Option<SyncPolicy>,
+}
+
+impl StorageArgs {
+    /// Whether the broker gets a data dir.
+    pub fn has_data_dir(&self) -> bool {
+        self.durable || self.data_dir.is_some()
+    }
+
+    /// The sync policy the broker is built with.
+    pub fn sync_policy(&self) -> SyncPolicy {
+        self.sync.unwrap_or(SyncPolicy::Always)
+    }
+}
+
+/// The longest `--sync interval:` the broker takes (its limit on every duration).
+const MAX_SYNC_INTERVAL: Duration = Duration::from_secs(7 * 24 * 60 * 60);
+
+/// Parses `--sync`: "always", or "interval:MS" with MS in milliseconds ("interval:10",
+/// "interval:2.5") or a duration with its unit ("interval:500us", "interval:1s").
+pub fn parse_sync(text: &str) -> Result<SyncPolicy, String> {
+    let text = text.trim();
+    if text.eq_ignore_ascii_case("always") {
+        return Ok(SyncPolicy::Always);
+    }
+    let Some(every) = text.strip_prefix("interval:") else {
+        return Err(format!(
+            "{text:?}: write always (answer after the fsync), or interval:MS (fsync at least \
+             every MS milliseconds, e.g. interval:10)"
+        ));
+    };
+    let every = every.trim();
+    let bare_number = !every.is_empty() && every.chars().all(|c| c.is_ascii_digit() || c == '.');
+    let interval = if bare_number {
+        parse_duration(&format!("{every}ms"))
+    } else {
+        parse_duration(every)
+    }
+    .map_err(|e| format!("{text:?}: {e}"))?;
+    if interval.is_zero() {
+        return Err(format!("{text:?}: the interval must be more than zero"));
+    }
+    if interval > MAX_SYNC_INTERVAL {
+        return Err(format!("{text:?}: the interval must be at most 7 days"));
+    }
+    Ok(SyncPolicy::Interval(interval))
+}
+
+/// Writes a sync policy the way `--sync` reads it back: "always", "interval:10ms".
+pub fn sync_text(policy: SyncPolicy) -> String {
+    match policy {
+        SyncPolicy::Always => "always".to_string(),
+        SyncPolicy::Interval(every) => format!("interval:{}", format_duration(every)),
+    }
 }
 
 #[derive(Debug, Clone, Args)]
@@ -489,6 +566,90 @@ mod tests {
         };
         assert_eq!(args.leases, 1_000_000);
         assert_eq!(args.ack_timeout, None);
+    }
+
+    #[test]
+    fn sync_policies_parse() {
+        let ms = Duration::from_millis;
+        assert_eq!(parse_sync("always"), Ok(SyncPolicy::Always));
+        assert_eq!(parse_sync(" Always "), Ok(SyncPolicy::Always));
+        assert_eq!(parse_sync("interval:10"), Ok(SyncPolicy::Interval(ms(10))));
+        assert_eq!(
+            parse_sync("interval:2.5"),
+            Ok(SyncPolicy::Interval(Duration::from_micros(2500)))
+        );
+        assert_eq!(
+            parse_sync("interval:500us"),
+            Ok(SyncPolicy::Interval(Duration::from_micros(500)))
+        );
+        assert_eq!(
+            parse_sync("interval:1s"),
+            Ok(SyncPolicy::Interval(ms(1000)))
+        );
+        for bad in [
+            "",
+            "never",
+            "interval",
+            "interval:",
+            "interval:0",
+            "interval:0ms",
+            "interval:-5",
+            "interval:ten",
+            "interval:5 weeks",
+            "interval:8d",
+            "interval:200h",
+            "every:10",
+        ] {
+            assert!(parse_sync(bad).is_err(), "{bad:?} was accepted");
+        }
+        assert!(parse_sync("never").unwrap_err().contains("interval:MS"));
+        assert!(parse_sync("interval:0")
+            .unwrap_err()
+            .contains("more than zero"));
+        for text in ["always", "interval:10ms", "interval:250us", "interval:2s"] {
+            assert_eq!(sync_text(parse_sync(text).unwrap()), text);
+        }
+    }
+
+    #[test]
+    fn storage_flags_parse() {
+        let cli = Cli::try_parse_from(["leasemq-loadgen", "throughput"]).unwrap();
+        let Command::Throughput(args) = cli.command else {
+            panic!("wrong subcommand")
+        };
+        let storage = &args.workload.storage;
+        assert!(!storage.durable && !storage.has_data_dir());
+        assert_eq!(
+            (storage.sync, storage.sync_policy()),
+            (None, SyncPolicy::Always)
+        );
+        let cli = Cli::try_parse_from([
+            "leasemq-loadgen",
+            "sweep",
+            "--durable",
+            "--data-dir",
+            "/var/tmp/lg",
+            "--sync",
+            "interval:5",
+        ])
+        .unwrap();
+        let Command::Sweep(args) = cli.command else {
+            panic!("wrong subcommand")
+        };
+        let storage = &args.workload.storage;
+        assert!(storage.durable && storage.has_data_dir());
+        assert_eq!(
+            storage.data_dir.as_deref(),
+            Some(std::path::Path::new("/var/tmp/lg"))
+        );
+        assert_eq!(
+            storage.sync_policy(),
+            SyncPolicy::Interval(Duration::from_millis(5))
+        );
+        let err = Cli::try_parse_from(["leasemq-loadgen", "throughput", "--sync", "sometimes"])
+            .unwrap_err();
+        assert_eq!(err.kind(), clap::error::ErrorKind::ValueValidation);
+        assert!(err.to_string().contains("interval:MS"), "{err}");
     }
 
     #[test]

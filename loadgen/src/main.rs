@@ -4,6 +4,8 @@
 //! open loop; `redelivery` measures how late expired leases come back while the timer
 //! wheel holds many of them; `sweep` raises the open-loop rate step by step, per shard
 //! count, until put→ack latency breaks an objective, and reports the highest rate that held.
+//! `throughput` and `sweep` run in-memory queues, or durable ones (`--durable`, `--sync`) on
+//! a broker with a data dir (`--data-dir`, or a temporary one).
 //! Each prints a summary table and, with `--out DIR`, writes `summary.json`, one `.hgrm`
 //! percentile distribution and one `.hlog` interval log per histogram, and a plot
 //! (`latency.svg`, or `sweep.svg`). Every run checks at the end that every message put was
@@ -20,6 +22,7 @@ mod plot;
 mod progress;
 mod redelivery;
 mod report;
+mod storage;
 mod sweep;
 mod throughput;
 

@@ -250,6 +250,94 @@ fn throughput_beside_a_background_load() {
     assert!(left.is_empty(), "background load still running: {left:?}");
 }
 
+/// `--durable` declares durable queues on a broker with a temporary data dir, says so in
+/// the title and the config, and removes the data dir at the end.
+#[test]
+fn throughput_durable_in_a_temporary_data_dir() {
+    let s = run_and_check(
+        "tp-durable",
+        &[
+            "throughput",
+            "--durable",
+            "--duration",
+            "300ms",
+            "--warmup",
+            "100ms",
+        ],
+    );
+    assert!(rate(&s, "acked") > 0.0);
+    let config = &s["config"];
+    assert_eq!(config["durable"], true, "{config}");
+    assert_eq!(config["sync"], "always", "{config}");
+    assert_eq!(config["data_dir"]["temporary"], true, "{config}");
+    let title = s["title"].as_str().unwrap();
+    assert!(title.contains("durable queues (sync always)"), "{title}");
+    let dir = config["data_dir"]["path"].as_str().expect("data dir path");
+    assert!(!Path::new(dir).exists(), "{dir} outlived the run");
+}
+
+/// In-memory runs say so: not durable, no data dir.
+#[test]
+fn throughput_in_memory_reports_no_data_dir() {
+    let s = run_and_check(
+        "tp-memory",
+        &[
+            "throughput",
+            "--duration",
+            "200ms",
+            "--warmup",
+            "50ms",
+            "--quiet",
+        ],
+    );
+    assert_eq!(s["config"]["durable"], false);
+    assert_eq!(s["config"]["sync"], Value::Null);
+    assert_eq!(s["config"]["data_dir"], Value::Null);
+}
+
+/// Each step of a durable sweep starts on an empty data dir of its own inside the one given
+/// (a second shard count would not open the first's), and the given one is left in place.
+#[test]
+fn sweep_durable_in_a_given_data_dir() {
+    let data = tempfile::tempdir().expect("create temp dir");
+    let path = data.path().to_str().expect("utf-8 temp path");
+    let s = run_and_check(
+        "sweep-durable",
+        &[
+            "sweep",
+            "--durable",
+            "--data-dir",
+            path,
+            "--sync",
+            "interval:5",
+            "--shards",
+            "1,2",
+            "--start-rate",
+            "5k",
+            "--max-steps",
+            "1",
+            "--step-duration",
+            "300ms",
+            "--step-warmup",
+            "100ms",
+            "--slo",
+            "p99=1s",
+            "--max-shortfall",
+            "0.5",
+            "--quiet",
+        ],
+    );
+    assert_eq!(s["steps"].as_array().expect("steps").len(), 2);
+    let config = &s["config"];
+    assert_eq!(config["durable"], true, "{config}");
+    assert_eq!(config["sync"], "interval:5ms", "{config}");
+    assert_eq!(config["data_dir"]["path"], path, "{config}");
+    assert_eq!(config["data_dir"]["temporary"], false, "{config}");
+    assert!(data.path().exists());
+    let left: Vec<_> = fs::read_dir(data.path()).unwrap().collect();
+    assert!(left.is_empty(), "step data dirs left behind: {left:?}");
+}
+
 #[test]
 fn throughput_per_message_open_loop() {
     let s = run_and_check(
@@ -366,6 +454,12 @@ fn bad_flags_exit_non_zero_with_a_message() {
     let output = run(&["throughput", "--api", "async", "--rate", "1000"]);
     assert_eq!(output.status.code(), Some(2));
     assert!(text(&output.stderr).contains("closed loop only"));
+    let output = run(&["throughput", "--sync", "interval:10"]);
+    assert_eq!(output.status.code(), Some(2));
+    assert!(text(&output.stderr).contains("needs --durable or --data-dir"));
+    let output = run(&["throughput", "--durable", "--sync", "sometimes"]);
+    assert_eq!(output.status.code(), Some(2));
+    assert!(text(&output.stderr).contains("interval:MS"));
 }
 
 #[test]

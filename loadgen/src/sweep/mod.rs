@@ -5,7 +5,7 @@
 //! every `--slo` and the acks completed in its window come within `--max-shortfall` of the
 //! offered rate. Each step is a fresh broker and a full `throughput` run
 //! ([`run_step`]), end-of-run check included: a step that loses a message ends the sweep,
-//! which then fails.
+//! which then fails. With a data dir, each step's broker starts on an empty one.
 
 use std::time::Duration;
 
@@ -16,6 +16,7 @@ use crate::hist::{HistSummary, Recorder};
 use crate::intervals::IntervalLog;
 use crate::progress::Progress;
 use crate::report::{thousands, Accounting, ProcessStats};
+use crate::storage::Storage;
 use crate::throughput::step::{self, run_step, Step, StepOutcome, HISTOGRAMS};
 
 mod report;
@@ -170,6 +171,7 @@ pub fn run(args: &SweepArgs) -> Result<SweepRun, String> {
     if args.shards.is_empty() {
         return Err("--shards needs at least one shard count".into());
     }
+    let storage = Storage::new(&args.workload.storage)?;
     let per_step = args.step_warmup + args.step_duration;
     let progress = Progress::new(per_step * args.shards.len() as u32, args.output.quiet);
     let mut steps: Vec<StepRecord> = Vec::new();
@@ -185,6 +187,7 @@ pub fn run(args: &SweepArgs) -> Result<SweepRun, String> {
         while let Some((rate, phase)) = ramp.next() {
             let number = steps.len() + 1;
             progress.set_prefix(format!("step {number}: {shards} shard(s) "));
+            let tag = step_tag(number, shards, rate);
             let out = run_step(
                 &Step {
                     workload: &args.workload,
@@ -193,10 +196,12 @@ pub fn run(args: &SweepArgs) -> Result<SweepRun, String> {
                     warmup: args.step_warmup,
                     duration: args.step_duration,
                     hlog_interval: args.output.out.as_ref().map(|_| args.output.hlog_interval),
+                    storage: &storage,
+                    label: &tag,
                 },
                 &progress,
             )?;
-            let record = judge(args, number, shards, rate, phase, out);
+            let record = judge(args, number, tag, shards, rate, phase, out);
             ramp.record(record.report.held);
             let lost = !record.report.accounting.ok;
             steps.push(record);
@@ -218,7 +223,12 @@ pub fn run(args: &SweepArgs) -> Result<SweepRun, String> {
         });
     }
     progress.finish();
-    Ok(SweepRun::new(args, steps, found))
+    Ok(SweepRun::new(args, &storage, steps, found))
+}
+
+/// Tags a step's intervals in the `.hlog` files, names its `.hgrm` files and its data dir.
+fn step_tag(number: usize, shards: u32, rate: u64) -> String {
+    format!("step{number:02}-shards{shards}-rate{rate}")
 }
 
 /// The value of `hist` at an objective's quantile (its max for `max`).
@@ -246,6 +256,7 @@ pub fn latency_text(ns: u64) -> String {
 fn judge(
     args: &SweepArgs,
     number: usize,
+    tag: String,
     shards: u32,
     rate: u64,
     phase: Phase,
@@ -292,7 +303,6 @@ fn judge(
     if !out.accounting.ok {
         broke.push("the end-of-run check failed".into());
     }
-    let tag = format!("step{number:02}-shards{shards}-rate{rate}");
     let recorders: Vec<(String, Recorder)> = HISTOGRAMS
         .iter()
         .map(|h| h.0.to_string())

@@ -15,6 +15,7 @@ use crate::hist::HGRM_UNIT;
 use crate::intervals::{write_hlogs, IntervalLog};
 use crate::plot::{self, SweepLine};
 use crate::report::{load_average, thousands, write_hgrm_file, write_json, Accounting};
+use crate::storage::Storage;
 use crate::throughput::{workload_json, workload_text};
 
 /// An objective, as `summary.json` gives it.
@@ -54,7 +55,12 @@ pub struct SweepRun {
 }
 
 impl SweepRun {
-    pub(super) fn new(args: &SweepArgs, steps: Vec<StepRecord>, found: Vec<MaxRate>) -> Self {
+    pub(super) fn new(
+        args: &SweepArgs,
+        storage: &Storage,
+        steps: Vec<StepRecord>,
+        found: Vec<MaxRate>,
+    ) -> Self {
         let mut reports = Vec::with_capacity(steps.len());
         let mut recorders = Vec::with_capacity(steps.len());
         let mut intervals = Vec::new();
@@ -65,9 +71,10 @@ impl SweepRun {
         }
         let accounting = add_up(&reports);
         let slo_text: Vec<String> = args.slos.iter().map(|s| s.to_string()).collect();
+        let storage_text = storage.text().map_or(String::new(), |t| format!("; {t}"));
         let title = format!(
-            "{}; open loop from {}/s, ×{} a step, {} refining step(s); each step {} measured \
-             after {} warm-up; SLO on put→ack from intended send time: {}",
+            "{}{storage_text}; open loop from {}/s, ×{} a step, {} refining step(s); each step \
+             {} measured after {} warm-up; SLO on put→ack from intended send time: {}",
             workload_text(&args.workload),
             thousands(args.start_rate),
             args.step_factor,
@@ -86,7 +93,8 @@ impl SweepRun {
         config["max_shortfall"] = serde_json::json!(args.max_shortfall);
         config["step_duration_s"] = serde_json::json!(args.step_duration.as_secs_f64());
         config["step_warmup_s"] = serde_json::json!(args.step_warmup.as_secs_f64());
-        let mut notes = Vec::new();
+        storage.add_to(&mut config);
+        let mut notes = storage.notes();
         for m in &found {
             if m.max_sustainable_rate.is_none() && m.first_broken_rate.is_some() {
                 notes.push(format!(

@@ -16,6 +16,7 @@ use crate::cli::{format_duration, Api, ThroughputArgs, WorkloadArgs};
 use crate::hist::HGRM_UNIT;
 use crate::progress::Progress;
 use crate::report::{load_average, Detail, Rate, Summary};
+use crate::storage::Storage;
 use crate::Run;
 
 pub mod step;
@@ -27,6 +28,7 @@ use step::{run_step, Step, StepOutcome, ACK_TIMEOUT, HISTOGRAMS};
 pub fn run(args: &ThroughputArgs) -> Result<Run, String> {
     let w = &args.workload;
     step::validate(w, args.rate, args.duration)?;
+    let storage = Storage::new(&w.storage)?;
     let progress = Progress::new(args.warmup + args.duration, args.output.quiet);
     let out = run_step(
         &Step {
@@ -36,11 +38,13 @@ pub fn run(args: &ThroughputArgs) -> Result<Run, String> {
             warmup: args.warmup,
             duration: args.duration,
             hlog_interval: args.output.out.as_ref().map(|_| args.output.hlog_interval),
+            storage: &storage,
+            label: "throughput",
         },
         &progress,
     )?;
     progress.finish();
-    Ok(summarise(args, out))
+    Ok(summarise(args, &storage, out))
 }
 
 /// "1 producer(s), 1 consumer(s), 1 queue(s); 16-byte bodies; batched API (…)".
@@ -78,7 +82,7 @@ pub fn workload_json(w: &WorkloadArgs) -> serde_json::Value {
     })
 }
 
-fn summarise(args: &ThroughputArgs, out: StepOutcome) -> Run {
+fn summarise(args: &ThroughputArgs, storage: &Storage, out: StepOutcome) -> Run {
     let w = &args.workload;
     let seconds = args.duration.as_secs_f64();
     let loop_text = match args.rate {
@@ -89,14 +93,15 @@ fn summarise(args: &ThroughputArgs, out: StepOutcome) -> Run {
         Some(r) => format!("open loop at {r} messages/s, latency from intended send time"),
         None => format!("closed loop, at most {} in flight", out.max_in_flight),
     };
+    let storage_text = storage.text().map_or(String::new(), |t| format!("; {t}"));
     let title = format!(
-        "{} on {} shard(s); {loop_text}; {} measured after {} warm-up",
+        "{} on {} shard(s){storage_text}; {loop_text}; {} measured after {} warm-up",
         workload_text(w),
         args.shards,
         format_duration(args.duration),
         format_duration(args.warmup)
     );
-    let mut notes = Vec::new();
+    let mut notes = storage.notes();
     if let Some(r) = args.rate {
         let achieved = out.put_in_window as f64 / seconds;
         if achieved < 0.95 * r as f64 {
@@ -111,6 +116,7 @@ fn summarise(args: &ThroughputArgs, out: StepOutcome) -> Run {
     config["warmup_s"] = json!(args.warmup.as_secs_f64());
     config["rate"] = json!(args.rate);
     config["max_in_flight"] = json!(out.max_in_flight);
+    storage.add_to(&mut config);
     let recorders = [out.deliver, out.ack, out.settle];
     let summary = Summary {
         tool: "leasemq-loadgen",

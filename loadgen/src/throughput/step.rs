@@ -12,11 +12,12 @@ use leasemq::{Broker, Consumer, ConsumerConfig, Queue, QueueConfig, QueueStats};
 use super::tasks;
 use super::workers::{consume, produce, ConsumerResult, Plan, ProducerResult, Shared};
 use crate::cli::{Api, WorkloadArgs};
-use crate::common::{add_stats, broker_error, nanos, new_broker, queue_names, Clock, Ledger};
+use crate::common::{add_stats, broker_error, nanos, queue_names, Clock, Ledger};
 use crate::hist::Recorder;
 use crate::intervals::{IntervalClock, IntervalLog, Piece, TimedRecorder};
 use crate::progress::Progress;
 use crate::report::{cpu_now, thousands, Accounting, ProcessStats, Seen};
+use crate::storage::{StepStorage, Storage};
 
 /// Long enough that no lease runs out during a run: every ack is expected to succeed.
 pub const ACK_TIMEOUT: Duration = Duration::from_secs(600);
@@ -44,6 +45,10 @@ pub struct Step<'a> {
     pub duration: Duration,
     /// Keep an interval log with intervals this long.
     pub hlog_interval: Option<Duration>,
+    /// The run's data dir, if any: the step builds its broker on a fresh one inside it.
+    pub storage: &'a Storage,
+    /// Names the step's data dir.
+    pub label: &'a str,
 }
 
 /// What one step measured.
@@ -85,6 +90,14 @@ pub fn validate(w: &WorkloadArgs, rate: Option<u64>, duration: Duration) -> Resu
     if rate == Some(0) {
         return Err("--rate must be more than zero".into());
     }
+    let storage = &w.storage;
+    if storage.sync.is_some() && !storage.has_data_dir() {
+        return Err(
+            "--sync sets when the data dir's log reaches the disk: it needs --durable or \
+             --data-dir"
+                .into(),
+        );
+    }
     if rate.is_some() && w.api == Api::Async {
         return Err(
             "--api async runs a closed loop only: an open loop (--rate, sweep) needs \
@@ -122,15 +135,18 @@ fn plan_of(step: &Step) -> Plan {
     }
 }
 
-/// The broker, its queues and one consumer per consumer thread.
+/// The broker (on the step's data dir, if it has one), its queues (durable with
+/// `--durable`) and one consumer per consumer thread.
 fn start_broker(
     w: &WorkloadArgs,
     shards: u32,
+    storage: &StepStorage,
 ) -> Result<(Broker, Vec<Queue>, Vec<Consumer>), String> {
-    let broker = new_broker(shards)?;
+    let broker = storage.broker(shards)?;
     let config = QueueConfig {
         ack_timeout: ACK_TIMEOUT,
         max_body_bytes: (w.body_bytes as usize).max(1024 * 1024),
+        durable: storage.durable(),
         ..QueueConfig::default()
     };
     let mut qs = Vec::with_capacity(w.queues as usize);
@@ -159,7 +175,9 @@ fn start_broker(
 pub fn run_step(step: &Step, progress: &Progress) -> Result<StepOutcome, String> {
     validate(step.workload, step.rate, step.duration)?;
     let plan = plan_of(step);
-    let (broker, qs, cs) = start_broker(step.workload, step.shards)?;
+    // The step's data dir, if it has one: removed below, once the broker is shut down.
+    let storage = step.storage.for_step(step.label)?;
+    let (broker, qs, cs) = start_broker(step.workload, step.shards, &storage)?;
     let clock = Clock::start();
     let mut watch = Watch::new(step, &plan, clock, SystemTime::now(), progress);
     let runtime = start_runtime(step.workload)?;
@@ -187,6 +205,8 @@ pub fn run_step(step: &Step, progress: &Progress) -> Result<StepOutcome, String>
         add_stats(&mut stats, &q.stats());
     }
     broker.shutdown();
+    drop(broker);
+    drop(storage);
 
     let accounting = check(&produced, &consumed, &stats);
     let seconds = step.duration.as_secs_f64();
