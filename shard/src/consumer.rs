@@ -157,11 +157,17 @@ impl Consumer {
     /// until the shard rings (see `wait.rs`). `None` once `deadline` passes.
     fn wait(&self, deadline: Option<Instant>) -> Option<Result<Delivered, ()>> {
         let rx = self.rx();
-        self.readers.threads.wait(deadline, || match rx.try_recv() {
+        let attempt = || match rx.try_recv() {
             Ok(delivered) => Some(Ok(delivered)),
             Err(TryRecvError::Empty) => None,
             Err(TryRecvError::Disconnected) => Some(Err(())),
-        })
+        };
+        // A durable queue's deliveries come after an fsync: no point spinning for them.
+        if self.owner.queue.is_durable() {
+            self.readers.threads.wait_parked(deadline, attempt)
+        } else {
+            self.readers.threads.wait(deadline, attempt)
+        }
     }
 
     /// A delivery if one is waiting, else `Ok(None)` at once. Since every call is a barrier for

@@ -13,7 +13,7 @@ use leasemq_engine::{
 use crate::broker::BrokerInner;
 use crate::consumer::Consumer;
 use crate::protocol::{Answer, QueueCell, Readers, ReplyTo, Request, Sink, WakeOnDrop};
-use crate::reply::{call, call_async};
+use crate::reply::{call, call_async, call_parked};
 
 /// A handle to one queue. Cheap to clone, `Send + Sync`; every clone reaches the same queue,
 /// and none reaches a later queue of the same name once this one is closed.
@@ -98,9 +98,15 @@ impl Queue {
         if self.inner.broker.is_shut_down() {
             return Outcome::ShutDown;
         }
-        match call(self.inner.broker.inbox(self.inner.shard), |reply| {
-            Request::Engine { cmd, reply }
-        }) {
+        let inbox = self.inner.broker.inbox(self.inner.shard);
+        let request = |reply| Request::Engine { cmd, reply };
+        // A durable queue answers after an fsync: no point spinning for it.
+        let answer = if self.inner.cell.is_durable() {
+            call_parked(inbox, request)
+        } else {
+            call(inbox, request)
+        };
+        match answer {
             Answer::Engine(reply) => Outcome::Reply(reply),
             Answer::ShutDown => Outcome::ShutDown,
             other => unreachable!("a queue command answered {other:?}"),

@@ -30,14 +30,28 @@ thread_local! {
 /// Sends a request and blocks until its answer comes back: polls the slot for a few
 /// microseconds, then parks until the shard wakes this thread (see `wait.rs`).
 pub(crate) fn call(inbox: &Inbox, request: impl FnOnce(ReplyTo) -> Request) -> Answer {
+    call_waiting(inbox, request, false)
+}
+
+/// [`call`], for a request whose answer waits for an fsync (a change to a durable queue):
+/// parks at once rather than poll, leaving the cores to the shard and the log's syncer.
+pub(crate) fn call_parked(inbox: &Inbox, request: impl FnOnce(ReplyTo) -> Request) -> Answer {
+    call_waiting(inbox, request, true)
+}
+
+fn call_waiting(inbox: &Inbox, request: impl FnOnce(ReplyTo) -> Request, parked: bool) -> Answer {
     SLOT.with(|slot| {
         let req = request(ReplyTo::slot(slot.tx.clone(), slot.caller.clone()));
         // A request refused by a stopped shard is dropped here, which answers ShutDown.
         drop(inbox.send(req));
         // Every request is answered, or dropped, which answers ShutDown: the wait ends.
-        slot.caller
-            .wait(None, || slot.rx.try_recv().ok())
-            .unwrap_or(Answer::ShutDown)
+        let answer = || slot.rx.try_recv().ok();
+        let got = if parked {
+            slot.caller.wait_parked(None, answer)
+        } else {
+            slot.caller.wait(None, answer)
+        };
+        got.unwrap_or(Answer::ShutDown)
     })
 }
 

@@ -105,6 +105,25 @@ impl Sleeper {
         if let Some(value) = spin(deadline, &mut attempt) {
             return Some(value);
         }
+        self.park(deadline, attempt)
+    }
+
+    /// Like [`wait`](Self::wait), for a wait known to be long (an fsync, a fraction of a
+    /// millisecond at best): parks at once, leaving the cores to the threads that do the
+    /// work, instead of spinning and yielding first.
+    pub fn wait_parked<T>(
+        &self,
+        deadline: Option<Instant>,
+        attempt: impl FnMut() -> Option<T>,
+    ) -> Option<T> {
+        self.park(deadline, attempt)
+    }
+
+    fn park<T>(
+        &self,
+        deadline: Option<Instant>,
+        mut attempt: impl FnMut() -> Option<T>,
+    ) -> Option<T> {
         loop {
             self.asleep.store(true, Ordering::Relaxed);
             fence(Ordering::SeqCst);
@@ -152,6 +171,27 @@ impl Bell {
         if let Some(value) = spin(deadline, &mut attempt) {
             return Some(value);
         }
+        self.park(deadline, attempt)
+    }
+
+    /// Like [`wait`](Self::wait), for a wait known to be long (deliveries of a durable
+    /// queue come after an fsync): parks at once.
+    pub fn wait_parked<T>(
+        &self,
+        deadline: Option<Instant>,
+        mut attempt: impl FnMut() -> Option<T>,
+    ) -> Option<T> {
+        if let Some(value) = attempt() {
+            return Some(value);
+        }
+        self.park(deadline, attempt)
+    }
+
+    fn park<T>(
+        &self,
+        deadline: Option<Instant>,
+        mut attempt: impl FnMut() -> Option<T>,
+    ) -> Option<T> {
         let me = std::thread::current();
         lock(&self.waiting).push(me.clone());
         // Listed before counted: a ringer that sees the count finds this thread in the list.
