@@ -147,6 +147,10 @@ impl ShardThread {
         let Some(log) = &mut self.log else {
             return;
         };
+        // A shard whose durable queues were quiet this turn has nothing to do here.
+        if !log.has_work() {
+            return;
+        }
         log.submit(Instant::now());
         self.release_held();
         if let Some(log) = &mut self.log {

@@ -265,6 +265,16 @@ impl ShardLog {
         matches!(self.policy, SyncPolicy::Always) || self.failed.is_some()
     }
 
+    /// Whether the loop has anything to do for the log: records to submit, things held,
+    /// or a snapshot due.
+    pub fn has_work(&self) -> bool {
+        self.unsubmitted || !self.held.is_empty() || self.snapshot_due()
+    }
+
+    fn snapshot_due(&self) -> bool {
+        self.since_snapshot > SNAPSHOT_AFTER_BYTES.max(2 * self.snapshot_bytes)
+    }
+
     /// Whether anything waits.
     pub fn is_holding(&self) -> bool {
         !self.held.is_empty()
@@ -418,8 +428,7 @@ impl ShardLog {
     /// removes the segments it covers. Waits for the disk first: a snapshot covers only
     /// durable records.
     pub fn maybe_snapshot(&mut self, engine: &Shard) {
-        let due = self.since_snapshot > SNAPSHOT_AFTER_BYTES.max(2 * self.snapshot_bytes);
-        if !due || self.failed.is_some() {
+        if !self.snapshot_due() || self.failed.is_some() {
             return;
         }
         let lsn = match self.wal.sync() {
