@@ -54,6 +54,8 @@ pub struct Settings {
     /// as RabbitMQ): a client that leaves the choice to the server then beats, and a peer
     /// that vanished without closing its socket is noticed and its leases come back.
     pub heartbeat: u16,
+    /// The broker has a data dir: `queue.declare` with `durable` makes a durable queue.
+    pub durable: bool,
 }
 
 impl Default for Settings {
@@ -66,6 +68,7 @@ impl Default for Settings {
             channel_max: 2047,
             ack_timeout: Duration::from_secs(30 * 60),
             max_message_bytes: 16 << 20,
+            durable: false,
             heartbeat: 60,
         }
     }

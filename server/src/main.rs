@@ -23,7 +23,9 @@ struct Args {
     /// Shard threads of the broker (default: the machine's parallelism).
     #[arg(long)]
     shards: Option<usize>,
-    /// Directory for durable queues. Not served yet: refused.
+    /// Directory for durable queues: `queue.declare` with `durable` makes a queue that
+    /// survives a restart or a crash; its publishes are confirmed once on disk. Without
+    /// it every queue is in memory.
     #[arg(long, value_name = "DIR")]
     data_dir: Option<PathBuf>,
     /// Address for Prometheus metrics at /metrics. Not served yet: refused.
@@ -47,12 +49,6 @@ fn main() -> ExitCode {
 }
 
 fn run(args: Args) -> Result<(), String> {
-    if let Some(dir) = &args.data_dir {
-        return Err(format!(
-            "--data-dir {} is not supported yet: leasemqd keeps every queue in memory; start it without --data-dir",
-            dir.display()
-        ));
-    }
     if let Some(addr) = args.metrics {
         return Err(format!(
             "--metrics {addr} is not supported yet; start leasemqd without --metrics"
@@ -71,6 +67,10 @@ fn run(args: Args) -> Result<(), String> {
     if let Some(n) = args.shards {
         builder = builder.shards(n);
     }
+    if let Some(dir) = &args.data_dir {
+        builder = builder.data_dir(dir);
+        settings.durable = true;
+    }
     let broker = builder
         .build()
         .map_err(|e| format!("cannot start the broker: {e}"))?;
@@ -78,10 +78,15 @@ fn run(args: Args) -> Result<(), String> {
         .enable_all()
         .build()
         .map_err(|e| format!("cannot start the runtime: {e}"))?;
+    let storage = match &args.data_dir {
+        Some(dir) => format!("durable queues in {}", dir.display()),
+        None => "every queue is in memory (no --data-dir)".to_string(),
+    };
     let result = runtime.block_on(serve_until_signal(
         args.listen,
         broker.clone(),
         Arc::new(settings),
+        storage,
     ));
     broker.shutdown();
     result
@@ -91,6 +96,7 @@ async fn serve_until_signal(
     listen: SocketAddr,
     broker: Broker,
     settings: Arc<Settings>,
+    storage: String,
 ) -> Result<(), String> {
     let listener = tokio::net::TcpListener::bind(listen)
         .await
@@ -99,7 +105,7 @@ async fn serve_until_signal(
     let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .map_err(|e| format!("cannot watch SIGTERM: {e}"))?;
     println!(
-        "leasemqd {} ready: AMQP 0-9-1 on {local}, {} shards; every queue is in memory (no --data-dir)",
+        "leasemqd {} ready: AMQP 0-9-1 on {local}, {} shards; {storage}",
         env!("CARGO_PKG_VERSION"),
         broker.shard_count(),
     );

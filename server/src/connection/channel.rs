@@ -226,11 +226,13 @@ impl Connection {
                 }
             }
         } else {
-            // `durable` is accepted, but every queue is in memory until leasemqd has a
-            // data directory (the startup line says so).
+            // `durable` makes a durable queue when the server has a data dir; without one
+            // every queue is in memory (the startup line says so), and `durable` is
+            // accepted as RabbitMQ clients send it by habit.
             let base = QueueConfig {
                 ack_timeout: self.settings.ack_timeout,
                 max_body_bytes: self.max_stored_bytes(),
+                durable: declare.durable && self.settings.durable,
                 ..QueueConfig::default()
             };
             let config = match arguments::queue_config(&declare.arguments, base) {

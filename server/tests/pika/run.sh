@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # End-to-end test of leasemqd with the unmodified pika client: builds leasemqd, starts it
-# on a free port, runs test_pika.py with pytest, and stops the server.
+# on a free port, runs test_pika.py with pytest, and stops the server; test_durable.py
+# starts its own servers on a data dir, kills and restarts them.
 #
 # Needs python3 (with venv) and network access to PyPI the first time: pika and pytest are
 # installed into a virtual environment under target/pika-venv, reused on later runs.
@@ -42,7 +43,8 @@ fi
 
 export PYTHONDONTWRITEBYTECODE=1
 status=0
-LEASEMQD_PORT="$port" "$venv/bin/pytest" -q -p no:cacheprovider "$here/test_pika.py" "$@" || status=$?
+LEASEMQD_PORT="$port" LEASEMQD_BIN="$root/target/debug/leasemqd" "$venv/bin/pytest" -q \
+    -p no:cacheprovider "$here/test_pika.py" "$here/test_durable.py" "$@" || status=$?
 if [ "$status" -ne 0 ]; then
     echo "--- leasemqd log" >&2
     cat "$log" >&2
