@@ -24,9 +24,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use leasemq_engine::durable::{begin_batch, decode_batch, Change};
 use leasemq_engine::{ConsumerKey, Delivered, Error, Shard};
-use leasemq_wal::{
-    latest_snapshot, write_snapshot, DirLock, DiskStorage, Lsn, Options, Storage, Wal, WalError,
-};
+use leasemq_wal::{latest_snapshot, DirLock, DiskStorage, Lsn, Options, Storage, Wal, WalError};
 
 use crate::protocol::Deferred;
 use crate::route::Hop;
@@ -170,8 +168,6 @@ pub(crate) enum Held {
 /// One shard's log, and what waits on it.
 pub(crate) struct ShardLog {
     wal: Wal,
-    storage: Arc<dyn Storage>,
-    dir: PathBuf,
     policy: SyncPolicy,
     buf: Vec<u8>,
     /// What waits for the disk, each behind the lsn that must be durable first, and
@@ -240,8 +236,6 @@ impl ShardLog {
         }
         Ok(ShardLog {
             wal,
-            storage,
-            dir,
             policy,
             buf: Vec::new(),
             held: VecDeque::new(),
@@ -424,27 +418,23 @@ impl ShardLog {
         }
     }
 
-    /// Writes a snapshot of `engine` when the log has grown enough since the last, and
-    /// removes the segments it covers. Waits for the disk first: a snapshot covers only
-    /// durable records.
+    /// Hands a snapshot of `engine` to the log's syncer when the log has grown enough since
+    /// the last: the syncer writes it once the records it covers are durable, then removes
+    /// the segments it covers. The shard thread only encodes the image (bodies are shared,
+    /// not copied, until then) and goes on.
     pub fn maybe_snapshot(&mut self, engine: &Shard) {
         if !self.snapshot_due() || self.failed.is_some() {
             return;
         }
-        let lsn = match self.wal.sync() {
-            Ok(lsn) => lsn,
-            Err(e) => return self.fail(e),
-        };
-        self.unsubmitted = false;
         let mut image = Vec::new();
         begin_batch(&mut image);
         engine.image(|change| change.encode(&mut image));
-        let written = write_snapshot(&*self.storage, &self.dir, lsn, &image)
-            .and_then(|_| self.wal.remove_before(Lsn(lsn.0 + 1)));
-        match written {
+        let len = image.len() as u64;
+        match self.wal.submit_snapshot(image) {
             Ok(_) => {
+                self.unsubmitted = false;
                 self.since_snapshot = 0;
-                self.snapshot_bytes = image.len() as u64;
+                self.snapshot_bytes = len;
             }
             Err(e) => self.fail(e),
         }

@@ -53,6 +53,8 @@ pub(crate) struct Shared {
 struct State {
     queue: Vec<Piece>,
     removals: Vec<PathBuf>,
+    /// A snapshot to write once the round's records are durable: its lsn and bytes.
+    snapshot: Option<(u64, Vec<u8>)>,
     busy: bool,
     stop: bool,
     error: Option<WalError>,
@@ -124,8 +126,23 @@ impl Shared {
 
     /// Queues pieces and removals for the syncer and wakes it.
     pub(crate) fn submit(&self, pieces: &mut Vec<Piece>, removals: Vec<PathBuf>) {
+        self.submit_with(pieces, None, removals);
+    }
+
+    /// Queues pieces, then a snapshot (written once they are durable), then removals (done
+    /// once the snapshot is), and wakes the syncer. A later snapshot replaces one not yet
+    /// written.
+    pub(crate) fn submit_with(
+        &self,
+        pieces: &mut Vec<Piece>,
+        snapshot: Option<(u64, Vec<u8>)>,
+        removals: Vec<PathBuf>,
+    ) {
         let mut state = self.lock();
         state.queue.append(pieces);
+        if snapshot.is_some() {
+            state.snapshot = snapshot;
+        }
         state.removals.extend(removals);
         // A busy syncer looks at the queue when its round ends: no wake-up needed.
         if !state.busy {
@@ -140,7 +157,8 @@ impl Shared {
             if let Some(error) = &state.error {
                 return Err(error.clone());
             }
-            if !state.busy && state.queue.is_empty() && state.removals.is_empty() {
+            let idle = state.queue.is_empty() && state.removals.is_empty();
+            if !state.busy && idle && state.snapshot.is_none() {
                 return Ok(());
             }
             state = self.changed.wait(state).unwrap_or_else(|e| e.into_inner());
@@ -174,9 +192,19 @@ pub(crate) fn run(shared: Arc<Shared>) {
 /// Runs sync rounds until stopped, or until one fails (which poisons the log).
 fn rounds(shared: &Shared) {
     let mut scratch = Vec::new();
-    while let Some((mut pieces, removals)) = next_round(shared) {
-        let result =
-            write_round(shared, &mut pieces, &mut scratch).and_then(|()| remove(shared, &removals));
+    while let Some((mut pieces, snapshot, removals)) = next_round(shared) {
+        let result = write_round(shared, &mut pieces, &mut scratch)
+            .and_then(|()| match &snapshot {
+                Some((lsn, data)) => crate::snapshot::write_snapshot(
+                    &*shared.storage,
+                    &shared.dir,
+                    crate::Lsn(*lsn),
+                    data,
+                )
+                .map(drop),
+                None => Ok(()),
+            })
+            .and_then(|()| remove(shared, &removals));
         if let Err(error) = result {
             shared.poison(error);
             return;
@@ -196,14 +224,19 @@ fn rounds(shared: &Shared) {
     }
 }
 
+/// A round's work: pieces to write, then a snapshot to write, then files to remove.
+type Round = (Vec<Piece>, Option<(u64, Vec<u8>)>, Vec<PathBuf>);
+
 /// Waits for work; `None` once stopped with nothing left to do.
-fn next_round(shared: &Shared) -> Option<(Vec<Piece>, Vec<PathBuf>)> {
+fn next_round(shared: &Shared) -> Option<Round> {
     let mut state = shared.lock();
     loop {
-        if !state.queue.is_empty() || !state.removals.is_empty() {
+        let work = !state.queue.is_empty() || !state.removals.is_empty();
+        if work || state.snapshot.is_some() {
             state.busy = true;
             return Some((
                 std::mem::take(&mut state.queue),
+                state.snapshot.take(),
                 std::mem::take(&mut state.removals),
             ));
         }

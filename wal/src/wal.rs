@@ -218,6 +218,28 @@ impl Wal {
         Ok(n)
     }
 
+    /// Submits what was appended, then has the syncer write `data` as the snapshot at the
+    /// last appended lsn once every record up to it is durable (temp file, fsync, rename,
+    /// directory fsync, as [`write_snapshot`](crate::write_snapshot)), and then remove the
+    /// segments it covers. Returns that lsn at once: the owner goes on appending while the
+    /// syncer writes. A later call before the syncer got to it replaces the snapshot.
+    ///
+    /// # Errors
+    ///
+    /// The poisoning error once the log is poisoned. A failed snapshot write poisons it.
+    pub fn submit_snapshot(&mut self, data: Vec<u8>) -> Result<Lsn, WalError> {
+        self.check()?;
+        let lsn = self.next_lsn - 1;
+        let mut removals = Vec::new();
+        while self.segments.len() > 1 && self.segments[1].first_lsn <= lsn + 1 {
+            let segment = self.segments.pop_front().expect("more than one segment");
+            removals.push(segment.path.clone());
+        }
+        self.shared
+            .submit_with(&mut self.pending, Some((lsn, data)), removals);
+        Ok(Lsn(lsn))
+    }
+
     /// The paths of the live segments, oldest first.
     pub fn segments(&self) -> Vec<PathBuf> {
         self.segments.iter().map(|s| s.path.clone()).collect()

@@ -239,6 +239,37 @@ fn compaction_keeps_exactly_the_records_from_the_cut() {
     );
 }
 
+/// `submit_snapshot` leaves the writing to the syncer: the snapshot lands only after the
+/// records it covers are durable, the segments it covers go after it, and a crash at any
+/// point after the call leaves a log that opens from the latest snapshot.
+#[test]
+fn a_submitted_snapshot_is_written_after_its_records_and_before_the_removals() {
+    let disk = MemDisk::new();
+    let (mut wal, _, _) = open(&disk, small(256)).unwrap();
+    for n in 1..=80 {
+        wal.append(&payload(n)).unwrap();
+    }
+    // Nothing submitted yet: the snapshot call submits the records too.
+    assert_eq!(
+        wal.submit_snapshot(b"state up to 80".to_vec()).unwrap(),
+        Lsn(80)
+    );
+    for n in 81..=90 {
+        wal.append(&payload(n)).unwrap();
+    }
+    assert_eq!(wal.sync().unwrap(), Lsn(90));
+    assert_eq!(segment_files(&disk), wal.segments());
+    let storage: &dyn leasemq_wal::Storage = &disk;
+    let snap = latest_snapshot(storage, dir()).unwrap().unwrap();
+    assert_eq!(
+        (snap.lsn, &snap.data[..]),
+        (Lsn(80), &b"state up to 80"[..])
+    );
+    drop(wal);
+    let (_wal, records, _) = open_from(Arc::new(disk.clone()), dir(), small(256), Lsn(81)).unwrap();
+    assert_eq!(records, expected(81..=90));
+}
+
 #[test]
 fn compaction_never_removes_what_is_not_durable() {
     let disk = MemDisk::new();
