@@ -36,6 +36,7 @@ pub struct BrokerBuilder {
     on_shard_start: Option<ShardSetup>,
     data_dir: Option<std::path::PathBuf>,
     sync: SyncPolicy,
+    storage: Option<Arc<dyn leasemq_wal::Storage>>,
 }
 
 impl Default for BrokerBuilder {
@@ -47,6 +48,7 @@ impl Default for BrokerBuilder {
             on_shard_start: None,
             data_dir: None,
             sync: SyncPolicy::Always,
+            storage: None,
         }
     }
 }
@@ -145,6 +147,13 @@ impl BrokerBuilder {
         self
     }
 
+    /// Where the data dir's files live: the file system by default. Tests give a
+    /// [`leasemq_wal::MemDisk`] here, to crash the disk at any moment or make it fail.
+    pub fn storage(mut self, storage: Arc<dyn leasemq_wal::Storage>) -> Self {
+        self.storage = Some(storage);
+        self
+    }
+
     /// When durable queues' records reach the disk (default [`SyncPolicy::Always`]: before
     /// anything they caused leaves the shard).
     pub fn sync(mut self, policy: SyncPolicy) -> Self {
@@ -176,7 +185,11 @@ impl BrokerBuilder {
                 if let Some(n) = self.shards {
                     check_shards(n)?;
                 }
-                Some(DataDir::open(path, self.shards, default_shards)?)
+                let storage = self
+                    .storage
+                    .clone()
+                    .unwrap_or_else(|| Arc::new(leasemq_wal::DiskStorage));
+                Some(DataDir::open(&storage, path, self.shards, default_shards)?)
             }
             None => None,
         };
@@ -248,6 +261,7 @@ impl BrokerBuilder {
             let setup = self.on_shard_start.clone();
             let setup_done = setup_done.clone();
             let after_panic = inbox.clone();
+            let own_inbox = senders[index].clone();
             let shard = ShardThread::new(
                 index,
                 inbox,
@@ -275,6 +289,8 @@ impl BrokerBuilder {
                             }
                         }
                     }
+                    // Whatever is sent from now on is dropped by its sender.
+                    own_inbox.close();
                 })
                 .map_err(|e| Error::InvalidConfig(format!("cannot start a shard thread: {e}")))?;
             threads.push(thread);
@@ -611,8 +627,10 @@ fn restore(
                 let engine = &engine;
                 scope.spawn(move || {
                     let mut shard = engine(index);
+                    let storage = Arc::clone(&dir.storage);
+                    let shard_dir = dir.shard_dir(index);
                     let log =
-                        ShardLog::recover(dir.shard_dir(index), &mut shard, sync, sleeper.clone())?;
+                        ShardLog::recover(storage, shard_dir, &mut shard, sync, sleeper.clone())?;
                     Ok((shard, Some(log)))
                 })
             })

@@ -2,7 +2,7 @@
 //! the answers that come back and where they go, and what a queue's handles and a
 //! consumer's channel share with the shard that owns them.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{fence, AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use atomic_waker::AtomicWaker;
@@ -24,6 +24,11 @@ pub(crate) const INBOX_CAPACITY: usize = 8192;
 pub(crate) struct Inbox {
     tx: Sender<Request>,
     shard: Arc<Sleeper>,
+    /// The same channel's receiving end and a flag the shard thread sets when it stops
+    /// reading: a request sent after that is dropped by its sender (answering `ShutDown`),
+    /// so that no caller waits for a thread that is gone.
+    rx: Receiver<Request>,
+    stopped: Arc<AtomicBool>,
 }
 
 impl Inbox {
@@ -36,6 +41,8 @@ impl Inbox {
             Inbox {
                 tx,
                 shard: shard.clone(),
+                rx: rx.clone(),
+                stopped: Arc::new(AtomicBool::new(false)),
             },
             rx,
             shard,
@@ -46,6 +53,7 @@ impl Inbox {
     pub fn send(&self, req: Request) -> Result<(), SendError<Request>> {
         self.tx.send(req)?;
         self.shard.wake();
+        self.drop_if_stopped();
         Ok(())
     }
 
@@ -53,7 +61,30 @@ impl Inbox {
     pub fn try_send(&self, req: Request) -> Result<(), TrySendError<Request>> {
         self.tx.try_send(req)?;
         self.shard.wake();
+        self.drop_if_stopped();
         Ok(())
+    }
+
+    /// Called by the shard thread when it stops reading for good: drops what is queued,
+    /// and from then on each sender drops what it sends. The flag is set before the last
+    /// drain and read by a sender after its send (each behind a full fence), so a request
+    /// is seen by one of the two.
+    pub fn close(&self) {
+        self.stopped.store(true, Ordering::SeqCst);
+        fence(Ordering::SeqCst);
+        while let Ok(req) = self.rx.try_recv() {
+            drop(req);
+        }
+    }
+
+    /// A send to a stopped shard: drop what the channel holds (ours included), answering
+    /// `ShutDown`. (`wake` put a full fence between the send and this load.)
+    fn drop_if_stopped(&self) {
+        if self.stopped.load(Ordering::SeqCst) {
+            while let Ok(req) = self.rx.try_recv() {
+                drop(req);
+            }
+        }
     }
 }
 

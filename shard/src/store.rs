@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use leasemq_engine::durable::{begin_batch, decode_batch, Change};
 use leasemq_engine::{ConsumerKey, Delivered, Error, Shard};
-use leasemq_wal::{latest_snapshot, DirLock, DiskStorage, Lsn, Options, Storage, Wal, WalError};
+use leasemq_wal::{latest_snapshot, DirLock, Lsn, Options, Storage, Wal, WalError};
 
 use crate::protocol::Deferred;
 use crate::route::Hop;
@@ -64,6 +64,7 @@ const SNAPSHOT_AFTER_BYTES: u64 = 16 << 20;
 pub(crate) struct DataDir {
     pub path: PathBuf,
     pub shards: usize,
+    pub storage: Arc<dyn Storage>,
     _lock: DirLock,
 }
 
@@ -76,10 +77,14 @@ fn io_error(path: &Path, what: &str, e: std::io::Error) -> Error {
 }
 
 impl DataDir {
-    /// Opens (or makes) the data dir at `path` and takes its lock; `shards` is the count
-    /// the builder asked for, if it did.
-    pub fn open(path: &Path, shards: Option<usize>, default: usize) -> Result<DataDir, Error> {
-        let storage = DiskStorage;
+    /// Opens (or makes) the data dir at `path` on `storage` and takes its lock; `shards`
+    /// is the count the builder asked for, if it did.
+    pub fn open(
+        storage: &Arc<dyn Storage>,
+        path: &Path,
+        shards: Option<usize>,
+        default: usize,
+    ) -> Result<DataDir, Error> {
         storage
             .create_dir_all(path)
             .map_err(|e| io_error(path, "create the data dir", e))?;
@@ -95,7 +100,7 @@ impl DataDir {
             }
         })?;
         let meta = path.join(META_FILE);
-        let shards = match std::fs::read_to_string(&meta) {
+        let shards = match read_meta(&**storage, &meta) {
             Ok(text) => {
                 let stored = parse_meta(&text).ok_or_else(|| {
                     Error::Storage(format!(
@@ -117,7 +122,7 @@ impl DataDir {
             }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 let shards = shards.unwrap_or(default);
-                write_meta(path, &meta, shards)?;
+                write_meta(&**storage, path, &meta, shards)?;
                 shards
             }
             Err(e) => return Err(io_error(&meta, "read", e)),
@@ -125,6 +130,7 @@ impl DataDir {
         Ok(DataDir {
             path: path.to_path_buf(),
             shards,
+            storage: Arc::clone(storage),
             _lock: lock,
         })
     }
@@ -143,17 +149,28 @@ fn parse_meta(text: &str) -> Option<usize> {
     lines.next()?.strip_prefix("shards ")?.parse().ok()
 }
 
+fn read_meta(storage: &dyn Storage, meta: &Path) -> std::io::Result<String> {
+    let file = storage.open(meta)?;
+    let mut bytes = vec![0; usize::try_from(file.size()?).unwrap_or(0).min(4096)];
+    file.read_at(&mut bytes, 0)?;
+    Ok(String::from_utf8_lossy(&bytes).into_owned())
+}
+
 /// Writes the meta file whole: a temp file, fsynced, renamed, the directory fsynced.
-fn write_meta(dir: &Path, meta: &Path, shards: usize) -> Result<(), Error> {
-    use std::io::Write;
+fn write_meta(storage: &dyn Storage, dir: &Path, meta: &Path, shards: usize) -> Result<(), Error> {
     let tmp = meta.with_extension("tmp");
     let text = format!("{META_FORMAT}\nshards {shards}\n");
-    let mut file = std::fs::File::create(&tmp).map_err(|e| io_error(&tmp, "create", e))?;
-    file.write_all(text.as_bytes())
+    let _ = storage.remove(&tmp); // a leftover from a crash, if any
+    let file = storage
+        .create(&tmp)
+        .map_err(|e| io_error(&tmp, "create", e))?;
+    file.write_at(text.as_bytes(), 0)
         .map_err(|e| io_error(&tmp, "write", e))?;
-    file.sync_all().map_err(|e| io_error(&tmp, "fsync", e))?;
-    std::fs::rename(&tmp, meta).map_err(|e| io_error(&tmp, "rename", e))?;
-    DiskStorage
+    file.sync_data().map_err(|e| io_error(&tmp, "fsync", e))?;
+    storage
+        .rename(&tmp, meta)
+        .map_err(|e| io_error(&tmp, "rename", e))?;
+    storage
         .sync_dir(dir)
         .map_err(|e| io_error(dir, "fsync directory", e))
 }
@@ -189,12 +206,12 @@ impl ShardLog {
     /// Opens shard `index`'s log in `dir`, restoring what it and its snapshot hold into
     /// `engine`; `wake` is woken after every fsync.
     pub fn recover(
+        storage: Arc<dyn Storage>,
         dir: PathBuf,
         engine: &mut Shard,
         policy: SyncPolicy,
         wake: Arc<Sleeper>,
     ) -> Result<ShardLog, Error> {
-        let storage: Arc<dyn Storage> = Arc::new(DiskStorage);
         storage
             .create_dir_all(&dir)
             .map_err(|e| io_error(&dir, "create directory", e))?;
@@ -327,7 +344,12 @@ impl ShardLog {
         if let Held::Delivery(key, _) = &what {
             *self.held_consumers.entry(*key).or_default() += 1;
         }
-        let lsn = self.wal.last_appended();
+        // Once the log failed, what depends on it waits for a record that never came: no
+        // lsn covers it.
+        let lsn = match self.failed {
+            Some(_) => Lsn(u64::MAX),
+            None => self.wal.last_appended(),
+        };
         self.held.push_back((lsn, depends, what));
     }
 

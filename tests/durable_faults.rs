@@ -1,0 +1,320 @@
+//! Contract §7 when the disk fails or the machine crashes, on `leasemq_wal::MemDisk`: a
+//! fake disk that can fail an fsync, run full, or crash at any instant into an image that
+//! keeps what was synced plus a seeded choice of what was not (torn sectors included).
+//!
+//! - A failed fsync refuses the changes that waited on it and every later change to the
+//!   shard's durable queues (never retried); in-memory queues go on.
+//! - A full disk fails the put with `Storage`.
+//! - A crash at a random instant, while a thread works on durable queues, loses nothing
+//!   whose answer said it was done: the image the crash leaves opens, and holds every put
+//!   answered `Enqueued` and not acked, no message whose ack was answered `true`, attempts
+//!   above every attempt delivered, tags above every tag handed out.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use leasemq::{Broker, ConsumerConfig, Error, Message, PutOutcome, QueueConfig};
+use leasemq_wal::{Crash, MemDisk};
+
+const DIR: &str = "/data";
+
+/// Durable, and a nacked message is ready again at once: the checks read every message
+/// without moving the manual clock.
+fn durable() -> QueueConfig {
+    QueueConfig {
+        durable: true,
+        retry: leasemq::RetryPolicy::immediate(),
+        ..QueueConfig::default()
+    }
+}
+
+fn open(disk: &MemDisk, shards: usize) -> Result<Broker, Error> {
+    Broker::builder()
+        .shards(shards)
+        .manual_clock()
+        .storage(Arc::new(disk.clone()))
+        .data_dir(DIR)
+        .build()
+}
+
+fn ids_in(broker: &Broker, queue: &str) -> Vec<String> {
+    let q = broker.queue(queue).expect("the durable queue is back");
+    let c = q
+        .consume("check", ConsumerConfig { prefetch: 65_535 })
+        .unwrap();
+    std::iter::from_fn(|| c.try_recv().unwrap())
+        .map(|d| d.envelope().id.clone())
+        .collect()
+}
+
+#[test]
+fn a_failed_fsync_refuses_durable_changes_for_good_and_keeps_what_was_answered() {
+    let disk = MemDisk::new();
+    let broker = open(&disk, 1).unwrap();
+    let jobs = broker.declare_queue("jobs", durable()).unwrap();
+    let scratch = broker
+        .declare_queue("scratch", QueueConfig::default())
+        .unwrap();
+    for i in 0..3 {
+        let put = jobs.put(Message::new("x").with_id(format!("ok{i}")));
+        assert_eq!(put, Ok(PutOutcome::Enqueued));
+    }
+    disk.fail_next_sync();
+    match jobs.put(Message::new("x").with_id("failed")) {
+        Err(Error::Storage(why)) => assert!(why.contains("fdatasync"), "{why}"),
+        other => panic!("expected a storage error, got {other:?}"),
+    }
+    // Never retried: the shard's durable queues refuse every change from now on.
+    assert!(matches!(
+        jobs.put(Message::new("x").with_id("after")),
+        Err(Error::Storage(_))
+    ));
+    // In-memory queues on the same shard go on.
+    assert_eq!(scratch.put(Message::new("y")), Ok(PutOutcome::Enqueued));
+    let c = scratch.consume("c", ConsumerConfig::default()).unwrap();
+    assert!(c.try_recv().unwrap().unwrap().ack());
+
+    let image = disk.crash(Crash::LoseUnsynced);
+    broker.shutdown();
+    let broker = open(&image, 1).unwrap();
+    let mut ids = ids_in(&broker, "jobs");
+    ids.sort();
+    assert_eq!(
+        ids,
+        ["ok0", "ok1", "ok2"],
+        "what was answered, and nothing refused"
+    );
+    broker.shutdown();
+}
+
+#[test]
+fn a_full_disk_fails_the_put_with_a_storage_error() {
+    let disk = MemDisk::new();
+    let broker = open(&disk, 1).unwrap();
+    let big = QueueConfig {
+        max_body_bytes: 4 << 20,
+        ..durable()
+    };
+    let q = broker.declare_queue("big", big).unwrap();
+    // The first segment is there; the disk has room for little more.
+    disk.set_capacity(Some(disk_bytes(&disk) + (1 << 20)));
+    let mut answered = 0;
+    let refused = loop {
+        match q.put(Message::new(vec![1u8; 1 << 20])) {
+            Ok(_) => answered += 1,
+            Err(e) => break e,
+        }
+        assert!(answered < 100, "the disk never ran full");
+    };
+    match refused {
+        Error::Storage(why) => assert!(why.contains("full") || why.contains("space"), "{why}"),
+        other => panic!("expected a storage error, got {other:?}"),
+    }
+    disk.set_capacity(None);
+    let image = disk.crash(Crash::LoseUnsynced);
+    broker.shutdown();
+    let broker = open(&image, 1).unwrap();
+    assert_eq!(
+        ids_in(&broker, "big").len(),
+        answered,
+        "every answered put, no more"
+    );
+    broker.shutdown();
+}
+
+fn disk_bytes(disk: &MemDisk) -> u64 {
+    let mut total = 0;
+    let mut dirs = vec![std::path::PathBuf::from(DIR)];
+    while let Some(dir) = dirs.pop() {
+        let storage: &dyn leasemq_wal::Storage = disk;
+        for name in storage.list(&dir).unwrap_or_default() {
+            let path = dir.join(&name);
+            match disk.contents(&path) {
+                Some(bytes) => total += bytes.len() as u64,
+                None => dirs.push(path),
+            }
+        }
+    }
+    total
+}
+
+/// What the working thread was told, recorded after each answer.
+#[derive(Default)]
+struct Told {
+    /// Put answered `Enqueued` → its queue.
+    put: HashMap<String, &'static str>,
+    acked: HashSet<String>,
+    rejected: HashSet<String>,
+    attempts: HashMap<String, u32>,
+    tags: HashMap<&'static str, u64>,
+}
+
+const QUEUES: [&str; 2] = ["crash.a", "crash.b"];
+const DLQ: &str = "crash.dead";
+
+fn declare(broker: &Broker) -> Result<Vec<leasemq::Queue>, Error> {
+    broker.declare_queue(DLQ, durable())?;
+    let config = QueueConfig {
+        dead_letter: Some(DLQ.into()),
+        ..durable()
+    };
+    QUEUES
+        .iter()
+        .map(|q| broker.declare_queue(q, config.clone()))
+        .collect()
+}
+
+/// Works until the disk crashes under it: puts, acks, nacks, releases and rejects,
+/// recording each answer.
+fn work(broker: &Broker, seed: u64, round: u64, told: &Mutex<Told>) -> Result<(), Error> {
+    let queues = declare(broker)?;
+    let consumers = queues
+        .iter()
+        .map(|q| q.consume("w", ConsumerConfig { prefetch: 8 }))
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut rng = fastrand::Rng::with_seed(seed);
+    for step in 0u64.. {
+        let which = rng.usize(..QUEUES.len());
+        let id = format!("r{round}-{step}");
+        queues[which].put(Message::new("job").with_id(id.clone()))?;
+        told.lock().unwrap().put.insert(id, QUEUES[which]);
+        for (q, c) in consumers.iter().enumerate() {
+            while let Some(d) = c.try_recv()? {
+                let id = d.envelope().id.clone();
+                {
+                    let mut t = told.lock().unwrap();
+                    let a = t.attempts.entry(id.clone()).or_default();
+                    *a = (*a).max(d.envelope().attempt);
+                    let tag = t.tags.entry(QUEUES[q]).or_default();
+                    *tag = (*tag).max(d.tag().0);
+                }
+                match rng.u32(..10) {
+                    0..=5 => {
+                        let acked = d.ack();
+                        if acked {
+                            told.lock().unwrap().acked.insert(id);
+                        }
+                    }
+                    6 => {
+                        d.nack();
+                    }
+                    7 => {
+                        d.release();
+                    }
+                    8 => {
+                        let rejected = d.reject();
+                        if rejected {
+                            told.lock().unwrap().rejected.insert(id);
+                        }
+                    }
+                    _ => {}
+                }
+            }
+        }
+        if broker.is_shut_down() {
+            return Ok(());
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn a_crash_at_any_instant_keeps_every_answered_change() {
+    let seed: u64 = std::env::var("LEASEMQ_FAULT_SEED").map_or_else(
+        |_| fastrand::u64(..),
+        |n| n.parse().expect("LEASEMQ_FAULT_SEED is a number"),
+    );
+    let mut rng = fastrand::Rng::with_seed(seed);
+    let mut disk = MemDisk::new();
+    let told = Arc::new(Mutex::new(Told::default()));
+    for round in 0..12 {
+        let broker = open(&disk, 2).unwrap_or_else(|e| panic!("seed {seed} round {round}: {e}"));
+        let worker = {
+            let (broker, told) = (broker.clone(), Arc::clone(&told));
+            let work_seed = rng.u64(..);
+            std::thread::spawn(move || work(&broker, work_seed, round, &told))
+        };
+        std::thread::sleep(Duration::from_millis(rng.u64(1..30)));
+        let mode = match rng.u8(..3) {
+            0 => Crash::KeepUnsynced,
+            1 => Crash::LoseUnsynced,
+            _ => Crash::Tear { seed: rng.u64(..) },
+        };
+        let image = disk.crash(mode);
+        // The old broker fails on its crashed disk from now on; stop it and its worker.
+        broker.shutdown();
+        let _ = worker.join().expect("the worker does not panic");
+        disk = image;
+        check(&disk, &mut told.lock().unwrap(), seed, round);
+    }
+    let told = told.lock().unwrap();
+    eprintln!(
+        "seed {seed}: 12 crashes, {} puts, {} acks, {} rejects answered",
+        told.put.len(),
+        told.acked.len(),
+        told.rejected.len()
+    );
+    assert!(
+        told.put.len() > 12,
+        "the worker got work done between crashes"
+    );
+}
+
+/// Opens the crash image and checks it against what the worker was told; the check's own
+/// deliveries count as deliveries from then on.
+fn check(disk: &MemDisk, told: &mut Told, seed: u64, round: u64) {
+    let context = format!("seed {seed} round {round}");
+    let broker = open(disk, 2).unwrap_or_else(|e| panic!("{context}: the image opens: {e}"));
+    declare(&broker).unwrap();
+    let mut found: HashMap<String, Vec<&str>> = HashMap::new();
+    for queue in QUEUES.iter().chain([&DLQ]) {
+        let q = broker.queue(queue).unwrap();
+        let c = q
+            .consume("check", ConsumerConfig { prefetch: 65_535 })
+            .unwrap();
+        while let Some(d) = c.try_recv().unwrap() {
+            let id = d.envelope().id.clone();
+            let before = told.tags.get(queue).copied().unwrap_or(0);
+            assert!(
+                d.tag().0 > before,
+                "{context}: {queue} tag {} after {before}",
+                d.tag().0
+            );
+            if *queue != DLQ {
+                let before = told.attempts.get(&id).copied().unwrap_or(0);
+                let attempt = d.envelope().attempt;
+                assert!(
+                    attempt > before,
+                    "{context}: {id} attempt {attempt} after {before}"
+                );
+            }
+            found.entry(id.clone()).or_default().push(queue);
+            let a = told.attempts.entry(id).or_default();
+            *a = (*a).max(d.envelope().attempt);
+            let tag = told.tags.entry(queue).or_default();
+            *tag = (*tag).max(d.tag().0);
+        }
+    }
+    for (id, queue) in &told.put {
+        let here = found.get(id).map(Vec::as_slice).unwrap_or_default();
+        if told.acked.contains(id) {
+            // At most a dead-letter copy made across an earlier crash (contract §7).
+            assert!(
+                here.iter().all(|q| *q == DLQ),
+                "{context}: acked {id} is back in {here:?}"
+            );
+        } else if told.rejected.contains(id) {
+            assert!(
+                here.contains(&DLQ),
+                "{context}: rejected {id} is in {here:?}"
+            );
+        } else {
+            assert!(
+                here.contains(queue) || here.contains(&DLQ),
+                "{context}: {id} put in {queue} is in {here:?}"
+            );
+        }
+    }
+    broker.shutdown();
+}
