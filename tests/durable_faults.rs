@@ -318,3 +318,44 @@ fn check(disk: &MemDisk, told: &mut Told, seed: u64, round: u64) {
     }
     broker.shutdown();
 }
+
+/// A delivery held back until the disk covers it gets its lease from when it is handed
+/// over: had it run out meanwhile, the consumer gets the redelivery, never the stale one.
+#[test]
+fn a_lease_that_ran_out_while_its_delivery_waited_for_the_disk_is_not_handed_over() {
+    let disk = MemDisk::new();
+    let broker = open(&disk, 1).unwrap();
+    let config = QueueConfig {
+        ack_timeout: Duration::from_secs(1),
+        ..durable()
+    };
+    let q = broker.declare_queue("slow-disk", config).unwrap();
+    let c = q.consume("c", ConsumerConfig { prefetch: 1 }).unwrap();
+    disk.hold_syncs();
+    let put = {
+        let q = q.clone();
+        std::thread::spawn(move || q.put(Message::new("x")))
+    };
+    // The put's record (and its delivery's) is in an fsync the disk holds.
+    disk.wait_for_held_sync();
+    let advance = {
+        let broker = broker.clone();
+        std::thread::spawn(move || broker.advance(Duration::from_millis(1500)))
+    };
+    // The advance is handled (its answer waits for the disk): the lease ran out.
+    while q.stats().expired == 0 {
+        std::thread::yield_now();
+    }
+    disk.release_syncs();
+    assert_eq!(put.join().unwrap(), Ok(PutOutcome::Enqueued));
+    advance.join().unwrap().unwrap();
+    let d = c.try_recv().unwrap().expect("the redelivery");
+    assert_eq!(
+        d.envelope().attempt,
+        2,
+        "the first lease ran out before it was handed over"
+    );
+    assert!(d.ack());
+    assert!(c.try_recv().unwrap().is_none());
+    broker.shutdown();
+}

@@ -79,6 +79,14 @@ impl LeaseTable {
         }
     }
 
+    pub fn get_mut(&mut self, tag: u64) -> Option<&mut Lease> {
+        if tag >= self.base {
+            self.ring.get_mut((tag - self.base) as usize)?.as_mut()
+        } else {
+            self.overflow.get_mut(&tag)
+        }
+    }
+
     pub fn contains(&self, tag: u64) -> bool {
         self.get(tag).is_some()
     }

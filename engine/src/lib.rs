@@ -302,6 +302,22 @@ impl Shard {
             .is_some_and(|q| self.queues[q].holder(tag.0) == Some(consumer.idx))
     }
 
+    /// A delivery to `consumer` that the runtime held back (until the disk covered it) is
+    /// handed over now: its lease counts from `now`, so that the wait for the disk does
+    /// not eat into `ack_timeout` (nor `max_lease`). `false` when the lease is no longer
+    /// live (it ran out meanwhile, or its consumer ended): the delivery is stale, and the
+    /// runtime drops it. `now` earlier than the shard's time counts as the shard's time.
+    pub fn restart_lease(&mut self, now: Tick, consumer: ConsumerKey, tag: DeliveryTag) -> bool {
+        let Some(idx) = self.live_consumer(consumer) else {
+            return false;
+        };
+        // Nothing comes out of it: the effects stay empty.
+        let mut out = Effects::new();
+        let (queues, mut ctx) = ctx!(self, &mut out);
+        ctx.now = ctx.now.max(now);
+        queues[idx].restart_lease(&mut ctx, consumer.idx, tag.0)
+    }
+
     /// Whether `queue` is live and durable (its changes come out in [`Effects::log`]).
     pub fn is_durable(&self, queue: QueueKey) -> bool {
         self.live(queue)

@@ -677,6 +677,18 @@ impl QueueState {
         true
     }
 
+    /// The lease `tag` of consumer `slot` starts again at `now`: its delivery was held
+    /// back (for the disk) and is handed over only now. `false` if it is no longer live.
+    pub fn restart_lease(&mut self, ctx: &mut Ctx, slot: u32, tag: u64) -> bool {
+        let deadline = ctx.after(self.ack_ticks);
+        let Some(lease) = self.leases.get_mut(tag).filter(|l| l.consumer == slot) else {
+            return false;
+        };
+        lease.delivered_at = ctx.now;
+        ctx.wheel.reset(lease.timer, deadline);
+        true
+    }
+
     /// `ack_up_to` on one consumer: every live lease of it with a tag up to `tag`.
     pub fn ack_up_to(&mut self, ctx: &mut Ctx, consumer: u32, tag: DeliveryTag) -> usize {
         let mut acked = 0;

@@ -165,11 +165,14 @@ impl ShardThread {
             return;
         };
         let mut woken: Option<usize> = None;
+        let now = self.now();
         log.release(|what, failed| match what {
             Held::Delivery(key, delivered) => {
                 // Once the log failed, a delivery of a durable queue never leaves: its
-                // lease runs out in memory, and after a restart it is back.
-                if failed.is_none() {
+                // lease runs out in memory, and after a restart it is back. Else its
+                // lease counts from now, when it is handed over; one that ran out while
+                // it waited is stale, and dropped.
+                if failed.is_none() && self.engine.restart_lease(now, key, delivered.tag) {
                     self.deliver(key, delivered, &mut woken);
                 }
             }
