@@ -4,7 +4,8 @@
 //!
 //! - A failed fsync refuses the changes that waited on it and every later change to the
 //!   shard's durable queues (never retried); in-memory queues go on.
-//! - A full disk fails the put with `Storage`.
+//! - A full disk fails the put whole with `Storage`, and puts succeed again once there is
+//!   room.
 //! - A crash at a random instant, while a thread works on durable queues, loses nothing
 //!   whose answer said it was done: the image the crash leaves opens, and holds every put
 //!   answered `Enqueued` and not acked, no message whose ack was answered `true`, attempts
@@ -111,13 +112,15 @@ fn a_full_disk_fails_the_put_with_a_storage_error() {
         Error::Storage(why) => assert!(why.contains("full") || why.contains("space"), "{why}"),
         other => panic!("expected a storage error, got {other:?}"),
     }
+    // Refused whole, and the log goes on: once there is room, puts succeed again.
     disk.set_capacity(None);
+    assert_eq!(q.put(Message::new("after")), Ok(PutOutcome::Enqueued));
     let image = disk.crash(Crash::LoseUnsynced);
     broker.shutdown();
     let broker = open(&image, 1).unwrap();
     assert_eq!(
         ids_in(&broker, "big").len(),
-        answered,
+        answered + 1,
         "every answered put, no more"
     );
     broker.shutdown();

@@ -318,6 +318,11 @@ impl Shard {
         queues[idx].restart_lease(&mut ctx, consumer.idx, tag.0)
     }
 
+    /// The config of a live queue.
+    pub fn config(&self, queue: QueueKey) -> Option<&QueueConfig> {
+        self.live(queue).map(|idx| &self.queues[idx].config)
+    }
+
     /// Whether `queue` is live and durable (its changes come out in [`Effects::log`]).
     pub fn is_durable(&self, queue: QueueKey) -> bool {
         self.live(queue)

@@ -15,7 +15,8 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, TryRecvError, TrySendError};
 use leasemq_engine::{
-    Command, ConsumerKey, Delivered, Effects, QueueKey, QueueStats, Reply, Shard, Tick, TickLength,
+    Command, ConsumerKey, Delivered, Effects, Message, QueueKey, QueueStats, Reply, Shard, Tick,
+    TickLength,
 };
 
 use crate::protocol::{Answer, Deferred, Inbox, QueueCell, ReplyTo, Request, Sink};
@@ -247,10 +248,37 @@ impl ShardThread {
         self.logged = false;
     }
 
-    /// The error to refuse `cmd` with, when it would change a durable queue whose log
-    /// failed.
-    fn refuse(&self, cmd: &Command) -> Option<Reply> {
-        let e = self.log.as_ref()?.failed()?;
+    /// The answer to refuse `cmd` with, when it would change a durable queue whose log
+    /// failed, or put on one while the disk has no room for it.
+    fn refuse(&mut self, cmd: &Command) -> Option<Reply> {
+        let log = self.log.as_mut()?;
+        // Room for a put on a durable queue, unless the engine will refuse it anyway (a
+        // body over the queue's limit): a reservation sized by such a body would be waste.
+        let durable_limit = |queue: &QueueKey| {
+            let config = self.engine.config(*queue)?;
+            config.durable.then_some(config.max_body_bytes)
+        };
+        let fits = |m: &Message, limit: usize| m.body().len() <= limit;
+        let room = match cmd {
+            Command::Put { queue, message } => match durable_limit(queue) {
+                Some(limit) if fits(message, limit) => log.reserve(std::iter::once(message)).err(),
+                _ => None,
+            },
+            Command::PutBatch { queue, messages } => match durable_limit(queue) {
+                Some(limit) if messages.iter().all(|m| fits(m, limit)) => {
+                    log.reserve(messages.iter()).err()
+                }
+                _ => None,
+            },
+            _ => None,
+        };
+        if let Some(e) = room {
+            return Some(match cmd {
+                Command::PutBatch { .. } => Reply::PutBatch(Err(e)),
+                _ => Reply::Put(Err(e)),
+            });
+        }
+        let e = log.failed()?;
         let durable = |queue: QueueKey| self.engine.is_durable(queue);
         Some(match cmd {
             Command::Put { queue, .. } if durable(*queue) => Reply::Put(Err(e.clone())),

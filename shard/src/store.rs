@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use leasemq_engine::durable::{begin_batch, decode_batch, Change};
-use leasemq_engine::{ConsumerKey, Delivered, Error, Shard};
+use leasemq_engine::{ConsumerKey, Delivered, Error, Message, Shard};
 use leasemq_wal::{latest_snapshot, DirLock, Lsn, Options, Storage, Wal, WalError};
 
 use crate::protocol::Deferred;
@@ -52,6 +52,9 @@ const META_FORMAT: &str = "leasemq data dir, format 1";
 const SEGMENT_BYTES: u64 = 8 << 20;
 /// The largest record: a batch holding one largest body, with room for the rest.
 const MAX_RECORD_BYTES: usize = leasemq_engine::MAX_BODY_LIMIT + (1 << 20);
+/// What a put's changes take in the log beyond its body and id: its `Enqueued` and its
+/// delivery's `Delivered`, with room to spare.
+const PER_MESSAGE_BYTES: usize = 128;
 /// A turn's changes are cut into records of about this size (a change is never cut), so
 /// that no record exceeds [`MAX_RECORD_BYTES`].
 const RECORD_BYTES: usize = 4 << 20;
@@ -380,6 +383,40 @@ impl ShardLog {
         }
         self.held = kept;
         taken
+    }
+
+    /// Makes room in the log for a put of `messages` before the engine applies it, so
+    /// that a full disk fails the put whole (contract §7) instead of failing the log.
+    ///
+    /// # Errors
+    ///
+    /// `Storage` naming the full disk (the log goes on, and a later put may succeed once
+    /// there is room), or the log's failure.
+    pub fn reserve<'m>(
+        &mut self,
+        messages: impl Iterator<Item = &'m Message>,
+    ) -> Result<(), Error> {
+        if let Some(e) = &self.failed {
+            return Err(e.clone());
+        }
+        // Each message's change and its delivery's, in records of at most RECORD_BYTES.
+        let payload: usize = messages
+            .map(|m| m.body().len() + m.id().map_or(0, str::len) + PER_MESSAGE_BYTES)
+            .sum();
+        let records = payload / RECORD_BYTES + 1;
+        match self
+            .wal
+            .reserve(payload + records * leasemq_wal::RESERVE_SLACK)
+        {
+            Ok(()) => Ok(()),
+            Err(e @ WalError::NoSpace { .. }) => Err(Error::Storage(format!(
+                "{e}; the put was refused whole, and durable queues go on once there is room"
+            ))),
+            Err(e) => {
+                self.fail(e);
+                Err(self.failed.clone().expect("just failed"))
+            }
+        }
     }
 
     /// Hands what was appended to the syncer: at once under `Always`; under `Interval(d)`

@@ -95,6 +95,10 @@ pub use snapshot::{latest_snapshot, write_snapshot, Snapshot};
 pub use storage::{DirLock, DiskStorage, Storage, StorageFile, LOCK_FILE};
 pub use wal::Wal;
 
+/// Room [`Wal::reserve`] counts for each record beyond the first: its frame's header and
+/// padding.
+pub const RESERVE_SLACK: usize = 64;
+
 /// A record's log sequence number: 1 for a log's first record, one more for each next.
 /// `Lsn(0)` stands for "no record".
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]

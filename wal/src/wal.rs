@@ -29,6 +29,10 @@ pub struct Wal {
     /// Appended, not yet submitted.
     pending: Vec<Piece>,
     next_lsn: u64,
+    /// The current segment was created and nothing was appended to it yet.
+    fresh: bool,
+    /// The current segment's preallocated size.
+    capacity: u64,
     _lock: DirLock,
 }
 
@@ -80,6 +84,10 @@ impl Wal {
                 move || syncer::run(shared)
             })
             .map_err(|e| WalError::io(dir, "spawn the syncer thread", e))?;
+        let capacity = recovered
+            .segments
+            .back()
+            .map_or(options.segment_bytes, |s| s.capacity);
         let wal = Wal {
             shared,
             syncer: Some(syncer),
@@ -89,6 +97,8 @@ impl Wal {
             pos: recovered.pos,
             pending: Vec::new(),
             next_lsn,
+            fresh: false,
+            capacity,
             _lock: lock,
         };
         Ok((wal, recovered.report))
@@ -116,10 +126,8 @@ impl Wal {
             });
         }
         let size = frame::frame_len(payload.len()) as u64;
-        let mut new_segment = false;
-        if self.pos + size > self.current().capacity {
+        if self.pos + size > self.capacity {
             self.roll(size)?;
-            new_segment = true;
         }
         let lsn = self.next_lsn;
         let current = Arc::clone(self.current());
@@ -133,7 +141,8 @@ impl Wal {
                     bytes,
                     first: lsn,
                     last: lsn,
-                    new_segment,
+                    // The first piece of a segment has its directory entry synced.
+                    new_segment: std::mem::take(&mut self.fresh),
                 });
                 self.pending.last_mut().expect("just pushed")
             }
@@ -143,6 +152,26 @@ impl Wal {
         self.pos += size;
         self.next_lsn += 1;
         Ok(Lsn(lsn))
+    }
+
+    /// Makes room for appends of `bytes` payload bytes in all (as records of any sizes
+    /// adding up to it, plus [`RESERVE_SLACK`](crate::RESERVE_SLACK) per record beyond the
+    /// first): starts the next segment now if the current one is too full, so that those
+    /// appends cannot fail for want of space. Lets an owner refuse a change whole, before
+    /// applying it, when the disk is full.
+    ///
+    /// # Errors
+    ///
+    /// [`WalError::NoSpace`] when the disk is full (nothing changed, the log goes on); the
+    /// poisoning error once the log is poisoned; [`WalError::Io`] if creating the segment
+    /// failed otherwise.
+    pub fn reserve(&mut self, bytes: usize) -> Result<(), WalError> {
+        self.check()?;
+        let size = frame::frame_len(bytes) as u64;
+        if self.pos + size > self.capacity {
+            self.roll(size)?;
+        }
+        Ok(())
     }
 
     /// Hands everything appended so far to the syncer, without waiting. If the syncer is
@@ -253,14 +282,31 @@ impl Wal {
     /// [`Options::segment_bytes`](crate::Options::segment_bytes), or just large enough
     /// for a frame larger than that.
     fn roll(&mut self, frame: u64) -> Result<(), WalError> {
+        if self.pos == 0 {
+            // Nothing is in the current segment: grow it rather than leave it empty behind
+            // a new one, which would be named by the same first lsn.
+            let current = self.current();
+            return match current.file.allocate(frame) {
+                Ok(()) => {
+                    self.capacity = frame;
+                    Ok(())
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::StorageFull => Err(WalError::NoSpace {
+                    path: current.path.clone(),
+                }),
+                Err(e) => Err(WalError::io(&current.path, "fallocate", e)),
+            };
+        }
         let segment = recover::create_segment(
             self.shared.storage(),
             self.shared.dir(),
             self.next_lsn,
             self.segment_bytes.max(frame),
         )?;
+        self.capacity = segment.capacity;
         self.segments.push_back(Arc::new(segment));
         self.pos = 0;
+        self.fresh = true;
         Ok(())
     }
 }

@@ -377,3 +377,36 @@ fn a_panicking_progress_callback_poisons_instead_of_hanging() {
     assert!(next.is_err(), "the log must be poisoned: {next:?}");
     assert!(wal.check().is_err());
 }
+
+/// `reserve` starts the next segment early, so that the appends it made room for cannot
+/// fail; on a full disk it fails alone, and the log goes on once there is room. An empty
+/// segment grows instead of being left behind a new one.
+#[test]
+fn reserve_makes_room_before_the_append_and_fails_alone_on_a_full_disk() {
+    let disk = MemDisk::new();
+    let options = Options {
+        max_record_bytes: 4096,
+        ..small(512)
+    };
+    let (mut wal, _, _) = open(&disk, options.clone()).unwrap();
+    wal.reserve(2000).unwrap(); // the first segment is empty: it grows
+    assert_eq!(wal.segments().len(), 1);
+    wal.append(&[1; 2000]).unwrap();
+    disk.set_capacity(Some(0));
+    assert!(matches!(wal.reserve(2000), Err(WalError::NoSpace { .. })));
+    disk.set_capacity(None);
+    wal.reserve(2000).unwrap();
+    let segments = wal.segments().len();
+    assert_eq!(segments, 2, "the next segment, made before the append");
+    wal.append(&[2; 2000]).unwrap();
+    assert_eq!(
+        wal.segments().len(),
+        segments,
+        "the append did not roll again"
+    );
+    assert_eq!(wal.sync().unwrap(), Lsn(2));
+    drop(wal);
+    let (_, replayed, _) = open(&disk, options).unwrap();
+    let lens: Vec<usize> = replayed.iter().map(|(_, r)| r.len()).collect();
+    assert_eq!(lens, [2000, 2000]);
+}
