@@ -281,6 +281,12 @@ impl Connection {
         self.phase == Phase::Closing
     }
 
+    /// Whether handling input may wait for the disk: the broker has durable queues, whose
+    /// puts and settles are answered after an fsync.
+    pub fn may_wait_for_disk(&self) -> bool {
+        self.settings.durable
+    }
+
     /// The heartbeat interval the client asked for in `tune-ok` (zero: none).
     pub fn heartbeat(&self) -> Duration {
         Duration::from_secs(u64::from(self.heartbeat))

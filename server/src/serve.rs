@@ -99,7 +99,15 @@ pub async fn run_connection(
                     return Ok(()); // the peer went away; dropping `conn` returns its leases
                 }
                 last_read = Instant::now();
-                let used = conn.handle_input(&input);
+                // The broker calls block; with durable queues for an fsync, a fraction of a
+                // millisecond or more: the runtime moves this worker's other tasks away.
+                let multi_thread = tokio::runtime::Handle::current().runtime_flavor()
+                    == tokio::runtime::RuntimeFlavor::MultiThread;
+                let used = if conn.may_wait_for_disk() && multi_thread {
+                    tokio::task::block_in_place(|| conn.handle_input(&input))
+                } else {
+                    conn.handle_input(&input)
+                };
                 input.drain(..used);
             }
             n = writer.write(&output[written..]), if pending > 0 => {
