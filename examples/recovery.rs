@@ -10,6 +10,10 @@
 
 use std::time::Instant;
 
+#[path = "support/disk.rs"]
+mod disk;
+use disk::disk_use;
+
 use leasemq::{Broker, Message, QueueConfig};
 
 fn main() -> Result<(), leasemq::Error> {
@@ -65,19 +69,4 @@ fn main() -> Result<(), leasemq::Error> {
         broker.shutdown();
     }
     Ok(())
-}
-
-fn disk_use(dir: &std::path::Path) -> u64 {
-    std::fs::read_dir(dir)
-        .map(|entries| {
-            entries
-                .filter_map(Result::ok)
-                .map(|e| match e.metadata() {
-                    Ok(m) if m.is_dir() => disk_use(&e.path()),
-                    Ok(m) => m.len(),
-                    Err(_) => 0,
-                })
-                .sum()
-        })
-        .unwrap_or(0)
 }
