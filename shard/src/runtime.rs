@@ -15,8 +15,7 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, TryRecvError, TrySendError};
 use leasemq_engine::{
-    Command, ConsumerKey, Delivered, Effects, Message, QueueKey, QueueStats, Reply, Shard, Tick,
-    TickLength,
+    Command, ConsumerKey, Delivered, Effects, QueueKey, QueueStats, Reply, Shard, Tick, TickLength,
 };
 
 use crate::protocol::{Answer, Deferred, Inbox, QueueCell, ReplyTo, Request, Sink};
@@ -249,50 +248,41 @@ impl ShardThread {
     }
 
     /// The answer to refuse `cmd` with, when it would change a durable queue whose log
-    /// failed, or put on one while the disk has no room for it.
+    /// failed, or when the disk has no room for its records: refused whole, before the
+    /// engine applies anything.
     fn refuse(&mut self, cmd: &Command) -> Option<Reply> {
         let log = self.log.as_mut()?;
-        // Room for a put on a durable queue, unless the engine will refuse it anyway (a
-        // body over the queue's limit): a reservation sized by such a body would be waste.
-        let durable_limit = |queue: &QueueKey| {
-            let config = self.engine.config(*queue)?;
-            config.durable.then_some(config.max_body_bytes)
-        };
-        let fits = |m: &Message, limit: usize| m.body().len() <= limit;
-        let room = match cmd {
-            Command::Put { queue, message } => match durable_limit(queue) {
-                Some(limit) if fits(message, limit) => log.reserve(std::iter::once(message)).err(),
-                _ => None,
-            },
-            Command::PutBatch { queue, messages } => match durable_limit(queue) {
-                Some(limit) if messages.iter().all(|m| fits(m, limit)) => {
-                    log.reserve(messages.iter()).err()
-                }
-                _ => None,
-            },
+        let durable = |queue: &QueueKey| self.engine.config(*queue).filter(|c| c.durable);
+        // The log bytes the command may need; a put whose body is over the queue's limit
+        // is refused by the engine anyway, and reserves nothing.
+        let needed = match cmd {
+            Command::Put { queue, message } => durable(queue)
+                .filter(|c| message.body().len() <= c.max_body_bytes)
+                .map(|_| ShardLog::put_bytes(std::iter::once(message))),
+            Command::PutBatch { queue, messages } => durable(queue)
+                .filter(|c| messages.iter().all(|m| m.body().len() <= c.max_body_bytes))
+                .map(|_| ShardLog::put_bytes(messages.iter())),
+            Command::Settle { queue, .. } => durable(queue).map(|_| ShardLog::settle_bytes(1)),
+            Command::SettleBatch { queue, settles } => {
+                durable(queue).map(|_| ShardLog::settle_bytes(settles.len()))
+            }
+            Command::AckUpTo { consumer, .. } => self
+                .engine
+                .queue_of(*consumer)
+                .and_then(|q| durable(&q))
+                .map(|_| {
+                    let held = self.engine.leases_held(*consumer).unwrap_or(0);
+                    ShardLog::settle_bytes(held)
+                }),
             _ => None,
-        };
-        if let Some(e) = room {
-            return Some(match cmd {
-                Command::PutBatch { .. } => Reply::PutBatch(Err(e)),
-                _ => Reply::Put(Err(e)),
-            });
-        }
-        let e = log.failed()?;
-        let durable = |queue: QueueKey| self.engine.is_durable(queue);
+        }?;
+        let e = log.reserve(needed).err()?;
         Some(match cmd {
-            Command::Put { queue, .. } if durable(*queue) => Reply::Put(Err(e.clone())),
-            Command::PutBatch { queue, .. } if durable(*queue) => Reply::PutBatch(Err(e.clone())),
-            Command::Settle { queue, .. } if durable(*queue) => Reply::Settled(false),
-            Command::SettleBatch { queue, settles } if durable(*queue) => {
-                Reply::SettledBatch(vec![false; settles.len()])
-            }
-            Command::AckUpTo { consumer, .. }
-                if self.engine.queue_of(*consumer).is_some_and(durable) =>
-            {
-                Reply::Count(0)
-            }
-            _ => return None,
+            Command::Put { .. } => Reply::Put(Err(e)),
+            Command::PutBatch { .. } => Reply::PutBatch(Err(e)),
+            Command::SettleBatch { settles, .. } => Reply::SettledBatch(vec![false; settles.len()]),
+            Command::AckUpTo { .. } => Reply::Count(0),
+            _ => Reply::Settled(false),
         })
     }
 

@@ -52,9 +52,12 @@ const META_FORMAT: &str = "leasemq data dir, format 1";
 const SEGMENT_BYTES: u64 = 8 << 20;
 /// The largest record: a batch holding one largest body, with room for the rest.
 const MAX_RECORD_BYTES: usize = leasemq_engine::MAX_BODY_LIMIT + (1 << 20);
-/// What a put's changes take in the log beyond its body and id: its `Enqueued` and its
-/// delivery's `Delivered`, with room to spare.
+/// What a put's or settle's changes take in the log beyond bodies and ids: an `Enqueued`
+/// or `Removed` or `Returned`, and a delivery's `Delivered`, with room to spare.
 const PER_MESSAGE_BYTES: usize = 128;
+/// Room a put leaves in the log beyond its own records, for what timers log (redeliveries)
+/// and cannot refuse.
+const HEADROOM_BYTES: usize = 256 << 10;
 /// A turn's changes are cut into records of about this size (a change is never cut), so
 /// that no record exceeds [`MAX_RECORD_BYTES`].
 const RECORD_BYTES: usize = 4 << 20;
@@ -385,32 +388,37 @@ impl ShardLog {
         taken
     }
 
-    /// Makes room in the log for a put of `messages` before the engine applies it, so
-    /// that a full disk fails the put whole (contract §7) instead of failing the log.
-    ///
-    /// # Errors
-    ///
-    /// `Storage` naming the full disk (the log goes on, and a later put may succeed once
-    /// there is room), or the log's failure.
-    pub fn reserve<'m>(
-        &mut self,
-        messages: impl Iterator<Item = &'m Message>,
-    ) -> Result<(), Error> {
-        if let Some(e) = &self.failed {
-            return Err(e.clone());
-        }
-        // Each message's change and its delivery's, in records of at most RECORD_BYTES.
+    /// The log bytes a put of `messages` may take: each message's change and its
+    /// delivery's, in records of at most `RECORD_BYTES`, and room to spare for what
+    /// timers log meanwhile.
+    pub fn put_bytes<'m>(messages: impl Iterator<Item = &'m Message>) -> usize {
         let payload: usize = messages
             .map(|m| m.body().len() + m.id().map_or(0, str::len) + PER_MESSAGE_BYTES)
             .sum();
-        let records = payload / RECORD_BYTES + 1;
-        match self
-            .wal
-            .reserve(payload + records * leasemq_wal::RESERVE_SLACK)
-        {
+        payload + (payload / RECORD_BYTES + 1) * leasemq_wal::RESERVE_SLACK + HEADROOM_BYTES
+    }
+
+    /// The log bytes `n` settles may take: each one's change and the delivery it frees
+    /// credit for.
+    pub fn settle_bytes(n: usize) -> usize {
+        n * PER_MESSAGE_BYTES + leasemq_wal::RESERVE_SLACK
+    }
+
+    /// Makes room in the log for `bytes` before the engine applies a change, so that a
+    /// full disk refuses the change whole (contract §7) instead of failing the log.
+    ///
+    /// # Errors
+    ///
+    /// `Storage` naming the full disk (the log goes on, and a later change may succeed once
+    /// there is room), or the log's failure.
+    pub fn reserve(&mut self, bytes: usize) -> Result<(), Error> {
+        if let Some(e) = &self.failed {
+            return Err(e.clone());
+        }
+        match self.wal.reserve(bytes) {
             Ok(()) => Ok(()),
             Err(e @ WalError::NoSpace { .. }) => Err(Error::Storage(format!(
-                "{e}; the put was refused whole, and durable queues go on once there is room"
+                "{e}; the change was refused whole, and durable queues go on once there is room"
             ))),
             Err(e) => {
                 self.fail(e);
