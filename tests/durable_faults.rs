@@ -238,6 +238,7 @@ fn a_crash_at_any_instant_keeps_every_answered_change() {
             let work_seed = rng.u64(..);
             std::thread::spawn(move || work(&broker, work_seed, round, &told))
         };
+        // Picks the crash instant while the worker runs; no state is waited for.
         std::thread::sleep(Duration::from_millis(rng.u64(1..30)));
         let mode = match rng.u8(..3) {
             0 => Crash::KeepUnsynced,

@@ -428,12 +428,7 @@ impl QueueState {
     /// Logs the enqueue of `msg`, with the deadline of its id's dedup window.
     fn log_enqueued(&self, ctx: &mut Ctx, queue: u32, msg: u32, ready_at: Option<Tick>) {
         let m = &self.msgs[msg as usize];
-        let dedup_until = match &m.id {
-            MsgId::Given(id) => self.dedup[&**id]
-                .window
-                .map(|timer| ctx.log_time(ctx.wheel.deadline(timer))),
-            MsgId::Auto(_) => None,
-        };
+        let dedup_until = self.window_end(ctx.wheel, &m.id).map(|at| ctx.log_time(at));
         let change = Change::Enqueued {
             queue,
             seq: m.seq,
@@ -765,6 +760,14 @@ impl QueueState {
                 attempt: m.attempt,
                 ready_at,
             });
+        }
+    }
+
+    /// When the dedup window of a live message's id ends, if it has one.
+    pub(crate) fn window_end(&self, wheel: &Wheel<Timer>, id: &MsgId) -> Option<Tick> {
+        match id {
+            MsgId::Given(id) => self.dedup[&**id].window.map(|timer| wheel.deadline(timer)),
+            MsgId::Auto(_) => None,
         }
     }
 

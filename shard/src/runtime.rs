@@ -15,7 +15,8 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, TryRecvError, TrySendError};
 use leasemq_engine::{
-    Command, ConsumerKey, Delivered, Effects, QueueKey, QueueStats, Reply, Shard, Tick, TickLength,
+    Command, ConsumerKey, Delivered, Effects, Message, QueueKey, QueueStats, Reply, Shard, Tick,
+    TickLength,
 };
 
 use crate::protocol::{Answer, Deferred, Inbox, QueueCell, ReplyTo, Request, Sink};
@@ -251,31 +252,26 @@ impl ShardThread {
     /// failed, or when the disk has no room for its records: refused whole, before the
     /// engine applies anything.
     fn refuse(&mut self, cmd: &Command) -> Option<Reply> {
-        let log = self.log.as_mut()?;
-        let durable = |queue: &QueueKey| self.engine.config(*queue).filter(|c| c.durable);
+        self.log.as_ref()?;
+        let config = self.durable_target(cmd)?;
         // The log bytes the command may need; a put whose body is over the queue's limit
         // is refused by the engine anyway, and reserves nothing.
+        let fits = |m: &Message| m.body().len() <= config.max_body_bytes;
         let needed = match cmd {
-            Command::Put { queue, message } => durable(queue)
-                .filter(|c| message.body().len() <= c.max_body_bytes)
-                .map(|_| ShardLog::put_bytes(std::iter::once(message))),
-            Command::PutBatch { queue, messages } => durable(queue)
-                .filter(|c| messages.iter().all(|m| m.body().len() <= c.max_body_bytes))
-                .map(|_| ShardLog::put_bytes(messages.iter())),
-            Command::Settle { queue, .. } => durable(queue).map(|_| ShardLog::settle_bytes(1)),
-            Command::SettleBatch { queue, settles } => {
-                durable(queue).map(|_| ShardLog::settle_bytes(settles.len()))
+            Command::Put { message, .. } if fits(message) => {
+                ShardLog::put_bytes(std::iter::once(message))
             }
-            Command::AckUpTo { consumer, .. } => self
-                .engine
-                .queue_of(*consumer)
-                .and_then(|q| durable(&q))
-                .map(|_| {
-                    let held = self.engine.leases_held(*consumer).unwrap_or(0);
-                    ShardLog::settle_bytes(held)
-                }),
-            _ => None,
-        }?;
+            Command::PutBatch { messages, .. } if messages.iter().all(fits) => {
+                ShardLog::put_bytes(messages.iter())
+            }
+            Command::Settle { .. } => ShardLog::settle_bytes(1),
+            Command::SettleBatch { settles, .. } => ShardLog::settle_bytes(settles.len()),
+            Command::AckUpTo { consumer, .. } => {
+                ShardLog::settle_bytes(self.engine.leases_held(*consumer).unwrap_or(0))
+            }
+            _ => return None,
+        };
+        let log = self.log.as_mut().expect("checked above");
         let e = log.reserve(needed).err()?;
         Some(match cmd {
             Command::Put { .. } => Reply::Put(Err(e)),
@@ -292,18 +288,23 @@ impl ShardThread {
             return false;
         }
         match cmd {
+            Command::Declare { config, .. } => config.durable,
+            _ => self.durable_target(cmd).is_some(),
+        }
+    }
+
+    /// The config of the durable queue `cmd` changes, if it changes one.
+    fn durable_target(&self, cmd: &Command) -> Option<&leasemq_engine::QueueConfig> {
+        let queue = match cmd {
             Command::Put { queue, .. }
             | Command::PutBatch { queue, .. }
             | Command::Settle { queue, .. }
             | Command::SettleBatch { queue, .. }
-            | Command::Close { queue } => self.engine.is_durable(*queue),
-            Command::AckUpTo { consumer, .. } => self
-                .engine
-                .queue_of(*consumer)
-                .is_some_and(|q| self.engine.is_durable(q)),
-            Command::Declare { config, .. } => config.durable,
-            _ => false,
-        }
+            | Command::Close { queue } => *queue,
+            Command::AckUpTo { consumer, .. } => self.engine.queue_of(*consumer)?,
+            _ => return None,
+        };
+        self.engine.config(queue).filter(|c| c.durable)
     }
 
     /// Waits for the next request, or for the disk to cover what is held back; under the

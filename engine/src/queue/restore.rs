@@ -152,12 +152,6 @@ impl QueueState {
             queue,
             next: self.leases.next_tag(),
         });
-        let window = |id: &MsgId| match id {
-            MsgId::Given(id) => self.dedup[&**id]
-                .window
-                .map(|timer| log_time(wheel.deadline(timer))),
-            MsgId::Auto(_) => None,
-        };
         for (_, m) in self.msgs.iter() {
             let ready_at = match m.state {
                 MsgState::Delayed(timer) => Some(log_time(wheel.deadline(timer))),
@@ -170,7 +164,7 @@ impl QueueState {
                 body: m.body.clone(),
                 attempt: m.attempt,
                 ready_at,
-                dedup_until: window(&m.id),
+                dedup_until: self.window_end(wheel, &m.id).map(&log_time),
                 death: m.death.clone(),
             });
         }
