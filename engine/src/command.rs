@@ -234,6 +234,19 @@ pub enum Command {
         /// The tags of its deliveries it never read.
         unread: Vec<DeliveryTag>,
     },
+    /// Silent. The consumer gets no more deliveries; `unread` (still in its channel) are
+    /// released, and the leases it read stay its own until settled, expired or cancelled.
+    Stop {
+        /// The consumer that stops.
+        consumer: ConsumerKey,
+        /// The tags of its deliveries it never read.
+        unread: Vec<DeliveryTag>,
+    },
+    /// → [`Reply::Purged`].
+    Purge {
+        /// The queue to empty of the messages it is not lending out.
+        queue: QueueKey,
+    },
     /// → [`Reply::Stats`].
     Stats {
         /// The queue asked about.
@@ -275,6 +288,8 @@ pub enum Reply {
     Consumed(Result<ConsumerKey, Error>),
     /// How many leases `AckUpTo` acked.
     Count(usize),
+    /// How many ready and delayed messages `Purge` removed, or why not.
+    Purged(Result<usize, Error>),
     /// `None` when the queue is closed.
     Stats(Option<Box<QueueStats>>),
     /// The counters frozen at close the first time; `None` when it was closed already.

@@ -252,6 +252,20 @@ impl Shard {
                 }
                 None
             }
+            Command::Stop { consumer, unread } => {
+                if let Some(queue) = self.live_consumer(consumer) {
+                    let (queues, mut ctx) = ctx!(self, out);
+                    queues[queue].stop(&mut ctx, consumer.idx, &unread);
+                }
+                None
+            }
+            Command::Purge { queue } => Some(Reply::Purged(match self.live(queue) {
+                Some(idx) => {
+                    let (queues, mut ctx) = ctx!(self, out);
+                    Ok(queues[idx].purge(&mut ctx))
+                }
+                None => Err(Error::QueueClosed),
+            })),
             Command::Stats { queue } => Some(Reply::Stats(self.stats(queue).map(Box::new))),
             Command::Close { queue } => Some(Reply::Closed(self.close(queue, out).map(Box::new))),
             Command::DeadLetters { letters } => {

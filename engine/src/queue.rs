@@ -62,6 +62,8 @@ pub(crate) struct ConsumerState {
     pub held: u32,
     /// Tags delivered to this consumer, in order; settled ones dropped lazily.
     pub tags: Tags,
+    /// Stopped: gets no more deliveries, keeps its leases until they are settled or it ends.
+    pub stopped: bool,
 }
 
 impl Ctx<'_> {
@@ -80,11 +82,12 @@ impl ConsumerState {
             prefetch,
             held: 0,
             tags: Tags::default(),
+            stopped: false,
         }
     }
 
     fn has_credit(&self) -> bool {
-        self.held < self.prefetch
+        !self.stopped && self.held < self.prefetch
     }
 }
 
@@ -166,6 +169,8 @@ pub(crate) struct QueueState {
     leases: LeaseTable,
     /// Consumer slots in registration order.
     consumers: Vec<u32>,
+    /// How many of them are stopped.
+    stopped: usize,
     /// Where the round robin looks first: just after the consumer that got the last delivery.
     rr: usize,
     with_credit: usize,
@@ -210,6 +215,7 @@ impl QueueState {
             delayed: 0,
             leases: LeaseTable::new(1),
             consumers: Vec::new(),
+            stopped: 0,
             rr: 0,
             with_credit: 0,
             dedup: Map::with_hasher(fixed_state()),
@@ -231,7 +237,7 @@ impl QueueState {
             ready: self.returned.len() + self.fresh.len(),
             delayed: self.delayed,
             leased: self.leases.len(),
-            consumers: self.consumers.len(),
+            consumers: self.consumers.len() - self.stopped,
             ..self.stats.clone()
         }
     }
@@ -587,10 +593,11 @@ impl QueueState {
             consumer.held > 0,
             "a consumer holding a lease holds one or more"
         );
-        if !consumer.has_credit() {
+        let had_credit = consumer.has_credit();
+        consumer.held -= 1;
+        if !had_credit && consumer.has_credit() {
             self.with_credit += 1;
         }
-        consumer.held -= 1;
         let leases = &self.leases;
         consumer
             .tags

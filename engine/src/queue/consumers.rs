@@ -30,23 +30,16 @@ impl QueueState {
             .iter()
             .position(|&s| s == slot)
             .expect("a live consumer is listed by its queue");
-        let mut unread_msgs = Vec::new();
-        for tag in unread {
-            let ours = self.leases.get(tag.0).is_some_and(|l| l.consumer == slot);
-            if ours {
-                let lease = self.take_lease(ctx, tag.0).expect("checked live");
-                unread_msgs.push(lease.msg);
-            }
-        }
+        let unread_msgs = self.take_unread(ctx, slot, unread);
         let read: Vec<u64> = ctx.consumers[slot as usize].tags.take().collect();
         for tag in read {
             if let Some(lease) = self.take_lease(ctx, tag) {
                 self.come_back(ctx, lease.msg, Return::Expired);
             }
         }
-        self.stats.released += unread_msgs.len() as u64;
-        for &msg in unread_msgs.iter().rev() {
-            self.requeue(ctx, msg, Return::Released);
+        self.release_unread(ctx, &unread_msgs);
+        if ctx.consumers[slot as usize].stopped {
+            self.stopped -= 1;
         }
         self.consumers.remove(pos);
         if pos < self.rr {
@@ -61,6 +54,68 @@ impl QueueState {
             gen: consumer.gen,
         });
         self.dispatch(ctx);
+    }
+
+    /// Stops a consumer: it gets no more deliveries, and its unread ones are released (no
+    /// attempt spent). The leases it read stay its own until they are settled, run out, or
+    /// it is cancelled (AMQP's `basic.cancel`: the work in hand can still be acked).
+    pub fn stop(&mut self, ctx: &mut Ctx, slot: u32, unread: &[DeliveryTag]) {
+        let unread_msgs = self.take_unread(ctx, slot, unread);
+        let consumer = &mut ctx.consumers[slot as usize];
+        if !consumer.stopped {
+            if consumer.has_credit() {
+                self.with_credit -= 1;
+            }
+            consumer.stopped = true;
+            self.stopped += 1;
+        }
+        self.release_unread(ctx, &unread_msgs);
+        self.dispatch(ctx);
+    }
+
+    /// Ends the leases of `unread` that `slot` holds; returns their messages, in order.
+    fn take_unread(&mut self, ctx: &mut Ctx, slot: u32, unread: &[DeliveryTag]) -> Vec<u32> {
+        let mut msgs = Vec::new();
+        for tag in unread {
+            let ours = self.leases.get(tag.0).is_some_and(|l| l.consumer == slot);
+            if ours {
+                let lease = self.take_lease(ctx, tag.0).expect("checked live");
+                msgs.push(lease.msg);
+            }
+        }
+        msgs
+    }
+
+    /// Puts messages a consumer never read back at the front, in their order, without
+    /// spending an attempt.
+    fn release_unread(&mut self, ctx: &mut Ctx, msgs: &[u32]) {
+        self.stats.released += msgs.len() as u64;
+        for &msg in msgs.iter().rev() {
+            self.requeue(ctx, msg, Return::Released);
+        }
+    }
+
+    /// Removes every message that is not leased (ready and delayed); returns how many.
+    /// Leased ones stay, and so does the dedup window of each id removed.
+    pub fn purge(&mut self, ctx: &mut Ctx) -> usize {
+        let mut gone = Vec::with_capacity(self.returned.len() + self.fresh.len() + self.delayed);
+        while let Some(msg) = self.returned.pop_front().or_else(|| self.fresh.pop_front()) {
+            gone.push(msg);
+        }
+        if self.delayed > 0 {
+            for (idx, msg) in self.msgs.iter() {
+                if let MsgState::Delayed(timer) = msg.state {
+                    ctx.wheel.cancel(timer);
+                    gone.push(idx as u32);
+                }
+            }
+            self.delayed = 0;
+        }
+        for &msg in &gone {
+            let m = self.remove_message(msg);
+            self.log_removed(ctx, m.seq);
+        }
+        gone.len()
     }
 
     /// Drops everything: consumers, leases, messages, timers. Returns the frozen stats.

@@ -33,6 +33,11 @@ impl Model {
                 self.cancel(*consumer, unread);
                 Answer::Silent
             }
+            Op::Stop { consumer, unread } => {
+                self.stop(*consumer, unread);
+                Answer::Silent
+            }
+            Op::Purge { queue } => Answer::Purged(self.purge(*queue)),
             Op::Settle { queue, tag, settle } => {
                 Answer::Settled(self.settle(*queue, *tag, *settle))
             }
@@ -231,6 +236,7 @@ impl Model {
             name: name.to_string(),
             prefetch,
             open: true,
+            stopped: false,
             tags: Vec::new(),
         });
         let c = self.consumers.len() - 1;
@@ -267,6 +273,43 @@ impl Model {
         self.consumers[c].open = false;
         self.fx.gone.push(c);
         self.dispatch(q);
+    }
+
+    /// No more deliveries to `c`; its unread ones are released, the rest stay leased to it.
+    fn stop(&mut self, c: usize, unread: &[u64]) {
+        if !self.consumers[c].open {
+            return;
+        }
+        let q = self.consumers[c].queue;
+        let leases = &self.queues[q].leases;
+        let ours = |tag: &u64| leases.get(tag).is_some_and(|l| l.consumer == c);
+        let unread: Vec<u64> = unread.iter().copied().filter(ours).collect();
+        self.queues[q].counters.released += unread.len() as u64;
+        for tag in unread.iter().rev() {
+            let lease = self.queues[q].leases.remove(tag).expect("live");
+            self.release(q, lease.msg);
+        }
+        self.consumers[c].stopped = true;
+        let still_held = (self.queues[q].leases.values()).any(|l| l.consumer == c);
+        self.coverage.stopped_with_leases += u64::from(still_held);
+        self.dispatch(q);
+    }
+
+    /// Removes the ready and delayed messages; leased ones stay.
+    fn purge(&mut self, q: usize) -> Result<usize, Error> {
+        let queue = &mut self.queues[q];
+        if !queue.open {
+            return Err(Error::QueueClosed);
+        }
+        let before = queue.msgs.len();
+        queue
+            .msgs
+            .retain(|_, m| matches!(m.state, State::Leased(_)));
+        queue.returned.clear();
+        queue.fresh.clear();
+        let purged = before - queue.msgs.len();
+        self.coverage.purged += purged as u64;
+        Ok(purged)
     }
 
     fn settle(&mut self, q: usize, tag: u64, settle: Settle) -> bool {

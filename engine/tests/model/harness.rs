@@ -186,6 +186,14 @@ impl Harness {
                 name: name.to_string(),
             },
             Op::Close { queue: q } => Command::Close { queue: queue(q) },
+            Op::Stop {
+                consumer: c,
+                unread,
+            } => Command::Stop {
+                consumer: consumer(c),
+                unread: unread.iter().map(|&t| DeliveryTag(t)).collect(),
+            },
+            Op::Purge { queue: q } => Command::Purge { queue: queue(q) },
         })
     }
 
@@ -281,6 +289,8 @@ impl Harness {
             (Answer::Settled(a), Some(Reply::Settled(b))) => a == b,
             (Answer::SettledBatch(a), Some(Reply::SettledBatch(b))) => a == b,
             (Answer::Count(a), Some(Reply::Count(b))) => a == b,
+            (Answer::Purged(Ok(a)), Some(Reply::Purged(Ok(b)))) => a == b,
+            (Answer::Purged(Err(a)), Some(Reply::Purged(Err(b)))) => same_error(a, b),
             (Answer::Stats(a), Some(Reply::Stats(b))) => a.as_ref() == b.as_deref(),
             (Answer::Found(a), Some(Reply::Found(b))) => a.map(|q| self.queue_keys[q]) == *b,
             (Answer::Closed(a), Some(Reply::Closed(b))) => a.as_ref() == b.as_deref(),

@@ -106,7 +106,7 @@ impl Coverage {
         }
         add!(runs cut_short steps delivered redelivered expired nacked released rejected
              duplicates stale dead_lettered dropped dead_letters_delivered touch_refused
-             queue_full unread_released closes);
+             queue_full unread_released closes stopped_with_leases purged);
     }
 }
 
@@ -178,6 +178,8 @@ fn shard_agrees_with_the_model_on_random_runs() {
             ("QueueFull", c.queue_full),
             ("unread deliveries released by cancel", c.unread_released),
             ("closes", c.closes),
+            ("stopped consumers still holding leases", c.stopped_with_leases),
+            ("messages purged", c.purged),
         ] {
             assert!(n > 0, "no run reached {what}: {c:?}");
         }

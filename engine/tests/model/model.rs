@@ -79,6 +79,8 @@ pub(crate) struct ModelConsumer {
     pub(crate) name: String,
     pub(crate) prefetch: u32,
     pub(crate) open: bool,
+    /// Stopped: no more deliveries; its leases stay until settled, expired or cancelled.
+    pub(crate) stopped: bool,
     /// Every tag delivered to it, in channel order.
     pub(crate) tags: Vec<u64>,
 }
@@ -121,6 +123,7 @@ pub(crate) enum Answer {
     SettledBatch(Vec<bool>),
     Consumed(Result<usize, Error>),
     Count(usize),
+    Purged(Result<usize, Error>),
     Stats(Option<QueueStats>),
     Found(Option<usize>),
     Closed(Option<QueueStats>),
@@ -166,6 +169,8 @@ pub(crate) struct Coverage {
     pub(crate) queue_full: u64,
     pub(crate) unread_released: u64,
     pub(crate) closes: u64,
+    pub(crate) stopped_with_leases: u64,
+    pub(crate) purged: u64,
 }
 
 #[derive(Clone)]
@@ -250,7 +255,9 @@ impl Model {
             ready: queue.returned.len() + queue.fresh.len(),
             delayed: queue.msgs.values().filter(is_delayed).count(),
             leased: queue.leases.len(),
-            consumers: queue.consumers.len(),
+            consumers: (queue.consumers.iter())
+                .filter(|&&c| !self.consumers[c].stopped)
+                .count(),
             ..queue.counters.clone()
         }
     }
@@ -438,6 +445,7 @@ impl Model {
     fn next_consumer(&self, q: usize) -> Option<usize> {
         let queue = &self.queues[q];
         let with_credit: Vec<usize> = (queue.consumers.iter().copied())
+            .filter(|&c| !self.consumers[c].stopped)
             .filter(|&c| self.held(q, c) < self.consumers[c].prefetch as usize)
             .collect();
         let after = |c: usize| queue.last_served.is_none_or(|last| c > last);

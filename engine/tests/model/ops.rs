@@ -75,6 +75,14 @@ pub(crate) enum Op {
         consumer: usize,
         unread: Vec<u64>,
     },
+    /// `unread`: as for `Cancel`.
+    Stop {
+        consumer: usize,
+        unread: Vec<u64>,
+    },
+    Purge {
+        queue: usize,
+    },
     Settle {
         queue: usize,
         tag: u64,
@@ -226,7 +234,11 @@ impl Harness {
                 let tags = &self.model.consumers[consumer].tags;
                 let n = self.rng.below(tags.len().min(3) + 1);
                 let unread = tags[tags.len() - n..].to_vec();
-                Op::Cancel { consumer, unread }
+                if self.rng.one_in(3) {
+                    Op::Stop { consumer, unread }
+                } else {
+                    Op::Cancel { consumer, unread }
+                }
             }
             5 => {
                 let queue = self.pick_queue();
@@ -257,6 +269,9 @@ impl Harness {
                 name: self.rng.pick(&QUEUE_NAMES),
             },
             8 => Op::Stats {
+                queue: self.pick_queue(),
+            },
+            9 if self.rng.one_in(3) => Op::Purge {
                 queue: self.pick_queue(),
             },
             9 => Op::Close {

@@ -75,6 +75,10 @@ impl Ledger {
                     .map(|q| Box::new(self.expected_stats(q))),
             ),
             Command::Close { queue } => Reply::Closed(self.close(obs, *queue).map(Box::new)),
+            // The engine's model test covers these; the simulated clients never send them.
+            Command::Stop { .. } | Command::Purge { .. } => {
+                unreachable!("the simulated workload neither stops consumers nor purges")
+            }
             Command::DeadLetters { letters } => {
                 for letter in letters {
                     self.accept(obs, now, letter)?;
