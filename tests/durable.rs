@@ -255,6 +255,33 @@ fn a_closed_durable_queue_does_not_come_back() {
     broker.shutdown();
 }
 
+/// A purge is on disk: what it removed stays gone after a restart, and what a stopped
+/// consumer still held comes back (it was never settled).
+#[test]
+fn a_purge_and_a_stopped_consumers_leases_survive_a_restart_as_they_were() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = open(dir.path());
+    let q = broker.declare_queue("purged", durable()).unwrap();
+    for i in 0..5 {
+        q.put(Message::new(format!("m{i}")).with_id(format!("m{i}")))
+            .unwrap();
+    }
+    let c = q.consume("c", ConsumerConfig { prefetch: 3 }).unwrap();
+    let held = c.recv().unwrap();
+    c.stop(); // the two unread are released, m0 stays leased
+    assert_eq!(held.envelope().id, "m0");
+    assert_eq!(q.purge().unwrap(), 4);
+    q.put(Message::new("after").with_id("after")).unwrap();
+    broker.shutdown();
+    drop(c);
+    let broker = open(dir.path());
+    let got: Vec<(String, u32)> = (drain(&broker, "purged").into_iter())
+        .map(|d| (d.0, d.2))
+        .collect();
+    assert_eq!(got, [("m0".to_string(), 2), ("after".to_string(), 1)]);
+    broker.shutdown();
+}
+
 /// The data dir's rules: one broker at a time, the shard count it was made with, durable
 /// queues only with a data dir and only into durable dead-letter queues.
 #[test]

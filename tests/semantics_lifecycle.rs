@@ -1,4 +1,4 @@
-//! Contract §3 Consumer cancel, §3 `close` and §3 `shutdown`.
+//! Contract §3 Consumer cancel, `stop`, `purge`, §3 `close` and §3 `shutdown`.
 
 use std::time::Duration;
 
@@ -98,6 +98,124 @@ fn consumers_gauge_counts_live_consumers() {
     assert_stats!(q, { consumers: 1 });
     drop(a);
     assert_stats!(q, { consumers: 0 });
+}
+
+// --- stop: no more deliveries, leases kept ----------------------------------------------
+
+#[test]
+fn stop_keeps_what_was_read_releases_the_unread_and_sends_nothing_more() {
+    let broker = broker();
+    let q = timeout_queue(&broker, "stop.keep", secs(10));
+    let a = q.consume("a", prefetch(3)).unwrap();
+    for id in ["m1", "m2", "m3", "m4"] {
+        put(&q, id);
+    }
+    let in_hand = next(&a);
+    assert_eq!(in_hand.envelope().id, "m1");
+    a.stop();
+    // m2 and m3 were unread: released, no attempt spent; m4 never went to a.
+    assert_stats!(q, { ready: 3, leased: 1, consumers: 0, released: 2, expired: 0 });
+    assert_err!(a.try_recv(), Error::Closed);
+    assert_err!(a.recv(), Error::Closed);
+    let b = q.consume("b", prefetch(10)).unwrap();
+    let mut got = [seen(&b), seen(&b), seen(&b)];
+    got.sort();
+    assert_eq!(got, [s("m2", 4, 1), s("m3", 5, 1), s("m4", 6, 1)]);
+    // The lease in hand is still a's: acked once, then stale.
+    assert!(in_hand.ack());
+    assert!(!in_hand.ack());
+    assert_stats!(q, { acked: 1, stale: 1, leased: 3, consumers: 1 });
+}
+
+#[test]
+fn a_stopped_consumer_takes_no_new_message_even_when_it_has_credit() {
+    let broker = broker();
+    let q = timeout_queue(&broker, "stop.credit", secs(10));
+    let a = q.consume("a", prefetch(10)).unwrap();
+    a.stop();
+    put(&q, "m1");
+    assert_stats!(q, { ready: 1, leased: 0, consumers: 0 });
+    // The name stays taken until the consumer is dropped.
+    assert_err!(q.consume("a", prefetch(1)), Error::DuplicateConsumer);
+    drop(a);
+    let a = q.consume("a", prefetch(1)).unwrap();
+    assert_eq!(seen(&a), s("m1", 1, 1));
+}
+
+#[test]
+fn a_stopped_consumers_leases_still_run_out_and_its_drop_returns_the_rest() {
+    let broker = broker();
+    let q = timeout_queue(&broker, "stop.leases", secs(10));
+    let a = q.consume("a", prefetch(2)).unwrap();
+    put(&q, "m1");
+    let first = next(&a);
+    broker.advance(secs(5)).unwrap();
+    put(&q, "m2");
+    let second = next(&a);
+    a.stop();
+    a.stop(); // idempotent
+    broker.advance(secs(6)).unwrap(); // m1's lease ran out at 10 s
+    assert!(!first.ack(), "the late ack is refused");
+    assert_stats!(q, { ready: 1, leased: 1, expired: 1 });
+    drop(a); // m2's lease comes back, costing the attempt it used
+    assert_stats!(q, { ready: 2, leased: 0 });
+    assert!(!second.ack());
+    let b = q.consume("b", prefetch(10)).unwrap();
+    assert_eq!(seen(&b), s("m1", 3, 2));
+    assert_eq!(seen(&b), s("m2", 4, 2));
+}
+
+#[test]
+fn stop_after_close_or_shutdown_does_nothing() {
+    let broker = broker();
+    let q = plain(&broker, "stop.late");
+    let a = q.consume("a", prefetch(1)).unwrap();
+    assert!(q.close());
+    a.stop();
+    assert_err!(a.try_recv(), Error::Closed);
+    let q = plain(&broker, "stop.late");
+    let b = q.consume("b", prefetch(1)).unwrap();
+    broker.shutdown();
+    b.stop();
+}
+
+// --- purge -------------------------------------------------------------------------------
+
+#[test]
+fn purge_removes_ready_and_delayed_messages_and_keeps_leased_ones() {
+    let broker = broker();
+    let q = timeout_queue(&broker, "purge.some", secs(60));
+    let a = q.consume("a", prefetch(1)).unwrap();
+    put(&q, "leased");
+    assert_eq!(seen(&a), s("leased", 1, 1));
+    put(&q, "ready");
+    q.put(msg("delayed").with_delay(secs(30))).unwrap();
+    assert_stats!(q, { ready: 1, delayed: 1, leased: 1 });
+    assert_eq!(q.purge().unwrap(), 2);
+    assert_stats!(q, { ready: 0, delayed: 0, leased: 1, enqueued: 3 });
+    // The delayed one's timer is gone with it; the leased one is still a's.
+    broker.advance(secs(31)).unwrap();
+    assert_stats!(q, { ready: 0, delayed: 0 });
+    let d = a.try_recv().unwrap();
+    assert!(d.is_none(), "nothing was redelivered");
+    assert_eq!(q.purge().unwrap(), 0);
+}
+
+#[test]
+fn purge_keeps_each_ids_dedup_window_and_refuses_on_a_closed_queue() {
+    let broker = broker();
+    let config = QueueConfig {
+        dedup_window: secs(60),
+        ..QueueConfig::default()
+    };
+    let q = broker.declare_queue("purge.dedup", config).unwrap();
+    put(&q, "once");
+    assert_eq!(q.purge().unwrap(), 1);
+    assert_eq!(q.put(msg("once")).unwrap(), leasemq::PutOutcome::Duplicate);
+    assert!(q.close());
+    assert_err!(q.purge(), Error::QueueClosed);
+    broker.shutdown();
+    assert_err!(q.purge(), Error::QueueClosed);
 }
 
 // --- close -------------------------------------------------------------------------------

@@ -249,6 +249,45 @@ impl Consumer {
         }
     }
 
+    /// Stops the consumer's deliveries and keeps its leases: what it has read stays leased
+    /// to it and can still be settled, while deliveries still unread in its channel are
+    /// released (no attempt spent). This is AMQP's `basic.cancel`, and the graceful way to
+    /// shut a worker down: stop, finish the work in hand, settle it, then drop the consumer.
+    /// Its leases still run out at their deadlines, and dropping or cancelling it returns
+    /// the ones left. Afterwards `recv` and `try_recv` give [`Error::Closed`], and `next`
+    /// gives `None`: nothing more will arrive. The name stays in use until the consumer is
+    /// dropped. Idempotent; returns once done.
+    ///
+    /// ```
+    /// # mod leasemq { pub use leasemq_engine::*; pub use leasemq_shard::*; }
+    /// use leasemq::{Broker, ConsumerConfig, Message, QueueConfig};
+    ///
+    /// let broker = Broker::builder().manual_clock().build()?;
+    /// let jobs = broker.declare_queue("jobs", QueueConfig::default())?;
+    /// jobs.put_batch((0..3).map(|i| Message::new(format!("job {i}"))).collect())?;
+    /// let worker = jobs.consume("worker", ConsumerConfig { prefetch: 3 })?;
+    /// let in_hand = worker.recv()?; // the other two stay unread in the channel
+    /// worker.stop();
+    /// assert_eq!(jobs.stats().ready, 2); // released
+    /// assert!(in_hand.ack()); // still its lease
+    /// assert!(worker.try_recv().is_err());
+    /// # Ok::<(), leasemq::Error>(())
+    /// ```
+    pub fn stop(&self) {
+        let Some(rx) = self.rx.as_ref() else { return };
+        let queue = &self.owner.queue;
+        if queue.broker().is_shut_down() || queue.cell().is_closed() {
+            return;
+        }
+        let consumer = self.key;
+        let rx = rx.clone();
+        call(queue.broker().inbox(queue.shard()), |reply| Request::Stop {
+            consumer,
+            rx,
+            reply,
+        });
+    }
+
     /// Ends the consumer, as dropping it does, and returns once that is done: its leases
     /// are back in the queue and any dead letter it caused has landed.
     pub fn cancel(mut self) {

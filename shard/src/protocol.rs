@@ -205,6 +205,7 @@ pub(crate) fn refused(answer: Answer, e: &Error) -> Answer {
             Reply::Settled(_) => Reply::Settled(false),
             Reply::SettledBatch(results) => Reply::SettledBatch(vec![false; results.len()]),
             Reply::Count(_) => Reply::Count(0),
+            Reply::Purged(Ok(_)) => Reply::Purged(Err(e.clone())),
             Reply::Declared(Ok(_)) => Reply::Declared(Err(e.clone())),
             other => other,
         }),
@@ -238,6 +239,13 @@ pub(crate) enum Request {
         consumer: ConsumerKey,
         rx: Receiver<Delivered>,
         reply: Option<ReplyTo>,
+    },
+    /// A consumer stops taking deliveries and keeps its leases; its channel's unread
+    /// deliveries are released and the channel is closed. Answered `Done`.
+    Stop {
+        consumer: ConsumerKey,
+        rx: Receiver<Delivered>,
+        reply: ReplyTo,
     },
     /// Manual clock: fire every timer due by `nanos` since the epoch.
     Advance {

@@ -454,6 +454,42 @@ impl Queue {
         }
     }
 
+    /// Removes every message the queue holds and is not lending out (ready and delayed
+    /// ones), as AMQP's `queue.purge` does, and returns how many. Leased messages stay
+    /// with their consumers; the dedup window of each id removed stays open. On a durable
+    /// queue the answer comes once the removal is on disk.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::QueueClosed`] on a closed queue, [`Error::ShutDown`] after the broker's
+    /// shutdown, [`Error::Storage`] when a durable queue's log failed or has no room.
+    ///
+    /// ```
+    /// # mod leasemq { pub use leasemq_engine::*; pub use leasemq_shard::*; }
+    /// use leasemq::{Broker, ConsumerConfig, Message, QueueConfig};
+    ///
+    /// let broker = Broker::builder().manual_clock().build()?;
+    /// let jobs = broker.declare_queue("jobs", QueueConfig::default())?;
+    /// jobs.put_batch((0..5).map(|i| Message::new(format!("job {i}"))).collect())?;
+    /// let worker = jobs.consume("worker", ConsumerConfig { prefetch: 2 })?;
+    /// assert_eq!(jobs.purge()?, 3); // the two leased to the worker stay
+    /// assert_eq!(jobs.stats().leased, 2);
+    /// # drop(worker);
+    /// # Ok::<(), leasemq::Error>(())
+    /// ```
+    pub fn purge(&self) -> Result<usize, Error> {
+        if self.inner.cell.is_closed() {
+            return Err(Error::QueueClosed);
+        }
+        match self.request(Command::Purge {
+            queue: self.inner.key,
+        }) {
+            Outcome::Reply(Reply::Purged(result)) => result,
+            Outcome::ShutDown => Err(Error::ShutDown),
+            Outcome::Reply(other) => unreachable!("purge answered {other:?}"),
+        }
+    }
+
     /// Closes the queue: drops its consumers, leases and messages, requeuing and dead-lettering
     /// nothing (contract §3 `close`). `true` the first time, through any handle; `false` after,
     /// and after the broker's shutdown. The name can then be declared again.

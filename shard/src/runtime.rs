@@ -269,6 +269,10 @@ impl ShardThread {
             Command::AckUpTo { consumer, .. } => {
                 ShardLog::settle_bytes(self.engine.leases_held(*consumer).unwrap_or(0))
             }
+            Command::Purge { queue } => {
+                let stats = self.engine.stats(*queue).unwrap_or_default();
+                ShardLog::settle_bytes(stats.ready + stats.delayed)
+            }
             _ => return None,
         };
         let log = self.log.as_mut().expect("checked above");
@@ -278,6 +282,7 @@ impl ShardThread {
             Command::PutBatch { .. } => Reply::PutBatch(Err(e)),
             Command::SettleBatch { settles, .. } => Reply::SettledBatch(vec![false; settles.len()]),
             Command::AckUpTo { .. } => Reply::Count(0),
+            Command::Purge { .. } => Reply::Purged(Err(e)),
             _ => Reply::Settled(false),
         })
     }
@@ -300,6 +305,7 @@ impl ShardThread {
             | Command::PutBatch { queue, .. }
             | Command::Settle { queue, .. }
             | Command::SettleBatch { queue, .. }
+            | Command::Purge { queue }
             | Command::Close { queue } => *queue,
             Command::AckUpTo { consumer, .. } => self.engine.queue_of(*consumer)?,
             _ => return None,
@@ -461,6 +467,27 @@ impl ShardThread {
                 self.drop_gone_sinks();
                 let deferred = reply.map(|reply| Deferred::plain(reply, Answer::Done));
                 route::dead_letters(self, now, deferred);
+            }
+            Request::Stop {
+                consumer,
+                rx,
+                reply,
+            } => {
+                // A consumer that ended already (its slot may serve another by now) has
+                // nothing to stop.
+                if self.engine.leases_held(consumer).is_some() {
+                    self.flush_deliveries();
+                    let mut unread: Vec<_> = rx.try_iter().map(|d| d.tag).collect();
+                    if let Some(log) = &mut self.log {
+                        let held = log.take_deliveries_of(consumer);
+                        unread.extend(held.into_iter().map(|d| d.tag));
+                    }
+                    self.engine
+                        .handle(now, Command::Stop { consumer, unread }, &mut self.out);
+                    // Nothing more will come: the channel ends, so a `recv` returns at once.
+                    drop(self.sinks.get_mut(consumer.slot()).and_then(Option::take));
+                }
+                self.replies.push(Deferred::plain(reply, Answer::Done));
             }
             Request::Advance { nanos, reply } => {
                 if let TimeSource::Manual = self.time {

@@ -178,7 +178,10 @@ fn shard_agrees_with_the_model_on_random_runs() {
             ("QueueFull", c.queue_full),
             ("unread deliveries released by cancel", c.unread_released),
             ("closes", c.closes),
-            ("stopped consumers still holding leases", c.stopped_with_leases),
+            (
+                "stopped consumers still holding leases",
+                c.stopped_with_leases,
+            ),
             ("messages purged", c.purged),
         ] {
             assert!(n > 0, "no run reached {what}: {c:?}");
