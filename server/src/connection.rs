@@ -20,12 +20,12 @@ mod publish;
 use std::collections::HashMap;
 use std::future::Future;
 use std::pin::pin;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
 use amq_protocol::frame::AMQPFrame;
-use amq_protocol::protocol::{connection, AMQPClass};
+use amq_protocol::protocol::{basic, connection, AMQPClass};
 use amq_protocol::types::{AMQPValue, FieldTable, ShortString};
 use leasemq::{Broker, Consumer, Delivery, Queue};
 
@@ -56,6 +56,9 @@ pub struct Settings {
     pub heartbeat: u16,
     /// The broker has a data dir: `queue.declare` with `durable` makes a durable queue.
     pub durable: bool,
+    /// The exclusive queues of every connection, by name, with the id of the connection
+    /// that owns each: another connection may publish to one but not use it otherwise.
+    pub exclusive: Arc<Mutex<HashMap<String, u64>>>,
 }
 
 impl Default for Settings {
@@ -70,6 +73,7 @@ impl Default for Settings {
             max_message_bytes: 16 << 20,
             durable: false,
             heartbeat: 60,
+            exclusive: Arc::default(),
         }
     }
 }
@@ -103,6 +107,7 @@ pub(crate) struct Fault {
 pub(crate) mod code {
     pub const ACCESS_REFUSED: u16 = 403;
     pub const NOT_FOUND: u16 = 404;
+    pub const RESOURCE_LOCKED: u16 = 405;
     pub const PRECONDITION_FAILED: u16 = 406;
     pub const CONNECTION_FORCED: u16 = 320;
     pub const FRAME_ERROR: u16 = 501;
@@ -159,6 +164,8 @@ pub(crate) fn method_name(m: &AMQPClass) -> String {
 /// One consumer of this connection: the broker's consumer and what AMQP calls it.
 struct Subscription {
     channel: u16,
+    /// The connection's number for it, also in its broker consumer's name.
+    number: u64,
     tag: ShortString,
     queue: Queue,
     consumer: Consumer,
@@ -184,6 +191,8 @@ pub struct Connection {
     queues: HashMap<String, Queue>,
     /// Publishes and settles of the current input, made in batches when it is done.
     pending: Vec<Pending>,
+    /// The exclusive queues this connection declared: deleted when it ends.
+    exclusive: Vec<Queue>,
     out: Output,
 }
 
@@ -213,6 +222,7 @@ impl Connection {
             next_consumer: 0,
             queues: HashMap::new(),
             pending: Vec::new(),
+            exclusive: Vec::new(),
             out: Output::default(),
         }
     }
@@ -331,8 +341,21 @@ impl Connection {
         match delivery {
             Some(delivery) => self.deliver(index, delivery),
             None => {
-                // The queue was closed under the consumer: nothing more will come.
-                self.subscriptions.swap_remove(index);
+                // The queue was deleted under the consumer: nothing more will come, and the
+                // client hears so as from RabbitMQ (`consumer_cancel_notify`).
+                let sub = self.subscriptions.swap_remove(index);
+                let open = self.channels.get(&sub.channel).is_some_and(|s| !s.closing);
+                if open {
+                    let cancel = basic::Cancel {
+                        consumer_tag: sub.tag.clone(),
+                        nowait: true,
+                    };
+                    self.forget_consumer_tag(sub.channel, &sub.tag);
+                    self.send(
+                        sub.channel,
+                        AMQPClass::Basic(basic::AMQPMethod::Cancel(cancel)),
+                    );
+                }
             }
         }
     }
@@ -353,6 +376,7 @@ impl Connection {
             "per_consumer_qos",
             "authentication_failure_close",
             "publisher_confirms",
+            "consumer_cancel_notify",
         ] {
             capabilities.insert(name.into(), AMQPValue::Boolean(true));
         }
@@ -534,6 +558,7 @@ impl Connection {
             M::Close(_) => {
                 self.flush_pending();
                 self.end_subscriptions(None);
+                self.drop_exclusive_queues();
                 self.send(0, AMQPClass::Connection(M::CloseOk(connection::CloseOk {})));
                 self.phase = Phase::Closed;
                 Ok(())
@@ -557,6 +582,7 @@ impl Connection {
             None => {
                 self.end_subscriptions(None);
                 self.channels.clear();
+                self.drop_exclusive_queues();
                 let close = connection::Close {
                     reply_code: fault.code,
                     reply_text: short(fault.text),
@@ -595,6 +621,27 @@ impl Connection {
         }
     }
 
+    /// Deletes the exclusive queues this connection declared (it is ending).
+    fn drop_exclusive_queues(&mut self) {
+        if self.exclusive.is_empty() {
+            return;
+        }
+        let mut owners = self.settings.exclusive.lock().expect("never poisoned");
+        for queue in self.exclusive.drain(..) {
+            if owners.get(queue.name()) == Some(&self.id) {
+                owners.remove(queue.name());
+            }
+            self.queues.remove(queue.name());
+            queue.close();
+        }
+    }
+
+    /// The connection that owns `name` as an exclusive queue, when it is not this one.
+    fn locked_by_another(&self, name: &str) -> bool {
+        let owners = self.settings.exclusive.lock().expect("never poisoned");
+        owners.get(name).is_some_and(|&owner| owner != self.id)
+    }
+
     /// The queue called `name`, from the cache or the broker.
     fn queue(&mut self, name: &str) -> Option<Queue> {
         if let Some(q) = self.queues.get(name) {
@@ -614,6 +661,9 @@ impl Drop for Connection {
     /// unacked delivery too, as the consumers it drops are cancelled.
     fn drop(&mut self) {
         self.end_subscriptions(None);
+        // Stopped consumers return what they still hold as the channels drop them.
+        self.channels.clear();
+        self.drop_exclusive_queues();
     }
 }
 

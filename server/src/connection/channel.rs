@@ -14,10 +14,10 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use amq_protocol::protocol::{basic, channel, confirm, queue, AMQPClass};
+use amq_protocol::protocol::{basic, channel, confirm, queue, AMQPClass, BasicProperties};
 use amq_protocol::types::ShortString;
 use bytes::BytesMut;
-use leasemq::{ConsumerConfig, Delivery, DeliveryTag, Error, Queue, QueueConfig, Settle};
+use leasemq::{Consumer, ConsumerConfig, Delivery, DeliveryTag, Error, Queue, QueueConfig, Settle};
 
 use super::publish::{Incoming, Pending};
 use super::{code, method_name, short, Connection, Fault, Subscription};
@@ -44,6 +44,9 @@ pub(crate) struct Channel {
     consumer_tags: Vec<ShortString>,
     /// Publisher confirms are on (`confirm.select`).
     pub(super) confirm: bool,
+    /// Consumers `basic.cancel` stopped (and `basic.get`'s), kept while deliveries of
+    /// theirs are unsettled: those stay leased to the channel and can still be acked.
+    pub(super) stopped: Vec<Stopped>,
     /// Publishes completed on this channel since `confirm.select`: the last one's number.
     pub(super) published: u64,
     /// The highest publish number confirmed with `basic.ack`.
@@ -54,6 +57,20 @@ pub(crate) struct Channel {
 struct Unacked {
     queue: Queue,
     tag: DeliveryTag,
+    /// The number of the subscription it came from.
+    consumer: u64,
+}
+
+/// A broker consumer that takes no more deliveries, kept until the deliveries it made on
+/// the channel are settled; dropping it (then, or with the channel) returns the rest.
+pub(super) struct Stopped {
+    number: u64,
+    /// Held for its leases; never read again.
+    _consumer: Consumer,
+    /// Its deliveries on the channel not yet settled.
+    outstanding: usize,
+    /// Stopped by `basic.cancel` (not made for a `basic.get`).
+    cancelled: bool,
 }
 
 impl Connection {
@@ -136,6 +153,20 @@ impl Connection {
                 Ok(())
             }
             AMQPClass::Basic(basic::AMQPMethod::Consume(consume)) => self.consume(ch, consume),
+            AMQPClass::Basic(basic::AMQPMethod::Get(get)) => self.get(ch, get),
+            AMQPClass::Queue(queue::AMQPMethod::Purge(purge)) => self.purge(ch, purge),
+            AMQPClass::Queue(queue::AMQPMethod::Delete(delete)) => self.delete(ch, delete),
+            AMQPClass::Basic(basic::AMQPMethod::Recover(recover)) => {
+                let m = AMQPClass::Basic(basic::AMQPMethod::Recover(recover.clone()));
+                self.recover(ch, recover.requeue, &m)?;
+                let ok = basic::AMQPMethod::RecoverOk(basic::RecoverOk {});
+                self.send(ch, AMQPClass::Basic(ok));
+                Ok(())
+            }
+            AMQPClass::Basic(basic::AMQPMethod::RecoverAsync(recover)) => {
+                let m = AMQPClass::Basic(basic::AMQPMethod::RecoverAsync(recover.clone()));
+                self.recover(ch, recover.requeue, &m)
+            }
             AMQPClass::Confirm(confirm::AMQPMethod::Select(select)) => {
                 state.confirm = true;
                 if !select.nowait {
@@ -203,20 +234,18 @@ impl Connection {
 
     fn declare(&mut self, ch: u16, declare: queue::Declare) -> Result<(), Fault> {
         let m = AMQPClass::Queue(queue::AMQPMethod::Declare(declare.clone()));
-        let name = declare.queue.as_str();
-        let refuse = |what: &str| {
-            let text = format!("{what} is not supported by leasemqd yet");
-            Err(Fault::connection(code::NOT_IMPLEMENTED, text).for_method(&m))
+        if declare.auto_delete && !declare.exclusive {
+            let text =
+                "an auto-delete queue that is not exclusive is not supported by leasemqd yet";
+            return Err(Fault::connection(code::NOT_IMPLEMENTED, text).for_method(&m));
+        }
+        // An empty name asks the server to pick one, as RabbitMQ's `amq.gen-…`.
+        let name = match declare.queue.as_str() {
+            "" if !declare.passive => self.server_named_queue(),
+            given => given.to_string(),
         };
-        if name.is_empty() {
-            return refuse("a server-named queue (queue.declare with an empty name)");
-        }
-        if declare.exclusive {
-            return refuse("an exclusive queue");
-        }
-        if declare.auto_delete {
-            return refuse("an auto-delete queue");
-        }
+        let name = name.as_str();
+        self.check_exclusive(ch, name, &m)?;
         let queue = if declare.passive {
             match self.queue(name) {
                 Some(q) => q,
@@ -242,20 +271,34 @@ impl Connection {
                 }
                 Err(refused) => return Err(Fault::channel(ch, refused.code, refused.text, &m)),
             };
-            match self.broker.declare_queue(name, config) {
-                Ok(q) => {
-                    self.queues.insert(name.to_string(), q.clone());
-                    q
-                }
+            let existed = self.broker.queue(name).is_some();
+            let q = match self.broker.declare_queue(name, config) {
+                Ok(q) => q,
                 Err(e) => return Err(broker_fault(ch, &e, &m)),
+            };
+            self.queues.insert(name.to_string(), q.clone());
+            // An exclusive queue is this connection's: deleted when it ends. Declaring
+            // an existing queue exclusive does not take it over (RabbitMQ: 405).
+            if declare.exclusive && !self.exclusive.iter().any(|e| e.name() == name) {
+                if existed {
+                    let text = format!(
+                        "RESOURCE_LOCKED - cannot obtain exclusive access to queue '{name}' in vhost '/'"
+                    );
+                    return Err(Fault::channel(ch, code::RESOURCE_LOCKED, text, &m));
+                }
+                let mut owners = self.settings.exclusive.lock().expect("never poisoned");
+                owners.insert(name.to_string(), self.id);
+                drop(owners);
+                self.exclusive.push(q.clone());
             }
+            q
         };
         if declare.nowait {
             return Ok(());
         }
         let stats = queue.stats();
         let ok = queue::DeclareOk {
-            queue: declare.queue,
+            queue: ShortString::from(name.to_string()),
             message_count: u32::try_from(stats.ready).unwrap_or(u32::MAX),
             consumer_count: u32::try_from(stats.consumers).unwrap_or(u32::MAX),
         };
@@ -269,6 +312,40 @@ impl Connection {
         self.settings.max_message_bytes + self.settings.frame_max as usize + 16
     }
 
+    /// A fresh name for a server-named queue: `amq.gen-`, then this server process's
+    /// start time, the connection and a count, so that it is new in a data dir too.
+    fn server_named_queue(&mut self) -> String {
+        use std::sync::OnceLock;
+        static STARTED: OnceLock<u128> = OnceLock::new();
+        let started = STARTED.get_or_init(|| {
+            let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
+            now.map_or(0, |d| d.as_nanos())
+        });
+        self.next_consumer += 1;
+        format!("amq.gen-{started:x}-{}-{}", self.id, self.next_consumer)
+    }
+
+    /// RabbitMQ's 405 for a queue another connection holds exclusively.
+    fn check_exclusive(&self, ch: u16, name: &str, m: &AMQPClass) -> Result<(), Fault> {
+        if self.locked_by_another(name) {
+            let text = format!(
+                "RESOURCE_LOCKED - cannot obtain exclusive access to locked queue '{name}' in vhost '/'"
+            );
+            return Err(Fault::channel(ch, code::RESOURCE_LOCKED, text, m));
+        }
+        Ok(())
+    }
+
+    /// The queue a method names, or its 404 (405 when another connection holds it
+    /// exclusively).
+    fn named_queue(&mut self, ch: u16, name: &str, m: &AMQPClass) -> Result<Queue, Fault> {
+        self.check_exclusive(ch, name, m)?;
+        self.queue(name).ok_or_else(|| {
+            let text = format!("NOT_FOUND - no queue '{name}' in vhost '/'");
+            Fault::channel(ch, code::NOT_FOUND, text, m)
+        })
+    }
+
     fn consume(&mut self, ch: u16, consume: basic::Consume) -> Result<(), Fault> {
         let m = AMQPClass::Basic(basic::AMQPMethod::Consume(consume.clone()));
         if consume.exclusive {
@@ -279,11 +356,9 @@ impl Connection {
             let text = format!("consumer argument '{arg}' is not supported by leasemqd yet");
             return Err(Fault::connection(code::NOT_IMPLEMENTED, text).for_method(&m));
         }
-        let Some(queue) = self.queue(consume.queue.as_str()) else {
-            let text = format!("NOT_FOUND - no queue '{}' in vhost '/'", consume.queue);
-            return Err(Fault::channel(ch, code::NOT_FOUND, text, &m));
-        };
+        let queue = self.named_queue(ch, consume.queue.as_str(), &m)?;
         self.next_consumer += 1;
+        let number = self.next_consumer;
         let tag = match consume.consumer_tag.as_str() {
             "" => ShortString::from(format!("amq.ctag-{}-{}", self.id, self.next_consumer)),
             _ => consume.consumer_tag.clone(),
@@ -314,6 +389,7 @@ impl Connection {
         }
         self.subscriptions.push(Subscription {
             channel: ch,
+            number,
             tag,
             queue,
             consumer,
@@ -322,27 +398,174 @@ impl Connection {
         Ok(())
     }
 
-    /// `basic.cancel`: ends the consumer. Today that also returns the deliveries it has
-    /// not settled (the broker cancels its consumer); their later acks are stale and
-    /// ignored. Keeping them leased to the channel needs a broker call that stops a
-    /// consumer's deliveries without ending its leases.
+    /// `basic.cancel`: the consumer takes no more deliveries, and what it delivered and
+    /// the client has not settled stays leased to the channel (RabbitMQ's graceful
+    /// shutdown: cancel, finish the work in hand, ack). Deliveries not yet sent are
+    /// released. The broker consumer is dropped once none of its deliveries is unsettled,
+    /// or with the channel, which returns what it still holds.
     fn cancel(&mut self, ch: u16, cancel: basic::Cancel) {
         if let Some(i) = self
             .subscriptions
             .iter()
             .position(|s| s.channel == ch && s.tag == cancel.consumer_tag)
         {
-            self.subscriptions.swap_remove(i).consumer.cancel();
+            let sub = self.subscriptions.swap_remove(i);
+            self.keep_leases(ch, sub.number, sub.consumer);
         }
-        if let Some(state) = self.channels.get_mut(&ch) {
-            state.consumer_tags.retain(|t| *t != cancel.consumer_tag);
-        }
+        self.forget_consumer_tag(ch, &cancel.consumer_tag);
         if !cancel.nowait {
             let ok = basic::CancelOk {
                 consumer_tag: cancel.consumer_tag,
             };
             self.send(ch, AMQPClass::Basic(basic::AMQPMethod::CancelOk(ok)));
         }
+    }
+
+    /// Stops `consumer` and keeps it while deliveries of it on `ch` are unsettled.
+    fn keep_leases(&mut self, ch: u16, number: u64, consumer: Consumer) {
+        let Some(state) = self.channels.get_mut(&ch) else {
+            return;
+        };
+        let outstanding = (state.unacked.values())
+            .filter(|u| u.consumer == number)
+            .count();
+        if outstanding == 0 {
+            consumer.cancel();
+            return;
+        }
+        consumer.stop();
+        state.stopped.push(Stopped {
+            number,
+            _consumer: consumer,
+            outstanding,
+            cancelled: true,
+        });
+    }
+
+    pub(super) fn forget_consumer_tag(&mut self, ch: u16, tag: &ShortString) {
+        if let Some(state) = self.channels.get_mut(&ch) {
+            state.consumer_tags.retain(|t| t != tag);
+        }
+    }
+
+    /// Drops the stopped consumers whose deliveries are all settled. Called once the
+    /// gathered settles have reached the broker, so that no lease comes back first.
+    pub(super) fn drop_settled_consumers(&mut self) {
+        for state in self.channels.values_mut() {
+            state.stopped.retain(|s| s.outstanding > 0);
+        }
+    }
+
+    /// `basic.get`: one message under a lease, as a delivery of a consumer made for it,
+    /// stopped at once (it keeps that one lease until it is settled).
+    fn get(&mut self, ch: u16, get: basic::Get) -> Result<(), Fault> {
+        let m = AMQPClass::Basic(basic::AMQPMethod::Get(get.clone()));
+        let queue = self.named_queue(ch, get.queue.as_str(), &m)?;
+        self.next_consumer += 1;
+        let number = self.next_consumer;
+        let name = format!("amqp-{}-{}", self.id, number);
+        let consumer = queue
+            .consume(&name, ConsumerConfig { prefetch: 1 })
+            .map_err(|e| broker_fault(ch, &e, &m))?;
+        // The consume call is a barrier: a message that was ready is in the channel now.
+        let Ok(Some(delivery)) = consumer.try_recv() else {
+            consumer.cancel();
+            let empty = basic::AMQPMethod::GetEmpty(basic::GetEmpty {});
+            self.send(ch, AMQPClass::Basic(empty));
+            return Ok(());
+        };
+        let state = self.channels.get_mut(&ch).expect("checked by the caller");
+        state.last_tag += 1;
+        let channel_tag = state.last_tag;
+        if get.no_ack {
+            delivery.ack();
+            consumer.cancel();
+        } else {
+            consumer.stop();
+            let unacked = Unacked {
+                queue: queue.clone(),
+                tag: delivery.tag(),
+                consumer: number,
+            };
+            state.unacked.insert(channel_tag, unacked);
+            state.stopped.push(Stopped {
+                number,
+                _consumer: consumer,
+                outstanding: 1,
+                cancelled: false,
+            });
+        }
+        let envelope = delivery.envelope();
+        let ok = basic::GetOk {
+            delivery_tag: channel_tag,
+            redelivered: envelope.redelivered(),
+            exchange: ShortString::from(""),
+            routing_key: ShortString::from(queue.name()),
+            message_count: u32::try_from(queue.stats().ready).unwrap_or(u32::MAX),
+        };
+        let (properties, payload) = content::decode(&envelope.body);
+        self.send(ch, AMQPClass::Basic(basic::AMQPMethod::GetOk(ok)));
+        self.send_content(ch, properties, &payload);
+        Ok(())
+    }
+
+    /// `queue.purge`: the ready and delayed messages go; leased ones stay.
+    fn purge(&mut self, ch: u16, purge: queue::Purge) -> Result<(), Fault> {
+        let m = AMQPClass::Queue(queue::AMQPMethod::Purge(purge.clone()));
+        let queue = self.named_queue(ch, purge.queue.as_str(), &m)?;
+        let purged = queue.purge().map_err(|e| broker_fault(ch, &e, &m))?;
+        if !purge.nowait {
+            let ok = queue::PurgeOk {
+                message_count: u32::try_from(purged).unwrap_or(u32::MAX),
+            };
+            self.send(ch, AMQPClass::Queue(queue::AMQPMethod::PurgeOk(ok)));
+        }
+        Ok(())
+    }
+
+    /// `queue.delete`: the queue, its messages and its leases go (the broker's `close`);
+    /// its consumers, here and on other connections, are told with `basic.cancel`. As in
+    /// RabbitMQ, deleting a queue that does not exist succeeds.
+    fn delete(&mut self, ch: u16, delete: queue::Delete) -> Result<(), Fault> {
+        let m = AMQPClass::Queue(queue::AMQPMethod::Delete(delete.clone()));
+        let name = delete.queue.as_str();
+        self.check_exclusive(ch, name, &m)?;
+        let mut message_count = 0;
+        if let Some(queue) = self.queue(name) {
+            let stats = queue.stats();
+            if delete.if_unused && stats.consumers > 0 {
+                let text = format!("PRECONDITION_FAILED - queue '{name}' in vhost '/' in use");
+                return Err(Fault::channel(ch, code::PRECONDITION_FAILED, text, &m));
+            }
+            if delete.if_empty && stats.ready + stats.delayed + stats.leased > 0 {
+                let text =
+                    format!("PRECONDITION_FAILED - queue '{name}' in vhost '/' is not empty");
+                return Err(Fault::channel(ch, code::PRECONDITION_FAILED, text, &m));
+            }
+            message_count = stats.ready + stats.delayed;
+            queue.close();
+            self.queues.remove(name);
+            self.exclusive.retain(|q| q.name() != name);
+            let mut owners = self.settings.exclusive.lock().expect("never poisoned");
+            owners.remove(name);
+        }
+        if !delete.nowait {
+            let ok = queue::DeleteOk {
+                message_count: u32::try_from(message_count).unwrap_or(u32::MAX),
+            };
+            self.send(ch, AMQPClass::Queue(queue::AMQPMethod::DeleteOk(ok)));
+        }
+        Ok(())
+    }
+
+    /// `basic.recover` with `requeue`: every unsettled delivery of the channel goes back
+    /// and is redelivered, as after a nack. RabbitMQ does not serve `requeue=false`.
+    fn recover(&mut self, ch: u16, requeue: bool, m: &AMQPClass) -> Result<(), Fault> {
+        if !requeue {
+            let text = "basic.recover with requeue=false is not supported (nor by RabbitMQ)";
+            return Err(Fault::connection(code::NOT_IMPLEMENTED, text).for_method(m));
+        }
+        self.settle(ch, 0, true, self::requeue(true), m)
     }
 
     /// `basic.ack`/`nack`/`reject` of one channel tag, or of every unsettled one up to it
@@ -377,7 +600,22 @@ impl Connection {
                 }
             }
         };
-        for Unacked { queue, tag } in taken {
+        for Unacked {
+            queue,
+            tag,
+            consumer,
+        } in taken
+        {
+            let mut how = how;
+            if let Some(stopped) = state.stopped.iter_mut().find(|s| s.number == consumer) {
+                stopped.outstanding -= 1;
+                // What a client hands back with `requeue` after cancelling, it never gave
+                // its application (pika nacks what it had buffered): a release, which
+                // costs no attempt.
+                if stopped.cancelled && how == requeue(true) {
+                    how = Settle::Release;
+                }
+            }
             match self.pending.last_mut() {
                 Some(Pending::Settle {
                     channel,
@@ -412,6 +650,7 @@ impl Connection {
             let unacked = Unacked {
                 queue: sub.queue.clone(),
                 tag: delivery.tag(),
+                consumer: sub.number,
             };
             state.unacked.insert(channel_tag, unacked);
         }
@@ -425,9 +664,14 @@ impl Connection {
         };
         let (properties, payload) = content::decode(&envelope.body);
         self.send(ch, AMQPClass::Basic(basic::AMQPMethod::Deliver(deliver)));
+        self.send_content(ch, properties, &payload);
+    }
+
+    /// The content header and body frames of a delivery.
+    fn send_content(&mut self, ch: u16, properties: BasicProperties, payload: &[u8]) {
         if self
             .out
-            .content(ch, properties, &payload, self.frame_max)
+            .content(ch, properties, payload, self.frame_max)
             .is_err()
         {
             self.abort(Fault::connection(

@@ -241,5 +241,6 @@ impl Connection {
                 }
             }
         }
+        self.drop_settled_consumers();
     }
 }

@@ -726,3 +726,286 @@ fn settles_of_one_read_follow_the_publishes_before_them() {
     let stats = c.broker.queue("order").unwrap().stats();
     assert_eq!((stats.enqueued, stats.acked, stats.leased), (2, 1, 1));
 }
+
+fn cancel(tag: &str) -> AMQPFrame {
+    basic_method(
+        1,
+        basic::AMQPMethod::Cancel(basic::Cancel {
+            consumer_tag: tag.into(),
+            nowait: false,
+        }),
+    )
+}
+
+fn get(queue: &str, no_ack: bool) -> AMQPFrame {
+    basic_method(
+        1,
+        basic::AMQPMethod::Get(basic::Get {
+            queue: queue.into(),
+            no_ack,
+        }),
+    )
+}
+
+fn queue_method(m: queue::AMQPMethod) -> AMQPFrame {
+    method(1, AMQPClass::Queue(m))
+}
+
+/// The consumer tag `consume-ok` gave.
+fn consumer_tag(out: &[AMQPFrame]) -> String {
+    out.iter()
+        .find_map(|f| match f {
+            AMQPFrame::Method(1, AMQPClass::Basic(basic::AMQPMethod::ConsumeOk(ok))) => {
+                Some(ok.consumer_tag.to_string())
+            }
+            _ => None,
+        })
+        .expect("consume-ok")
+}
+
+impl Client {
+    fn publish(&mut self, queue: &str, body: &[u8]) {
+        self.feed(&Client::publish_frames(
+            queue,
+            BasicProperties::default(),
+            body,
+        ));
+    }
+
+    fn prefetch(&mut self, n: u16) {
+        let qos = basic::Qos {
+            prefetch_count: n,
+            global: false,
+        };
+        self.feed(&[basic_method(1, basic::AMQPMethod::Qos(qos))]);
+    }
+
+    fn stats(&self, queue: &str) -> leasemq::QueueStats {
+        self.broker.queue(queue).unwrap().stats()
+    }
+}
+
+#[test]
+fn basic_cancel_keeps_what_was_delivered_leased_and_ackable() {
+    let mut c = Client::open();
+    c.declare("graceful");
+    for body in [b"one", b"two", b"six"] {
+        c.publish("graceful", body);
+    }
+    c.prefetch(2);
+    let out = c.consume("graceful", false);
+    let tag = consumer_tag(&out);
+    assert_eq!(deliveries(&out).len(), 2);
+    let out = c.feed(&[cancel(&tag)]);
+    assert!(matches!(
+        out[..],
+        [AMQPFrame::Method(
+            1,
+            AMQPClass::Basic(basic::AMQPMethod::CancelOk(_))
+        )]
+    ));
+    // The two in hand stay leased to the channel; nothing new comes.
+    let stats = c.stats("graceful");
+    assert_eq!((stats.leased, stats.ready, stats.consumers), (2, 1, 0));
+    let out = c.feed(&[ack(1, false), ack(2, false)]);
+    assert!(
+        out.is_empty(),
+        "acks of a cancelled consumer's deliveries: {out:?}"
+    );
+    let stats = c.stats("graceful");
+    assert_eq!((stats.acked, stats.stale, stats.leased), (2, 0, 0));
+}
+
+#[test]
+fn after_basic_cancel_a_requeue_is_a_release_and_the_channel_close_returns_the_rest() {
+    let mut c = Client::open();
+    c.declare("handback");
+    for body in [b"a", b"b"] {
+        c.publish("handback", body);
+    }
+    let out = c.consume("handback", false);
+    let tag = consumer_tag(&out);
+    c.feed(&[cancel(&tag), nack(1, true)]);
+    let stats = c.stats("handback");
+    assert_eq!((stats.released, stats.nacked, stats.leased), (1, 0, 1));
+    let close = channel::Close {
+        reply_code: 200,
+        reply_text: "bye".into(),
+        class_id: 0,
+        method_id: 0,
+    };
+    c.feed(&[method(
+        1,
+        AMQPClass::Channel(channel::AMQPMethod::Close(close)),
+    )]);
+    c.feed(&[method(
+        1,
+        AMQPClass::Channel(channel::AMQPMethod::Open(channel::Open {})),
+    )]);
+    let out = c.consume("handback", false);
+    // "a" was handed back unseen: not redelivered; "b" was seen: redelivered.
+    assert_eq!(
+        deliveries(&out),
+        [(1, false, b"a".to_vec()), (2, true, b"b".to_vec())]
+    );
+}
+
+#[test]
+fn basic_get_leases_one_message_and_get_empty_when_none_is_ready() {
+    let mut c = Client::open();
+    c.declare("pull");
+    c.publish("pull", b"first");
+    c.publish("pull", b"second");
+    let out = c.feed(&[get("pull", false)]);
+    let [AMQPFrame::Method(1, AMQPClass::Basic(basic::AMQPMethod::GetOk(ok))), AMQPFrame::Header(..), AMQPFrame::Body(1, body)] =
+        &out[..]
+    else {
+        panic!("expected get-ok with content, got {out:?}");
+    };
+    assert_eq!(
+        (ok.delivery_tag, ok.redelivered, ok.message_count),
+        (1, false, 1)
+    );
+    assert_eq!(body, b"first");
+    assert_eq!(c.stats("pull").leased, 1);
+    let out = c.feed(&[get("pull", true)]);
+    assert!(matches!(
+        out[0],
+        AMQPFrame::Method(1, AMQPClass::Basic(basic::AMQPMethod::GetOk(ref ok))) if ok.delivery_tag == 2
+    ));
+    let out = c.feed(&[get("pull", false)]);
+    assert_eq!(
+        out,
+        [basic_method(
+            1,
+            basic::AMQPMethod::GetEmpty(basic::GetEmpty {})
+        )]
+    );
+    // The first is still leased to the channel: a nack with requeue redelivers it.
+    c.feed(&[nack(1, true)]);
+    let out = c.feed(&[get("pull", false)]);
+    assert!(matches!(
+        out[0],
+        AMQPFrame::Method(1, AMQPClass::Basic(basic::AMQPMethod::GetOk(ref ok))) if ok.redelivered
+    ));
+    let stats = c.stats("pull");
+    assert_eq!(
+        (stats.acked, stats.nacked, stats.leased, stats.consumers),
+        (1, 1, 1, 0)
+    );
+    let out = c.feed(&[get("nowhere", false)]);
+    assert_eq!(channel_close_code(&out), Some(404));
+}
+
+#[test]
+fn purge_delete_and_recover_answer_as_rabbitmq() {
+    let mut c = Client::open();
+    c.declare("scratch");
+    for body in [b"1", b"2", b"3"] {
+        c.publish("scratch", body);
+    }
+    c.prefetch(1);
+    c.consume("scratch", false);
+    let out = c.feed(&[queue_method(queue::AMQPMethod::Purge(queue::Purge {
+        queue: "scratch".into(),
+        nowait: false,
+    }))]);
+    assert_eq!(
+        out,
+        [queue_method(queue::AMQPMethod::PurgeOk(queue::PurgeOk {
+            message_count: 2
+        }))]
+    );
+    // basic.recover: the one in hand comes back, redelivered.
+    let recover = basic::AMQPMethod::Recover(basic::Recover { requeue: true });
+    let out = c.feed(&[basic_method(1, recover)]);
+    assert_eq!(deliveries(&out), [(2, true, b"1".to_vec())]);
+    let delete = |if_unused| {
+        queue_method(queue::AMQPMethod::Delete(queue::Delete {
+            queue: "scratch".into(),
+            if_unused,
+            if_empty: false,
+            nowait: false,
+        }))
+    };
+    let out = c.feed(&[delete(true)]);
+    assert_eq!(channel_close_code(&out), Some(406));
+    c.feed(&[method(
+        1,
+        AMQPClass::Channel(channel::AMQPMethod::CloseOk(channel::CloseOk {})),
+    )]);
+    c.feed(&[method(
+        1,
+        AMQPClass::Channel(channel::AMQPMethod::Open(channel::Open {})),
+    )]);
+    let out = c.feed(&[delete(false)]);
+    assert_eq!(
+        out,
+        [queue_method(queue::AMQPMethod::DeleteOk(queue::DeleteOk {
+            message_count: 1
+        }))]
+    );
+    assert!(c.broker.queue("scratch").is_none());
+}
+
+#[test]
+fn deleting_a_queue_under_a_consumer_sends_it_basic_cancel() {
+    let mut c = Client::open();
+    c.declare("doomed");
+    let tag = consumer_tag(&c.consume("doomed", false));
+    c.broker.queue("doomed").unwrap().close();
+    let out = c.feed(&[]);
+    let [AMQPFrame::Method(1, AMQPClass::Basic(basic::AMQPMethod::Cancel(cancel)))] = &out[..]
+    else {
+        panic!("expected basic.cancel, got {out:?}");
+    };
+    assert_eq!(cancel.consumer_tag.as_str(), tag);
+}
+
+#[test]
+fn a_server_named_exclusive_queue_is_the_connections_alone_and_goes_with_it() {
+    let mut c = Client::open();
+    let declare = queue::Declare {
+        queue: "".into(),
+        exclusive: true,
+        auto_delete: true,
+        ..queue::Declare::default()
+    };
+    let out = c.feed(&[queue_method(queue::AMQPMethod::Declare(declare))]);
+    let [AMQPFrame::Method(1, AMQPClass::Queue(queue::AMQPMethod::DeclareOk(ok)))] = &out[..]
+    else {
+        panic!("expected declare-ok, got {out:?}");
+    };
+    let name = ok.queue.to_string();
+    assert!(name.starts_with("amq.gen-"), "{name}");
+    c.publish(&name, b"mine");
+    // Another connection of the same server may publish to it but not consume from it.
+    let mut them = Client {
+        broker: c.broker.clone(),
+        conn: Connection::new(c.broker.clone(), c.conn.settings.clone(), 2, true),
+    };
+    let header = AMQPFrame::ProtocolHeader(ProtocolVersion::amqp_0_9_1());
+    them.feed(&[header]);
+    them.feed(&[start_ok("guest", "guest")]);
+    let tune_ok = conn_method(connection::AMQPMethod::TuneOk(connection::TuneOk {
+        channel_max: 16,
+        frame_max: 8192,
+        heartbeat: 0,
+    }));
+    let open = conn_method(connection::AMQPMethod::Open(connection::Open {
+        virtual_host: "/".into(),
+    }));
+    let channel_open = method(
+        1,
+        AMQPClass::Channel(channel::AMQPMethod::Open(channel::Open {})),
+    );
+    them.feed(&[tune_ok, open, channel_open]);
+    let out = them.consume(&name, false);
+    assert_eq!(channel_close_code(&out), Some(405));
+    assert_eq!(c.stats(&name).ready, 1);
+    drop(c.conn);
+    assert!(
+        them.broker.queue(&name).is_none(),
+        "gone with its connection"
+    );
+}

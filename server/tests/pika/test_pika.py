@@ -230,3 +230,85 @@ def test_an_unsupported_queue_argument_is_refused_not_ignored():
     with pytest.raises(pika.exceptions.ConnectionClosedByBroker) as err:
         ch.queue_declare(queue="capped", arguments={"x-max-length": 10})
     assert err.value.reply_code == 540
+
+
+def test_basic_get_leases_one_message_at_a_time():
+    conn = connect()
+    ch = conn.channel()
+    queue = fresh_queue(ch, "pull")
+    for body in (b"first", b"second"):
+        ch.basic_publish(exchange="", routing_key=queue, body=body)
+    method, _, body = ch.basic_get(queue=queue)
+    assert (body, method.redelivered, method.message_count) == (b"first", False, 1)
+    ch.basic_nack(method.delivery_tag, requeue=True)
+    method, _, body = ch.basic_get(queue=queue)
+    assert (body, method.redelivered) == (b"first", True)
+    ch.basic_ack(method.delivery_tag)
+    method, _, body = ch.basic_get(queue=queue, auto_ack=True)
+    assert body == b"second"
+    assert ch.basic_get(queue=queue) == (None, None, None)
+    conn.close()
+
+
+def test_cancel_then_finish_the_work_in_hand_and_ack_it():
+    """RabbitMQ's graceful shutdown: after basic.cancel what was delivered can be acked."""
+    conn = connect()
+    ch = conn.channel()
+    queue = fresh_queue(ch, "graceful")
+    for i in range(3):
+        ch.basic_publish(exchange="", routing_key=queue, body=f"job {i}".encode())
+    ch.basic_qos(prefetch_count=2)
+    in_hand = []
+
+    def on_message(channel, method, properties, body):
+        in_hand.append(method.delivery_tag)
+        if len(in_hand) == 2:
+            channel.stop_consuming()
+
+    tag = ch.basic_consume(queue=queue, on_message_callback=on_message)
+    ch.start_consuming()
+    ch.basic_cancel(tag)
+    for delivery_tag in in_hand:
+        ch.basic_ack(delivery_tag)
+    # The acks counted: only the third message is left, never delivered.
+    method, _, body = ch.basic_get(queue=queue)
+    assert (body, method.redelivered, method.message_count) == (b"job 2", False, 0)
+    ch.basic_ack(method.delivery_tag)
+    assert ch.queue_declare(queue=queue, passive=True).method.message_count == 0
+    conn.close()
+
+
+def test_purge_and_delete():
+    conn = connect()
+    ch = conn.channel()
+    queue = fresh_queue(ch, "scratch")
+    for i in range(5):
+        ch.basic_publish(exchange="", routing_key=queue, body=b"x")
+    assert ch.queue_purge(queue).method.message_count == 5
+    ch.basic_publish(exchange="", routing_key=queue, body=b"y")
+    assert ch.queue_delete(queue).method.message_count == 1
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as closed:
+        ch.queue_declare(queue=queue, passive=True)
+    assert closed.value.reply_code == 404
+    conn.close()
+
+
+def test_a_server_named_exclusive_queue_belongs_to_its_connection():
+    conn = connect()
+    ch = conn.channel()
+    queue = ch.queue_declare(queue="", exclusive=True).method.queue
+    assert queue.startswith("amq.gen-")
+    other = connect()
+    och = other.channel()
+    och.basic_publish(exchange="", routing_key=queue, body=b"for you")
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as closed:
+        och.basic_consume(queue=queue, on_message_callback=lambda *a: None)
+    assert closed.value.reply_code == 405
+    method, _, body = ch.basic_get(queue=queue, auto_ack=True)
+    assert body == b"for you"
+    conn.close()
+    och = other.channel()
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as closed:
+        och.queue_declare(queue=queue, passive=True)
+    assert closed.value.reply_code == 404
+    other.close()
