@@ -29,6 +29,7 @@ use amq_protocol::protocol::{basic, connection, AMQPClass};
 use amq_protocol::types::{AMQPValue, FieldTable, ShortString};
 use leasemq::{Broker, Consumer, Delivery, Queue};
 
+use crate::exchange::Exchanges;
 use crate::wire::{self, Next, Output};
 use channel::Channel;
 use publish::Pending;
@@ -59,6 +60,8 @@ pub struct Settings {
     /// The exclusive queues of every connection, by name, with the id of the connection
     /// that owns each: another connection may publish to one but not use it otherwise.
     pub exclusive: Arc<Mutex<HashMap<String, u64>>>,
+    /// The exchanges and bindings every connection of the server routes through.
+    pub exchanges: Arc<Mutex<Exchanges>>,
 }
 
 impl Default for Settings {
@@ -74,6 +77,7 @@ impl Default for Settings {
             durable: false,
             heartbeat: 60,
             exclusive: Arc::default(),
+            exchanges: Arc::default(),
         }
     }
 }
@@ -633,6 +637,8 @@ impl Connection {
             }
             self.queues.remove(queue.name());
             queue.close();
+            let mut exchanges = self.settings.exchanges.lock().expect("never poisoned");
+            exchanges.unbind_queue(queue.name());
         }
     }
 

@@ -8,7 +8,8 @@
 //! - [`Connection`] is the protocol, with no IO: bytes in, broker calls and frames out.
 //!   It is unit-tested by feeding it frames and reading the frames it answers with.
 //! - [`wire`] cuts frames and writes them with `amq-protocol`'s codec; [`content`] keeps an
-//!   AMQP message's properties inside the leasemq message body.
+//!   AMQP message's properties inside the leasemq message body; [`exchange`] routes
+//!   publishes through the default and direct exchanges.
 //!
 //! How AMQP's unacked deliveries map onto leases is in `connection/channel.rs`; what is
 //! served and what is not yet is in `server/README.md`.
@@ -19,6 +20,7 @@
 pub mod arguments;
 mod connection;
 pub mod content;
+pub mod exchange;
 pub mod serve;
 pub mod wire;
 

@@ -14,13 +14,16 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use amq_protocol::protocol::{basic, channel, confirm, queue, AMQPClass, BasicProperties};
+use amq_protocol::protocol::{
+    basic, channel, confirm, exchange, queue, AMQPClass, BasicProperties,
+};
 use amq_protocol::types::ShortString;
 use bytes::BytesMut;
 use leasemq::{Consumer, ConsumerConfig, Delivery, DeliveryTag, Error, Queue, QueueConfig, Settle};
 
 use super::publish::{Incoming, Pending};
 use super::{code, method_name, short, Connection, Fault, Subscription};
+use crate::exchange::{Refusal, DIRECT};
 use crate::{arguments, content};
 
 /// The most prefetch a broker consumer takes; also what `prefetch_count = 0` (AMQP's "no
@@ -155,6 +158,14 @@ impl Connection {
             AMQPClass::Basic(basic::AMQPMethod::Consume(consume)) => self.consume(ch, consume),
             AMQPClass::Basic(basic::AMQPMethod::Get(get)) => self.get(ch, get),
             AMQPClass::Queue(queue::AMQPMethod::Purge(purge)) => self.purge(ch, purge),
+            AMQPClass::Exchange(exchange::AMQPMethod::Declare(declare)) => {
+                self.exchange_declare(ch, declare)
+            }
+            AMQPClass::Exchange(exchange::AMQPMethod::Delete(delete)) => {
+                self.exchange_delete(ch, delete)
+            }
+            AMQPClass::Queue(queue::AMQPMethod::Bind(bind)) => self.bind(ch, bind),
+            AMQPClass::Queue(queue::AMQPMethod::Unbind(unbind)) => self.unbind(ch, unbind),
             AMQPClass::Queue(queue::AMQPMethod::Delete(delete)) => self.delete(ch, delete),
             AMQPClass::Basic(basic::AMQPMethod::Recover(recover)) => {
                 let m = AMQPClass::Basic(basic::AMQPMethod::Recover(recover.clone()));
@@ -544,6 +555,9 @@ impl Connection {
             }
             message_count = stats.ready + stats.delayed;
             queue.close();
+            let mut exchanges = self.settings.exchanges.lock().expect("never poisoned");
+            exchanges.unbind_queue(name);
+            drop(exchanges);
             self.queues.remove(name);
             self.exclusive.retain(|q| q.name() != name);
             let mut owners = self.settings.exclusive.lock().expect("never poisoned");
@@ -555,6 +569,93 @@ impl Connection {
             };
             self.send(ch, AMQPClass::Queue(queue::AMQPMethod::DeleteOk(ok)));
         }
+        Ok(())
+    }
+
+    /// `exchange.declare`: direct exchanges (and `passive` checks of any exchange).
+    fn exchange_declare(&mut self, ch: u16, declare: exchange::Declare) -> Result<(), Fault> {
+        let m = AMQPClass::Exchange(exchange::AMQPMethod::Declare(declare.clone()));
+        let name = declare.exchange.as_str();
+        let mut exchanges = self.settings.exchanges.lock().expect("never poisoned");
+        if declare.passive {
+            if !exchanges.exists(name) {
+                let text = format!("NOT_FOUND - no exchange '{name}' in vhost '/'");
+                return Err(Fault::channel(ch, code::NOT_FOUND, text, &m));
+            }
+        } else {
+            let unsupported = if declare.kind.as_str() != DIRECT {
+                Some(format!("exchange type '{}'", declare.kind))
+            } else if declare.auto_delete {
+                Some("an auto-delete exchange".to_string())
+            } else if declare.internal {
+                Some("an internal exchange".to_string())
+            } else {
+                (declare.arguments.inner().keys().next())
+                    .map(|arg| format!("exchange argument '{arg}'"))
+            };
+            if let Some(what) = unsupported {
+                let text = format!("{what} is not supported by leasemqd yet (only direct)");
+                return Err(Fault::connection(code::NOT_IMPLEMENTED, text).for_method(&m));
+            }
+            exchanges
+                .declare(name, declare.durable)
+                .map_err(|r| exchange_fault(ch, r, name, &m))?;
+        }
+        drop(exchanges);
+        if !declare.nowait {
+            let ok = exchange::AMQPMethod::DeclareOk(exchange::DeclareOk {});
+            self.send(ch, AMQPClass::Exchange(ok));
+        }
+        Ok(())
+    }
+
+    fn exchange_delete(&mut self, ch: u16, delete: exchange::Delete) -> Result<(), Fault> {
+        let m = AMQPClass::Exchange(exchange::AMQPMethod::Delete(delete.clone()));
+        let name = delete.exchange.as_str();
+        let mut exchanges = self.settings.exchanges.lock().expect("never poisoned");
+        exchanges
+            .delete(name, delete.if_unused)
+            .map_err(|r| exchange_fault(ch, r, name, &m))?;
+        drop(exchanges);
+        if !delete.nowait {
+            let ok = exchange::AMQPMethod::DeleteOk(exchange::DeleteOk {});
+            self.send(ch, AMQPClass::Exchange(ok));
+        }
+        Ok(())
+    }
+
+    /// `queue.bind` of an existing queue to a direct exchange.
+    fn bind(&mut self, ch: u16, bind: queue::Bind) -> Result<(), Fault> {
+        let m = AMQPClass::Queue(queue::AMQPMethod::Bind(bind.clone()));
+        if let Some(arg) = bind.arguments.inner().keys().next() {
+            let text = format!("binding argument '{arg}' is not supported by leasemqd yet");
+            return Err(Fault::connection(code::NOT_IMPLEMENTED, text).for_method(&m));
+        }
+        let queue = self.named_queue(ch, bind.queue.as_str(), &m)?;
+        let name = bind.exchange.as_str();
+        let mut exchanges = self.settings.exchanges.lock().expect("never poisoned");
+        exchanges
+            .bind(name, bind.routing_key.as_str(), queue.name())
+            .map_err(|r| exchange_fault(ch, r, name, &m))?;
+        drop(exchanges);
+        if !bind.nowait {
+            let ok = queue::AMQPMethod::BindOk(queue::BindOk {});
+            self.send(ch, AMQPClass::Queue(ok));
+        }
+        Ok(())
+    }
+
+    fn unbind(&mut self, ch: u16, unbind: queue::Unbind) -> Result<(), Fault> {
+        let m = AMQPClass::Queue(queue::AMQPMethod::Unbind(unbind.clone()));
+        let queue = self.named_queue(ch, unbind.queue.as_str(), &m)?;
+        let name = unbind.exchange.as_str();
+        let mut exchanges = self.settings.exchanges.lock().expect("never poisoned");
+        exchanges
+            .unbind(name, unbind.routing_key.as_str(), queue.name())
+            .map_err(|r| exchange_fault(ch, r, name, &m))?;
+        drop(exchanges);
+        let ok = queue::AMQPMethod::UnbindOk(queue::UnbindOk {});
+        self.send(ch, AMQPClass::Queue(ok));
         Ok(())
     }
 
@@ -708,6 +809,29 @@ fn requeue(requeue: bool) -> Settle {
     } else {
         Settle::Reject
     }
+}
+
+/// The AMQP error for a refused exchange call on channel `ch`.
+fn exchange_fault(ch: u16, refusal: Refusal, name: &str, m: &AMQPClass) -> Fault {
+    let (code, text) = match refusal {
+        Refusal::Reserved => (
+            code::ACCESS_REFUSED,
+            format!("ACCESS_REFUSED - operation not permitted on exchange '{name}'"),
+        ),
+        Refusal::NotFound => (
+            code::NOT_FOUND,
+            format!("NOT_FOUND - no exchange '{name}' in vhost '/'"),
+        ),
+        Refusal::Inequivalent(what) => (
+            code::PRECONDITION_FAILED,
+            format!("PRECONDITION_FAILED - inequivalent arg '{what}' for exchange '{name}' in vhost '/'"),
+        ),
+        Refusal::InUse => (
+            code::PRECONDITION_FAILED,
+            format!("PRECONDITION_FAILED - exchange '{name}' in vhost '/' in use"),
+        ),
+    };
+    Fault::channel(ch, code, text, m)
 }
 
 /// The AMQP error for a broker error on channel `ch`.

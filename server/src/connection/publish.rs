@@ -12,6 +12,9 @@ use super::{code, Connection, Fault};
 use crate::content;
 use crate::wire::BASIC_CLASS;
 
+/// The longest message id the broker takes (contract §3 Limits).
+const MAX_ID_BYTES: usize = 1024;
+
 /// What is reserved for a message body before its frames arrive.
 const FIRST_BODY_RESERVE: usize = 128 * 1024;
 
@@ -130,37 +133,52 @@ impl Connection {
             state.published += 1;
         }
         let m = AMQPClass::Basic(basic::AMQPMethod::Publish(publish.clone()));
-        if !publish.exchange.as_str().is_empty() {
-            let text = format!(
-                "NOT_FOUND - no exchange '{}' in vhost '/' (leasemqd has only the default exchange)",
-                publish.exchange
-            );
+        let exchange = publish.exchange.as_str();
+        let routed = if exchange.is_empty() {
+            // The common case needs no lock: the default exchange names the queue.
+            Some(vec![publish.routing_key.to_string()])
+        } else {
+            let exchanges = self.settings.exchanges.lock().expect("never poisoned");
+            exchanges.route(exchange, publish.routing_key.as_str())
+        };
+        let Some(names) = routed else {
+            let text = format!("NOT_FOUND - no exchange '{exchange}' in vhost '/'");
             return Err(Fault::channel(ch, code::NOT_FOUND, text, &m));
-        }
-        let Some(queue) = self.queue(publish.routing_key.as_str()) else {
-            // The default exchange drops what it cannot route, unless `mandatory` asks for
-            // it back.
+        };
+        let queues: Vec<Queue> = names.iter().filter_map(|name| self.queue(name)).collect();
+        if queues.is_empty() {
+            // An exchange drops what it cannot route, unless `mandatory` asks for it back.
             if publish.mandatory {
                 self.return_unroutable(ch, publish, properties, &body);
             }
             return Ok(());
-        };
+        }
         let Some(stored) = content::encode(&properties, &body) else {
             let text = "PRECONDITION_FAILED - message properties could not be stored";
             return Err(Fault::channel(ch, code::PRECONDITION_FAILED, text, &m));
         };
-        let message = Message::new(stored);
-        match self.pending.last_mut() {
-            Some(Pending::Put {
-                channel,
-                queue: q,
-                messages,
-            }) if *channel == ch && q.name() == queue.name() => messages.push(message),
-            _ => self.pending.push(Pending::Put {
-                channel: ch,
-                queue,
-                messages: vec![message],
-            }),
+        let mut message = Message::new(stored);
+        // `message-id` is the dedup id (contract §3 Deduplication); one the broker could
+        // not take as an id (empty, over 1 024 bytes) is kept in the properties only.
+        if let Some(id) = properties.message_id() {
+            if (1..=MAX_ID_BYTES).contains(&id.as_str().len()) {
+                message = message.with_id(id.as_str());
+            }
+        }
+        for queue in queues {
+            let message = message.clone();
+            match self.pending.last_mut() {
+                Some(Pending::Put {
+                    channel,
+                    queue: q,
+                    messages,
+                }) if *channel == ch && q.name() == queue.name() => messages.push(message),
+                _ => self.pending.push(Pending::Put {
+                    channel: ch,
+                    queue,
+                    messages: vec![message],
+                }),
+            }
         }
         Ok(())
     }

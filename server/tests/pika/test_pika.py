@@ -179,6 +179,56 @@ def test_an_unsupported_method_closes_the_connection_with_540():
     assert err.value.reply_code == 540
 
 
+def test_a_direct_exchange_routes_by_key_to_every_bound_queue():
+    conn = connect()
+    ch = conn.channel()
+    exchange = f"orders-{uuid.uuid4().hex[:8]}"
+    ch.exchange_declare(exchange=exchange, exchange_type="direct", durable=True)
+    billing = fresh_queue(ch, "billing")
+    audit = fresh_queue(ch, "audit")
+    ch.queue_bind(queue=billing, exchange=exchange, routing_key="paid")
+    ch.queue_bind(queue=audit, exchange=exchange, routing_key="paid")
+    ch.queue_bind(queue=audit, exchange=exchange, routing_key="shipped")
+    ch.basic_publish(exchange=exchange, routing_key="paid", body=b"order 1 paid")
+    ch.basic_publish(exchange=exchange, routing_key="shipped", body=b"order 1 shipped")
+    ch.basic_publish(exchange=exchange, routing_key="lost", body=b"nobody")
+    assert ch.queue_declare(queue=billing, passive=True).method.message_count == 1
+    assert ch.queue_declare(queue=audit, passive=True).method.message_count == 2
+    method, _, body = ch.basic_get(queue=billing, auto_ack=True)
+    assert (body, method.exchange, method.routing_key) == (b"order 1 paid", "", billing)
+    ch.queue_unbind(queue=audit, exchange=exchange, routing_key="paid")
+    ch.basic_publish(exchange=exchange, routing_key="paid", body=b"order 2 paid")
+    assert ch.queue_declare(queue=audit, passive=True).method.message_count == 2
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as closed:
+        ch.exchange_declare(exchange=exchange, exchange_type="direct", durable=False)
+    assert closed.value.reply_code == 406
+    ch = conn.channel()
+    ch.exchange_delete(exchange=exchange)
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as closed:
+        ch.basic_publish(exchange=exchange, routing_key="paid", body=b"gone")
+        ch.queue_declare(queue=audit, passive=True)  # a round trip to see the close
+    assert closed.value.reply_code == 404
+    conn.close()
+
+
+def test_the_message_id_is_the_dedup_id_while_the_message_is_queued():
+    conn = connect()
+    ch = conn.channel()
+    queue = fresh_queue(ch, "dedup")
+    ch.confirm_delivery()
+    for _ in range(3):
+        ch.basic_publish(
+            exchange="",
+            routing_key=queue,
+            body=b"charge card 42",
+            properties=pika.BasicProperties(message_id="charge-42"),
+        )
+    assert ch.queue_declare(queue=queue, passive=True).method.message_count == 1
+    method, properties, _ = ch.basic_get(queue=queue, auto_ack=True)
+    assert properties.message_id == "charge-42"
+    conn.close()
+
+
 def test_a_wrong_password_is_refused():
     params = pika.ConnectionParameters(
         host="127.0.0.1", port=PORT, credentials=pika.PlainCredentials("guest", "wrong")
