@@ -1,9 +1,14 @@
 //! `queue.declare` arguments (RabbitMQ's `x-` arguments) read into a [`QueueConfig`].
 //!
 //! Served: `x-dead-letter-exchange` (only `""`, the default exchange) with
-//! `x-dead-letter-routing-key` (the dead-letter queue, which must be declared first), and
-//! `x-consumer-timeout` (milliseconds: the queue's lease length). Anything else is refused,
-//! never ignored.
+//! `x-dead-letter-routing-key` (the dead-letter queue, which must be declared first);
+//! `x-consumer-timeout` (milliseconds: the queue's lease length); `x-delivery-limit` (how
+//! many times a message may come back before it is dead-lettered, as in RabbitMQ's quorum
+//! queues: `max_deliveries` is one more); `x-max-length` with `x-overflow`
+//! `reject-publish` (a publish to a full queue is refused: nacked under confirms);
+//! `x-queue-type` `classic` or `quorum` (one kind of queue here; a quorum queue must be
+//! durable, as in RabbitMQ). `x-message-ttl` is a 406 that says messages do not expire
+//! here. Anything else is refused, never ignored.
 
 use std::time::Duration;
 
@@ -35,6 +40,7 @@ pub fn queue_config(
 ) -> Result<QueueConfig, Refused> {
     let args = arguments.inner();
     let mut dead_letter_exchange = None;
+    let mut overflow = None;
     for (key, value) in args {
         match key.as_str() {
             "x-dead-letter-exchange" => dead_letter_exchange = Some(string(key.as_str(), value)?),
@@ -43,10 +49,51 @@ pub fn queue_config(
                 let ms = integer(key.as_str(), value)?;
                 config.ack_timeout = Duration::from_millis(ms);
             }
+            "x-delivery-limit" => {
+                let limit = integer(key.as_str(), value)?;
+                let deliveries = u32::try_from(limit.saturating_add(1)).map_err(|_| {
+                    refused(406, format!("PRECONDITION_FAILED - {key} is too large"))
+                })?;
+                config.max_deliveries = Some(deliveries);
+            }
+            "x-max-length" => {
+                let n = integer(key.as_str(), value)?;
+                config.max_length = Some(usize::try_from(n).unwrap_or(usize::MAX));
+            }
+            "x-overflow" => overflow = Some(string(key.as_str(), value)?),
+            // One kind of queue here; that a quorum queue is durable, the declare checks.
+            "x-queue-type" => match string(key.as_str(), value)?.as_str() {
+                "classic" | "quorum" => {}
+                other => {
+                    let text = format!("queue type '{other}' is not supported by leasemqd");
+                    return Err(refused(540, text));
+                }
+            },
+            "x-message-ttl" => {
+                return Err(refused(
+                    406,
+                    "PRECONDITION_FAILED - x-message-ttl is not supported: messages do not expire in leasemqd (leases do: x-consumer-timeout)".into(),
+                ))
+            }
             other => {
                 let text = format!("queue argument '{other}' is not supported by leasemqd yet");
                 return Err(refused(540, text));
             }
+        }
+    }
+    match (config.max_length, overflow.as_deref()) {
+        (None, None) | (_, Some("reject-publish")) => {}
+        (Some(_), None) => {
+            return Err(refused(
+                540,
+                "x-max-length without x-overflow is RabbitMQ's drop-head, which leasemqd does not serve: add x-overflow=reject-publish".into(),
+            ))
+        }
+        (_, Some(other)) => {
+            return Err(refused(
+                540,
+                format!("x-overflow '{other}' is not supported by leasemqd: only reject-publish"),
+            ))
         }
     }
     match (dead_letter_exchange.as_deref(), &config.dead_letter) {
@@ -181,9 +228,47 @@ mod tests {
 
     #[test]
     fn other_arguments_are_refused_not_ignored() {
+        let table = args(&[("x-max-length-bytes", AMQPValue::LongInt(10))]);
+        let refused = queue_config(&table, QueueConfig::default()).unwrap_err();
+        assert_eq!(refused.code, 540);
+        assert!(refused.text.contains("x-max-length-bytes"));
+        let table = args(&[("x-queue-type", AMQPValue::LongString("stream".into()))]);
+        assert_eq!(refusal_code(&table), 540);
+    }
+
+    #[test]
+    fn delivery_limit_counts_returns_as_rabbitmq_does() {
+        let table = args(&[("x-delivery-limit", AMQPValue::LongInt(3))]);
+        let config = queue_config(&table, QueueConfig::default()).unwrap();
+        assert_eq!(config.max_deliveries, Some(4));
+        let table = args(&[("x-delivery-limit", AMQPValue::LongInt(-1))]);
+        assert_eq!(refusal_code(&table), 406);
+    }
+
+    #[test]
+    fn max_length_is_served_with_reject_publish_only() {
+        let table = args(&[
+            ("x-max-length", AMQPValue::LongInt(10)),
+            ("x-overflow", AMQPValue::LongString("reject-publish".into())),
+        ]);
+        let config = queue_config(&table, QueueConfig::default()).unwrap();
+        assert_eq!(config.max_length, Some(10));
         let table = args(&[("x-max-length", AMQPValue::LongInt(10))]);
         let refused = queue_config(&table, QueueConfig::default()).unwrap_err();
         assert_eq!(refused.code, 540);
-        assert!(refused.text.contains("x-max-length"));
+        assert!(refused.text.contains("reject-publish"));
+        let table = args(&[
+            ("x-max-length", AMQPValue::LongInt(10)),
+            ("x-overflow", AMQPValue::LongString("drop-head".into())),
+        ]);
+        assert_eq!(refusal_code(&table), 540);
+    }
+
+    #[test]
+    fn message_ttl_is_a_406_that_says_why() {
+        let table = args(&[("x-message-ttl", AMQPValue::LongInt(60_000))]);
+        let refused = queue_config(&table, QueueConfig::default()).unwrap_err();
+        assert_eq!(refused.code, 406);
+        assert!(refused.text.contains("do not expire"));
     }
 }

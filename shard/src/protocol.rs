@@ -8,7 +8,8 @@ use std::sync::{Arc, OnceLock};
 use atomic_waker::AtomicWaker;
 use crossbeam_channel::{Receiver, SendError, Sender, TrySendError};
 use leasemq_engine::{
-    Command, ConsumerConfig, ConsumerKey, Delivered, Error, QueueKey, QueueStats, Reply,
+    Command, ConsumerConfig, ConsumerKey, Delivered, Error, QueueConfig, QueueKey, QueueStats,
+    Reply,
 };
 use tokio::sync::oneshot;
 
@@ -93,20 +94,25 @@ impl Inbox {
 pub struct QueueCell {
     closed: AtomicBool,
     frozen: OnceLock<QueueStats>,
-    durable: bool,
+    /// The config the queue was declared with.
+    config: QueueConfig,
 }
 
 impl QueueCell {
-    /// The cell of a new handle's queue; `durable` as its config says.
-    pub(crate) fn new(durable: bool) -> QueueCell {
+    /// The cell of a new handle's queue.
+    pub(crate) fn new(config: QueueConfig) -> QueueCell {
         QueueCell {
-            durable,
+            config,
             ..QueueCell::default()
         }
     }
 
     pub(crate) fn is_durable(&self) -> bool {
-        self.durable
+        self.config.durable
+    }
+
+    pub(crate) fn config(&self) -> &QueueConfig {
+        &self.config
     }
 
     pub(crate) fn is_closed(&self) -> bool {

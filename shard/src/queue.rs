@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use crossbeam_channel::unbounded;
 use leasemq_engine::{
-    validate, Command, ConsumerConfig, DeliveryTag, Error, Message, PutOutcome, QueueKey,
-    QueueStats, Reply, Settle,
+    validate, Command, ConsumerConfig, DeliveryTag, Error, Message, PutOutcome, QueueConfig,
+    QueueKey, QueueStats, Reply, Settle,
 };
 
 use crate::broker::BrokerInner;
@@ -88,6 +88,11 @@ impl Queue {
     /// Whether the queue is durable: its messages survive a restart (contract §7).
     pub fn is_durable(&self) -> bool {
         self.inner.cell.is_durable()
+    }
+
+    /// The config the queue was declared with.
+    pub fn config(&self) -> &QueueConfig {
+        self.inner.cell.config()
     }
 
     pub(crate) fn cell(&self) -> &QueueCell {

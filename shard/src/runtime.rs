@@ -539,7 +539,8 @@ impl ShardThread {
         match &self.cells[idx] {
             Some((k, cell)) if *k == key => (key, cell.clone()),
             _ => {
-                let cell = Arc::new(QueueCell::new(self.engine.is_durable(key)));
+                let config = self.engine.config(key).cloned().unwrap_or_default();
+                let cell = Arc::new(QueueCell::new(config));
                 self.cells[idx] = Some((key, cell.clone()));
                 (key, cell)
             }

@@ -17,7 +17,7 @@ use std::time::Duration;
 use amq_protocol::protocol::{
     basic, channel, confirm, exchange, queue, AMQPClass, BasicProperties,
 };
-use amq_protocol::types::ShortString;
+use amq_protocol::types::{AMQPValue, ShortString};
 use bytes::BytesMut;
 use leasemq::{Consumer, ConsumerConfig, Delivery, DeliveryTag, Error, Queue, QueueConfig, Settle};
 
@@ -52,8 +52,10 @@ pub(crate) struct Channel {
     pub(super) stopped: Vec<Stopped>,
     /// Publishes completed on this channel since `confirm.select`: the last one's number.
     pub(super) published: u64,
-    /// The highest publish number confirmed with `basic.ack`.
+    /// The highest publish number confirmed with `basic.ack` or `basic.nack`.
     pub(super) confirmed: u64,
+    /// Publish numbers the broker refused since the last confirms: nacked next.
+    pub(super) refused: Vec<u64>,
 }
 
 /// What a channel delivery tag stands for.
@@ -257,6 +259,16 @@ impl Connection {
         };
         let name = name.as_str();
         self.check_exclusive(ch, name, &m)?;
+        let quorum = declare.arguments.inner().iter().any(|(k, v)| {
+            k.as_str() == "x-queue-type"
+                && matches!(v, AMQPValue::LongString(s) if s.as_bytes() == b"quorum")
+        });
+        if quorum && !declare.durable && !declare.passive {
+            let text = format!(
+                "PRECONDITION_FAILED - invalid property 'non-durable' for queue '{name}': a quorum queue is durable"
+            );
+            return Err(Fault::channel(ch, code::PRECONDITION_FAILED, text, &m));
+        }
         let queue = if declare.passive {
             match self.queue(name) {
                 Some(q) => q,

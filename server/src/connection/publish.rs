@@ -5,7 +5,7 @@
 use amq_protocol::frame::AMQPContentHeader;
 use amq_protocol::protocol::{basic, AMQPClass, BasicProperties};
 use bytes::BytesMut;
-use leasemq::{DeliveryTag, Message, Queue, Settle};
+use leasemq::{DeliveryTag, Error, Message, Queue, Settle};
 
 use super::channel::broker_fault;
 use super::{code, Connection, Fault};
@@ -33,6 +33,8 @@ pub(crate) enum Pending {
         channel: u16,
         queue: Queue,
         messages: Vec<Message>,
+        /// Each message's publish number on a confirming channel; empty on another.
+        numbers: Vec<u64>,
     },
     Settle {
         channel: u16,
@@ -128,10 +130,11 @@ impl Connection {
             body,
         } = state.incoming.take().expect("checked by the caller");
         let (_, properties) = header.expect("complete content has a header");
-        if state.confirm {
+        let number = state.confirm.then(|| {
             // Numbered as the client numbers them: every publish on a confirming channel.
             state.published += 1;
-        }
+            state.published
+        });
         let m = AMQPClass::Basic(basic::AMQPMethod::Publish(publish.clone()));
         let exchange = publish.exchange.as_str();
         let routed = if exchange.is_empty() {
@@ -172,15 +175,58 @@ impl Connection {
                     channel,
                     queue: q,
                     messages,
-                }) if *channel == ch && q.name() == queue.name() => messages.push(message),
+                    numbers,
+                }) if *channel == ch && q.name() == queue.name() => {
+                    messages.push(message);
+                    numbers.extend(number);
+                }
                 _ => self.pending.push(Pending::Put {
                     channel: ch,
                     queue,
                     messages: vec![message],
+                    numbers: number.into_iter().collect(),
                 }),
             }
         }
         Ok(())
+    }
+
+    /// One channel's run of publishes to one queue, as one `put_batch`. A full queue
+    /// (`x-overflow` `reject-publish`) takes what fits, in order, and refuses the rest; a
+    /// failed log refuses them all. A refused publish is nacked on a confirming channel
+    /// and dropped on another, as RabbitMQ does; a failed log without confirms is a
+    /// channel error, so that the loss is not silent.
+    fn put(&mut self, ch: u16, queue: &Queue, messages: Vec<Message>, numbers: &[u64]) {
+        let count = messages.len();
+        // Kept for a second try one by one; only a bounded queue can refuse part.
+        let retry = (count > 1 && queue.config().max_length.is_some()).then(|| messages.clone());
+        let first_refused = match queue.put_batch(messages) {
+            Ok(_) => return,
+            Err(Error::QueueFull) => match retry {
+                Some(messages) => {
+                    let mut taken = 0;
+                    for message in messages {
+                        if queue.put(message).is_err() {
+                            break;
+                        }
+                        taken += 1;
+                    }
+                    taken
+                }
+                None => 0,
+            },
+            Err(Error::Storage(_)) if !numbers.is_empty() => 0,
+            Err(e) => {
+                let m = AMQPClass::Basic(basic::AMQPMethod::Publish(basic::Publish::default()));
+                self.fail(broker_fault(ch, &e, &m));
+                return;
+            }
+        };
+        if let Some(state) = self.channels.get_mut(&ch) {
+            state
+                .refused
+                .extend(numbers.iter().skip(first_refused).take(count));
+        }
     }
 
     fn return_unroutable(
@@ -211,22 +257,42 @@ impl Connection {
 
     /// Makes the broker calls gathered so far, then confirms the publishes on the channels
     /// that asked for confirms: every publish completed so far is then in its queue (or
-    /// was unroutable, which RabbitMQ confirms too).
+    /// was unroutable, which RabbitMQ confirms too), or was refused (a full queue, a
+    /// failed log), which is a `basic.nack`. The nacks go first, then one `basic.ack`
+    /// with `multiple` for the rest.
     pub(super) fn flush_pending(&mut self) {
         self.apply_pending();
-        let mut acks = Vec::new();
+        let mut answers = Vec::new();
         for (&ch, state) in &mut self.channels {
-            if state.confirm && !state.closing && state.published > state.confirmed {
-                state.confirmed = state.published;
-                acks.push((ch, state.published));
+            if !state.confirm || state.closing || state.published == state.confirmed {
+                continue;
             }
+            let mut refused = std::mem::take(&mut state.refused);
+            refused.sort_unstable();
+            refused.dedup();
+            for &number in &refused {
+                let nack = basic::Nack {
+                    delivery_tag: number,
+                    multiple: false,
+                    requeue: false,
+                };
+                answers.push((ch, basic::AMQPMethod::Nack(nack)));
+            }
+            let mut top = state.published;
+            while top > state.confirmed && refused.binary_search(&top).is_ok() {
+                top -= 1;
+            }
+            if top > state.confirmed {
+                let ack = basic::Ack {
+                    delivery_tag: top,
+                    multiple: true,
+                };
+                answers.push((ch, basic::AMQPMethod::Ack(ack)));
+            }
+            state.confirmed = state.published;
         }
-        for (ch, tag) in acks {
-            let ack = basic::Ack {
-                delivery_tag: tag,
-                multiple: true,
-            };
-            self.send(ch, AMQPClass::Basic(basic::AMQPMethod::Ack(ack)));
+        for (ch, answer) in answers {
+            self.send(ch, AMQPClass::Basic(answer));
         }
     }
 
@@ -243,14 +309,11 @@ impl Connection {
             }
             match op {
                 Pending::Put {
-                    queue, messages, ..
-                } => {
-                    if let Err(e) = queue.put_batch(messages) {
-                        let m =
-                            AMQPClass::Basic(basic::AMQPMethod::Publish(basic::Publish::default()));
-                        self.fail(broker_fault(ch, &e, &m));
-                    }
-                }
+                    queue,
+                    messages,
+                    numbers,
+                    ..
+                } => self.put(ch, &queue, messages, &numbers),
                 // A `false` answer is a stale tag (its lease ran out and the message went
                 // elsewhere): the broker counted it, and AMQP hears nothing, as the
                 // contract asks.

@@ -1009,3 +1009,57 @@ fn a_server_named_exclusive_queue_is_the_connections_alone_and_goes_with_it() {
         "gone with its connection"
     );
 }
+
+#[test]
+fn a_full_queue_with_reject_publish_takes_what_fits_and_nacks_the_rest() {
+    use amq_protocol::protocol::confirm;
+    let mut c = Client::open();
+    let mut arguments = FieldTable::default();
+    arguments.insert("x-max-length".into(), AMQPValue::LongInt(2));
+    arguments.insert(
+        "x-overflow".into(),
+        AMQPValue::LongString("reject-publish".into()),
+    );
+    let declare = queue::Declare {
+        queue: "bounded".into(),
+        arguments,
+        ..queue::Declare::default()
+    };
+    c.feed(&[queue_method(queue::AMQPMethod::Declare(declare))]);
+    let select = confirm::AMQPMethod::Select(confirm::Select { nowait: false });
+    c.feed(&[method(1, AMQPClass::Confirm(select))]);
+    let frames: Vec<AMQPFrame> = [b"1", b"2", b"3"]
+        .iter()
+        .flat_map(|body| Client::publish_frames("bounded", BasicProperties::default(), *body))
+        .collect();
+    let out = c.feed(&frames);
+    let nack = basic::Nack {
+        delivery_tag: 3,
+        multiple: false,
+        requeue: false,
+    };
+    let ack = basic::Ack {
+        delivery_tag: 2,
+        multiple: true,
+    };
+    assert_eq!(
+        out,
+        [
+            basic_method(1, basic::AMQPMethod::Nack(nack)),
+            basic_method(1, basic::AMQPMethod::Ack(ack)),
+        ]
+    );
+    assert_eq!(c.stats("bounded").ready, 2);
+    // Room again once one is taken: the next publish is acked.
+    c.feed(&[get("bounded", true)]);
+    let out = c.feed(&Client::publish_frames(
+        "bounded",
+        BasicProperties::default(),
+        b"4",
+    ));
+    let ack = basic::Ack {
+        delivery_tag: 4,
+        multiple: true,
+    };
+    assert_eq!(out, [basic_method(1, basic::AMQPMethod::Ack(ack))]);
+}

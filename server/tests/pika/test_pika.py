@@ -278,8 +278,62 @@ def test_an_unsupported_queue_argument_is_refused_not_ignored():
     conn = connect()
     ch = conn.channel()
     with pytest.raises(pika.exceptions.ConnectionClosedByBroker) as err:
+        # RabbitMQ's default overflow drops the oldest message: not served, so refused.
         ch.queue_declare(queue="capped", arguments={"x-max-length": 10})
     assert err.value.reply_code == 540
+
+
+def test_message_ttl_is_refused_with_a_406_that_says_why():
+    conn = connect()
+    ch = conn.channel()
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as err:
+        ch.queue_declare(queue="ttl", arguments={"x-message-ttl": 60000})
+    assert err.value.reply_code == 406
+    assert "do not expire" in err.value.reply_text
+    conn.close()
+
+
+def test_a_full_queue_with_reject_publish_nacks_the_publish():
+    conn = connect()
+    ch = conn.channel()
+    queue = f"bounded-{uuid.uuid4().hex[:8]}"
+    ch.queue_declare(
+        queue=queue, arguments={"x-max-length": 2, "x-overflow": "reject-publish"}
+    )
+    ch.confirm_delivery()
+    ch.basic_publish(exchange="", routing_key=queue, body=b"1")
+    ch.basic_publish(exchange="", routing_key=queue, body=b"2")
+    with pytest.raises(pika.exceptions.NackError):
+        ch.basic_publish(exchange="", routing_key=queue, body=b"3")
+    assert ch.queue_declare(queue=queue, passive=True).method.message_count == 2
+    conn.close()
+
+
+def test_delivery_limit_dead_letters_a_poison_message():
+    """x-delivery-limit 1 (RabbitMQ quorum queues): one redelivery, then the dead-letter queue."""
+    conn = connect()
+    ch = conn.channel()
+    dead = fresh_queue(ch, "poison-dead")
+    queue = f"poison-{uuid.uuid4().hex[:8]}"
+    ch.queue_declare(
+        queue=queue,
+        durable=True,
+        arguments={
+            "x-queue-type": "quorum",
+            "x-delivery-limit": 1,
+            "x-dead-letter-exchange": "",
+            "x-dead-letter-routing-key": dead,
+        },
+    )
+    ch.basic_publish(exchange="", routing_key=queue, body=b"poison")
+    for redelivered in (False, True):
+        method, _, body = ch.basic_get(queue=queue)
+        assert (body, method.redelivered) == (b"poison", redelivered)
+        ch.basic_nack(method.delivery_tag, requeue=True)
+    assert ch.basic_get(queue=queue) == (None, None, None)
+    method, _, body = ch.basic_get(queue=dead, auto_ack=True)
+    assert body == b"poison"
+    conn.close()
 
 
 def test_basic_get_leases_one_message_at_a_time():
