@@ -354,6 +354,11 @@ impl Shard {
         self.names.get(name).copied()
     }
 
+    /// The names of the live queues this shard holds, in no particular order.
+    pub fn queue_names(&self) -> impl Iterator<Item = &str> {
+        self.names.keys().map(|name| &**name)
+    }
+
     /// How many live queues this shard holds.
     pub fn queue_count(&self) -> usize {
         self.queues.len()

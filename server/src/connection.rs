@@ -30,6 +30,7 @@ use amq_protocol::types::{AMQPValue, FieldTable, ShortString};
 use leasemq::{Broker, Consumer, Delivery, Queue};
 
 use crate::exchange::Exchanges;
+use crate::metrics::Metrics;
 use crate::wire::{self, Next, Output};
 use channel::Channel;
 use publish::Pending;
@@ -62,6 +63,11 @@ pub struct Settings {
     pub exclusive: Arc<Mutex<HashMap<String, u64>>>,
     /// The exchanges and bindings every connection of the server routes through.
     pub exchanges: Arc<Mutex<Exchanges>>,
+    /// What the connections count for `--metrics`.
+    pub metrics: Arc<Metrics>,
+    /// Set to `true` when the server shuts down: every connection is then closed with
+    /// 320 CONNECTION_FORCED, as RabbitMQ closes them.
+    pub shutdown: Arc<tokio::sync::watch::Sender<bool>>,
 }
 
 impl Default for Settings {
@@ -78,6 +84,8 @@ impl Default for Settings {
             heartbeat: 60,
             exclusive: Arc::default(),
             exchanges: Arc::default(),
+            metrics: Arc::default(),
+            shutdown: Arc::new(tokio::sync::watch::Sender::new(false)),
         }
     }
 }
@@ -280,6 +288,11 @@ impl Connection {
         self.out.drain_into(to);
     }
 
+    /// Open channels.
+    pub fn channel_count(&self) -> usize {
+        self.channels.len()
+    }
+
     /// Bytes waiting for the socket.
     pub fn output_len(&self) -> usize {
         self.out.len()
@@ -293,6 +306,32 @@ impl Connection {
     /// Whether the connection sent `connection.close` and waits for the answer.
     pub fn is_closing(&self) -> bool {
         self.phase == Phase::Closing
+    }
+
+    /// The server's metrics, which this connection's driver updates.
+    pub fn metrics(&self) -> Arc<Metrics> {
+        self.settings.metrics.clone()
+    }
+
+    /// Tells when the server shuts down (see [`Settings::shutdown`]).
+    pub fn shutdown_signal(&self) -> tokio::sync::watch::Receiver<bool> {
+        self.settings.shutdown.subscribe()
+    }
+
+    /// The server is shutting down: `connection.close` 320, and every unacked delivery
+    /// goes back to its queue. The driver then waits a moment for `close-ok`.
+    pub fn force_close(&mut self) {
+        if matches!(self.phase, Phase::Closing | Phase::Closed) {
+            return;
+        }
+        if self.phase != Phase::Open {
+            self.phase = Phase::Closed;
+            return;
+        }
+        self.fail(Fault::connection(
+            code::CONNECTION_FORCED,
+            "CONNECTION_FORCED - broker forced connection closure with reason 'shutdown'",
+        ));
     }
 
     /// Whether handling input may wait for the disk: the broker has durable queues, whose

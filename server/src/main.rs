@@ -4,6 +4,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
+use std::time::Duration;
 
 use clap::Parser;
 use leasemq::Broker;
@@ -28,7 +29,8 @@ struct Args {
     /// it every queue is in memory.
     #[arg(long, value_name = "DIR")]
     data_dir: Option<PathBuf>,
-    /// Address for Prometheus metrics at /metrics. Not served yet: refused.
+    /// Address to serve Prometheus metrics on, at /metrics (per-queue gauges and
+    /// counters, connections, channels, bytes in and out).
     #[arg(long, value_name = "ADDR")]
     metrics: Option<SocketAddr>,
     /// The user PLAIN accepts, as NAME:PASSWORD. Default guest:guest, from loopback only
@@ -49,11 +51,6 @@ fn main() -> ExitCode {
 }
 
 fn run(args: Args) -> Result<(), String> {
-    if let Some(addr) = args.metrics {
-        return Err(format!(
-            "--metrics {addr} is not supported yet; start leasemqd without --metrics"
-        ));
-    }
     let mut settings = Settings::default();
     if let Some(user) = &args.user {
         let Some((name, password)) = user.split_once(':').filter(|(n, _)| !n.is_empty()) else {
@@ -84,6 +81,7 @@ fn run(args: Args) -> Result<(), String> {
     };
     let result = runtime.block_on(serve_until_signal(
         args.listen,
+        args.metrics,
         broker.clone(),
         Arc::new(settings),
         storage,
@@ -92,8 +90,12 @@ fn run(args: Args) -> Result<(), String> {
     result
 }
 
+/// How long a shutdown waits for clients to answer `connection.close`.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
+
 async fn serve_until_signal(
     listen: SocketAddr,
+    metrics: Option<SocketAddr>,
     broker: Broker,
     settings: Arc<Settings>,
     storage: String,
@@ -102,17 +104,36 @@ async fn serve_until_signal(
         .await
         .map_err(|e| format!("cannot listen on {listen}: {e}"))?;
     let local = listener.local_addr().map_err(|e| e.to_string())?;
+    let metrics_line = match metrics {
+        Some(addr) => {
+            let metrics_listener = leasemq_server::metrics::bind(addr)
+                .await
+                .map_err(|e| format!("cannot listen on {addr} for --metrics: {e}"))?;
+            let at = metrics_listener.local_addr().map_err(|e| e.to_string())?;
+            let registry = Arc::new(settings.metrics.registry(broker.clone()));
+            tokio::spawn(leasemq_server::metrics::serve(metrics_listener, registry));
+            format!("; metrics on http://{at}/metrics")
+        }
+        None => String::new(),
+    };
     let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .map_err(|e| format!("cannot watch SIGTERM: {e}"))?;
     println!(
-        "leasemqd {} ready: AMQP 0-9-1 on {local}, {} shards; {storage}",
+        "leasemqd {} ready: AMQP 0-9-1 on {local}, {} shards; {storage}{metrics_line}",
         env!("CARGO_PKG_VERSION"),
         broker.shard_count(),
     );
     tokio::select! {
-        () = serve::accept_loop(listener, broker, settings) => {}
+        () = serve::accept_loop(listener, broker, settings.clone()) => {}
         _ = tokio::signal::ctrl_c() => println!("leasemqd: SIGINT, shutting down"),
         _ = sigterm.recv() => println!("leasemqd: SIGTERM, shutting down"),
+    }
+    // Every connection gets connection.close 320 and returns its unacked deliveries;
+    // clients have a moment to answer before the broker stops.
+    settings.shutdown.send_replace(true);
+    let deadline = tokio::time::Instant::now() + SHUTDOWN_GRACE;
+    while settings.metrics.connections.get() > 0 && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(10)).await;
     }
     Ok(())
 }

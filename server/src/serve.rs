@@ -13,6 +13,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::time::{sleep_until, Instant};
 
+use crate::metrics::Metrics;
 use crate::{Connection, Settings};
 
 /// Above this many bytes waiting for a socket, a connection stops reading and stops taking
@@ -21,6 +22,9 @@ const HIGH_WATER: usize = 1 << 20;
 
 /// How long a connection we closed waits for the peer's `close-ok`.
 const CLOSE_GRACE: Duration = Duration::from_secs(5);
+
+/// The same at a server shutdown, which should not wait long on an idle client.
+const SHUTDOWN_CLOSE_GRACE: Duration = Duration::from_secs(1);
 
 /// Accepts connections on `listener` until the future ends (it never does on its own);
 /// each runs in its own task.
@@ -43,20 +47,64 @@ pub async fn accept_loop(listener: TcpListener, broker: Broker, settings: Arc<Se
             id,
             peer.ip().is_loopback(),
         );
+        let metrics = settings.metrics.clone();
+        metrics.connections_opened.inc();
+        metrics.connections.inc();
         tokio::spawn(async move {
             if let Err(e) = run_connection(stream, peer, conn).await {
                 eprintln!("leasemqd: connection {id} from {peer}: {e}");
             }
+            metrics.connections.dec();
+            metrics.connections_closed.inc();
         });
     }
 }
 
-/// Drives one connection until it closes or its socket fails.
+/// Drives one connection until it closes or its socket fails, counting its bytes and
+/// channels in the server's metrics.
 pub async fn run_connection(
     stream: TcpStream,
     _peer: SocketAddr,
     mut conn: Connection,
 ) -> io::Result<()> {
+    let metrics = conn.metrics();
+    let shutdown = conn.shutdown_signal();
+    let mut channels = Channels {
+        gauge: &metrics.channels,
+        counted: 0,
+    };
+    let result = drive(stream, &mut conn, &metrics, &mut channels, shutdown).await;
+    channels.set(0);
+    result
+}
+
+/// The channels gauge's share of one connection.
+struct Channels<'a> {
+    gauge: &'a prometheus_client::metrics::gauge::Gauge,
+    counted: usize,
+}
+
+impl Channels<'_> {
+    fn set(&mut self, open: usize) {
+        if open != self.counted {
+            let delta = open as i64 - self.counted as i64;
+            self.gauge.inc_by(delta);
+            self.counted = open;
+        }
+    }
+}
+
+async fn drive(
+    stream: TcpStream,
+    conn: &mut Connection,
+    metrics: &Metrics,
+    channels: &mut Channels<'_>,
+    mut shutdown: tokio::sync::watch::Receiver<bool>,
+) -> io::Result<()> {
+    let mut forced = *shutdown.borrow_and_update();
+    if forced {
+        conn.force_close();
+    }
     stream.set_nodelay(true)?;
     let (mut reader, mut writer) = stream.into_split();
     let mut input = Vec::with_capacity(64 * 1024);
@@ -80,7 +128,12 @@ pub async fn run_connection(
             return Ok(());
         }
         if conn.is_closing() && close_deadline.is_none() {
-            close_deadline = Some(Instant::now() + CLOSE_GRACE);
+            let grace = if forced {
+                SHUTDOWN_CLOSE_GRACE
+            } else {
+                CLOSE_GRACE
+            };
+            close_deadline = Some(Instant::now() + grace);
         }
         let heartbeat = conn.heartbeat();
         let beat_at = last_write + heartbeat / 2;
@@ -95,9 +148,11 @@ pub async fn run_connection(
         }
         tokio::select! {
             read = reader.read_buf(&mut input), if read_room && !conn.is_closed() => {
-                if read? == 0 {
+                let read = read?;
+                if read == 0 {
                     return Ok(()); // the peer went away; dropping `conn` returns its leases
                 }
+                metrics.incoming_bytes.inc_by(read as u64);
                 last_read = Instant::now();
                 // The broker calls block; with durable queues for an fsync, a fraction of a
                 // millisecond or more: the runtime moves this worker's other tasks away.
@@ -109,9 +164,12 @@ pub async fn run_connection(
                     conn.handle_input(&input)
                 };
                 input.drain(..used);
+                channels.set(conn.channel_count());
             }
             n = writer.write(&output[written..]), if pending > 0 => {
-                written += n?;
+                let n = n?;
+                metrics.outgoing_bytes.inc_by(n as u64);
+                written += n;
                 last_write = Instant::now();
                 if written == output.len() {
                     output.clear();
@@ -127,6 +185,10 @@ pub async fn run_connection(
                 }
                 conn.send_heartbeat();
                 last_write = Instant::now();
+            }
+            _ = shutdown.changed(), if !forced => {
+                forced = true;
+                conn.force_close();
             }
             () = sleep_until(close_deadline.unwrap_or_else(Instant::now)), if close_deadline.is_some() => {
                 return Ok(()); // no close-ok in time

@@ -508,6 +508,36 @@ impl Broker {
         }
     }
 
+    /// The names of every live queue, sorted: one round trip to each shard. Empty after
+    /// [`shutdown`](Broker::shutdown).
+    ///
+    /// ```
+    /// # mod leasemq { pub use leasemq_engine::*; pub use leasemq_shard::*; }
+    /// use leasemq::{Broker, QueueConfig};
+    ///
+    /// let broker = Broker::builder().shards(2).manual_clock().build()?;
+    /// for name in ["emails", "thumbnails", "invoices"] {
+    ///     broker.declare_queue(name, QueueConfig::default())?;
+    /// }
+    /// assert_eq!(broker.queue_names(), ["emails", "invoices", "thumbnails"]);
+    /// # Ok::<(), leasemq::Error>(())
+    /// ```
+    pub fn queue_names(&self) -> Vec<String> {
+        let mut names = Vec::new();
+        for shard in 0..self.shard_count() {
+            if self.inner.is_shut_down() {
+                return Vec::new();
+            }
+            if let Answer::Names(found) =
+                call(self.inner.inbox(shard), |reply| Request::Names { reply })
+            {
+                names.extend(found);
+            }
+        }
+        names.sort_unstable();
+        names
+    }
+
     /// The live queue called `name`, if there is one; `None` for a name never declared, a
     /// closed queue, an invalid name, or after [`shutdown`](Broker::shutdown).
     pub fn queue(&self, name: &str) -> Option<Queue> {

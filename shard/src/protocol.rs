@@ -262,6 +262,10 @@ pub(crate) enum Request {
     Barrier {
         reply: ReplyTo,
     },
+    /// The names of the shard's live queues: answered `Names`.
+    Names {
+        reply: ReplyTo,
+    },
     /// Dead letters or outcomes from another shard (boxed: rare, and large).
     Hop(Box<Hop<Deferred>>),
     Shutdown,
@@ -280,6 +284,8 @@ pub(crate) enum Answer {
     },
     /// Done, nothing to say.
     Done,
+    /// The names of a shard's live queues.
+    Names(Vec<String>),
     /// The shard stopped before answering.
     ShutDown,
 }

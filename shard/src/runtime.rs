@@ -499,6 +499,11 @@ impl ShardThread {
                 self.step(reply);
             }
             Request::Barrier { reply } => self.step(reply),
+            Request::Names { reply } => {
+                let names = self.engine.queue_names().map(str::to_string).collect();
+                self.replies
+                    .push(Deferred::plain(reply, Answer::Names(names)));
+            }
             Request::Hop(hop) => {
                 let now = self.catch_up(hop.at());
                 route::receive(self, now, *hop);

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # End-to-end test of leasemqd with the unmodified pika client: builds leasemqd, starts it
 # on a free port, runs test_pika.py with pytest, and stops the server; test_durable.py
-# starts its own servers on a data dir, kills and restarts them.
+# starts its own servers on a data dir, kills and restarts them; test_operations.py starts
+# its own to scrape --metrics and to stop one with SIGTERM.
 #
 # Needs python3 (with venv) and network access to PyPI the first time: pika and pytest are
 # installed into a virtual environment under target/pika-venv, reused on later runs.
@@ -44,7 +45,8 @@ fi
 export PYTHONDONTWRITEBYTECODE=1
 status=0
 LEASEMQD_PORT="$port" LEASEMQD_BIN="$root/target/debug/leasemqd" "$venv/bin/pytest" -q \
-    -p no:cacheprovider "$here/test_pika.py" "$here/test_durable.py" "$@" || status=$?
+    -p no:cacheprovider "$here/test_pika.py" "$here/test_durable.py" \
+    "$here/test_operations.py" "$@" || status=$?
 if [ "$status" -ne 0 ]; then
     echo "--- leasemqd log" >&2
     cat "$log" >&2

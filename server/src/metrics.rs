@@ -1,0 +1,306 @@
+//! `--metrics ADDR`: Prometheus text at `/metrics`.
+//!
+//! The names follow RabbitMQ's Prometheus plugin where it has one, under the `leasemq_`
+//! prefix: `leasemq_connections`, `leasemq_connections_opened_total`,
+//! `leasemq_channels`, `leasemq_connection_incoming_bytes_total`,
+//! `leasemq_queue_messages_ready{queue}`, `leasemq_queue_messages_unacked{queue}`,
+//! `leasemq_queue_consumers{queue}`, … Per-queue figures are read from the broker
+//! (`Queue::stats`) at each scrape, so a deleted queue drops out of the next one.
+//!
+//! The HTTP side answers `GET /metrics` and nothing else, one request per connection; a
+//! general HTTP server would be more code than it replaces here.
+
+use std::fmt::Write as _;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use leasemq::{Broker, QueueStats};
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::counter::{ConstCounter, Counter};
+use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
+use prometheus_client::registry::Registry;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+/// What the connections count as they go; shared by every connection of a server.
+#[derive(Debug, Default)]
+pub struct Metrics {
+    /// Open connections.
+    pub connections: Gauge,
+    /// Connections accepted.
+    pub connections_opened: Counter,
+    /// Connections ended, cleanly or not.
+    pub connections_closed: Counter,
+    /// Open channels.
+    pub channels: Gauge,
+    /// Bytes read from clients.
+    pub incoming_bytes: Counter,
+    /// Bytes written to clients.
+    pub outgoing_bytes: Counter,
+}
+
+impl Metrics {
+    /// A registry with these metrics and the broker's queues.
+    pub fn registry(&self, broker: Broker) -> Registry {
+        let mut registry = Registry::with_prefix("leasemq");
+        registry.register(
+            "connections",
+            "Open AMQP connections",
+            self.connections.clone(),
+        );
+        registry.register(
+            "connections_opened",
+            "AMQP connections accepted",
+            self.connections_opened.clone(),
+        );
+        registry.register(
+            "connections_closed",
+            "AMQP connections ended",
+            self.connections_closed.clone(),
+        );
+        registry.register("channels", "Open AMQP channels", self.channels.clone());
+        registry.register(
+            "connection_incoming_bytes",
+            "Bytes read from AMQP clients",
+            self.incoming_bytes.clone(),
+        );
+        registry.register(
+            "connection_outgoing_bytes",
+            "Bytes written to AMQP clients",
+            self.outgoing_bytes.clone(),
+        );
+        registry.register_collector(Box::new(Queues { broker }));
+        registry
+    }
+}
+
+/// Per-queue gauges and counters, read from the broker at each scrape.
+#[derive(Debug)]
+struct Queues {
+    broker: Broker,
+}
+
+type Field = fn(&QueueStats) -> u64;
+
+/// Gauges: (name after `leasemq_queue_`, help, value).
+const GAUGES: [(&str, &str, Field); 5] = [
+    ("messages_ready", "Messages ready to deliver", |s| {
+        s.ready as u64
+    }),
+    (
+        "messages_delayed",
+        "Messages waiting for a delay or a retry",
+        |s| s.delayed as u64,
+    ),
+    (
+        "messages_unacked",
+        "Messages delivered and not yet settled (live leases)",
+        |s| s.leased as u64,
+    ),
+    ("messages", "Messages ready, delayed and unacked", |s| {
+        (s.ready + s.delayed + s.leased) as u64
+    }),
+    ("consumers", "Consumers taking deliveries", |s| {
+        s.consumers as u64
+    }),
+];
+
+/// Counters since the queue was declared: (name after `leasemq_queue_`, help, value).
+const COUNTERS: [(&str, &str, Field); 11] = [
+    (
+        "messages_published",
+        "Messages enqueued (dead letters taken in too)",
+        |s| s.enqueued,
+    ),
+    ("messages_duplicate", "Puts answered Duplicate", |s| {
+        s.duplicates
+    }),
+    ("messages_delivered", "Deliveries under a lease", |s| {
+        s.delivered
+    }),
+    ("messages_acked", "Messages acked", |s| s.acked),
+    (
+        "messages_nacked",
+        "Messages nacked (back after a retry delay)",
+        |s| s.nacked,
+    ),
+    (
+        "messages_rejected",
+        "Messages rejected (dead-lettered)",
+        |s| s.rejected,
+    ),
+    ("messages_released", "Messages handed back unseen", |s| {
+        s.released
+    }),
+    ("messages_expired", "Leases that ran out", |s| s.expired),
+    (
+        "messages_dead_lettered",
+        "Dead letters taken by the dead-letter queue",
+        |s| s.dead_lettered,
+    ),
+    (
+        "messages_dropped",
+        "Dead letters dropped (no dead-letter queue took them)",
+        |s| s.dropped,
+    ),
+    ("stale_settles", "Settles of a lease that had ended", |s| {
+        s.stale
+    }),
+];
+
+impl Collector for Queues {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let stats: Vec<(String, QueueStats)> = (self.broker.queue_names().into_iter())
+            .filter_map(|name| {
+                let stats = self.broker.queue(&name)?.stats();
+                Some((name, stats))
+            })
+            .collect();
+        let queues = ConstGauge::new(stats.len() as i64);
+        let family =
+            encoder.encode_descriptor("queues", "Live queues", None, queues.metric_type())?;
+        queues.encode(family)?;
+        for (name, help, field) in GAUGES {
+            let name = format!("queue_{name}");
+            let metric = ConstGauge::new(0i64).metric_type();
+            let mut family = encoder.encode_descriptor(&name, help, None, metric)?;
+            for (queue, s) in &stats {
+                let labels = [("queue", queue.as_str())];
+                let value = i64::try_from(field(s)).unwrap_or(i64::MAX);
+                ConstGauge::new(value).encode(family.encode_family(&labels)?)?;
+            }
+        }
+        for (name, help, field) in COUNTERS {
+            let name = format!("queue_{name}");
+            let metric = ConstCounter::new(0u64).metric_type();
+            let mut family = encoder.encode_descriptor(&name, help, None, metric)?;
+            for (queue, s) in &stats {
+                let labels = [("queue", queue.as_str())];
+                ConstCounter::new(field(s)).encode(family.encode_family(&labels)?)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The text a scrape gets.
+pub fn render(registry: &Registry) -> String {
+    let mut text = String::new();
+    if prometheus_client::encoding::prometheus_text::encode(&mut text, registry).is_err() {
+        let _ = writeln!(text, "# leasemqd could not encode its metrics");
+    }
+    text
+}
+
+/// Serves `GET /metrics` on `listener` until the future is dropped. The registry is read
+/// on a blocking thread, since reading queue stats makes broker calls.
+pub async fn serve(listener: TcpListener, registry: std::sync::Arc<Registry>) {
+    loop {
+        let Ok((stream, _)) = listener.accept().await else {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            continue;
+        };
+        let registry = registry.clone();
+        tokio::spawn(async move {
+            let _ = answer(stream, registry).await;
+        });
+    }
+}
+
+/// Reads one request head (at most 8 KiB, within 10 s) and answers it.
+async fn answer(mut stream: TcpStream, registry: std::sync::Arc<Registry>) -> std::io::Result<()> {
+    let mut head = Vec::with_capacity(1024);
+    let read_head = async {
+        let mut buf = [0u8; 1024];
+        while !head.windows(4).any(|w| w == b"\r\n\r\n") && head.len() < 8192 {
+            let n = stream.read(&mut buf).await?;
+            if n == 0 {
+                break;
+            }
+            head.extend_from_slice(&buf[..n]);
+        }
+        Ok::<(), std::io::Error>(())
+    };
+    tokio::time::timeout(Duration::from_secs(10), read_head)
+        .await
+        .map_err(|_| std::io::ErrorKind::TimedOut)??;
+    let line = head.split(|&b| b == b'\r').next().unwrap_or_default();
+    let mut words = line.split(|&b| b == b' ');
+    let (method, path) = (
+        words.next().unwrap_or_default(),
+        words.next().unwrap_or_default(),
+    );
+    let response = if method == b"GET" && (path == b"/metrics" || path.starts_with(b"/metrics?")) {
+        let body = tokio::task::spawn_blocking(move || render(&registry))
+            .await
+            .unwrap_or_default();
+        format!(
+            "HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4; charset=utf-8\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        )
+    } else {
+        let body = "leasemqd serves GET /metrics only\n";
+        format!(
+            "HTTP/1.1 404 Not Found\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        )
+    };
+    stream.write_all(response.as_bytes()).await?;
+    stream.shutdown().await
+}
+
+/// Binds `addr` for [`serve`].
+///
+/// # Errors
+///
+/// When the address cannot be bound.
+pub async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    TcpListener::bind(addr).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use leasemq::{ConsumerConfig, Message, QueueConfig};
+
+    #[test]
+    fn a_scrape_names_each_queue_with_its_figures() {
+        let broker = Broker::builder().shards(2).manual_clock().build().unwrap();
+        let jobs = broker
+            .declare_queue("jobs", QueueConfig::default())
+            .unwrap();
+        broker
+            .declare_queue("idle", QueueConfig::default())
+            .unwrap();
+        jobs.put_batch((0..3).map(|i| Message::new(format!("{i}"))).collect())
+            .unwrap();
+        let worker = jobs.consume("w", ConsumerConfig { prefetch: 1 }).unwrap();
+        let metrics = Metrics::default();
+        metrics.connections.inc();
+        metrics.incoming_bytes.inc_by(1234);
+        let text = render(&metrics.registry(broker.clone()));
+        for line in [
+            "leasemq_connections 1",
+            "leasemq_connection_incoming_bytes_total 1234",
+            "leasemq_queues 2",
+            "leasemq_queue_messages_ready{queue=\"jobs\"} 2",
+            "leasemq_queue_messages_unacked{queue=\"jobs\"} 1",
+            "leasemq_queue_consumers{queue=\"jobs\"} 1",
+            "leasemq_queue_messages_published_total{queue=\"jobs\"} 3",
+            "leasemq_queue_messages_ready{queue=\"idle\"} 0",
+        ] {
+            assert!(
+                text.lines().any(|l| l == line),
+                "no line {line:?} in\n{text}"
+            );
+        }
+        drop(worker);
+        jobs.close();
+        let text = render(&metrics.registry(broker));
+        assert!(
+            !text.contains("queue=\"jobs\""),
+            "a closed queue drops out:\n{text}"
+        );
+    }
+}

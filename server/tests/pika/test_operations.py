@@ -1,0 +1,82 @@
+"""Operating leasemqd: Prometheus metrics and a clean shutdown (contract §8).
+
+Each test starts its own leasemqd (LEASEMQD_BIN) and stops it.
+"""
+
+import os
+import re
+import signal
+import subprocess
+import urllib.request
+
+import pika
+import pytest
+
+BIN = os.environ["LEASEMQD_BIN"]
+
+
+def start(*extra):
+    proc = subprocess.Popen(
+        [BIN, "--listen", "127.0.0.1:0", "--shards", "2", *extra],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    line = proc.stdout.readline()
+    port = re.search(r" on 127\.0\.0\.1:(\d+), ", line)
+    if not port:
+        proc.kill()
+        raise AssertionError(f"no ready line: {line!r}")
+    metrics = re.search(r"metrics on (http://\S+)", line)
+    return proc, int(port.group(1)), metrics.group(1) if metrics else None
+
+
+def scrape(url):
+    with urllib.request.urlopen(url, timeout=10) as response:
+        assert response.status == 200
+        return response.read().decode()
+
+
+def test_metrics_show_queues_connections_and_bytes():
+    proc, port, url = start("--metrics", "127.0.0.1:0")
+    try:
+        conn = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", port))
+        ch = conn.channel()
+        ch.queue_declare(queue="metered")
+        for i in range(3):
+            ch.basic_publish(exchange="", routing_key="metered", body=b"x" * 100)
+        ch.basic_get(queue="metered")  # one leased, not acked
+        lines = scrape(url).splitlines()
+        for expected in [
+            "leasemq_connections 1",
+            "leasemq_channels 1",
+            'leasemq_queue_messages_ready{queue="metered"} 2',
+            'leasemq_queue_messages_unacked{queue="metered"} 1',
+            'leasemq_queue_messages_published_total{queue="metered"} 3',
+        ]:
+            assert expected in lines, f"{expected!r} not in the scrape"
+        incoming = [l for l in lines if l.startswith("leasemq_connection_incoming_bytes_total ")]
+        assert incoming and int(incoming[0].split()[1]) > 300
+        conn.close()
+        with pytest.raises(urllib.error.HTTPError) as err:
+            scrape(url.replace("/metrics", "/other"))
+        assert err.value.code == 404
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=10) == 0
+
+
+def test_sigterm_closes_connections_with_320_and_exits_cleanly():
+    proc, port, _ = start()
+    try:
+        conn = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", port))
+        ch = conn.channel()
+        ch.queue_declare(queue="work")
+        proc.send_signal(signal.SIGTERM)
+        with pytest.raises(pika.exceptions.ConnectionClosedByBroker) as closed:
+            conn.process_data_events(time_limit=5)
+        assert closed.value.reply_code == 320
+        assert proc.wait(timeout=10) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
