@@ -1,0 +1,107 @@
+//! leasemqd's connection state machine fed arbitrary bytes (contract §8: malformed or
+//! oversized frames close that connection only, never a panic).
+//!
+//! The first input byte picks how the connection starts: odd, it is taken through the
+//! handshake (protocol header, `start-ok`, `tune-ok` with a small `frame_max`, `open`,
+//! `channel.open` 1) so that the rest reaches the channel methods; even, the rest is all
+//! there is. The rest is fed in pieces whose sizes the input also chooses, as reads from a
+//! socket come, and every delivery the connection's consumers receive is handed to it.
+//! The target checks that `handle_input` never claims more bytes than it was given, that
+//! what the server writes parses as AMQP frames, and that nothing panics. The broker is
+//! shared by every input and runs under the manual clock.
+
+#![no_main]
+
+use std::sync::{Arc, OnceLock};
+
+use amq_protocol::frame::{gen_frame, parse_frame, AMQPFrame, ProtocolVersion, WriteContext};
+use amq_protocol::protocol::{channel, connection, AMQPClass};
+use amq_protocol::types::FieldTable;
+use leasemq::Broker;
+use leasemq_server::{Connection, Settings};
+use libfuzzer_sys::fuzz_target;
+
+fn broker() -> &'static Broker {
+    static BROKER: OnceLock<Broker> = OnceLock::new();
+    BROKER.get_or_init(|| {
+        Broker::builder()
+            .shards(2)
+            .manual_clock()
+            .build()
+            .expect("a manual-clock broker")
+    })
+}
+
+fn handshake() -> Vec<u8> {
+    let conn = |m| AMQPFrame::Method(0, AMQPClass::Connection(m));
+    let frames = [
+        AMQPFrame::ProtocolHeader(ProtocolVersion::amqp_0_9_1()),
+        conn(connection::AMQPMethod::StartOk(connection::StartOk {
+            client_properties: FieldTable::default(),
+            mechanism: "PLAIN".into(),
+            response: "\0guest\0guest".into(),
+            locale: "en_US".into(),
+        })),
+        conn(connection::AMQPMethod::TuneOk(connection::TuneOk {
+            channel_max: 8,
+            frame_max: 4096,
+            heartbeat: 0,
+        })),
+        conn(connection::AMQPMethod::Open(connection::Open {
+            virtual_host: "/".into(),
+        })),
+        AMQPFrame::Method(
+            1,
+            AMQPClass::Channel(channel::AMQPMethod::Open(channel::Open {})),
+        ),
+    ];
+    let mut bytes = Vec::new();
+    for frame in &frames {
+        bytes = gen_frame(frame)(WriteContext::from(bytes))
+            .expect("the handshake encodes")
+            .into_inner()
+            .0;
+    }
+    bytes
+}
+
+/// Checks that what the server wrote is whole AMQP frames.
+fn check_output(conn: &mut Connection) {
+    let mut out = Vec::new();
+    conn.take_output(&mut out);
+    let mut rest = &out[..];
+    while !rest.is_empty() {
+        match parse_frame(rest) {
+            Ok((next, _)) => rest = next,
+            Err(e) => panic!("the server wrote a frame that does not parse: {e:?}"),
+        }
+    }
+}
+
+fuzz_target!(|data: &[u8]| {
+    let Some((&mode, rest)) = data.split_first() else {
+        return;
+    };
+    let settings = Arc::new(Settings::default());
+    let mut conn = Connection::new(broker().clone(), settings, 1, true);
+    let mut input = if mode % 2 == 1 { handshake() } else { Vec::new() };
+    let mut pieces = rest;
+    // Pieces: a length byte, then that many bytes (or what is left).
+    while let Some((&len, tail)) = pieces.split_first() {
+        let take = usize::from(len).min(tail.len());
+        input.extend_from_slice(&tail[..take]);
+        pieces = &tail[take..];
+        let used = conn.handle_input(&input);
+        assert!(used <= input.len(), "used more bytes than it was given");
+        input.drain(..used);
+        while let Some((i, d)) = conn.try_delivery() {
+            conn.handle_delivery(i, d);
+        }
+        check_output(&mut conn);
+        if conn.is_closed() {
+            break;
+        }
+    }
+    // Dropping it returns whatever it held, as a vanished socket does.
+    drop(conn);
+});
