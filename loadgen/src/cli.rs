@@ -667,7 +667,7 @@ mod tests {
         };
         let embedded = parse(&[]).unwrap();
         assert_eq!(
-            (embedded.target, embedded.ack_mode()),
+            (embedded.target.as_deref(), embedded.ack_mode()),
             (None, AckMode::Each)
         );
         assert_eq!(embedded.misplaced_flag(), None);

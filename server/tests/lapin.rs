@@ -520,6 +520,41 @@ async fn a_mandatory_publish_to_no_queue_is_returned() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_no_ack_consumer_has_each_message_settled_as_it_is_sent() {
+    let s = Server::start().await;
+    let ch = s.channel().await;
+    declare(&ch, "fire-and-forget", FieldTable::default()).await;
+    for i in 0..5 {
+        publish(&ch, "fire-and-forget", format!("n{i}").as_bytes()).await;
+    }
+    let options = BasicConsumeOptions {
+        no_ack: true,
+        ..BasicConsumeOptions::default()
+    };
+    let mut consumer = ch
+        .basic_consume(
+            "fire-and-forget".into(),
+            "auto".into(),
+            options,
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    for i in 0..5u64 {
+        let d = next(&mut consumer).await;
+        assert_eq!(d.data, format!("n{i}").into_bytes());
+        assert_eq!((d.delivery_tag, d.redelivered), (i + 1, false));
+    }
+    // Nothing is left to ack: closing the channel brings nothing back.
+    ch.close(200, "done".into()).await.unwrap();
+    let other = s.channel().await;
+    assert_eq!(ready_after_round_trip(&other, "fire-and-forget").await, 0);
+    let stats = s.stats("fire-and-forget");
+    assert_eq!((stats.acked, stats.leased, stats.ready), (5, 0, 0));
+    s.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_connection_sees_what_the_first_published() {
     let s = Server::start().await;
     let producer = s.channel().await;
