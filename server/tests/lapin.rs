@@ -555,6 +555,64 @@ async fn a_no_ack_consumer_has_each_message_settled_as_it_is_sent() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bodies_of_no_bytes_and_of_many_frames_come_back_whole() {
+    let s = Server::start().await;
+    let ch = s.channel().await;
+    declare(&ch, "sizes", FieldTable::default()).await;
+    // Larger than the negotiated frame_max: lapin sends it as several body frames.
+    let frame_max = s.conn.configuration().frame_max() as usize;
+    let big: Vec<u8> = (0..3 * frame_max + 17).map(|i| (i % 251) as u8).collect();
+    publish(&ch, "sizes", b"").await;
+    publish(&ch, "sizes", &big).await;
+    let mut consumer = consume(&ch, "sizes", "reader", 10).await;
+    let empty = next(&mut consumer).await;
+    assert!(empty.data.is_empty());
+    let large = next(&mut consumer).await;
+    assert_eq!(large.data.len(), big.len());
+    assert!(large.data == big, "the large body changed on the way");
+    let all = BasicAckOptions { multiple: true };
+    assert!(large.ack(all).await.unwrap());
+    assert_eq!(ready_after_round_trip(&ch, "sizes").await, 0);
+    assert_eq!(s.stats("sizes").acked, 2);
+    s.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_nack_with_multiple_requeues_every_delivery_up_to_its_tag() {
+    let s = Server::start().await;
+    let ch = s.channel().await;
+    declare(&ch, "bulk-retry", FieldTable::default()).await;
+    for i in 0..4 {
+        publish(&ch, "bulk-retry", format!("r{i}").as_bytes()).await;
+    }
+    let mut consumer = consume(&ch, "bulk-retry", "worker", 4).await;
+    let mut first = Vec::new();
+    for _ in 0..4 {
+        first.push(next(&mut consumer).await);
+    }
+    // Tags 1..=3 go back; tag 4 stays leased and is acked.
+    let requeue_up_to = BasicNackOptions {
+        requeue: true,
+        multiple: true,
+    };
+    assert!(first[2].nack(requeue_up_to).await.unwrap());
+    assert!(first[3].ack(BasicAckOptions::default()).await.unwrap());
+    let mut again = Vec::new();
+    for _ in 0..3 {
+        let d = next(&mut consumer).await;
+        assert!(d.redelivered, "{:?} is a redelivery", d.data);
+        again.push(String::from_utf8(d.data.clone()).unwrap());
+        assert!(d.ack(BasicAckOptions::default()).await.unwrap());
+    }
+    again.sort();
+    assert_eq!(again, ["r0", "r1", "r2"]);
+    assert_eq!(ready_after_round_trip(&ch, "bulk-retry").await, 0);
+    let stats = s.stats("bulk-retry");
+    assert_eq!((stats.nacked, stats.acked, stats.leased), (3, 4, 0));
+    s.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_connection_sees_what_the_first_published() {
     let s = Server::start().await;
     let producer = s.channel().await;
