@@ -32,8 +32,10 @@ use crate::progress::Progress;
 use crate::report::cpu_now;
 use crate::Run;
 use summary::{finish_recorders, summarise, Outcome};
+use tokio::task::JoinHandle;
 use workers::{
-    consume, open_consumers, open_producers, produce, ConsumerResult, ProducerResult, Shared,
+    consume, open_consumers, open_producers, produce, ConsumerResult, ProducerResult, Publisher,
+    Shared, Subscriber,
 };
 
 /// How long connecting (and each setup call) may take before the run gives up.
@@ -127,36 +129,15 @@ pub fn run(args: &ThroughputArgs, target: &str) -> Result<Run, String> {
     let progress = Progress::new(args.warmup + args.duration, args.output.quiet);
     let clock = Clock::start();
     let mut watch = Watch::new(args, &plan, clock, &progress);
-    let shared = Arc::new(Shared::default());
-    let consumer_tasks: Vec<_> = consumers
-        .into_iter()
-        .map(|c| {
-            let result = watch.consumer_result();
-            let task = consume(c, result, plan.clone(), clock, shared.clone());
-            runtime.spawn(task)
-        })
-        .collect();
-    let producer_tasks: Vec<_> = producers
-        .into_iter()
-        .enumerate()
-        .map(|(j, p)| {
-            let mine = (0..queues.len()).map(|k| queues[(j + k) % queues.len()].clone());
-            let result = ProducerResult {
-                confirm: plan.confirms.then(|| watch.recorder(CONFIRM)),
-                ..ProducerResult::default()
-            };
-            let (queues, plan) = (mine.collect(), plan.clone());
-            runtime.spawn(produce(
-                j as u64,
-                p,
-                queues,
-                result,
-                plan,
-                clock,
-                shared.clone(),
-            ))
-        })
-        .collect();
+    let started = Started {
+        runtime: &runtime,
+        plan: &plan,
+        clock,
+        shared: Arc::default(),
+    };
+    let consumer_tasks = started.consumers(consumers, &watch);
+    let producer_tasks = started.producers(producers, &queues, &watch);
+    // Only the tasks hold senders now: the channel closes when the last one finishes.
     watch.tx = None;
 
     watch.until(plan.warm_ns, "warm-up");
@@ -167,14 +148,8 @@ pub fn run(args: &ThroughputArgs, target: &str) -> Result<Run, String> {
         consumer_tasks.iter().all(|t| t.is_finished())
             && producer_tasks.iter().all(|t| t.is_finished())
     });
-    let mut produced = Vec::new();
-    for t in producer_tasks {
-        produced.push(runtime.block_on(t).map_err(|_| "a producer panicked")?);
-    }
-    let mut consumed = Vec::new();
-    for t in consumer_tasks {
-        consumed.push(runtime.block_on(t).map_err(|_| "a consumer panicked")?);
-    }
+    let mut produced = started.join(producer_tasks, "a producer panicked")?;
+    let mut consumed = started.join(consumer_tasks, "a consumer panicked")?;
     // Finishing a recorder hands its last interval to the log: before the log is closed.
     let recorders = finish_recorders(&mut produced, &mut consumed);
     let intervals = watch.finish();
@@ -193,6 +168,72 @@ pub fn run(args: &ThroughputArgs, target: &str) -> Result<Run, String> {
             intervals,
         },
     ))
+}
+
+/// Starts the run's tasks on its runtime, and waits for them.
+struct Started<'a> {
+    runtime: &'a tokio::runtime::Runtime,
+    plan: &'a Plan,
+    clock: Clock,
+    shared: Arc<Shared>,
+}
+
+impl Started<'_> {
+    /// One task per consumer, its recorders wired to the interval log.
+    fn consumers(
+        &self,
+        subscribers: Vec<Subscriber>,
+        watch: &Watch,
+    ) -> Vec<JoinHandle<ConsumerResult>> {
+        subscribers
+            .into_iter()
+            .map(|c| {
+                let (plan, shared) = (self.plan.clone(), self.shared.clone());
+                let task = consume(c, watch.consumer_result(), plan, self.clock, shared);
+                self.runtime.spawn(task)
+            })
+            .collect()
+    }
+
+    /// One task per producer; producer j publishes to its own queue first, then round the
+    /// others.
+    fn producers(
+        &self,
+        publishers: Vec<Publisher>,
+        queues: &[String],
+        watch: &Watch,
+    ) -> Vec<JoinHandle<ProducerResult>> {
+        publishers
+            .into_iter()
+            .enumerate()
+            .map(|(j, p)| {
+                let mine = (0..queues.len()).map(|k| queues[(j + k) % queues.len()].clone());
+                let result = ProducerResult {
+                    confirm: self.plan.confirms.then(|| watch.recorder(CONFIRM)),
+                    ..ProducerResult::default()
+                };
+                let (plan, shared) = (self.plan.clone(), self.shared.clone());
+                let task = produce(
+                    j as u64,
+                    p,
+                    mine.collect(),
+                    result,
+                    plan,
+                    self.clock,
+                    shared,
+                );
+                self.runtime.spawn(task)
+            })
+            .collect()
+    }
+
+    /// Every task's result, in order.
+    fn join<T>(&self, tasks: Vec<JoinHandle<T>>, panicked: &str) -> Result<Vec<T>, String> {
+        tasks
+            .into_iter()
+            .map(|t| self.runtime.block_on(t).map_err(|_| panicked.to_string()))
+            .collect()
+    }
 }
 
 /// Flags that make no AMQP run.
