@@ -211,7 +211,94 @@ pub struct ThroughputArgs {
     #[arg(long, value_name = "N", value_parser = parse_count)]
     pub rate: Option<u64>,
     #[command(flatten)]
+    pub amqp: AmqpArgs,
+    #[command(flatten)]
     pub output: OutputArgs,
+}
+
+/// `throughput` against an AMQP 0-9-1 server instead of the embedded broker.
+#[derive(Debug, Clone, Args)]
+pub struct AmqpArgs {
+    /// Run the workload over AMQP 0-9-1 against this server (leasemqd, RabbitMQ): each
+    /// producer and consumer is a client connection of its own. Closed loop only; --shards,
+    /// --api, --put-batch and --settle-batch do not apply [default: the embedded broker].
+    #[arg(long, value_name = "amqp://USER:PASS@HOST:PORT/%2f")]
+    pub target: Option<String>,
+    /// --target: publish with publisher confirms (`confirm.select`), at most
+    /// --max-in-flight unconfirmed, and measure publish→confirm.
+    #[arg(long)]
+    pub confirms: bool,
+    /// --target: how consumers ack: each (one basic.ack per delivery) or multiple:N (one
+    /// basic.ack with `multiple` every N deliveries, or sooner when none is waiting)
+    /// [default: each].
+    #[arg(long, value_name = "each|multiple:N", value_parser = parse_ack)]
+    pub ack: Option<AckMode>,
+    /// --target: consume with `no_ack`: the server counts a message acked once sent.
+    #[arg(long, conflicts_with = "ack")]
+    pub no_ack: bool,
+}
+
+/// How an AMQP consumer acknowledges its deliveries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AckMode {
+    /// One `basic.ack` per delivery.
+    Each,
+    /// One `basic.ack multiple` per N deliveries (fewer when no delivery is waiting).
+    Multiple(u32),
+    /// `basic.consume no_ack`: nothing to ack.
+    NoAck,
+}
+
+impl AckMode {
+    /// How `--ack` reads it back: "each", "multiple:64", "no-ack".
+    pub fn text(self) -> String {
+        match self {
+            AckMode::Each => "each".into(),
+            AckMode::Multiple(n) => format!("multiple:{n}"),
+            AckMode::NoAck => "no-ack".into(),
+        }
+    }
+}
+
+/// Parses `--ack`: "each" or "multiple:N" (N from 1 to 65 536).
+pub fn parse_ack(text: &str) -> Result<AckMode, String> {
+    let text = text.trim();
+    if text == "each" {
+        return Ok(AckMode::Each);
+    }
+    let n = text
+        .strip_prefix("multiple:")
+        .ok_or_else(|| format!("{text:?}: write each, or multiple:N (e.g. multiple:64)"))?;
+    match n.trim().parse::<u32>() {
+        Ok(n @ 1..=65_536) => Ok(AckMode::Multiple(n)),
+        _ => Err(format!(
+            "{text:?}: N must be a whole number from 1 to 65536"
+        )),
+    }
+}
+
+impl AmqpArgs {
+    /// How the consumers ack.
+    pub fn ack_mode(&self) -> AckMode {
+        match (self.no_ack, self.ack) {
+            (true, _) => AckMode::NoAck,
+            (false, mode) => mode.unwrap_or(AckMode::Each),
+        }
+    }
+
+    /// A flag that only --target uses, given without it.
+    pub fn misplaced_flag(&self) -> Option<&'static str> {
+        if self.target.is_some() {
+            return None;
+        }
+        [
+            (self.confirms, "--confirms"),
+            (self.ack.is_some(), "--ack"),
+            (self.no_ack, "--no-ack"),
+        ]
+        .into_iter()
+        .find_map(|(given, flag)| given.then_some(flag))
+    }
 }
 
 #[derive(Debug, Clone, Args)]
@@ -566,6 +653,52 @@ mod tests {
         };
         assert_eq!(args.leases, 1_000_000);
         assert_eq!(args.ack_timeout, None);
+    }
+
+    #[test]
+    fn amqp_flags_parse() {
+        let parse = |extra: &[&str]| {
+            let mut argv = vec!["leasemq-loadgen", "throughput"];
+            argv.extend(extra);
+            Cli::try_parse_from(argv).map(|cli| match cli.command {
+                Command::Throughput(args) => args.amqp,
+                _ => panic!("wrong subcommand"),
+            })
+        };
+        let embedded = parse(&[]).unwrap();
+        assert_eq!(
+            (embedded.target.as_deref(), embedded.ack_mode()),
+            (None, AckMode::Each)
+        );
+        assert_eq!(embedded.misplaced_flag(), None);
+        let uri = "amqp://guest:guest@127.0.0.1:5672/%2f";
+        let a = parse(&["--target", uri, "--confirms", "--ack", "multiple:64"]).unwrap();
+        assert_eq!(a.target.as_deref(), Some(uri));
+        assert!(a.confirms);
+        assert_eq!(a.ack_mode(), AckMode::Multiple(64));
+        let a = parse(&["--target", uri, "--no-ack"]).unwrap();
+        assert_eq!(a.ack_mode(), AckMode::NoAck);
+        assert!(parse(&["--target", uri, "--no-ack", "--ack", "each"]).is_err());
+        for bad in [
+            "multiple",
+            "multiple:0",
+            "multiple:x",
+            "some",
+            "multiple:70000",
+        ] {
+            assert!(parse(&["--target", uri, "--ack", bad]).is_err(), "{bad:?}");
+        }
+        assert_eq!(
+            parse(&["--confirms"]).unwrap().misplaced_flag(),
+            Some("--confirms")
+        );
+        assert_eq!(
+            parse(&["--no-ack"]).unwrap().misplaced_flag(),
+            Some("--no-ack")
+        );
+        for mode in [AckMode::Each, AckMode::Multiple(8)] {
+            assert_eq!(parse_ack(&mode.text()), Ok(mode));
+        }
     }
 
     #[test]

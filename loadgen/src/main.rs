@@ -11,6 +11,7 @@
 //! (`latency.svg`, or `sweep.svg`). Every run checks at the end that every message put was
 //! acked exactly once or is still accounted for; if not, it says so and exits with status 1.
 
+mod amqp;
 mod background;
 mod cli;
 mod common;

@@ -460,6 +460,164 @@ fn bad_flags_exit_non_zero_with_a_message() {
     let output = run(&["throughput", "--durable", "--sync", "sometimes"]);
     assert_eq!(output.status.code(), Some(2));
     assert!(text(&output.stderr).contains("interval:MS"));
+    let output = run(&["throughput", "--confirms"]);
+    assert_eq!(output.status.code(), Some(2));
+    assert!(text(&output.stderr).contains("needs --target"));
+    // Nothing listens on port 1: the run says so rather than hang.
+    let output = run(&[
+        "throughput",
+        "--target",
+        "amqp://guest:guest@127.0.0.1:1/%2f",
+    ]);
+    assert_eq!(output.status.code(), Some(2));
+    assert!(text(&output.stderr).contains("connecting to"));
+}
+
+/// leasemqd served in-process on a loopback port, for `throughput --target`; it stops
+/// when the value is dropped.
+struct Leasemqd {
+    _runtime: tokio::runtime::Runtime,
+    broker: leasemq::Broker,
+    uri: String,
+}
+
+impl Leasemqd {
+    fn start() -> Leasemqd {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .expect("a tokio runtime");
+        let broker = leasemq::Broker::builder().shards(1).build().unwrap();
+        let listener = runtime
+            .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+            .unwrap();
+        let addr = listener.local_addr().unwrap();
+        let settings = std::sync::Arc::new(leasemq_server::Settings::default());
+        runtime.spawn(leasemq_server::serve::accept_loop(
+            listener,
+            broker.clone(),
+            settings,
+        ));
+        Leasemqd {
+            _runtime: runtime,
+            broker,
+            uri: format!("amqp://guest:guest@{addr}/%2f"),
+        }
+    }
+}
+
+impl Drop for Leasemqd {
+    fn drop(&mut self) {
+        self.broker.shutdown();
+    }
+}
+
+fn histogram_count(summary: &Value, name: &str) -> Option<u64> {
+    summary["histograms"]
+        .as_array()
+        .expect("histograms")
+        .iter()
+        .find(|h| h["name"] == name)
+        .map(|h| h["count"].as_u64().expect("count"))
+}
+
+#[test]
+fn throughput_over_amqp_acking_each() {
+    let server = Leasemqd::start();
+    let s = run_and_check(
+        "amqp-each",
+        &[
+            "throughput",
+            "--target",
+            &server.uri,
+            "--duration",
+            "1s",
+            "--warmup",
+            "200ms",
+            "--prefetch",
+            "100",
+            "--body-bytes",
+            "32",
+        ],
+    );
+    assert_eq!(
+        s["config"]["target"],
+        "amqp://guest:***@".to_string() + &server.uri[19..]
+    );
+    assert_eq!(
+        (&s["config"]["ack"], &s["config"]["confirms"]),
+        (&"each".into(), &false.into())
+    );
+    assert!(s["title"]
+        .as_str()
+        .unwrap()
+        .starts_with("AMQP amqp://guest:***@"));
+    assert!(rate(&s, "delivered") > 0.0 && rate(&s, "acked") > 0.0);
+    assert!(histogram_count(&s, "put_to_deliver").unwrap() > 0);
+    assert!(histogram_count(&s, "put_to_ack").unwrap() > 0);
+    assert_eq!(histogram_count(&s, "put_to_confirm"), None);
+    assert_eq!(s["accounting"]["redelivered"].as_u64(), Some(0));
+}
+
+#[test]
+fn throughput_over_amqp_with_confirms_and_multiple_acks() {
+    let server = Leasemqd::start();
+    let s = run_and_check(
+        "amqp-multiple",
+        &[
+            "throughput",
+            "--target",
+            &server.uri,
+            "--duration",
+            "1s",
+            "--warmup",
+            "200ms",
+            "--confirms",
+            "--ack",
+            "multiple:32",
+            "--producers",
+            "2",
+            "--consumers",
+            "2",
+            "--queues",
+            "2",
+        ],
+    );
+    assert_eq!(s["config"]["ack"], "multiple:32");
+    assert!(histogram_count(&s, "put_to_confirm").unwrap() > 0);
+    let per_call = s["details"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|d| d["name"] == "messages per settle call")
+        .and_then(|d| d["value"].as_f64())
+        .unwrap();
+    assert!(per_call > 1.0, "{per_call} messages per basic.ack");
+}
+
+#[test]
+fn throughput_over_amqp_without_acks() {
+    let server = Leasemqd::start();
+    let s = run_and_check(
+        "amqp-no-ack",
+        &[
+            "throughput",
+            "--target",
+            &server.uri,
+            "--duration",
+            "1s",
+            "--warmup",
+            "200ms",
+            "--no-ack",
+            "--body-bytes",
+            "16",
+        ],
+    );
+    assert_eq!(s["config"]["ack"], "no-ack");
+    assert!(histogram_count(&s, "put_to_deliver").unwrap() > 0);
+    assert_eq!(histogram_count(&s, "put_to_ack"), None);
+    assert!(rate(&s, "acked") > 0.0);
 }
 
 #[test]

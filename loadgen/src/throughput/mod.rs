@@ -26,6 +26,12 @@ mod workers;
 use step::{run_step, Step, StepOutcome, ACK_TIMEOUT, HISTOGRAMS};
 
 pub fn run(args: &ThroughputArgs) -> Result<Run, String> {
+    if let Some(target) = &args.amqp.target {
+        return crate::amqp::run(args, target);
+    }
+    if let Some(flag) = args.amqp.misplaced_flag() {
+        return Err(format!("{flag} applies to an AMQP run: it needs --target"));
+    }
     let w = &args.workload;
     step::validate(w, args.rate, args.duration)?;
     let storage = Storage::new(&w.storage)?;

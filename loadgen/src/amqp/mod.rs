@@ -1,0 +1,479 @@
+//! `throughput --target amqp://…`: the throughput workload against an AMQP 0-9-1 server
+//! (leasemqd, RabbitMQ) through the `lapin` client, instead of the embedded broker.
+//!
+//! Each producer and each consumer is a connection of its own with one channel, as separate
+//! client processes would be; all are tasks on one tokio runtime (`--runtime-threads`), and
+//! lapin reads and writes each connection's socket on a thread of its own. Producers
+//! publish through the default exchange, round robin over the run's queues (fresh names per
+//! run, so an earlier run's leftovers never count), with publisher confirms or without
+//! (`--confirms`); consumers set `basic.qos` to `--prefetch` and ack each delivery, or
+//! every N with `multiple`, or consume with `no_ack` (`--ack`, `--no-ack`).
+//!
+//! Bodies carry the send time and a sequence number as in the embedded run (`BodyWriter`),
+//! so the histograms mean the same: `put_to_deliver` is the publish call → the consumer
+//! has the delivery, both on this process's clock. `basic.ack` has no answer in AMQP:
+//! `put_to_ack` ends, and `settle_rtt` measures, when lapin has handed the ack to its
+//! connection. With confirms, `put_to_confirm` is the publish → its `basic.ack` from the
+//! server. The end-of-run check ticks every sequence number off as in the embedded run; the
+//! queue counters it holds them against are what the server says (`queue.declare` passive
+//! gives the messages still ready), not the broker's own stats.
+
+use std::sync::{mpsc, Arc};
+use std::time::{Duration, SystemTime};
+
+use lapin::options::{QueueDeclareOptions, QueueDeleteOptions};
+use lapin::types::FieldTable;
+use lapin::{Channel, Connection, ConnectionProperties};
+
+use crate::cli::{format_duration, AckMode, ThroughputArgs};
+use crate::common::{nanos, Clock};
+use crate::intervals::{IntervalClock, IntervalLog, Piece, TimedRecorder};
+use crate::progress::Progress;
+use crate::report::cpu_now;
+use crate::Run;
+use summary::{finish_recorders, summarise, Outcome};
+use tokio::task::JoinHandle;
+use workers::{
+    consume, open_consumers, open_producers, produce, ConsumerResult, ProducerResult, Publisher,
+    Shared, Subscriber,
+};
+
+/// How long connecting (and each setup call) may take before the run gives up.
+const CONNECT_LIMIT: Duration = Duration::from_secs(10);
+/// The least bound on messages in flight, as in the embedded closed loop.
+const CLOSED_LOOP_IN_FLIGHT: u64 = 65_536;
+/// How often the waiting thread looks at the clock, the interval channel and the bar.
+const WATCH_EVERY: Duration = Duration::from_millis(50);
+
+/// The histograms' slots in the interval log.
+const DELIVER: usize = 0;
+const ACK: usize = 1;
+const SETTLE: usize = 2;
+const CONFIRM: usize = 3;
+/// Every histogram's file name and description, by slot.
+const HISTOGRAMS: [(&str, &str); 4] = [
+    ("put_to_deliver", "publish→deliver"),
+    ("put_to_ack", "publish→ack sent"),
+    ("settle_rtt", "ack handed over"),
+    ("put_to_confirm", "publish→confirm"),
+];
+
+/// The run's settings, as the tasks need them.
+#[derive(Clone, Debug)]
+struct Plan {
+    pub(super) producers: u64,
+    pub(super) body_bytes: usize,
+    pub(super) prefetch: u16,
+    pub(super) ack: AckMode,
+    pub(super) confirms: bool,
+    pub(super) warm_ns: u64,
+    pub(super) end_ns: u64,
+    pub(super) max_in_flight: u64,
+}
+
+impl Plan {
+    pub(super) fn in_window(&self, t: u64) -> bool {
+        t >= self.warm_ns && t < self.end_ns
+    }
+
+    /// The histograms this run measures, by slot.
+    pub(super) fn slots(&self) -> Vec<usize> {
+        let mut slots = vec![DELIVER];
+        if self.ack != AckMode::NoAck {
+            slots.extend([ACK, SETTLE]);
+        }
+        if self.confirms {
+            slots.push(CONFIRM);
+        }
+        slots
+    }
+}
+
+mod summary;
+mod workers;
+
+/// `uri` with its password hidden, for titles and `summary.json`.
+pub fn masked(uri: &str) -> String {
+    let Some((scheme, rest)) = uri.split_once("://") else {
+        return uri.to_string();
+    };
+    let Some((userinfo, host)) = rest.split_once('@') else {
+        return uri.to_string();
+    };
+    match userinfo.split_once(':') {
+        Some((user, _)) => format!("{scheme}://{user}:***@{host}"),
+        None => uri.to_string(),
+    }
+}
+
+/// Runs `throughput` against `target` and summarises it as the embedded run is.
+///
+/// # Errors
+///
+/// Flags that make no AMQP run, a server that cannot be reached or refuses the setup.
+pub fn run(args: &ThroughputArgs, target: &str) -> Result<Run, String> {
+    validate(args)?;
+    let plan = plan_of(args);
+    let w = &args.workload;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(w.runtime_threads as usize)
+        .thread_name("loadgen-amqp")
+        .enable_all()
+        .build()
+        .map_err(|e| format!("starting the tokio runtime: {e}"))?;
+    let queues = queue_names(w.queues);
+    let setup = runtime.block_on(Setup::open(target, &queues, w.storage.durable))?;
+    let consumers = runtime.block_on(open_consumers(target, &queues, &plan, w.consumers))?;
+    let producers = runtime.block_on(open_producers(target, &plan))?;
+
+    let progress = Progress::new(args.warmup + args.duration, args.output.quiet);
+    let clock = Clock::start();
+    let mut watch = Watch::new(args, &plan, clock, &progress);
+    let started = Started {
+        runtime: &runtime,
+        plan: &plan,
+        clock,
+        shared: Arc::default(),
+    };
+    let consumer_tasks = started.consumers(consumers, &watch);
+    let producer_tasks = started.producers(producers, &queues, &watch);
+    // Only the tasks hold senders now: the channel closes when the last one finishes.
+    watch.tx = None;
+
+    watch.until(plan.warm_ns, "warm-up");
+    let cpu_start = cpu_now();
+    watch.until(plan.end_ns, "measuring");
+    let cpu_end = cpu_now();
+    watch.while_running(|| {
+        consumer_tasks.iter().all(|t| t.is_finished())
+            && producer_tasks.iter().all(|t| t.is_finished())
+    });
+    let mut produced = started.join(producer_tasks, "a producer panicked")?;
+    let mut consumed = started.join(consumer_tasks, "a consumer panicked")?;
+    // Finishing a recorder hands its last interval to the log: before the log is closed.
+    let recorders = finish_recorders(&mut produced, &mut consumed);
+    let intervals = watch.finish();
+    let still_ready = runtime.block_on(setup.close(&queues))?;
+    progress.finish();
+    Ok(summarise(
+        args,
+        target,
+        &plan,
+        Outcome {
+            produced,
+            consumed,
+            recorders,
+            still_ready,
+            cpu: (cpu_start, cpu_end),
+            intervals,
+        },
+    ))
+}
+
+/// Starts the run's tasks on its runtime, and waits for them.
+struct Started<'a> {
+    runtime: &'a tokio::runtime::Runtime,
+    plan: &'a Plan,
+    clock: Clock,
+    shared: Arc<Shared>,
+}
+
+impl Started<'_> {
+    /// One task per consumer, its recorders wired to the interval log.
+    fn consumers(
+        &self,
+        subscribers: Vec<Subscriber>,
+        watch: &Watch,
+    ) -> Vec<JoinHandle<ConsumerResult>> {
+        subscribers
+            .into_iter()
+            .map(|c| {
+                let (plan, shared) = (self.plan.clone(), self.shared.clone());
+                let task = consume(c, watch.consumer_result(), plan, self.clock, shared);
+                self.runtime.spawn(task)
+            })
+            .collect()
+    }
+
+    /// One task per producer; producer j publishes to its own queue first, then round the
+    /// others.
+    fn producers(
+        &self,
+        publishers: Vec<Publisher>,
+        queues: &[String],
+        watch: &Watch,
+    ) -> Vec<JoinHandle<ProducerResult>> {
+        publishers
+            .into_iter()
+            .enumerate()
+            .map(|(j, p)| {
+                let mine = (0..queues.len()).map(|k| queues[(j + k) % queues.len()].clone());
+                let result = ProducerResult {
+                    confirm: self.plan.confirms.then(|| watch.recorder(CONFIRM)),
+                    ..ProducerResult::default()
+                };
+                let (plan, shared) = (self.plan.clone(), self.shared.clone());
+                let task = produce(
+                    j as u64,
+                    p,
+                    mine.collect(),
+                    result,
+                    plan,
+                    self.clock,
+                    shared,
+                );
+                self.runtime.spawn(task)
+            })
+            .collect()
+    }
+
+    /// Every task's result, in order.
+    fn join<T>(&self, tasks: Vec<JoinHandle<T>>, panicked: &str) -> Result<Vec<T>, String> {
+        tasks
+            .into_iter()
+            .map(|t| self.runtime.block_on(t).map_err(|_| panicked.to_string()))
+            .collect()
+    }
+}
+
+/// Flags that make no AMQP run.
+fn validate(args: &ThroughputArgs) -> Result<(), String> {
+    let w = &args.workload;
+    if w.queues > w.consumers {
+        return Err(format!(
+            "every queue needs a consumer: --queues {} is more than --consumers {}",
+            w.queues, w.consumers
+        ));
+    }
+    if args.duration.is_zero() {
+        return Err("--duration must be more than zero".into());
+    }
+    if args.rate.is_some() {
+        return Err("--target runs a closed loop only: leave out --rate".into());
+    }
+    if w.storage.data_dir.is_some() || w.storage.sync.is_some() {
+        return Err(
+            "--data-dir and --sync set up the embedded broker; with --target the server \
+             has its own (--durable declares the queues durable)"
+                .into(),
+        );
+    }
+    if w.prefetch > u32::from(u16::MAX) {
+        return Err("--prefetch is at most 65535 over AMQP".into());
+    }
+    Ok(())
+}
+
+fn plan_of(args: &ThroughputArgs) -> Plan {
+    let w = &args.workload;
+    let max_in_flight = match w.max_in_flight {
+        0 => (2 * u64::from(w.prefetch) * u64::from(w.consumers) + u64::from(w.producers))
+            .max(CLOSED_LOOP_IN_FLIGHT),
+        n => n,
+    };
+    let warm_ns = nanos(args.warmup);
+    Plan {
+        producers: u64::from(w.producers),
+        body_bytes: w.body_bytes as usize,
+        prefetch: u16::try_from(w.prefetch).unwrap_or(u16::MAX),
+        ack: args.amqp.ack_mode(),
+        confirms: args.amqp.confirms,
+        warm_ns,
+        end_ns: warm_ns + nanos(args.duration),
+        max_in_flight,
+    }
+}
+
+/// Queue names no earlier run used: the process id and the start time.
+fn queue_names(count: u32) -> Vec<String> {
+    let started = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis());
+    let run = format!("{}.{started}", std::process::id());
+    (0..count)
+        .map(|i| format!("loadgen.throughput.{run}.{i}"))
+        .collect()
+}
+
+pub(super) async fn connect(target: &str, role: &str) -> Result<Connection, String> {
+    let connecting = Connection::connect(target, ConnectionProperties::default());
+    match tokio::time::timeout(CONNECT_LIMIT, connecting).await {
+        Ok(Ok(conn)) => Ok(conn),
+        Ok(Err(e)) => Err(format!("{role}: connecting to {}: {e}", masked(target))),
+        Err(_) => Err(format!(
+            "{role}: no connection to {} within {}",
+            masked(target),
+            format_duration(CONNECT_LIMIT)
+        )),
+    }
+}
+
+pub(super) fn amqp_error(what: &str) -> impl Fn(lapin::Error) -> String + '_ {
+    move |e| format!("{what}: {e}")
+}
+
+/// The connection that declares the run's queues, and at the end counts and deletes them.
+struct Setup {
+    conn: Connection,
+    channel: Channel,
+}
+
+impl Setup {
+    async fn open(target: &str, queues: &[String], durable: bool) -> Result<Setup, String> {
+        let conn = connect(target, "setup").await?;
+        let channel = conn
+            .create_channel()
+            .await
+            .map_err(amqp_error("opening a channel"))?;
+        let options = QueueDeclareOptions {
+            durable,
+            ..QueueDeclareOptions::default()
+        };
+        for q in queues {
+            channel
+                .queue_declare(q.as_str().into(), options, FieldTable::default())
+                .await
+                .map_err(amqp_error("declaring a queue"))?;
+        }
+        Ok(Setup { conn, channel })
+    }
+
+    /// The messages still ready in `queues`; then deletes them where the server serves
+    /// `queue.delete` (a server that does not may close the connection: nothing is lost).
+    async fn close(self, queues: &[String]) -> Result<u64, String> {
+        let passive = QueueDeclareOptions {
+            passive: true,
+            ..QueueDeclareOptions::default()
+        };
+        let mut ready = 0;
+        for q in queues {
+            let answer = self
+                .channel
+                .queue_declare(q.as_str().into(), passive, FieldTable::default())
+                .await
+                .map_err(amqp_error("counting what is left in a queue"))?;
+            ready += u64::from(answer.message_count());
+        }
+        for q in queues {
+            let options = QueueDeleteOptions::default();
+            if self
+                .channel
+                .queue_delete(q.as_str().into(), options)
+                .await
+                .is_err()
+            {
+                break;
+            }
+        }
+        let _ = self.conn.close(200, "run over".into()).await;
+        Ok(ready)
+    }
+}
+
+/// The thread that started the run, while the tasks run: folds finished intervals into the
+/// interval log and keeps the progress bar moving.
+struct Watch<'a> {
+    clock: Clock,
+    progress: &'a Progress,
+    planned: Duration,
+    tx: Option<mpsc::Sender<Piece>>,
+    rx: Option<mpsc::Receiver<Piece>>,
+    log: Option<IntervalLog>,
+    /// The histograms measured, in the order of their slots in the interval log.
+    slots: Vec<usize>,
+}
+
+impl<'a> Watch<'a> {
+    fn new(args: &ThroughputArgs, plan: &Plan, clock: Clock, progress: &'a Progress) -> Self {
+        let (tx, rx, log) = match args.output.out {
+            Some(_) => {
+                let names: Vec<&str> = plan.slots().iter().map(|&i| HISTOGRAMS[i].0).collect();
+                let interval_clock = IntervalClock::new(plan.warm_ns, args.output.hlog_interval);
+                let log =
+                    IntervalLog::new(&names, SystemTime::now(), interval_clock, args.duration);
+                let (tx, rx) = mpsc::channel();
+                (Some(tx), Some(rx), Some(log))
+            }
+            None => (None, None, None),
+        };
+        Watch {
+            clock,
+            progress,
+            planned: args.warmup + args.duration,
+            tx,
+            rx,
+            log,
+            slots: plan.slots(),
+        }
+    }
+
+    /// A recorder for histogram `which`, wired to the interval log if there is one and
+    /// the run measures it.
+    fn recorder(&self, which: usize) -> TimedRecorder {
+        let slot = self.slots.iter().position(|&s| s == which);
+        TimedRecorder::new(match (&self.tx, &self.log, slot) {
+            (Some(tx), Some(log), Some(slot)) => Some((log.clock(), slot, tx.clone())),
+            _ => None,
+        })
+    }
+
+    fn consumer_result(&self) -> ConsumerResult {
+        ConsumerResult {
+            deliver: self.recorder(DELIVER),
+            ack: self.recorder(ACK),
+            settle: self.recorder(SETTLE),
+            ..ConsumerResult::default()
+        }
+    }
+
+    fn until(&mut self, at_ns: u64, phase: &str) {
+        while self.clock.now_ns() < at_ns {
+            let left = Duration::from_nanos(at_ns - self.clock.now_ns());
+            self.look(phase, left.min(WATCH_EVERY));
+        }
+    }
+
+    fn while_running(&mut self, finished: impl Fn() -> bool) {
+        while !finished() {
+            self.look("draining", WATCH_EVERY);
+        }
+    }
+
+    fn look(&mut self, phase: &str, nap: Duration) {
+        let elapsed = Duration::from_nanos(self.clock.now_ns());
+        self.progress
+            .update(phase, elapsed, self.planned, String::new);
+        match (&self.rx, &mut self.log) {
+            (Some(rx), Some(log)) => match rx.recv_timeout(nap) {
+                Ok(piece) => log.absorb(piece),
+                Err(mpsc::RecvTimeoutError::Timeout) => {}
+                Err(mpsc::RecvTimeoutError::Disconnected) => std::thread::sleep(nap),
+            },
+            _ => std::thread::sleep(nap),
+        }
+    }
+
+    fn finish(mut self) -> Option<IntervalLog> {
+        let (rx, mut log) = (self.rx.take()?, self.log.take()?);
+        for piece in rx.try_iter() {
+            log.absorb(piece);
+        }
+        log.close(self.clock.now_ns());
+        Some(log)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn passwords_are_masked() {
+        assert_eq!(
+            masked("amqp://guest:secret@127.0.0.1:5672/%2f"),
+            "amqp://guest:***@127.0.0.1:5672/%2f"
+        );
+        assert_eq!(masked("amqp://127.0.0.1/%2f"), "amqp://127.0.0.1/%2f");
+        assert_eq!(masked("amqp://user@host/%2f"), "amqp://user@host/%2f");
+    }
+}

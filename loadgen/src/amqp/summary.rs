@@ -1,0 +1,158 @@
+//! An AMQP run's results, merged and summarised as the embedded run's are.
+
+use leasemq::QueueStats;
+use serde_json::json;
+
+use super::workers::{ConsumerResult, ProducerResult};
+use super::{masked, Plan, ACK, CONFIRM, DELIVER, HISTOGRAMS, SETTLE};
+use crate::cli::{format_duration, AckMode, ThroughputArgs};
+use crate::common::Ledger;
+use crate::cpu::CpuTime;
+use crate::hist::{Recorder, HGRM_UNIT};
+use crate::intervals::IntervalLog;
+use crate::report::Summary;
+use crate::report::{load_average, thousands, Accounting, Detail, ProcessStats, Rate, Seen};
+use crate::Run;
+
+/// What the run measured.
+pub(super) struct Outcome {
+    pub(super) produced: Vec<ProducerResult>,
+    pub(super) consumed: Vec<ConsumerResult>,
+    /// The merged histograms, by slot.
+    pub(super) recorders: Vec<Recorder>,
+    pub(super) still_ready: u64,
+    /// The process's CPU time at both ends of the window.
+    pub(super) cpu: (CpuTime, CpuTime),
+    pub(super) intervals: Option<IntervalLog>,
+}
+
+/// Takes every task's histograms out of its result, finished, and merges them by slot.
+pub(super) fn finish_recorders(
+    produced: &mut [ProducerResult],
+    consumed: &mut [ConsumerResult],
+) -> Vec<Recorder> {
+    let mut recorders: Vec<Recorder> = (0..HISTOGRAMS.len()).map(|_| Recorder::new()).collect();
+    for c in consumed {
+        recorders[DELIVER].merge(&std::mem::take(&mut c.deliver).finish());
+        recorders[ACK].merge(&std::mem::take(&mut c.ack).finish());
+        recorders[SETTLE].merge(&std::mem::take(&mut c.settle).finish());
+    }
+    for p in produced {
+        if let Some(rec) = p.confirm.take() {
+            recorders[CONFIRM].merge(&rec.finish());
+        }
+    }
+    recorders
+}
+
+pub(super) fn summarise(args: &ThroughputArgs, target: &str, plan: &Plan, out: Outcome) -> Run {
+    let w = &args.workload;
+    let seconds = args.duration.as_secs_f64();
+    let recorders = out.recorders;
+    let (mut ledger, mut problems) = (Ledger::default(), Vec::new());
+    let (mut acked, mut acked_in_window, mut delivered_in_window) = (0, 0, 0);
+    let (mut settle_calls, mut redelivered) = (0, 0);
+    for c in out.consumed {
+        ledger.merge(&c.ledger);
+        acked += c.acked;
+        acked_in_window += c.acked_in_window;
+        delivered_in_window += c.delivered_in_window;
+        settle_calls += c.settle_calls;
+        redelivered += c.redelivered;
+        problems.extend(c.problems);
+    }
+    let (mut put, mut put_in_window) = (Vec::new(), 0);
+    for p in out.produced {
+        put.push(p.put);
+        put_in_window += p.put_in_window;
+        problems.extend(p.problems);
+    }
+    // The server's side, as AMQP shows it: what is still ready in the queues.
+    let stats = QueueStats {
+        enqueued: put.iter().sum(),
+        acked,
+        ready: out.still_ready as usize,
+        ..QueueStats::default()
+    };
+    let accounting = Accounting::check(
+        Seen {
+            put: &put,
+            ledger: &ledger,
+            acked,
+            redelivered,
+            problems,
+        },
+        &stats,
+    );
+    let (cpu_start, cpu_end) = out.cpu;
+    let process = ProcessStats::over_window(cpu_start, cpu_end, seconds, acked_in_window);
+    let ack_text = plan.ack.text();
+    let confirms = if plan.confirms { "on" } else { "off" };
+    let title = format!(
+        "AMQP {}: {} producer(s), {} consumer(s), {} queue(s); {}-byte bodies; prefetch {}, \
+         ack {ack_text}, confirms {confirms}; closed loop, at most {} in flight; {} measured \
+         after {} warm-up",
+        masked(target),
+        w.producers,
+        w.consumers,
+        w.queues,
+        w.body_bytes,
+        plan.prefetch,
+        thousands(plan.max_in_flight),
+        format_duration(args.duration),
+        format_duration(args.warmup)
+    );
+    let config = json!({
+        "target": masked(target), "producers": w.producers, "consumers": w.consumers,
+        "queues": w.queues, "body_bytes": w.body_bytes, "prefetch": plan.prefetch,
+        "ack": ack_text, "confirms": plan.confirms, "durable": w.storage.durable,
+        "runtime_threads": w.runtime_threads, "duration_s": seconds,
+        "warmup_s": args.warmup.as_secs_f64(), "rate": null,
+        "max_in_flight": plan.max_in_flight,
+    });
+    let slots = plan.slots();
+    let mut details = vec![Detail::new("settle calls", settle_calls)];
+    if plan.ack != AckMode::NoAck {
+        let per_call = acked as f64 / settle_calls.max(1) as f64;
+        details.push(Detail::new(
+            "messages per settle call",
+            (per_call * 10.0).round() / 10.0,
+        ));
+    }
+    let summary = Summary {
+        tool: "leasemq-loadgen",
+        version: env!("CARGO_PKG_VERSION"),
+        command: "throughput",
+        title,
+        config,
+        measured_seconds: seconds,
+        rates: vec![
+            Rate::new("put", put_in_window, seconds),
+            Rate::new("delivered", delivered_in_window, seconds),
+            Rate::new("acked", acked_in_window, seconds),
+        ],
+        histograms: slots
+            .iter()
+            .map(|&i| recorders[i].summary(HISTOGRAMS[i].0, HISTOGRAMS[i].1))
+            .collect(),
+        details,
+        accounting,
+        process,
+        load_average: load_average(),
+        hgrm_unit: HGRM_UNIT,
+        plots: Vec::new(),
+        notes: vec![
+            "process: this load generator's CPU only; the server's is not counted".into(),
+            "a publish is counted as put when lapin has taken it, not when the server has".into(),
+        ],
+    };
+    let mut named: Vec<Option<Recorder>> = recorders.into_iter().map(Some).collect();
+    Run {
+        summary,
+        recorders: slots
+            .iter()
+            .map(|&i| (HISTOGRAMS[i].0.to_string(), named[i].take().expect("once")))
+            .collect(),
+        intervals: out.intervals,
+    }
+}

@@ -1,0 +1,443 @@
+//! The producer and consumer tasks of an AMQP run, each on a connection of its own, and
+//! what they share.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+use std::time::Duration;
+
+use crossbeam_utils::CachePadded;
+use futures_lite::future::poll_once;
+use futures_lite::StreamExt;
+use lapin::options::{
+    BasicAckOptions, BasicConsumeOptions, BasicPublishOptions, BasicQosOptions,
+    ConfirmSelectOptions,
+};
+use lapin::types::FieldTable;
+use lapin::{Acker, BasicProperties, Channel, Connection, PublisherConfirm};
+
+use super::{amqp_error, connect, Plan};
+use crate::cli::{format_duration, AckMode};
+use crate::common::{nanos, read_header, seq_of, BodyWriter, Clock, Ledger};
+use crate::intervals::TimedRecorder;
+
+/// How long consumers may take, after producers stop, to receive what is still in flight.
+const DRAIN_LIMIT: Duration = Duration::from_secs(30);
+/// How long an idle consumer waits for a delivery before it looks whether the run is over.
+const IDLE_WAIT: Duration = Duration::from_millis(1);
+/// How long a producer pauses while the run has as many messages in flight as it allows.
+const FULL_PAUSE: Duration = Duration::from_millis(1);
+
+/// What every task sees.
+#[derive(Default)]
+pub(super) struct Shared {
+    /// Messages handed to `basic_publish` (counted before the call).
+    pub(super) put: CachePadded<AtomicU64>,
+    /// Messages acked (with `no_ack`: received).
+    pub(super) acked: CachePadded<AtomicU64>,
+    pub(super) producers_done: AtomicU32,
+    pub(super) abort: AtomicBool,
+}
+
+/// What a producer task hands back.
+#[derive(Default)]
+pub(super) struct ProducerResult {
+    pub(super) put: u64,
+    pub(super) put_in_window: u64,
+    pub(super) confirm: Option<TimedRecorder>,
+    pub(super) nacked: u64,
+    pub(super) problems: Vec<String>,
+}
+
+/// What a consumer task hands back: its histograms (wired to the interval log when the run
+/// keeps one), its ledger and its counts.
+#[derive(Default)]
+pub(super) struct ConsumerResult {
+    pub(super) deliver: TimedRecorder,
+    pub(super) ack: TimedRecorder,
+    pub(super) settle: TimedRecorder,
+    pub(super) ledger: Ledger,
+    pub(super) acked: u64,
+    pub(super) acked_in_window: u64,
+    pub(super) delivered_in_window: u64,
+    pub(super) settle_calls: u64,
+    pub(super) redelivered: u64,
+    pub(super) problems: Vec<String>,
+}
+
+/// A consumer's connection and its subscription on a channel of it.
+pub(super) struct Subscriber {
+    pub(super) conn: Connection,
+    pub(super) consumer: lapin::Consumer,
+}
+
+/// Opens `count` consumers, consumer i on queue i mod Q, each on its own connection with
+/// `basic.qos` set to the prefetch.
+pub(super) async fn open_consumers(
+    target: &str,
+    queues: &[String],
+    plan: &Plan,
+    count: u32,
+) -> Result<Vec<Subscriber>, String> {
+    let mut subscribers = Vec::with_capacity(count as usize);
+    for i in 0..count as usize {
+        let conn = connect(target, "consumer").await?;
+        let channel = conn
+            .create_channel()
+            .await
+            .map_err(amqp_error("opening a channel"))?;
+        channel
+            .basic_qos(plan.prefetch, BasicQosOptions::default())
+            .await
+            .map_err(amqp_error("basic.qos"))?;
+        let options = BasicConsumeOptions {
+            no_ack: plan.ack == AckMode::NoAck,
+            ..BasicConsumeOptions::default()
+        };
+        let queue = queues[i % queues.len()].as_str();
+        let consumer = channel
+            .basic_consume(
+                queue.into(),
+                format!("consumer-{i}").into(),
+                options,
+                FieldTable::default(),
+            )
+            .await
+            .map_err(amqp_error("basic.consume"))?;
+        subscribers.push(Subscriber { conn, consumer });
+    }
+    Ok(subscribers)
+}
+
+/// A producer's connection and channel (in confirm mode with `--confirms`).
+pub(super) struct Publisher {
+    pub(super) conn: Connection,
+    pub(super) channel: Channel,
+}
+
+/// Opens one connection and channel per producer.
+pub(super) async fn open_producers(target: &str, plan: &Plan) -> Result<Vec<Publisher>, String> {
+    let mut publishers = Vec::with_capacity(plan.producers as usize);
+    for _ in 0..plan.producers {
+        let conn = connect(target, "producer").await?;
+        let channel = conn
+            .create_channel()
+            .await
+            .map_err(amqp_error("opening a channel"))?;
+        if plan.confirms {
+            channel
+                .confirm_select(ConfirmSelectOptions::default())
+                .await
+                .map_err(amqp_error("confirm.select"))?;
+        }
+        publishers.push(Publisher { conn, channel });
+    }
+    Ok(publishers)
+}
+
+/// A producer's publishes that wait for their confirm, oldest first.
+pub(super) struct Unconfirmed {
+    pub(super) waiting: VecDeque<(u64, PublisherConfirm)>,
+}
+
+impl Unconfirmed {
+    /// Takes the confirms that have come (all of them with `all`, waiting for each).
+    pub(super) async fn settle(
+        &mut self,
+        r: &mut ProducerResult,
+        plan: &Plan,
+        clock: Clock,
+        all: bool,
+    ) {
+        loop {
+            let waited = all || self.waiting.len() as u64 >= plan.max_in_flight;
+            let Some((sent, confirm)) = self.waiting.front_mut() else {
+                return;
+            };
+            let sent = *sent;
+            let outcome = if waited {
+                Some(confirm.await)
+            } else {
+                poll_once(confirm).await
+            };
+            let Some(outcome) = outcome else { return };
+            self.waiting.pop_front();
+            let now = clock.now_ns();
+            match outcome {
+                Ok(c) if c.is_ack() => {
+                    if let (Some(rec), true) = (&mut r.confirm, plan.in_window(sent)) {
+                        rec.record(now, now.saturating_sub(sent));
+                    }
+                }
+                Ok(_) => r.nacked += 1,
+                Err(e) => {
+                    r.problems.push(format!("waiting for a confirm: {e}"));
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// One producer: publishes until the window ends, round robin over its queues.
+pub(super) async fn produce(
+    index: u64,
+    p: Publisher,
+    queues: Vec<String>,
+    mut r: ProducerResult,
+    plan: Plan,
+    clock: Clock,
+    shared: Arc<Shared>,
+) -> ProducerResult {
+    publish_until_end(index, &p.channel, &queues, &mut r, &plan, clock, &shared).await;
+    shared.producers_done.fetch_add(1, Relaxed);
+    let _ = p.conn.close(200, "producer done".into()).await;
+    if r.nacked > 0 {
+        r.problems
+            .push(format!("producer {index}: {} publishes nacked", r.nacked));
+    }
+    r
+}
+
+pub(super) async fn publish_until_end(
+    index: u64,
+    channel: &Channel,
+    queues: &[String],
+    r: &mut ProducerResult,
+    plan: &Plan,
+    clock: Clock,
+    shared: &Shared,
+) {
+    let mut bodies = BodyWriter::new(plan.body_bytes);
+    let mut unconfirmed = Unconfirmed {
+        waiting: VecDeque::new(),
+    };
+    let mut local = 0u64;
+    loop {
+        let now = clock.now_ns();
+        if now >= plan.end_ns || shared.abort.load(Relaxed) {
+            break;
+        }
+        let in_flight = shared
+            .put
+            .load(Relaxed)
+            .saturating_sub(shared.acked.load(Relaxed));
+        if in_flight >= plan.max_in_flight {
+            tokio::time::sleep(FULL_PAUSE).await;
+            continue;
+        }
+        shared.put.fetch_add(1, Relaxed);
+        let queue = queues[local as usize % queues.len()].as_str();
+        let body = bodies.body(now, seq_of(index, local));
+        let published = channel
+            .basic_publish(
+                "".into(),
+                queue.into(),
+                BasicPublishOptions::default(),
+                &body,
+                BasicProperties::default(),
+            )
+            .await;
+        match published {
+            Ok(confirm) if plan.confirms => unconfirmed.waiting.push_back((now, confirm)),
+            Ok(_) => {}
+            Err(e) => {
+                shared.put.fetch_sub(1, Relaxed);
+                r.problems.push(format!("publishing: {e}"));
+                shared.abort.store(true, Relaxed);
+                break;
+            }
+        }
+        if plan.in_window(now) {
+            r.put_in_window += 1;
+        }
+        local += 1;
+        unconfirmed.settle(r, plan, clock, false).await;
+    }
+    unconfirmed.settle(r, plan, clock, true).await;
+    r.put = local;
+}
+
+/// A consumer's deliveries received but not yet acked (`--ack multiple:N`).
+pub(super) struct Pending {
+    pub(super) sent: Vec<(u64, u64)>,
+    pub(super) last: Option<Acker>,
+}
+
+/// One consumer: receives and acks until every producer is done and everything put is
+/// acked.
+pub(super) async fn consume(
+    s: Subscriber,
+    mut r: ConsumerResult,
+    plan: Plan,
+    clock: Clock,
+    shared: Arc<Shared>,
+) -> ConsumerResult {
+    let Subscriber { conn, mut consumer } = s;
+    let mut pending = Pending {
+        sent: Vec::new(),
+        last: None,
+    };
+    loop {
+        // `next` is cancel-safe: a poll that finds nothing, or a timeout, loses no delivery.
+        let item = match poll_once(consumer.next()).await {
+            Some(item) => item,
+            None if pending.last.is_some() => {
+                flush(&mut pending, &mut r, &plan, clock, &shared).await;
+                continue;
+            }
+            None => {
+                if r.idle(&plan, &shared, clock.now_ns()) {
+                    break;
+                }
+                match tokio::time::timeout(IDLE_WAIT, consumer.next()).await {
+                    Ok(item) => item,
+                    Err(_elapsed) => continue,
+                }
+            }
+        };
+        let delivery = match item {
+            Some(Ok(d)) => d,
+            Some(Err(e)) => {
+                r.problems.push(format!("receiving: {e}"));
+                break;
+            }
+            None => {
+                r.problems.push("the server cancelled a consumer".into());
+                break;
+            }
+        };
+        if !r.delivered(&delivery, &plan, clock.now_ns(), &shared) {
+            continue;
+        }
+        let header = read_header(&delivery.data).expect("checked by `delivered`");
+        match plan.ack {
+            AckMode::NoAck => {}
+            AckMode::Each => {
+                let t0 = clock.now_ns();
+                let acked = delivery.acker.ack(BasicAckOptions::default()).await;
+                r.settled(&plan, &shared, &[header], t0, clock.now_ns(), acked);
+            }
+            AckMode::Multiple(n) => {
+                pending.sent.push(header);
+                pending.last = Some(delivery.acker);
+                if pending.sent.len() >= n as usize {
+                    flush(&mut pending, &mut r, &plan, clock, &shared).await;
+                }
+            }
+        }
+    }
+    let _ = conn.close(200, "consumer done".into()).await;
+    r
+}
+
+/// Acks everything pending with one `basic.ack multiple`.
+pub(super) async fn flush(
+    pending: &mut Pending,
+    r: &mut ConsumerResult,
+    plan: &Plan,
+    clock: Clock,
+    shared: &Shared,
+) {
+    let Some(last) = pending.last.take() else {
+        return;
+    };
+    let t0 = clock.now_ns();
+    let acked = last.ack(BasicAckOptions { multiple: true }).await;
+    r.settled(plan, shared, &pending.sent, t0, clock.now_ns(), acked);
+    pending.sent.clear();
+}
+
+impl ConsumerResult {
+    /// Nothing to receive at `now`: whether this consumer is done (every producer finished
+    /// and everything put acked, the run aborted, or the drain took too long).
+    pub(super) fn idle(&mut self, plan: &Plan, shared: &Shared, now: u64) -> bool {
+        let done = u64::from(shared.producers_done.load(Relaxed)) == plan.producers
+            && shared.acked.load(Relaxed) >= shared.put.load(Relaxed);
+        if done || shared.abort.load(Relaxed) {
+            return true;
+        }
+        self.deliver.tick(now);
+        self.ack.tick(now);
+        self.settle.tick(now);
+        if now > plan.end_ns + nanos(DRAIN_LIMIT) {
+            self.problems.push(format!(
+                "gave up waiting for deliveries {} after the run",
+                format_duration(DRAIN_LIMIT)
+            ));
+            return true;
+        }
+        false
+    }
+
+    /// A delivery arrived at `now`: records it; with `no_ack` it is settled too. False
+    /// (noted as a problem) when it lacks the header.
+    pub(super) fn delivered(
+        &mut self,
+        delivery: &lapin::message::Delivery,
+        plan: &Plan,
+        now: u64,
+        shared: &Shared,
+    ) -> bool {
+        let Some((sent, seq)) = read_header(&delivery.data) else {
+            self.problems
+                .push("a delivery without the 16-byte header".into());
+            return false;
+        };
+        if delivery.redelivered {
+            self.redelivered += 1;
+        }
+        if plan.in_window(now) {
+            self.delivered_in_window += 1;
+        }
+        if plan.in_window(sent) {
+            self.deliver.record(now, now.saturating_sub(sent));
+        }
+        if plan.ack == AckMode::NoAck {
+            self.ledger.mark(seq);
+            self.acked += 1;
+            self.acked_in_window += u64::from(plan.in_window(now));
+            shared.acked.fetch_add(1, Relaxed);
+        }
+        true
+    }
+
+    /// One `basic.ack` covering `headers`, made at `t0`, handed over at `t1`.
+    pub(super) fn settled(
+        &mut self,
+        plan: &Plan,
+        shared: &Shared,
+        headers: &[(u64, u64)],
+        t0: u64,
+        t1: u64,
+        acked: lapin::Result<bool>,
+    ) {
+        self.settle_calls += 1;
+        if plan.in_window(t0) {
+            self.settle.record(t1, t1 - t0);
+        }
+        match acked {
+            Ok(true) => {}
+            Ok(false) => {
+                self.problems
+                    .push("an ack was refused by the client (channel closed)".into());
+                return;
+            }
+            Err(e) => {
+                self.problems.push(format!("acking: {e}"));
+                return;
+            }
+        }
+        for &(sent, seq) in headers {
+            self.ledger.mark(seq);
+            self.acked += 1;
+            if plan.in_window(t1) {
+                self.acked_in_window += 1;
+            }
+            if plan.in_window(sent) {
+                self.ack.record(t1, t1.saturating_sub(sent));
+            }
+        }
+        shared.acked.fetch_add(headers.len() as u64, Relaxed);
+    }
+}
