@@ -631,3 +631,80 @@ async fn a_second_connection_sees_what_the_first_published() {
     other.close(200, "bye".into()).await.unwrap();
     s.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_basic_cancel_the_deliveries_in_hand_can_still_be_acked() {
+    let server = Server::start().await;
+    let ch = server.channel().await;
+    declare(&ch, "graceful", FieldTable::default()).await;
+    for body in [b"a", b"b", b"c"] {
+        publish(&ch, "graceful", body).await;
+    }
+    let mut consumer = consume(&ch, "graceful", "worker", 2).await;
+    let first = next(&mut consumer).await;
+    let second = next(&mut consumer).await;
+    ch.basic_cancel(
+        "worker".into(),
+        lapin::options::BasicCancelOptions::default(),
+    )
+    .await
+    .unwrap();
+    first.ack(BasicAckOptions::default()).await.unwrap();
+    second.ack(BasicAckOptions::default()).await.unwrap();
+    assert_eq!(ready_after_round_trip(&ch, "graceful").await, 1);
+    let stats = server.stats("graceful");
+    assert_eq!((stats.acked, stats.stale, stats.leased), (2, 0, 0));
+    // What is left was never delivered: basic.get has it, not redelivered.
+    let got = ch
+        .basic_get(
+            "graceful".into(),
+            lapin::options::BasicGetOptions::default(),
+        )
+        .await
+        .unwrap()
+        .expect("one message left");
+    assert_eq!(
+        (&got.delivery.data[..], got.delivery.redelivered),
+        (&b"c"[..], false)
+    );
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_direct_exchange_routes_to_each_queue_bound_with_the_key() {
+    use lapin::options::{ExchangeDeclareOptions, QueueBindOptions};
+    let server = Server::start().await;
+    let ch = server.channel().await;
+    ch.exchange_declare(
+        "events".into(),
+        lapin::ExchangeKind::Direct,
+        ExchangeDeclareOptions::default(),
+        FieldTable::default(),
+    )
+    .await
+    .unwrap();
+    for queue in ["mail", "audit"] {
+        declare(&ch, queue, FieldTable::default()).await;
+        ch.queue_bind(
+            queue.into(),
+            "events".into(),
+            "signup".into(),
+            QueueBindOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    }
+    ch.basic_publish(
+        "events".into(),
+        "signup".into(),
+        BasicPublishOptions::default(),
+        b"sam signed up",
+        BasicProperties::default(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(ready_after_round_trip(&ch, "mail").await, 1);
+    assert_eq!(ready_after_round_trip(&ch, "audit").await, 1);
+    server.stop().await;
+}
