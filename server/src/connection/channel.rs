@@ -526,7 +526,7 @@ impl Connection {
             routing_key: ShortString::from(queue.name()),
             message_count: u32::try_from(queue.stats().ready).unwrap_or(u32::MAX),
         };
-        let (properties, payload) = content::decode(&envelope.body);
+        let (properties, payload) = content::delivered(envelope);
         self.send(ch, AMQPClass::Basic(basic::AMQPMethod::GetOk(ok)));
         self.send_content(ch, properties, &payload);
         Ok(())
@@ -775,7 +775,7 @@ impl Connection {
             exchange: ShortString::from(""),
             routing_key: ShortString::from(sub.queue.name()),
         };
-        let (properties, payload) = content::decode(&envelope.body);
+        let (properties, payload) = content::delivered(envelope);
         self.send(ch, AMQPClass::Basic(basic::AMQPMethod::Deliver(deliver)));
         self.send_content(ch, properties, &payload);
     }

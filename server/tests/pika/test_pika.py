@@ -270,6 +270,10 @@ def test_reject_dead_letters_through_the_default_exchange():
     ch.cancel()
     method, props, body = next(ch.consume(dead, inactivity_timeout=5))
     assert (body, props.content_type) == (b"poison", "application/json")
+    # RabbitMQ's dead-letter headers say where and why it died.
+    (death,) = props.headers["x-death"]
+    assert (death["queue"], death["reason"], death["count"]) == (work, "rejected", 1)
+    assert props.headers["x-first-death-queue"] == work
     ch.basic_ack(method.delivery_tag)
     conn.close()
 
@@ -331,8 +335,9 @@ def test_delivery_limit_dead_letters_a_poison_message():
         assert (body, method.redelivered) == (b"poison", redelivered)
         ch.basic_nack(method.delivery_tag, requeue=True)
     assert ch.basic_get(queue=queue) == (None, None, None)
-    method, _, body = ch.basic_get(queue=dead, auto_ack=True)
+    method, properties, body = ch.basic_get(queue=dead, auto_ack=True)
     assert body == b"poison"
+    assert properties.headers["x-first-death-reason"] == "delivery_limit"
     conn.close()
 
 
