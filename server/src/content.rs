@@ -6,7 +6,13 @@
 //!
 //! ```text
 //! [format: u8 = 1][properties length: u32 big-endian][properties][payload]
+//! [format: u8 = 2][properties length: u32 big-endian][properties]
+//!     [exchange length: u8][exchange][routing key length: u8][routing key][payload]
 //! ```
+//!
+//! Format 1 is a publish through the default exchange (its routing key is the queue's
+//! name); format 2 keeps the exchange and routing key of a publish through another, which
+//! its deliveries report as RabbitMQ's do.
 //!
 //! where the properties are written and read by `amq-protocol`'s
 //! `gen_properties`/`parse_properties` (the content header's own encoding). Keeping them in
@@ -22,38 +28,111 @@ use bytes::{BufMut, Bytes, BytesMut};
 use leasemq::{DeathReason, DeathRecord, Envelope};
 
 const FORMAT: u8 = 1;
+const FORMAT_ROUTED: u8 = 2;
 const PREFIX: usize = 5;
 
 /// Writes `properties` and `payload` into one stored body, or `None` if the properties
 /// cannot be written (a value over its wire limit).
 pub fn encode(properties: &BasicProperties, payload: &[u8]) -> Option<Bytes> {
+    encode_routed(properties, "", "", payload)
+}
+
+/// As [`encode`], for a publish through `exchange` with `routing_key`; the default
+/// exchange (`""`) keeps neither, since its routing key is the queue's name.
+pub fn encode_routed(
+    properties: &BasicProperties,
+    exchange: &str,
+    routing_key: &str,
+    payload: &[u8],
+) -> Option<Bytes> {
     let props = gen_properties(properties)(WriteContext::from(Vec::new()))
         .ok()?
         .into_inner()
         .0;
-    let mut body = BytesMut::with_capacity(PREFIX + props.len() + payload.len());
-    body.put_u8(FORMAT);
+    let route = if exchange.is_empty() {
+        0
+    } else {
+        2 + exchange.len() + routing_key.len()
+    };
+    let mut body = BytesMut::with_capacity(PREFIX + props.len() + route + payload.len());
+    body.put_u8(if exchange.is_empty() {
+        FORMAT
+    } else {
+        FORMAT_ROUTED
+    });
     body.put_u32(u32::try_from(props.len()).ok()?);
     body.put_slice(&props);
+    if !exchange.is_empty() {
+        for name in [exchange, routing_key] {
+            body.put_u8(u8::try_from(name.len()).ok()?);
+            body.put_slice(name.as_bytes());
+        }
+    }
     body.put_slice(payload);
     Some(body.freeze())
 }
 
 /// Splits a stored body into its properties and payload (sharing the body's memory).
 pub fn decode(body: &Bytes) -> (BasicProperties, Bytes) {
-    decode_stored(body).unwrap_or_else(|| (BasicProperties::default(), body.clone()))
+    match decode_stored(body) {
+        Some(stored) => (stored.properties, stored.payload),
+        None => (BasicProperties::default(), body.clone()),
+    }
 }
 
-/// What a delivery of `envelope` carries: its stored properties and payload, and for a
-/// dead letter RabbitMQ's `x-death` headers (`x-death` with `count`, `reason` — `rejected`
-/// or `delivery_limit` —, `queue`, `exchange` and `routing-keys`; `x-first-death-queue`,
-/// `-reason` and `-exchange`), so that a consumer of a dead-letter queue reads why as it
-/// would from RabbitMQ.
-pub fn delivered(envelope: &Envelope) -> (BasicProperties, Bytes) {
-    let (properties, payload) = decode(&envelope.body);
+/// A stored body taken apart.
+struct Stored {
+    properties: BasicProperties,
+    /// The exchange and routing key of a publish not through the default exchange.
+    route: Option<(String, String)>,
+    payload: Bytes,
+}
+
+/// What a delivery of a message carries besides the method's tags.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Delivered {
+    /// The publish's properties (with `x-death` headers on a dead letter).
+    pub properties: BasicProperties,
+    /// The exchange it was published to (`""` for the default one or a dead letter).
+    pub exchange: String,
+    /// Its routing key: the publish's, or the queue's name through the default exchange
+    /// and for a dead letter (RabbitMQ's `x-dead-letter-routing-key`).
+    pub routing_key: String,
+    /// The message body.
+    pub payload: Bytes,
+}
+
+/// What a delivery of `envelope` from `queue` carries: its stored properties, exchange,
+/// routing key and payload, and for a dead letter RabbitMQ's `x-death` headers (`x-death`
+/// with `count`, `reason` — `rejected` or `delivery_limit` —, `queue`, `exchange` and
+/// `routing-keys`; `x-first-death-queue`, `-reason` and `-exchange`), so that a consumer
+/// of a dead-letter queue reads why as it would from RabbitMQ.
+pub fn delivered(envelope: &Envelope, queue: &str) -> Delivered {
+    let stored = decode_stored(&envelope.body).unwrap_or_else(|| Stored {
+        properties: BasicProperties::default(),
+        route: None,
+        payload: envelope.body.clone(),
+    });
+    let default_route = || (String::new(), queue.to_string());
     match &envelope.death {
-        Some(death) => (with_death(properties, death), payload),
-        None => (properties, payload),
+        Some(death) => {
+            let (exchange, routing_key) = default_route();
+            Delivered {
+                properties: with_death(stored.properties, death),
+                exchange,
+                routing_key,
+                payload: stored.payload,
+            }
+        }
+        None => {
+            let (exchange, routing_key) = stored.route.unwrap_or_else(default_route);
+            Delivered {
+                properties: stored.properties,
+                exchange,
+                routing_key,
+                payload: stored.payload,
+            }
+        }
     }
 }
 
@@ -79,16 +158,33 @@ fn with_death(properties: BasicProperties, death: &DeathRecord) -> BasicProperti
     properties.with_headers(headers)
 }
 
-fn decode_stored(body: &Bytes) -> Option<(BasicProperties, Bytes)> {
-    if body.len() < PREFIX || body[0] != FORMAT {
+fn decode_stored(body: &Bytes) -> Option<Stored> {
+    if body.len() < PREFIX || !matches!(body[0], FORMAT | FORMAT_ROUTED) {
         return None;
     }
     let len = u32::from_be_bytes([body[1], body[2], body[3], body[4]]) as usize;
-    let end = PREFIX.checked_add(len).filter(|&end| end <= body.len())?;
-    match parse_properties(&body[PREFIX..end]) {
-        Ok(([], properties)) => Some((properties, body.slice(end..))),
-        _ => None,
+    let mut end = PREFIX.checked_add(len).filter(|&end| end <= body.len())?;
+    let properties = match parse_properties(&body[PREFIX..end]) {
+        Ok(([], properties)) => properties,
+        _ => return None,
+    };
+    let mut route = None;
+    if body[0] == FORMAT_ROUTED {
+        let mut name = || {
+            let len = usize::from(*body.get(end)?);
+            let text = body.get(end + 1..end + 1 + len)?;
+            end += 1 + len;
+            String::from_utf8(text.to_vec()).ok()
+        };
+        let exchange = name()?;
+        let routing_key = name()?;
+        route = Some((exchange, routing_key));
     }
+    Some(Stored {
+        properties,
+        route,
+        payload: body.slice(end..),
+    })
 }
 
 #[cfg(test)]
@@ -124,9 +220,13 @@ mod tests {
                 attempts: 5,
             }),
         };
-        let (properties, payload) = delivered(&envelope);
-        assert_eq!(&payload[..], b"poison");
-        let headers = properties.headers().clone().unwrap();
+        let d = delivered(&envelope, "jobs.dead");
+        assert_eq!(&d.payload[..], b"poison");
+        assert_eq!(
+            (d.exchange.as_str(), d.routing_key.as_str()),
+            ("", "jobs.dead")
+        );
+        let headers = d.properties.headers().clone().unwrap();
         let headers = headers.inner();
         assert_eq!(headers.get("tenant"), Some(&AMQPValue::LongInt(7)));
         let reason = AMQPValue::LongString("delivery_limit".into());
@@ -148,9 +248,39 @@ mod tests {
             death: None,
             ..envelope
         };
+        let d = delivered(&plain, "jobs");
+        assert_eq!(d.properties.headers().clone().unwrap().inner().len(), 1);
+    }
+
+    #[test]
+    fn a_publish_through_an_exchange_keeps_its_exchange_and_routing_key() {
+        let properties = BasicProperties::default().with_message_id("m-1".into());
+        let stored = encode_routed(&properties, "orders", "paid", b"order 7").unwrap();
+        let envelope = Envelope {
+            id: "m-1".into(),
+            body: stored.clone(),
+            attempt: 1,
+            death: None,
+        };
+        let d = delivered(&envelope, "billing");
         assert_eq!(
-            delivered(&plain).0.headers().clone().unwrap().inner().len(),
-            1
+            (d.exchange.as_str(), d.routing_key.as_str(), &d.payload[..]),
+            ("orders", "paid", &b"order 7"[..])
+        );
+        assert_eq!(d.properties, properties);
+        assert_eq!(
+            decode(&stored),
+            (properties, Bytes::from_static(b"order 7"))
+        );
+        // Through the default exchange the routing key is the queue's name.
+        let plain = Envelope {
+            body: encode(&BasicProperties::default(), b"x").unwrap(),
+            ..envelope
+        };
+        let d = delivered(&plain, "billing");
+        assert_eq!(
+            (d.exchange.as_str(), d.routing_key.as_str()),
+            ("", "billing")
         );
     }
 

@@ -519,16 +519,16 @@ impl Connection {
             });
         }
         let envelope = delivery.envelope();
+        let content = content::delivered(envelope, queue.name());
         let ok = basic::GetOk {
             delivery_tag: channel_tag,
             redelivered: envelope.redelivered(),
-            exchange: ShortString::from(""),
-            routing_key: ShortString::from(queue.name()),
+            exchange: ShortString::from(content.exchange),
+            routing_key: ShortString::from(content.routing_key),
             message_count: u32::try_from(queue.stats().ready).unwrap_or(u32::MAX),
         };
-        let (properties, payload) = content::delivered(envelope);
         self.send(ch, AMQPClass::Basic(basic::AMQPMethod::GetOk(ok)));
-        self.send_content(ch, properties, &payload);
+        self.send_content(ch, content.properties, &content.payload);
         Ok(())
     }
 
@@ -768,16 +768,16 @@ impl Connection {
             state.unacked.insert(channel_tag, unacked);
         }
         let envelope = delivery.envelope();
+        let content = content::delivered(envelope, sub.queue.name());
         let deliver = basic::Deliver {
             consumer_tag: sub.tag.clone(),
             delivery_tag: channel_tag,
             redelivered: envelope.redelivered(),
-            exchange: ShortString::from(""),
-            routing_key: ShortString::from(sub.queue.name()),
+            exchange: ShortString::from(content.exchange),
+            routing_key: ShortString::from(content.routing_key),
         };
-        let (properties, payload) = content::delivered(envelope);
         self.send(ch, AMQPClass::Basic(basic::AMQPMethod::Deliver(deliver)));
-        self.send_content(ch, properties, &payload);
+        self.send_content(ch, content.properties, &content.payload);
     }
 
     /// The content header and body frames of a delivery.

@@ -156,7 +156,8 @@ impl Connection {
             }
             return Ok(());
         }
-        let Some(stored) = content::encode(&properties, &body) else {
+        let routing_key = publish.routing_key.as_str();
+        let Some(stored) = content::encode_routed(&properties, exchange, routing_key, &body) else {
             let text = "PRECONDITION_FAILED - message properties could not be stored";
             return Err(Fault::channel(ch, code::PRECONDITION_FAILED, text, &m));
         };

@@ -6,7 +6,9 @@
 #
 # Needs python3 (with venv) and network access to PyPI the first time: pika and pytest are
 # installed into a virtual environment under target/pika-venv, reused on later runs.
-# Extra arguments go to pytest (e.g. -k nack).
+# Extra arguments go to pytest (e.g. -k nack). With AMQP_URL=amqp://… it runs test_pika.py
+# against that broker instead (no leasemqd), e.g. a local RabbitMQ:
+#   AMQP_URL=amqp://guest:guest@127.0.0.1:5672/%2f server/tests/pika/run.sh
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 root="$(cd "$here/../../.." && pwd)"
@@ -16,6 +18,12 @@ venv="$root/target/pika-venv"
 if [ ! -x "$venv/bin/pytest" ] || ! "$venv/bin/python" -c 'import pika' 2>/dev/null; then
     python3 -m venv "$venv"
     "$venv/bin/pip" install --quiet "pika>=1.3,<2" "pytest>=7"
+fi
+
+# AMQP_URL: run test_pika.py against that broker (a RabbitMQ, say) instead of leasemqd.
+if [ -n "${AMQP_URL:-}" ]; then
+    export PYTHONDONTWRITEBYTECODE=1
+    exec "$venv/bin/pytest" -q -p no:cacheprovider -rs "$here/test_pika.py" "$@"
 fi
 
 cargo build --locked -p leasemq-server --bin leasemqd

@@ -1,7 +1,10 @@
 """leasemqd against an unmodified pika client.
 
-Run by run.sh, which starts leasemqd and passes its address in LEASEMQD_PORT.
-Each test uses its own queue, so the tests do not depend on one another.
+Run by run.sh, which starts leasemqd and passes its address in LEASEMQD_PORT. With
+AMQP_URL set instead (run.sh passes it on), the same tests run against that broker, a
+RabbitMQ for instance: the tests marked `leasemq_only` are skipped there, each saying why
+the two differ on purpose. Each test uses its own queue, so the tests do not depend on one
+another.
 """
 
 import os
@@ -10,13 +13,37 @@ import uuid
 import pika
 import pytest
 
-PORT = int(os.environ["LEASEMQD_PORT"])
+URL = os.environ.get("AMQP_URL")
+if URL:
+    PARAMS = pika.URLParameters(URL)
+else:
+    PARAMS = pika.ConnectionParameters(
+        host="127.0.0.1", port=int(os.environ["LEASEMQD_PORT"]), connection_attempts=3
+    )
+
+
+def leasemq_only(why):
+    """A behaviour where leasemqd differs from RabbitMQ on purpose: skipped with AMQP_URL."""
+    return pytest.mark.skipif(URL is not None, reason=f"leasemqd differs on purpose: {why}")
 
 
 def connect():
-    return pika.BlockingConnection(
-        pika.ConnectionParameters(host="127.0.0.1", port=PORT, connection_attempts=3)
-    )
+    return pika.BlockingConnection(PARAMS)
+
+
+def get_soon(conn, ch, queue, **kwargs):
+    """basic_get, asked again for up to 5 s while the queue answers get-empty.
+
+    leasemqd has a message back in its queue by the time the settle that returned it is
+    answered, so the first get finds it; RabbitMQ's quorum queues take a nack back
+    asynchronously, so against it the message can arrive a moment later.
+    """
+    for _ in range(500):
+        got = ch.basic_get(queue=queue, **kwargs)
+        if got[0] is not None:
+            return got
+        conn.sleep(0.01)
+    raise AssertionError(f"nothing came to {queue} within 5 s")
 
 
 def fresh_queue(channel, prefix):
@@ -32,6 +59,9 @@ def test_publish_then_consume_with_acks():
     conn = connect()
     ch = conn.channel()
     queue = fresh_queue(ch, "jobs")
+    # Confirmed publishes: in the queue by the time the passive declare counts them (on
+    # RabbitMQ too, whose queues take publishes asynchronously).
+    ch.confirm_delivery()
     for i in range(n):
         ch.basic_publish(
             exchange="",
@@ -171,6 +201,7 @@ def test_passive_declare_of_a_missing_queue_is_a_channel_error():
     conn.close()
 
 
+@leasemq_only("only direct exchanges are served; RabbitMQ has fanout")
 def test_an_unsupported_method_closes_the_connection_with_540():
     conn = connect()
     ch = conn.channel()
@@ -189,13 +220,15 @@ def test_a_direct_exchange_routes_by_key_to_every_bound_queue():
     ch.queue_bind(queue=billing, exchange=exchange, routing_key="paid")
     ch.queue_bind(queue=audit, exchange=exchange, routing_key="paid")
     ch.queue_bind(queue=audit, exchange=exchange, routing_key="shipped")
+    ch.confirm_delivery()  # routed by the time they are confirmed
     ch.basic_publish(exchange=exchange, routing_key="paid", body=b"order 1 paid")
     ch.basic_publish(exchange=exchange, routing_key="shipped", body=b"order 1 shipped")
     ch.basic_publish(exchange=exchange, routing_key="lost", body=b"nobody")
     assert ch.queue_declare(queue=billing, passive=True).method.message_count == 1
     assert ch.queue_declare(queue=audit, passive=True).method.message_count == 2
     method, _, body = ch.basic_get(queue=billing, auto_ack=True)
-    assert (body, method.exchange, method.routing_key) == (b"order 1 paid", "", billing)
+    # As from RabbitMQ: the exchange and routing key it was published with.
+    assert (body, method.exchange, method.routing_key) == (b"order 1 paid", exchange, "paid")
     ch.queue_unbind(queue=audit, exchange=exchange, routing_key="paid")
     ch.basic_publish(exchange=exchange, routing_key="paid", body=b"order 2 paid")
     assert ch.queue_declare(queue=audit, passive=True).method.message_count == 2
@@ -211,6 +244,7 @@ def test_a_direct_exchange_routes_by_key_to_every_bound_queue():
     conn.close()
 
 
+@leasemq_only("message-id is the dedup id (RabbitMQ keeps duplicates)")
 def test_the_message_id_is_the_dedup_id_while_the_message_is_queued():
     conn = connect()
     ch = conn.channel()
@@ -231,7 +265,10 @@ def test_the_message_id_is_the_dedup_id_while_the_message_is_queued():
 
 def test_a_wrong_password_is_refused():
     params = pika.ConnectionParameters(
-        host="127.0.0.1", port=PORT, credentials=pika.PlainCredentials("guest", "wrong")
+        host=PARAMS.host,
+        port=PARAMS.port,
+        virtual_host=PARAMS.virtual_host,
+        credentials=pika.PlainCredentials("guest", "wrong"),
     )
     with pytest.raises(pika.exceptions.ProbableAuthenticationError):
         pika.BlockingConnection(params)
@@ -278,6 +315,7 @@ def test_reject_dead_letters_through_the_default_exchange():
     conn.close()
 
 
+@leasemq_only("drop-head overflow is not served (RabbitMQ's default)")
 def test_an_unsupported_queue_argument_is_refused_not_ignored():
     conn = connect()
     ch = conn.channel()
@@ -287,6 +325,7 @@ def test_an_unsupported_queue_argument_is_refused_not_ignored():
     assert err.value.reply_code == 540
 
 
+@leasemq_only("messages do not expire (RabbitMQ has x-message-ttl)")
 def test_message_ttl_is_refused_with_a_406_that_says_why():
     conn = connect()
     ch = conn.channel()
@@ -331,11 +370,11 @@ def test_delivery_limit_dead_letters_a_poison_message():
     )
     ch.basic_publish(exchange="", routing_key=queue, body=b"poison")
     for redelivered in (False, True):
-        method, _, body = ch.basic_get(queue=queue)
+        method, _, body = get_soon(conn, ch, queue)
         assert (body, method.redelivered) == (b"poison", redelivered)
         ch.basic_nack(method.delivery_tag, requeue=True)
+    method, properties, body = get_soon(conn, ch, dead, auto_ack=True)
     assert ch.basic_get(queue=queue) == (None, None, None)
-    method, properties, body = ch.basic_get(queue=dead, auto_ack=True)
     assert body == b"poison"
     assert properties.headers["x-first-death-reason"] == "delivery_limit"
     conn.close()
@@ -421,3 +460,29 @@ def test_a_server_named_exclusive_queue_belongs_to_its_connection():
         och.queue_declare(queue=queue, passive=True)
     assert closed.value.reply_code == 404
     other.close()
+
+
+@leasemq_only(
+    "a lease that runs out goes to another consumer and the late ack is ignored; "
+    "RabbitMQ closes the channel with 406 at consumer_timeout"
+)
+def test_an_expired_lease_is_redelivered_and_the_late_ack_is_ignored():
+    conn = connect()
+    slow = conn.channel()
+    queue = f"lease-{uuid.uuid4().hex[:8]}"
+    slow.queue_declare(queue=queue, arguments={"x-consumer-timeout": 300})
+    slow.basic_publish(exchange="", routing_key=queue, body=b"slow job")
+    method, _, body = slow.basic_get(queue=queue)
+    assert (body, method.redelivered) == (b"slow job", False)
+    late_tag = method.delivery_tag
+    # Another worker waits for it: it comes back once the 300 ms lease runs out.
+    fast = conn.channel()
+    method, _, body = next(fast.consume(queue, inactivity_timeout=10))
+    assert method is not None, "the message came back after its lease ran out"
+    assert (body, method.redelivered) == (b"slow job", True)
+    fast.basic_ack(method.delivery_tag)
+    # The first worker's ack comes too late: ignored, and its channel stays open.
+    slow.basic_ack(late_tag)
+    assert slow.queue_declare(queue=queue, passive=True).method.message_count == 0
+    assert slow.is_open
+    conn.close()
