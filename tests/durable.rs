@@ -255,6 +255,40 @@ fn a_closed_durable_queue_does_not_come_back() {
     broker.shutdown();
 }
 
+/// A queue that a durable queue dead-letters into stays durable: declaring it again in
+/// memory (after closing it) is refused while the durable queue lives, also after a restart.
+#[test]
+fn a_durable_queues_dead_letter_queue_cannot_come_back_in_memory() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = open(dir.path());
+    let dead = broker.declare_queue("work.dead", durable()).unwrap();
+    let config = QueueConfig {
+        dead_letter: Some("work.dead".into()),
+        ..durable()
+    };
+    let work = broker.declare_queue("work", config).unwrap();
+    assert!(dead.close());
+    assert_err!(
+        broker.declare_queue("work.dead", QueueConfig::default()),
+        Error::InvalidConfig(_)
+    );
+    broker.declare_queue("work.dead", durable()).unwrap();
+    broker.shutdown();
+    let broker = open(dir.path());
+    broker.queue("work.dead").unwrap().close();
+    assert_err!(
+        broker.declare_queue("work.dead", QueueConfig::default()),
+        Error::InvalidConfig(_)
+    );
+    // Once the durable queue is gone, the name is free for any queue.
+    assert!(broker.queue("work").unwrap().close());
+    broker
+        .declare_queue("work.dead", QueueConfig::default())
+        .unwrap();
+    drop(work);
+    broker.shutdown();
+}
+
 /// A purge is on disk: what it removed stays gone after a restart, and what a stopped
 /// consumer still held comes back (it was never settled).
 #[test]

@@ -1,5 +1,6 @@
 //! The broker handle: builds the shards, routes declares, moves the manual clock, shuts down.
 
+use std::collections::HashMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -305,6 +306,7 @@ impl BrokerBuilder {
                 threads: Mutex::new(threads),
                 durable: data_dir.is_some(),
                 data_dir: Mutex::new(data_dir),
+                durable_dead_letters: Mutex::default(),
             }),
         };
         if !(0..shards).all(|_| setups.recv() == Ok(true)) {
@@ -316,6 +318,11 @@ impl BrokerBuilder {
         // Messages the restore dead-lettered land before anyone can look.
         if broker.inner.durable {
             while broker.step_all(|reply| Request::Barrier { reply })? > 0 {}
+            for name in broker.queue_names() {
+                if let Some(queue) = broker.queue(&name) {
+                    broker.note_dead_letter_queue(&queue);
+                }
+            }
         }
         Ok(broker)
     }
@@ -332,6 +339,10 @@ pub(crate) struct BrokerInner {
     durable: bool,
     /// The data dir's lock, let go once the shards have stopped.
     data_dir: Mutex<Option<DataDir>>,
+    /// The dead-letter queue of each live durable queue that has one, by the durable
+    /// queue's name: such a queue may not be declared again without `durable`, or the
+    /// dead letters it takes would not survive a crash.
+    pub durable_dead_letters: Mutex<HashMap<String, String>>,
 }
 
 impl BrokerInner {
@@ -446,7 +457,8 @@ impl Broker {
     /// - [`Error::ShutDown`] after [`shutdown`](Broker::shutdown);
     /// - [`Error::InvalidName`] unless `name` is 1 to 255 bytes of `[A-Za-z0-9._:-]`;
     /// - [`Error::InvalidConfig`] for a config outside its limits (contract §3 Limits),
-    ///   including a `dead_letter` naming this queue or not a valid queue name;
+    ///   including a `dead_letter` naming this queue or not a valid queue name, and a queue
+    ///   that is not durable under the name of a live durable queue's dead-letter queue;
     /// - [`Error::UnknownQueue`] when `dead_letter` names no live queue;
     /// - [`Error::ConfigMismatch`] when a live queue of that name has another config.
     ///
@@ -478,6 +490,17 @@ impl Broker {
                     .into(),
             ));
         }
+        if !config.durable && self.inner.durable {
+            let durable_dead_letters = self.inner.durable_dead_letters.lock();
+            let taken = durable_dead_letters.unwrap_or_else(|e| e.into_inner());
+            if let Some((source, _)) = taken.iter().find(|(_, dlq)| *dlq == name) {
+                return Err(Error::InvalidConfig(format!(
+                    "durable: {name:?} is the dead-letter queue of the durable queue \
+                     {source:?}, so it must be durable too, or its dead letters would not \
+                     survive"
+                )));
+            }
+        }
         if let Some(dead_letter) = &config.dead_letter {
             match self.lookup(dead_letter)? {
                 None => return Err(Error::UnknownQueue(dead_letter.clone())),
@@ -500,11 +523,23 @@ impl Broker {
             reply,
         }) {
             Answer::Queue(Ok(Some((key, cell)))) => {
-                Ok(Queue::new(self.inner.clone(), name, shard, key, cell))
+                let queue = Queue::new(self.inner.clone(), name, shard, key, cell);
+                self.note_dead_letter_queue(&queue);
+                Ok(queue)
             }
             Answer::Queue(Err(e)) => Err(e),
             Answer::ShutDown => Err(Error::ShutDown),
             other => unreachable!("declare answered {other:?}"),
+        }
+    }
+
+    /// Remembers the dead-letter queue of a durable queue (see `durable_dead_letters`).
+    fn note_dead_letter_queue(&self, queue: &Queue) {
+        let config = queue.config();
+        if let (true, Some(dead_letter)) = (config.durable, &config.dead_letter) {
+            let mut taken = self.inner.durable_dead_letters.lock();
+            let taken = taken.as_mut().unwrap_or_else(|e| e.get_mut());
+            taken.insert(queue.name().to_string(), dead_letter.clone());
         }
     }
 

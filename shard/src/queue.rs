@@ -502,12 +502,18 @@ impl Queue {
         if self.inner.cell.is_closed() {
             return false;
         }
-        matches!(
+        let closed = matches!(
             self.request(Command::Close {
                 queue: self.inner.key
             }),
             Outcome::Reply(Reply::Closed(Some(_)))
-        )
+        );
+        if closed && self.is_durable() {
+            let mut taken = self.inner.broker.durable_dead_letters.lock();
+            let taken = taken.as_mut().unwrap_or_else(|e| e.get_mut());
+            taken.remove(self.name());
+        }
+        closed
     }
 
     /// Whether the queue was closed, through this handle or another.
