@@ -78,9 +78,11 @@ pub mod fuzz;
 mod gen;
 mod ledger;
 mod op;
+mod restart;
 mod rng;
 mod setup;
 mod shrink;
+mod storage;
 mod world;
 
 use std::cell::{Cell, RefCell};
@@ -159,6 +161,14 @@ pub struct Stats {
     /// Virtual time simulated, in ticks.
     pub ticks: u64,
     pub violations: u64,
+    /// Durable runs: crashes and restarts.
+    pub crashes: u64,
+    /// Messages the restarts brought back.
+    pub restored: u64,
+    /// Torn last writes cut by recovery.
+    pub torn: u64,
+    /// Logs with a flipped bit that recovery refused, as it must.
+    pub refusals: u64,
 }
 
 impl Stats {
@@ -187,6 +197,10 @@ impl Stats {
         self.chained += o.chained;
         self.ticks += o.ticks;
         self.violations += o.violations;
+        self.crashes += o.crashes;
+        self.restored += o.restored;
+        self.torn += o.torn;
+        self.refusals += o.refusals;
     }
 }
 
@@ -231,7 +245,15 @@ impl fmt::Display for Stats {
             self.hops,
             self.catch_ups,
             self.backlogged
-        )
+        )?;
+        if self.crashes > 0 {
+            write!(
+                f,
+                "\n  crashes {}, messages restored {}, torn tails cut {}, damaged logs refused {}",
+                self.crashes, self.restored, self.torn, self.refusals
+            )?;
+        }
+        Ok(())
     }
 }
 
@@ -275,8 +297,10 @@ impl fmt::Display for Failure {
         writeln!(f, "which fails with: {}", self.shrunk_violation)?;
         write!(
             f,
-            "replay: cargo run -p leasemq-sim --release -- --seed {} --steps {}",
-            self.seed, self.steps
+            "replay: cargo run -p leasemq-sim --release -- --seed {} --steps {}{}",
+            self.seed,
+            self.steps,
+            if self.setup.durable { " --durable" } else { "" }
         )
     }
 }
@@ -285,7 +309,13 @@ impl std::error::Error for Failure {}
 
 /// Runs `steps` steps of seed `seed`; on a violation, shrinks the trace and returns it.
 pub fn run_seed(seed: u64, steps: usize) -> Result<Stats, Failure> {
-    run(seed, steps, None)
+    run(Setup::from_seed(seed), steps, None)
+}
+
+/// Like [`run_seed`], with a data dir ([`Setup::durable_from_seed`]): some queues are
+/// durable, each shard logs to a simulated disk, and the broker crashes and restarts.
+pub fn run_durable_seed(seed: u64, steps: usize) -> Result<Stats, Failure> {
+    run(Setup::durable_from_seed(seed), steps, None)
 }
 
 /// Like [`run_seed`], with `fault` planted from step `from_step` on: shows that the checks
@@ -296,11 +326,11 @@ pub fn run_seed_with_fault(
     fault: Fault,
     from_step: usize,
 ) -> Result<Stats, Failure> {
-    run(seed, steps, Some((fault, from_step)))
+    run(Setup::from_seed(seed), steps, Some((fault, from_step)))
 }
 
-fn run(seed: u64, steps: usize, fault: Option<(Fault, usize)>) -> Result<Stats, Failure> {
-    let setup = Setup::from_seed(seed);
+fn run(setup: Setup, steps: usize, fault: Option<(Fault, usize)>) -> Result<Stats, Failure> {
+    let seed = setup.seed;
     let mut sim = Sim::new(&setup, fault);
     let mut gen = Generator::new(seed);
     let mut trace = Vec::with_capacity(steps);
