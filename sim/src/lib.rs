@@ -20,6 +20,23 @@
 //! declared again, with the same or another config; dead-letter chains cross shards; time
 //! jumps by a tick or by days.
 //!
+//! **Durable runs** ([`run_durable_seed`], `--durable`) add a data dir: a seeded choice of
+//! names are durable queues (a durable queue's dead-letter queue is durable too), and
+//! each shard writes the changes its engine logs (`Effects::log`) as one record per call
+//! through the shipping `leasemq-wal` `Wal` onto its own in-memory disk (`MemDisk`). As
+//! under `SyncPolicy::Always`, what a call that logged caused (its answer, its
+//! deliveries, its messages to other shards) waits, in order, until the op
+//! [`Op::Sync`] fsyncs that shard's log; the `Wal`'s syncer thread runs only inside that
+//! call, so a run stays deterministic. [`Op::Crash`] loses everything in memory (queues in
+//! memory, consumers, what waited, what was between shards), has the syncer write what
+//! was appended without fsyncing it, and crashes each disk so that it keeps, loses or
+//! tears (per 512-byte sector) those writes; with `flip`, a bit of an old record (synced,
+//! with a later write after it) flips first. Then the shards come back as
+//! `BrokerBuilder::build` brings them back: each log recovered into a fresh `Shard`
+//! (`Shard::restore`), broker ids reserved past every restored one, the log epoch moved
+//! on by the downtime, `finish_restore`, and the dead letters it made sent on; the
+//! workload goes on.
+//!
 //! # What is checked
 //!
 //! After every engine call, against the ledger (contract §2 and §3):
@@ -46,6 +63,26 @@
 //! later than the earliest deadline the ledger knows there. At the end, with every message
 //! between shards delivered, no dead letter is left in flight.
 //!
+//! After each crash (contract §7), against what clients were told (an answer or delivery
+//! counts only once the fsync covering it let it out): a flipped bit is refused by
+//! recovery with an error naming the file and the damaged record's offset, never
+//! accepted; a torn tail is cut, and no fsynced record is lost; every durable queue whose
+//! declare was answered and that was not closed is back with its config, and none whose
+//! close was answered, and no queue in memory; every message whose put was answered
+//! `Enqueued` and that was not settled away is back (a dead letter in its source or its
+//! dead-letter queue, or both, never neither), and none in a queue it never entered; none
+//! whose ack was answered `true` is back there; a message's attempt is not below that of
+//! its last delivery handed over (less one a release gave back); a delay that ends after
+//! the restart ends at the same log-time instant; an answered put's id stays a duplicate
+//! to the end of its window; the next tag is past every tag handed over; a restored
+//! broker id is the message's own and no other's. Then the ledger starts its books again
+//! from the restored shards (what a crash may or may not keep, it takes their word for),
+//! and every check above goes on from there.
+//!
+//! What is not simulated: `SyncPolicy::Interval`, snapshots (`Shard::image` is read, not
+//! written to disk), a failing fsync and a full disk (`tests/durable_faults.rs` covers
+//! those on the threaded runtime).
+//!
 //! The ledger is not a model of the engine: it does not know the round robin or the order
 //! within the ready lists (beyond "returned before fresh"), so it takes the engine's word
 //! for which ready message goes to which consumer with credit and checks everything else
@@ -55,9 +92,10 @@
 //! # Running it
 //!
 //! `cargo test -p leasemq-sim` runs 500 seeds × 2 000 steps (`LEASEMQ_SIM_SEEDS`,
-//! `LEASEMQ_SIM_STEPS` change that) and shows that planted bugs ([`Fault`]) are caught.
-//! `cargo run -p leasemq-sim --release -- --seeds N [--steps M] [--from S]` soaks on every
-//! core; `--seed S` replays one seed.
+//! `LEASEMQ_SIM_STEPS` change that), 500 durable seeds × 1 000 steps with crashes
+//! (`LEASEMQ_SIM_DURABLE_SEEDS`, `LEASEMQ_SIM_DURABLE_STEPS`), and shows that planted bugs
+//! ([`Fault`]) are caught. `cargo run -p leasemq-sim --release -- --seeds N [--steps M]
+//! [--from S] [--durable]` soaks on every core; `--seed S` replays one seed.
 //!
 //! # Replay and shrinking
 //!
