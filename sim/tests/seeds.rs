@@ -75,6 +75,18 @@ fn durable_seeds_survive_crashes() {
     }
 }
 
+/// Durable seeds that once broke the ledger's reading of a restart: in 658 and 953 a
+/// message leased at the crash past its last delivery was dead-lettered by the restart
+/// while a later put of its id had been lost with the crash; the ledger gave the dying
+/// message the lost put's dedup window.
+#[test]
+fn durable_seeds_that_once_broke_the_ledger_run_clean() {
+    for seed in [658, 953] {
+        let stats = run_durable_seed(seed, 2500).unwrap_or_else(|f| panic!("{f}"));
+        assert!(stats.crashes > 0, "seed {seed}: {stats}");
+    }
+}
+
 #[test]
 fn a_durable_seed_replays_exactly() {
     let a = run_durable_seed(11, 800).unwrap_or_else(|f| panic!("{f}"));

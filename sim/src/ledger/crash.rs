@@ -161,13 +161,13 @@ impl Ledger {
             .collect();
         // The windows of the old incarnations, in log time: an image gives none for a
         // dead letter whose outcome has not come back, though the shard keeps it.
-        let windows: Vec<HashMap<u32, u64>> = olds
+        let windows: Vec<HashMap<u32, (u64, Serial)>> = olds
             .iter()
             .map(|&q| {
                 self.queues[q as usize]
                     .dedup
                     .iter()
-                    .map(|(&n, d)| (n, at.old_epoch + d.until * at.tick_nanos))
+                    .map(|(&n, d)| (n, (at.old_epoch + d.until * at.tick_nanos, d.by)))
                     .collect()
             })
             .collect();
@@ -498,7 +498,7 @@ impl Ledger {
         r: &RestoredQueue,
         old: Q,
         letters: &[(u16, DeadLetter)],
-        windows: &HashMap<u32, u64>,
+        windows: &HashMap<u32, (u64, Serial)>,
         at: Restart,
     ) -> Result<(), Violation> {
         let name = self
@@ -549,7 +549,15 @@ impl Ledger {
             if dying {
                 msg.place = Place::InFlight { from: q };
                 if let IdRec::Given(n) = msg.id {
-                    let until = windows.get(&n).and_then(|&t| at.tick_of(t)).unwrap_or(0);
+                    // The window this message opened, not one of a later put of its id
+                    // that the crash lost.
+                    let until = windows
+                        .get(&n)
+                        .filter(|&&(_, by)| {
+                            by != RESTORED && self.original(by) == self.original(orig)
+                        })
+                        .and_then(|&(t, _)| at.tick_of(t))
+                        .unwrap_or(0);
                     let d = Dedup {
                         live: true,
                         until,
