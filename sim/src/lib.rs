@@ -114,6 +114,7 @@ mod client;
 mod fault;
 pub mod fuzz;
 mod gen;
+mod hold;
 mod ledger;
 mod op;
 mod restart;

@@ -18,6 +18,7 @@ mod audit;
 mod crash;
 mod effects;
 mod ops;
+mod rebuild;
 mod timers;
 
 use std::cmp::Reverse;
