@@ -144,6 +144,11 @@ impl<R: Source> Generator<R> {
             let silent = self.rng.percent(self.silent_percent);
             self.silent.push(silent);
         }
+        if world.setup().durable {
+            if let Some(op) = self.storage_op(world) {
+                return op;
+            }
+        }
         let live_names = live_names(world);
         let mix = self.mix(world, &live_names);
         match KINDS[self.rng.weighted(&mix)] {
@@ -230,6 +235,30 @@ impl<R: Source> Generator<R> {
             set(&mut w, Kind::Flush, 0);
         }
         w
+    }
+
+    /// Durable runs: now and then an fsync of one shard's log (mostly one that holds
+    /// something back), rarely a crash.
+    fn storage_op(&mut self, world: &World) -> Option<Op> {
+        match self.rng.below(1000) {
+            0..=3 => Some(Op::Crash {
+                seed: self.rng.next_u64(),
+                flip: self.rng.one_in(3),
+            }),
+            4..=119 => {
+                let waiting: Vec<u8> = (0..world.pending.len())
+                    .filter(|&s| !world.pending[s].is_empty())
+                    .map(|s| s as u8)
+                    .collect();
+                let shard = if !waiting.is_empty() && self.rng.percent(80) {
+                    self.rng.pick(&waiting)
+                } else {
+                    self.rng.below(world.pending.len() as u64) as u8
+                };
+                Some(Op::Sync { shard })
+            }
+            _ => None,
+        }
     }
 
     fn consume(&mut self, live_names: &[u8]) -> Op {

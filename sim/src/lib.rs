@@ -20,6 +20,23 @@
 //! declared again, with the same or another config; dead-letter chains cross shards; time
 //! jumps by a tick or by days.
 //!
+//! **Durable runs** ([`run_durable_seed`], `--durable`) add a data dir: a seeded choice of
+//! names are durable queues (a durable queue's dead-letter queue is durable too), and
+//! each shard writes the changes its engine logs (`Effects::log`) as one record per call
+//! through the shipping `leasemq-wal` `Wal` onto its own in-memory disk (`MemDisk`). As
+//! under `SyncPolicy::Always`, what a call that logged caused (its answer, its
+//! deliveries, its messages to other shards) waits, in order, until the op
+//! [`Op::Sync`] fsyncs that shard's log; the `Wal`'s syncer thread runs only inside that
+//! call, so a run stays deterministic. [`Op::Crash`] loses everything in memory (queues in
+//! memory, consumers, what waited, what was between shards), has the syncer write what
+//! was appended without fsyncing it, and crashes each disk so that it keeps, loses or
+//! tears (per 512-byte sector) those writes; with `flip`, a bit of an old record (synced,
+//! with a later write after it) flips first. Then the shards come back as
+//! `BrokerBuilder::build` brings them back: each log recovered into a fresh `Shard`
+//! (`Shard::restore`), broker ids reserved past every restored one, the log epoch moved
+//! on by the downtime, `finish_restore`, and the dead letters it made sent on; the
+//! workload goes on.
+//!
 //! # What is checked
 //!
 //! After every engine call, against the ledger (contract §2 and §3):
@@ -46,6 +63,26 @@
 //! later than the earliest deadline the ledger knows there. At the end, with every message
 //! between shards delivered, no dead letter is left in flight.
 //!
+//! After each crash (contract §7), against what clients were told (an answer or delivery
+//! counts only once the fsync covering it let it out): a flipped bit is refused by
+//! recovery with an error naming the file and the damaged record's offset, never
+//! accepted; a torn tail is cut, and no fsynced record is lost; every durable queue whose
+//! declare was answered and that was not closed is back with its config, and none whose
+//! close was answered, and no queue in memory; every message whose put was answered
+//! `Enqueued` and that was not settled away is back (a dead letter in its source or its
+//! dead-letter queue, or both, never neither), and none in a queue it never entered; none
+//! whose ack was answered `true` is back there; a message's attempt is not below that of
+//! its last delivery handed over (less one a release gave back); a delay that ends after
+//! the restart ends at the same log-time instant; an answered put's id stays a duplicate
+//! to the end of its window; the next tag is past every tag handed over; a restored
+//! broker id is the message's own and no other's. Then the ledger starts its books again
+//! from the restored shards (what a crash may or may not keep, it takes their word for),
+//! and every check above goes on from there.
+//!
+//! What is not simulated: `SyncPolicy::Interval`, snapshots (`Shard::image` is read, not
+//! written to disk), a failing fsync and a full disk (`tests/durable_faults.rs` covers
+//! those on the threaded runtime).
+//!
 //! The ledger is not a model of the engine: it does not know the round robin or the order
 //! within the ready lists (beyond "returned before fresh"), so it takes the engine's word
 //! for which ready message goes to which consumer with credit and checks everything else
@@ -55,9 +92,10 @@
 //! # Running it
 //!
 //! `cargo test -p leasemq-sim` runs 500 seeds × 2 000 steps (`LEASEMQ_SIM_SEEDS`,
-//! `LEASEMQ_SIM_STEPS` change that) and shows that planted bugs ([`Fault`]) are caught.
-//! `cargo run -p leasemq-sim --release -- --seeds N [--steps M] [--from S]` soaks on every
-//! core; `--seed S` replays one seed.
+//! `LEASEMQ_SIM_STEPS` change that), 500 durable seeds × 1 000 steps with crashes
+//! (`LEASEMQ_SIM_DURABLE_SEEDS`, `LEASEMQ_SIM_DURABLE_STEPS`), and shows that planted bugs
+//! ([`Fault`]) are caught. `cargo run -p leasemq-sim --release -- --seeds N [--steps M]
+//! [--from S] [--durable]` soaks on every core; `--seed S` replays one seed.
 //!
 //! # Replay and shrinking
 //!
@@ -76,11 +114,14 @@ mod client;
 mod fault;
 pub mod fuzz;
 mod gen;
+mod hold;
 mod ledger;
 mod op;
+mod restart;
 mod rng;
 mod setup;
 mod shrink;
+mod storage;
 mod world;
 
 use std::cell::{Cell, RefCell};
@@ -159,6 +200,14 @@ pub struct Stats {
     /// Virtual time simulated, in ticks.
     pub ticks: u64,
     pub violations: u64,
+    /// Durable runs: crashes and restarts.
+    pub crashes: u64,
+    /// Messages the restarts brought back.
+    pub restored: u64,
+    /// Torn last writes cut by recovery.
+    pub torn: u64,
+    /// Logs with a flipped bit that recovery refused, as it must.
+    pub refusals: u64,
 }
 
 impl Stats {
@@ -187,6 +236,10 @@ impl Stats {
         self.chained += o.chained;
         self.ticks += o.ticks;
         self.violations += o.violations;
+        self.crashes += o.crashes;
+        self.restored += o.restored;
+        self.torn += o.torn;
+        self.refusals += o.refusals;
     }
 }
 
@@ -231,7 +284,15 @@ impl fmt::Display for Stats {
             self.hops,
             self.catch_ups,
             self.backlogged
-        )
+        )?;
+        if self.crashes > 0 {
+            write!(
+                f,
+                "\n  crashes {}, messages restored {}, torn tails cut {}, damaged logs refused {}",
+                self.crashes, self.restored, self.torn, self.refusals
+            )?;
+        }
+        Ok(())
     }
 }
 
@@ -275,8 +336,10 @@ impl fmt::Display for Failure {
         writeln!(f, "which fails with: {}", self.shrunk_violation)?;
         write!(
             f,
-            "replay: cargo run -p leasemq-sim --release -- --seed {} --steps {}",
-            self.seed, self.steps
+            "replay: cargo run -p leasemq-sim --release -- --seed {} --steps {}{}",
+            self.seed,
+            self.steps,
+            if self.setup.durable { " --durable" } else { "" }
         )
     }
 }
@@ -285,7 +348,13 @@ impl std::error::Error for Failure {}
 
 /// Runs `steps` steps of seed `seed`; on a violation, shrinks the trace and returns it.
 pub fn run_seed(seed: u64, steps: usize) -> Result<Stats, Failure> {
-    run(seed, steps, None)
+    run(Setup::from_seed(seed), steps, None)
+}
+
+/// Like [`run_seed`], with a data dir ([`Setup::durable_from_seed`]): some queues are
+/// durable, each shard logs to a simulated disk, and the broker crashes and restarts.
+pub fn run_durable_seed(seed: u64, steps: usize) -> Result<Stats, Failure> {
+    run(Setup::durable_from_seed(seed), steps, None)
 }
 
 /// Like [`run_seed`], with `fault` planted from step `from_step` on: shows that the checks
@@ -296,11 +365,11 @@ pub fn run_seed_with_fault(
     fault: Fault,
     from_step: usize,
 ) -> Result<Stats, Failure> {
-    run(seed, steps, Some((fault, from_step)))
+    run(Setup::from_seed(seed), steps, Some((fault, from_step)))
 }
 
-fn run(seed: u64, steps: usize, fault: Option<(Fault, usize)>) -> Result<Stats, Failure> {
-    let setup = Setup::from_seed(seed);
+fn run(setup: Setup, steps: usize, fault: Option<(Fault, usize)>) -> Result<Stats, Failure> {
+    let seed = setup.seed;
     let mut sim = Sim::new(&setup, fault);
     let mut gen = Generator::new(seed);
     let mut trace = Vec::with_capacity(steps);

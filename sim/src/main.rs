@@ -3,27 +3,31 @@
 //! ```text
 //! cargo run -p leasemq-sim --release -- --seeds 20000 --steps 2000   # a soak
 //! cargo run -p leasemq-sim --release -- --seed 1234 --steps 2000     # replay one seed
+//! cargo run -p leasemq-sim --release -- --durable --seeds 2000        # crashes and disks
 //! ```
 //!
 //! `--seeds N` runs seeds `from .. from + N` (`--from`, default 0) on every core; `--seed S`
-//! runs that seed alone. A violation prints the seed and its shrunk trace and exits with 1.
+//! runs that seed alone. `--durable` runs them with a data dir: durable queues logged to
+//! simulated disks, crashes, torn writes and flipped bits (`leasemq_sim::run_durable_seed`).
+//! A violation prints the seed and its shrunk trace and exits with 1.
 
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::Instant;
 
-use leasemq_sim::{run_seed, Failure, Stats};
+use leasemq_sim::{run_durable_seed, run_seed, Failure, Stats};
 
 struct Args {
     from: u64,
     seeds: u64,
     steps: usize,
     threads: usize,
+    durable: bool,
 }
 
 const USAGE: &str =
-    "usage: leasemq-sim [--seeds N] [--from S] [--seed S] [--steps M] [--threads T]";
+    "usage: leasemq-sim [--seeds N] [--from S] [--seed S] [--steps M] [--threads T] [--durable]";
 
 fn parse() -> Result<Args, String> {
     let mut args = Args {
@@ -31,11 +35,16 @@ fn parse() -> Result<Args, String> {
         seeds: 100,
         steps: 2000,
         threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
+        durable: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
         if flag == "--help" || flag == "-h" {
             return Err(USAGE.to_string());
+        }
+        if flag == "--durable" {
+            args.durable = true;
+            continue;
         }
         let value = it
             .next()
@@ -81,7 +90,12 @@ fn main() -> ExitCode {
                     if seed >= end {
                         break;
                     }
-                    match run_seed(seed, args.steps) {
+                    let run = if args.durable {
+                        run_durable_seed(seed, args.steps)
+                    } else {
+                        run_seed(seed, args.steps)
+                    };
+                    match run {
                         Ok(stats) => mine.add(&stats),
                         Err(f) => {
                             stop.store(true, Ordering::Relaxed);

@@ -125,8 +125,22 @@ pub enum Op {
     Deliver {
         pick: u16,
     },
-    /// Delivers every message in flight, and whatever that causes, until none is left.
+    /// Delivers every message in flight, and whatever that causes, until none is left
+    /// (in a durable run, fsyncing the logs until nothing waits for them).
     Flush,
+    /// Durable runs: the shard's log is written and fsynced (one group commit), and what
+    /// waited for it leaves the shard.
+    Sync {
+        shard: u8,
+    },
+    /// Durable runs: the broker crashes. Every disk keeps, loses or tears what was not
+    /// fsynced (chosen by `seed`); with `flip`, a bit of an old record of one log flips,
+    /// which recovery must refuse, and the broker restarts from the disks as they were
+    /// before that damage.
+    Crash {
+        seed: u64,
+        flip: bool,
+    },
 }
 
 fn settle_text(op: Settle) -> String {
@@ -232,6 +246,16 @@ impl fmt::Display for Op {
             ),
             Op::Deliver { pick } => write!(f, "deliver in-flight message {pick}"),
             Op::Flush => f.write_str("deliver all in-flight messages"),
+            Op::Sync { shard } => write!(f, "fsync the log of shard {shard}"),
+            Op::Crash { seed, flip } => write!(
+                f,
+                "crash and restart (disk seed {seed:#x}{})",
+                if *flip {
+                    ", a bit flipped in an old record"
+                } else {
+                    ""
+                }
+            ),
         }
     }
 }

@@ -34,6 +34,9 @@ pub struct Setup {
     pub names: Vec<String>,
     /// `configs[name][i]`; index `CONFIGS - 1` is invalid.
     pub configs: Vec<Vec<QueueConfig>>,
+    /// Whether the run has a data dir: some names are durable queues, each shard keeps a
+    /// log on a simulated disk, and the broker crashes now and then (see `crate::storage`).
+    pub durable: bool,
 }
 
 impl Setup {
@@ -62,7 +65,56 @@ impl Setup {
             tick,
             names,
             configs,
+            durable: false,
         }
+    }
+
+    /// The setup of [`Setup::from_seed`] with a data dir: a seeded choice of names become
+    /// durable queues (every config of a name alike). A durable queue's dead-letter queue
+    /// must be durable too (contract §7), so a durable name's config that points at a
+    /// name in memory points at a durable one instead, or at none.
+    pub fn durable_from_seed(seed: u64) -> Setup {
+        let mut setup = Setup::from_seed(seed);
+        setup.durable = true;
+        let mut rng = Rng::new(seed ^ 0xd0_0000_0000_0003);
+        // At least one durable name, and now and then every name.
+        let all = rng.one_in(5);
+        let mut durable: Vec<bool> = (0..NAMES).map(|_| all || rng.percent(60)).collect();
+        durable[rng.index(NAMES)] = true;
+        let durable_names: Vec<String> = (0..NAMES)
+            .filter(|&i| durable[i])
+            .map(|i| setup.names[i].clone())
+            .collect();
+        for (i, row) in setup.configs.iter_mut().enumerate() {
+            let others: Vec<&String> = durable_names
+                .iter()
+                .filter(|n| **n != setup.names[i])
+                .collect();
+            for config in row.iter_mut() {
+                config.durable = durable[i];
+                let in_memory = config
+                    .dead_letter
+                    .as_ref()
+                    .is_some_and(|d| !durable_names.contains(d));
+                // The invalid config that names itself as its dead-letter queue stays so.
+                let itself = config.dead_letter.as_deref() == Some(setup.names[i].as_str());
+                if durable[i] && in_memory && !itself {
+                    config.dead_letter = if others.is_empty() {
+                        None
+                    } else {
+                        Some(others[rng.index(others.len())].clone())
+                    };
+                }
+            }
+        }
+        setup
+    }
+
+    /// Whether queue name `name` is declared durable.
+    pub fn is_durable(&self, name: u8) -> bool {
+        self.configs
+            .get(usize::from(name))
+            .is_some_and(|row| row[0].durable)
     }
 
     /// The text of name index `name` (`BAD_NAME` is an invalid name).
@@ -113,8 +165,11 @@ impl fmt::Display for Setup {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(
             f,
-            "seed {} | {} shards | tick {:?}",
-            self.seed, self.shards, self.tick
+            "seed {} | {} shards | tick {:?}{}",
+            self.seed,
+            self.shards,
+            self.tick,
+            if self.durable { " | durable" } else { "" }
         )?;
         for (i, name) in self.names.iter().enumerate() {
             writeln!(
@@ -169,7 +224,7 @@ fn valid_config(rng: &mut Rng, names: &[String], me: usize) -> QueueConfig {
         } else {
             1024 * 1024
         },
-        // The engine keeps no log: durability lives in the shard layer.
+        // Set by `Setup::durable_from_seed` for the names that are durable.
         durable: false,
     }
 }
@@ -211,6 +266,9 @@ pub fn describe(c: &QueueConfig) -> String {
     }
     if c.max_body_bytes != 1024 * 1024 {
         s += &format!(", max_body {}", c.max_body_bytes);
+    }
+    if c.durable {
+        s += ", durable";
     }
     s
 }

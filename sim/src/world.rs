@@ -3,21 +3,25 @@
 //! owning their queue, outcomes back, a held-back answer riding with them); what travels
 //! between shards waits here, so that a seed decides when each message arrives.
 
-use std::collections::{BTreeSet, VecDeque};
+use std::collections::{BTreeSet, HashMap, VecDeque};
 
 use bytes::Bytes;
+use leasemq_engine::durable::Change;
 use leasemq_engine::{
     Command, ConsumerConfig, ConsumerKey, Delivered, DeliveryTag, Effects, Message, QueueKey,
     Reply, Settle, Shard, Tick,
 };
 use leasemq_shard::route::{self, Backlog, Driver, Hop};
 use leasemq_shard::shard_for;
+use leasemq_wal::Lsn;
 
 use crate::fault::FaultState;
-use crate::ledger::{IdRec, Ledger, C, Q};
+use crate::hold::Held;
+use crate::ledger::{Confirm, IdRec, Ledger, C, Q};
 use crate::op::{Handle, IdSpec, MsgSpec, Op};
 use crate::rng::Rng;
 use crate::setup::{Setup, BAD_NAME, CONSUMER_NAMES};
+use crate::storage::Disks;
 use crate::Violation;
 
 /// The most deliveries a client holds read and unsettled; it forgets the oldest beyond.
@@ -39,35 +43,43 @@ pub(crate) struct SimConsumer {
 
 /// A message between shards, in flight. What rides with it is the number of the call
 /// whose answer is held back.
-struct InFlight {
-    from: usize,
-    to: usize,
+pub(crate) struct InFlight {
+    pub(crate) from: usize,
+    pub(crate) to: usize,
     hop: Hop<u64>,
 }
 
 pub(crate) struct World {
-    setup: Setup,
-    shards: Vec<Shard>,
+    pub(crate) setup: Setup,
+    pub(crate) shards: Vec<Shard>,
     /// The global virtual clock, in ticks.
     now: Tick,
     pub ledger: Ledger,
     /// Per name, the incarnation closed last (for stale handles).
-    closed: Vec<Option<Q>>,
+    pub(crate) closed: Vec<Option<Q>>,
     /// Every consumer ever seen, by ledger number.
     pub(crate) consumers: Vec<SimConsumer>,
     /// Live consumers, in the order they joined; ops pick among them.
-    live: Vec<C>,
+    pub(crate) live: Vec<C>,
     /// Consumers that ended, in the order they did.
     pub(crate) ended: Vec<C>,
-    in_flight: Vec<InFlight>,
+    pub(crate) in_flight: Vec<InFlight>,
     /// Per shard, the hops it sent that wait for room in a full inbox.
-    backlogs: Vec<Backlog<InFlight>>,
+    pub(crate) backlogs: Vec<Backlog<InFlight>>,
     spare: Vec<Effects>,
     /// Calls answered by nobody yet: each waits for the dead letters it caused to land.
-    held: BTreeSet<u64>,
+    pub(crate) held: BTreeSet<u64>,
     calls: u64,
     pub fault: Option<FaultState>,
     pub step: usize,
+    /// Durable runs: each shard's log on its simulated disk.
+    pub(crate) disks: Option<Disks>,
+    /// Durable runs: per shard, what waits for its log's fsync, behind which lsn.
+    pub(crate) pending: Vec<VecDeque<(Lsn, Held)>>,
+    /// The log time of tick 0, in nanoseconds: moved on by each restart.
+    pub(crate) epoch: u64,
+    /// Per call, what its answer tells the client (durable runs).
+    pub(crate) confirms: HashMap<u64, Vec<Confirm>>,
 }
 
 impl World {
@@ -90,7 +102,24 @@ impl World {
             calls: 0,
             fault: None,
             step: 0,
+            disks: setup.durable.then(|| Disks::new(setup.shards)),
+            pending: (0..setup.shards).map(|_| VecDeque::new()).collect(),
+            epoch: 0,
+            confirms: HashMap::new(),
         }
+    }
+
+    pub(crate) fn setup(&self) -> &Setup {
+        &self.setup
+    }
+
+    /// The restarted broker: shards restored from `disks`, time counted again from tick 0
+    /// at log time `epoch`.
+    pub(crate) fn restart_world(&mut self, shards: Vec<Shard>, disks: Disks, epoch: u64) {
+        self.shards = shards;
+        self.disks = Some(disks);
+        self.epoch = epoch;
+        self.now = 0;
     }
 
     pub fn now(&self) -> Tick {
@@ -159,6 +188,8 @@ impl World {
                 self.deliver(first)
             }
             Op::Flush => self.flush(),
+            Op::Sync { shard } => self.sync(usize::from(*shard) % self.shards.len()),
+            Op::Crash { seed, flip } => self.crash(*seed, *flip),
             _ => match self.client_command(op) {
                 Some((shard, cmd)) => self.call(shard, Some(cmd)).map(drop),
                 None => Ok(()),
@@ -169,8 +200,16 @@ impl World {
     /// Delivers every message in flight, and what those cause, oldest first. Then every
     /// call has its answer: one still held back lost its way between shards.
     pub fn flush(&mut self) -> Result<(), Violation> {
-        while !self.in_flight.is_empty() {
-            self.deliver(0)?;
+        loop {
+            while !self.in_flight.is_empty() {
+                self.deliver(0)?;
+            }
+            if self.pending.iter().all(VecDeque::is_empty) {
+                break;
+            }
+            for shard in 0..self.shards.len() {
+                self.sync(shard)?;
+            }
         }
         // A hop waits in a backlog only behind a full inbox, and every delivery retries
         // the backlogs: with the inboxes empty, nothing waits.
@@ -378,10 +417,17 @@ impl World {
         let reply = match cmd {
             // A client's command: answered once the dead letters it caused have landed.
             Some(cmd) => {
+                let before = on.world.before(shard, &cmd);
                 let reply = on.engine_call(now, Some(cmd));
                 on.world.calls += 1;
                 let call = on.world.calls;
                 on.world.held.insert(call);
+                if on.failed.is_none() {
+                    let confirms = on.world.confirms_of(shard, before);
+                    if !confirms.is_empty() {
+                        on.world.confirms.insert(call, confirms);
+                    }
+                }
                 route::dead_letters(&mut on, now, Some(call));
                 reply
             }
@@ -397,23 +443,74 @@ impl World {
 
 /// The world as one shard's thread sees it, for the runtime's routing: engine calls
 /// checked by the ledger, deliveries into the consumers' channels, hops into flight.
-struct OnShard<'w> {
+pub(crate) struct OnShard<'w> {
     world: &'w mut World,
     shard: usize,
     /// Effects not yet routed.
-    out: Effects,
+    pub(crate) out: Effects,
     /// The first violation the ledger found; later calls are skipped.
     failed: Option<Violation>,
+    /// Whether an engine call logged a change: from then on, what this turn sends waits
+    /// for the fsync that covers it.
+    logged: bool,
 }
 
 impl<'w> OnShard<'w> {
-    fn new(world: &'w mut World, shard: usize) -> OnShard<'w> {
+    pub(crate) fn new(world: &'w mut World, shard: usize) -> OnShard<'w> {
         let out = world.spare.pop().unwrap_or_default();
         OnShard {
             world,
             shard,
             out,
             failed: None,
+            logged: false,
+        }
+    }
+
+    /// Whether what this turn sends now must wait for the disk: it logged, or something
+    /// sent before it still waits (order is kept per shard).
+    fn holds(&self) -> bool {
+        self.world.disks.is_some() && (self.logged || !self.world.pending[self.shard].is_empty())
+    }
+
+    fn hold(&mut self, what: Held) {
+        let lsn = self
+            .world
+            .disks
+            .as_ref()
+            .expect("holds only with disks")
+            .last_appended(self.shard);
+        self.world.pending[self.shard].push_back((lsn, what));
+    }
+
+    /// Appends the changes an engine call logged as one record of this shard's log.
+    pub(crate) fn log(&mut self, now: Tick, changes: &mut Vec<Change>) {
+        if changes.is_empty() {
+            return;
+        }
+        let world = &mut *self.world;
+        let Some(disks) = &mut world.disks else {
+            changes.clear();
+            return;
+        };
+        for change in changes.iter() {
+            if let Change::Declared { queue, name, .. } = change {
+                let q = world
+                    .setup
+                    .name_index(name)
+                    .and_then(|n| world.ledger.by_name[usize::from(n)]);
+                if let Some(q) = q {
+                    world.ledger.logged_declare(self.shard as u16, *queue, q);
+                }
+            }
+        }
+        let log_time = world.shards[self.shard].log_time(now);
+        match disks.append(self.shard, log_time, changes) {
+            Ok(_) => self.logged = true,
+            Err(e) => {
+                let v = Violation::new("storage", format!("shard {}: {e}", self.shard));
+                self.failed.get_or_insert(v);
+            }
         }
     }
 
@@ -436,6 +533,10 @@ impl<'w> OnShard<'w> {
         if let Err(v) = world.ledger.observe(self.shard, now, copy.as_ref(), &out) {
             self.failed = Some(v);
         }
+        let mut changes = std::mem::take(&mut out.log);
+        self.log(now, &mut changes);
+        let world = &mut *self.world;
+        out.log = changes;
         let reply = out.reply.take();
         self.out.deliveries.append(&mut out.deliveries);
         self.out.dead_letters.append(&mut out.dead_letters);
@@ -446,7 +547,7 @@ impl<'w> OnShard<'w> {
     }
 
     /// Puts what is left into the channels and hands back the effects.
-    fn finish(mut self) -> Result<(), Violation> {
+    pub(crate) fn finish(mut self) -> Result<(), Violation> {
         Driver::flush_deliveries(&mut self);
         let mut out = std::mem::take(&mut self.out);
         out.dead_letters.clear();
@@ -475,15 +576,31 @@ impl Driver for OnShard<'_> {
     /// Deliveries into channels, then the channels of consumers that ended dropped (what
     /// the shard thread does once per batch).
     fn flush_deliveries(&mut self) {
-        let world = &mut *self.world;
-        for (key, delivered) in self.out.deliveries.drain(..) {
-            let c = world
+        let holds = self.holds();
+        let mut deliveries = std::mem::take(&mut self.out.deliveries);
+        for (key, delivered) in deliveries.drain(..) {
+            let c = self
+                .world
                 .ledger
                 .consumer_at(self.shard as u16, key)
                 .expect("the ledger checked every delivery");
-            world.see_consumer(c);
-            world.consumers[c as usize].channel.push_back(delivered);
+            self.world.see_consumer(c);
+            if self.world.disks.is_none() {
+                self.world.consumers[c as usize]
+                    .channel
+                    .push_back(delivered);
+                continue;
+            }
+            let q = self.world.ledger.consumers[c as usize].q;
+            let stint = self.world.ledger.stint(q, delivered.tag.0, &delivered.body);
+            if holds {
+                self.hold(Held::Delivery(c, delivered, stint));
+            } else {
+                self.world.give_delivery(c, delivered, stint);
+            }
         }
+        self.out.deliveries = deliveries;
+        let world = &mut *self.world;
         for key in self.out.consumers_gone.drain(..) {
             let c = world
                 .ledger
@@ -504,26 +621,30 @@ impl Driver for OnShard<'_> {
             to,
             hop,
         };
-        let in_flight = &mut self.world.in_flight;
-        let backlog = &mut self.world.backlogs[self.shard];
-        backlog.send(to, hop, |to, hop| enqueue(in_flight, to, hop));
-        if !backlog.is_empty() {
-            self.world.ledger.stats.backlogged += 1;
+        if self.holds() {
+            self.hold(Held::Hop(hop));
+        } else {
+            self.world.send_hop(hop);
         }
     }
 
     fn answer(&mut self, call: u64) {
-        if !self.world.held.remove(&call) && self.failed.is_none() {
-            self.failed = Some(Violation::new(
-                "answer-twice",
-                format!("call {call} answered twice, or never held"),
-            ));
+        if self.holds() {
+            self.hold(Held::Answer(call));
+            return;
+        }
+        if let Err(v) = self.world.give_answer(call) {
+            self.failed.get_or_insert(v);
         }
     }
 }
 
 /// Puts a hop into shard `to`'s inbox, or gives it back when that inbox is full.
-fn enqueue(in_flight: &mut Vec<InFlight>, to: usize, hop: InFlight) -> Result<(), InFlight> {
+pub(crate) fn enqueue(
+    in_flight: &mut Vec<InFlight>,
+    to: usize,
+    hop: InFlight,
+) -> Result<(), InFlight> {
     if in_flight.iter().filter(|h| h.to == to).count() >= INBOX_HOPS {
         return Err(hop);
     }

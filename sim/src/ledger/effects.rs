@@ -32,6 +32,42 @@ impl Ledger {
         Ok(serial)
     }
 
+    /// The serial of the copy of `body` that fits `fits`, or the first copy: a
+    /// crash may have left one message in two queues (see `Ledger::copies`).
+    pub(crate) fn pick_copy(
+        &self,
+        body: &[u8],
+        fits: impl Fn(&super::MsgRec) -> bool,
+    ) -> Result<Serial, Violation> {
+        let serial = self.serial_of(body)?;
+        let Some(copies) = self.copies.get(&serial) else {
+            return Ok(serial);
+        };
+        Ok(std::iter::once(serial)
+            .chain(copies.iter().copied())
+            .find(|&s| fits(&self.msgs[s as usize]))
+            .unwrap_or(serial))
+    }
+
+    /// The message a copy is a copy of (itself if none).
+    pub(crate) fn original(&self, serial: Serial) -> Serial {
+        self.copies
+            .iter()
+            .find(|(_, copies)| copies.contains(&serial))
+            .map_or(serial, |(&s, _)| s)
+    }
+
+    /// The serial of a dead letter: the copy in flight from its origin.
+    pub(crate) fn letter_serial(&self, letter: &DeadLetter) -> Result<Serial, Violation> {
+        self.pick_copy(&letter.body, |m| match m.place {
+            Place::InFlight { from } => {
+                let rec = &self.queues[from as usize];
+                rec.shard == letter.origin.shard && rec.key == letter.origin.queue
+            }
+            _ => false,
+        })
+    }
+
     pub(crate) fn describe_body(&self, body: &[u8]) -> String {
         match self.serial_of(body) {
             Ok(s) => self.describe(s),
@@ -59,6 +95,7 @@ impl Ledger {
             Place::Dropped { from } => format!("dropped by {}", self.qname(from)),
             Place::Closed { q } => format!("removed by the close of {}", self.qname(q)),
             Place::NotEnqueued => "never enqueued".into(),
+            Place::Crashed => "gone with a crash".into(),
         };
         format!("message #{serial} ({id}, attempt {}, {place})", m.attempt)
     }
@@ -154,8 +191,10 @@ impl Ledger {
                 ),
             ));
         }
+        // Copies of one message (see `Ledger::copies`) carry the same body: letters are
+        // matched by message, whichever copy.
         let mut expected = std::mem::take(&mut self.letters);
-        expected.sort_by_key(|l| l.serial);
+        expected.sort_by_key(|l| (self.original(l.serial), l.serial));
         let mut sorted: Vec<&DeadLetter> = got.iter().collect();
         sorted.sort_by_key(|l| self.serial_of(&l.body).unwrap_or(u32::MAX));
         let result = expected
@@ -172,9 +211,12 @@ impl Ledger {
         e: &ExpectedLetter,
         l: &DeadLetter,
     ) -> Result<(), Violation> {
-        let serial = self.serial_of(&l.body)?;
+        let serial = self.letter_serial(l)?;
+        if self.queues[e.from as usize].config.durable {
+            self.dying.insert((l.origin.shard, l.origin.msg), serial);
+        }
         let from = &self.queues[e.from as usize];
-        let problem = if serial != e.serial {
+        let problem = if self.original(serial) != self.original(e.serial) {
             Some(format!("{} instead", self.describe(serial)))
         } else if Some(&*l.to) != from.dead_letter.as_deref() {
             Some(format!("addressed to {:?}", l.to))

@@ -15,8 +15,10 @@
 //! the effects.
 
 mod audit;
+mod crash;
 mod effects;
 mod ops;
+mod rebuild;
 mod timers;
 
 use std::cmp::Reverse;
@@ -30,6 +32,8 @@ use leasemq_engine::{
 
 use crate::setup::Setup;
 use crate::{Stats, Violation};
+
+pub(crate) use crash::{Confirm, Restart, RestoredMsg, RestoredQueue};
 
 pub(crate) type Serial = u32;
 /// A queue incarnation: a name declared once, until it is closed.
@@ -80,6 +84,11 @@ pub(crate) enum Place {
     Closed {
         q: Q,
     },
+    /// Gone with the broker that crashed while it was live: in a queue in memory, or in a
+    /// durable one whose restored copy the ledger counts under this serial's copy (see
+    /// `Ledger::copies`) or, when the restore did not bring it back, lost as contract §7
+    /// allows (its put not yet on disk).
+    Crashed,
 }
 
 #[derive(Clone, Debug)]
@@ -94,6 +103,35 @@ pub(crate) struct MsgRec {
     pub death: Option<DeathRecord>,
     /// Its index in its queue's `members` while it is ready, delayed or leased.
     pub slot: u32,
+    /// The incarnations it was ever enqueued in (by a put, or as a dead letter).
+    pub entered: Vec<Q>,
+    /// What its clients were told (durable runs): see [`Client`].
+    pub client: Client,
+}
+
+/// What the clients of a message were told, as opposed to what the engine did: under
+/// `SyncPolicy::Always` an answer or delivery caused by a logged change reaches a client
+/// only once the fsync covering it is done (contract §7), and only that binds a restart.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Client {
+    /// Its put into a durable queue was answered `Enqueued` (or a restart brought it back
+    /// from disk): it must survive a crash until settled away.
+    pub put: bool,
+    /// The incarnation whose ack of it was answered `true`: it never comes back there.
+    pub acked_in: Option<Q>,
+    /// The least attempt a restart may give it back with in its current queue: the attempt
+    /// of the last delivery handed to a client, less one after a release or cancel gave
+    /// one back (which need not be on disk yet).
+    pub floor: u32,
+    /// The log time until which an answered put or `nack_with_delay` delayed it.
+    pub delay: Option<u64>,
+    /// The highest attempt the engine delivered it at in its current queue (handed over
+    /// or not): a restart may bring it back with that attempt.
+    pub peak: u32,
+    /// A delivery from a durable queue showed a client its broker id, so the log holds
+    /// it: no later message may have it (one from a queue in memory may be given again
+    /// after a restart).
+    pub id_seen: bool,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -109,7 +147,13 @@ pub(crate) struct Dedup {
     pub live: bool,
     /// The window since the id's first enqueue ends here.
     pub until: Tick,
+    /// The message whose enqueue opened the window ([`RESTORED`] for one a restart
+    /// brought back from disk).
+    pub by: Serial,
 }
+
+/// [`Dedup::by`] of a window restored from disk.
+pub(crate) const RESTORED: Serial = Serial::MAX;
 
 /// A timer the ledger expects the engine to fire: `(deadline, sequence, what)` where `what`
 /// is a lease tag, or a serial with [`READY_BIT`] set for a delayed message.
@@ -144,6 +188,13 @@ pub(crate) struct QueueRec {
     pub stats: QueueStats,
     /// Where the search for this queue's next delivery in the effects resumes.
     cursor: usize,
+    /// Durable runs: its declare was answered (or a restart brought it back), so a crash
+    /// must not lose it.
+    pub declared: bool,
+    /// Durable runs: its close was answered, so a crash must not bring it back.
+    pub closed: bool,
+    /// The highest tag of a delivery of it handed to a client.
+    pub given_tag: u64,
 }
 
 pub(crate) struct ConsumerRec {
@@ -176,6 +227,14 @@ pub(crate) struct Ledger {
     seen_queue_keys: HashSet<(u16, QueueKey)>,
     seen_consumer_keys: HashSet<(u16, ConsumerKey)>,
     auto_ids: HashMap<u64, Serial>,
+    /// A message that a crash left in two queues (a dead letter whose source had not yet
+    /// logged it gone, contract §7): its serial, and the serials of its other copies.
+    pub copies: HashMap<Serial, Vec<Serial>>,
+    /// Dead letters of durable queues whose outcome has not come back, by origin (shard,
+    /// message number): their ids stay live in the source until it does.
+    pub dying: HashMap<(u16, u64), Serial>,
+    /// Durable queues by the number their shard's log knows them by.
+    pub log_numbers: HashMap<(u16, u32), Q>,
     /// The tick each shard was last handed.
     pub shard_now: Vec<Tick>,
     pub seq: u64,
@@ -208,6 +267,9 @@ impl Ledger {
             seen_queue_keys: HashSet::new(),
             seen_consumer_keys: HashSet::new(),
             auto_ids: HashMap::new(),
+            copies: HashMap::new(),
+            dying: HashMap::new(),
+            log_numbers: HashMap::new(),
             shard_now: vec![0; setup.shards],
             seq: 0,
             just_closed: Vec::new(),
@@ -230,6 +292,8 @@ impl Ledger {
             attempt: 0,
             death: None,
             slot: 0,
+            entered: Vec::new(),
+            client: Client::default(),
         });
         serial
     }
@@ -291,6 +355,9 @@ impl Ledger {
             last_tag: 0,
             stats: QueueStats::default(),
             cursor: 0,
+            declared: false,
+            closed: false,
+            given_tag: 0,
         });
         let slots = &mut self.queue_slots[usize::from(shard)];
         if slots.len() <= key.slot() {

@@ -314,7 +314,10 @@ impl Ledger {
     fn release(&mut self, q: Q, serial: u32) {
         self.queues[q as usize].stats.released += 1;
         self.stats.releases += 1;
-        self.msgs[serial as usize].attempt -= 1;
+        let m = &mut self.msgs[serial as usize];
+        m.attempt -= 1;
+        // The attempt given back may come back after a crash before its change is on disk.
+        m.client.floor = m.client.floor.min(m.attempt);
         self.make_ready(q, serial, true);
     }
 
@@ -454,7 +457,7 @@ impl Ledger {
     /// A dead letter arriving at this shard: enqueued in the live queue of its name, or
     /// refused (no such queue, too large, duplicate id, full).
     fn accept(&mut self, obs: &Obs, now: Tick, letter: &DeadLetter) -> Result<(), Violation> {
-        let serial = self.serial_of(&letter.body)?;
+        let serial = self.letter_serial(letter)?;
         if !matches!(self.msgs[serial as usize].place, Place::InFlight { .. }) {
             return Err(Violation::new(
                 "dead-letter",
@@ -512,6 +515,23 @@ impl Ledger {
                         obs.shard, outcome.origin.shard
                     ),
                 ));
+            }
+            let dying = self
+                .dying
+                .remove(&(outcome.origin.shard, outcome.origin.msg));
+            if let (Some(q), Some(serial)) =
+                (self.live_queue(obs.shard, outcome.origin.queue), dying)
+            {
+                if let IdRec::Given(n) = self.msgs[serial as usize].id {
+                    let now = self.shard_now[usize::from(obs.shard)];
+                    let rec = &mut self.queues[q as usize];
+                    if let Some(d) = rec.dedup.get_mut(&n) {
+                        d.live = false;
+                        if d.until <= now {
+                            rec.dedup.remove(&n);
+                        }
+                    }
+                }
             }
             if let Some(q) = self.live_queue(obs.shard, outcome.origin.queue) {
                 let stats = &mut self.queues[q as usize].stats;

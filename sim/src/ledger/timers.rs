@@ -154,7 +154,19 @@ impl Ledger {
     /// A message leaves its queue as a dead letter.
     pub(crate) fn dead_letter(&mut self, q: Q, serial: Serial, reason: DeathReason) {
         let now = self.shard_now[usize::from(self.queues[q as usize].shard)];
+        let rec = &self.queues[q as usize];
+        // A durable queue keeps a dead letter's id live until the outcome comes back: put
+        // again meanwhile, a crash could bring back both (see `Ledger::dying`).
+        let kept = match self.msgs[serial as usize].id {
+            super::IdRec::Given(n) if rec.config.durable && rec.dead_letter.is_some() => {
+                rec.dedup.get(&n).map(|d| (n, *d))
+            }
+            _ => None,
+        };
         self.leave(q, serial, now);
+        if let Some((n, d)) = kept {
+            self.queues[q as usize].dedup.insert(n, d);
+        }
         let m = &self.msgs[serial as usize];
         let death = DeathRecord {
             queue: self.setup.name(self.queues[q as usize].name).to_string(),
@@ -182,9 +194,22 @@ impl Ledger {
         rec.stats.enqueued += 1;
         if let super::IdRec::Given(n) = self.msgs[serial as usize].id {
             let until = now + rec.dedup_ticks;
-            rec.dedup.insert(n, Dedup { live: true, until });
+            let by = serial;
+            rec.dedup.insert(
+                n,
+                Dedup {
+                    live: true,
+                    until,
+                    by,
+                },
+            );
         }
-        self.msgs[serial as usize].attempt = 0;
+        let m = &mut self.msgs[serial as usize];
+        m.attempt = 0;
+        m.entered.push(q);
+        m.client.floor = 0;
+        m.client.peak = 0;
+        m.client.delay = None;
         if delay == 0 {
             self.make_ready(q, serial, false);
         } else {
@@ -265,6 +290,7 @@ impl Ledger {
         self.consumers[c as usize].held += 1;
         let m = &mut self.msgs[serial as usize];
         m.attempt += 1;
+        m.client.peak = m.client.peak.max(m.attempt);
         m.place = Place::Leased {
             q,
             tag,
@@ -287,7 +313,9 @@ impl Ledger {
         d: &Delivered,
         in_command: bool,
     ) -> Result<(Serial, bool), Violation> {
-        let serial = self.serial_of(&d.body)?;
+        let serial = self.pick_copy(&d.body, |m| {
+            matches!(m.place, Place::Ready { q: at, .. } if at == q) && m.attempt + 1 == d.attempt
+        })?;
         let consumer = &self.consumers[c as usize];
         if consumer.held >= consumer.prefetch {
             return Err(Violation::new(
