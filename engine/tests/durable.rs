@@ -615,10 +615,38 @@ fn an_id_stays_taken_while_its_dead_letter_is_on_the_way() {
     assert_eq!(run.out.dead_letters.len(), 1);
     assert_eq!(put(&mut run), Some(Reply::Put(Ok(PutOutcome::Duplicate))));
     let image = run.image();
-    for batches in [run.log.clone(), vec![image]] {
+    for batches in [run.log.clone(), vec![image.clone()]] {
         let got = drain(Run::restore(&batches));
         let ids: Vec<(&str, &str)> = got.iter().map(|(q, id, ..)| (*q, id.as_str())).collect();
         assert_eq!(ids, [("q", "x")], "back in its queue, once");
+    }
+    // Back in its queue, the message keeps its id's dedup window: once it is acked, the id
+    // is still a duplicate until the window ends, restored from the log or from an image.
+    for batches in [run.log.clone(), vec![image]] {
+        let (mut shard, mut out) = Run::restore(&batches);
+        let q = shard.lookup("q").expect("restored");
+        let consume = Command::Consume {
+            queue: q,
+            name: "c".into(),
+            config: ConsumerConfig { prefetch: 1 },
+        };
+        shard.handle(1, consume, &mut out);
+        let (_, delivered) = out.deliveries.pop().expect("x is delivered");
+        let ack = Command::Settle {
+            queue: q,
+            tag: delivered.tag,
+            op: Settle::Ack,
+        };
+        shard.handle(1, ack, &mut out);
+        assert_eq!(out.reply.take(), Some(Reply::Settled(true)));
+        let message = Message::new("x").with_id("x");
+        shard.handle(2, Command::Put { queue: q, message }, &mut out);
+        assert_eq!(
+            out.reply.take(),
+            Some(Reply::Put(Ok(PutOutcome::Duplicate))),
+            "the window survived, restored from {} batches",
+            batches.len()
+        );
     }
     run.settle_effects();
     let got = drain(Run::restore(&run.log));

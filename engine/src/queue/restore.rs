@@ -168,6 +168,9 @@ impl QueueState {
                 death: m.death.clone(),
             });
         }
+        // A message on its way to the dead-letter queue comes back here after a crash,
+        // with its id's window (the id stays taken until the outcome, so the window is
+        // not among the `Windowed` ones below).
         for (&seq, d) in &self.dying {
             emit(Change::Enqueued {
                 queue,
@@ -176,7 +179,7 @@ impl QueueState {
                 body: d.body.clone(),
                 attempt: d.attempt,
                 ready_at: None,
-                dedup_until: None,
+                dedup_until: self.window_end(wheel, &d.id).map(&log_time),
                 death: d.death.clone(),
             });
         }
