@@ -33,6 +33,10 @@ struct Args {
     /// counters, connections, channels, bytes in and out).
     #[arg(long, value_name = "ADDR")]
     metrics: Option<SocketAddr>,
+    /// How much to log to stderr: error, warn, info (connections that end in an error,
+    /// shutdown) or debug (every connection).
+    #[arg(long, value_name = "LEVEL", default_value = "info")]
+    log_level: tracing::Level,
     /// The user PLAIN accepts, as NAME:PASSWORD. Default guest:guest, from loopback only
     /// (as RabbitMQ); any other user may connect from anywhere.
     #[arg(long, value_name = "NAME:PASSWORD")]
@@ -41,6 +45,12 @@ struct Args {
 
 fn main() -> ExitCode {
     let args = Args::parse();
+    // Logs go to stderr; the ready line stays on stdout, where scripts read it.
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_max_level(args.log_level)
+        .with_target(false)
+        .init();
     match run(args) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -125,8 +135,8 @@ async fn serve_until_signal(
     );
     tokio::select! {
         () = serve::accept_loop(listener, broker, settings.clone()) => {}
-        _ = tokio::signal::ctrl_c() => println!("leasemqd: SIGINT, shutting down"),
-        _ = sigterm.recv() => println!("leasemqd: SIGTERM, shutting down"),
+        _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: shutting down"),
+        _ = sigterm.recv() => tracing::info!("SIGTERM: shutting down"),
     }
     // Every connection gets connection.close 320 and returns its unacked deliveries;
     // clients have a moment to answer before the broker stops.

@@ -35,7 +35,7 @@ pub async fn accept_loop(listener: TcpListener, broker: Broker, settings: Arc<Se
             Ok(accepted) => accepted,
             Err(e) => {
                 // Out of file descriptors and the like: wait a moment, as a busy server must.
-                eprintln!("leasemqd: accept failed: {e}");
+                tracing::warn!(error = %e, "accept failed");
                 tokio::time::sleep(Duration::from_millis(50)).await;
                 continue;
             }
@@ -50,9 +50,11 @@ pub async fn accept_loop(listener: TcpListener, broker: Broker, settings: Arc<Se
         let metrics = settings.metrics.clone();
         metrics.connections_opened.inc();
         metrics.connections.inc();
+        tracing::debug!(connection = id, %peer, "accepted");
         tokio::spawn(async move {
-            if let Err(e) = run_connection(stream, peer, conn).await {
-                eprintln!("leasemqd: connection {id} from {peer}: {e}");
+            match run_connection(stream, peer, conn).await {
+                Ok(()) => tracing::debug!(connection = id, %peer, "closed"),
+                Err(e) => tracing::info!(connection = id, %peer, error = %e, "connection ended"),
             }
             metrics.connections.dec();
             metrics.connections_closed.inc();
