@@ -27,6 +27,11 @@ const DRAIN_LIMIT: Duration = Duration::from_secs(30);
 const IDLE_WAIT: Duration = Duration::from_millis(1);
 /// How long a producer pauses while the run has as many messages in flight as it allows.
 const FULL_PAUSE: Duration = Duration::from_millis(1);
+/// Publishes (or `--ack each` acks) a task has handed to lapin and not yet seen written.
+/// lapin's `basic_publish` and `ack` return once its I/O loop has written the frames; one
+/// at a time, a producer or consumer sends one message per wake-up of that loop and the run
+/// measures the client, not the server. With several in flight, one write carries many.
+const LAPIN_WINDOW: usize = 64;
 
 /// What every task sees.
 #[derive(Default)]
@@ -213,6 +218,8 @@ pub(super) async fn publish_until_end(
         waiting: VecDeque::new(),
     };
     let mut local = 0u64;
+    // Publishes in flight, each a task that ends once lapin has written it.
+    let mut publishing = tokio::task::JoinSet::new();
     loop {
         let now = clock.now_ns();
         if now >= plan.end_ns || shared.abort.load(Relaxed) {
@@ -226,36 +233,69 @@ pub(super) async fn publish_until_end(
             tokio::time::sleep(FULL_PAUSE).await;
             continue;
         }
-        shared.put.fetch_add(1, Relaxed);
-        let queue = queues[local as usize % queues.len()].as_str();
-        let body = bodies.body(now, seq_of(index, local));
-        let published = channel
-            .basic_publish(
-                "".into(),
-                queue.into(),
-                BasicPublishOptions::default(),
-                &body,
-                BasicProperties::default(),
-            )
-            .await;
-        match published {
-            Ok(confirm) if plan.confirms => unconfirmed.waiting.push_back((now, confirm)),
-            Ok(_) => {}
-            Err(e) => {
-                shared.put.fetch_sub(1, Relaxed);
-                r.problems.push(format!("publishing: {e}"));
-                shared.abort.store(true, Relaxed);
+        if publishing.len() >= LAPIN_WINDOW {
+            let done = publishing
+                .join_next()
+                .await
+                .expect("the window is not empty");
+            if !published(done, r, &mut unconfirmed, plan, shared) {
                 break;
             }
         }
+        shared.put.fetch_add(1, Relaxed);
+        let queue = queues[local as usize % queues.len()].clone();
+        let body = bodies.body(now, seq_of(index, local));
+        let channel = channel.clone();
+        publishing.spawn(async move {
+            let result = channel
+                .basic_publish(
+                    "".into(),
+                    queue.into(),
+                    BasicPublishOptions::default(),
+                    &body,
+                    BasicProperties::default(),
+                )
+                .await;
+            (now, result)
+        });
         if plan.in_window(now) {
             r.put_in_window += 1;
         }
         local += 1;
         unconfirmed.settle(r, plan, clock, false).await;
     }
+    while let Some(done) = publishing.join_next().await {
+        published(done, r, &mut unconfirmed, plan, shared);
+    }
     unconfirmed.settle(r, plan, clock, true).await;
     r.put = local;
+}
+
+type Publishing = Result<(u64, lapin::Result<PublisherConfirm>), tokio::task::JoinError>;
+
+/// One publish lapin has written (or failed to): its confirm joins those awaited. `false`
+/// when it failed, which ends the run.
+fn published(
+    done: Publishing,
+    r: &mut ProducerResult,
+    unconfirmed: &mut Unconfirmed,
+    plan: &Plan,
+    shared: &Shared,
+) -> bool {
+    let error = match done {
+        Ok((sent, Ok(confirm))) => {
+            if plan.confirms {
+                unconfirmed.waiting.push_back((sent, confirm));
+            }
+            return true;
+        }
+        Ok((_, Err(e))) => e.to_string(),
+        Err(e) => e.to_string(),
+    };
+    shared.put.fetch_sub(1, Relaxed);
+    r.problems.push(format!("publishing: {error}"));
+    shared.abort.store(true, Relaxed);
+    false
 }
 
 /// A consumer's deliveries received but not yet acked (`--ack multiple:N`).
@@ -278,12 +318,21 @@ pub(super) async fn consume(
         sent: Vec::new(),
         last: None,
     };
+    // Acks in flight (`--ack each`), each a task that ends once lapin has written it: as
+    // for publishes, one at a time would measure lapin's wake-ups, not the server.
+    let mut acking = tokio::task::JoinSet::new();
     loop {
         // `next` is cancel-safe: a poll that finds nothing, or a timeout, loses no delivery.
         let item = match poll_once(consumer.next()).await {
             Some(item) => item,
             None if pending.last.is_some() => {
                 flush(&mut pending, &mut r, &plan, clock, &shared).await;
+                continue;
+            }
+            None if !acking.is_empty() => {
+                while let Some(done) = acking.join_next().await {
+                    acked_each(done, &mut r, &plan, &shared);
+                }
                 continue;
             }
             None => {
@@ -314,9 +363,16 @@ pub(super) async fn consume(
         match plan.ack {
             AckMode::NoAck => {}
             AckMode::Each => {
+                if acking.len() >= LAPIN_WINDOW {
+                    let done = acking.join_next().await.expect("the window is not empty");
+                    acked_each(done, &mut r, &plan, &shared);
+                }
                 let t0 = clock.now_ns();
-                let acked = delivery.acker.ack(BasicAckOptions::default()).await;
-                r.settled(&plan, &shared, &[header], t0, clock.now_ns(), acked);
+                let acker = delivery.acker;
+                acking.spawn(async move {
+                    let acked = acker.ack(BasicAckOptions::default()).await;
+                    (header, t0, clock.now_ns(), acked)
+                });
             }
             AckMode::Multiple(n) => {
                 pending.sent.push(header);
@@ -327,8 +383,21 @@ pub(super) async fn consume(
             }
         }
     }
+    while let Some(done) = acking.join_next().await {
+        acked_each(done, &mut r, &plan, &shared);
+    }
     let _ = conn.close(200, "consumer done".into()).await;
     r
+}
+
+type Acking = Result<((u64, u64), u64, u64, lapin::Result<bool>), tokio::task::JoinError>;
+
+/// One `--ack each` ack that lapin has written (or failed to).
+fn acked_each(done: Acking, r: &mut ConsumerResult, plan: &Plan, shared: &Shared) {
+    match done {
+        Ok((header, t0, t1, acked)) => r.settled(plan, shared, &[header], t0, t1, acked),
+        Err(e) => r.problems.push(format!("acking: {e}")),
+    }
 }
 
 /// Acks everything pending with one `basic.ack multiple`.
