@@ -50,6 +50,22 @@ impl Client {
         }
     }
 
+    /// `connection.close`, answered with `close-ok`.
+    async fn close(&mut self) {
+        let close = connection::Close {
+            reply_code: 200,
+            reply_text: "bye".into(),
+            class_id: 0,
+            method_id: 0,
+        };
+        self.send(&[conn(connection::AMQPMethod::Close(close))])
+            .await;
+        assert_eq!(
+            self.recv().await,
+            conn(connection::AMQPMethod::CloseOk(connection::CloseOk {}))
+        );
+    }
+
     async fn connect(addr: std::net::SocketAddr) -> Client {
         Client::connect_with_heartbeat(addr, 0).await
     }
@@ -210,17 +226,7 @@ async fn a_thousand_publishes_in_one_write_are_consumed_and_acked_over_tcp() {
         }
     }
 
-    let close = connection::Close {
-        reply_code: 200,
-        reply_text: "bye".into(),
-        class_id: 0,
-        method_id: 0,
-    };
-    c.send(&[conn(connection::AMQPMethod::Close(close))]).await;
-    assert_eq!(
-        c.recv().await,
-        conn(connection::AMQPMethod::CloseOk(connection::CloseOk {}))
-    );
+    c.close().await;
     let stats = broker.queue("tcp-jobs").unwrap().stats();
     assert_eq!(
         (stats.enqueued, stats.acked, stats.ready, stats.leased),
@@ -334,17 +340,7 @@ async fn connection_churn_and_killed_publishers_lose_nothing_confirmed() {
         set.spawn(async move {
             let mut c = Client::connect(addr).await;
             if i % 2 == 0 {
-                let close = connection::Close {
-                    reply_code: 200,
-                    reply_text: "bye".into(),
-                    class_id: 0,
-                    method_id: 0,
-                };
-                c.send(&[conn(connection::AMQPMethod::Close(close))]).await;
-                assert_eq!(
-                    c.recv().await,
-                    conn(connection::AMQPMethod::CloseOk(connection::CloseOk {}))
-                );
+                c.close().await;
             }
         });
     }

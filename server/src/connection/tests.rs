@@ -55,6 +55,23 @@ fn basic_method(channel: u16, m: basic::AMQPMethod) -> AMQPFrame {
     method(channel, AMQPClass::Basic(m))
 }
 
+/// `tune-ok` (frame_max 8192, no heartbeat), `connection.open` and `channel.open` 1.
+fn open_frames() -> [AMQPFrame; 3] {
+    let tune_ok = conn_method(connection::AMQPMethod::TuneOk(connection::TuneOk {
+        channel_max: 16,
+        frame_max: 8192,
+        heartbeat: 0,
+    }));
+    let open = conn_method(connection::AMQPMethod::Open(connection::Open {
+        virtual_host: "/".into(),
+    }));
+    let channel_open = method(
+        1,
+        AMQPClass::Channel(channel::AMQPMethod::Open(channel::Open {})),
+    );
+    [tune_ok, open, channel_open]
+}
+
 fn start_ok(user: &str, password: &str) -> AMQPFrame {
     conn_method(connection::AMQPMethod::StartOk(connection::StartOk {
         client_properties: FieldTable::default(),
@@ -114,19 +131,7 @@ impl Client {
             (tune.frame_max, tune.channel_max, tune.heartbeat),
             (131_072, 2047, 60)
         );
-        let tune_ok = conn_method(connection::AMQPMethod::TuneOk(connection::TuneOk {
-            channel_max: 16,
-            frame_max: 8192,
-            heartbeat: 0,
-        }));
-        let open = conn_method(connection::AMQPMethod::Open(connection::Open {
-            virtual_host: "/".into(),
-        }));
-        let channel_open = method(
-            1,
-            AMQPClass::Channel(channel::AMQPMethod::Open(channel::Open {})),
-        );
-        let out = c.feed(&[tune_ok, open, channel_open]);
+        let out = c.feed(&open_frames());
         assert_eq!(
             out,
             [
@@ -987,19 +992,7 @@ fn a_server_named_exclusive_queue_is_the_connections_alone_and_goes_with_it() {
     let header = AMQPFrame::ProtocolHeader(ProtocolVersion::amqp_0_9_1());
     them.feed(&[header]);
     them.feed(&[start_ok("guest", "guest")]);
-    let tune_ok = conn_method(connection::AMQPMethod::TuneOk(connection::TuneOk {
-        channel_max: 16,
-        frame_max: 8192,
-        heartbeat: 0,
-    }));
-    let open = conn_method(connection::AMQPMethod::Open(connection::Open {
-        virtual_host: "/".into(),
-    }));
-    let channel_open = method(
-        1,
-        AMQPClass::Channel(channel::AMQPMethod::Open(channel::Open {})),
-    );
-    them.feed(&[tune_ok, open, channel_open]);
+    them.feed(&open_frames());
     let out = them.consume(&name, false);
     assert_eq!(channel_close_code(&out), Some(405));
     assert_eq!(c.stats(&name).ready, 1);
