@@ -593,11 +593,11 @@ impl QueueState {
             consumer.held > 0,
             "a consumer holding a lease holds one or more"
         );
-        let had_credit = consumer.has_credit();
-        consumer.held -= 1;
-        if !had_credit && consumer.has_credit() {
+        // A full consumer gets its credit back (a stopped one has none to get back).
+        if consumer.held == consumer.prefetch && !consumer.stopped {
             self.with_credit += 1;
         }
+        consumer.held -= 1;
         let leases = &self.leases;
         consumer
             .tags

@@ -666,19 +666,25 @@ impl Connection {
 
     /// Deletes the exclusive queues this connection declared (it is ending).
     fn drop_exclusive_queues(&mut self) {
-        if self.exclusive.is_empty() {
-            return;
+        for queue in std::mem::take(&mut self.exclusive) {
+            self.delete_queue(&queue);
         }
+    }
+
+    /// Closes `queue` and forgets it: its bindings, this connection's handle, and its
+    /// exclusive owner when that is this connection.
+    fn delete_queue(&mut self, queue: &Queue) {
+        let name = queue.name();
+        queue.close();
+        self.queues.remove(name);
+        self.exclusive.retain(|q| q.name() != name);
         let mut owners = self.settings.exclusive.lock().expect("never poisoned");
-        for queue in self.exclusive.drain(..) {
-            if owners.get(queue.name()) == Some(&self.id) {
-                owners.remove(queue.name());
-            }
-            self.queues.remove(queue.name());
-            queue.close();
-            let mut exchanges = self.settings.exchanges.lock().expect("never poisoned");
-            exchanges.unbind_queue(queue.name());
+        if owners.get(name) == Some(&self.id) {
+            owners.remove(name);
         }
+        drop(owners);
+        let mut exchanges = self.settings.exchanges.lock().expect("never poisoned");
+        exchanges.unbind_queue(name);
     }
 
     /// The connection that owns `name` as an exclusive queue, when it is not this one.

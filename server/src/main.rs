@@ -116,7 +116,7 @@ async fn serve_until_signal(
     let local = listener.local_addr().map_err(|e| e.to_string())?;
     let metrics_line = match metrics {
         Some(addr) => {
-            let metrics_listener = leasemq_server::metrics::bind(addr)
+            let metrics_listener = tokio::net::TcpListener::bind(addr)
                 .await
                 .map_err(|e| format!("cannot listen on {addr} for --metrics: {e}"))?;
             let at = metrics_listener.local_addr().map_err(|e| e.to_string())?;

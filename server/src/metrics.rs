@@ -11,7 +11,6 @@
 //! general HTTP server would be more code than it replaces here.
 
 use std::fmt::Write as _;
-use std::net::SocketAddr;
 use std::time::Duration;
 
 use leasemq::{Broker, QueueStats};
@@ -248,15 +247,6 @@ async fn answer(mut stream: TcpStream, registry: std::sync::Arc<Registry>) -> st
     };
     stream.write_all(response.as_bytes()).await?;
     stream.shutdown().await
-}
-
-/// Binds `addr` for [`serve`].
-///
-/// # Errors
-///
-/// When the address cannot be bound.
-pub async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
-    TcpListener::bind(addr).await
 }
 
 #[cfg(test)]

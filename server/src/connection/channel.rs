@@ -566,14 +566,7 @@ impl Connection {
                 return Err(Fault::channel(ch, code::PRECONDITION_FAILED, text, &m));
             }
             message_count = stats.ready + stats.delayed;
-            queue.close();
-            let mut exchanges = self.settings.exchanges.lock().expect("never poisoned");
-            exchanges.unbind_queue(name);
-            drop(exchanges);
-            self.queues.remove(name);
-            self.exclusive.retain(|q| q.name() != name);
-            let mut owners = self.settings.exclusive.lock().expect("never poisoned");
-            owners.remove(name);
+            self.delete_queue(&queue);
         }
         if !delete.nowait {
             let ok = queue::DeleteOk {
