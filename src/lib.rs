@@ -174,7 +174,10 @@ pub use leasemq_engine::{
     ConsumerConfig, DeathReason, DeathRecord, DeliveryTag, Envelope, Error, Message, PutOutcome,
     QueueConfig, QueueStats, RetryPolicy, Settle,
 };
-pub use leasemq_shard::{shard_for, Broker, BrokerBuilder, Consumer, Delivery, Queue, SyncPolicy};
+pub use leasemq_shard::{
+    set_thread_time_slice, shard_for, Broker, BrokerBuilder, Consumer, Delivery, Queue, SyncPolicy,
+    DEFAULT_SHARD_TIME_SLICE, MAX_TIME_SLICE, MIN_TIME_SLICE,
+};
 
 /// The code blocks of `README.md`, compiled and run by `cargo test --doc` so that the
 /// embedding example there cannot drift from the API.

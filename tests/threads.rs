@@ -359,3 +359,69 @@ fn a_panicking_shard_setup_fails_build() {
         other => panic!("expected InvalidConfig, got {other:?}"),
     }
 }
+
+/// The scheduler time slice a thread runs with, from `/proc/thread-self/sched` (Linux 6.6
+/// and later print it as `se.slice`), in nanoseconds; `None` where the system does not say.
+fn own_slice() -> Option<u64> {
+    let sched = std::fs::read_to_string("/proc/thread-self/sched").ok()?;
+    let line = sched.lines().find(|l| l.starts_with("se.slice"))?;
+    line.rsplit(':').next()?.trim().parse().ok()
+}
+
+/// Whether this kernel lets a normal thread choose its slice (Linux 6.12 and later).
+fn custom_slices() -> bool {
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    let mut parts = release
+        .trim()
+        .split(['.', '-'])
+        .map(|p| p.parse::<u32>().unwrap_or(0));
+    (parts.next().unwrap_or(0), parts.next().unwrap_or(0)) >= (6, 12)
+}
+
+/// Shard threads ask for the short default slice before the setup runs, another slice when
+/// told, and keep the system's when told `None`; a slice the kernel would not grant fails
+/// `build`.
+#[test]
+fn shard_threads_run_with_the_time_slice_they_were_given() {
+    let slices = |slice: Option<Option<Duration>>| {
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let record = seen.clone();
+        let mut builder = Broker::builder().shards(2).manual_clock();
+        if let Some(slice) = slice {
+            builder = builder.shard_time_slice(slice);
+        }
+        let broker = builder
+            .on_shard_start(move |_| record.lock().unwrap().push(own_slice()))
+            .build()
+            .unwrap();
+        broker.shutdown();
+        let seen = seen.lock().unwrap().clone();
+        assert_eq!(seen.len(), 2);
+        seen
+    };
+    let default = slices(None);
+    let chosen = slices(Some(Some(Duration::from_micros(750))));
+    let system = slices(Some(None));
+    if custom_slices() && own_slice().is_some() {
+        let ns = |d: Duration| Some(d.as_nanos() as u64);
+        assert_eq!(default, vec![ns(leasemq::DEFAULT_SHARD_TIME_SLICE); 2]);
+        assert_eq!(chosen, vec![ns(Duration::from_micros(750)); 2]);
+        assert_eq!(
+            system,
+            vec![own_slice(); 2],
+            "a thread's own slice is the system's"
+        );
+    }
+    for bad in [Duration::from_micros(50), Duration::from_secs(1)] {
+        match Broker::builder()
+            .shards(1)
+            .shard_time_slice(Some(bad))
+            .build()
+        {
+            Err(leasemq::Error::InvalidConfig(why)) => {
+                assert!(why.contains("shard_time_slice"), "{why}")
+            }
+            other => panic!("expected InvalidConfig for {bad:?}, got {other:?}"),
+        }
+    }
+}

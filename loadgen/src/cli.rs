@@ -18,6 +18,37 @@ pub struct Cli {
     #[arg(long, global = true, value_name = "N", default_value_t = 0,
           value_parser = clap::value_parser!(u32).range(0..=1024))]
     pub background_load: u32,
+    /// The scheduler time slice each shard thread asks for (Linux 6.12 and later): a
+    /// duration from 100us to 100ms, or `system` for the kernel's own. A short slice lets
+    /// a woken shard preempt busy threads instead of waiting out their slices.
+    #[arg(long, global = true, value_name = "DURATION|system", default_value = "100us",
+          value_parser = parse_time_slice)]
+    pub shard_time_slice: TimeSlice,
+    /// The same for the producer and consumer threads (and tokio workers), which stand for
+    /// the service's own threads: by default they keep the system's slice, as a service
+    /// that did nothing about it would.
+    #[arg(long, global = true, value_name = "DURATION|system", default_value = "system",
+          value_parser = parse_time_slice)]
+    pub caller_time_slice: TimeSlice,
+}
+
+/// A scheduler time slice from the command line: `None` keeps the system's.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TimeSlice(pub Option<Duration>);
+
+/// Parses a time slice: `system`, or a duration the kernel grants (100us to 100ms).
+fn parse_time_slice(text: &str) -> Result<TimeSlice, String> {
+    if text.trim() == "system" {
+        return Ok(TimeSlice(None));
+    }
+    let d = parse_duration(text)?;
+    if (leasemq::MIN_TIME_SLICE..=leasemq::MAX_TIME_SLICE).contains(&d) {
+        Ok(TimeSlice(Some(d)))
+    } else {
+        Err(format!(
+            "{text:?}: a time slice is from 100us to 100ms, or `system`"
+        ))
+    }
 }
 
 #[derive(Debug, Subcommand)]

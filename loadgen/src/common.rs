@@ -224,8 +224,7 @@ pub fn add_stats(total: &mut QueueStats, s: &QueueStats) {
 
 /// A broker with `shards` shard threads and the default settings.
 pub fn new_broker(shards: u32) -> Result<Broker, String> {
-    Broker::builder()
-        .shards(shards as usize)
+    crate::scheduling::broker(Broker::builder().shards(shards as usize))
         .build()
         .map_err(|e| broker_error("starting the broker", e))
 }

@@ -23,6 +23,7 @@ mod plot;
 mod progress;
 mod redelivery;
 mod report;
+mod scheduling;
 mod storage;
 mod sweep;
 mod throughput;
@@ -84,18 +85,27 @@ impl Outcome {
         }
     }
 
-    /// Says in the title and the config that the run had busy threads beside it.
-    fn note_background_load(&mut self, threads: u32) {
+    /// Says in the title and the config whether the run had busy threads beside it, and
+    /// which time slices its threads asked for.
+    fn note_host(&mut self, threads: u32, slices: scheduling::Slices) {
         let (title, config) = match self {
             Outcome::Single(run) => (&mut run.summary.title, &mut run.summary.config),
             Outcome::Sweep(sweep) => (&mut sweep.summary.title, &mut sweep.summary.config),
         };
         config["background_load"] = threads.into();
+        let micros = |slice: Option<std::time::Duration>| slice.map(|d| d.as_micros() as u64);
+        config["shard_time_slice_us"] = micros(slices.shard).into();
+        config["caller_time_slice_us"] = micros(slices.caller).into();
         if threads > 0 {
             title.push_str(&format!(
                 "; beside {threads} CPU-bound background thread(s)"
             ));
         }
+        title.push_str(&format!(
+            "; time slice: shards {}, workers {}",
+            scheduling::describe(slices.shard),
+            scheduling::describe(slices.caller)
+        ));
     }
 
     fn accounting(&self) -> &Accounting {
@@ -112,6 +122,10 @@ fn main() -> ExitCode {
         return background::serve(&args[2].to_string_lossy());
     }
     let cli = Cli::parse();
+    scheduling::set(scheduling::Slices {
+        shard: cli.shard_time_slice.0,
+        caller: cli.caller_time_slice.0,
+    });
     let load = match background::BackgroundLoad::start(cli.background_load) {
         Ok(load) => load,
         Err(e) => {
@@ -133,7 +147,7 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    outcome.note_background_load(cli.background_load);
+    outcome.note_host(cli.background_load, scheduling::slices());
     if let Some(dir) = &output.out {
         if let Err(e) = outcome.write_out(dir) {
             eprintln!("leasemq-loadgen: writing {}: {e}", dir.display());

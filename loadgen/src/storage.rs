@@ -155,7 +155,7 @@ impl StepStorage {
 
     /// A broker with `shards` shard threads, on the step's data dir if it has one.
     pub fn broker(&self, shards: u32) -> Result<Broker, String> {
-        let mut builder = Broker::builder().shards(shards as usize);
+        let mut builder = crate::scheduling::broker(Broker::builder().shards(shards as usize));
         if let Some(dir) = &self.dir {
             builder = builder.data_dir(dir.path()).sync(self.sync);
         }

@@ -240,6 +240,13 @@ fn throughput_beside_a_background_load() {
     assert_eq!(s["config"]["background_load"], 2);
     let title = s["title"].as_str().unwrap();
     assert!(title.contains("beside 2 CPU-bound"), "{title}");
+    // The broker's default slice for its shards; the workers keep the system's.
+    assert!(
+        title.contains("time slice: shards 100 µs, workers system"),
+        "{title}"
+    );
+    assert_eq!(s["config"]["shard_time_slice_us"], 100);
+    assert!(s["config"]["caller_time_slice_us"].is_null());
     let left: Vec<_> = fs::read_dir("/proc")
         .into_iter()
         .flatten()
@@ -248,6 +255,35 @@ fn throughput_beside_a_background_load() {
         .filter(|cmd| String::from_utf8_lossy(cmd).contains("__background-load"))
         .collect();
     assert!(left.is_empty(), "background load still running: {left:?}");
+}
+
+/// `--shard-time-slice` and `--caller-time-slice` are recorded in the title and the config.
+#[test]
+fn throughput_with_chosen_time_slices() {
+    let s = run_and_check(
+        "tp-slices",
+        &[
+            "throughput",
+            "--api",
+            "per-message",
+            "--duration",
+            "300ms",
+            "--warmup",
+            "100ms",
+            "--shard-time-slice",
+            "system",
+            "--caller-time-slice",
+            "200us",
+        ],
+    );
+    assert!(rate(&s, "acked") > 0.0);
+    let title = s["title"].as_str().unwrap();
+    assert!(
+        title.contains("time slice: shards system, workers 200 µs"),
+        "{title}"
+    );
+    assert!(s["config"]["shard_time_slice_us"].is_null());
+    assert_eq!(s["config"]["caller_time_slice_us"], 200);
 }
 
 /// `--durable` declares durable queues on a broker with a temporary data dir, says so in
@@ -460,6 +496,14 @@ fn bad_flags_exit_non_zero_with_a_message() {
     let output = run(&["throughput", "--durable", "--sync", "sometimes"]);
     assert_eq!(output.status.code(), Some(2));
     assert!(text(&output.stderr).contains("interval:MS"));
+    for slice in ["50us", "1s", "often"] {
+        let output = run(&["throughput", "--caller-time-slice", slice]);
+        assert_eq!(output.status.code(), Some(2), "{slice}");
+        assert!(
+            text(&output.stderr).contains("--caller-time-slice"),
+            "{slice}"
+        );
+    }
     let output = run(&["throughput", "--confirms"]);
     assert_eq!(output.status.code(), Some(2));
     assert!(text(&output.stderr).contains("needs --target"));

@@ -35,6 +35,7 @@ pub struct BrokerBuilder {
     manual_clock: bool,
     tick: Duration,
     on_shard_start: Option<ShardSetup>,
+    shard_time_slice: Option<Duration>,
     data_dir: Option<std::path::PathBuf>,
     sync: SyncPolicy,
     storage: Option<Arc<dyn leasemq_wal::Storage>>,
@@ -47,6 +48,7 @@ impl Default for BrokerBuilder {
             manual_clock: false,
             tick: Duration::from_millis(1),
             on_shard_start: None,
+            shard_time_slice: Some(DEFAULT_SHARD_TIME_SLICE),
             data_dir: None,
             sync: SyncPolicy::Always,
             storage: None,
@@ -63,6 +65,14 @@ impl std::fmt::Debug for ShardSetup {
         f.write_str("ShardSetup(..)")
     }
 }
+
+/// The scheduler time slice a shard thread asks for unless told otherwise: the shortest
+/// the kernel grants (see [`BrokerBuilder::shard_time_slice`]).
+pub const DEFAULT_SHARD_TIME_SLICE: Duration = crate::slice::MIN_TIME_SLICE;
+
+/// The longest shard slice with which a woken shard still preempts busy threads at once,
+/// so that callers waiting on a busy host need not spin longer (see `wait.rs`).
+const FAST_WAKE_SLICE: Duration = Duration::from_millis(1);
 
 /// The most shards a broker may run.
 pub const MAX_SHARDS: usize = 1024;
@@ -115,6 +125,23 @@ impl BrokerBuilder {
     /// ```
     pub fn on_shard_start(mut self, setup: impl Fn(usize) + Send + Sync + 'static) -> Self {
         self.on_shard_start = Some(ShardSetup(Arc::new(setup)));
+        self
+    }
+
+    /// The scheduler time slice each shard thread asks for as it starts, before
+    /// [`on_shard_start`](Self::on_shard_start) runs (default
+    /// [`DEFAULT_SHARD_TIME_SLICE`], 100 µs; `None` keeps the system's). A shard thread
+    /// sleeps until a caller needs it and then works briefly; on a host whose other
+    /// threads keep the cores busy, a short slice lets it preempt them when woken instead
+    /// of waiting out a slice of theirs, which is what each hand-off would otherwise cost.
+    /// Its share of the CPU is unchanged. Linux 6.12 and later honour it (see
+    /// [`set_thread_time_slice`](crate::set_thread_time_slice)); elsewhere, or when the
+    /// system refuses, the shard runs with the system's slice.
+    ///
+    /// [`build`](Self::build) gives [`Error::InvalidConfig`] for a slice outside
+    /// [`MIN_TIME_SLICE`](crate::MIN_TIME_SLICE) ..= [`MAX_TIME_SLICE`](crate::MAX_TIME_SLICE).
+    pub fn shard_time_slice(mut self, slice: Option<Duration>) -> Self {
+        self.shard_time_slice = slice;
         self
     }
 
@@ -203,6 +230,13 @@ impl BrokerBuilder {
     }
 
     fn start(self, shards: usize, data_dir: Option<DataDir>) -> Result<Broker, Error> {
+        if let Some(slice) = self.shard_time_slice {
+            if !(crate::MIN_TIME_SLICE..=crate::MAX_TIME_SLICE).contains(&slice) {
+                return Err(Error::InvalidConfig(format!(
+                    "shard_time_slice must be from 100 µs to 100 ms, got {slice:?}"
+                )));
+            }
+        }
         if self.tick < Duration::from_micros(1) || self.tick > Duration::from_secs(1) {
             return Err(Error::InvalidConfig(format!(
                 "tick must be from 1 µs to 1 s, got {:?}",
@@ -260,6 +294,7 @@ impl BrokerBuilder {
         let (setup_done, setups) = crossbeam_channel::bounded::<bool>(shards);
         for (index, (inbox, sleeper)) in receivers.into_iter().enumerate() {
             let setup = self.on_shard_start.clone();
+            let slice = self.shard_time_slice;
             let setup_done = setup_done.clone();
             let after_panic = inbox.clone();
             let own_inbox = senders[index].clone();
@@ -274,6 +309,16 @@ impl BrokerBuilder {
             let thread = std::thread::Builder::new()
                 .name(format!("leasemq-shard-{index}"))
                 .spawn(move || {
+                    // Best effort: a system that refuses leaves the default slice, which
+                    // is slower on a busy host but correct.
+                    if let Some(slice) = slice {
+                        if crate::set_thread_time_slice(slice).is_ok()
+                            && crate::slice::honoured(slice)
+                            && slice <= FAST_WAKE_SLICE
+                        {
+                            crate::wait::shards_run_short_slices();
+                        }
+                    }
                     let ran = setup.is_none_or(|ShardSetup(setup)| {
                         catch_unwind(AssertUnwindSafe(|| setup(index))).is_ok()
                     });

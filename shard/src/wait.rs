@@ -17,9 +17,12 @@
 //! A busy host changes the sums. When other processes' threads keep the cores busy, a
 //! yield hands one of them a whole time slice (milliseconds), and a woken thread may wait
 //! in the run queue for part of a slice before it runs. So a thread that sees one slow
-//! yield treats the host as busy for [`BUSY_HOLD`]: it skips step 2 and spins longer in
-//! step 1 ([`BUSY_SPIN`]), to catch its answer while it still holds a core. No spin and no
-//! yield loop lasts longer than its time bound.
+//! yield treats the host as busy for [`BUSY_HOLD`]: it skips step 2. Where shard threads
+//! run with the system's time slice, it also spins longer in step 1 ([`BUSY_SPIN`]), to
+//! catch its answer while it still holds a core; where they have a short one (see
+//! `slice.rs`), a woken shard runs at once, the answer comes as fast as on an idle host,
+//! and a longer spin would only burn the share of the CPU the host leaves us. No spin and
+//! no yield loop lasts longer than its time bound.
 //!
 //! The wake is cheap when nobody sleeps: a fence and a load of the `asleep` flag (a count
 //! for a [`Bell`]), the "is anyone waiting" check of crossbeam's `SyncWaker`; only a thread
@@ -33,9 +36,10 @@ use std::sync::{Mutex, OnceLock};
 use std::thread::Thread;
 use std::time::{Duration, Instant};
 
-/// How long a thread that lately saw a slow yield spins before it parks. Beside busy
-/// threads a parked thread, once woken, can wait in the run queue for part of a time slice
-/// before it runs, so catching the answer while still on the core is worth more.
+/// How long a thread that lately saw a slow yield spins before it parks, while shard
+/// threads run with the system's time slice. Beside busy threads a parked thread, once
+/// woken, can wait in the run queue for part of a time slice before it runs, so catching
+/// the answer while still on the core is worth more.
 const BUSY_SPIN: Duration = Duration::from_micros(10);
 
 /// How long a waiter polls with the CPU's spin hint before it yields or parks. An idle
@@ -54,6 +58,24 @@ const SLOW_YIELD: Duration = Duration::from_micros(100);
 /// How long a thread that saw one slow yield counts the host as busy. (A budget of yields
 /// that runs out is no such sign: a consumer of a quiet queue meets it all the time.)
 const BUSY_HOLD: Duration = Duration::from_millis(50);
+
+/// Whether a shard thread of this process runs with a short time slice the kernel honours
+/// (set once by [`shards_run_short_slices`]); then a busy host is no reason to spin longer.
+static SHORT_SLICES: AtomicBool = AtomicBool::new(false);
+
+/// Says that a shard thread got the short time slice it asked for.
+pub(crate) fn shards_run_short_slices() {
+    SHORT_SLICES.store(true, Ordering::Relaxed);
+}
+
+/// How long to spin before parking on a busy host.
+fn busy_spin() -> Duration {
+    if SHORT_SLICES.load(Ordering::Relaxed) {
+        SPIN
+    } else {
+        BUSY_SPIN
+    }
+}
 
 /// Polls made between two readings of the clock while spinning.
 const POLLS_PER_CLOCK_READ: u32 = 8;
@@ -236,7 +258,7 @@ fn lock(waiting: &Mutex<Vec<Thread>>) -> std::sync::MutexGuard<'_, Vec<Thread>> 
 }
 
 /// The waiting before a park (steps 1 and 2 of the module docs): polls `attempt` with the
-/// CPU's spin hint for at most [`SPIN`] when spinning pays, or [`BUSY_SPIN`] on a busy
+/// CPU's spin hint for at most [`SPIN`] when spinning pays, or [`busy_spin`] on a busy
 /// host; then, on a host not busy, between yields for at most [`YIELD_BUDGET`]. Never past
 /// `deadline`.
 fn spin<T>(deadline: Option<Instant>, attempt: &mut impl FnMut() -> Option<T>) -> Option<T> {
@@ -246,7 +268,7 @@ fn spin<T>(deadline: Option<Instant>, attempt: &mut impl FnMut() -> Option<T>) -
     let mut now = Instant::now();
     let busy = HOST_BUSY_UNTIL.get().is_some_and(|until| now < until);
     if busy || SPINNING.with(Spinning::should_spin) {
-        let spin_end = cap(now + if busy { BUSY_SPIN } else { SPIN }, deadline);
+        let spin_end = cap(now + if busy { busy_spin() } else { SPIN }, deadline);
         let caught = 'spin: loop {
             for _ in 0..POLLS_PER_CLOCK_READ {
                 std::hint::spin_loop();

@@ -249,6 +249,7 @@ fn start_runtime(w: &WorkloadArgs) -> Result<Option<tokio::runtime::Runtime>, St
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(w.runtime_threads as usize)
         .thread_name("loadgen-runtime")
+        .on_thread_start(crate::scheduling::caller_thread)
         .enable_time()
         .build()
         .map(Some)
@@ -306,7 +307,10 @@ impl Spawner<'_> {
             None => Worker::Thread(
                 thread::Builder::new()
                     .name(format!("consumer-{i}"))
-                    .spawn(move || consume(c, result, &plan, clock, &shared))
+                    .spawn(move || {
+                        crate::scheduling::caller_thread();
+                        consume(c, result, &plan, clock, &shared)
+                    })
                     .expect("spawn a consumer thread"),
             ),
         }
@@ -323,7 +327,10 @@ impl Spawner<'_> {
             None => Worker::Thread(
                 thread::Builder::new()
                     .name(format!("producer-{j}"))
-                    .spawn(move || produce(j as u64, &queues, &plan, clock, &shared))
+                    .spawn(move || {
+                        crate::scheduling::caller_thread();
+                        produce(j as u64, &queues, &plan, clock, &shared)
+                    })
                     .expect("spawn a producer thread"),
             ),
         }
