@@ -363,3 +363,34 @@ fn a_lease_that_ran_out_while_its_delivery_waited_for_the_disk_is_not_handed_ove
     assert!(c.try_recv().unwrap().is_none());
     broker.shutdown();
 }
+
+/// A durable queue's close is seen by its other handles only once the close is on disk:
+/// while the fsync is held, another handle still sees the queue open and a put through it
+/// gets no answer, and a crash then brings the queue back. Once the fsync is done, every
+/// handle sees it closed and the put is refused.
+#[test]
+fn a_durable_close_is_seen_only_once_it_is_on_disk() {
+    let disk = MemDisk::new();
+    let broker = open(&disk, 1).unwrap();
+    let q = broker.declare_queue("closing", durable()).unwrap();
+    assert_eq!(q.put(Message::new("kept")).unwrap(), PutOutcome::Enqueued);
+    let other = broker.queue("closing").unwrap();
+    disk.hold_syncs();
+    let closer = std::thread::spawn(move || q.close());
+    disk.wait_for_held_sync();
+    assert!(!other.is_closed(), "the close is not on disk yet");
+    let put = {
+        let other = other.clone();
+        std::thread::spawn(move || other.put(Message::new("late")))
+    };
+    // A crash now keeps the queue: the close never reached the disk, and nobody was told.
+    let image = disk.crash(Crash::LoseUnsynced);
+    let reopened = open(&image, 1).unwrap();
+    assert_eq!(ids_in(&reopened, "closing").len(), 1);
+    reopened.shutdown();
+    disk.release_syncs();
+    assert!(closer.join().unwrap());
+    assert!(other.is_closed());
+    assert_eq!(put.join().unwrap(), Err(Error::QueueClosed));
+    broker.shutdown();
+}

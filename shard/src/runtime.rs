@@ -178,6 +178,9 @@ impl ShardThread {
                 }
             }
             Held::Reply(deferred) => deferred.send(failed),
+            // The engine dropped the queue either way: its handles see it closed now, and
+            // after a failed log also (the close's answer is then refused).
+            Held::Close(_, cell, frozen) => cell.close(frozen),
             Held::Hop(to, hop) => match failed {
                 None => {
                     let peers = &self.peers;
@@ -390,10 +393,12 @@ impl ShardThread {
                     _ => None,
                 };
                 let durable = self.about_durable(&cmd);
+                // An answer about a queue whose close waits for the disk waits behind it.
+                self.logged = self.behind_a_close(&cmd);
                 self.engine.handle(now, cmd, &mut self.out);
                 let answer = self.take_reply();
                 if let (Some(key), Reply::Closed(Some(stats))) = (closing, &answer) {
-                    self.on_closed(key, (**stats).clone());
+                    self.on_closed(key, (**stats).clone(), durable);
                 }
                 // Answered now, or after the dead letters it caused have landed.
                 let answer = Answer::Engine(answer);
@@ -552,15 +557,40 @@ impl ShardThread {
         }
     }
 
-    /// Closes the cell of a queue the engine just closed, before anyone hears of it.
-    fn on_closed(&mut self, key: QueueKey, frozen: QueueStats) {
+    /// Closes the cell of a queue the engine just closed, before anyone hears of it; for a
+    /// durable queue whose log holds answers back, once its `Closed` record is on disk.
+    fn on_closed(&mut self, key: QueueKey, frozen: QueueStats, durable: bool) {
         let idx = key.slot();
-        if let Some(Some((k, cell))) = self.cells.get(idx) {
-            if *k == key {
-                cell.close(frozen);
-                self.cells[idx] = None;
-            }
+        let Some(Some((k, _))) = self.cells.get(idx) else {
+            return;
+        };
+        if *k != key {
+            return;
         }
+        let (_, cell) = self.cells[idx].take().expect("looked at it");
+        if durable && self.depends() {
+            let log = self.log.as_mut().expect("depends needs a log");
+            log.hold_close(key, cell, frozen);
+        } else {
+            cell.close(frozen);
+        }
+    }
+
+    /// Whether `cmd` is about a queue whose close still waits for the disk.
+    fn behind_a_close(&self, cmd: &Command) -> bool {
+        let Some(log) = &self.log else {
+            return false;
+        };
+        let queue = match cmd {
+            Command::Put { queue, .. }
+            | Command::PutBatch { queue, .. }
+            | Command::Settle { queue, .. }
+            | Command::SettleBatch { queue, .. }
+            | Command::Purge { queue }
+            | Command::Close { queue } => *queue,
+            _ => return false,
+        };
+        log.is_closing(queue)
     }
 
     fn retry_backlog(&mut self) {

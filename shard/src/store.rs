@@ -16,17 +16,17 @@
 //! queues wait for the disk. The fsyncs run on the log's syncer thread, one at a time,
 //! each taking what was submitted while the previous one ran.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use leasemq_engine::durable::{begin_batch, decode_batch, Change};
-use leasemq_engine::{ConsumerKey, Delivered, Error, Message, Shard};
+use leasemq_engine::{ConsumerKey, Delivered, Error, Message, QueueKey, QueueStats, Shard};
 use leasemq_wal::{latest_snapshot, DirLock, Lsn, Options, Storage, Wal, WalError};
 
-use crate::protocol::Deferred;
+use crate::protocol::{Deferred, QueueCell};
 use crate::route::Hop;
 use crate::wait::Sleeper;
 
@@ -186,6 +186,9 @@ pub(crate) enum Held {
     Delivery(ConsumerKey, Delivered),
     Reply(Deferred),
     Hop(usize, Hop<Deferred>),
+    /// A durable queue's close: its handles see it closed only once the `Closed` record is
+    /// on disk, so that no handle learns of a close a crash could undo.
+    Close(QueueKey, Arc<QueueCell>, QueueStats),
 }
 
 /// One shard's log, and what waits on it.
@@ -198,6 +201,8 @@ pub(crate) struct ShardLog {
     held: VecDeque<(Lsn, bool, Held)>,
     /// Consumers with deliveries in `held`, and how many.
     held_consumers: HashMap<ConsumerKey, usize>,
+    /// Durable queues whose close is in `held`: answers about them wait behind it.
+    closing: HashSet<QueueKey>,
     /// Appended records not yet handed to the syncer.
     unsubmitted: bool,
     last_submit: Instant,
@@ -263,6 +268,7 @@ impl ShardLog {
             buf: Vec::new(),
             held: VecDeque::new(),
             held_consumers: HashMap::new(),
+            closing: HashSet::new(),
             unsubmitted: false,
             last_submit: Instant::now(),
             since_snapshot,
@@ -360,14 +366,31 @@ impl ShardLog {
     }
 
     fn let_go(&mut self, what: &Held) {
-        if let Held::Delivery(key, _) = what {
-            if let Some(n) = self.held_consumers.get_mut(key) {
-                *n -= 1;
-                if *n == 0 {
-                    self.held_consumers.remove(key);
+        match what {
+            Held::Delivery(key, _) => {
+                if let Some(n) = self.held_consumers.get_mut(key) {
+                    *n -= 1;
+                    if *n == 0 {
+                        self.held_consumers.remove(key);
+                    }
                 }
             }
+            Held::Close(key, ..) => {
+                self.closing.remove(key);
+            }
+            Held::Reply(_) | Held::Hop(..) => {}
         }
+    }
+
+    /// Holds the close of durable queue `key` until its record is on disk.
+    pub fn hold_close(&mut self, key: QueueKey, cell: Arc<QueueCell>, frozen: QueueStats) {
+        self.closing.insert(key);
+        self.hold(true, Held::Close(key, cell, frozen));
+    }
+
+    /// Whether the close of `queue` waits for the disk: an answer about it must wait too.
+    pub fn is_closing(&self, queue: QueueKey) -> bool {
+        self.closing.contains(&queue)
     }
 
     /// Takes out the held deliveries of a consumer that ends, to count them unread.
