@@ -359,6 +359,11 @@ impl Connection {
         let n = self.subscriptions.len();
         for step in 0..n {
             let i = (self.rotor + step) % n;
+            // A paused or full channel is looked at again after the next input, which is
+            // what can change that.
+            if !self.may_deliver(i) {
+                continue;
+            }
             let next = pin!(self.subscriptions[i].consumer.next());
             if let Poll::Ready(d) = next.poll(cx) {
                 self.rotor = (i + 1) % n;

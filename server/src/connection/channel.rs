@@ -35,8 +35,13 @@ const MAX_PREFETCH: u16 = u16::MAX;
 pub(crate) struct Channel {
     /// We sent `channel.close` and wait for `close-ok`.
     pub(super) closing: bool,
-    /// `basic.qos` prefetch for the consumers started after it; 0 means no limit.
+    /// `basic.qos` prefetch for each consumer started after it; 0 means no limit.
     prefetch: u16,
+    /// `basic.qos global=true` (RabbitMQ's meaning): the most deliveries unsettled on the
+    /// channel, all its consumers together; 0 means no limit.
+    global_prefetch: u16,
+    /// The client asked for no deliveries (`channel.flow active=false`).
+    paused: bool,
     /// The last delivery tag handed out on this channel.
     last_tag: u64,
     /// Deliveries not yet settled, by channel delivery tag.
@@ -137,7 +142,11 @@ impl Connection {
             AMQPClass::Channel(channel::AMQPMethod::CloseOk(_)) => Ok(()),
             AMQPClass::Queue(queue::AMQPMethod::Declare(declare)) => self.declare(ch, declare),
             AMQPClass::Basic(basic::AMQPMethod::Qos(qos)) => {
-                state.prefetch = qos.prefetch_count;
+                if qos.global {
+                    state.global_prefetch = qos.prefetch_count;
+                } else {
+                    state.prefetch = qos.prefetch_count;
+                }
                 self.send(
                     ch,
                     AMQPClass::Basic(basic::AMQPMethod::QosOk(basic::QosOk {})),
@@ -209,6 +218,16 @@ impl Connection {
             AMQPClass::Basic(basic::AMQPMethod::Reject(reject)) => {
                 let m = AMQPClass::Basic(basic::AMQPMethod::Reject(reject.clone()));
                 self.settle(ch, reject.delivery_tag, false, requeue(reject.requeue), &m)
+            }
+            AMQPClass::Channel(channel::AMQPMethod::Flow(flow)) => {
+                // Deliveries stop or start again; those the broker already handed to the
+                // channel's consumers wait, leased, in their buffers (at most a prefetch).
+                state.paused = !flow.active;
+                let ok = channel::FlowOk {
+                    active: flow.active,
+                };
+                self.send(ch, AMQPClass::Channel(channel::AMQPMethod::FlowOk(ok)));
+                Ok(())
             }
             AMQPClass::Channel(channel::AMQPMethod::Open(_)) => {
                 let text = format!("channel {ch} is already open");
@@ -391,10 +410,10 @@ impl Connection {
             let text = format!("NOT_ALLOWED - attempt to reuse consumer tag '{tag}'");
             return Err(Fault::connection(code::NOT_ALLOWED, text).for_method(&m));
         }
-        let prefetch = match state.prefetch {
-            0 => MAX_PREFETCH,
-            n => n,
-        };
+        // A channel-wide limit also bounds each consumer: none may lease more than the
+        // channel may have unsettled (the rest stays ready for other channels).
+        let limit = |n: u16| if n == 0 { MAX_PREFETCH } else { n };
+        let prefetch = limit(state.prefetch).min(limit(state.global_prefetch));
         // The broker's consumer name is the connection's, unique whatever tags clients pick.
         let name = format!("amqp-{}-{}", self.id, self.next_consumer);
         let config = ConsumerConfig {
@@ -739,6 +758,19 @@ impl Connection {
     }
 
     /// Sends one delivery of subscription `index` as `basic.deliver` + content.
+    /// Whether the channel of subscription `index` takes a delivery now: it is not
+    /// paused by `channel.flow`, and is under its `global` prefetch (which, as in RabbitMQ,
+    /// does not bound `no_ack` consumers).
+    pub(super) fn may_deliver(&self, index: usize) -> bool {
+        let sub = &self.subscriptions[index];
+        self.channels.get(&sub.channel).is_none_or(|state| {
+            !state.paused
+                && (sub.no_ack
+                    || state.global_prefetch == 0
+                    || state.unacked.len() < usize::from(state.global_prefetch))
+        })
+    }
+
     pub(super) fn deliver(&mut self, index: usize, delivery: Delivery) {
         let sub = &self.subscriptions[index];
         let (ch, no_ack) = (sub.channel, sub.no_ack);

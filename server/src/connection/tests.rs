@@ -1056,3 +1056,68 @@ fn a_full_queue_with_reject_publish_takes_what_fits_and_nacks_the_rest() {
     };
     assert_eq!(out, [basic_method(1, basic::AMQPMethod::Ack(ack))]);
 }
+
+fn qos(count: u16, global: bool) -> AMQPFrame {
+    let qos = basic::Qos {
+        prefetch_count: count,
+        global,
+    };
+    basic_method(1, basic::AMQPMethod::Qos(qos))
+}
+
+fn flow(active: bool) -> AMQPFrame {
+    method(
+        1,
+        AMQPClass::Channel(channel::AMQPMethod::Flow(channel::Flow { active })),
+    )
+}
+
+/// `global=true` bounds the channel's unsettled deliveries, all its consumers together;
+/// `global=false` bounds each consumer; both hold at once (RabbitMQ's meaning).
+#[test]
+fn a_global_qos_bounds_the_channel_and_a_per_consumer_qos_each_consumer() {
+    let mut c = Client::open();
+    c.declare("shared-a");
+    c.declare("shared-b");
+    for _ in 0..5 {
+        c.publish("shared-a", b"a");
+        c.publish("shared-b", b"b");
+    }
+    c.feed(&[qos(3, true), qos(2, false)]);
+    let mut got = deliveries(&c.consume("shared-a", false));
+    got.extend(deliveries(&c.consume("shared-b", false)));
+    assert_eq!(got.len(), 3, "the channel holds at most 3 unsettled");
+    let per_queue = |q: &str| c.stats(q).leased;
+    assert!(per_queue("shared-a") <= 2 && per_queue("shared-b") <= 2);
+    // One ack makes room for one more on the channel.
+    let more = deliveries(&c.feed(&[ack(got[0].0, false)]));
+    assert_eq!(more.len(), 1);
+    // A no_ack consumer is not bounded by the channel's limit.
+    c.declare("free");
+    for _ in 0..4 {
+        c.publish("free", b"f");
+    }
+    assert_eq!(deliveries(&c.consume("free", true)).len(), 4);
+}
+
+/// `channel.flow active=false` stops deliveries on the channel until `active=true`; each
+/// is answered with `flow-ok` carrying the same flag.
+#[test]
+fn channel_flow_pauses_and_resumes_deliveries() {
+    let mut c = Client::open();
+    c.declare("flowing");
+    let out = c.feed(&[flow(false)]);
+    let ok = |active| {
+        method(
+            1,
+            AMQPClass::Channel(channel::AMQPMethod::FlowOk(channel::FlowOk { active })),
+        )
+    };
+    assert_eq!(out, [ok(false)]);
+    c.consume("flowing", false);
+    c.publish("flowing", b"held");
+    assert!(deliveries(&c.feed(&[])).is_empty(), "paused");
+    let out = c.feed(&[flow(true)]);
+    assert_eq!(out[0], ok(true));
+    assert_eq!(deliveries(&out), [(1, false, b"held".to_vec())]);
+}
