@@ -29,7 +29,7 @@ use amq_protocol::protocol::{basic, connection, AMQPClass};
 use amq_protocol::types::{AMQPValue, FieldTable, ShortString};
 use leasemq::{Broker, Consumer, Delivery, Queue};
 
-use crate::exchange::Exchanges;
+use crate::exchange::{Exchanges, Refusal};
 use crate::metrics::Metrics;
 use crate::wire::{self, Next, Output};
 use channel::Channel;
@@ -689,7 +689,9 @@ impl Connection {
         }
         drop(owners);
         let mut exchanges = self.settings.exchanges.lock().expect("never poisoned");
-        exchanges.unbind_queue(name);
+        if let Err(Refusal::Storage(why)) = exchanges.unbind_queue(name) {
+            tracing::warn!("queue {name} was deleted, but its bindings stay on disk: {why}");
+        }
     }
 
     /// The connection that owns `name` as an exclusive queue, when it is not this one.

@@ -3,26 +3,58 @@
 //! The default exchange (`""`) routes a message to the queue its routing key names and
 //! needs no state. A `direct` exchange routes it to every queue bound to it with exactly
 //! that routing key. `amq.direct` exists from the start, as in RabbitMQ. One table serves
-//! every connection of a server; it lives in memory (a restart forgets exchanges and
-//! bindings, while durable queues come back).
+//! every connection of a server.
+//!
+//! With a data dir, durable exchanges and their bindings are kept in [`FILE`] there, as
+//! RabbitMQ keeps them: every change to one is written (to a temporary file, fsynced,
+//! renamed over the old one, the directory fsynced) before it is answered. A restart
+//! reads the file back and keeps the bindings whose queue came back, which are those of
+//! durable queues. Exchanges that are not durable live in memory only.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::fs;
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+/// The file, in the data dir, that keeps the durable exchanges and their bindings.
+pub const FILE: &str = "leasemqd-exchanges.json";
 
 /// The exchange type served.
 pub const DIRECT: &str = "direct";
 
 /// The exchanges of one server, with their bindings.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct Exchanges {
     by_name: HashMap<String, Exchange>,
+    /// Where durable exchanges are kept, with a data dir.
+    file: Option<PathBuf>,
 }
 
 /// One direct exchange: queue names by routing key.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 struct Exchange {
     durable: bool,
     bindings: BTreeMap<String, BTreeSet<String>>,
 }
+
+/// What [`FILE`] holds: the durable exchanges, each with its bindings.
+#[derive(Debug, Serialize, Deserialize)]
+struct Stored {
+    version: u32,
+    exchanges: Vec<StoredExchange>,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct StoredExchange {
+    name: String,
+    /// (routing key, queue) pairs.
+    bindings: Vec<(String, String)>,
+}
+
+/// The version of [`Stored`] this build writes and reads.
+const VERSION: u32 = 1;
 
 /// Why an exchange call is refused, as AMQP reply codes name it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -35,6 +67,8 @@ pub enum Refusal {
     Inequivalent(&'static str),
     /// 406: `if_unused` and it has bindings.
     InUse,
+    /// 541: the change to a durable exchange could not be written (nothing changed).
+    Storage(String),
 }
 
 impl Default for Exchanges {
@@ -45,11 +79,96 @@ impl Default for Exchanges {
             ..Exchange::default()
         };
         by_name.insert("amq.direct".to_string(), amq_direct);
-        Exchanges { by_name }
+        Exchanges {
+            by_name,
+            file: None,
+        }
     }
 }
 
 impl Exchanges {
+    /// The exchanges kept in `dir` (none yet if it has no [`FILE`]), which keeps every
+    /// later change to a durable one; a binding is kept if `queue_exists` says its queue
+    /// came back.
+    ///
+    /// # Errors
+    ///
+    /// A file that cannot be read or parsed, named in the message: the server must not
+    /// start and route differently than before.
+    pub fn open(dir: &Path, queue_exists: impl Fn(&str) -> bool) -> Result<Exchanges, String> {
+        let file = dir.join(FILE);
+        let mut exchanges = Exchanges {
+            file: Some(file.clone()),
+            ..Exchanges::default()
+        };
+        let text = match fs::read_to_string(&file) {
+            Ok(text) => text,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(exchanges),
+            Err(e) => return Err(format!("cannot read {}: {e}", file.display())),
+        };
+        let stored: Stored = serde_json::from_str(&text)
+            .map_err(|e| format!("{} is damaged: {e}", file.display()))?;
+        if stored.version != VERSION {
+            return Err(format!(
+                "{} has version {}; this leasemqd reads version {VERSION}",
+                file.display(),
+                stored.version
+            ));
+        }
+        for stored in stored.exchanges {
+            let exchange = exchanges.by_name.entry(stored.name).or_default();
+            exchange.durable = true;
+            for (key, queue) in stored.bindings {
+                if queue_exists(&queue) {
+                    exchange.bindings.entry(key).or_default().insert(queue);
+                }
+            }
+        }
+        Ok(exchanges)
+    }
+
+    /// Applies `change`, and with a data dir writes the durable exchanges before the
+    /// change counts; if writing fails, nothing changed.
+    fn keep<T>(
+        &mut self,
+        change: impl FnOnce(&mut Exchanges) -> Result<T, Refusal>,
+    ) -> Result<T, Refusal> {
+        let Some(file) = self.file.clone() else {
+            return change(self);
+        };
+        let before = self.clone();
+        let result = change(self)?;
+        if self.stored_text() != before.stored_text() {
+            if let Err(e) = write_atomically(&file, self.stored_text().as_bytes()) {
+                *self = before;
+                return Err(Refusal::Storage(format!(
+                    "cannot write {}: {e}",
+                    file.display()
+                )));
+            }
+        }
+        Ok(result)
+    }
+
+    /// The durable exchanges as [`FILE`] holds them, in name order.
+    fn stored_text(&self) -> String {
+        let mut exchanges: Vec<StoredExchange> = (self.by_name.iter())
+            .filter(|(_, x)| x.durable)
+            .map(|(name, x)| StoredExchange {
+                name: name.clone(),
+                bindings: (x.bindings.iter())
+                    .flat_map(|(key, queues)| queues.iter().map(|q| (key.clone(), q.clone())))
+                    .collect(),
+            })
+            .collect();
+        exchanges.sort_by(|a, b| a.name.cmp(&b.name));
+        let stored = Stored {
+            version: VERSION,
+            exchanges,
+        };
+        serde_json::to_string_pretty(&stored).expect("plain data serialises")
+    }
+
     /// Whether an exchange of that name exists (the default one always does).
     pub fn exists(&self, name: &str) -> bool {
         name.is_empty() || self.by_name.contains_key(name)
@@ -58,6 +177,10 @@ impl Exchanges {
     /// `exchange.declare` of a direct exchange (the caller checked the type): made when
     /// new, checked against the existing one otherwise.
     pub fn declare(&mut self, name: &str, durable: bool) -> Result<(), Refusal> {
+        self.keep(|x| x.declare_here(name, durable))
+    }
+
+    fn declare_here(&mut self, name: &str, durable: bool) -> Result<(), Refusal> {
         if let Some(existing) = self.by_name.get(name) {
             if existing.durable != durable {
                 return Err(Refusal::Inequivalent("durable"));
@@ -77,6 +200,10 @@ impl Exchanges {
 
     /// `exchange.delete`, with its bindings.
     pub fn delete(&mut self, name: &str, if_unused: bool) -> Result<(), Refusal> {
+        self.keep(|x| x.delete_here(name, if_unused))
+    }
+
+    fn delete_here(&mut self, name: &str, if_unused: bool) -> Result<(), Refusal> {
         if name.is_empty() || name.starts_with("amq.") {
             return Err(Refusal::Reserved);
         }
@@ -93,6 +220,10 @@ impl Exchanges {
 
     /// `queue.bind`: `queue` gets what `exchange` routes with `key`.
     pub fn bind(&mut self, exchange: &str, key: &str, queue: &str) -> Result<(), Refusal> {
+        self.keep(|x| x.bind_here(exchange, key, queue))
+    }
+
+    fn bind_here(&mut self, exchange: &str, key: &str, queue: &str) -> Result<(), Refusal> {
         if exchange.is_empty() {
             return Err(Refusal::Reserved);
         }
@@ -104,6 +235,10 @@ impl Exchanges {
 
     /// `queue.unbind`; unbinding what was not bound succeeds.
     pub fn unbind(&mut self, exchange: &str, key: &str, queue: &str) -> Result<(), Refusal> {
+        self.keep(|x| x.unbind_here(exchange, key, queue))
+    }
+
+    fn unbind_here(&mut self, exchange: &str, key: &str, queue: &str) -> Result<(), Refusal> {
         if exchange.is_empty() {
             return Err(Refusal::Reserved);
         }
@@ -117,14 +252,19 @@ impl Exchanges {
         Ok(())
     }
 
-    /// Forgets every binding of a deleted queue.
-    pub fn unbind_queue(&mut self, queue: &str) {
-        for exchange in self.by_name.values_mut() {
-            exchange.bindings.retain(|_, queues| {
-                queues.remove(queue);
-                !queues.is_empty()
-            });
-        }
+    /// Forgets every binding of a deleted queue. The queue is gone either way: should
+    /// writing that fail, the file keeps bindings that a restart drops with the queue, or
+    /// that a queue declared again under the name gets back (as a new binding would).
+    pub fn unbind_queue(&mut self, queue: &str) -> Result<(), Refusal> {
+        self.keep(|x| {
+            for exchange in x.by_name.values_mut() {
+                exchange.bindings.retain(|_, queues| {
+                    queues.remove(queue);
+                    !queues.is_empty()
+                });
+            }
+            Ok(())
+        })
     }
 
     /// The queues a publish to `exchange` with `key` goes to, in name order; `None` when
@@ -137,6 +277,19 @@ impl Exchanges {
         let queues = exchange.bindings.get(key);
         Some(queues.map_or_else(Vec::new, |q| q.iter().cloned().collect()))
     }
+}
+
+/// Replaces `file` with `bytes` so that a crash leaves the old contents or the new, never
+/// a mix: a temporary file, fsynced, renamed over it, and the directory fsynced.
+fn write_atomically(file: &Path, bytes: &[u8]) -> io::Result<()> {
+    let dir = file.parent().unwrap_or(Path::new("."));
+    let temporary = file.with_extension("json.tmp");
+    let mut out = fs::File::create(&temporary)?;
+    out.write_all(bytes)?;
+    out.sync_all()?;
+    drop(out);
+    fs::rename(&temporary, file)?;
+    fs::File::open(dir)?.sync_all()
 }
 
 #[cfg(test)]
@@ -158,7 +311,7 @@ mod tests {
         assert_eq!(x.route("nowhere", "paid"), None);
         x.unbind("orders", "paid", "audit").unwrap();
         assert_eq!(x.route("orders", "paid").unwrap(), ["billing"]);
-        x.unbind_queue("billing");
+        x.unbind_queue("billing").unwrap();
         assert!(x.route("orders", "paid").unwrap().is_empty());
         assert_eq!(x.route("orders", "shipped").unwrap(), ["audit"]);
     }
@@ -182,5 +335,56 @@ mod tests {
         x.delete("logs", false).unwrap();
         assert!(!x.exists("logs"));
         x.delete("logs", false).unwrap();
+    }
+}
+
+#[cfg(test)]
+mod kept {
+    use super::*;
+
+    /// Durable exchanges and their bindings come back from the file, without the bindings
+    /// of queues that did not come back; exchanges that are not durable do not.
+    #[test]
+    fn durable_exchanges_and_bindings_of_queues_that_came_back_survive_a_restart() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut x = Exchanges::open(dir.path(), |_| true).unwrap();
+        x.declare("orders", true).unwrap();
+        x.declare("scratch", false).unwrap();
+        x.bind("orders", "paid", "billing").unwrap();
+        x.bind("orders", "paid", "gone").unwrap();
+        x.bind("amq.direct", "k", "billing").unwrap();
+        x.bind("scratch", "k", "billing").unwrap();
+        x.declare("dropped", true).unwrap();
+        x.delete("dropped", false).unwrap();
+        let back = Exchanges::open(dir.path(), |q| q != "gone").unwrap();
+        assert_eq!(back.route("orders", "paid").unwrap(), ["billing"]);
+        assert_eq!(back.route("amq.direct", "k").unwrap(), ["billing"]);
+        assert!(!back.exists("scratch") && !back.exists("dropped"));
+        // Without a data dir nothing is kept anywhere.
+        let mut memory = Exchanges::default();
+        memory.declare("orders", true).unwrap();
+        assert!(memory.file.is_none());
+    }
+
+    /// A change that cannot be written is refused and changes nothing; a damaged file
+    /// stops the server from starting, naming the file.
+    #[test]
+    fn a_write_that_fails_changes_nothing_and_a_damaged_file_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut x = Exchanges::open(dir.path(), |_| true).unwrap();
+        x.declare("orders", true).unwrap();
+        // A directory where the temporary file would go makes the write fail.
+        fs::create_dir(dir.path().join(FILE).with_extension("json.tmp")).unwrap();
+        assert!(matches!(
+            x.bind("orders", "k", "q"),
+            Err(Refusal::Storage(_))
+        ));
+        assert!(x.route("orders", "k").unwrap().is_empty());
+        // Changes to exchanges that are not durable need no write.
+        x.declare("scratch", false).unwrap();
+        x.bind("scratch", "k", "q").unwrap();
+        fs::write(dir.path().join(FILE), b"{ not json").unwrap();
+        let err = Exchanges::open(dir.path(), |_| true).unwrap_err();
+        assert!(err.contains(FILE), "{err}");
     }
 }

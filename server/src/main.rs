@@ -3,11 +3,12 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use clap::Parser;
 use leasemq::Broker;
+use leasemq_server::exchange::Exchanges;
 use leasemq_server::{serve, Settings};
 use mimalloc::MiMalloc;
 
@@ -81,6 +82,11 @@ fn run(args: Args) -> Result<(), String> {
     let broker = builder
         .build()
         .map_err(|e| format!("cannot start the broker: {e}"))?;
+    if let Some(dir) = &args.data_dir {
+        // Bindings are kept for the queues that came back: the durable ones.
+        let exchanges = Exchanges::open(dir, |queue| broker.queue(queue).is_some())?;
+        settings.exchanges = Arc::new(Mutex::new(exchanges));
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

@@ -851,6 +851,11 @@ fn requeue(requeue: bool) -> Settle {
 /// The AMQP error for a refused exchange call on channel `ch`.
 fn exchange_fault(ch: u16, refusal: Refusal, name: &str, m: &AMQPClass) -> Fault {
     let (code, text) = match refusal {
+        // A hard error, as RabbitMQ's 541: the server could not keep what it is asked to.
+        Refusal::Storage(why) => {
+            return Fault::connection(code::INTERNAL_ERROR, format!("INTERNAL_ERROR - {why}"))
+                .for_method(m);
+        }
         Refusal::Reserved => (
             code::ACCESS_REFUSED,
             format!("ACCESS_REFUSED - operation not permitted on exchange '{name}'"),

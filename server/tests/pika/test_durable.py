@@ -110,3 +110,37 @@ def test_a_durable_queue_must_dead_letter_into_a_durable_queue(data_dir):
         assert "durable" in closed.value.reply_text
     finally:
         server.stop()
+
+
+def test_durable_exchanges_and_bindings_of_durable_queues_survive_a_kill(data_dir):
+    """As in RabbitMQ: a durable exchange, and its bindings to durable queues, come back."""
+    server = Server(data_dir)
+    try:
+        ch = server.channel()
+        ch.exchange_declare(exchange="orders", exchange_type="direct", durable=True)
+        ch.exchange_declare(exchange="scratch-x", exchange_type="direct", durable=False)
+        ch.queue_declare(queue="billing", durable=True)
+        ch.queue_declare(queue="scratch-q", durable=False)
+        ch.queue_bind(queue="billing", exchange="orders", routing_key="paid")
+        ch.queue_bind(queue="scratch-q", exchange="orders", routing_key="paid")
+        ch.queue_bind(queue="billing", exchange="scratch-x", routing_key="paid")
+    finally:
+        server.kill()
+
+    server = Server(data_dir)
+    try:
+        ch = server.channel()
+        ch.exchange_declare(exchange="orders", exchange_type="direct", passive=True)
+        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as closed:
+            ch.exchange_declare(exchange="scratch-x", exchange_type="direct", passive=True)
+        assert closed.value.reply_code == 404
+        ch = server.connection.channel()
+        ch.confirm_delivery()
+        # The binding of the in-memory queue went with the queue: a queue of that name
+        # declared now does not get what the exchange routes.
+        ch.queue_declare(queue="scratch-q", durable=False)
+        ch.basic_publish(exchange="orders", routing_key="paid", body=b"invoice")
+        assert ch.queue_declare(queue="billing", passive=True).method.message_count == 1
+        assert ch.queue_declare(queue="scratch-q", passive=True).method.message_count == 0
+    finally:
+        server.stop()
