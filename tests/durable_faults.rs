@@ -365,9 +365,10 @@ fn a_lease_that_ran_out_while_its_delivery_waited_for_the_disk_is_not_handed_ove
 }
 
 /// A durable queue's close is seen by its other handles only once the close is on disk:
-/// while the fsync is held, another handle still sees the queue open and a put through it
-/// gets no answer, and a crash then brings the queue back. Once the fsync is done, every
-/// handle sees it closed and the put is refused.
+/// while the fsync is held, another handle still sees the queue open, and a crash then
+/// brings the queue back. The close was never told done: once the crashed disk fails the
+/// fsync, `close` says `false`; the put and the stats asked meanwhile are answered after
+/// it, as about a queue the close took away.
 #[test]
 fn a_durable_close_is_seen_only_once_it_is_on_disk() {
     let disk = MemDisk::new();
@@ -383,14 +384,60 @@ fn a_durable_close_is_seen_only_once_it_is_on_disk() {
         let other = other.clone();
         std::thread::spawn(move || other.put(Message::new("late")))
     };
-    // A crash now keeps the queue: the close never reached the disk, and nobody was told.
+    let stats = {
+        let other = other.clone();
+        std::thread::spawn(move || other.stats())
+    };
     let image = disk.crash(Crash::LoseUnsynced);
-    let reopened = open(&image, 1).unwrap();
-    assert_eq!(ids_in(&reopened, "closing").len(), 1);
-    reopened.shutdown();
     disk.release_syncs();
-    assert!(closer.join().unwrap());
-    assert!(other.is_closed());
+    assert!(!closer.join().unwrap(), "the close never reached the disk");
     assert_eq!(put.join().unwrap(), Err(Error::QueueClosed));
+    // Its counters are not lost: those the queue had when it closed.
+    assert_eq!(stats.join().unwrap().enqueued, 1);
+    broker.shutdown();
+    let reopened = open(&image, 1).unwrap();
+    assert_eq!(
+        ids_in(&reopened, "closing").len(),
+        1,
+        "the message put before the close"
+    );
+    reopened.shutdown();
+}
+
+/// Once its fsync is done, the close is seen through every handle, and a crash keeps it.
+#[test]
+fn a_durable_close_on_disk_is_seen_everywhere_and_kept() {
+    let disk = MemDisk::new();
+    let broker = open(&disk, 1).unwrap();
+    let q = broker.declare_queue("closed", durable()).unwrap();
+    q.put(Message::new("gone")).unwrap();
+    let other = broker.queue("closed").unwrap();
+    assert!(q.close());
+    assert!(other.is_closed());
+    assert_eq!(other.put(Message::new("late")), Err(Error::QueueClosed));
+    let image = disk.crash(Crash::LoseUnsynced);
+    broker.shutdown();
+    let reopened = open(&image, 1).unwrap();
+    assert!(reopened.queue("closed").is_none());
+    reopened.shutdown();
+}
+
+/// A close whose record cannot reach the disk did not happen: `close` says `false`, and a
+/// restart has the queue with its messages.
+#[test]
+fn a_close_the_disk_refuses_is_not_a_close() {
+    let disk = MemDisk::new();
+    let broker = open(&disk, 1).unwrap();
+    let q = broker.declare_queue("stays", durable()).unwrap();
+    assert_eq!(q.put(Message::new("kept")).unwrap(), PutOutcome::Enqueued);
+    disk.fail_next_sync();
+    assert!(!q.close(), "the fsync of the close failed");
+    // The log has failed for good: a second close is refused before it is applied.
+    let again = broker.queue("stays");
+    assert!(again.is_none_or(|q| !q.close()));
+    let image = disk.crash(Crash::LoseUnsynced);
+    broker.shutdown();
+    let broker = open(&image, 1).unwrap();
+    assert_eq!(ids_in(&broker, "stays").len(), 1);
     broker.shutdown();
 }

@@ -202,10 +202,12 @@ impl Deferred {
 }
 
 /// What an answer about a durable queue becomes when the change it reports never reached
-/// the disk: a put or declare fails with the storage error, a settle did not happen.
+/// the disk: a put or declare fails with the storage error, a settle did not happen, a
+/// close did not (a restart brings the queue back).
 pub(crate) fn refused(answer: Answer, e: &Error) -> Answer {
     match answer {
         Answer::Engine(reply) => Answer::Engine(match reply {
+            Reply::Closed(Some(_)) => Reply::Closed(None),
             Reply::Put(Ok(_)) => Reply::Put(Err(e.clone())),
             Reply::PutBatch(Ok(_)) => Reply::PutBatch(Err(e.clone())),
             Reply::Settled(_) => Reply::Settled(false),

@@ -497,7 +497,9 @@ impl Queue {
 
     /// Closes the queue: drops its consumers, leases and messages, requeuing and dead-lettering
     /// nothing (contract §3 `close`). `true` the first time, through any handle; `false` after,
-    /// and after the broker's shutdown. The name can then be declared again.
+    /// and after the broker's shutdown. The name can then be declared again. A durable queue
+    /// whose log fails (or whose disk is full) before the close is on disk gives `false`,
+    /// and a restart has the queue (contract §7).
     pub fn close(&self) -> bool {
         if self.inner.cell.is_closed() {
             return false;

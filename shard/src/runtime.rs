@@ -179,7 +179,8 @@ impl ShardThread {
             }
             Held::Reply(deferred) => deferred.send(failed),
             // The engine dropped the queue either way: its handles see it closed now, and
-            // after a failed log also (the close's answer is then refused).
+            // after a failed log also (the close's answer is then refused: `close` says
+            // `false`, and a restart brings the queue back).
             Held::Close(_, cell, frozen) => cell.close(frozen),
             Held::Hop(to, hop) => match failed {
                 None => {
@@ -276,6 +277,8 @@ impl ShardThread {
                 let stats = self.engine.stats(*queue).unwrap_or_default();
                 ShardLog::settle_bytes(stats.ready + stats.delayed)
             }
+            // A close that cannot be logged does not happen: the queue stays.
+            Command::Close { .. } => ShardLog::settle_bytes(1),
             _ => return None,
         };
         let log = self.log.as_mut().expect("checked above");
@@ -286,6 +289,7 @@ impl ShardThread {
             Command::SettleBatch { settles, .. } => Reply::SettledBatch(vec![false; settles.len()]),
             Command::AckUpTo { .. } => Reply::Count(0),
             Command::Purge { .. } => Reply::Purged(Err(e)),
+            Command::Close { .. } => Reply::Closed(None),
             _ => Reply::Settled(false),
         })
     }
@@ -587,7 +591,8 @@ impl ShardThread {
             | Command::Settle { queue, .. }
             | Command::SettleBatch { queue, .. }
             | Command::Purge { queue }
-            | Command::Close { queue } => *queue,
+            | Command::Close { queue }
+            | Command::Stats { queue } => *queue,
             _ => return false,
         };
         log.is_closing(queue)
