@@ -5,13 +5,14 @@
 //! that routing key. `amq.direct` exists from the start, as in RabbitMQ. One table serves
 //! every connection of a server.
 //!
-//! With a data dir, durable exchanges and their bindings are kept in [`FILE`] there, as
-//! RabbitMQ keeps them: every change to one is written (to a temporary file, fsynced,
-//! renamed over the old one, the directory fsynced) before it is answered. A restart
-//! reads the file back and keeps the bindings whose queue came back, which are those of
-//! durable queues. Exchanges that are not durable live in memory only.
+//! With a data dir, durable exchanges and their bindings to durable queues are kept in
+//! [`FILE`] there, as RabbitMQ keeps them: every change to what the file holds is written
+//! (to a temporary file, fsynced, renamed over the old one, the directory fsynced) before
+//! it is answered. A restart reads the file back and keeps the bindings whose queue came
+//! back. Exchanges that are not durable, and bindings of queues that are not, live in
+//! memory only.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, HashMap};
 use std::fs;
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
@@ -32,11 +33,12 @@ pub struct Exchanges {
     file: Option<PathBuf>,
 }
 
-/// One direct exchange: queue names by routing key.
+/// One direct exchange: queue names by routing key, each with whether the binding is kept
+/// on disk (its queue is durable and not exclusive).
 #[derive(Debug, Default, Clone)]
 struct Exchange {
     durable: bool,
-    bindings: BTreeMap<String, BTreeSet<String>>,
+    bindings: BTreeMap<String, BTreeMap<String, bool>>,
 }
 
 /// What [`FILE`] holds: the durable exchanges, each with its bindings.
@@ -115,14 +117,27 @@ impl Exchanges {
                 stored.version
             ));
         }
+        let mut dropped = false;
         for stored in stored.exchanges {
             let exchange = exchanges.by_name.entry(stored.name).or_default();
             exchange.durable = true;
             for (key, queue) in stored.bindings {
                 if queue_exists(&queue) {
-                    exchange.bindings.entry(key).or_default().insert(queue);
+                    exchange
+                        .bindings
+                        .entry(key)
+                        .or_default()
+                        .insert(queue, true);
+                } else {
+                    dropped = true;
                 }
             }
+        }
+        // A binding whose queue did not come back is gone for good: a queue declared later
+        // under that name must not find it in the file after the next restart.
+        if dropped {
+            write_atomically(&file, exchanges.stored_text().as_bytes())
+                .map_err(|(e, _)| format!("cannot write {}: {e}", file.display()))?;
         }
         Ok(exchanges)
     }
@@ -138,13 +153,23 @@ impl Exchanges {
         };
         let before = self.clone();
         let result = change(self)?;
-        if self.stored_text() != before.stored_text() {
-            if let Err(e) = write_atomically(&file, self.stored_text().as_bytes()) {
-                *self = before;
-                return Err(Refusal::Storage(format!(
-                    "cannot write {}: {e}",
+        let text = self.stored_text();
+        if text != before.stored_text() {
+            match write_atomically(&file, text.as_bytes()) {
+                Ok(()) => {}
+                // The new file is in place: the change stands, though a crash may still
+                // lose the rename.
+                Err((e, true)) => tracing::warn!(
+                    "{} was replaced, but fsyncing its directory failed: {e}",
                     file.display()
-                )));
+                ),
+                Err((e, false)) => {
+                    *self = before;
+                    return Err(Refusal::Storage(format!(
+                        "cannot write {}: {e}",
+                        file.display()
+                    )));
+                }
             }
         }
         Ok(result)
@@ -157,7 +182,11 @@ impl Exchanges {
             .map(|(name, x)| StoredExchange {
                 name: name.clone(),
                 bindings: (x.bindings.iter())
-                    .flat_map(|(key, queues)| queues.iter().map(|q| (key.clone(), q.clone())))
+                    .flat_map(|(key, queues)| {
+                        (queues.iter())
+                            .filter(|(_, kept)| **kept)
+                            .map(|(q, _)| (key.clone(), q.clone()))
+                    })
                     .collect(),
             })
             .collect();
@@ -218,18 +247,33 @@ impl Exchanges {
         Ok(())
     }
 
-    /// `queue.bind`: `queue` gets what `exchange` routes with `key`.
-    pub fn bind(&mut self, exchange: &str, key: &str, queue: &str) -> Result<(), Refusal> {
-        self.keep(|x| x.bind_here(exchange, key, queue))
+    /// `queue.bind`: `queue` gets what `exchange` routes with `key`. `durable_queue` says
+    /// whether the binding may be kept on disk (RabbitMQ keeps a binding when both its
+    /// exchange and its queue are durable; an exclusive queue never outlives its
+    /// connection).
+    pub fn bind(
+        &mut self,
+        exchange: &str,
+        key: &str,
+        queue: &str,
+        durable_queue: bool,
+    ) -> Result<(), Refusal> {
+        self.keep(|x| x.bind_here(exchange, key, queue, durable_queue))
     }
 
-    fn bind_here(&mut self, exchange: &str, key: &str, queue: &str) -> Result<(), Refusal> {
+    fn bind_here(
+        &mut self,
+        exchange: &str,
+        key: &str,
+        queue: &str,
+        durable_queue: bool,
+    ) -> Result<(), Refusal> {
         if exchange.is_empty() {
             return Err(Refusal::Reserved);
         }
         let exchange = self.by_name.get_mut(exchange).ok_or(Refusal::NotFound)?;
         let queues = exchange.bindings.entry(key.to_string()).or_default();
-        queues.insert(queue.to_string());
+        queues.insert(queue.to_string(), durable_queue);
         Ok(())
     }
 
@@ -275,21 +319,23 @@ impl Exchanges {
         }
         let exchange = self.by_name.get(exchange)?;
         let queues = exchange.bindings.get(key);
-        Some(queues.map_or_else(Vec::new, |q| q.iter().cloned().collect()))
+        Some(queues.map_or_else(Vec::new, |q| q.keys().cloned().collect()))
     }
 }
 
 /// Replaces `file` with `bytes` so that a crash leaves the old contents or the new, never
-/// a mix: a temporary file, fsynced, renamed over it, and the directory fsynced.
-fn write_atomically(file: &Path, bytes: &[u8]) -> io::Result<()> {
+/// a mix: a temporary file, fsynced, renamed over it, and the directory fsynced. An error
+/// says whether the rename was done (only the directory's fsync failed).
+fn write_atomically(file: &Path, bytes: &[u8]) -> Result<(), (io::Error, bool)> {
     let dir = file.parent().unwrap_or(Path::new("."));
     let temporary = file.with_extension("json.tmp");
-    let mut out = fs::File::create(&temporary)?;
-    out.write_all(bytes)?;
-    out.sync_all()?;
+    let before_rename = |e| (e, false);
+    let mut out = fs::File::create(&temporary).map_err(before_rename)?;
+    out.write_all(bytes).map_err(before_rename)?;
+    out.sync_all().map_err(before_rename)?;
     drop(out);
-    fs::rename(&temporary, file)?;
-    fs::File::open(dir)?.sync_all()
+    fs::rename(&temporary, file).map_err(before_rename)?;
+    (fs::File::open(dir).and_then(|d| d.sync_all())).map_err(|e| (e, true))
 }
 
 #[cfg(test)]
@@ -300,10 +346,10 @@ mod tests {
     fn a_direct_exchange_routes_by_exact_key_to_every_bound_queue() {
         let mut x = Exchanges::default();
         x.declare("orders", true).unwrap();
-        x.bind("orders", "paid", "billing").unwrap();
-        x.bind("orders", "paid", "audit").unwrap();
-        x.bind("orders", "shipped", "audit").unwrap();
-        x.bind("orders", "paid", "audit").unwrap(); // twice is once
+        x.bind("orders", "paid", "billing", true).unwrap();
+        x.bind("orders", "paid", "audit", true).unwrap();
+        x.bind("orders", "shipped", "audit", true).unwrap();
+        x.bind("orders", "paid", "audit", true).unwrap(); // twice is once
         assert_eq!(x.route("orders", "paid").unwrap(), ["audit", "billing"]);
         assert_eq!(x.route("orders", "shipped").unwrap(), ["audit"]);
         assert!(x.route("orders", "Paid").unwrap().is_empty());
@@ -322,14 +368,14 @@ mod tests {
         assert!(x.exists("") && x.exists("amq.direct"));
         assert_eq!(x.declare("amq.mine", true), Err(Refusal::Reserved));
         assert_eq!(x.declare("amq.direct", true), Ok(()));
-        assert_eq!(x.bind("", "k", "q"), Err(Refusal::Reserved));
-        assert_eq!(x.bind("missing", "k", "q"), Err(Refusal::NotFound));
+        assert_eq!(x.bind("", "k", "q", true), Err(Refusal::Reserved));
+        assert_eq!(x.bind("missing", "k", "q", true), Err(Refusal::NotFound));
         x.declare("logs", false).unwrap();
         assert_eq!(
             x.declare("logs", true),
             Err(Refusal::Inequivalent("durable"))
         );
-        x.bind("logs", "error", "alerts").unwrap();
+        x.bind("logs", "error", "alerts", true).unwrap();
         assert_eq!(x.delete("logs", true), Err(Refusal::InUse));
         assert_eq!(x.delete("amq.direct", false), Err(Refusal::Reserved));
         x.delete("logs", false).unwrap();
@@ -350,16 +396,25 @@ mod kept {
         let mut x = Exchanges::open(dir.path(), |_| true).unwrap();
         x.declare("orders", true).unwrap();
         x.declare("scratch", false).unwrap();
-        x.bind("orders", "paid", "billing").unwrap();
-        x.bind("orders", "paid", "gone").unwrap();
-        x.bind("amq.direct", "k", "billing").unwrap();
-        x.bind("scratch", "k", "billing").unwrap();
+        x.bind("orders", "paid", "billing", true).unwrap();
+        x.bind("orders", "paid", "gone", true).unwrap();
+        x.bind("orders", "paid", "transient", false).unwrap();
+        x.bind("amq.direct", "k", "billing", true).unwrap();
+        x.bind("scratch", "k", "billing", true).unwrap();
         x.declare("dropped", true).unwrap();
         x.delete("dropped", false).unwrap();
+        assert_eq!(
+            x.route("orders", "paid").unwrap(),
+            ["billing", "gone", "transient"]
+        );
         let back = Exchanges::open(dir.path(), |q| q != "gone").unwrap();
         assert_eq!(back.route("orders", "paid").unwrap(), ["billing"]);
         assert_eq!(back.route("amq.direct", "k").unwrap(), ["billing"]);
         assert!(!back.exists("scratch") && !back.exists("dropped"));
+        // The binding whose queue did not come back left the file too: a queue of that
+        // name that exists at the next start does not get it.
+        let again = Exchanges::open(dir.path(), |_| true).unwrap();
+        assert_eq!(again.route("orders", "paid").unwrap(), ["billing"]);
         // Without a data dir nothing is kept anywhere.
         let mut memory = Exchanges::default();
         memory.declare("orders", true).unwrap();
@@ -376,13 +431,13 @@ mod kept {
         // A directory where the temporary file would go makes the write fail.
         fs::create_dir(dir.path().join(FILE).with_extension("json.tmp")).unwrap();
         assert!(matches!(
-            x.bind("orders", "k", "q"),
+            x.bind("orders", "k", "q", true),
             Err(Refusal::Storage(_))
         ));
         assert!(x.route("orders", "k").unwrap().is_empty());
         // Changes to exchanges that are not durable need no write.
         x.declare("scratch", false).unwrap();
-        x.bind("scratch", "k", "q").unwrap();
+        x.bind("scratch", "k", "q", true).unwrap();
         fs::write(dir.path().join(FILE), b"{ not json").unwrap();
         let err = Exchanges::open(dir.path(), |_| true).unwrap_err();
         assert!(err.contains(FILE), "{err}");

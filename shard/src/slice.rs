@@ -5,7 +5,7 @@
 //! Linux's EEVDF scheduler (6.6 and later) gives every runnable thread a virtual deadline
 //! one time slice after it becomes eligible. A thread that wakes with a short slice has an
 //! early deadline, so it preempts a CPU-bound thread at once instead of waiting in the run
-//! queue for part of that thread's slice (about 3 ms by default on two cores). Since Linux
+//! queue for part of that thread's slice (about 1.4 ms by default on two cores). Since Linux
 //! 6.12 a normal (`SCHED_OTHER`) thread may ask for its own slice, from 0.1 ms to 100 ms,
 //! through `sched_setattr`'s `sched_runtime`, without any privilege. The thread's share of
 //! the CPU does not change; only how soon it runs after a wake-up, and how soon it is
@@ -13,8 +13,8 @@
 //!
 //! Older kernels ignore `sched_runtime` for normal threads, so asking is harmless there.
 
-// `sched_setattr` has no wrapper in the C library or in a safe crate; the two calls below
-// are the only unsafe code of this crate.
+// `sched_setattr` has no safe wrapper in a crate we use (nor in glibc before 2.41); the two
+// calls below are the only unsafe code of this crate.
 #![allow(unsafe_code)]
 
 use std::io;
@@ -84,7 +84,8 @@ fn set(slice: Duration) -> io::Result<()> {
             "the thread runs under a real-time or deadline policy",
         ));
     }
-    attr.sched_flags = 0;
+    // Only reset-on-fork is a flag the kernel reports back for a normal thread; keep it.
+    attr.sched_flags &= libc::SCHED_FLAG_RESET_ON_FORK as u64;
     attr.sched_runtime = u64::try_from(slice.as_nanos()).unwrap_or(u64::MAX);
     // SAFETY: `attr` is a valid, fully initialised `sched_attr` whose `size` field says how
     // much of it the kernel may read; pid 0 is the calling thread.
@@ -129,7 +130,7 @@ fn current() -> io::Result<libc::sched_attr> {
         )
     };
     if rc == 0 {
-        // The kernel wrote the size of its own structure; ours is what it may read back.
+        // The kernel may have written its own structure's size; ours is what it reads.
         attr.size = size;
         Ok(attr)
     } else {

@@ -657,9 +657,13 @@ impl Connection {
         }
         let queue = self.named_queue(ch, bind.queue.as_str(), &m)?;
         let name = bind.exchange.as_str();
+        // Kept across a restart only if the queue is: durable, and not exclusive.
+        let exclusive =
+            (self.settings.exclusive.lock().expect("never poisoned")).contains_key(queue.name());
+        let durable_queue = queue.is_durable() && !exclusive;
         let mut exchanges = self.settings.exchanges.lock().expect("never poisoned");
         exchanges
-            .bind(name, bind.routing_key.as_str(), queue.name())
+            .bind(name, bind.routing_key.as_str(), queue.name(), durable_queue)
             .map_err(|r| exchange_fault(ch, r, name, &m))?;
         drop(exchanges);
         if !bind.nowait {
@@ -757,7 +761,6 @@ impl Connection {
         Ok(())
     }
 
-    /// Sends one delivery of subscription `index` as `basic.deliver` + content.
     /// Whether the channel of subscription `index` takes a delivery now: it is not
     /// paused by `channel.flow`, and is under its `global` prefetch (which, as in RabbitMQ,
     /// does not bound `no_ack` consumers).
@@ -771,6 +774,7 @@ impl Connection {
         })
     }
 
+    /// Sends one delivery of subscription `index` as `basic.deliver` + content.
     pub(super) fn deliver(&mut self, index: usize, delivery: Delivery) {
         let sub = &self.subscriptions[index];
         let (ch, no_ack) = (sub.channel, sub.no_ack);
