@@ -130,7 +130,8 @@ impl BrokerBuilder {
 
     /// The scheduler time slice each shard thread asks for as it starts, before
     /// [`on_shard_start`](Self::on_shard_start) runs (default
-    /// [`DEFAULT_SHARD_TIME_SLICE`], 100 µs; `None` keeps the system's). A shard thread
+    /// [`DEFAULT_SHARD_TIME_SLICE`], 100 µs; `None` leaves the slice a new thread inherits
+    /// from the one that calls `build`, the system's unless that thread changed it). A shard thread
     /// sleeps until a caller needs it and then works briefly; on a host whose other
     /// threads keep the cores busy, a short slice lets it preempt them when woken instead
     /// of waiting out a slice of theirs, which is what each hand-off would otherwise cost.
@@ -194,8 +195,8 @@ impl BrokerBuilder {
     /// # Errors
     ///
     /// [`Error::InvalidConfig`] when `shards` is 0 or over [`MAX_SHARDS`] or differs from
-    /// the data dir's, when `tick` is under 1 µs or over 1 s, when a `sync` interval is
-    /// zero, when the system refuses to start a thread, or when the
+    /// the data dir's, when `tick` is under 1 µs or over 1 s, when `shard_time_slice` is
+    /// outside 100 µs ..= 100 ms, when a `sync` interval is zero, when the system refuses to start a thread, or when the
     /// [`on_shard_start`](Self::on_shard_start) setup panics (the broker is shut down
     /// again first). [`Error::Storage`] when the data dir is locked by another broker,
     /// cannot be read or written, or holds a damaged record (naming file and offset).
