@@ -528,18 +528,26 @@ async fn publish_until_end(
         }
         if room == 0 {
             if plan.confirms && unconfirmed.waiting > 0 {
-                conn.wait_readable(FULL_PAUSE).await?;
+                if let Err(e) = conn.wait_readable(FULL_PAUSE).await {
+                    break Err(e);
+                }
             } else {
                 tokio::time::sleep(FULL_PAUSE).await;
             }
             continue;
         }
+        let (mut made, mut failed) = (0, None);
         for _ in 0..room {
             let now = clock.now_ns();
             let body = bodies.body(now, seq_of(index, local));
             conn.out
                 .extend_from_slice(&prefixes[local as usize % prefixes.len()]);
-            wire::append_body(&mut conn.out, &mut body_frame, &body, conn.frame_max)?;
+            if let Err(e) = wire::append_body(&mut conn.out, &mut body_frame, &body, conn.frame_max)
+            {
+                failed = Some(e);
+                break;
+            }
+            made += 1;
             if plan.confirms {
                 unconfirmed.published(now);
             }
@@ -550,7 +558,10 @@ async fn publish_until_end(
         }
         // Counted before the write, as the lapin path counts before the call: a consumer
         // may ack a message as soon as it is written.
-        shared.put.fetch_add(room, Relaxed);
+        shared.put.fetch_add(made, Relaxed);
+        if let Some(e) = failed {
+            break Err(e);
+        }
         if let Err(e) = conn.send(&shared.abort).await {
             break Err(e);
         }
