@@ -267,6 +267,30 @@ pub struct AmqpArgs {
     /// --target: consume with `no_ack`: the server counts a message acked once sent.
     #[arg(long, conflicts_with = "ack")]
     pub no_ack: bool,
+    /// --target: the AMQP client: lapin, or raw (the loadgen's own pipelined client: many
+    /// publishes per write, and the acks of one read in one write) [default: lapin].
+    #[arg(long, value_enum)]
+    pub client: Option<Client>,
+}
+
+/// The AMQP client of a `--target` run.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum Client {
+    /// The `lapin` crate: one publish or ack per call, written by its IO thread.
+    #[default]
+    Lapin,
+    /// Frames from `amq-protocol`'s codec, batched into one write per turn of the task.
+    Raw,
+}
+
+impl Client {
+    /// How `--client` reads it back.
+    pub fn text(self) -> &'static str {
+        match self {
+            Client::Lapin => "lapin",
+            Client::Raw => "raw",
+        }
+    }
 }
 
 /// How an AMQP consumer acknowledges its deliveries.
@@ -326,6 +350,7 @@ impl AmqpArgs {
             (self.confirms, "--confirms"),
             (self.ack.is_some(), "--ack"),
             (self.no_ack, "--no-ack"),
+            (self.client.is_some(), "--client"),
         ]
         .into_iter()
         .find_map(|(given, flag)| given.then_some(flag))
@@ -727,6 +752,14 @@ mod tests {
             parse(&["--no-ack"]).unwrap().misplaced_flag(),
             Some("--no-ack")
         );
+        assert_eq!(
+            parse(&["--client", "raw"]).unwrap().misplaced_flag(),
+            Some("--client")
+        );
+        assert_eq!(embedded.client, None);
+        let a = parse(&["--target", uri, "--client", "raw"]).unwrap();
+        assert_eq!((a.client, a.misplaced_flag()), (Some(Client::Raw), None));
+        assert!(parse(&["--target", uri, "--client", "fast"]).is_err());
         for mode in [AckMode::Each, AckMode::Multiple(8)] {
             assert_eq!(parse_ack(&mode.text()), Ok(mode));
         }

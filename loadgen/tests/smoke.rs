@@ -507,11 +507,32 @@ fn bad_flags_exit_non_zero_with_a_message() {
     let output = run(&["throughput", "--confirms"]);
     assert_eq!(output.status.code(), Some(2));
     assert!(text(&output.stderr).contains("needs --target"));
+    let output = run(&["throughput", "--client", "raw"]);
+    assert_eq!(output.status.code(), Some(2));
+    assert!(text(&output.stderr).contains("--client applies to an AMQP run: it needs --target"));
+    let output = run(&[
+        "throughput",
+        "--target",
+        "amqp://127.0.0.1:1/%2f",
+        "--client",
+        "x",
+    ]);
+    assert_eq!(output.status.code(), Some(2));
+    assert!(text(&output.stderr).contains("lapin, raw"));
     // Nothing listens on port 1: the run says so rather than hang.
     let output = run(&[
         "throughput",
         "--target",
         "amqp://guest:guest@127.0.0.1:1/%2f",
+    ]);
+    assert_eq!(output.status.code(), Some(2));
+    assert!(text(&output.stderr).contains("connecting to"));
+    let output = run(&[
+        "throughput",
+        "--target",
+        "amqp://guest:guest@127.0.0.1:1/%2f",
+        "--client",
+        "raw",
     ]);
     assert_eq!(output.status.code(), Some(2));
     assert!(text(&output.stderr).contains("connecting to"));
@@ -527,6 +548,10 @@ struct Leasemqd {
 
 impl Leasemqd {
     fn start() -> Leasemqd {
+        Leasemqd::start_with(leasemq_server::Settings::default())
+    }
+
+    fn start_with(settings: leasemq_server::Settings) -> Leasemqd {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .enable_all()
@@ -537,7 +562,7 @@ impl Leasemqd {
             .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
             .unwrap();
         let addr = listener.local_addr().unwrap();
-        let settings = std::sync::Arc::new(leasemq_server::Settings::default());
+        let settings = std::sync::Arc::new(settings);
         runtime.spawn(leasemq_server::serve::accept_loop(
             listener,
             broker.clone(),
@@ -630,13 +655,7 @@ fn throughput_over_amqp_with_confirms_and_multiple_acks() {
     );
     assert_eq!(s["config"]["ack"], "multiple:32");
     assert!(histogram_count(&s, "put_to_confirm").unwrap() > 0);
-    let per_call = s["details"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|d| d["name"] == "messages per settle call")
-        .and_then(|d| d["value"].as_f64())
-        .unwrap();
+    let per_call = per_settle_call(&s);
     assert!(per_call > 1.0, "{per_call} messages per basic.ack");
 }
 
@@ -662,6 +681,145 @@ fn throughput_over_amqp_without_acks() {
     assert!(histogram_count(&s, "put_to_deliver").unwrap() > 0);
     assert_eq!(histogram_count(&s, "put_to_ack"), None);
     assert!(rate(&s, "acked") > 0.0);
+}
+
+/// The summary's "messages per settle call".
+fn per_settle_call(summary: &Value) -> f64 {
+    summary["details"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|d| d["name"] == "messages per settle call")
+        .and_then(|d| d["value"].as_f64())
+        .unwrap()
+}
+
+#[test]
+fn throughput_over_amqp_raw_acking_each() {
+    let server = Leasemqd::start();
+    let s = run_and_check(
+        "amqp-raw-each",
+        &[
+            "throughput",
+            "--target",
+            &server.uri,
+            "--client",
+            "raw",
+            "--duration",
+            "1s",
+            "--warmup",
+            "200ms",
+            "--prefetch",
+            "100",
+            "--body-bytes",
+            "32",
+        ],
+    );
+    assert_eq!(
+        (&s["config"]["client"], &s["config"]["ack"]),
+        (&"raw".into(), &"each".into())
+    );
+    assert!(s["title"].as_str().unwrap().contains("(raw client)"));
+    assert!(rate(&s, "delivered") > 0.0 && rate(&s, "acked") > 0.0);
+    assert!(histogram_count(&s, "put_to_deliver").unwrap() > 0);
+    assert!(histogram_count(&s, "put_to_ack").unwrap() > 0);
+    assert_eq!(histogram_count(&s, "put_to_confirm"), None);
+    // One basic.ack per delivery, however many one write carries.
+    assert_eq!(per_settle_call(&s), 1.0);
+    assert_eq!(s["accounting"]["redelivered"].as_u64(), Some(0));
+}
+
+#[test]
+fn throughput_over_amqp_raw_with_confirms_and_multiple_acks() {
+    // A small frame_max: each 20 000-byte body travels in three body frames.
+    let server = Leasemqd::start_with(leasemq_server::Settings {
+        frame_max: 8192,
+        ..leasemq_server::Settings::default()
+    });
+    let s = run_and_check(
+        "amqp-raw-multiple",
+        &[
+            "throughput",
+            "--target",
+            &server.uri,
+            "--client",
+            "raw",
+            "--duration",
+            "1s",
+            "--warmup",
+            "200ms",
+            "--confirms",
+            "--ack",
+            "multiple:32",
+            "--producers",
+            "2",
+            "--consumers",
+            "2",
+            "--queues",
+            "2",
+            "--body-bytes",
+            "20000",
+        ],
+    );
+    assert_eq!(s["config"]["ack"], "multiple:32");
+    assert!(histogram_count(&s, "put_to_confirm").unwrap() > 0);
+    let per_call = per_settle_call(&s);
+    assert!(per_call > 1.0, "{per_call} messages per basic.ack");
+}
+
+#[test]
+fn throughput_over_amqp_raw_without_acks() {
+    let server = Leasemqd::start();
+    let s = run_and_check(
+        "amqp-raw-no-ack",
+        &[
+            "throughput",
+            "--target",
+            &server.uri,
+            "--client",
+            "raw",
+            "--duration",
+            "1s",
+            "--warmup",
+            "200ms",
+            "--no-ack",
+            "--body-bytes",
+            "16",
+        ],
+    );
+    assert_eq!(s["config"]["ack"], "no-ack");
+    assert!(histogram_count(&s, "put_to_deliver").unwrap() > 0);
+    assert_eq!(histogram_count(&s, "put_to_ack"), None);
+    assert!(rate(&s, "acked") > 0.0);
+}
+
+#[test]
+fn a_raw_run_the_server_refuses_ends_with_its_reason() {
+    // Bodies over the server's limit: it closes the channel at the first publish. The run
+    // must end at once and say why, not wait for deliveries that never come.
+    let server = Leasemqd::start_with(leasemq_server::Settings {
+        max_message_bytes: 1000,
+        ..leasemq_server::Settings::default()
+    });
+    let output = run(&[
+        "throughput",
+        "--target",
+        &server.uri,
+        "--client",
+        "raw",
+        "--duration",
+        "1s",
+        "--warmup",
+        "0s",
+        "--body-bytes",
+        "2000",
+    ]);
+    let (stdout, stderr) = (text(&output.stdout), text(&output.stderr));
+    assert_eq!(output.status.code(), Some(1), "{stdout}\n{stderr}");
+    assert!(
+        stdout.contains("the server closed the"),
+        "stdout:\n{stdout}\nstderr:\n{stderr}"
+    );
 }
 
 #[test]

@@ -1,5 +1,7 @@
 //! `throughput --target amqp://…`: the throughput workload against an AMQP 0-9-1 server
-//! (leasemqd, RabbitMQ) through the `lapin` client, instead of the embedded broker.
+//! (leasemqd, RabbitMQ) through the `lapin` client, instead of the embedded broker; or,
+//! with `--client raw`, through the loadgen's own pipelined client (`raw`), with the same
+//! topology, histograms and end-of-run check.
 //!
 //! Each producer and each consumer is a connection of its own with one channel, as separate
 //! client processes would be; all are tasks on one tokio runtime (`--runtime-threads`), and
@@ -25,7 +27,7 @@ use lapin::options::{QueueDeclareOptions, QueueDeleteOptions};
 use lapin::types::FieldTable;
 use lapin::{Channel, Connection, ConnectionProperties};
 
-use crate::cli::{format_duration, AckMode, ThroughputArgs};
+use crate::cli::{format_duration, AckMode, Client, ThroughputArgs};
 use crate::common::{nanos, Clock};
 use crate::intervals::{IntervalClock, IntervalLog, Piece, TimedRecorder};
 use crate::progress::Progress;
@@ -69,6 +71,7 @@ struct Plan {
     pub(super) warm_ns: u64,
     pub(super) end_ns: u64,
     pub(super) max_in_flight: u64,
+    pub(super) client: Client,
 }
 
 impl Plan {
@@ -89,6 +92,7 @@ impl Plan {
     }
 }
 
+mod raw;
 mod summary;
 mod workers;
 
@@ -123,8 +127,26 @@ pub fn run(args: &ThroughputArgs, target: &str) -> Result<Run, String> {
         .map_err(|e| format!("starting the tokio runtime: {e}"))?;
     let queues = queue_names(w.queues);
     let setup = runtime.block_on(Setup::open(target, &queues, w.storage.durable))?;
-    let consumers = runtime.block_on(open_consumers(target, &queues, &plan, w.consumers))?;
-    let producers = runtime.block_on(open_producers(target, &plan))?;
+    let (consumers, producers) = match plan.client {
+        Client::Lapin => (
+            Consumers::Lapin(runtime.block_on(open_consumers(
+                target,
+                &queues,
+                &plan,
+                w.consumers,
+            ))?),
+            Producers::Lapin(runtime.block_on(open_producers(target, &plan))?),
+        ),
+        Client::Raw => (
+            Consumers::Raw(runtime.block_on(raw::open_consumers(
+                target,
+                &queues,
+                &plan,
+                w.consumers,
+            ))?),
+            Producers::Raw(runtime.block_on(raw::open_producers(target, &plan))?),
+        ),
+    };
 
     let progress = Progress::new(args.warmup + args.duration, args.output.quiet);
     let clock = Clock::start();
@@ -170,6 +192,18 @@ pub fn run(args: &ThroughputArgs, target: &str) -> Result<Run, String> {
     ))
 }
 
+/// The consumers' connections, opened by either client.
+enum Consumers {
+    Lapin(Vec<Subscriber>),
+    Raw(Vec<raw::Conn>),
+}
+
+/// The producers' connections, opened by either client.
+enum Producers {
+    Lapin(Vec<Publisher>),
+    Raw(Vec<raw::Conn>),
+}
+
 /// Starts the run's tasks on its runtime, and waits for them.
 struct Started<'a> {
     runtime: &'a tokio::runtime::Runtime,
@@ -180,51 +214,67 @@ struct Started<'a> {
 
 impl Started<'_> {
     /// One task per consumer, its recorders wired to the interval log.
-    fn consumers(
-        &self,
-        subscribers: Vec<Subscriber>,
-        watch: &Watch,
-    ) -> Vec<JoinHandle<ConsumerResult>> {
-        subscribers
-            .into_iter()
-            .map(|c| {
-                let (plan, shared) = (self.plan.clone(), self.shared.clone());
-                let task = consume(c, watch.consumer_result(), plan, self.clock, shared);
-                self.runtime.spawn(task)
-            })
-            .collect()
+    fn consumers(&self, consumers: Consumers, watch: &Watch) -> Vec<JoinHandle<ConsumerResult>> {
+        let (plan, clock) = (self.plan, self.clock);
+        match consumers {
+            Consumers::Lapin(all) => all
+                .into_iter()
+                .map(|c| {
+                    let (result, shared) = (watch.consumer_result(), self.shared.clone());
+                    let task = consume(c, result, plan.clone(), clock, shared);
+                    self.runtime.spawn(task)
+                })
+                .collect(),
+            Consumers::Raw(all) => all
+                .into_iter()
+                .map(|c| {
+                    let (result, shared) = (watch.consumer_result(), self.shared.clone());
+                    let task = raw::consume(c, result, plan.clone(), clock, shared);
+                    self.runtime.spawn(task)
+                })
+                .collect(),
+        }
     }
 
     /// One task per producer; producer j publishes to its own queue first, then round the
     /// others.
     fn producers(
         &self,
-        publishers: Vec<Publisher>,
+        producers: Producers,
         queues: &[String],
         watch: &Watch,
     ) -> Vec<JoinHandle<ProducerResult>> {
-        publishers
-            .into_iter()
-            .enumerate()
-            .map(|(j, p)| {
-                let mine = (0..queues.len()).map(|k| queues[(j + k) % queues.len()].clone());
-                let result = ProducerResult {
-                    confirm: self.plan.confirms.then(|| watch.recorder(CONFIRM)),
-                    ..ProducerResult::default()
-                };
-                let (plan, shared) = (self.plan.clone(), self.shared.clone());
-                let task = produce(
-                    j as u64,
-                    p,
-                    mine.collect(),
-                    result,
-                    plan,
-                    self.clock,
-                    shared,
-                );
-                self.runtime.spawn(task)
-            })
-            .collect()
+        let mine = |j: usize| -> Vec<String> {
+            (0..queues.len())
+                .map(|k| queues[(j + k) % queues.len()].clone())
+                .collect()
+        };
+        let result = || ProducerResult {
+            confirm: self.plan.confirms.then(|| watch.recorder(CONFIRM)),
+            ..ProducerResult::default()
+        };
+        let (plan, clock) = (self.plan, self.clock);
+        match producers {
+            Producers::Lapin(all) => all
+                .into_iter()
+                .enumerate()
+                .map(|(j, p)| {
+                    let shared = self.shared.clone();
+                    let task = produce(j as u64, p, mine(j), result(), plan.clone(), clock, shared);
+                    self.runtime.spawn(task)
+                })
+                .collect(),
+            Producers::Raw(all) => all
+                .into_iter()
+                .enumerate()
+                .map(|(j, p)| {
+                    let shared = self.shared.clone();
+                    let task =
+                        raw::produce(j as u64, p, mine(j), result(), plan.clone(), clock, shared);
+                    self.runtime.spawn(task)
+                })
+                .collect(),
+        }
     }
 
     /// Every task's result, in order.
@@ -281,6 +331,7 @@ fn plan_of(args: &ThroughputArgs) -> Plan {
         warm_ns,
         end_ns: warm_ns + nanos(args.duration),
         max_in_flight,
+        client: args.amqp.client.unwrap_or_default(),
     }
 }
 

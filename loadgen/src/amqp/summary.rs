@@ -5,7 +5,7 @@ use serde_json::json;
 
 use super::workers::{ConsumerResult, ProducerResult};
 use super::{masked, Plan, ACK, CONFIRM, DELIVER, HISTOGRAMS, SETTLE};
-use crate::cli::{format_duration, AckMode, ThroughputArgs};
+use crate::cli::{format_duration, AckMode, Client, ThroughputArgs};
 use crate::common::Ledger;
 use crate::cpu::CpuTime;
 use crate::hist::{Recorder, HGRM_UNIT};
@@ -89,10 +89,11 @@ pub(super) fn summarise(args: &ThroughputArgs, target: &str, plan: &Plan, out: O
     let ack_text = plan.ack.text();
     let confirms = if plan.confirms { "on" } else { "off" };
     let title = format!(
-        "AMQP {}: {} producer(s), {} consumer(s), {} queue(s); {}-byte bodies; prefetch {}, \
-         ack {ack_text}, confirms {confirms}; closed loop, at most {} in flight; {} measured \
-         after {} warm-up",
+        "AMQP {} ({} client): {} producer(s), {} consumer(s), {} queue(s); {}-byte bodies; \
+         prefetch {}, ack {ack_text}, confirms {confirms}; closed loop, at most {} in flight; \
+         {} measured after {} warm-up",
         masked(target),
+        plan.client.text(),
         w.producers,
         w.consumers,
         w.queues,
@@ -103,7 +104,7 @@ pub(super) fn summarise(args: &ThroughputArgs, target: &str, plan: &Plan, out: O
         format_duration(args.warmup)
     );
     let config = json!({
-        "target": masked(target), "producers": w.producers, "consumers": w.consumers,
+        "target": masked(target), "client": plan.client.text(), "producers": w.producers, "consumers": w.consumers,
         "queues": w.queues, "body_bytes": w.body_bytes, "prefetch": plan.prefetch,
         "ack": ack_text, "confirms": plan.confirms, "durable": w.storage.durable,
         "runtime_threads": w.runtime_threads, "duration_s": seconds,
@@ -143,7 +144,16 @@ pub(super) fn summarise(args: &ThroughputArgs, target: &str, plan: &Plan, out: O
         plots: Vec::new(),
         notes: vec![
             "process: this load generator's CPU only; the server's is not counted".into(),
-            "a publish is counted as put when lapin has taken it, not when the server has".into(),
+            match plan.client {
+                Client::Lapin => {
+                    "a publish is counted as put when lapin has taken it, not when the server has"
+                }
+                Client::Raw => {
+                    "a publish is counted as put when the client has queued it for its next \
+                     write, not when the server has taken it"
+                }
+            }
+            .into(),
         ],
     };
     let mut named: Vec<Option<Recorder>> = recorders.into_iter().map(Some).collect();

@@ -22,11 +22,11 @@ use crate::common::{nanos, read_header, seq_of, BodyWriter, Clock, Ledger};
 use crate::intervals::TimedRecorder;
 
 /// How long consumers may take, after producers stop, to receive what is still in flight.
-const DRAIN_LIMIT: Duration = Duration::from_secs(30);
+pub(super) const DRAIN_LIMIT: Duration = Duration::from_secs(30);
 /// How long an idle consumer waits for a delivery before it looks whether the run is over.
-const IDLE_WAIT: Duration = Duration::from_millis(1);
+pub(super) const IDLE_WAIT: Duration = Duration::from_millis(1);
 /// How long a producer pauses while the run has as many messages in flight as it allows.
-const FULL_PAUSE: Duration = Duration::from_millis(1);
+pub(super) const FULL_PAUSE: Duration = Duration::from_millis(1);
 /// Publishes (or `--ack each` acks) a task has handed to lapin and not yet seen written.
 /// lapin's `basic_publish` and `ack` return once its I/O loop has written the frames; one
 /// at a time, a producer or consumer sends one message per wake-up of that loop and the run
@@ -356,7 +356,13 @@ pub(super) async fn consume(
                 break;
             }
         };
-        if !r.delivered(&delivery, &plan, clock.now_ns(), &shared) {
+        if !r.delivered(
+            &delivery.data,
+            delivery.redelivered,
+            &plan,
+            clock.now_ns(),
+            &shared,
+        ) {
             continue;
         }
         let header = read_header(&delivery.data).expect("checked by `delivered`");
@@ -395,8 +401,19 @@ type Acking = Result<((u64, u64), u64, u64, lapin::Result<bool>), tokio::task::J
 /// One `--ack each` ack that lapin has written (or failed to).
 fn acked_each(done: Acking, r: &mut ConsumerResult, plan: &Plan, shared: &Shared) {
     match done {
-        Ok((header, t0, t1, acked)) => r.settled(plan, shared, &[header], t0, t1, acked),
+        Ok((header, t0, t1, acked)) => {
+            r.settled(plan, shared, &[header], t0, t1, lapin_acked(acked));
+        }
         Err(e) => r.problems.push(format!("acking: {e}")),
+    }
+}
+
+/// What lapin said of an ack, as [`ConsumerResult::settled`] takes it.
+fn lapin_acked(acked: lapin::Result<bool>) -> Result<(), String> {
+    match acked {
+        Ok(true) => Ok(()),
+        Ok(false) => Err("an ack was refused by the client (channel closed)".into()),
+        Err(e) => Err(format!("acking: {e}")),
     }
 }
 
@@ -412,7 +429,7 @@ pub(super) async fn flush(
         return;
     };
     let t0 = clock.now_ns();
-    let acked = last.ack(BasicAckOptions { multiple: true }).await;
+    let acked = lapin_acked(last.ack(BasicAckOptions { multiple: true }).await);
     r.settled(plan, shared, &pending.sent, t0, clock.now_ns(), acked);
     pending.sent.clear();
 }
@@ -439,21 +456,23 @@ impl ConsumerResult {
         false
     }
 
-    /// A delivery arrived at `now`: records it; with `no_ack` it is settled too. False
+    /// A delivery (`body`, and whether the server marked it redelivered) arrived at `now`:
+    /// records it; with `no_ack` it is settled too. False
     /// (noted as a problem) when it lacks the header.
     pub(super) fn delivered(
         &mut self,
-        delivery: &lapin::message::Delivery,
+        body: &[u8],
+        redelivered: bool,
         plan: &Plan,
         now: u64,
         shared: &Shared,
     ) -> bool {
-        let Some((sent, seq)) = read_header(&delivery.data) else {
+        let Some((sent, seq)) = read_header(body) else {
             self.problems
                 .push("a delivery without the 16-byte header".into());
             return false;
         };
-        if delivery.redelivered {
+        if redelivered {
             self.redelivered += 1;
         }
         if plan.in_window(now) {
@@ -471,7 +490,8 @@ impl ConsumerResult {
         true
     }
 
-    /// One `basic.ack` covering `headers`, made at `t0`, handed over at `t1`.
+    /// One `basic.ack` covering `headers`, made at `t0`, handed over at `t1` (or the
+    /// problem that kept it from the server).
     pub(super) fn settled(
         &mut self,
         plan: &Plan,
@@ -479,23 +499,15 @@ impl ConsumerResult {
         headers: &[(u64, u64)],
         t0: u64,
         t1: u64,
-        acked: lapin::Result<bool>,
+        acked: Result<(), String>,
     ) {
         self.settle_calls += 1;
         if plan.in_window(t0) {
             self.settle.record(t1, t1 - t0);
         }
-        match acked {
-            Ok(true) => {}
-            Ok(false) => {
-                self.problems
-                    .push("an ack was refused by the client (channel closed)".into());
-                return;
-            }
-            Err(e) => {
-                self.problems.push(format!("acking: {e}"));
-                return;
-            }
+        if let Err(problem) = acked {
+            self.problems.push(problem);
+            return;
         }
         for &(sent, seq) in headers {
             self.ledger.mark(seq);
