@@ -27,7 +27,7 @@ use std::time::Duration;
 use amq_protocol::frame::AMQPFrame;
 use amq_protocol::protocol::{basic, connection, AMQPClass};
 use amq_protocol::types::{AMQPValue, FieldTable, ShortString};
-use leasemq::{Broker, Consumer, Delivery, Queue};
+use leasemq::{Broker, Consumer, Delivery, DeliveryTag, Queue, Settle};
 
 use crate::exchange::{Exchanges, Refusal};
 use crate::metrics::Metrics;
@@ -205,6 +205,10 @@ pub struct Connection {
     pending: Vec<Pending>,
     /// The exclusive queues this connection declared: deleted when it ends.
     exclusive: Vec<Queue>,
+    /// Deliveries to `no_ack` consumers, acked in one batch per queue once their frames
+    /// leave for the socket (or before the next input), rather than a broker round trip
+    /// each. A connection that ends first does not ack them: they come back.
+    auto_acks: Vec<(Queue, Vec<(DeliveryTag, Settle)>)>,
     out: Output,
 }
 
@@ -235,6 +239,7 @@ impl Connection {
             queues: HashMap::new(),
             pending: Vec::new(),
             exclusive: Vec::new(),
+            auto_acks: Vec::new(),
             out: Output::default(),
         }
     }
@@ -242,6 +247,7 @@ impl Connection {
     /// Feeds bytes read from the socket; returns how many were used (whole frames). The
     /// rest must be fed again, with what is read next, once more has arrived.
     pub fn handle_input(&mut self, input: &[u8]) -> usize {
+        self.flush_auto_acks();
         let mut used = 0;
         while used < input.len() && !matches!(self.phase, Phase::Closed) {
             let rest = &input[used..];
@@ -285,7 +291,28 @@ impl Connection {
 
     /// Moves the bytes waiting for the socket onto the end of `to`.
     pub fn take_output(&mut self, to: &mut Vec<u8>) {
+        self.flush_auto_acks();
         self.out.drain_into(to);
+    }
+
+    /// Acks what was delivered to `no_ack` consumers since the last time.
+    fn flush_auto_acks(&mut self) {
+        for (queue, settles) in self.auto_acks.drain(..) {
+            // A `false` is a lease that ran out meanwhile: counted stale by the broker.
+            queue.settle_batch(&settles);
+        }
+    }
+
+    /// Notes a delivery to a `no_ack` consumer, acked with the next flush.
+    pub(crate) fn auto_ack(&mut self, queue: &Queue, tag: DeliveryTag) {
+        match self.auto_acks.last_mut() {
+            Some((last, settles)) if last.name() == queue.name() => {
+                settles.push((tag, Settle::Ack));
+            }
+            _ => self
+                .auto_acks
+                .push((queue.clone(), vec![(tag, Settle::Ack)])),
+        }
     }
 
     /// Open channels.

@@ -413,7 +413,13 @@ impl Connection {
         // A channel-wide limit also bounds each consumer: none may lease more than the
         // channel may have unsettled (the rest stays ready for other channels).
         let limit = |n: u16| if n == 0 { MAX_PREFETCH } else { n };
-        let prefetch = limit(state.prefetch).min(limit(state.global_prefetch));
+        let prefetch = if consume.no_ack {
+            // As in RabbitMQ, prefetch does not bound a consumer without acks; its
+            // deliveries are acked in batches as they leave (see `auto_acks`).
+            MAX_PREFETCH
+        } else {
+            limit(state.prefetch).min(limit(state.global_prefetch))
+        };
         // The broker's consumer name is the connection's, unique whatever tags clients pick.
         let name = format!("amqp-{}-{}", self.id, self.next_consumer);
         let config = ConsumerConfig {
@@ -785,10 +791,7 @@ impl Connection {
         };
         state.last_tag += 1;
         let channel_tag = state.last_tag;
-        if no_ack {
-            // Automatic acknowledgement: settled as it is sent.
-            delivery.ack();
-        } else {
+        if !no_ack {
             let unacked = Unacked {
                 queue: sub.queue.clone(),
                 tag: delivery.tag(),
@@ -805,8 +808,13 @@ impl Connection {
             exchange: ShortString::from(content.exchange),
             routing_key: ShortString::from(content.routing_key),
         };
+        let auto_ack = no_ack.then(|| sub.queue.clone());
         self.send(ch, AMQPClass::Basic(basic::AMQPMethod::Deliver(deliver)));
         self.send_content(ch, content.properties, &content.payload);
+        if let Some(queue) = auto_ack {
+            // Automatic acknowledgement: settled as it is sent (see `auto_acks`).
+            self.auto_ack(&queue, delivery.tag());
+        }
     }
 
     /// The content header and body frames of a delivery.
