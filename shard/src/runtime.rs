@@ -308,14 +308,8 @@ impl ShardThread {
     /// The config of the durable queue `cmd` changes, if it changes one.
     fn durable_target(&self, cmd: &Command) -> Option<&leasemq_engine::QueueConfig> {
         let queue = match cmd {
-            Command::Put { queue, .. }
-            | Command::PutBatch { queue, .. }
-            | Command::Settle { queue, .. }
-            | Command::SettleBatch { queue, .. }
-            | Command::Purge { queue }
-            | Command::Close { queue } => *queue,
             Command::AckUpTo { consumer, .. } => self.engine.queue_of(*consumer)?,
-            _ => return None,
+            _ => changed_queue(cmd)?,
         };
         self.engine.config(queue).filter(|c| c.durable)
     }
@@ -586,16 +580,10 @@ impl ShardThread {
             return false;
         };
         let queue = match cmd {
-            Command::Put { queue, .. }
-            | Command::PutBatch { queue, .. }
-            | Command::Settle { queue, .. }
-            | Command::SettleBatch { queue, .. }
-            | Command::Purge { queue }
-            | Command::Close { queue }
-            | Command::Stats { queue } => *queue,
-            _ => return false,
+            Command::Stats { queue } => Some(*queue),
+            _ => changed_queue(cmd),
         };
-        log.is_closing(queue)
+        queue.is_some_and(|queue| log.is_closing(queue))
     }
 
     fn retry_backlog(&mut self) {
@@ -811,5 +799,18 @@ fn far_future() -> Instant {
 fn wake(sinks: &[Option<Sink>], slot: Option<usize>) {
     if let Some(Some(sink)) = slot.and_then(|s| sinks.get(s)) {
         sink.readers.0.wake();
+    }
+}
+
+/// The queue a command names and may change (a put, settle, purge or close).
+fn changed_queue(cmd: &Command) -> Option<QueueKey> {
+    match cmd {
+        Command::Put { queue, .. }
+        | Command::PutBatch { queue, .. }
+        | Command::Settle { queue, .. }
+        | Command::SettleBatch { queue, .. }
+        | Command::Purge { queue }
+        | Command::Close { queue } => Some(*queue),
+        _ => None,
     }
 }
