@@ -24,6 +24,7 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use ahash::RandomState;
 use amq_protocol::frame::AMQPFrame;
 use amq_protocol::protocol::{basic, connection, AMQPClass};
 use amq_protocol::types::{AMQPValue, FieldTable, ShortString};
@@ -184,6 +185,15 @@ struct Subscription {
     no_ack: bool,
 }
 
+/// An ahash state with keys drawn from the standard library's randomly keyed hasher, so
+/// that a client cannot choose names that collide.
+fn keyed_state(id: u64) -> RandomState {
+    use std::hash::BuildHasher;
+    let std = std::collections::hash_map::RandomState::new();
+    let key = |n: u64| std.hash_one((id, n));
+    RandomState::with_seeds(key(0), key(1), key(2), key(3))
+}
+
 /// One AMQP connection's protocol state; see the module docs.
 pub struct Connection {
     broker: Broker,
@@ -194,13 +204,15 @@ pub struct Connection {
     frame_max: usize,
     channel_max: u16,
     heartbeat: u16,
-    channels: HashMap<u16, Channel>,
+    /// Looked up for every frame: hashed with ahash, not SipHash (a client only ever
+    /// collides with itself in these per-connection maps).
+    channels: HashMap<u16, Channel, RandomState>,
     subscriptions: Vec<Subscription>,
     /// Where the next look for a delivery starts, so no consumer starves the others.
     rotor: usize,
     next_consumer: u64,
     /// Queues by name, so a publish needs no lookup round trip.
-    queues: HashMap<String, Queue>,
+    queues: HashMap<String, Queue, RandomState>,
     /// Publishes and settles of the current input, made in batches when it is done.
     pending: Vec<Pending>,
     /// The exclusive queues this connection declared: deleted when it ends.
@@ -232,11 +244,11 @@ impl Connection {
             frame_max,
             channel_max,
             heartbeat: 0,
-            channels: HashMap::new(),
+            channels: HashMap::with_hasher(keyed_state(id)),
             subscriptions: Vec::new(),
             rotor: 0,
             next_consumer: 0,
-            queues: HashMap::new(),
+            queues: HashMap::with_hasher(keyed_state(id)),
             pending: Vec::new(),
             exclusive: Vec::new(),
             auto_acks: Vec::new(),
