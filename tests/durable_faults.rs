@@ -374,12 +374,17 @@ fn a_durable_close_is_seen_only_once_it_is_on_disk() {
     let disk = MemDisk::new();
     let broker = open(&disk, 1).unwrap();
     let q = broker.declare_queue("closing", durable()).unwrap();
+    let c = q.consume("c", ConsumerConfig { prefetch: 1 }).unwrap();
     assert_eq!(q.put(Message::new("kept")).unwrap(), PutOutcome::Enqueued);
     let other = broker.queue("closing").unwrap();
     disk.hold_syncs();
     let closer = std::thread::spawn(move || q.close());
     disk.wait_for_held_sync();
     assert!(!other.is_closed(), "the close is not on disk yet");
+    // Its consumer has not heard of it either: what was in its channel is there, and the
+    // channel is still open.
+    assert!(c.try_recv().unwrap().is_some());
+    assert_eq!(c.try_recv(), Ok(None));
     let put = {
         let other = other.clone();
         std::thread::spawn(move || other.put(Message::new("late")))
@@ -391,6 +396,7 @@ fn a_durable_close_is_seen_only_once_it_is_on_disk() {
     let image = disk.crash(Crash::LoseUnsynced);
     disk.release_syncs();
     assert!(!closer.join().unwrap(), "the close never reached the disk");
+    assert_eq!(c.try_recv(), Err(Error::Closed));
     assert_eq!(put.join().unwrap(), Err(Error::QueueClosed));
     // Its counters are not lost: those the queue had when it closed.
     assert_eq!(stats.join().unwrap().enqueued, 1);

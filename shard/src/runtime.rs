@@ -181,7 +181,11 @@ impl ShardThread {
             // The engine dropped the queue either way: its handles see it closed now, and
             // after a failed log also (the close's answer is then refused: `close` says
             // `false`, and a restart brings the queue back).
-            Held::Close(_, cell, frozen) => cell.close(frozen),
+            Held::Close(_, cell, frozen, sinks) => {
+                cell.close(frozen);
+                // Dropping each sink closes its channel, then wakes its readers.
+                drop(sinks);
+            }
             Held::Hop(to, hop) => match failed {
                 None => {
                     let peers = &self.peers;
@@ -567,8 +571,16 @@ impl ShardThread {
         }
         let (_, cell) = self.cells[idx].take().expect("looked at it");
         if durable && self.depends() {
+            // The consumers the close ended are its own (this request closed nothing
+            // else): their channels close with it, once it is on disk.
             let log = self.log.as_mut().expect("depends needs a log");
-            log.hold_close(key, cell, frozen);
+            let mut sinks = Vec::new();
+            for gone in self.out.consumers_gone.drain(..) {
+                // A consumer whose queue closed gets none of what was held for it.
+                log.take_deliveries_of(gone);
+                sinks.extend(self.sinks.get_mut(gone.slot()).and_then(Option::take));
+            }
+            log.hold_close(key, cell, frozen, sinks);
         } else {
             cell.close(frozen);
         }

@@ -26,7 +26,7 @@ use leasemq_engine::durable::{begin_batch, decode_batch, Change};
 use leasemq_engine::{ConsumerKey, Delivered, Error, Message, QueueKey, QueueStats, Shard};
 use leasemq_wal::{latest_snapshot, DirLock, Lsn, Options, Storage, Wal, WalError};
 
-use crate::protocol::{Deferred, QueueCell};
+use crate::protocol::{Deferred, QueueCell, Sink};
 use crate::route::Hop;
 use crate::wait::Sleeper;
 
@@ -186,9 +186,10 @@ pub(crate) enum Held {
     Delivery(ConsumerKey, Delivered),
     Reply(Deferred),
     Hop(usize, Hop<Deferred>),
-    /// A durable queue's close: its handles see it closed only once the `Closed` record is
-    /// on disk, so that no handle learns of a close a crash could undo.
-    Close(QueueKey, Arc<QueueCell>, QueueStats),
+    /// A durable queue's close: its handles see it closed, and its consumers' channels
+    /// close, only once the `Closed` record is on disk, so that no handle learns of a close
+    /// a crash could undo.
+    Close(QueueKey, Arc<QueueCell>, QueueStats, Vec<Sink>),
 }
 
 /// One shard's log, and what waits on it.
@@ -383,9 +384,15 @@ impl ShardLog {
     }
 
     /// Holds the close of durable queue `key` until its record is on disk.
-    pub fn hold_close(&mut self, key: QueueKey, cell: Arc<QueueCell>, frozen: QueueStats) {
+    pub fn hold_close(
+        &mut self,
+        key: QueueKey,
+        cell: Arc<QueueCell>,
+        frozen: QueueStats,
+        sinks: Vec<Sink>,
+    ) {
         self.closing.insert(key);
-        self.hold(true, Held::Close(key, cell, frozen));
+        self.hold(true, Held::Close(key, cell, frozen, sinks));
     }
 
     /// Whether the close of `queue` waits for the disk: an answer about it must wait too.
