@@ -5,9 +5,14 @@ use crate::deque::ChunkedDeque;
 /// Tags moved per call while a sweep runs: more than the one tag a call can add, so a
 /// sweep always ends, and few enough that no call stalls.
 const SWEEP_STEP: usize = 8;
+/// Settled tags dropped from the front per call. When a lease held long at the front ends,
+/// tens of thousands settled after it may be waiting behind it; dropping them all in one
+/// call stalled the shard for a millisecond. What is left goes in later calls or in the
+/// sweep.
+const FRONT_STEP: usize = 16;
 
-/// The tags delivered to one consumer, in order. Settled tags are dropped lazily: at once
-/// from the front (settles mostly come in delivery order), and by a sweep once they
+/// The tags delivered to one consumer, in order. Settled tags are dropped lazily: a few per
+/// call from the front (settles mostly come in delivery order), and by a sweep once they
 /// outnumber the live ones. The sweep moves a few tags per call from `rest` to `swept`,
 /// keeping the live ones, so that a consumer holding 60 000 leases never pays for one pass
 /// over all of them in a single call (that pass, looking each tag up in the lease table,
@@ -52,11 +57,14 @@ impl Tags {
         swept.into_entries().chain(rest.into_entries())
     }
 
-    /// After a lease of this consumer ended: drops the settled tags at the front, and
+    /// After a lease of this consumer ended: drops a few settled tags at the front, and
     /// starts or continues the sweep. `held` is how many leases are live; `live` tells a
     /// live tag.
     pub fn tidy(&mut self, held: usize, live: impl Fn(u64) -> bool) {
-        while self.front().is_some_and(|t| !live(t)) {
+        for _ in 0..FRONT_STEP {
+            if self.front().is_none_or(&live) {
+                break;
+            }
             self.pop_front();
         }
         if !self.sweeping && self.len() > 2 * held + 32 {
@@ -121,5 +129,47 @@ mod tests {
         let taken: Vec<u64> = tags.take().filter(|t| live.contains(t)).collect();
         assert_eq!(taken, live.iter().copied().collect::<Vec<_>>());
         assert_eq!(tags.len(), 0);
+    }
+
+    /// A lease held at the front while thousands after it are settled, then settled itself:
+    /// no call looks at more than a few tags, and the list still shrinks back.
+    #[test]
+    fn the_end_of_a_long_front_lease_is_tidied_a_few_tags_per_call() {
+        let mut tags = Tags::default();
+        let mut live = BTreeSet::new();
+        for tag in 1..=30_000u64 {
+            tags.push(tag);
+            live.insert(tag);
+        }
+        let looked = std::cell::Cell::new(0usize);
+        let mut most_looked = 0;
+        let mut tidy = |tags: &mut Tags, live: &BTreeSet<u64>| {
+            looked.set(0);
+            tags.tidy(live.len(), |t| {
+                looked.set(looked.get() + 1);
+                live.contains(&t)
+            });
+            most_looked = most_looked.max(looked.get());
+        };
+        // 10 000 settled behind the first: too few of them for a sweep.
+        for tag in 2..=10_001u64 {
+            live.remove(&tag);
+            tidy(&mut tags, &live);
+        }
+        assert_eq!(tags.len(), 30_000, "no sweep yet");
+        live.remove(&1);
+        tidy(&mut tags, &live);
+        // Each later settle (of the oldest, with a fresh delivery) keeps tidying.
+        for next in 30_001..50_001u64 {
+            tags.push(next);
+            live.insert(next);
+            let oldest = *live.first().expect("not empty");
+            live.remove(&oldest);
+            tidy(&mut tags, &live);
+        }
+        assert!(most_looked <= 64, "one call looked at {most_looked} tags");
+        assert!(tags.len() <= 2 * live.len() + 32, "{} tags", tags.len());
+        let listed: Vec<u64> = tags.iter().filter(|t| live.contains(t)).collect();
+        assert_eq!(listed, live.iter().copied().collect::<Vec<_>>());
     }
 }
