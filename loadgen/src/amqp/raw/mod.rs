@@ -146,24 +146,20 @@ impl Conn {
         let open = connection::Open {
             virtual_host: uri.vhost.as_str().into(),
         };
-        let answer = conn
-            .call(0, AMQPClass::Connection(connection::AMQPMethod::Open(open)))
-            .await?;
-        if !matches!(
-            answer,
-            AMQPClass::Connection(connection::AMQPMethod::OpenOk(_))
-        ) {
-            return Err(format!("{role}: connection.open answered with {answer:?}"));
-        }
-        let answer = conn
-            .call(
-                CHANNEL,
-                AMQPClass::Channel(channel::AMQPMethod::Open(channel::Open {})),
-            )
-            .await?;
-        if !matches!(answer, AMQPClass::Channel(channel::AMQPMethod::OpenOk(_))) {
-            return Err(format!("{role}: channel.open answered with {answer:?}"));
-        }
+        conn.call_expecting(
+            0,
+            AMQPClass::Connection(connection::AMQPMethod::Open(open)),
+            &format!("{role}: connection.open"),
+            |a| matches!(a, AMQPClass::Connection(connection::AMQPMethod::OpenOk(_))),
+        )
+        .await?;
+        conn.call_expecting(
+            CHANNEL,
+            AMQPClass::Channel(channel::AMQPMethod::Open(channel::Open {})),
+            &format!("{role}: channel.open"),
+            |a| matches!(a, AMQPClass::Channel(channel::AMQPMethod::OpenOk(_))),
+        )
+        .await?;
         Ok(conn)
     }
 
@@ -172,6 +168,23 @@ impl Conn {
         wire::append_method(&mut self.out, channel, m)?;
         self.send(&AtomicBool::new(false)).await?;
         self.method().await
+    }
+
+    /// [`call`](Self::call), for a method with one right answer: `is_expected` tells it,
+    /// and anything else is an error naming `what` was called.
+    async fn call_expecting(
+        &mut self,
+        channel: u16,
+        m: AMQPClass,
+        what: &str,
+        is_expected: fn(&AMQPClass) -> bool,
+    ) -> Result<(), String> {
+        let answer = self.call(channel, m).await?;
+        if is_expected(&answer) {
+            Ok(())
+        } else {
+            Err(format!("{what} answered with {answer:?}"))
+        }
     }
 
     /// The next method from the server, outside the run (no delivery is expected).
@@ -321,12 +334,13 @@ pub(super) async fn open_consumers(
             prefetch_count: plan.prefetch,
             global: false,
         };
-        let answer = conn
-            .call(CHANNEL, AMQPClass::Basic(basic::AMQPMethod::Qos(qos)))
-            .await?;
-        if !matches!(answer, AMQPClass::Basic(basic::AMQPMethod::QosOk(_))) {
-            return Err(format!("consumer: basic.qos answered with {answer:?}"));
-        }
+        conn.call_expecting(
+            CHANNEL,
+            AMQPClass::Basic(basic::AMQPMethod::Qos(qos)),
+            "consumer: basic.qos",
+            |a| matches!(a, AMQPClass::Basic(basic::AMQPMethod::QosOk(_))),
+        )
+        .await?;
         let consume = basic::Consume {
             queue: queues[i % queues.len()].as_str().into(),
             consumer_tag: format!("consumer-{i}").into(),
@@ -336,15 +350,13 @@ pub(super) async fn open_consumers(
             nowait: false,
             arguments: FieldTable::default(),
         };
-        let answer = conn
-            .call(
-                CHANNEL,
-                AMQPClass::Basic(basic::AMQPMethod::Consume(consume)),
-            )
-            .await?;
-        if !matches!(answer, AMQPClass::Basic(basic::AMQPMethod::ConsumeOk(_))) {
-            return Err(format!("consumer: basic.consume answered with {answer:?}"));
-        }
+        conn.call_expecting(
+            CHANNEL,
+            AMQPClass::Basic(basic::AMQPMethod::Consume(consume)),
+            "consumer: basic.consume",
+            |a| matches!(a, AMQPClass::Basic(basic::AMQPMethod::ConsumeOk(_))),
+        )
+        .await?;
         consumers.push(conn);
     }
     Ok(consumers)
@@ -357,15 +369,13 @@ pub(super) async fn open_producers(target: &str, plan: &Plan) -> Result<Vec<Conn
         let mut conn = Conn::open(target, "producer").await?;
         if plan.confirms {
             let select = confirm::Select { nowait: false };
-            let answer = conn
-                .call(
-                    CHANNEL,
-                    AMQPClass::Confirm(confirm::AMQPMethod::Select(select)),
-                )
-                .await?;
-            if !matches!(answer, AMQPClass::Confirm(confirm::AMQPMethod::SelectOk(_))) {
-                return Err(format!("producer: confirm.select answered with {answer:?}"));
-            }
+            conn.call_expecting(
+                CHANNEL,
+                AMQPClass::Confirm(confirm::AMQPMethod::Select(select)),
+                "producer: confirm.select",
+                |a| matches!(a, AMQPClass::Confirm(confirm::AMQPMethod::SelectOk(_))),
+            )
+            .await?;
         }
         producers.push(conn);
     }
