@@ -24,12 +24,15 @@ use amq_protocol::frame::WriteContext;
 use amq_protocol::protocol::basic::{gen_properties, parse_properties};
 use amq_protocol::protocol::BasicProperties;
 use amq_protocol::types::{AMQPValue, FieldArray, FieldTable, LongString};
-use bytes::{BufMut, Bytes, BytesMut};
+use bytes::Bytes;
 use leasemq::{DeathReason, DeathRecord, Envelope};
 
 const FORMAT: u8 = 1;
 const FORMAT_ROUTED: u8 = 2;
 const PREFIX: usize = 5;
+/// Room reserved for the properties of a stored body before they are written: enough for
+/// a few short ones; more grows the buffer.
+const PROPERTIES_GUESS: usize = 64;
 
 /// Writes `properties` and `payload` into one stored body, or `None` if the properties
 /// cannot be written (a value over its wire limit).
@@ -45,31 +48,34 @@ pub fn encode_routed(
     routing_key: &str,
     payload: &[u8],
 ) -> Option<Bytes> {
-    let props = gen_properties(properties)(WriteContext::from(Vec::new()))
-        .ok()?
-        .into_inner()
-        .0;
     let route = if exchange.is_empty() {
         0
     } else {
         2 + exchange.len() + routing_key.len()
     };
-    let mut body = BytesMut::with_capacity(PREFIX + props.len() + route + payload.len());
-    body.put_u8(if exchange.is_empty() {
+    // One buffer for the whole body: the properties are written in place after the
+    // prefix, whose length field is filled in once their size is known.
+    let mut body = Vec::with_capacity(PREFIX + PROPERTIES_GUESS + route + payload.len());
+    body.push(if exchange.is_empty() {
         FORMAT
     } else {
         FORMAT_ROUTED
     });
-    body.put_u32(u32::try_from(props.len()).ok()?);
-    body.put_slice(&props);
+    body.extend_from_slice(&[0; 4]);
+    let mut body = gen_properties(properties)(WriteContext::from(body))
+        .ok()?
+        .into_inner()
+        .0;
+    let props = u32::try_from(body.len() - PREFIX).ok()?;
+    body[1..PREFIX].copy_from_slice(&props.to_be_bytes());
     if !exchange.is_empty() {
         for name in [exchange, routing_key] {
-            body.put_u8(u8::try_from(name.len()).ok()?);
-            body.put_slice(name.as_bytes());
+            body.push(u8::try_from(name.len()).ok()?);
+            body.extend_from_slice(name.as_bytes());
         }
     }
-    body.put_slice(payload);
-    Some(body.freeze())
+    body.extend_from_slice(payload);
+    Some(Bytes::from(body))
 }
 
 /// Splits a stored body into its properties and payload (sharing the body's memory).

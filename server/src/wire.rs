@@ -2,11 +2,15 @@
 //!
 //! [`next_frame`] cuts one whole frame off the front of the input (reading only the length
 //! in the frame header, so that a frame over `frame_max` is refused before it is buffered)
-//! and hands it to `amq_protocol::frame::parse_frame`. [`Output`] appends frames made by
+//! and has `amq-protocol` parse it. [`Output`] appends frames made by
 //! `amq_protocol::frame::gen_frame` to the bytes waiting for the socket, and splits a
 //! message's content over body frames that fit `frame_max`.
 
-use amq_protocol::frame::{gen_frame, parse_frame, AMQPContentHeader, AMQPFrame, WriteContext};
+use amq_protocol::frame::parsing::{parse_content_header, parse_frame_type, parse_raw_frame};
+use amq_protocol::frame::{
+    gen_frame, parse_frame, AMQPContentHeader, AMQPFrame, AMQPFrameType, AMQPRawFrame, WriteContext,
+};
+use amq_protocol::protocol::parse_class;
 use amq_protocol::protocol::{AMQPClass, BasicProperties};
 
 /// Bytes a frame adds around its payload: type (1), channel (2), size (4), end marker (1).
@@ -59,10 +63,41 @@ pub fn next_frame(input: &[u8], frame_max: usize) -> Next {
     if input.len() < whole {
         return Next::Incomplete;
     }
-    match parse_frame(&input[..whole]) {
-        Ok(([], frame)) => Next::Frame(frame, whole),
-        _ => Next::Malformed,
+    match parse_whole(&input[..whole]) {
+        Some(frame) => Next::Frame(frame, whole),
+        None => Next::Malformed,
     }
+}
+
+/// Parses one whole frame: `amq-protocol` cuts the frame and parses its payload by type.
+/// Done in these two steps rather than through `parse_frame`, whose outer combinators move
+/// the parsed frame several times over and copy a body byte by byte.
+fn parse_whole(frame: &[u8]) -> Option<AMQPFrame> {
+    let (rest, frame_type) = parse_frame_type(frame).ok()?;
+    let (end, raw) = parse_raw_frame(frame_type)(rest).ok()?;
+    if !end.is_empty() {
+        return None;
+    }
+    let AMQPRawFrame {
+        channel_id,
+        payload,
+        ..
+    } = raw;
+    Some(match frame_type {
+        AMQPFrameType::Method => match parse_class(payload).ok()? {
+            ([], method) => AMQPFrame::Method(channel_id, method),
+            _ => return None,
+        },
+        AMQPFrameType::Header => match parse_content_header(payload).ok()? {
+            ([], header) => AMQPFrame::Header(channel_id, header),
+            _ => return None,
+        },
+        AMQPFrameType::Body => AMQPFrame::Body(channel_id, payload.to_vec()),
+        AMQPFrameType::Heartbeat if channel_id == 0 => AMQPFrame::Heartbeat,
+        AMQPFrameType::Heartbeat => AMQPFrame::InvalidHeartbeat(channel_id),
+        // The protocol header is not a frame: only `protocol_header` reads it.
+        AMQPFrameType::ProtocolHeader => return None,
+    })
 }
 
 /// A frame that `amq-protocol` refused to write (a field over its wire limit).
@@ -173,6 +208,48 @@ mod tests {
             panic!("a whole frame");
         };
         assert_eq!((frame.channel_id(), used), (3, bytes.len()));
+    }
+
+    #[test]
+    fn frames_parse_as_amq_protocols_parse_frame_parses_them() {
+        let header = AMQPContentHeader {
+            class_id: BASIC_CLASS,
+            body_size: 5,
+            properties: BasicProperties::default()
+                .with_content_type("text/plain".into())
+                .with_message_id("m-1".into()),
+        };
+        let frames = [
+            AMQPFrame::Method(
+                3,
+                AMQPClass::Channel(channel::AMQPMethod::Open(channel::Open {})),
+            ),
+            AMQPFrame::Header(3, header),
+            AMQPFrame::Body(3, b"hello".to_vec()),
+            AMQPFrame::Body(3, Vec::new()),
+            AMQPFrame::Heartbeat,
+            AMQPFrame::InvalidHeartbeat(4),
+        ];
+        for frame in frames {
+            let mut out = Output::default();
+            out.frame(&frame).unwrap();
+            let mut bytes = Vec::new();
+            out.drain_into(&mut bytes);
+            let theirs = parse_frame(&bytes[..]).unwrap().1;
+            assert_eq!(theirs, frame);
+            assert_eq!(
+                next_frame(&bytes, 4096),
+                Next::Frame(frame, bytes.len()),
+                "{bytes:?}"
+            );
+            // A payload with a byte more than its method or header holds is malformed.
+            if bytes[0] == 1 || bytes[0] == 2 {
+                let mut longer = bytes.clone();
+                longer.insert(bytes.len() - 1, 0);
+                longer[6] += 1;
+                assert_eq!(next_frame(&longer, 4096), Next::Malformed, "{longer:?}");
+            }
+        }
     }
 
     #[test]

@@ -60,7 +60,6 @@ impl Connection {
                 "unexpected content header",
             ));
         }
-        let m = AMQPClass::Basic(basic::AMQPMethod::Publish(incoming.publish.clone()));
         if header.body_size > max as u64 {
             let channel = self.channels.get_mut(&ch).expect("just seen");
             channel.incoming = None;
@@ -68,7 +67,12 @@ impl Connection {
                 "PRECONDITION_FAILED - message size {} is larger than the maximum of {max}",
                 header.body_size
             );
-            return Err(Fault::channel(ch, code::PRECONDITION_FAILED, text, &m));
+            return Err(Fault::channel(
+                ch,
+                code::PRECONDITION_FAILED,
+                text,
+                &publish_method(),
+            ));
         }
         // Room for the first frame only: a header promises a size, the body frames prove
         // it; reserving the whole promise would let a few bytes of input claim 16 MiB.
@@ -135,20 +139,22 @@ impl Connection {
             state.published += 1;
             state.published
         });
-        let m = AMQPClass::Basic(basic::AMQPMethod::Publish(publish.clone()));
         let exchange = publish.exchange.as_str();
-        let routed = if exchange.is_empty() {
+        let queues: Vec<Queue> = if exchange.is_empty() {
             // The common case needs no lock: the default exchange names the queue.
-            Some(vec![publish.routing_key.to_string()])
+            self.queue(publish.routing_key.as_str())
+                .into_iter()
+                .collect()
         } else {
             let exchanges = self.settings.exchanges.lock().expect("never poisoned");
-            exchanges.route(exchange, publish.routing_key.as_str())
+            let routed = exchanges.route(exchange, publish.routing_key.as_str());
+            drop(exchanges);
+            let Some(names) = routed else {
+                let text = format!("NOT_FOUND - no exchange '{exchange}' in vhost '/'");
+                return Err(Fault::channel(ch, code::NOT_FOUND, text, &publish_method()));
+            };
+            names.iter().filter_map(|name| self.queue(name)).collect()
         };
-        let Some(names) = routed else {
-            let text = format!("NOT_FOUND - no exchange '{exchange}' in vhost '/'");
-            return Err(Fault::channel(ch, code::NOT_FOUND, text, &m));
-        };
-        let queues: Vec<Queue> = names.iter().filter_map(|name| self.queue(name)).collect();
         if queues.is_empty() {
             // An exchange drops what it cannot route, unless `mandatory` asks for it back.
             if publish.mandatory {
@@ -159,7 +165,12 @@ impl Connection {
         let routing_key = publish.routing_key.as_str();
         let Some(stored) = content::encode_routed(&properties, exchange, routing_key, &body) else {
             let text = "PRECONDITION_FAILED - message properties could not be stored";
-            return Err(Fault::channel(ch, code::PRECONDITION_FAILED, text, &m));
+            return Err(Fault::channel(
+                ch,
+                code::PRECONDITION_FAILED,
+                text,
+                &publish_method(),
+            ));
         };
         let mut message = Message::new(stored);
         // `message-id` is the dedup id (contract §3 Deduplication); one the broker could
@@ -218,8 +229,7 @@ impl Connection {
             },
             Err(Error::Storage(_)) if !numbers.is_empty() => 0,
             Err(e) => {
-                let m = AMQPClass::Basic(basic::AMQPMethod::Publish(basic::Publish::default()));
-                self.fail(broker_fault(ch, &e, &m));
+                self.fail(broker_fault(ch, &e, &publish_method()));
                 return;
             }
         };
@@ -325,4 +335,10 @@ impl Connection {
         }
         self.drop_settled_consumers();
     }
+}
+
+/// `basic.publish`, as the method a channel error names: only its class and method ids
+/// are read, so the publish's own fields need not be copied on every message.
+fn publish_method() -> AMQPClass {
+    AMQPClass::Basic(basic::AMQPMethod::Publish(basic::Publish::default()))
 }
