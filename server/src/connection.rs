@@ -15,6 +15,7 @@
 //! peer cannot have meant (malformed, over `frame_max`) end it at once.
 
 mod channel;
+mod consumers;
 mod publish;
 
 use std::collections::HashMap;
@@ -34,6 +35,7 @@ use crate::exchange::{Exchanges, Refusal};
 use crate::metrics::Metrics;
 use crate::wire::{self, Next, Output};
 use channel::Channel;
+pub use consumers::QueueConsumers;
 use publish::Pending;
 
 /// What a connection needs to know that is the same for all of them.
@@ -62,6 +64,8 @@ pub struct Settings {
     /// The exclusive queues of every connection, by name, with the id of the connection
     /// that owns each: another connection may publish to one but not use it otherwise.
     pub exclusive: Arc<Mutex<HashMap<String, u64>>>,
+    /// The AMQP consumers of every queue, and which queues one holds exclusively.
+    pub consumers: Arc<QueueConsumers>,
     /// The exchanges and bindings every connection of the server routes through.
     pub exchanges: Arc<Mutex<Exchanges>>,
     /// What the connections count for `--metrics`.
@@ -84,6 +88,7 @@ impl Default for Settings {
             durable: false,
             heartbeat: 60,
             exclusive: Arc::default(),
+            consumers: Arc::default(),
             exchanges: Arc::default(),
             metrics: Arc::default(),
             shutdown: Arc::new(tokio::sync::watch::Sender::new(false)),
@@ -183,6 +188,8 @@ struct Subscription {
     queue: Queue,
     consumer: Consumer,
     no_ack: bool,
+    /// Its place among its queue's consumers, given back as the subscription ends.
+    _claim: consumers::Claim,
 }
 
 /// An ahash state with keys drawn from the standard library's randomly keyed hasher, so
@@ -727,6 +734,7 @@ impl Connection {
             owners.remove(name);
         }
         drop(owners);
+        self.settings.consumers.forget(name);
         let mut exchanges = self.settings.exchanges.lock().expect("never poisoned");
         if let Err(Refusal::Storage(why)) = exchanges.unbind_queue(name) {
             tracing::warn!("queue {name} was deleted, but its bindings stay on disk: {why}");

@@ -25,4 +25,4 @@ pub mod metrics;
 pub mod serve;
 pub mod wire;
 
-pub use connection::{Connection, Settings};
+pub use connection::{Connection, QueueConsumers, Settings};

@@ -390,10 +390,6 @@ impl Connection {
 
     fn consume(&mut self, ch: u16, consume: basic::Consume) -> Result<(), Fault> {
         let m = AMQPClass::Basic(basic::AMQPMethod::Consume(consume.clone()));
-        if consume.exclusive {
-            let text = "an exclusive consumer is not supported by leasemqd yet";
-            return Err(Fault::connection(code::NOT_IMPLEMENTED, text).for_method(&m));
-        }
         if let Some(arg) = consume.arguments.inner().keys().next() {
             let text = format!("consumer argument '{arg}' is not supported by leasemqd yet");
             return Err(Fault::connection(code::NOT_IMPLEMENTED, text).for_method(&m));
@@ -405,11 +401,20 @@ impl Connection {
             "" => ShortString::from(format!("amq.ctag-{}-{}", self.id, self.next_consumer)),
             _ => consume.consumer_tag.clone(),
         };
-        let state = self.channels.get_mut(&ch).expect("checked by the caller");
-        if state.consumer_tags.contains(&tag) {
+        let channel = self.channels.get(&ch).expect("checked by the caller");
+        if channel.consumer_tags.contains(&tag) {
             let text = format!("NOT_ALLOWED - attempt to reuse consumer tag '{tag}'");
             return Err(Fault::connection(code::NOT_ALLOWED, text).for_method(&m));
         }
+        // RabbitMQ's rule for `exclusive` (see `consumers.rs`), across every connection.
+        let Some(claim) = (self.settings.consumers).claim(queue.name(), consume.exclusive) else {
+            let text = format!(
+                "ACCESS_REFUSED - queue '{}' in vhost '/' in exclusive use",
+                queue.name()
+            );
+            return Err(Fault::channel(ch, code::ACCESS_REFUSED, text, &m));
+        };
+        let state = self.channels.get_mut(&ch).expect("checked by the caller");
         // A channel-wide limit also bounds each consumer: none may lease more than the
         // channel may have unsettled (the rest stays ready for other channels).
         let limit = |n: u16| if n == 0 { MAX_PREFETCH } else { n };
@@ -442,6 +447,7 @@ impl Connection {
             queue,
             consumer,
             no_ack: consume.no_ack,
+            _claim: claim,
         });
         Ok(())
     }

@@ -201,6 +201,31 @@ impl Client {
         };
         self.feed(&[basic_method(1, basic::AMQPMethod::Consume(consume))])
     }
+
+    /// `basic.consume` with `exclusive`.
+    fn consume_exclusive(&mut self, queue: &str) -> Vec<AMQPFrame> {
+        let consume = basic::Consume {
+            queue: queue.into(),
+            exclusive: true,
+            ..basic::Consume::default()
+        };
+        self.feed(&[basic_method(1, basic::AMQPMethod::Consume(consume))])
+    }
+
+    /// Another connection to the same server (broker and settings), numbered `id`, with
+    /// channel 1 open.
+    fn another(&self, id: u64) -> Client {
+        let settings = self.conn.settings.clone();
+        let mut other = Client {
+            broker: self.broker.clone(),
+            conn: Connection::new(self.broker.clone(), settings, id, true),
+        };
+        let header = AMQPFrame::ProtocolHeader(ProtocolVersion::amqp_0_9_1());
+        other.feed(&[header]);
+        other.feed(&[start_ok("guest", "guest")]);
+        other.feed(&open_frames());
+        other
+    }
 }
 
 /// The (delivery tag, redelivered, body) of each basic.deliver in `out`, with its content
@@ -985,14 +1010,7 @@ fn a_server_named_exclusive_queue_is_the_connections_alone_and_goes_with_it() {
     assert!(name.starts_with("amq.gen-"), "{name}");
     c.publish(&name, b"mine");
     // Another connection of the same server may publish to it but not consume from it.
-    let mut them = Client {
-        broker: c.broker.clone(),
-        conn: Connection::new(c.broker.clone(), c.conn.settings.clone(), 2, true),
-    };
-    let header = AMQPFrame::ProtocolHeader(ProtocolVersion::amqp_0_9_1());
-    them.feed(&[header]);
-    them.feed(&[start_ok("guest", "guest")]);
-    them.feed(&open_frames());
+    let mut them = c.another(2);
     let out = them.consume(&name, false);
     assert_eq!(channel_close_code(&out), Some(405));
     assert_eq!(c.stats(&name).ready, 1);
@@ -1001,6 +1019,49 @@ fn a_server_named_exclusive_queue_is_the_connections_alone_and_goes_with_it() {
         them.broker.queue(&name).is_none(),
         "gone with its connection"
     );
+}
+
+#[test]
+fn an_exclusive_consumer_has_its_queue_alone_across_connections() {
+    let mut c = Client::open();
+    c.declare("solo");
+    c.declare("shared");
+    let tag = consumer_tag(&c.consume_exclusive("solo"));
+    // No other consumer, exclusive or not, on any connection (RabbitMQ: 403).
+    let mut them = c.another(2);
+    assert_eq!(channel_close_code(&them.consume("solo", false)), Some(403));
+    let mut third = c.another(3);
+    assert_eq!(
+        channel_close_code(&third.consume_exclusive("solo")),
+        Some(403)
+    );
+    // An exclusive consumer is refused where there is a consumer already.
+    consumer_tag(&c.consume("shared", false));
+    let mut fourth = c.another(4);
+    assert_eq!(
+        channel_close_code(&fourth.consume_exclusive("shared")),
+        Some(403)
+    );
+    // Deliveries go to the exclusive consumer.
+    let mut frames = Client::publish_frames("solo", BasicProperties::default(), b"one");
+    frames.extend(Client::publish_frames(
+        "solo",
+        BasicProperties::default(),
+        b"two",
+    ));
+    assert_eq!(deliveries(&c.feed(&frames)).len(), 2);
+    // Once it is cancelled, the queue is free again.
+    let cancel = basic::Cancel {
+        consumer_tag: tag.as_str().into(),
+        nowait: false,
+    };
+    c.feed(&[basic_method(1, basic::AMQPMethod::Cancel(cancel))]);
+    let mut fifth = c.another(5);
+    consumer_tag(&fifth.consume_exclusive("solo"));
+    // And free again when the connection holding it ends.
+    drop(fifth);
+    let mut sixth = c.another(6);
+    consumer_tag(&sixth.consume("solo", false));
 }
 
 #[test]

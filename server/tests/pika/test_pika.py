@@ -462,6 +462,32 @@ def test_a_server_named_exclusive_queue_belongs_to_its_connection():
     other.close()
 
 
+def test_an_exclusive_consumer_has_the_queue_alone():
+    conn = connect()
+    ch = conn.channel()
+    queue = fresh_queue(ch, "solo")
+    ignore = lambda *args: None  # noqa: E731
+    tag = ch.basic_consume(queue=queue, on_message_callback=ignore, exclusive=True)
+    other = connect()
+    och = other.channel()
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as refused:
+        och.basic_consume(queue=queue, on_message_callback=ignore)
+    assert refused.value.reply_code == 403
+    # Cancelled, it frees the queue; an exclusive consumer then needs it empty of others.
+    ch.basic_cancel(tag)
+    och = other.channel()
+    och.basic_consume(queue=queue, on_message_callback=ignore)
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as refused:
+        ch.basic_consume(queue=queue, on_message_callback=ignore, exclusive=True)
+    assert refused.value.reply_code == 403
+    # The connection that held the queue is gone: anyone may take it alone.
+    other.close()
+    ch = conn.channel()
+    ch.basic_consume(queue=queue, on_message_callback=ignore, exclusive=True)
+    ch.queue_delete(queue)
+    conn.close()
+
+
 @leasemq_only(
     "a lease that runs out goes to another consumer and the late ack is ignored; "
     "RabbitMQ closes the channel with 406 at consumer_timeout"
