@@ -520,6 +520,13 @@ impl ShardLog {
     /// the segments it covers. The shard thread only encodes the image (bodies are shared,
     /// not copied, until then) and goes on.
     pub fn maybe_snapshot(&mut self, engine: &Shard) {
+        if let Some(e) = self.wal.take_skipped_snapshot() {
+            // Not an error of the log: its records are on disk, only the compaction waits.
+            eprintln!(
+                "leasemq: a snapshot was left out ({e}); the log keeps the segments it \
+                 would have covered and writes one again once it has grown"
+            );
+        }
         if !self.snapshot_due() || self.failed.is_some() {
             return;
         }

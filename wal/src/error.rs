@@ -22,11 +22,12 @@ pub enum WalError {
         /// What the operating system (or the fake disk) said.
         source: Arc<io::Error>,
     },
-    /// The disk is full: a new segment could not be allocated. The append that needed it
-    /// failed whole (nothing of it was written) and the log is not poisoned; it may succeed
-    /// once space is freed, e.g. by [`Wal::remove_before`](crate::Wal::remove_before).
+    /// The disk is full: a new segment, or a snapshot, could not be allocated. The append
+    /// that needed it failed whole (nothing of it was written), or the snapshot was left
+    /// out, and the log is not poisoned; it may succeed once space is freed, e.g. by
+    /// [`Wal::remove_before`](crate::Wal::remove_before).
     NoSpace {
-        /// The segment that could not be allocated.
+        /// The segment or snapshot file that could not be allocated.
         path: PathBuf,
     },
     /// A damaged record, an LSN gap or a damaged snapshot anywhere but the torn tail of the

@@ -42,8 +42,9 @@ fn parse_name(name: &str) -> Option<Lsn> {
 ///
 /// # Errors
 ///
-/// [`WalError::Io`] naming the file if a step fails; the previous snapshot is then
-/// still the latest.
+/// [`WalError::NoSpace`] naming the temporary file when the disk has no room for it (the
+/// file is removed again); [`WalError::Io`] naming the file if a step fails. The previous
+/// snapshot is then still the latest.
 pub fn write_snapshot(
     storage: &dyn Storage,
     dir: &Path,
@@ -64,8 +65,16 @@ pub fn write_snapshot(
     let file = storage
         .create(&tmp)
         .map_err(|e| WalError::io(&tmp, "create", e))?;
-    file.write_at(&bytes, 0)
-        .map_err(|e| WalError::io(&tmp, "write", e))?;
+    if let Err(e) = file.write_at(&bytes, 0) {
+        if e.kind() == std::io::ErrorKind::StorageFull {
+            // Nothing depends on a snapshot not yet renamed into place: give its room
+            // back, and the log keeps the records it would have covered.
+            drop(file);
+            let _ = storage.remove(&tmp);
+            return Err(WalError::NoSpace { path: tmp });
+        }
+        return Err(WalError::io(&tmp, "write", e));
+    }
     file.sync_data()
         .map_err(|e| WalError::io(&tmp, "fdatasync", e))?;
     storage

@@ -60,6 +60,9 @@ struct State {
     error: Option<WalError>,
     /// Emptied piece buffers, handed back to the owner for reuse.
     spare: Vec<Vec<u8>>,
+    /// Why the last snapshot was left out (the disk had no room for it), until the owner
+    /// asks.
+    skipped_snapshot: Option<WalError>,
 }
 
 /// Buffers kept for reuse; more than a few means the owner submits rarely and big.
@@ -118,6 +121,11 @@ impl Shared {
         drop(state);
         self.notify_owner();
         error
+    }
+
+    /// Why a snapshot was left out since the last call, if one was.
+    pub(crate) fn take_skipped_snapshot(&self) -> Option<WalError> {
+        self.lock().skipped_snapshot.take()
     }
 
     pub(crate) fn take_buffer(&self) -> Vec<u8> {
@@ -190,18 +198,33 @@ pub(crate) fn run(shared: Arc<Shared>) {
 }
 
 /// Runs sync rounds until stopped, or until one fails (which poisons the log).
+///
+/// A snapshot the disk has no room for is left out, not fatal: nothing depends on it, and
+/// the segments it would have covered stay until a later snapshot covers them.
 fn rounds(shared: &Shared) {
     let mut scratch = Vec::new();
-    while let Some((mut pieces, snapshot, removals)) = next_round(shared) {
+    // Segments whose removal waits for a snapshot that covers them, after one was left out.
+    let mut deferred: Vec<PathBuf> = Vec::new();
+    while let Some((mut pieces, snapshot, mut removals)) = next_round(shared) {
+        let mut skipped = None;
         let result = write_round(shared, &mut pieces, &mut scratch)
             .and_then(|()| match &snapshot {
-                Some((lsn, data)) => crate::snapshot::write_snapshot(
-                    &*shared.storage,
-                    &shared.dir,
-                    crate::Lsn(*lsn),
-                    data,
-                )
-                .map(drop),
+                Some((lsn, data)) => {
+                    let lsn = crate::Lsn(*lsn);
+                    match crate::snapshot::write_snapshot(&*shared.storage, &shared.dir, lsn, data)
+                    {
+                        Ok(_) => {
+                            removals.append(&mut deferred);
+                            Ok(())
+                        }
+                        Err(e @ WalError::NoSpace { .. }) => {
+                            deferred.append(&mut removals);
+                            skipped = Some(e);
+                            Ok(())
+                        }
+                        Err(e) => Err(e),
+                    }
+                }
                 None => Ok(()),
             })
             .and_then(|()| remove(shared, &removals));
@@ -210,6 +233,9 @@ fn rounds(shared: &Shared) {
             return;
         }
         let mut state = shared.lock();
+        if skipped.is_some() {
+            state.skipped_snapshot = skipped;
+        }
         state.busy = false;
         for piece in pieces {
             if state.spare.len() < SPARE_BUFFERS {

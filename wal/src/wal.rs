@@ -255,7 +255,9 @@ impl Wal {
     ///
     /// # Errors
     ///
-    /// The poisoning error once the log is poisoned. A failed snapshot write poisons it.
+    /// The poisoning error once the log is poisoned. A failed snapshot write poisons it,
+    /// except one the disk has no room for: that snapshot is left out, and
+    /// [`take_skipped_snapshot`](Wal::take_skipped_snapshot) says so.
     pub fn submit_snapshot(&mut self, data: Vec<u8>) -> Result<Lsn, WalError> {
         self.check()?;
         let lsn = self.next_lsn - 1;
@@ -267,6 +269,14 @@ impl Wal {
         self.shared
             .submit_with(&mut self.pending, Some((lsn, data)), removals);
         Ok(Lsn(lsn))
+    }
+
+    /// Why a snapshot handed over by [`submit_snapshot`](Wal::submit_snapshot) was left
+    /// out since the last call, if one was: the disk had no room for it
+    /// ([`WalError::NoSpace`]). The log goes on, and keeps the segments it would have
+    /// covered until a later snapshot is written.
+    pub fn take_skipped_snapshot(&self) -> Option<WalError> {
+        self.shared.take_skipped_snapshot()
     }
 
     /// The paths of the live segments, oldest first.

@@ -270,6 +270,53 @@ fn a_submitted_snapshot_is_written_after_its_records_and_before_the_removals() {
     assert_eq!(records, expected(81..=90));
 }
 
+/// A snapshot the disk has no room for is left out: the log is not poisoned, its temporary
+/// file is gone, the segments it would have covered stay (replay still needs them), and
+/// the next snapshot that fits removes them.
+#[test]
+fn a_snapshot_the_disk_has_no_room_for_is_left_out_and_the_log_goes_on() {
+    let disk = MemDisk::new();
+    let (mut wal, _, _) = open(&disk, small(256)).unwrap();
+    append_synced(&mut wal, 1..=80);
+    let segments = segment_files(&disk);
+    assert!(segments.len() > 4);
+    let used: u64 = segments
+        .iter()
+        .map(|p| disk.contents(p).unwrap().len() as u64)
+        .sum();
+    disk.set_capacity(Some(used + 4096));
+    wal.submit_snapshot(vec![7; 64 << 10]).unwrap();
+    assert_eq!(wal.sync().unwrap(), Lsn(80), "not poisoned");
+    assert!(matches!(
+        wal.take_skipped_snapshot(),
+        Some(WalError::NoSpace { .. })
+    ));
+    assert!(wal.take_skipped_snapshot().is_none(), "said once");
+    let storage: &dyn leasemq_wal::Storage = &disk;
+    assert_eq!(latest_snapshot(storage, dir()).unwrap(), None);
+    assert_eq!(segment_files(&disk), segments, "every segment kept");
+    let names = storage.list(dir()).unwrap();
+    assert!(!names.iter().any(|n| n.ends_with(".tmp")), "{names:?}");
+    // A copy of the disk as it is now opens by replaying the whole log.
+    let copy = disk.fork();
+    let (_w, records, _) = open_from(Arc::new(copy), dir(), small(256), Lsn(1)).unwrap();
+    assert_eq!(records, expected(1..=80));
+
+    // With room again, the next snapshot lands and the segments before it go.
+    disk.set_capacity(None);
+    append_synced(&mut wal, 81..=90);
+    assert_eq!(
+        wal.submit_snapshot(b"state up to 90".to_vec()).unwrap(),
+        Lsn(90)
+    );
+    wal.sync().unwrap();
+    assert!(wal.take_skipped_snapshot().is_none());
+    assert_eq!(segment_files(&disk), wal.segments());
+    assert!(segment_files(&disk).len() < segments.len());
+    let snap = latest_snapshot(storage, dir()).unwrap().unwrap();
+    assert_eq!(snap.lsn, Lsn(90));
+}
+
 #[test]
 fn compaction_never_removes_what_is_not_durable() {
     let disk = MemDisk::new();
