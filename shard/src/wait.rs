@@ -20,9 +20,11 @@
 //! yield treats the host as busy for [`BUSY_HOLD`]: it skips step 2. Where shard threads
 //! run with the system's time slice, it also spins longer in step 1 ([`BUSY_SPIN`]), to
 //! catch its answer while it still holds a core; where they have a short one (see
-//! `slice.rs`), a woken shard runs at once, the answer comes as fast as on an idle host,
-//! and a longer spin would only burn the share of the CPU the host leaves us. No spin and
-//! no yield loop lasts longer than its time bound.
+//! `slice.rs`), it does not spin at all: a woken shard preempts a busy thread at once, but
+//! the wake-up itself (an interrupt to a core running another process) takes longer than
+//! a spin worth its cost, so the spin would only burn the share of the CPU the host leaves
+//! us, and a thread that sleeps rather than spins is also the one the scheduler runs
+//! first when it wakes. No spin and no yield loop lasts longer than its time bound.
 //!
 //! The wake is cheap when nobody sleeps: a fence and a load of the `asleep` flag (a count
 //! for a [`Bell`]), the "is anyone waiting" check of crossbeam's `SyncWaker`; only a thread
@@ -68,10 +70,11 @@ pub(crate) fn shards_run_short_slices() {
     SHORT_SLICES.store(true, Ordering::Relaxed);
 }
 
-/// How long to spin before parking on a busy host.
+/// How long to spin before parking on a busy host: not at all where shard threads run
+/// short slices (see the module docs).
 fn busy_spin() -> Duration {
     if SHORT_SLICES.load(Ordering::Relaxed) {
-        SPIN
+        Duration::ZERO
     } else {
         BUSY_SPIN
     }
@@ -267,8 +270,9 @@ fn spin<T>(deadline: Option<Instant>, attempt: &mut impl FnMut() -> Option<T>) -
     }
     let mut now = Instant::now();
     let busy = HOST_BUSY_UNTIL.get().is_some_and(|until| now < until);
-    if busy || SPINNING.with(Spinning::should_spin) {
-        let spin_end = cap(now + if busy { busy_spin() } else { SPIN }, deadline);
+    let spin_for = if busy { busy_spin() } else { SPIN };
+    if (busy && !spin_for.is_zero()) || (!busy && SPINNING.with(Spinning::should_spin)) {
+        let spin_end = cap(now + spin_for, deadline);
         let caught = 'spin: loop {
             for _ in 0..POLLS_PER_CLOCK_READ {
                 std::hint::spin_loop();
