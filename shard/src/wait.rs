@@ -53,13 +53,17 @@ const SPIN: Duration = Duration::from_micros(2);
 /// the core going idle and without a futex call on either side.
 const YIELD_BUDGET: Duration = Duration::from_micros(500);
 
-/// A yield that took longer than this gave the core to a thread that ran a time slice:
-/// the host is busy, and yielding again would wait out more slices.
-const SLOW_YIELD: Duration = Duration::from_micros(100);
+/// A yield that took longer than this gave the core to a thread that ran a time slice
+/// (a default slice is 0.75 ms at the least): the host is busy, and yielding
+/// again would wait out more slices. Our own threads, between two waits, seldom run this
+/// long, so an idle host is seldom taken for a busy one.
+const SLOW_YIELD: Duration = Duration::from_micros(500);
 
-/// How long a thread that saw one slow yield counts the host as busy. (A budget of yields
-/// that runs out is no such sign: a consumer of a quiet queue meets it all the time.)
-const BUSY_HOLD: Duration = Duration::from_millis(50);
+/// How long a thread that saw one slow yield counts the host as busy: each new look costs
+/// a slow yield, a time slice given away, so a busy host is looked at again only a few
+/// times a second. (A budget of yields that runs out is no such sign: a consumer of a
+/// quiet queue meets it all the time.)
+const BUSY_HOLD: Duration = Duration::from_millis(250);
 
 /// Whether a shard thread of this process runs with a short time slice the kernel honours
 /// (set once by [`shards_run_short_slices`]); then a busy host is no reason to spin longer.
