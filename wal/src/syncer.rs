@@ -214,7 +214,9 @@ fn rounds(shared: &Shared) {
                     match crate::snapshot::write_snapshot(&*shared.storage, &shared.dir, lsn, data)
                     {
                         Ok(_) => {
-                            removals.append(&mut deferred);
+                            // Oldest first, as always: a crash midway leaves no gap.
+                            deferred.append(&mut removals);
+                            removals = std::mem::take(&mut deferred);
                             Ok(())
                         }
                         Err(e @ WalError::NoSpace { .. }) => {

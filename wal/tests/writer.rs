@@ -315,6 +315,10 @@ fn a_snapshot_the_disk_has_no_room_for_is_left_out_and_the_log_goes_on() {
     assert!(segment_files(&disk).len() < segments.len());
     let snap = latest_snapshot(storage, dir()).unwrap().unwrap();
     assert_eq!(snap.lsn, Lsn(90));
+    // The log left behind opens after the snapshot, with nothing to replay.
+    let copy = Arc::new(disk.fork());
+    let (_w, records, _) = open_from(copy, dir(), small(256), Lsn(91)).unwrap();
+    assert!(records.is_empty());
 }
 
 #[test]
