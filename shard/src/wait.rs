@@ -66,7 +66,7 @@ const SLOW_YIELD: Duration = Duration::from_micros(500);
 const BUSY_HOLD: Duration = Duration::from_millis(250);
 
 /// Whether a shard thread of this process runs with a short time slice the kernel honours
-/// (set once by [`shards_run_short_slices`]); then a busy host is no reason to spin longer.
+/// (set once by [`shards_run_short_slices`]); then a busy host is no reason to spin.
 static SHORT_SLICES: AtomicBool = AtomicBool::new(false);
 
 /// Says that a shard thread got the short time slice it asked for.

@@ -44,6 +44,9 @@ pub(crate) struct Shared {
     changed: Condvar,
     durable: AtomicU64,
     poisoned: AtomicBool,
+    /// Set with `State::skipped_snapshot`, so that the owner, which asks after every
+    /// turn, takes the lock only when there is something to take.
+    snapshot_skipped: AtomicBool,
     storage: Arc<dyn Storage>,
     dir: PathBuf,
     on_progress: Option<Arc<dyn Fn() + Send + Sync>>,
@@ -80,6 +83,7 @@ impl Shared {
             changed: Condvar::new(),
             durable: AtomicU64::new(durable),
             poisoned: AtomicBool::new(false),
+            snapshot_skipped: AtomicBool::new(false),
             storage,
             dir,
             on_progress,
@@ -125,6 +129,9 @@ impl Shared {
 
     /// Why a snapshot was left out since the last call, if one was.
     pub(crate) fn take_skipped_snapshot(&self) -> Option<WalError> {
+        if !self.snapshot_skipped.swap(false, Ordering::Acquire) {
+            return None;
+        }
         self.lock().skipped_snapshot.take()
     }
 
@@ -237,6 +244,7 @@ fn rounds(shared: &Shared) {
         let mut state = shared.lock();
         if skipped.is_some() {
             state.skipped_snapshot = skipped;
+            shared.snapshot_skipped.store(true, Ordering::Release);
         }
         state.busy = false;
         for piece in pieces {

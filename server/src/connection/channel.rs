@@ -407,7 +407,11 @@ impl Connection {
             return Err(Fault::connection(code::NOT_ALLOWED, text).for_method(&m));
         }
         // RabbitMQ's rule for `exclusive` (see `consumers.rs`), across every connection.
-        let Some(claim) = (self.settings.consumers).claim(queue.name(), consume.exclusive) else {
+        let Some(claim) = self
+            .settings
+            .consumers
+            .claim(queue.name(), consume.exclusive)
+        else {
             let text = format!(
                 "ACCESS_REFUSED - queue '{}' in vhost '/' in exclusive use",
                 queue.name()
