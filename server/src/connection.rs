@@ -31,6 +31,7 @@ use amq_protocol::protocol::{basic, connection, AMQPClass};
 use amq_protocol::types::{AMQPValue, FieldTable, ShortString};
 use leasemq::{Broker, Consumer, Delivery, DeliveryTag, Queue, Settle};
 
+use crate::content::PropertiesSeen;
 use crate::exchange::{Exchanges, Refusal};
 use crate::metrics::Metrics;
 use crate::wire::{self, Next, Output};
@@ -228,6 +229,8 @@ pub struct Connection {
     /// leave for the socket (or before the next input), rather than a broker round trip
     /// each. A connection that ends first does not ack them: they come back.
     auto_acks: Vec<(Queue, Vec<(DeliveryTag, Settle)>)>,
+    /// Stored properties already found well formed, so a delivery need not parse them.
+    seen: PropertiesSeen,
     out: Output,
 }
 
@@ -259,6 +262,7 @@ impl Connection {
             pending: Vec::new(),
             exclusive: Vec::new(),
             auto_acks: Vec::new(),
+            seen: PropertiesSeen::default(),
             out: Output::default(),
         }
     }

@@ -4,12 +4,15 @@
 //! in the frame header, so that a frame over `frame_max` is refused before it is buffered)
 //! and has `amq-protocol` parse it. [`Output`] appends frames made by
 //! `amq_protocol::frame::gen_frame` to the bytes waiting for the socket, and splits a
-//! message's content over body frames that fit `frame_max`.
+//! message's content over body frames that fit `frame_max`. The frames of a delivery, one
+//! set per message a consumer gets, are laid out by [`Output`] itself (and tested equal to
+//! `gen_frame`'s).
 
 use amq_protocol::frame::parsing::{parse_content_header, parse_frame_type, parse_raw_frame};
 use amq_protocol::frame::{
     gen_frame, parse_frame, AMQPContentHeader, AMQPFrame, AMQPFrameType, AMQPRawFrame, WriteContext,
 };
+use amq_protocol::protocol::constants::{FRAME_BODY, FRAME_END, FRAME_HEADER, FRAME_METHOD};
 use amq_protocol::protocol::parse_class;
 use amq_protocol::protocol::{AMQPClass, BasicProperties};
 
@@ -100,6 +103,24 @@ fn parse_whole(frame: &[u8]) -> Option<AMQPFrame> {
     })
 }
 
+/// The fields of a `basic.deliver`, borrowed from where they are kept.
+#[derive(Debug, Clone, Copy)]
+pub struct Deliver<'a> {
+    /// The consumer's tag.
+    pub consumer_tag: &'a [u8],
+    /// The channel's number for this delivery.
+    pub delivery_tag: u64,
+    /// Whether the message was delivered before.
+    pub redelivered: bool,
+    /// The exchange it was published to.
+    pub exchange: &'a [u8],
+    /// The routing key it was published with.
+    pub routing_key: &'a [u8],
+}
+
+/// The method id of `basic.deliver` in class `basic`.
+const BASIC_DELIVER: u16 = 60;
+
 /// A frame that `amq-protocol` refused to write (a field over its wire limit).
 #[derive(Debug)]
 pub struct GenFailed;
@@ -150,11 +171,83 @@ impl Output {
             properties,
         };
         self.frame(&AMQPFrame::Header(channel, header))?;
+        self.body(channel, body, frame_max);
+        Ok(())
+    }
+
+    /// Appends a `basic.deliver` method frame.
+    ///
+    /// One is written for every message a consumer gets, so it is laid out here directly
+    /// rather than built as an `AMQPClass` and written by `gen_frame`, which would cost a
+    /// `String` for each of its three names and a pass through a generic writer; a test
+    /// holds the bytes equal to `gen_frame`'s. Fails, writing nothing, for a name over 255
+    /// bytes, which a short string cannot hold.
+    pub fn deliver(&mut self, channel: u16, deliver: &Deliver<'_>) -> Result<(), GenFailed> {
+        let names = [deliver.consumer_tag, deliver.exchange, deliver.routing_key];
+        if names.iter().any(|name| name.len() > usize::from(u8::MAX)) {
+            return Err(GenFailed);
+        }
+        // class, method, three name lengths, delivery tag, flags
+        let size = 2 + 2 + 3 + 8 + 1 + names.iter().map(|name| name.len()).sum::<usize>();
+        self.buf.reserve(size + FRAME_OVERHEAD);
+        self.frame_start(FRAME_METHOD, channel, size);
+        self.buf.extend_from_slice(&BASIC_CLASS.to_be_bytes());
+        self.buf.extend_from_slice(&BASIC_DELIVER.to_be_bytes());
+        self.short_string(deliver.consumer_tag);
+        self.buf
+            .extend_from_slice(&deliver.delivery_tag.to_be_bytes());
+        self.buf.push(u8::from(deliver.redelivered));
+        self.short_string(deliver.exchange);
+        self.short_string(deliver.routing_key);
+        self.buf.push(FRAME_END);
+        Ok(())
+    }
+
+    /// As [`content`](Self::content), for properties already encoded as a content header
+    /// carries them (property flags, then the properties present): a stored message's, so
+    /// that a delivery copies them instead of parsing and writing them again.
+    pub fn content_encoded(
+        &mut self,
+        channel: u16,
+        properties: &[u8],
+        body: &[u8],
+        frame_max: usize,
+    ) {
+        // class, weight, body size
+        let size = 2 + 2 + 8 + properties.len();
+        self.buf.reserve(size + body.len() + 2 * FRAME_OVERHEAD);
+        self.frame_start(FRAME_HEADER, channel, size);
+        self.buf.extend_from_slice(&BASIC_CLASS.to_be_bytes());
+        self.buf.extend_from_slice(&0u16.to_be_bytes());
+        self.buf
+            .extend_from_slice(&(body.len() as u64).to_be_bytes());
+        self.buf.extend_from_slice(properties);
+        self.buf.push(FRAME_END);
+        self.body(channel, body, frame_max);
+    }
+
+    /// Body frames of at most `frame_max` bytes each, none for an empty body.
+    fn body(&mut self, channel: u16, body: &[u8], frame_max: usize) {
         let chunk = frame_max.saturating_sub(FRAME_OVERHEAD).max(1);
         for piece in body.chunks(chunk) {
-            self.frame(&AMQPFrame::Body(channel, piece.to_vec()))?;
+            self.frame_start(FRAME_BODY, channel, piece.len());
+            self.buf.extend_from_slice(piece);
+            self.buf.push(FRAME_END);
         }
-        Ok(())
+    }
+
+    /// A frame's type, channel and payload size.
+    fn frame_start(&mut self, kind: u8, channel: u16, size: usize) {
+        self.buf.push(kind);
+        self.buf.extend_from_slice(&channel.to_be_bytes());
+        // Callers bound `size` by `frame_max` (a `u32`) or by short strings.
+        self.buf.extend_from_slice(&(size as u32).to_be_bytes());
+    }
+
+    /// A short string whose length the caller has checked.
+    fn short_string(&mut self, text: &[u8]) {
+        self.buf.push(text.len() as u8);
+        self.buf.extend_from_slice(text);
     }
 
     /// Bytes waiting.
@@ -180,6 +273,7 @@ impl Output {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use amq_protocol::protocol::basic::{self, gen_properties};
     use amq_protocol::protocol::channel;
 
     fn open_frame() -> Vec<u8> {
@@ -248,6 +342,100 @@ mod tests {
                 longer.insert(bytes.len() - 1, 0);
                 longer[6] += 1;
                 assert_eq!(next_frame(&longer, 4096), Next::Malformed, "{longer:?}");
+            }
+        }
+    }
+
+    fn written(write: impl FnOnce(&mut Output)) -> Vec<u8> {
+        let mut out = Output::default();
+        write(&mut out);
+        let mut bytes = Vec::new();
+        out.drain_into(&mut bytes);
+        bytes
+    }
+
+    #[test]
+    fn a_deliver_is_written_as_gen_frame_writes_it() {
+        let long = "k".repeat(255);
+        let cases = [
+            ("ctag-1", 1, false, "", "jobs"),
+            ("amq.ctag-Zq", u64::MAX, true, "orders", "eu.paid"),
+            ("", 1 << 40, true, "x", long.as_str()),
+        ];
+        for (consumer_tag, delivery_tag, redelivered, exchange, routing_key) in cases {
+            let ours = written(|out| {
+                let deliver = Deliver {
+                    consumer_tag: consumer_tag.as_bytes(),
+                    delivery_tag,
+                    redelivered,
+                    exchange: exchange.as_bytes(),
+                    routing_key: routing_key.as_bytes(),
+                };
+                out.deliver(9, &deliver).unwrap();
+            });
+            let method = basic::Deliver {
+                consumer_tag: consumer_tag.into(),
+                delivery_tag,
+                redelivered,
+                exchange: exchange.into(),
+                routing_key: routing_key.into(),
+            };
+            let theirs = written(|out| {
+                let method = AMQPClass::Basic(basic::AMQPMethod::Deliver(method));
+                out.method(9, method).unwrap();
+            });
+            assert_eq!(ours, theirs, "{consumer_tag} {delivery_tag} {redelivered}");
+        }
+    }
+
+    #[test]
+    fn a_name_a_short_string_cannot_hold_writes_no_deliver() {
+        let mut out = Output::default();
+        let long = [b'q'; 256];
+        let deliver = Deliver {
+            consumer_tag: b"c",
+            delivery_tag: 1,
+            redelivered: false,
+            exchange: b"",
+            routing_key: &long,
+        };
+        assert!(out.deliver(1, &deliver).is_err());
+        assert!(out.is_empty());
+    }
+
+    #[test]
+    fn encoded_content_is_written_as_gen_frame_writes_it() {
+        let mut headers = amq_protocol::types::FieldTable::default();
+        headers.insert("n".into(), amq_protocol::types::AMQPValue::LongInt(-4));
+        let properties = [
+            BasicProperties::default(),
+            BasicProperties::default()
+                .with_content_type("application/json".into())
+                .with_delivery_mode(2)
+                .with_headers(headers),
+        ];
+        let bodies: [&[u8]; 4] = [b"", b"x", &[7; 100], &[1; 250]];
+        for properties in properties {
+            let encoded = gen_properties(&properties)(WriteContext::from(Vec::new()))
+                .unwrap()
+                .into_inner()
+                .0;
+            for body in bodies {
+                // 100 bytes a frame: one body frame, or several with a short last one.
+                let frame_max = 100 + FRAME_OVERHEAD;
+                let ours = written(|out| out.content_encoded(5, &encoded, body, frame_max));
+                let theirs = written(|out| {
+                    out.content(5, properties.clone(), body, frame_max).unwrap();
+                });
+                assert_eq!(ours, theirs, "{} body bytes", body.len());
+                let mut frames = 0;
+                let mut rest = &ours[..];
+                while let Next::Frame(_, used) = next_frame(rest, frame_max) {
+                    rest = &rest[used..];
+                    frames += 1;
+                }
+                assert!(rest.is_empty());
+                assert_eq!(frames, 1 + body.len().div_ceil(100));
             }
         }
     }

@@ -24,7 +24,7 @@ use leasemq::{Consumer, ConsumerConfig, Delivery, DeliveryTag, Error, Queue, Que
 use super::publish::{Incoming, Pending};
 use super::{code, method_name, short, Connection, Fault, Subscription};
 use crate::exchange::{Refusal, DIRECT};
-use crate::{arguments, content};
+use crate::{arguments, content, wire};
 
 /// The most prefetch a broker consumer takes; also what `prefetch_count = 0` (AMQP's "no
 /// limit") becomes.
@@ -810,17 +810,49 @@ impl Connection {
             state.unacked.insert(channel_tag, unacked);
         }
         let envelope = delivery.envelope();
-        let content = content::delivered(envelope, sub.queue.name());
-        let deliver = basic::Deliver {
-            consumer_tag: sub.tag.clone(),
-            delivery_tag: channel_tag,
-            redelivered: envelope.redelivered(),
-            exchange: ShortString::from(content.exchange),
-            routing_key: ShortString::from(content.routing_key),
+        let fast = content::delivered_encoded(envelope, sub.queue.name(), &mut self.seen);
+        let written = match fast {
+            // The usual case: the stored properties and names are copied out as they are.
+            Some(content) => {
+                let deliver = wire::Deliver {
+                    consumer_tag: sub.tag.as_str().as_bytes(),
+                    delivery_tag: channel_tag,
+                    redelivered: envelope.redelivered(),
+                    exchange: content.exchange,
+                    routing_key: content.routing_key,
+                };
+                let written = self.out.deliver(ch, &deliver);
+                if written.is_ok() {
+                    let (properties, payload) = (content.properties, content.payload);
+                    self.out
+                        .content_encoded(ch, properties, payload, self.frame_max);
+                }
+                written.is_ok()
+            }
+            None => {
+                let content = content::delivered(envelope, sub.queue.name());
+                let deliver = basic::Deliver {
+                    consumer_tag: sub.tag.clone(),
+                    delivery_tag: channel_tag,
+                    redelivered: envelope.redelivered(),
+                    exchange: ShortString::from(content.exchange),
+                    routing_key: ShortString::from(content.routing_key),
+                };
+                let method = AMQPClass::Basic(basic::AMQPMethod::Deliver(deliver));
+                self.out.method(ch, method).is_ok()
+                    && self
+                        .out
+                        .content(ch, content.properties, &content.payload, self.frame_max)
+                        .is_ok()
+            }
         };
         let auto_ack = no_ack.then(|| sub.queue.clone());
-        self.send(ch, AMQPClass::Basic(basic::AMQPMethod::Deliver(deliver)));
-        self.send_content(ch, content.properties, &content.payload);
+        if !written {
+            self.abort(Fault::connection(
+                code::INTERNAL_ERROR,
+                "could not write a frame",
+            ));
+        }
         if let Some(queue) = auto_ack {
             // Automatic acknowledgement: settled as it is sent (see `auto_acks`).
             self.auto_ack(&queue, delivery.tag());
