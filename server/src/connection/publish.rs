@@ -180,8 +180,14 @@ impl Connection {
                 message = message.with_id(id.as_str());
             }
         }
-        for queue in queues {
-            let message = message.clone();
+        let last = queues.len() - 1;
+        let mut message = Some(message);
+        for (i, queue) in queues.into_iter().enumerate() {
+            // Each queue but the last gets a copy (sharing the body); the last the message.
+            let message = match i == last {
+                true => message.take().expect("taken only at the last"),
+                false => message.clone().expect("taken only at the last"),
+            };
             match self.pending.last_mut() {
                 Some(Pending::Put {
                     channel,
