@@ -229,9 +229,20 @@ pub struct Connection {
     /// leave for the socket (or before the next input), rather than a broker round trip
     /// each. A connection that ends first does not ack them: they come back.
     auto_acks: Vec<(Queue, Vec<(DeliveryTag, Settle)>)>,
-    /// Stored properties already found well formed, so a delivery need not parse them.
-    seen: PropertiesSeen,
+    /// Properties already found well formed, so that neither a publish nor a delivery
+    /// parses the same ones again.
+    seen: Seen,
     out: Output,
+}
+
+/// The last properties checked on each way, kept apart so that a connection that both
+/// publishes and consumes keeps both.
+#[derive(Debug, Default)]
+struct Seen {
+    /// Of publishes.
+    input: PropertiesSeen,
+    /// Of deliveries.
+    output: PropertiesSeen,
 }
 
 impl Connection {
@@ -262,7 +273,7 @@ impl Connection {
             pending: Vec::new(),
             exclusive: Vec::new(),
             auto_acks: Vec::new(),
-            seen: PropertiesSeen::default(),
+            seen: Seen::default(),
             out: Output::default(),
         }
     }
@@ -296,6 +307,17 @@ impl Connection {
                 Next::Frame(frame, n) => {
                     used += n;
                     self.handle_frame(frame);
+                }
+                Next::Header(header, n) => {
+                    used += n;
+                    if self.content_header(header).is_err() {
+                        self.abort(Fault::connection(code::FRAME_ERROR, "malformed frame"));
+                        used = input.len();
+                    }
+                }
+                Next::Body(channel, body, n) => {
+                    used += n;
+                    self.content_body(channel, body);
                 }
                 Next::TooLarge(n) => {
                     let text = format!("frame of {n} bytes is over frame_max {}", self.frame_max);
@@ -498,6 +520,37 @@ impl Connection {
         );
     }
 
+    /// A content header: on a channel of an open connection, the next part of a publish
+    /// (its properties checked, and parsed only if they differ from the last ones); else
+    /// handled as any other frame. `Err` for properties that do not parse.
+    fn content_header(&mut self, header: wire::Header<'_>) -> Result<(), ()> {
+        if self.phase != Phase::Open || header.channel == 0 {
+            self.handle_frame(header.to_frame().ok_or(())?);
+            return Ok(());
+        }
+        let message_id = self
+            .seen
+            .input
+            .check(header.properties)
+            .ok_or(())?
+            .message_id();
+        let id = message_id.as_ref().map(|id| id.as_str().to_owned());
+        if let Err(fault) = self.handle_header(header, id) {
+            self.fail(fault);
+        }
+        Ok(())
+    }
+
+    /// A content body frame: on a channel of an open connection, the next part of a
+    /// publish, copied once; else handled as any other frame.
+    fn content_body(&mut self, channel: u16, body: &[u8]) {
+        if self.phase != Phase::Open || channel == 0 {
+            self.handle_frame(AMQPFrame::Body(channel, body.to_vec()));
+        } else if let Err(fault) = self.handle_body(channel, body) {
+            self.fail(fault);
+        }
+    }
+
     fn handle_frame(&mut self, frame: AMQPFrame) {
         match self.phase {
             Phase::AwaitHeader | Phase::Closed => {}
@@ -635,10 +688,6 @@ impl Connection {
             AMQPFrame::Method(channel, method) if channel != 0 => {
                 self.handle_channel_method(channel, method)
             }
-            AMQPFrame::Header(channel, header) if channel != 0 => {
-                self.handle_header(channel, header)
-            }
-            AMQPFrame::Body(channel, body) if channel != 0 => self.handle_body(channel, body),
             other => {
                 let text = format!(
                     "unexpected {} on channel {}",

@@ -30,8 +30,8 @@ use leasemq::{DeathReason, DeathRecord, Envelope};
 const FORMAT: u8 = 1;
 const FORMAT_ROUTED: u8 = 2;
 const PREFIX: usize = 5;
-/// Room reserved for the properties of a stored body before they are written: enough for
-/// a few short ones; more grows the buffer.
+/// Room reserved for properties before they are written: enough for a few short ones;
+/// more grows the buffer.
 const PROPERTIES_GUESS: usize = 64;
 
 /// Writes `properties` and `payload` into one stored body, or `None` if the properties
@@ -48,34 +48,60 @@ pub fn encode_routed(
     routing_key: &str,
     payload: &[u8],
 ) -> Option<Bytes> {
+    let encoded =
+        gen_properties(properties)(WriteContext::from(Vec::with_capacity(PROPERTIES_GUESS)))
+            .ok()?
+            .into_inner()
+            .0;
+    let mut body = stored_start(&encoded, exchange, routing_key, payload.len())?;
+    body.extend_from_slice(payload);
+    Some(Bytes::from(body))
+}
+
+/// A stored body up to its payload, with room reserved for `payload` bytes more: a
+/// publish's content header starts it, its body frames are appended as they come.
+/// `properties` are encoded as a content header carries them; `None` for a name over 255
+/// bytes.
+pub fn stored_start(
+    properties: &[u8],
+    exchange: &str,
+    routing_key: &str,
+    payload: usize,
+) -> Option<Vec<u8>> {
     let route = if exchange.is_empty() {
         0
     } else {
         2 + exchange.len() + routing_key.len()
     };
-    // One buffer for the whole body: the properties are written in place after the
-    // prefix, whose length field is filled in once their size is known.
-    let mut body = Vec::with_capacity(PREFIX + PROPERTIES_GUESS + route + payload.len());
+    let mut body = Vec::with_capacity(PREFIX + properties.len() + route + payload);
     body.push(if exchange.is_empty() {
         FORMAT
     } else {
         FORMAT_ROUTED
     });
-    body.extend_from_slice(&[0; 4]);
-    let mut body = gen_properties(properties)(WriteContext::from(body))
-        .ok()?
-        .into_inner()
-        .0;
-    let props = u32::try_from(body.len() - PREFIX).ok()?;
-    body[1..PREFIX].copy_from_slice(&props.to_be_bytes());
+    let len = u32::try_from(properties.len()).ok()?;
+    body.extend_from_slice(&len.to_be_bytes());
+    body.extend_from_slice(properties);
+    if properties.len() >= 2 {
+        let flags = &mut body[PREFIX + 1];
+        // The two low bits of the flags announce nothing `amq-protocol` reads (bit 0 is
+        // the 0-9-1 "more flags follow", which no property set here needs): cleared, so
+        // that no consumer's client reads them otherwise.
+        *flags &= !0b11;
+    }
     if !exchange.is_empty() {
         for name in [exchange, routing_key] {
             body.push(u8::try_from(name.len()).ok()?);
             body.extend_from_slice(name.as_bytes());
         }
     }
-    body.extend_from_slice(payload);
-    Some(Bytes::from(body))
+    Some(body)
+}
+
+/// The encoded properties of a body made by [`stored_start`].
+pub fn stored_properties(stored: &[u8]) -> &[u8] {
+    let len = u32::from_be_bytes([stored[1], stored[2], stored[3], stored[4]]) as usize;
+    &stored[PREFIX..PREFIX + len]
 }
 
 /// Splits a stored body into its properties and payload (sharing the body's memory).
@@ -100,25 +126,28 @@ pub struct Encoded<'a> {
     pub payload: &'a [u8],
 }
 
-/// The last encoded properties found well formed, so that a run of messages with the same
-/// properties (the usual case: one publisher, one kind of message) has them parsed once.
+/// The last encoded properties found well formed, and what they hold, so that a run of
+/// messages with the same properties (the usual case: one publisher, one kind of message)
+/// has them parsed once.
 #[derive(Debug, Default)]
 pub struct PropertiesSeen {
     last: Vec<u8>,
+    parsed: BasicProperties,
 }
 
 impl PropertiesSeen {
-    /// Whether `encoded` holds properties `amq-protocol` parses, with nothing left over.
-    fn well_formed(&mut self, encoded: &[u8]) -> bool {
-        if encoded == self.last.as_slice() {
-            return true;
+    /// The properties `encoded` holds, or `None` if `amq-protocol` cannot parse them with
+    /// nothing left over.
+    pub fn check(&mut self, encoded: &[u8]) -> Option<&BasicProperties> {
+        if encoded != self.last.as_slice() {
+            let ([], parsed) = parse_properties(encoded).ok()? else {
+                return None;
+            };
+            self.parsed = parsed;
+            self.last.clear();
+            self.last.extend_from_slice(encoded);
         }
-        if !matches!(parse_properties(encoded), Ok(([], _))) {
-            return false;
-        }
-        self.last.clear();
-        self.last.extend_from_slice(encoded);
-        true
+        Some(&self.parsed)
     }
 }
 
@@ -140,9 +169,7 @@ pub fn delivered_encoded<'a>(
     let len = u32::from_be_bytes([body[1], body[2], body[3], body[4]]) as usize;
     let mut end = PREFIX.checked_add(len).filter(|&end| end <= body.len())?;
     let properties = &body[PREFIX..end];
-    if !seen.well_formed(properties) {
-        return None;
-    }
+    seen.check(properties)?;
     let (mut exchange, mut routing_key) = (&b""[..], queue.as_bytes());
     if body[0] == FORMAT_ROUTED {
         // The same checks as `decode_stored`, so that both read a body alike.
@@ -449,10 +476,24 @@ mod tests {
     #[test]
     fn properties_seen_before_are_not_taken_for_others() {
         let mut seen = PropertiesSeen::default();
-        assert!(seen.well_formed(&[0, 0]));
-        assert!(seen.well_formed(&[0, 0]));
+        let typed = [0x80, 0, 4, b't', b'e', b'x', b't'];
+        assert_eq!(seen.check(&[0, 0]), Some(&BasicProperties::default()));
+        let text = BasicProperties::default().with_content_type("text".into());
+        assert_eq!(seen.check(&typed), Some(&text));
+        assert_eq!(seen.check(&typed), Some(&text));
         // A content type flag with no string after it, then the empty set again.
-        assert!(!seen.well_formed(&[0x80, 0]));
-        assert!(seen.well_formed(&[0, 0]));
+        assert_eq!(seen.check(&[0x80, 0]), None);
+        assert_eq!(seen.check(&[0, 0]), Some(&BasicProperties::default()));
+    }
+
+    #[test]
+    fn flag_bits_that_announce_nothing_are_not_stored() {
+        // Content type "a", with the two low flag bits set.
+        let encoded = [0x80, 0b11, 1, b'a'];
+        let stored = stored_start(&encoded, "", "", 0).unwrap();
+        assert_eq!(&stored[PREFIX..], &[0x80, 0, 1, b'a']);
+        let (properties, payload) = decode(&Bytes::from(stored));
+        assert_eq!(properties.content_type().as_ref().unwrap().as_str(), "a");
+        assert!(payload.is_empty());
     }
 }

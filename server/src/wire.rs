@@ -8,11 +8,11 @@
 //! set per message a consumer gets, are laid out by [`Output`] itself (and tested equal to
 //! `gen_frame`'s).
 
-use amq_protocol::frame::parsing::{parse_content_header, parse_frame_type, parse_raw_frame};
+use amq_protocol::frame::parsing::{parse_frame_type, parse_raw_frame};
 use amq_protocol::frame::{
     gen_frame, parse_frame, AMQPContentHeader, AMQPFrame, AMQPFrameType, AMQPRawFrame, WriteContext,
 };
-use amq_protocol::protocol::basic::{self, AMQPMethod};
+use amq_protocol::protocol::basic::{self, parse_properties, AMQPMethod};
 use amq_protocol::protocol::constants::{FRAME_BODY, FRAME_END, FRAME_HEADER, FRAME_METHOD};
 use amq_protocol::protocol::parse_class;
 use amq_protocol::protocol::{AMQPClass, BasicProperties};
@@ -29,9 +29,14 @@ pub const BASIC_CLASS: u16 = 60;
 // Returned once per frame and matched at once: boxing the frame would cost an allocation
 // per frame to save a few hundred bytes of stack.
 #[allow(clippy::large_enum_variant)]
-pub enum Next {
+pub enum Next<'a> {
     /// One whole frame, and how many bytes it took.
     Frame(AMQPFrame, usize),
+    /// A content header, its properties not parsed yet, and how many bytes it took.
+    Header(Header<'a>, usize),
+    /// A content body frame: its channel and its bytes (borrowed from the input, for the
+    /// publish being put together to copy once), and how many bytes it took.
+    Body(u16, &'a [u8], usize),
     /// Not a whole frame yet: read more.
     Incomplete,
     /// A frame header announcing more than `frame_max` bytes.
@@ -54,8 +59,38 @@ pub fn protocol_header(input: &[u8]) -> Option<Result<(), ()>> {
     })
 }
 
+/// A content header as it came: its properties still encoded, as a message stores them
+/// (see `content`), for the reader to check with `content::PropertiesSeen`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Header<'a> {
+    /// The channel it came on.
+    pub channel: u16,
+    /// The class of the method it belongs to (`basic` is the only one with content).
+    pub class_id: u16,
+    /// The size of the body to follow.
+    pub body_size: u64,
+    /// The property flags and the properties they announce.
+    pub properties: &'a [u8],
+}
+
+impl Header<'_> {
+    /// The header as `amq-protocol` parses it, or `None` for properties it cannot parse.
+    pub fn to_frame(&self) -> Option<AMQPFrame> {
+        let properties = match parse_properties(self.properties).ok()? {
+            ([], properties) => properties,
+            _ => return None,
+        };
+        let header = AMQPContentHeader {
+            class_id: self.class_id,
+            body_size: self.body_size,
+            properties,
+        };
+        Some(AMQPFrame::Header(self.channel, header))
+    }
+}
+
 /// Cuts the next frame off `input`, refusing one whose whole size is over `frame_max`.
-pub fn next_frame(input: &[u8], frame_max: usize) -> Next {
+pub fn next_frame(input: &[u8], frame_max: usize) -> Next<'_> {
     const HEADER: usize = 7;
     if input.len() < HEADER {
         return Next::Incomplete;
@@ -68,16 +103,42 @@ pub fn next_frame(input: &[u8], frame_max: usize) -> Next {
     if input.len() < whole {
         return Next::Incomplete;
     }
-    match parse_whole(&input[..whole]) {
-        Some(frame) => Next::Frame(frame, whole),
-        None => Next::Malformed,
+    let Some((frame_type, channel, payload)) = cut_whole(&input[..whole]) else {
+        return Next::Malformed;
+    };
+    match frame_type {
+        AMQPFrameType::Header => match header(channel, payload) {
+            Some(header) => Next::Header(header, whole),
+            None => Next::Malformed,
+        },
+        AMQPFrameType::Body => Next::Body(channel, payload, whole),
+        _ => match parse_payload(frame_type, channel, payload) {
+            Some(frame) => Next::Frame(frame, whole),
+            None => Next::Malformed,
+        },
     }
 }
 
-/// Parses one whole frame: `amq-protocol` cuts the frame and parses its payload by type.
-/// Done in these two steps rather than through `parse_frame`, whose outer combinators move
-/// the parsed frame several times over and copy a body byte by byte.
-fn parse_whole(frame: &[u8]) -> Option<AMQPFrame> {
+/// A content header's fixed fields, read as `parse_content_header` reads them (the weight
+/// is ignored), and the encoded properties after them.
+fn header(channel: u16, payload: &[u8]) -> Option<Header<'_>> {
+    // class (2), weight (2), body size (8); the property flags (2) at the least after.
+    if payload.len() < 14 {
+        return None;
+    }
+    let (fixed, properties) = payload.split_at(12);
+    Some(Header {
+        channel,
+        class_id: u16::from_be_bytes([fixed[0], fixed[1]]),
+        body_size: u64::from_be_bytes(fixed[4..12].try_into().expect("8 bytes")),
+        properties,
+    })
+}
+
+/// Cuts one whole frame with `amq-protocol` into its type, channel and payload. Done in
+/// these steps rather than through `parse_frame`, whose outer combinators move the parsed
+/// frame several times over and copy a body byte by byte.
+fn cut_whole(frame: &[u8]) -> Option<(AMQPFrameType, u16, &[u8])> {
     let (rest, frame_type) = parse_frame_type(frame).ok()?;
     let (end, raw) = parse_raw_frame(frame_type)(rest).ok()?;
     if !end.is_empty() {
@@ -88,6 +149,11 @@ fn parse_whole(frame: &[u8]) -> Option<AMQPFrame> {
         payload,
         ..
     } = raw;
+    Some((frame_type, channel_id, payload))
+}
+
+/// Parses the payload of a whole frame by its type.
+fn parse_payload(frame_type: AMQPFrameType, channel_id: u16, payload: &[u8]) -> Option<AMQPFrame> {
     Some(match frame_type {
         AMQPFrameType::Method if payload.starts_with(&BASIC_PUBLISH) => {
             let publish = parse_publish(&payload[BASIC_PUBLISH.len()..])?;
@@ -97,15 +163,11 @@ fn parse_whole(frame: &[u8]) -> Option<AMQPFrame> {
             ([], method) => AMQPFrame::Method(channel_id, method),
             _ => return None,
         },
-        AMQPFrameType::Header => match parse_content_header(payload).ok()? {
-            ([], header) => AMQPFrame::Header(channel_id, header),
-            _ => return None,
-        },
-        AMQPFrameType::Body => AMQPFrame::Body(channel_id, payload.to_vec()),
         AMQPFrameType::Heartbeat if channel_id == 0 => AMQPFrame::Heartbeat,
         AMQPFrameType::Heartbeat => AMQPFrame::InvalidHeartbeat(channel_id),
-        // The protocol header is not a frame: only `protocol_header` reads it.
-        AMQPFrameType::ProtocolHeader => return None,
+        // Content frames are taken apart by `next_frame` itself; the protocol header is not
+        // a frame: only `protocol_header` reads it.
+        AMQPFrameType::Header | AMQPFrameType::Body | AMQPFrameType::ProtocolHeader => return None,
     })
 }
 
@@ -339,6 +401,32 @@ mod tests {
         assert_eq!((frame.channel_id(), used), (3, bytes.len()));
     }
 
+    /// A frame `next_frame` cut, parsed whole as the connection parses it; `None` for a
+    /// malformed one.
+    fn parsed(next: Next<'_>) -> Option<(AMQPFrame, usize)> {
+        match next {
+            Next::Frame(frame, used) => Some((frame, used)),
+            Next::Header(header, used) => Some((header.to_frame()?, used)),
+            Next::Body(channel, body, used) => {
+                Some((AMQPFrame::Body(channel, body.to_vec()), used))
+            }
+            Next::Malformed => None,
+            other => panic!("not a whole frame: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_content_header_too_short_for_its_fields_is_malformed() {
+        for size in 0..14u32 {
+            let mut frame = vec![FRAME_HEADER, 0, 1];
+            frame.extend_from_slice(&size.to_be_bytes());
+            frame.extend(std::iter::repeat_n(0, size as usize));
+            frame.push(FRAME_END);
+            assert_eq!(next_frame(&frame, 4096), Next::Malformed, "{size} bytes");
+            assert!(parse_frame(&frame[..]).is_err(), "{size} bytes");
+        }
+    }
+
     #[test]
     fn frames_parse_as_amq_protocols_parse_frame_parses_them() {
         let header = AMQPContentHeader {
@@ -367,8 +455,8 @@ mod tests {
             let theirs = parse_frame(&bytes[..]).unwrap().1;
             assert_eq!(theirs, frame);
             assert_eq!(
-                next_frame(&bytes, 4096),
-                Next::Frame(frame, bytes.len()),
+                parsed(next_frame(&bytes, 4096)),
+                Some((frame, bytes.len())),
                 "{bytes:?}"
             );
             // A payload with a byte more than its method or header holds is malformed.
@@ -376,7 +464,7 @@ mod tests {
                 let mut longer = bytes.clone();
                 longer.insert(bytes.len() - 1, 0);
                 longer[6] += 1;
-                assert_eq!(next_frame(&longer, 4096), Next::Malformed, "{longer:?}");
+                assert_eq!(parsed(next_frame(&longer, 4096)), None, "{longer:?}");
             }
         }
     }
@@ -465,9 +553,12 @@ mod tests {
                 assert_eq!(ours, theirs, "{} body bytes", body.len());
                 let mut frames = 0;
                 let mut rest = &ours[..];
-                while let Next::Frame(_, used) = next_frame(rest, frame_max) {
+                while let Some((_, used)) = parsed(next_frame(rest, frame_max)) {
                     rest = &rest[used..];
                     frames += 1;
+                    if rest.is_empty() {
+                        break;
+                    }
                 }
                 assert!(rest.is_empty());
                 assert_eq!(frames, 1 + body.len().div_ceil(100));
@@ -552,7 +643,8 @@ mod tests {
         out.drain_into(&mut bytes);
         let mut sizes = Vec::new();
         let mut rest = &bytes[..];
-        while let Next::Frame(frame, used) = next_frame(rest, 48) {
+        while !rest.is_empty() {
+            let (frame, used) = parsed(next_frame(rest, 48)).unwrap();
             if let AMQPFrame::Body(_, body) = frame {
                 sizes.push(body.len());
             }

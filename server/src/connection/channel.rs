@@ -18,7 +18,6 @@ use amq_protocol::protocol::{
     basic, channel, confirm, exchange, queue, AMQPClass, BasicProperties,
 };
 use amq_protocol::types::{AMQPValue, ShortString};
-use bytes::BytesMut;
 use leasemq::{Consumer, ConsumerConfig, Delivery, DeliveryTag, Error, Queue, QueueConfig, Settle};
 
 use super::publish::{Incoming, Pending};
@@ -161,8 +160,7 @@ impl Connection {
                 }
                 state.incoming = Some(Incoming {
                     publish,
-                    header: None,
-                    body: BytesMut::new(),
+                    content: None,
                 });
                 Ok(())
             }
@@ -810,7 +808,7 @@ impl Connection {
             state.unacked.insert(channel_tag, unacked);
         }
         let envelope = delivery.envelope();
-        let fast = content::delivered_encoded(envelope, sub.queue.name(), &mut self.seen);
+        let fast = content::delivered_encoded(envelope, sub.queue.name(), &mut self.seen.output);
         let written = match fast {
             // The usual case: the stored properties and names are copied out as they are.
             Some(content) => {

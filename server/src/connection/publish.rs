@@ -2,15 +2,14 @@
 //! the default exchange, and the broker calls of one read (publishes and settles) gathered
 //! and made in batches.
 
-use amq_protocol::frame::AMQPContentHeader;
-use amq_protocol::protocol::{basic, AMQPClass, BasicProperties};
-use bytes::BytesMut;
+use amq_protocol::protocol::{basic, AMQPClass};
+use bytes::Bytes;
 use leasemq::{DeliveryTag, Error, Message, Queue, Settle};
 
 use super::channel::broker_fault;
 use super::{code, Connection, Fault};
 use crate::content;
-use crate::wire::BASIC_CLASS;
+use crate::wire::{self, BASIC_CLASS};
 
 /// The longest message id the broker takes (contract §3 Limits).
 const MAX_ID_BYTES: usize = 1024;
@@ -21,8 +20,21 @@ const FIRST_BODY_RESERVE: usize = 128 * 1024;
 /// A `basic.publish` waiting for its content header and body.
 pub(super) struct Incoming {
     pub(super) publish: basic::Publish,
-    pub(super) header: Option<(u64, BasicProperties)>,
-    pub(super) body: BytesMut,
+    /// Set by the content header.
+    pub(super) content: Option<Content>,
+}
+
+/// The content of a publish as it arrives.
+pub(super) struct Content {
+    /// The body size its header announced.
+    size: u64,
+    /// The `message-id` among its properties.
+    message_id: Option<String>,
+    /// The body as the queue will store it (`content::stored_start`): the properties and
+    /// route, then the payload appended frame by frame.
+    stored: Vec<u8>,
+    /// Where the payload starts in `stored`.
+    payload_start: usize,
 }
 
 /// Broker calls gathered from one read, made in order when the read is done (or before a
@@ -46,15 +58,16 @@ pub(crate) enum Pending {
 impl Connection {
     pub(super) fn handle_header(
         &mut self,
-        ch: u16,
-        header: AMQPContentHeader,
+        header: wire::Header<'_>,
+        message_id: Option<String>,
     ) -> Result<(), Fault> {
+        let ch = header.channel;
         if self.channel_closing(ch) {
             return Ok(());
         }
         let max = self.settings.max_message_bytes;
         let incoming = self.incoming(ch, "content header")?;
-        if incoming.header.is_some() || header.class_id != BASIC_CLASS {
+        if incoming.content.is_some() || header.class_id != BASIC_CLASS {
             return Err(Fault::connection(
                 code::UNEXPECTED_FRAME,
                 "unexpected content header",
@@ -76,29 +89,38 @@ impl Connection {
         }
         // Room for the first frame only: a header promises a size, the body frames prove
         // it; reserving the whole promise would let a few bytes of input claim 16 MiB.
-        incoming
-            .body
-            .reserve((header.body_size as usize).min(FIRST_BODY_RESERVE));
-        incoming.header = Some((header.body_size, header.properties));
+        let reserve = (header.body_size as usize).min(FIRST_BODY_RESERVE);
+        let publish = &incoming.publish;
+        let (exchange, routing_key) = (publish.exchange.as_str(), publish.routing_key.as_str());
+        // Names that came as short strings always fit the stored layout.
+        let stored = content::stored_start(header.properties, exchange, routing_key, reserve)
+            .expect("short strings fit");
+        incoming.content = Some(Content {
+            size: header.body_size,
+            message_id,
+            payload_start: stored.len(),
+            stored,
+        });
         if header.body_size == 0 {
             self.complete_publish(ch)?;
         }
         Ok(())
     }
 
-    pub(super) fn handle_body(&mut self, ch: u16, body: Vec<u8>) -> Result<(), Fault> {
+    pub(super) fn handle_body(&mut self, ch: u16, body: &[u8]) -> Result<(), Fault> {
         if self.channel_closing(ch) {
             return Ok(());
         }
         let incoming = self.incoming(ch, "content body")?;
-        let Some((size, _)) = incoming.header else {
+        let Some(content) = &mut incoming.content else {
             return Err(Fault::connection(
                 code::UNEXPECTED_FRAME,
                 "content body before its header",
             ));
         };
-        incoming.body.extend_from_slice(&body);
-        match (incoming.body.len() as u64).cmp(&size) {
+        content.stored.extend_from_slice(body);
+        let size = content.size;
+        match ((content.stored.len() - content.payload_start) as u64).cmp(&size) {
             std::cmp::Ordering::Less => Ok(()),
             std::cmp::Ordering::Equal => self.complete_publish(ch),
             std::cmp::Ordering::Greater => Err(Fault::connection(
@@ -128,12 +150,8 @@ impl Connection {
     /// queue its routing key names, and added to this read's batch for that queue.
     fn complete_publish(&mut self, ch: u16) -> Result<(), Fault> {
         let state = self.channels.get_mut(&ch).expect("checked by the caller");
-        let Incoming {
-            publish,
-            header,
-            body,
-        } = state.incoming.take().expect("checked by the caller");
-        let (_, properties) = header.expect("complete content has a header");
+        let Incoming { publish, content } = state.incoming.take().expect("checked by the caller");
+        let content = content.expect("complete content has a header");
         let number = state.confirm.then(|| {
             // Numbered as the client numbers them: every publish on a confirming channel.
             state.published += 1;
@@ -158,26 +176,16 @@ impl Connection {
         if queues.is_empty() {
             // An exchange drops what it cannot route, unless `mandatory` asks for it back.
             if publish.mandatory {
-                self.return_unroutable(ch, publish, properties, &body);
+                self.return_unroutable(ch, publish, &content);
             }
             return Ok(());
         }
-        let routing_key = publish.routing_key.as_str();
-        let Some(stored) = content::encode_routed(&properties, exchange, routing_key, &body) else {
-            let text = "PRECONDITION_FAILED - message properties could not be stored";
-            return Err(Fault::channel(
-                ch,
-                code::PRECONDITION_FAILED,
-                text,
-                &publish_method(),
-            ));
-        };
-        let mut message = Message::new(stored);
+        let mut message = Message::new(Bytes::from(content.stored));
         // `message-id` is the dedup id (contract §3 Deduplication); one the broker could
         // not take as an id (empty, over 1 024 bytes) is kept in the properties only.
-        if let Some(id) = properties.message_id() {
-            if (1..=MAX_ID_BYTES).contains(&id.as_str().len()) {
-                message = message.with_id(id.as_str());
+        if let Some(id) = content.message_id {
+            if (1..=MAX_ID_BYTES).contains(&id.len()) {
+                message = message.with_id(id);
             }
         }
         let last = queues.len() - 1;
@@ -246,13 +254,7 @@ impl Connection {
         }
     }
 
-    fn return_unroutable(
-        &mut self,
-        ch: u16,
-        publish: basic::Publish,
-        properties: BasicProperties,
-        body: &[u8],
-    ) {
+    fn return_unroutable(&mut self, ch: u16, publish: basic::Publish, content: &Content) {
         let ret = basic::Return {
             reply_code: 312,
             reply_text: "NO_ROUTE".into(),
@@ -260,16 +262,10 @@ impl Connection {
             routing_key: publish.routing_key,
         };
         self.send(ch, AMQPClass::Basic(basic::AMQPMethod::Return(ret)));
-        if self
-            .out
-            .content(ch, properties, body, self.frame_max)
-            .is_err()
-        {
-            self.abort(Fault::connection(
-                code::INTERNAL_ERROR,
-                "could not write a frame",
-            ));
-        }
+        let properties = content::stored_properties(&content.stored);
+        let payload = &content.stored[content.payload_start..];
+        self.out
+            .content_encoded(ch, properties, payload, self.frame_max);
     }
 
     /// Makes the broker calls gathered so far, then confirms the publishes on the channels

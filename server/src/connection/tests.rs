@@ -645,6 +645,71 @@ fn a_frame_over_frame_max_ends_the_connection_with_501() {
 }
 
 #[test]
+fn a_content_header_whose_properties_do_not_parse_ends_the_connection_with_501() {
+    let mut c = Client::open();
+    c.declare("jobs");
+    let mut bytes = encode(&Client::publish_frames("jobs", BasicProperties::default(), b"")[..1]);
+    // class 60, weight 0, body size 0, then flags announcing a content type with none after.
+    let payload = [0, 60, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x80, 0];
+    bytes.extend_from_slice(&[2, 0, 1, 0, 0, 0, payload.len() as u8]);
+    bytes.extend_from_slice(&payload);
+    bytes.push(0xCE);
+    let out = c.feed_bytes(&bytes);
+    assert_eq!(connection_close_code(&out), Some(501));
+    assert!(c.conn.is_closed());
+    assert_eq!(c.broker.queue("jobs").unwrap().stats().ready, 0);
+}
+
+#[test]
+fn each_publishs_properties_and_message_id_are_its_own_in_a_run() {
+    let mut c = Client::open();
+    c.declare("jobs");
+    // Alternating properties, and a repeated message-id: the second "a" is a duplicate
+    // while the first is queued (contract §3 Deduplication).
+    let sent = [
+        (Some("a"), Some("text/plain")),
+        (Some("a"), None),
+        (None, Some("text/plain")),
+        (Some("b"), Some("text/plain")),
+        (None, None),
+    ];
+    let mut frames = Vec::new();
+    for (i, (id, content_type)) in sent.iter().enumerate() {
+        let mut properties = BasicProperties::default();
+        if let Some(id) = id {
+            properties = properties.with_message_id((*id).into());
+        }
+        if let Some(t) = content_type {
+            properties = properties.with_content_type((*t).into());
+        }
+        frames.extend(Client::publish_frames("jobs", properties, &[i as u8]));
+    }
+    assert!(c.feed(&frames).is_empty());
+    assert_eq!(c.broker.queue("jobs").unwrap().stats().ready, 4);
+    let out = c.consume("jobs", true);
+    let got: Vec<(Option<String>, Option<String>)> = out
+        .iter()
+        .filter_map(|f| match f {
+            AMQPFrame::Header(1, h) => Some((
+                h.properties.message_id().as_ref().map(|s| s.to_string()),
+                h.properties.content_type().as_ref().map(|s| s.to_string()),
+            )),
+            _ => None,
+        })
+        .collect();
+    let expected: Vec<(Option<String>, Option<String>)> = [0, 2, 3, 4]
+        .iter()
+        .map(|&i| {
+            let (id, t) = sent[i];
+            (id.map(String::from), t.map(String::from))
+        })
+        .collect();
+    assert_eq!(got, expected);
+    let bodies: Vec<Vec<u8>> = deliveries(&out).into_iter().map(|d| d.2).collect();
+    assert_eq!(bodies, [[0], [2], [3], [4]]);
+}
+
+#[test]
 fn a_method_on_a_channel_never_opened_is_a_504() {
     let mut c = Client::open();
     let qos = basic::Qos {
