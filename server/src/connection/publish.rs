@@ -92,9 +92,18 @@ impl Connection {
         let reserve = (header.body_size as usize).min(FIRST_BODY_RESERVE);
         let publish = &incoming.publish;
         let (exchange, routing_key) = (publish.exchange.as_str(), publish.routing_key.as_str());
-        // Names that came as short strings always fit the stored layout.
-        let stored = content::stored_start(header.properties, exchange, routing_key, reserve)
-            .expect("short strings fit");
+        let Some(stored) = content::stored_start(header.properties, exchange, routing_key, reserve)
+        else {
+            // Names that came as short strings always fit; kept as an error all the same.
+            self.channels.get_mut(&ch).expect("just seen").incoming = None;
+            let text = "PRECONDITION_FAILED - message properties could not be stored";
+            return Err(Fault::channel(
+                ch,
+                code::PRECONDITION_FAILED,
+                text,
+                &publish_method(),
+            ));
+        };
         incoming.content = Some(Content {
             size: header.body_size,
             message_id,
@@ -180,7 +189,13 @@ impl Connection {
             }
             return Ok(());
         }
-        let mut message = Message::new(Bytes::from(content.stored));
+        let mut stored = content.stored;
+        // A body that grew frame by frame may have room for up to as much again; a queued
+        // message keeps only what it holds. One that came in a single frame fits exactly.
+        if stored.capacity() - stored.len() > stored.len() / 8 {
+            stored.shrink_to_fit();
+        }
+        let mut message = Message::new(Bytes::from(stored));
         // `message-id` is the dedup id (contract §3 Deduplication); one the broker could
         // not take as an id (empty, over 1 024 bytes) is kept in the properties only.
         if let Some(id) = content.message_id {
