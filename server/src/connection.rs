@@ -348,18 +348,6 @@ impl Connection {
         }
     }
 
-    /// Notes a delivery to a `no_ack` consumer, acked with the next flush.
-    pub(crate) fn auto_ack(&mut self, queue: &Queue, tag: DeliveryTag) {
-        match self.auto_acks.last_mut() {
-            Some((last, settles)) if last.name() == queue.name() => {
-                settles.push((tag, Settle::Ack));
-            }
-            _ => self
-                .auto_acks
-                .push((queue.clone(), vec![(tag, Settle::Ack)])),
-        }
-    }
-
     /// Open channels.
     pub fn channel_count(&self) -> usize {
         self.channels.len()

@@ -153,9 +153,9 @@ impl Connection {
                 Ok(())
             }
             AMQPClass::Basic(basic::AMQPMethod::Publish(publish)) => {
-                let m = AMQPClass::Basic(basic::AMQPMethod::Publish(publish.clone()));
                 if publish.immediate {
                     let text = "immediate=true is not supported (nor by RabbitMQ)";
+                    let m = AMQPClass::Basic(basic::AMQPMethod::Publish(publish));
                     return Err(Fault::connection(code::NOT_IMPLEMENTED, text).for_method(&m));
                 }
                 state.incoming = Some(Incoming {
@@ -844,16 +844,20 @@ impl Connection {
                         .is_ok()
             }
         };
-        let auto_ack = no_ack.then(|| sub.queue.clone());
+        if no_ack {
+            // Automatic acknowledgement: settled as it is sent (see `auto_acks`).
+            let queue = &sub.queue;
+            let ack = (delivery.tag(), Settle::Ack);
+            match self.auto_acks.last_mut() {
+                Some((last, settles)) if last.name() == queue.name() => settles.push(ack),
+                _ => self.auto_acks.push((queue.clone(), vec![ack])),
+            }
+        }
         if !written {
             self.abort(Fault::connection(
                 code::INTERNAL_ERROR,
                 "could not write a frame",
             ));
-        }
-        if let Some(queue) = auto_ack {
-            // Automatic acknowledgement: settled as it is sent (see `auto_acks`).
-            self.auto_ack(&queue, delivery.tag());
         }
     }
 

@@ -37,6 +37,23 @@ pub(super) struct Content {
     payload_start: usize,
 }
 
+/// The message a complete publish puts.
+fn into_message(content: Content) -> Message {
+    let mut stored = content.stored;
+    // A body that grew frame by frame may have room for up to as much again; a queued
+    // message keeps only what it holds. One that came in a single frame fits exactly.
+    if stored.capacity() - stored.len() > stored.len() / 8 {
+        stored.shrink_to_fit();
+    }
+    let message = Message::new(Bytes::from(stored));
+    // `message-id` is the dedup id (contract §3 Deduplication); one the broker could not
+    // take as an id (empty, over 1 024 bytes) is kept in the properties only.
+    match content.message_id {
+        Some(id) if (1..=MAX_ID_BYTES).contains(&id.len()) => message.with_id(id),
+        _ => message,
+    }
+}
+
 /// Broker calls gathered from one read, made in order when the read is done (or before a
 /// method that must see their effects): a run of publishes to one queue on one channel is
 /// one `put_batch`, a run of settles of one queue's deliveries one `settle_batch`.
@@ -167,6 +184,24 @@ impl Connection {
             state.published
         });
         let exchange = publish.exchange.as_str();
+        if exchange.is_empty() {
+            // The common case: one more publish of this read to the queue the last one went
+            // to, added to its batch with no lookup.
+            if let Some(Pending::Put {
+                channel,
+                queue,
+                messages,
+                numbers,
+            }) = self.pending.last_mut()
+            {
+                let same = *channel == ch && queue.name() == publish.routing_key.as_str();
+                if same && !queue.is_closed() {
+                    messages.push(into_message(content));
+                    numbers.extend(number);
+                    return Ok(());
+                }
+            }
+        }
         let queues: Vec<Queue> = if exchange.is_empty() {
             // The common case needs no lock: the default exchange names the queue.
             self.queue(publish.routing_key.as_str())
@@ -189,20 +224,7 @@ impl Connection {
             }
             return Ok(());
         }
-        let mut stored = content.stored;
-        // A body that grew frame by frame may have room for up to as much again; a queued
-        // message keeps only what it holds. One that came in a single frame fits exactly.
-        if stored.capacity() - stored.len() > stored.len() / 8 {
-            stored.shrink_to_fit();
-        }
-        let mut message = Message::new(Bytes::from(stored));
-        // `message-id` is the dedup id (contract §3 Deduplication); one the broker could
-        // not take as an id (empty, over 1 024 bytes) is kept in the properties only.
-        if let Some(id) = content.message_id {
-            if (1..=MAX_ID_BYTES).contains(&id.len()) {
-                message = message.with_id(id);
-            }
-        }
+        let message = into_message(content);
         let last = queues.len() - 1;
         let mut message = Some(message);
         for (i, queue) in queues.into_iter().enumerate() {
