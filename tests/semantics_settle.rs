@@ -430,6 +430,38 @@ fn settle_batch_applies_settles_in_order_with_one_result_each() {
 }
 
 #[test]
+fn settle_batch_nowait_is_applied_in_order_before_the_callers_next_call() {
+    let broker = broker();
+    let q = timeout_queue(&broker, "settle.nowait", secs(10));
+    let a = q.consume("a", prefetch(4)).unwrap();
+    for i in 1..=4 {
+        put(&q, &format!("m{i}"));
+    }
+    for _ in 1..=4 {
+        next(&a);
+    }
+    let t = DeliveryTag;
+    q.settle_batch_nowait(&[
+        (t(1), Settle::Ack),
+        (t(1), Settle::Ack),
+        (t(2), Settle::Release),
+        (t(3), Settle::Ack),
+        (t(99), Settle::Ack),
+    ]);
+    // The next call (`stats`) is answered after them: a stale tag is counted as ever.
+    assert_stats!(q, { acked: 2, stale: 2, released: 1, leased: 2 });
+    // The released m2 went back to a, with the same attempt.
+    assert_eq!(seen(&a), s("m2", 5, 1));
+    q.settle_batch_nowait(&[]);
+    q.settle_batch_nowait(&[(t(4), Settle::Ack), (t(5), Settle::Ack)]);
+    assert_stats!(q, { acked: 4, leased: 0, ready: 0 });
+    // On a closed queue it is refused quietly, as the answer would have been `false`.
+    assert!(q.close());
+    q.settle_batch_nowait(&[(t(5), Settle::Ack)]);
+    assert_stats!(q, { acked: 4, stale: 2 });
+}
+
+#[test]
 fn delivery_handles_settle_their_own_tag_on_their_own_queue() {
     let broker = broker();
     let q1 = timeout_queue(&broker, "settle.handle1", secs(10));

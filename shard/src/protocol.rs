@@ -334,6 +334,11 @@ impl ReplyTo {
         ReplyTo(Some(Target::Async(tx)))
     }
 
+    /// No one: the answer is dropped (a `nowait` request).
+    pub fn nobody() -> ReplyTo {
+        ReplyTo(None)
+    }
+
     pub fn send(mut self, answer: Answer) {
         if let Some(target) = self.0.take() {
             target.send(answer);

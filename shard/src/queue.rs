@@ -332,6 +332,29 @@ impl Queue {
         settled_batch(self.request(cmd), settles.len())
     }
 
+    /// [`settle_batch`](Queue::settle_batch) without waiting for the answers (AMQP's
+    /// `nowait`), for a caller that has no use for them: a protocol whose acks are not
+    /// answered, or `no_ack` deliveries. The settles are applied in order, before any later
+    /// call of this caller to this queue is answered; a stale tag is counted stale as ever.
+    /// What they cause on another shard (a dead letter) may land after such a later call,
+    /// and a durable queue's settles are on disk after its next fsync, which nobody waits
+    /// for. Blocks only while the shard's inbox is full.
+    pub fn settle_batch_nowait(&self, settles: &[(DeliveryTag, Settle)]) {
+        if settles.is_empty() || self.inner.cell.is_closed() || self.inner.broker.is_shut_down() {
+            return;
+        }
+        let cmd = Command::SettleBatch {
+            queue: self.inner.key,
+            settles: settles.to_vec(),
+        };
+        let inbox = self.inner.broker.inbox(self.inner.shard);
+        // A shard that stopped refuses it; there is no one to tell.
+        drop(inbox.send(Request::Engine {
+            cmd,
+            reply: ReplyTo::nobody(),
+        }));
+    }
+
     /// [`ack`](Queue::ack) without blocking: for a tokio task.
     pub async fn ack_async(&self, tag: DeliveryTag) -> bool {
         self.settle_async(tag, Settle::Ack).await

@@ -366,9 +366,16 @@ impl Connection {
                 } => self.put(ch, &queue, messages, &numbers),
                 // A `false` answer is a stale tag (its lease ran out and the message went
                 // elsewhere): the broker counted it, and AMQP hears nothing, as the
-                // contract asks.
+                // contract asks. So acks need no answer: the connection goes on without
+                // waiting for the shard (or, on a durable queue, for the disk). A nack or
+                // reject waits, so that a dead letter it causes is in its queue before the
+                // channel's next method is served.
                 Pending::Settle { queue, settles, .. } => {
-                    queue.settle_batch(&settles);
+                    if settles.iter().all(|(_, s)| *s == Settle::Ack) {
+                        queue.settle_batch_nowait(&settles);
+                    } else {
+                        queue.settle_batch(&settles);
+                    }
                 }
             }
         }

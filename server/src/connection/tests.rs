@@ -94,6 +94,10 @@ impl Client {
         if !self.conn.is_closed() {
             assert_eq!(used, bytes.len(), "whole frames are used whole");
         }
+        // Acks are not waited for (`settle_batch_nowait`): a call to every shard lets what
+        // they free reach the consumers first, as it would reach a server's connection
+        // task while it waits for its next read.
+        self.broker.advance(Duration::ZERO).unwrap();
         while let Some((i, d)) = self.conn.try_delivery() {
             self.conn.handle_delivery(i, d);
         }
