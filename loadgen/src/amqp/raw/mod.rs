@@ -191,7 +191,7 @@ impl Conn {
     async fn method(&mut self) -> Result<AMQPClass, String> {
         loop {
             match self.inbox.next().map_err(|e| self.failed(e))? {
-                Some(Event::Method(_, m)) => return refused(&m).map_or(Ok(m), Err),
+                Some(Event::Method(_, m)) => return refused(&m).map_or(Ok(*m), Err),
                 Some(Event::Delivery(_)) => {
                     return Err(format!(
                         "{}: a delivery before the setup was done",
@@ -284,7 +284,10 @@ impl Conn {
             self.send(&AtomicBool::new(false)).await?;
             loop {
                 while let Some(event) = self.inbox.next()? {
-                    if let Event::Method(_, AMQPClass::Connection(m)) = event {
+                    if let Event::Method(_, m) = event {
+                        let AMQPClass::Connection(m) = *m else {
+                            continue;
+                        };
                         if matches!(
                             m,
                             connection::AMQPMethod::CloseOk(_) | connection::AMQPMethod::Close(_)
@@ -457,7 +460,7 @@ impl Unconfirmed {
                 return Err(conn.failed(problem));
             }
             let now = clock.now_ns();
-            match m {
+            match *m {
                 AMQPClass::Basic(basic::AMQPMethod::Ack(a)) => {
                     self.confirmed(a.delivery_tag, a.multiple, true, r, plan, now)
                 }
@@ -654,6 +657,9 @@ async fn receive_until_done(
             conn.wait_readable(IDLE_WAIT).await?;
             continue;
         }
+        // Everything this read brought arrived now: one clock read stamps it all, rather
+        // than one per delivery, which would also count the time spent on those before it.
+        let now = clock.now_ns();
         while let Some(event) = conn.inbox.next().map_err(|e| conn.failed(e))? {
             let d = match event {
                 Event::Delivery(d) => d,
@@ -662,7 +668,6 @@ async fn receive_until_done(
                     None => continue,
                 },
             };
-            let now = clock.now_ns();
             if !r.delivered(&d.body, d.redelivered, plan, now, shared) {
                 continue;
             }
