@@ -344,9 +344,9 @@ impl Connection {
     fn flush_auto_acks(&mut self) {
         for (queue, settles) in self.auto_acks.drain(..) {
             // A `false` is a lease that ran out meanwhile: counted stale by the broker.
-            // Waited for, though no answer is needed: the wait lets the shard gather the
-            // next deliveries into one batch, where `settle_batch_nowait` had the
-            // connection come back for them a few at a time, at more CPU per message.
+            // Waited for, though no answer is needed: while the connection waits, the
+            // shard gathers the next deliveries into one batch; without the wait the
+            // connection comes back for them a few at a time, at more CPU per message.
             queue.settle_batch(&settles);
         }
     }

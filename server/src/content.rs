@@ -14,8 +14,10 @@
 //! name); format 2 keeps the exchange and routing key of a publish through another, which
 //! its deliveries report as RabbitMQ's do.
 //!
-//! where the properties are written and read by `amq-protocol`'s
-//! `gen_properties`/`parse_properties` (the content header's own encoding). Keeping them in
+//! where the properties are in the content header's own encoding, as the publish's header
+//! carried them (checked by `amq-protocol`'s `parse_properties`, with the two low flag bits,
+//! which announce nothing, cleared), so that a delivery copies them out as they are; a
+//! dead letter's are parsed and written anew with its `x-death` headers. Keeping them in
 //! the body means they travel wherever the body does: through a redelivery, a dead letter
 //! and, later, the log of a durable queue. A body that does not start with this layout (a
 //! message put through the Rust API) is delivered as it is, with no properties.
@@ -119,9 +121,9 @@ pub struct Encoded<'a> {
     /// The publish's properties as a content header carries them.
     pub properties: &'a [u8],
     /// As in [`Delivered`].
-    pub exchange: &'a [u8],
+    pub exchange: &'a str,
     /// As in [`Delivered`].
-    pub routing_key: &'a [u8],
+    pub routing_key: &'a str,
     /// The message body.
     pub payload: &'a [u8],
 }
@@ -139,6 +141,11 @@ impl PropertiesSeen {
     /// The properties `encoded` holds, or `None` if `amq-protocol` cannot parse them with
     /// nothing left over.
     pub fn check(&mut self, encoded: &[u8]) -> Option<&BasicProperties> {
+        // Two bytes of flags at the least: nothing shorter parses, and an empty `last`
+        // (nothing seen yet) must not pass for it.
+        if encoded.len() < 2 {
+            return None;
+        }
         if encoded != self.last.as_slice() {
             let ([], parsed) = parse_properties(encoded).ok()? else {
                 return None;
@@ -170,14 +177,14 @@ pub fn delivered_encoded<'a>(
     let mut end = PREFIX.checked_add(len).filter(|&end| end <= body.len())?;
     let properties = &body[PREFIX..end];
     seen.check(properties)?;
-    let (mut exchange, mut routing_key) = (&b""[..], queue.as_bytes());
+    let (mut exchange, mut routing_key) = ("", queue);
     if body[0] == FORMAT_ROUTED {
         // The same checks as `decode_stored`, so that both read a body alike.
         let mut name = || {
             let len = usize::from(*body.get(end)?);
             let text = body.get(end + 1..end + 1 + len)?;
             end += 1 + len;
-            std::str::from_utf8(text).ok().map(str::as_bytes)
+            std::str::from_utf8(text).ok()
         };
         exchange = name()?;
         routing_key = name()?;
@@ -433,9 +440,34 @@ mod tests {
             let (rest, back) = parse_properties(encoded.properties).unwrap();
             assert!(rest.is_empty());
             assert_eq!(back, parsed.properties);
-            assert_eq!(encoded.exchange, parsed.exchange.as_bytes());
-            assert_eq!(encoded.routing_key, parsed.routing_key.as_bytes());
+            assert_eq!(encoded.exchange, parsed.exchange);
+            assert_eq!(encoded.routing_key, parsed.routing_key);
             assert_eq!(encoded.payload, &parsed.payload[..]);
+        }
+    }
+
+    #[test]
+    fn a_body_with_no_room_for_property_flags_is_not_taken_for_a_stored_one() {
+        // A Rust API body that looks stored, with a properties length of 0, delivered first
+        // on its connection (nothing seen yet) and after well-formed properties.
+        for seen_before in [false, true] {
+            let mut seen = PropertiesSeen::default();
+            if seen_before {
+                assert!(seen.check(&[0, 0]).is_some());
+            }
+            for body in [
+                &[1u8, 0, 0, 0, 0, b'x'][..],
+                &[2, 0, 0, 0, 0, 1, b'e', 0, b'y'],
+            ] {
+                let envelope = Envelope {
+                    id: "m".into(),
+                    body: Bytes::copy_from_slice(body),
+                    attempt: 1,
+                    death: None,
+                };
+                assert_eq!(delivered_encoded(&envelope, "jobs", &mut seen), None);
+                assert_eq!(&delivered(&envelope, "jobs").payload[..], body);
+            }
         }
     }
 

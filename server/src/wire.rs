@@ -2,7 +2,10 @@
 //!
 //! [`next_frame`] cuts one whole frame off the front of the input (reading only the length
 //! in the frame header, so that a frame over `frame_max` is refused before it is buffered)
-//! and has `amq-protocol` parse it. [`Output`] appends frames made by
+//! and has `amq-protocol` parse it, except the frames that come with every message: a
+//! `basic.publish` is read here (tested equal to `parse_class`), and content frames are
+//! handed over unparsed, borrowed from the input (a header's properties are checked by the
+//! connection, once per distinct encoding). [`Output`] appends frames made by
 //! `amq_protocol::frame::gen_frame` to the bytes waiting for the socket, and splits a
 //! message's content over body frames that fit `frame_max`. The frames of a delivery, one
 //! set per message a consumer gets, are laid out by [`Output`] itself (and tested equal to
@@ -566,7 +569,7 @@ mod tests {
         }
     }
 
-    /// What `parse_class` makes of a method payload, as `parse_whole` takes it.
+    /// What `parse_class` makes of a method payload, as `parse_payload` takes it.
     fn their_method(payload: &[u8]) -> Option<AMQPClass> {
         match parse_class(payload) {
             Ok(([], method)) => Some(method),

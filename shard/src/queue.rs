@@ -333,8 +333,8 @@ impl Queue {
     }
 
     /// [`settle_batch`](Queue::settle_batch) without waiting for the answers (AMQP's
-    /// `nowait`), for a caller that has no use for them: a protocol whose acks are not
-    /// answered, or `no_ack` deliveries. The settles are applied in order, before any later
+    /// `nowait`), for a caller that has no use for them, such as a protocol whose acks are
+    /// not answered. The settles are applied in order, before any later
     /// call of this caller to this queue is answered; a stale tag is counted stale as ever.
     /// What they cause on another shard (a dead letter) may land after such a later call,
     /// and a durable queue's settles are on disk after its next fsync, which nobody waits

@@ -552,16 +552,31 @@ impl Connection {
             });
         }
         let envelope = delivery.envelope();
-        let content = content::delivered(envelope, queue.name());
-        let ok = basic::GetOk {
-            delivery_tag: channel_tag,
-            redelivered: envelope.redelivered(),
-            exchange: ShortString::from(content.exchange),
-            routing_key: ShortString::from(content.routing_key),
-            message_count: u32::try_from(queue.stats().ready).unwrap_or(u32::MAX),
+        let message_count = u32::try_from(queue.stats().ready).unwrap_or(u32::MAX);
+        let get_ok = |exchange: &str, routing_key: &str| {
+            let ok = basic::GetOk {
+                delivery_tag: channel_tag,
+                redelivered: envelope.redelivered(),
+                exchange: ShortString::from(exchange),
+                routing_key: ShortString::from(routing_key),
+                message_count,
+            };
+            AMQPClass::Basic(basic::AMQPMethod::GetOk(ok))
         };
-        self.send(ch, AMQPClass::Basic(basic::AMQPMethod::GetOk(ok)));
-        self.send_content(ch, content.properties, &content.payload);
+        // As a consumer's delivery: the stored properties copied out as they came.
+        match content::delivered_encoded(envelope, queue.name(), &mut self.seen.output) {
+            Some(content) => {
+                self.send(ch, get_ok(content.exchange, content.routing_key));
+                let (properties, payload) = (content.properties, content.payload);
+                self.out
+                    .content_encoded(ch, properties, payload, self.frame_max);
+            }
+            None => {
+                let content = content::delivered(envelope, queue.name());
+                self.send(ch, get_ok(&content.exchange, &content.routing_key));
+                self.send_content(ch, content.properties, &content.payload);
+            }
+        }
         Ok(())
     }
 
@@ -816,8 +831,8 @@ impl Connection {
                     consumer_tag: sub.tag.as_str().as_bytes(),
                     delivery_tag: channel_tag,
                     redelivered: envelope.redelivered(),
-                    exchange: content.exchange,
-                    routing_key: content.routing_key,
+                    exchange: content.exchange.as_bytes(),
+                    routing_key: content.routing_key.as_bytes(),
                 };
                 let written = self.out.deliver(ch, &deliver);
                 if written.is_ok() {

@@ -41,7 +41,8 @@ pub(super) struct Content {
 fn into_message(content: Content) -> Message {
     let mut stored = content.stored;
     // A body that grew frame by frame may have room for up to as much again; a queued
-    // message keeps only what it holds. One that came in a single frame fits exactly.
+    // message keeps at most an eighth more than it holds. One that came in a single frame
+    // fits exactly.
     if stored.capacity() - stored.len() > stored.len() / 8 {
         stored.shrink_to_fit();
     }
@@ -239,7 +240,7 @@ impl Connection {
                     queue: q,
                     messages,
                     numbers,
-                }) if *channel == ch && q.name() == queue.name() => {
+                }) if *channel == ch && q.name() == queue.name() && !q.is_closed() => {
                     messages.push(message);
                     numbers.extend(number);
                 }

@@ -245,7 +245,8 @@ impl Inbox {
                         return Ok(self.assembling.take().map(Assembling::whole));
                     }
                     a.size = Some(size);
-                    a.body.reserve_exact(size as usize);
+                    // Room for what a read brings at most: the size is the server's word.
+                    a.body.reserve_exact((size as usize).min(READ_CHUNK));
                 }
                 FRAME_BODY => {
                     let Some((a, size)) = self
