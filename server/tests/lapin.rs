@@ -434,19 +434,16 @@ async fn an_ack_of_a_tag_never_issued_closes_the_channel_with_406() {
     let s = Server::start().await;
     let ch = s.channel().await;
     declare(&ch, "strict", FieldTable::default()).await;
+    // basic.ack has no answer: what the server answers it with, a channel.close, reaches
+    // the channel's consumers (a next call on the channel could be refused by lapin
+    // before it is sent, if the close came first).
+    let mut watch = consume(&ch, "strict", "watch", 1).await;
     ch.basic_ack(99, BasicAckOptions::default()).await.unwrap();
-    // basic.ack has no answer; the next call on the channel meets the channel.close.
-    let options = QueueDeclareOptions {
-        passive: true,
-        ..QueueDeclareOptions::default()
-    };
-    let err = timeout(
-        WAIT,
-        ch.queue_declare("strict".into(), options, FieldTable::default()),
-    )
-    .await
-    .unwrap()
-    .expect_err("the channel was closed");
+    let err = timeout(WAIT, watch.next())
+        .await
+        .unwrap()
+        .expect("the consumer hears how its channel ended")
+        .expect_err("the channel was closed");
     let ErrorKind::ProtocolError(amqp) = err.kind() else {
         panic!("expected a protocol error, got {err:?}");
     };
