@@ -18,7 +18,7 @@ use amq_protocol::frame::{
 use amq_protocol::protocol::basic::{self, parse_properties, AMQPMethod};
 use amq_protocol::protocol::constants::{FRAME_BODY, FRAME_END, FRAME_HEADER, FRAME_METHOD};
 use amq_protocol::protocol::parse_class;
-use amq_protocol::protocol::{AMQPClass, BasicProperties};
+use amq_protocol::protocol::AMQPClass;
 use amq_protocol::types::ShortString;
 
 /// Bytes a frame adds around its payload: type (1), channel (2), size (4), end marker (1).
@@ -257,24 +257,6 @@ impl Output {
         self.frame(&AMQPFrame::Method(channel, method))
     }
 
-    /// Appends a content header and the body, split into frames of at most `frame_max`.
-    pub fn content(
-        &mut self,
-        channel: u16,
-        properties: BasicProperties,
-        body: &[u8],
-        frame_max: usize,
-    ) -> Result<(), GenFailed> {
-        let header = AMQPContentHeader {
-            class_id: BASIC_CLASS,
-            body_size: body.len() as u64,
-            properties,
-        };
-        self.frame(&AMQPFrame::Header(channel, header))?;
-        self.body(channel, body, frame_max);
-        Ok(())
-    }
-
     /// Appends a `basic.deliver` method frame.
     ///
     /// One is written for every message a consumer gets, so it is laid out here directly
@@ -303,9 +285,10 @@ impl Output {
         Ok(())
     }
 
-    /// As [`content`](Self::content), for properties already encoded as a content header
-    /// carries them (property flags, then the properties present): a stored message's, so
-    /// that a delivery copies them instead of parsing and writing them again.
+    /// Appends a content header and the body, split into frames of at most `frame_max`.
+    /// The properties come encoded as a content header carries them (property flags, then
+    /// the properties present): a stored message's, so that a delivery copies them instead
+    /// of parsing and writing them again.
     pub fn content_encoded(
         &mut self,
         channel: u16,
@@ -375,6 +358,7 @@ mod tests {
     use super::*;
     use amq_protocol::protocol::basic::gen_properties;
     use amq_protocol::protocol::channel;
+    use amq_protocol::protocol::BasicProperties;
 
     fn open_frame() -> Vec<u8> {
         let mut out = Output::default();
@@ -529,6 +513,26 @@ mod tests {
         assert!(out.is_empty());
     }
 
+    /// A content header and its body frames as `gen_frame` writes them.
+    fn gen_content(
+        out: &mut Output,
+        channel: u16,
+        properties: BasicProperties,
+        body: &[u8],
+        frame_max: usize,
+    ) {
+        let header = AMQPContentHeader {
+            class_id: BASIC_CLASS,
+            body_size: body.len() as u64,
+            properties,
+        };
+        out.frame(&AMQPFrame::Header(channel, header)).unwrap();
+        for piece in body.chunks(frame_max - FRAME_OVERHEAD) {
+            out.frame(&AMQPFrame::Body(channel, piece.to_vec()))
+                .unwrap();
+        }
+    }
+
     #[test]
     fn encoded_content_is_written_as_gen_frame_writes_it() {
         let mut headers = amq_protocol::types::FieldTable::default();
@@ -550,9 +554,8 @@ mod tests {
                 // 100 bytes a frame: one body frame, or several with a short last one.
                 let frame_max = 100 + FRAME_OVERHEAD;
                 let ours = written(|out| out.content_encoded(5, &encoded, body, frame_max));
-                let theirs = written(|out| {
-                    out.content(5, properties.clone(), body, frame_max).unwrap();
-                });
+                let theirs =
+                    written(|out| gen_content(out, 5, properties.clone(), body, frame_max));
                 assert_eq!(ours, theirs, "{} body bytes", body.len());
                 let mut frames = 0;
                 let mut rest = &ours[..];
@@ -640,8 +643,7 @@ mod tests {
     #[test]
     fn content_is_split_into_frames_that_fit() {
         let mut out = Output::default();
-        out.content(1, BasicProperties::default(), &[7; 100], 48)
-            .unwrap();
+        out.content_encoded(1, &[0, 0], &[7; 100], 48);
         let mut bytes = Vec::new();
         out.drain_into(&mut bytes);
         let mut sizes = Vec::new();

@@ -14,15 +14,17 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use amq_protocol::protocol::{
-    basic, channel, confirm, exchange, queue, AMQPClass, BasicProperties,
-};
+use amq_protocol::protocol::{basic, channel, confirm, exchange, queue, AMQPClass};
 use amq_protocol::types::{AMQPValue, ShortString};
-use leasemq::{Consumer, ConsumerConfig, Delivery, DeliveryTag, Error, Queue, QueueConfig, Settle};
+use leasemq::{
+    Consumer, ConsumerConfig, Delivery, DeliveryTag, Envelope, Error, Queue, QueueConfig, Settle,
+};
 
 use super::publish::{Incoming, Pending};
 use super::{code, method_name, short, Connection, Fault, Subscription};
+use crate::content::PropertiesSeen;
 use crate::exchange::{Refusal, DIRECT};
+use crate::wire::{GenFailed, Output};
 use crate::{arguments, content, wire};
 
 /// The most prefetch a broker consumer takes; also what `prefetch_count = 0` (AMQP's "no
@@ -553,7 +555,7 @@ impl Connection {
         }
         let envelope = delivery.envelope();
         let message_count = u32::try_from(queue.stats().ready).unwrap_or(u32::MAX);
-        let get_ok = |exchange: &str, routing_key: &str| {
+        let get_ok = |out: &mut Output, exchange: &str, routing_key: &str| {
             let ok = basic::GetOk {
                 delivery_tag: channel_tag,
                 redelivered: envelope.redelivered(),
@@ -561,21 +563,23 @@ impl Connection {
                 routing_key: ShortString::from(routing_key),
                 message_count,
             };
-            AMQPClass::Basic(basic::AMQPMethod::GetOk(ok))
+            out.method(ch, AMQPClass::Basic(basic::AMQPMethod::GetOk(ok)))
         };
-        // As a consumer's delivery: the stored properties copied out as they came.
-        match content::delivered_encoded(envelope, queue.name(), &mut self.seen.output) {
-            Some(content) => {
-                self.send(ch, get_ok(content.exchange, content.routing_key));
-                let (properties, payload) = (content.properties, content.payload);
-                self.out
-                    .content_encoded(ch, properties, payload, self.frame_max);
-            }
-            None => {
-                let content = content::delivered(envelope, queue.name());
-                self.send(ch, get_ok(&content.exchange, &content.routing_key));
-                self.send_content(ch, content.properties, &content.payload);
-            }
+        let (out, seen) = (&mut self.out, &mut self.seen.output);
+        let written = write_delivery(
+            out,
+            seen,
+            ch,
+            self.frame_max,
+            envelope,
+            queue.name(),
+            get_ok,
+        );
+        if written.is_err() {
+            self.abort(Fault::connection(
+                code::INTERNAL_ERROR,
+                "could not write a frame",
+            ));
         }
         Ok(())
     }
@@ -823,42 +827,20 @@ impl Connection {
             state.unacked.insert(channel_tag, unacked);
         }
         let envelope = delivery.envelope();
-        let fast = content::delivered_encoded(envelope, sub.queue.name(), &mut self.seen.output);
-        let written = match fast {
-            // The usual case: the stored properties and names are copied out as they are.
-            Some(content) => {
-                let deliver = wire::Deliver {
-                    consumer_tag: sub.tag.as_str().as_bytes(),
-                    delivery_tag: channel_tag,
-                    redelivered: envelope.redelivered(),
-                    exchange: content.exchange.as_bytes(),
-                    routing_key: content.routing_key.as_bytes(),
-                };
-                let written = self.out.deliver(ch, &deliver);
-                if written.is_ok() {
-                    let (properties, payload) = (content.properties, content.payload);
-                    self.out
-                        .content_encoded(ch, properties, payload, self.frame_max);
-                }
-                written.is_ok()
-            }
-            None => {
-                let content = content::delivered(envelope, sub.queue.name());
-                let deliver = basic::Deliver {
-                    consumer_tag: sub.tag.clone(),
-                    delivery_tag: channel_tag,
-                    redelivered: envelope.redelivered(),
-                    exchange: ShortString::from(content.exchange),
-                    routing_key: ShortString::from(content.routing_key),
-                };
-                let method = AMQPClass::Basic(basic::AMQPMethod::Deliver(deliver));
-                self.out.method(ch, method).is_ok()
-                    && self
-                        .out
-                        .content(ch, content.properties, &content.payload, self.frame_max)
-                        .is_ok()
-            }
+        let deliver = |out: &mut Output, exchange: &str, routing_key: &str| {
+            let deliver = wire::Deliver {
+                consumer_tag: sub.tag.as_str().as_bytes(),
+                delivery_tag: channel_tag,
+                redelivered: envelope.redelivered(),
+                exchange: exchange.as_bytes(),
+                routing_key: routing_key.as_bytes(),
+            };
+            out.deliver(ch, &deliver)
         };
+        let (out, seen) = (&mut self.out, &mut self.seen.output);
+        let queue = sub.queue.name();
+        let written =
+            write_delivery(out, seen, ch, self.frame_max, envelope, queue, deliver).is_ok();
         if no_ack {
             // Automatic acknowledgement: settled as it is sent (see `auto_acks`).
             let queue = &sub.queue;
@@ -869,20 +851,6 @@ impl Connection {
             }
         }
         if !written {
-            self.abort(Fault::connection(
-                code::INTERNAL_ERROR,
-                "could not write a frame",
-            ));
-        }
-    }
-
-    /// The content header and body frames of a delivery.
-    fn send_content(&mut self, ch: u16, properties: BasicProperties, payload: &[u8]) {
-        if self
-            .out
-            .content(ch, properties, payload, self.frame_max)
-            .is_err()
-        {
             self.abort(Fault::connection(
                 code::INTERNAL_ERROR,
                 "could not write a frame",
@@ -967,4 +935,37 @@ pub(super) fn broker_fault(ch: u16, e: &Error, m: &AMQPClass) -> Fault {
         ),
     };
     Fault::channel(ch, code, text, m)
+}
+
+/// Writes a delivery of `envelope` from `queue` on channel `ch`: the method `method` makes
+/// from its exchange and routing key, then its content. The stored properties and names
+/// are copied out as they came; a dead letter's (which gain `x-death` headers) and those of
+/// a body put through the Rust API are written anew. Nothing is written if the method
+/// cannot be.
+fn write_delivery(
+    out: &mut Output,
+    seen: &mut PropertiesSeen,
+    ch: u16,
+    frame_max: usize,
+    envelope: &Envelope,
+    queue: &str,
+    method: impl FnOnce(&mut Output, &str, &str) -> Result<(), GenFailed>,
+) -> Result<(), GenFailed> {
+    let (anew, properties);
+    let content = match content::delivered_encoded(envelope, queue, seen) {
+        Some(content) => content,
+        None => {
+            anew = content::delivered(envelope, queue);
+            properties = anew.encoded_properties().ok_or(GenFailed)?;
+            content::Encoded {
+                properties: &properties,
+                exchange: &anew.exchange,
+                routing_key: &anew.routing_key,
+                payload: &anew.payload,
+            }
+        }
+    };
+    method(out, content.exchange, content.routing_key)?;
+    out.content_encoded(ch, content.properties, content.payload, frame_max);
+    Ok(())
 }

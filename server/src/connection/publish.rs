@@ -188,19 +188,10 @@ impl Connection {
         if exchange.is_empty() {
             // The common case: one more publish of this read to the queue the last one went
             // to, added to its batch with no lookup.
-            if let Some(Pending::Put {
-                channel,
-                queue,
-                messages,
-                numbers,
-            }) = self.pending.last_mut()
-            {
-                let same = *channel == ch && queue.name() == publish.routing_key.as_str();
-                if same && !queue.is_closed() {
-                    messages.push(into_message(content));
-                    numbers.extend(number);
-                    return Ok(());
-                }
+            if let Some((messages, numbers)) = self.last_put(ch, publish.routing_key.as_str()) {
+                messages.push(into_message(content));
+                numbers.extend(number);
+                return Ok(());
             }
         }
         let queues: Vec<Queue> = if exchange.is_empty() {
@@ -234,17 +225,12 @@ impl Connection {
                 true => message.take().expect("taken only at the last"),
                 false => message.clone().expect("taken only at the last"),
             };
-            match self.pending.last_mut() {
-                Some(Pending::Put {
-                    channel,
-                    queue: q,
-                    messages,
-                    numbers,
-                }) if *channel == ch && q.name() == queue.name() && !q.is_closed() => {
+            match self.last_put(ch, queue.name()) {
+                Some((messages, numbers)) => {
                     messages.push(message);
                     numbers.extend(number);
                 }
-                _ => self.pending.push(Pending::Put {
+                None => self.pending.push(Pending::Put {
                     channel: ch,
                     queue,
                     messages: vec![message],
@@ -253,6 +239,23 @@ impl Connection {
             }
         }
         Ok(())
+    }
+
+    /// The messages and publish numbers of this read's last batch, if it is a run of
+    /// publishes on `ch` to the queue called `name`, still open (one deleted and declared
+    /// again within the read starts a batch of its own).
+    fn last_put(&mut self, ch: u16, name: &str) -> Option<(&mut Vec<Message>, &mut Vec<u64>)> {
+        match self.pending.last_mut()? {
+            Pending::Put {
+                channel,
+                queue,
+                messages,
+                numbers,
+            } if *channel == ch && queue.name() == name && !queue.is_closed() => {
+                Some((messages, numbers))
+            }
+            _ => None,
+        }
     }
 
     /// One channel's run of publishes to one queue, as one `put_batch`. A full queue
