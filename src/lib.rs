@@ -176,7 +176,8 @@ pub use leasemq_engine::{
 };
 pub use leasemq_shard::{
     set_thread_time_slice, shard_for, Broker, BrokerBuilder, Consumer, Delivery, Queue, SyncPolicy,
-    DEFAULT_SHARD_TIME_SLICE, MAX_TIME_SLICE, MIN_TIME_SLICE,
+    DEFAULT_SHARD_TIME_SLICE, DEFAULT_YIELD_BUDGET, MAX_TIME_SLICE, MAX_YIELD_BUDGET,
+    MIN_TIME_SLICE,
 };
 
 /// The code blocks of `README.md`, compiled and run by `cargo test --doc` so that the

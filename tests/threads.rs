@@ -425,3 +425,49 @@ fn shard_threads_run_with_the_time_slice_they_were_given() {
         }
     }
 }
+
+/// A broker whose waits never yield still hands off both ways: callers blocked on their
+/// answers are woken, and so is a consumer thread parked for its next delivery, in order
+/// and with nothing left over. A budget over the maximum fails `build`.
+#[test]
+fn waits_without_yields_still_hand_off_and_an_overlong_budget_is_refused() {
+    const N: usize = 2_000;
+    let broker = Broker::builder()
+        .shards(2)
+        .yield_budget(Duration::ZERO)
+        .build()
+        .unwrap();
+    let jobs = broker
+        .declare_queue("jobs", QueueConfig::default())
+        .unwrap();
+    let worker = jobs.consume("worker", ConsumerConfig::default()).unwrap();
+    let reader = thread::spawn(move || {
+        (0..N)
+            .map(|_| {
+                let delivery = worker.recv().unwrap();
+                assert!(delivery.ack(), "a live lease is acked");
+                String::from_utf8(delivery.envelope().body.to_vec()).unwrap()
+            })
+            .collect::<Vec<_>>()
+    });
+    for i in 0..N {
+        jobs.put(Message::new(i.to_string())).unwrap();
+    }
+    let seen = reader.join().unwrap();
+    assert_eq!(seen, (0..N).map(|i| i.to_string()).collect::<Vec<_>>());
+    let stats = jobs.stats();
+    assert_eq!((stats.ready, stats.leased, stats.acked), (0, 0, N as u64));
+    broker.shutdown();
+
+    let over = leasemq::MAX_YIELD_BUDGET + Duration::from_micros(1);
+    match Broker::builder().shards(1).yield_budget(over).build() {
+        Err(leasemq::Error::InvalidConfig(why)) => assert!(why.contains("yield_budget"), "{why}"),
+        other => panic!("expected InvalidConfig for {over:?}, got {other:?}"),
+    }
+    let most = Broker::builder()
+        .shards(1)
+        .yield_budget(leasemq::MAX_YIELD_BUDGET)
+        .build()
+        .unwrap();
+    most.shutdown();
+}

@@ -92,7 +92,9 @@ fn run(args: Args) -> Result<(), String> {
         settings.user = name.to_string();
         settings.password = password.to_string();
     }
-    let mut builder = Broker::builder();
+    // Every caller of the broker here is a task on the runtime's workers: a long run of
+    // yields in a wait takes the cores they need (see `BrokerBuilder::yield_budget`).
+    let mut builder = Broker::builder().yield_budget(serve::YIELD_BUDGET);
     if let Some(n) = args.shards {
         builder = builder.shards(n);
     }

@@ -38,7 +38,11 @@ struct Server {
 
 impl Server {
     async fn start() -> Server {
-        let broker = Broker::builder().shards(2).build().unwrap();
+        let broker = Broker::builder()
+            .shards(2)
+            .yield_budget(serve::YIELD_BUDGET)
+            .build()
+            .unwrap();
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         tokio::spawn(serve::accept_loop(

@@ -153,7 +153,11 @@ fn publish(queue: &str, body: &[u8]) -> [AMQPFrame; 3] {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_thousand_publishes_in_one_write_are_consumed_and_acked_over_tcp() {
-    let broker = Broker::builder().shards(2).build().unwrap();
+    let broker = Broker::builder()
+        .shards(2)
+        .yield_budget(serve::YIELD_BUDGET)
+        .build()
+        .unwrap();
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(serve::accept_loop(
@@ -237,7 +241,11 @@ async fn a_thousand_publishes_in_one_write_are_consumed_and_acked_over_tcp() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dropped_socket_returns_its_unacked_deliveries() {
-    let broker = Broker::builder().shards(1).build().unwrap();
+    let broker = Broker::builder()
+        .shards(1)
+        .yield_budget(serve::YIELD_BUDGET)
+        .build()
+        .unwrap();
     let q = broker
         .declare_queue("tcp-crash", leasemq::QueueConfig::default())
         .unwrap();
@@ -282,7 +290,11 @@ async fn a_dropped_socket_returns_its_unacked_deliveries() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_quiet_connection_gets_heartbeats_when_the_client_asks_for_them() {
-    let broker = Broker::builder().shards(1).build().unwrap();
+    let broker = Broker::builder()
+        .shards(1)
+        .yield_budget(serve::YIELD_BUDGET)
+        .build()
+        .unwrap();
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(serve::accept_loop(
@@ -318,7 +330,11 @@ async fn connection_churn_and_killed_publishers_lose_nothing_confirmed() {
     use amq_protocol::protocol::confirm;
     let connections = env_usize("LEASEMQ_CHURN_CONNECTIONS", 1_000);
     let kills = env_usize("LEASEMQ_CHURN_KILLS", 100);
-    let broker = Broker::builder().shards(2).build().unwrap();
+    let broker = Broker::builder()
+        .shards(2)
+        .yield_budget(serve::YIELD_BUDGET)
+        .build()
+        .unwrap();
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let settings = Arc::new(Settings::default());

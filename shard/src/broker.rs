@@ -15,7 +15,7 @@ use crate::reply::{call, fan_in};
 use crate::router::shard_for;
 use crate::runtime::{new_engine, ShardThread, TimeSource};
 use crate::store::{DataDir, ShardLog, SyncPolicy};
-use crate::wait::Sleeper;
+use crate::wait::{Sleeper, YieldBudget};
 
 /// Builds a [`Broker`]: how many shards, which clock, how long a tick. Start with
 /// [`Broker::builder`].
@@ -36,6 +36,7 @@ pub struct BrokerBuilder {
     tick: Duration,
     on_shard_start: Option<ShardSetup>,
     shard_time_slice: Option<Duration>,
+    yield_budget: Duration,
     data_dir: Option<std::path::PathBuf>,
     sync: SyncPolicy,
     storage: Option<Arc<dyn leasemq_wal::Storage>>,
@@ -49,6 +50,7 @@ impl Default for BrokerBuilder {
             tick: Duration::from_millis(1),
             on_shard_start: None,
             shard_time_slice: Some(DEFAULT_SHARD_TIME_SLICE),
+            yield_budget: DEFAULT_YIELD_BUDGET,
             data_dir: None,
             sync: SyncPolicy::Always,
             storage: None,
@@ -65,6 +67,14 @@ impl std::fmt::Debug for ShardSetup {
         f.write_str("ShardSetup(..)")
     }
 }
+
+/// How long a waiting thread yields before it parks unless told otherwise (see
+/// [`BrokerBuilder::yield_budget`]).
+pub const DEFAULT_YIELD_BUDGET: Duration = crate::wait::YIELD_BUDGET;
+
+/// The longest [`BrokerBuilder::yield_budget`] takes: past a few milliseconds a thread
+/// that yields is a thread that spins.
+pub const MAX_YIELD_BUDGET: Duration = Duration::from_millis(10);
 
 /// The scheduler time slice a shard thread asks for unless told otherwise: the shortest
 /// the kernel grants (see [`BrokerBuilder::shard_time_slice`]).
@@ -143,6 +153,28 @@ impl BrokerBuilder {
     /// [`MIN_TIME_SLICE`](crate::MIN_TIME_SLICE) ..= [`MAX_TIME_SLICE`](crate::MAX_TIME_SLICE).
     pub fn shard_time_slice(mut self, slice: Option<Duration>) -> Self {
         self.shard_time_slice = slice;
+        self
+    }
+
+    /// How long a thread that waits on this broker may yield its core, between looks at
+    /// what it waits for, before it parks (default [`DEFAULT_YIELD_BUDGET`], 500 µs; zero:
+    /// no yields, it parks after a brief spin). That is a shard thread waiting for
+    /// requests, and a caller of a blocking call waiting for its answer or for a delivery.
+    /// No yield is made on a host that other processes keep busy, where each would give a
+    /// time slice away (see [`shard_time_slice`](Self::shard_time_slice)).
+    ///
+    /// Callers that block on their answers (the per-message API from many threads) want
+    /// the default: on a machine with more of their threads than cores, a yield hands the
+    /// core straight to one of them, and the next request finds the shard awake without
+    /// a futex call on either side. A broker whose callers are async tasks, such as a
+    /// server's connections, does better with a few microseconds (leasemqd uses
+    /// 20 µs): a longer run of yields takes the cores the runtime's workers need, and a
+    /// shard that parks finds more requests waiting when it wakes.
+    ///
+    /// [`build`](Self::build) gives [`Error::InvalidConfig`] for a budget over
+    /// [`MAX_YIELD_BUDGET`].
+    pub fn yield_budget(mut self, budget: Duration) -> Self {
+        self.yield_budget = budget;
         self
     }
 
@@ -231,6 +263,12 @@ impl BrokerBuilder {
     }
 
     fn start(self, shards: usize, data_dir: Option<DataDir>) -> Result<Broker, Error> {
+        if self.yield_budget > MAX_YIELD_BUDGET {
+            return Err(Error::InvalidConfig(format!(
+                "yield_budget must be at most 10 ms, got {:?}",
+                self.yield_budget
+            )));
+        }
         if let Some(slice) = self.shard_time_slice {
             if !(crate::MIN_TIME_SLICE..=crate::MAX_TIME_SLICE).contains(&slice) {
                 return Err(Error::InvalidConfig(format!(
@@ -252,9 +290,10 @@ impl BrokerBuilder {
         let wall = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));
+        let yields = YieldBudget(self.yield_budget);
         let (senders, receivers): (Vec<_>, Vec<_>) = (0..shards)
             .map(|_| {
-                let (inbox, rx, sleeper) = Inbox::new();
+                let (inbox, rx, sleeper) = Inbox::new(yields);
                 (inbox, (rx, sleeper))
             })
             .unzip();
@@ -302,7 +341,7 @@ impl BrokerBuilder {
             let shard = ShardThread::new(
                 index,
                 inbox,
-                sleeper,
+                (sleeper, yields),
                 senders.clone(),
                 time.clone(),
                 engines.next().expect("one engine per shard"),

@@ -166,7 +166,13 @@ impl Consumer {
         if self.owner.queue.is_durable() {
             self.readers.threads.wait_parked(deadline, attempt)
         } else {
-            self.readers.threads.wait(deadline, attempt)
+            let yields = self
+                .owner
+                .queue
+                .broker()
+                .inbox(self.owner.queue.shard())
+                .yields();
+            self.readers.threads.wait(deadline, yields, attempt)
         }
     }
 

@@ -35,7 +35,10 @@ mod slice;
 mod store;
 mod wait;
 
-pub use broker::{Broker, BrokerBuilder, DEFAULT_SHARD_TIME_SLICE, MAX_SHARDS};
+pub use broker::{
+    Broker, BrokerBuilder, DEFAULT_SHARD_TIME_SLICE, DEFAULT_YIELD_BUDGET, MAX_SHARDS,
+    MAX_YIELD_BUDGET,
+};
 pub use consumer::{Consumer, Delivery};
 pub use queue::Queue;
 pub use router::shard_for;

@@ -14,7 +14,7 @@ use leasemq_engine::{
 use tokio::sync::oneshot;
 
 use crate::route::Hop;
-use crate::wait::{Bell, Sleeper};
+use crate::wait::{Bell, Sleeper, YieldBudget};
 
 /// The capacity of each shard's inbox.
 pub(crate) const INBOX_CAPACITY: usize = 8192;
@@ -30,12 +30,14 @@ pub(crate) struct Inbox {
     /// so that no caller waits for a thread that is gone.
     rx: Receiver<Request>,
     stopped: Arc<AtomicBool>,
+    /// How long a thread waiting on this shard may yield its core before it parks.
+    yields: YieldBudget,
 }
 
 impl Inbox {
     /// A shard's inbox: its senders' end and the receiver its thread reads, with the
-    /// sleeper that thread binds when it starts.
-    pub fn new() -> (Inbox, Receiver<Request>, Arc<Sleeper>) {
+    /// sleeper that thread binds when it starts, and how long waits on it may yield.
+    pub fn new(yields: YieldBudget) -> (Inbox, Receiver<Request>, Arc<Sleeper>) {
         let (tx, rx) = crossbeam_channel::bounded(INBOX_CAPACITY);
         let shard = Arc::new(Sleeper::default());
         (
@@ -44,10 +46,17 @@ impl Inbox {
                 shard: shard.clone(),
                 rx: rx.clone(),
                 stopped: Arc::new(AtomicBool::new(false)),
+                yields,
             },
             rx,
             shard,
         )
+    }
+
+    /// How long a thread that waits on this shard (for an answer, a delivery, or as the
+    /// shard itself for requests) may yield its core before it parks.
+    pub fn yields(&self) -> YieldBudget {
+        self.yields
     }
 
     /// Sends, waiting while the inbox is full.

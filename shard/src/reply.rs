@@ -49,7 +49,7 @@ fn call_waiting(inbox: &Inbox, request: impl FnOnce(ReplyTo) -> Request, parked:
         let got = if parked {
             slot.caller.wait_parked(None, answer)
         } else {
-            slot.caller.wait(None, answer)
+            slot.caller.wait(None, inbox.yields(), answer)
         };
         got.unwrap_or(Answer::ShutDown)
     })

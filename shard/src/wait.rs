@@ -9,9 +9,10 @@
 //!    both on a core completes within it. A thread whose spins keep missing (more of our
 //!    threads than cores: the one it waits for is not running) stops spinning, and tries
 //!    again now and then ([`Spinning`]);
-//! 2. poll between `yield_now` calls for at most [`YIELD_BUDGET`]: on an idle machine with
-//!    more of our threads than cores, a yield passes the core to one of them at once, and
-//!    the core neither goes idle nor costs a futex call on either side;
+//! 2. poll between `yield_now` calls for at most the broker's [`YieldBudget`]
+//!    ([`YIELD_BUDGET`] by default): on an idle machine with more of our threads than
+//!    cores, a yield passes the core to one of them at once, and the core neither goes
+//!    idle nor costs a futex call on either side;
 //! 3. park on a futex until the other side wakes this thread.
 //!
 //! A busy host changes the sums. When other processes' threads keep the cores busy, a
@@ -51,7 +52,7 @@ const SPIN: Duration = Duration::from_micros(2);
 /// The longest a waiter polls between yields before it parks. On an idle machine with more
 /// of our threads than cores, a yield hands the core to another of them at once, without
 /// the core going idle and without a futex call on either side.
-const YIELD_BUDGET: Duration = Duration::from_micros(500);
+pub const YIELD_BUDGET: Duration = Duration::from_micros(500);
 
 /// A yield that took longer than this gave the core to a thread that ran a time slice
 /// (a default slice is 0.75 ms at the least): the host is busy, and yielding
@@ -125,13 +126,14 @@ impl Sleeper {
     pub fn wait<T>(
         &self,
         deadline: Option<Instant>,
+        yields: YieldBudget,
         mut attempt: impl FnMut() -> Option<T>,
     ) -> Option<T> {
         debug_assert!(
             self.thread.get().map(Thread::id) == Some(std::thread::current().id()),
             "only the bound thread waits on a sleeper"
         );
-        if let Some(value) = spin(deadline, &mut attempt) {
+        if let Some(value) = spin(deadline, &mut attempt, yields) {
             return Some(value);
         }
         self.park(deadline, attempt)
@@ -195,9 +197,10 @@ impl Bell {
     pub fn wait<T>(
         &self,
         deadline: Option<Instant>,
+        yields: YieldBudget,
         mut attempt: impl FnMut() -> Option<T>,
     ) -> Option<T> {
-        if let Some(value) = spin(deadline, &mut attempt) {
+        if let Some(value) = spin(deadline, &mut attempt, yields) {
             return Some(value);
         }
         self.park(deadline, attempt)
@@ -266,9 +269,13 @@ fn lock(waiting: &Mutex<Vec<Thread>>) -> std::sync::MutexGuard<'_, Vec<Thread>> 
 
 /// The waiting before a park (steps 1 and 2 of the module docs): polls `attempt` with the
 /// CPU's spin hint for at most [`SPIN`] when spinning pays, or [`busy_spin`] on a busy
-/// host; then, on a host not busy, between yields for at most [`YIELD_BUDGET`]. Never past
-/// `deadline`.
-fn spin<T>(deadline: Option<Instant>, attempt: &mut impl FnMut() -> Option<T>) -> Option<T> {
+/// host; then, on a host not busy, between yields for at most `yields` ([`YIELD_BUDGET`]
+/// unless the broker says otherwise). Never past `deadline`.
+fn spin<T>(
+    deadline: Option<Instant>,
+    attempt: &mut impl FnMut() -> Option<T>,
+    yields: YieldBudget,
+) -> Option<T> {
     if let Some(value) = attempt() {
         return Some(value);
     }
@@ -296,10 +303,10 @@ fn spin<T>(deadline: Option<Instant>, attempt: &mut impl FnMut() -> Option<T>) -
             return caught;
         }
     }
-    if busy {
+    if busy || yields.0.is_zero() {
         return None;
     }
-    let budget_end = now + YIELD_BUDGET;
+    let budget_end = now + yields.0;
     loop {
         if deadline.is_some_and(|at| now >= at) {
             return None;
@@ -317,6 +324,18 @@ fn spin<T>(deadline: Option<Instant>, attempt: &mut impl FnMut() -> Option<T>) -
             return None;
         }
         now = after;
+    }
+}
+
+/// How long a wait may poll between yields of its core before it parks (step 2 of the
+/// module docs): a broker's setting (`BrokerBuilder::yield_budget`), for every wait on it.
+/// Zero: none, the wait parks after its spin.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct YieldBudget(pub(crate) Duration);
+
+impl Default for YieldBudget {
+    fn default() -> Self {
+        YieldBudget(YIELD_BUDGET)
     }
 }
 
@@ -386,7 +405,7 @@ mod tests {
                 pong.bind();
                 for i in 0..rounds {
                     let want = 2 * i + 1;
-                    pong.wait(None, || {
+                    pong.wait(None, YieldBudget::default(), || {
                         (ball.load(Ordering::Acquire) == want).then_some(())
                     });
                     ball.store(want + 1, Ordering::Release);
@@ -398,7 +417,7 @@ mod tests {
             ball.store(2 * i + 1, Ordering::Release);
             pong.wake();
             let want = 2 * i + 2;
-            ping.wait(None, || {
+            ping.wait(None, YieldBudget::default(), || {
                 (ball.load(Ordering::Acquire) == want).then_some(())
             });
         }
@@ -415,7 +434,9 @@ mod tests {
         let waiters: Vec<_> = (0..3)
             .map(|_| {
                 let (bell, rx) = (bell.clone(), rx.clone());
-                std::thread::spawn(move || bell.wait(None, || rx.try_recv().ok()))
+                std::thread::spawn(move || {
+                    bell.wait(None, YieldBudget::default(), || rx.try_recv().ok())
+                })
             })
             .collect();
         // Let them get past spinning and yielding to their park.
@@ -477,7 +498,7 @@ mod tests {
         let sleeper = Sleeper::current();
         let deadline = Instant::now() + Duration::from_millis(2);
         let mut polls = 0u32;
-        let got: Option<()> = sleeper.wait(Some(deadline), || {
+        let got: Option<()> = sleeper.wait(Some(deadline), YieldBudget::default(), || {
             polls += 1;
             None
         });
@@ -491,6 +512,9 @@ mod tests {
         let sleeper = Sleeper::current();
         sleeper.wake();
         assert!(!sleeper.asleep.load(Ordering::Relaxed));
-        assert_eq!(sleeper.wait(None, || Some(7)), Some(7));
+        assert_eq!(
+            sleeper.wait(None, YieldBudget::default(), || Some(7)),
+            Some(7)
+        );
     }
 }
