@@ -30,6 +30,26 @@ pub struct Cli {
     #[arg(long, global = true, value_name = "DURATION|system", default_value = "system",
           value_parser = parse_time_slice)]
     pub caller_time_slice: TimeSlice,
+    /// How long a thread waiting on the broker (a shard for requests, a caller for its
+    /// answer or a delivery) yields its core before it parks: a duration up to 10ms, 0 for
+    /// none (see `BrokerBuilder::yield_budget`).
+    #[arg(long, global = true, value_name = "DURATION",
+          default_value = "500us", value_parser = parse_yield_budget)]
+    pub yield_budget: Duration,
+}
+
+/// Parses a yield budget: a duration up to `leasemq::MAX_YIELD_BUDGET`, or 0.
+fn parse_yield_budget(text: &str) -> Result<Duration, String> {
+    let d = if text.trim() == "0" {
+        Duration::ZERO
+    } else {
+        parse_duration(text)?
+    };
+    if d <= leasemq::MAX_YIELD_BUDGET {
+        Ok(d)
+    } else {
+        Err(format!("{text:?}: a yield budget is at most 10ms"))
+    }
 }
 
 /// A scheduler time slice from the command line: `None` keeps the system's.

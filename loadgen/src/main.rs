@@ -116,6 +116,7 @@ impl Outcome {
         let micros = |slice: Option<std::time::Duration>| slice.map(|d| d.as_micros() as u64);
         config["shard_time_slice_us"] = micros(slices.shard).into();
         config["caller_time_slice_us"] = micros(slices.caller).into();
+        config["yield_budget_us"] = (slices.yield_budget.as_micros() as u64).into();
         if threads > 0 {
             title.push_str(&format!(
                 "; beside {threads} CPU-bound background thread(s)"
@@ -126,6 +127,12 @@ impl Outcome {
             scheduling::describe(slices.shard),
             scheduling::describe(slices.caller)
         ));
+        if slices.yield_budget != leasemq::DEFAULT_YIELD_BUDGET {
+            title.push_str(&format!(
+                "; yield budget {} µs",
+                slices.yield_budget.as_micros()
+            ));
+        }
     }
 
     fn accounting(&self) -> &Accounting {
@@ -146,6 +153,7 @@ fn main() -> ExitCode {
     scheduling::set(scheduling::Slices {
         shard: cli.shard_time_slice.0,
         caller: cli.caller_time_slice.0,
+        yield_budget: cli.yield_budget,
     });
     let load = match background::BackgroundLoad::start(cli.background_load) {
         Ok(load) => load,

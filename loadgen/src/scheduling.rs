@@ -1,5 +1,6 @@
 //! The scheduler time slices a run asks for: the broker's shard threads'
-//! (`--shard-time-slice`) and the workers' (`--caller-time-slice`), set once from the
+//! (`--shard-time-slice`) and the workers' (`--caller-time-slice`), and how long threads
+//! waiting on the broker yield before they park (`--yield-budget`), set once from the
 //! command line before any broker or worker starts.
 //!
 //! On a busy host a thread woken for a hand-off waits in the run queue until the thread
@@ -22,6 +23,8 @@ pub struct Slices {
     /// The producer and consumer threads' (and tokio workers') slice; `None` keeps the
     /// system's.
     pub caller: Option<Duration>,
+    /// How long a thread waiting on the broker yields before it parks.
+    pub yield_budget: Duration,
 }
 
 static SLICES: OnceLock<Slices> = OnceLock::new();
@@ -36,12 +39,16 @@ pub fn slices() -> Slices {
     SLICES.get().copied().unwrap_or(Slices {
         shard: Some(leasemq::DEFAULT_SHARD_TIME_SLICE),
         caller: None,
+        yield_budget: leasemq::DEFAULT_YIELD_BUDGET,
     })
 }
 
-/// `builder` with the run's shard slice.
+/// `builder` with the run's shard slice and yield budget.
 pub fn broker(builder: BrokerBuilder) -> BrokerBuilder {
-    builder.shard_time_slice(slices().shard)
+    let slices = slices();
+    builder
+        .shard_time_slice(slices.shard)
+        .yield_budget(slices.yield_budget)
 }
 
 /// Gives the calling worker thread the run's caller slice, if it has one. A system that

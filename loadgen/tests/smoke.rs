@@ -286,6 +286,36 @@ fn throughput_with_chosen_time_slices() {
     assert_eq!(s["config"]["caller_time_slice_us"], 200);
 }
 
+/// `--yield-budget` is recorded in the title and the config of the run it chose it for;
+/// the default is recorded in the config only.
+#[test]
+fn throughput_with_a_chosen_yield_budget() {
+    let s = run_and_check(
+        "tp-yield",
+        &[
+            "throughput",
+            "--api",
+            "async",
+            "--duration",
+            "300ms",
+            "--warmup",
+            "100ms",
+            "--yield-budget",
+            "20us",
+        ],
+    );
+    assert!(rate(&s, "acked") > 0.0);
+    let title = s["title"].as_str().unwrap();
+    assert!(title.contains("; yield budget 20 µs"), "{title}");
+    assert_eq!(s["config"]["yield_budget_us"], 20);
+    let s = run_and_check(
+        "tp-yield-default",
+        &["throughput", "--duration", "300ms", "--warmup", "100ms"],
+    );
+    assert!(!s["title"].as_str().unwrap().contains("yield budget"));
+    assert_eq!(s["config"]["yield_budget_us"], 500);
+}
+
 /// `--durable` declares durable queues on a broker with a temporary data dir, says so in
 /// the title and the config, and removes the data dir at the end.
 #[test]

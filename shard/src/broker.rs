@@ -163,13 +163,15 @@ impl BrokerBuilder {
     /// No yield is made on a host that other processes keep busy, where each would give a
     /// time slice away (see [`shard_time_slice`](Self::shard_time_slice)).
     ///
-    /// Callers that block on their answers (the per-message API from many threads) want
-    /// the default: on a machine with more of their threads than cores, a yield hands the
-    /// core straight to one of them, and the next request finds the shard awake without
-    /// a futex call on either side. A broker whose callers are async tasks, such as a
-    /// server's connections, does better with a few microseconds (leasemqd uses
-    /// 20 µs): a longer run of yields takes the cores the runtime's workers need, and a
-    /// shard that parks finds more requests waiting when it wakes.
+    /// Threads that call the broker and wait for it (the per-message API from many
+    /// threads, or the `_async` calls from a runtime's tasks) do best with the default:
+    /// on a machine with more such threads than cores, a yield hands the core straight to
+    /// one of them, and the next request finds the shard awake without a futex call on
+    /// either side. A server whose connection tasks make blocking calls from its
+    /// runtime's workers, beside clients on the same cores, does better with a few
+    /// microseconds (leasemqd uses 20 µs): a longer run of yields, by the shard and by
+    /// the waiting worker, takes cores the other workers and the clients need. The load
+    /// generator's `--yield-budget` measures the difference.
     ///
     /// [`build`](Self::build) gives [`Error::InvalidConfig`] for a budget over
     /// [`MAX_YIELD_BUDGET`].
