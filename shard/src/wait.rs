@@ -29,7 +29,8 @@
 //! busy thread at once, but the wake-up itself (an interrupt to a core running another
 //! process) takes longer than a spin worth its cost, so the spin would only burn the share
 //! of the CPU the host leaves us, and a thread that sleeps rather than spins is also the
-//! one the scheduler runs first when it wakes. No spin and no yield loop lasts longer than its time bound.
+//! one the scheduler runs first when it wakes. No spin and no yield loop lasts longer than
+//! its time bound.
 //!
 //! The wake is cheap when nobody sleeps: a fence and a load of the `asleep` flag (a count
 //! for a [`Bell`]), the "is anyone waiting" check of crossbeam's `SyncWaker`; only a thread
@@ -366,7 +367,7 @@ fn spin<T>(
         }
         let after = Instant::now();
         if after - now > SLOW_YIELD {
-            HOST_BUSY_UNTIL.store(stamp(after + BUSY_HOLD), Ordering::Relaxed);
+            HOST_BUSY_UNTIL.fetch_max(stamp(after + BUSY_HOLD), Ordering::Relaxed);
             return None;
         }
         if after >= budget_end {
