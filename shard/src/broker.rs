@@ -160,8 +160,9 @@ impl BrokerBuilder {
     /// what it waits for, before it parks (default [`DEFAULT_YIELD_BUDGET`], 500 µs; zero:
     /// no yields, it parks after a brief spin). That is a shard thread waiting for
     /// requests, and a caller of a blocking call waiting for its answer or for a delivery.
-    /// No yield is made on a host that other processes keep busy, where each would give a
-    /// time slice away (see [`shard_time_slice`](Self::shard_time_slice)).
+    /// No yield is made on a host that other threads keep busy (the service's own, or
+    /// another process's), where each would give a time slice away (see
+    /// [`shard_time_slice`](Self::shard_time_slice)).
     ///
     /// Threads that call the broker and wait for it (the per-message API from many
     /// threads, or the `_async` calls from a runtime's tasks) do best with the default:

@@ -15,22 +15,22 @@
 //!    idle nor costs a futex call on either side;
 //! 3. park on a futex until the other side wakes this thread.
 //!
-//! A busy host changes the sums. When other processes' threads keep the cores busy, a
-//! yield hands one of them a whole time slice (milliseconds), and a woken thread may wait
-//! in the run queue for part of a slice before it runs. Worse, a yield is often not slow
-//! at all: a thread that slept a while is owed CPU time, the scheduler picks it again at
-//! once, and its yields only spend what it is owed, so that it waits all the longer the
-//! next time it needs a core. So one slow yield makes every thread of the process treat
-//! the host as busy for [`BUSY_HOLD`], and one wake-up that reached its core more than
-//! [`LATE_WAKE`] after the unpark for [`LATE_WAKE_HOLD`]: they skip step 2. Where shard
-//! threads run with the system's time slice, a waiting thread then also spins longer in
-//! step 1 ([`BUSY_SPIN`]), to catch its answer while it still holds a core; where they
-//! have a short one (see `slice.rs`), it does not spin at all: a woken shard preempts a
-//! busy thread at once, but the wake-up itself (an interrupt to a core running another
-//! process) takes longer than a spin worth its cost, so the spin would only burn the share
-//! of the CPU the host leaves us, and a thread that sleeps rather than spins is also the
-//! one the scheduler runs first when it wakes. No spin and no yield loop lasts longer than
-//! its time bound.
+//! A busy host changes the sums. When other threads (the embedding service's own, or
+//! another process's) keep the cores busy, a yield hands one of them a whole time slice
+//! (milliseconds), and a woken thread may wait in the run queue for part of a slice before
+//! it runs. Worse, a yield is often not slow at all: a thread that slept a while is owed
+//! CPU time, the scheduler picks it again at once, and its yields only spend what it is
+//! owed, so that it waits all the longer the next time it needs a core. So one slow
+//! yield makes every thread of the process treat the host as busy for [`BUSY_HOLD`], and
+//! one wake-up that reached its core more than [`LATE_WAKE`] after the unpark for
+//! [`LATE_WAKE_HOLD`]: they skip step 2. Where shard threads run with the system's time
+//! slice, a waiting thread then also spins longer in step 1 ([`BUSY_SPIN`]), to catch its
+//! answer while it still holds a core; where they have a short one (see `slice.rs`), it
+//! does not spin at all: a woken shard preempts a busy thread at once, but the wake-up
+//! itself (an interrupt to a core running another thread) takes longer than a spin worth
+//! its cost, so the spin would only burn the share of the CPU the host leaves us, and a
+//! thread that sleeps rather than spins is also the one the scheduler runs first when it
+//! wakes. No spin and no yield loop lasts longer than its time bound.
 //!
 //! The wake is cheap when nobody sleeps: a fence and a load of the `asleep` flag (a count
 //! for a [`Bell`]), the "is anyone waiting" check of crossbeam's `SyncWaker`; only a thread
