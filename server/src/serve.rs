@@ -17,10 +17,9 @@ use crate::metrics::Metrics;
 use crate::{Connection, Settings};
 
 /// How long a thread waiting on the broker yields before it parks (see
-/// `BrokerBuilder::yield_budget`). The broker's callers here are connection tasks, and
-/// yields past a few microseconds take the cores the runtime's workers need: with lapin
-/// publishing and acking each message on 2 cores, the server spent about 30 % less CPU
-/// per message than with the default 500 µs, at the same rate.
+/// `BrokerBuilder::yield_budget`). The broker's callers here are connection tasks that
+/// make blocking calls from the runtime's workers: yields past a few microseconds, by the
+/// shard and by the waiting worker, take cores the other workers and the clients need.
 pub const YIELD_BUDGET: Duration = Duration::from_micros(20);
 
 /// Above this many bytes waiting for a socket, a connection stops reading and stops taking

@@ -344,7 +344,7 @@ impl BrokerBuilder {
             let shard = ShardThread::new(
                 index,
                 inbox,
-                (sleeper, yields),
+                sleeper,
                 senders.clone(),
                 time.clone(),
                 engines.next().expect("one engine per shard"),

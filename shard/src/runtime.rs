@@ -22,7 +22,7 @@ use leasemq_engine::{
 use crate::protocol::{Answer, Deferred, Inbox, QueueCell, ReplyTo, Request, Sink};
 use crate::route::{self, Backlog, Driver, Hop};
 use crate::store::{Held, ShardLog};
-use crate::wait::{Sleeper, YieldBudget};
+use crate::wait::Sleeper;
 
 /// Requests handled per loop turn before effects are flushed.
 pub(crate) const BATCH: usize = 256;
@@ -41,9 +41,6 @@ pub(crate) struct ShardThread {
     inbox: Receiver<Request>,
     /// This thread, as the senders to its inbox see it.
     sleeper: Arc<Sleeper>,
-    /// How long its waits for requests may yield the core (see
-    /// `BrokerBuilder::yield_budget`).
-    yields: YieldBudget,
     peers: Vec<Inbox>,
     time: TimeSource,
     tick: TickLength,
@@ -72,7 +69,7 @@ impl ShardThread {
     pub fn new(
         index: usize,
         inbox: Receiver<Request>,
-        (sleeper, yields): (Arc<Sleeper>, YieldBudget),
+        sleeper: Arc<Sleeper>,
         peers: Vec<Inbox>,
         time: TimeSource,
         (engine, log, out): (Shard, Option<ShardLog>, Effects),
@@ -86,7 +83,6 @@ impl ShardThread {
             index,
             inbox,
             sleeper,
-            yields,
             peers,
             time,
             tick: TickLength::new(tick),
@@ -371,7 +367,9 @@ impl ShardThread {
         let got = if log.as_ref().is_some_and(ShardLog::is_holding) {
             self.sleeper.wait_parked(wake_at, attempt)
         } else {
-            self.sleeper.wait(wake_at, self.yields, attempt)
+            // Its own inbox says how long a wait on this shard may yield.
+            let yields = self.peers[self.index].yields();
+            self.sleeper.wait(wake_at, yields, attempt)
         };
         if got.is_none() {
             self.retry_backlog();

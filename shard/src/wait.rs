@@ -57,7 +57,7 @@ const SPIN: Duration = Duration::from_micros(2);
 /// The longest a waiter polls between yields before it parks. On an idle machine with more
 /// of our threads than cores, a yield hands the core to another of them at once, without
 /// the core going idle and without a futex call on either side.
-pub const YIELD_BUDGET: Duration = Duration::from_micros(500);
+pub(crate) const YIELD_BUDGET: Duration = Duration::from_micros(500);
 
 /// A yield that took longer than this gave the core to a thread that ran a time slice
 /// (a default slice is 0.75 ms at the least): the host is busy, and yielding
