@@ -377,6 +377,40 @@ fn put_batch_on_a_closed_queue_is_queue_closed() {
 }
 
 #[test]
+fn put_batch_nowait_is_put_in_order_before_the_callers_next_call() {
+    let broker = broker();
+    let q = broker
+        .declare_queue(
+            "put.nowait",
+            QueueConfig {
+                max_length: Some(4),
+                max_body_bytes: 16,
+                ..QueueConfig::default()
+            },
+        )
+        .unwrap();
+    let a = q.consume("a", prefetch(10)).unwrap();
+    q.put_batch_nowait(vec![msg("a"), msg("b"), msg("a")]);
+    // The next call (`stats`) is answered after it, with put_batch's outcomes.
+    assert_stats!(q, { enqueued: 2, duplicates: 1 });
+    assert_eq!(next(&a).envelope().id, "a");
+    assert_eq!(next(&a).envelope().id, "b");
+    // A batch put_batch would refuse is dropped whole, as put_batch leaves it.
+    q.put_batch_nowait(vec![msg("c"), Message::new(vec![1_u8; 17])]);
+    q.put_batch_nowait(vec![msg("c"), msg("d"), msg("e")]);
+    q.put_batch_nowait(Vec::new());
+    assert_stats!(q, { enqueued: 2, ready: 0, leased: 2 });
+    q.put_batch_nowait(vec![msg("c")]);
+    assert_stats!(q, { enqueued: 3, leased: 3 });
+    assert_eq!(next(&a).envelope().id, "c");
+    nothing(&a);
+    // On a closed queue it is dropped quietly, as put_batch's answer would be QueueClosed.
+    assert!(q.close());
+    q.put_batch_nowait(vec![msg("f")]);
+    assert_stats!(q, { enqueued: 3 });
+}
+
+#[test]
 fn envelope_carries_body_id_and_first_attempt() {
     let broker = broker();
     let q = dedup_queue(&broker, "put.envelope", Duration::ZERO);

@@ -223,6 +223,9 @@ pub struct Connection {
     queues: HashMap<String, Queue, RandomState>,
     /// Publishes and settles of the current input, made in batches when it is done.
     pending: Vec<Pending>,
+    /// Bytes of publishes put without waiting, by shard, since a put to that shard last
+    /// waited for its answer (see `may_put_nowait`).
+    unanswered_puts: Vec<usize>,
     /// The exclusive queues this connection declared: deleted when it ends.
     exclusive: Vec<Queue>,
     /// Deliveries to `no_ack` consumers, acked in one batch per queue once their frames
@@ -271,6 +274,7 @@ impl Connection {
             next_consumer: 0,
             queues: HashMap::with_hasher(keyed_state(id)),
             pending: Vec::new(),
+            unanswered_puts: Vec::new(),
             exclusive: Vec::new(),
             auto_acks: Vec::new(),
             seen: Seen::default(),

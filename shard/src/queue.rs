@@ -189,6 +189,42 @@ impl Queue {
         put_batch_result(self.request(cmd))
     }
 
+    /// [`put_batch`](Queue::put_batch) without waiting for the outcomes (an AMQP publish
+    /// without confirms), for a caller that has no use for them. The messages are put in
+    /// order, each as `put_batch` puts it, before any later call of this caller to this
+    /// queue is answered. Nobody hears what becomes of them: a batch that `put_batch` would
+    /// refuse whole (a full queue, a closed one, an invalid or oversized message) is dropped,
+    /// and a durable queue's messages are on disk after its next fsync, which nothing waits
+    /// for. A caller that must not lose a message silently checks what it can first, or
+    /// calls `put_batch`. Blocks only while the shard's inbox is full.
+    ///
+    /// ```
+    /// # mod leasemq { pub use leasemq_engine::*; pub use leasemq_shard::*; }
+    /// use leasemq::{Broker, Message, QueueConfig};
+    ///
+    /// let broker = Broker::builder().manual_clock().build()?;
+    /// let events = broker.declare_queue("events", QueueConfig::default())?;
+    /// events.put_batch_nowait(vec![Message::new("a"), Message::new("b")]);
+    /// // Put before this call is answered.
+    /// assert_eq!(events.stats().ready, 2);
+    /// # Ok::<(), leasemq::Error>(())
+    /// ```
+    pub fn put_batch_nowait(&self, messages: Vec<Message>) {
+        if messages.is_empty() || self.inner.cell.is_closed() || self.inner.broker.is_shut_down() {
+            return;
+        }
+        let cmd = Command::PutBatch {
+            queue: self.inner.key,
+            messages,
+        };
+        let inbox = self.inner.broker.inbox(self.inner.shard);
+        // A shard that stopped refuses it; there is no one to tell.
+        drop(inbox.send(Request::Engine {
+            cmd,
+            reply: ReplyTo::nobody(),
+        }));
+    }
+
     /// [`put`](Queue::put) without blocking: for a tokio task.
     ///
     /// # Errors

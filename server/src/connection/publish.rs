@@ -17,6 +17,13 @@ const MAX_ID_BYTES: usize = 1024;
 /// What is reserved for a message body before its frames arrive.
 const FIRST_BODY_RESERVE: usize = 128 * 1024;
 
+/// How many bytes of publishes one connection may have handed to a shard without waiting
+/// for its answer (`put_batch_nowait`) before its next put there waits: what a shard that
+/// falls behind holds for one connection in its inbox, beyond one read's publishes.
+pub(super) const UNANSWERED_PUT_BYTES: usize = 256 * 1024;
+/// What a message costs beyond its body while it waits in a shard's inbox.
+const MESSAGE_OVERHEAD: usize = 64;
+
 /// A `basic.publish` waiting for its content header and body.
 pub(super) struct Incoming {
     pub(super) publish: basic::Publish,
@@ -264,6 +271,14 @@ impl Connection {
     /// and dropped on another, as RabbitMQ does; a failed log without confirms is a
     /// channel error, so that the loss is not silent.
     fn put(&mut self, ch: u16, queue: &Queue, messages: Vec<Message>, numbers: &[u64]) {
+        if numbers.is_empty() && self.may_put_nowait(queue, &messages) {
+            queue.put_batch_nowait(messages);
+            return;
+        }
+        // Once this call is answered, every put sent before it to this shard is applied.
+        if let Some(bytes) = self.unanswered_puts.get_mut(queue.shard()) {
+            *bytes = 0;
+        }
         let count = messages.len();
         // Kept for a second try one by one; only a bounded queue can refuse part.
         let retry = (count > 1 && queue.config().max_length.is_some()).then(|| messages.clone());
@@ -293,6 +308,38 @@ impl Connection {
                 .refused
                 .extend(numbers.iter().skip(first_refused).take(count));
         }
+    }
+
+    /// Whether a run of publishes without confirms may go to its queue without waiting for
+    /// the shard's answer: when nothing the answer could say needs telling. A refused
+    /// publish is dropped either way, so only a refusal that is not would need the answer:
+    /// a message over the queue's size limit (a channel error), a bounded queue (which takes
+    /// what fits of a batch, not none of it), or a durable queue (a failed log is a
+    /// channel error). The publishes a shard has not answered are bounded per connection
+    /// ([`UNANSWERED_PUT_BYTES`]): past that, a put waits, and its answer covers the rest.
+    pub(super) fn may_put_nowait(&mut self, queue: &Queue, messages: &[Message]) -> bool {
+        let config = queue.config();
+        if queue.is_durable() || config.max_length.is_some() {
+            return false;
+        }
+        let mut bytes = 0;
+        for message in messages {
+            let body = message.body().len();
+            if body > config.max_body_bytes {
+                return false;
+            }
+            bytes += body + MESSAGE_OVERHEAD;
+        }
+        let shard = queue.shard();
+        if self.unanswered_puts.len() <= shard {
+            self.unanswered_puts.resize(shard + 1, 0);
+        }
+        let unanswered = &mut self.unanswered_puts[shard];
+        if *unanswered + bytes > UNANSWERED_PUT_BYTES {
+            return false;
+        }
+        *unanswered += bytes;
+        true
     }
 
     fn return_unroutable(&mut self, ch: u16, publish: basic::Publish, content: &Content) {

@@ -1251,3 +1251,100 @@ fn channel_flow_pauses_and_resumes_deliveries() {
     assert_eq!(out[0], ok(true));
     assert_eq!(deliveries(&out), [(1, false, b"held".to_vec())]);
 }
+
+#[test]
+fn publishes_without_confirms_are_not_waited_for_unless_the_answer_needs_telling() {
+    use super::publish::UNANSWERED_PUT_BYTES;
+    use leasemq::{Message, QueueConfig};
+    let mut c = Client::open();
+    c.declare("plain");
+    // Put before a method later in the same read is answered.
+    let mut frames: Vec<AMQPFrame> = [b"1", b"2", b"3"]
+        .iter()
+        .flat_map(|body| Client::publish_frames("plain", BasicProperties::default(), *body))
+        .collect();
+    let passive = queue::Declare {
+        queue: "plain".into(),
+        passive: true,
+        ..queue::Declare::default()
+    };
+    frames.push(queue_method(queue::AMQPMethod::Declare(passive)));
+    let out = c.feed(&frames);
+    let ok = queue::DeclareOk {
+        queue: "plain".into(),
+        message_count: 3,
+        consumer_count: 0,
+    };
+    assert_eq!(out, [queue_method(queue::AMQPMethod::DeclareOk(ok))]);
+
+    // A bounded queue takes what fits of a run, which a batch put without waiting would not.
+    let mut arguments = FieldTable::default();
+    arguments.insert("x-max-length".into(), AMQPValue::LongInt(2));
+    arguments.insert(
+        "x-overflow".into(),
+        AMQPValue::LongString("reject-publish".into()),
+    );
+    let declare = queue::Declare {
+        queue: "bounded".into(),
+        arguments,
+        ..queue::Declare::default()
+    };
+    c.feed(&[queue_method(queue::AMQPMethod::Declare(declare))]);
+    let frames: Vec<AMQPFrame> = [b"1", b"2", b"3"]
+        .iter()
+        .flat_map(|body| Client::publish_frames("bounded", BasicProperties::default(), *body))
+        .collect();
+    assert_eq!(c.feed(&frames), []);
+    assert_eq!(c.stats("bounded").ready, 2);
+
+    // A message over the queue's size limit is a channel error, not a silent drop.
+    let small = QueueConfig {
+        max_body_bytes: 64,
+        ..QueueConfig::default()
+    };
+    c.broker.declare_queue("small", small).unwrap();
+    let mut c3 = c.another(3);
+    let out = c3.feed(&Client::publish_frames(
+        "small",
+        BasicProperties::default(),
+        &[7; 100],
+    ));
+    assert_eq!(channel_close_code(&out), Some(406));
+
+    // The bytes a shard has not answered are bounded: past the bound a put waits, and
+    // once it has, puts go without waiting again.
+    let plain = c.broker.queue("plain").unwrap();
+    let batch = vec![Message::new(vec![0u8; 4000]); 4];
+    let mut sent = 0;
+    while c.conn.may_put_nowait(&plain, &batch) {
+        sent += 1;
+        assert!(
+            sent * 4 * 4000 <= UNANSWERED_PUT_BYTES,
+            "{sent} batches unanswered"
+        );
+    }
+    assert!(
+        (sent + 1) * 4 * 4064 > UNANSWERED_PUT_BYTES,
+        "waited after {sent}"
+    );
+    assert!(
+        !c.conn.may_put_nowait(&plain, &batch),
+        "still over the bound"
+    );
+    let mut c2 = c.another(2);
+    c2.publish("plain", b"another connection's puts are its own");
+    assert!(
+        !c.conn.may_put_nowait(&plain, &batch),
+        "its own put must wait"
+    );
+    // A run bigger than the room left: it waits (bodies within the frame_max of 8 192).
+    let run: Vec<AMQPFrame> = (0..3)
+        .flat_map(|_| Client::publish_frames("plain", BasicProperties::default(), &[1; 8000]))
+        .collect();
+    c.feed(&run);
+    assert_eq!(plain.stats().ready, 7);
+    assert!(
+        c.conn.may_put_nowait(&plain, &batch),
+        "answered: room again"
+    );
+}
