@@ -1133,28 +1133,40 @@ fn an_exclusive_consumer_has_its_queue_alone_across_connections() {
     consumer_tag(&sixth.consume("solo", false));
 }
 
+impl Client {
+    /// Declares `name` with `x-max-length` `max` and `x-overflow` `reject-publish`.
+    fn declare_rejecting_over(&mut self, name: &str, max: i32) {
+        let mut arguments = FieldTable::default();
+        arguments.insert("x-max-length".into(), AMQPValue::LongInt(max));
+        arguments.insert(
+            "x-overflow".into(),
+            AMQPValue::LongString("reject-publish".into()),
+        );
+        let declare = queue::Declare {
+            queue: name.into(),
+            arguments,
+            ..queue::Declare::default()
+        };
+        self.feed(&[queue_method(queue::AMQPMethod::Declare(declare))]);
+    }
+
+    /// The frames of one publish of each body to `queue`, in order.
+    fn publish_run(queue: &str, bodies: &[&[u8]]) -> Vec<AMQPFrame> {
+        bodies
+            .iter()
+            .flat_map(|body| Client::publish_frames(queue, BasicProperties::default(), body))
+            .collect()
+    }
+}
+
 #[test]
 fn a_full_queue_with_reject_publish_takes_what_fits_and_nacks_the_rest() {
     use amq_protocol::protocol::confirm;
     let mut c = Client::open();
-    let mut arguments = FieldTable::default();
-    arguments.insert("x-max-length".into(), AMQPValue::LongInt(2));
-    arguments.insert(
-        "x-overflow".into(),
-        AMQPValue::LongString("reject-publish".into()),
-    );
-    let declare = queue::Declare {
-        queue: "bounded".into(),
-        arguments,
-        ..queue::Declare::default()
-    };
-    c.feed(&[queue_method(queue::AMQPMethod::Declare(declare))]);
+    c.declare_rejecting_over("bounded", 2);
     let select = confirm::AMQPMethod::Select(confirm::Select { nowait: false });
     c.feed(&[method(1, AMQPClass::Confirm(select))]);
-    let frames: Vec<AMQPFrame> = [b"1", b"2", b"3"]
-        .iter()
-        .flat_map(|body| Client::publish_frames("bounded", BasicProperties::default(), *body))
-        .collect();
+    let frames = Client::publish_run("bounded", &[b"1", b"2", b"3"]);
     let out = c.feed(&frames);
     let nack = basic::Nack {
         delivery_tag: 3,
@@ -1259,10 +1271,7 @@ fn publishes_without_confirms_are_not_waited_for_unless_the_answer_needs_telling
     let mut c = Client::open();
     c.declare("plain");
     // Put before a method later in the same read is answered.
-    let mut frames: Vec<AMQPFrame> = [b"1", b"2", b"3"]
-        .iter()
-        .flat_map(|body| Client::publish_frames("plain", BasicProperties::default(), *body))
-        .collect();
+    let mut frames = Client::publish_run("plain", &[b"1", b"2", b"3"]);
     let passive = queue::Declare {
         queue: "plain".into(),
         passive: true,
@@ -1278,22 +1287,8 @@ fn publishes_without_confirms_are_not_waited_for_unless_the_answer_needs_telling
     assert_eq!(out, [queue_method(queue::AMQPMethod::DeclareOk(ok))]);
 
     // A bounded queue takes what fits of a run, which a batch put without waiting would not.
-    let mut arguments = FieldTable::default();
-    arguments.insert("x-max-length".into(), AMQPValue::LongInt(2));
-    arguments.insert(
-        "x-overflow".into(),
-        AMQPValue::LongString("reject-publish".into()),
-    );
-    let declare = queue::Declare {
-        queue: "bounded".into(),
-        arguments,
-        ..queue::Declare::default()
-    };
-    c.feed(&[queue_method(queue::AMQPMethod::Declare(declare))]);
-    let frames: Vec<AMQPFrame> = [b"1", b"2", b"3"]
-        .iter()
-        .flat_map(|body| Client::publish_frames("bounded", BasicProperties::default(), *body))
-        .collect();
+    c.declare_rejecting_over("bounded", 2);
+    let frames = Client::publish_run("bounded", &[b"1", b"2", b"3"]);
     assert_eq!(c.feed(&frames), []);
     assert_eq!(c.stats("bounded").ready, 2);
 
