@@ -5,7 +5,8 @@
 //! handshake (protocol header, `start-ok`, `tune-ok` with a small `frame_max`, `open`,
 //! `channel.open` 1) so that the rest reaches the channel methods; even, the rest is all
 //! there is. The rest is fed in pieces whose sizes the input also chooses, as reads from a
-//! socket come, and every delivery the connection's consumers receive is handed to it.
+//! socket come; the answers to its awaited puts and every delivery its consumers receive
+//! are handed to it.
 //! The target checks that `handle_input` never claims more bytes than it was given, that
 //! what the server writes parses as AMQP frames, and that nothing panics. The broker is
 //! shared by every input and runs under the manual clock.
@@ -91,9 +92,11 @@ fuzz_target!(|data: &[u8]| {
         let take = usize::from(len).min(tail.len());
         input.extend_from_slice(&tail[..take]);
         pieces = &tail[take..];
+        let _ = conn.may_wait_for_disk(&input);
         let used = conn.handle_input(&input);
         assert!(used <= input.len(), "used more bytes than it was given");
         input.drain(..used);
+        conn.try_answers();
         while let Some((i, d)) = conn.try_delivery() {
             conn.handle_delivery(i, d);
         }

@@ -4,8 +4,11 @@
 //! ([`Connection::handle_input`]), hands it each delivery a consumer of it received
 //! ([`Connection::handle_delivery`], after [`Connection::poll_delivery`] or
 //! [`Connection::try_delivery`]), and writes out what it produced
-//! ([`Connection::take_output`]). The broker calls it makes are the blocking forms: each is
-//! one round trip to a shard thread, which never waits on a connection.
+//! ([`Connection::take_output`]), and hands it the answers to the puts it awaits
+//! ([`Connection::poll_answers`]). Its broker calls are blocking ones (a round trip to a
+//! shard thread, which never waits on a connection), ones not waited for (the puts of
+//! publishes without confirms, acks), and puts whose answers it awaits while it reads on
+//! (those of confirming channels and durable queues).
 //!
 //! The connection walks through the handshake (protocol header, `connection.start`/
 //! `start-ok` with PLAIN, `tune`/`tune-ok`, `open`/`open-ok`), then serves channels
@@ -18,7 +21,7 @@ mod channel;
 mod consumers;
 mod publish;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::future::Future;
 use std::pin::pin;
 use std::sync::{Arc, Mutex};
@@ -37,7 +40,7 @@ use crate::metrics::Metrics;
 use crate::wire::{self, Next, Output};
 use channel::Channel;
 pub use consumers::QueueConsumers;
-use publish::Pending;
+use publish::{Awaited, Pending};
 
 /// What a connection needs to know that is the same for all of them.
 #[derive(Debug, Clone)]
@@ -226,6 +229,11 @@ pub struct Connection {
     /// Bytes of publishes put without waiting, by shard, since a put to that shard last
     /// waited for its answer (see `may_put_nowait`).
     unanswered_puts: Vec<usize>,
+    /// Puts whose answers are awaited, in the order sent, and their bytes.
+    awaited: VecDeque<Awaited>,
+    awaited_bytes: usize,
+    /// Channels opened so far: the next one's `serial`.
+    opened: u64,
     /// The exclusive queues this connection declared: deleted when it ends.
     exclusive: Vec<Queue>,
     /// Deliveries to `no_ack` consumers, acked in one batch per queue once their frames
@@ -275,6 +283,9 @@ impl Connection {
             queues: HashMap::with_hasher(keyed_state(id)),
             pending: Vec::new(),
             unanswered_puts: Vec::new(),
+            awaited: VecDeque::new(),
+            awaited_bytes: 0,
+            opened: 0,
             exclusive: Vec::new(),
             auto_acks: Vec::new(),
             seen: Seen::default(),
@@ -351,7 +362,12 @@ impl Connection {
             // Waited for, though no answer is needed: while the connection waits, the
             // shard gathers the next deliveries into one batch; without the wait the
             // connection comes back for them a few at a time, at more CPU per message.
-            queue.settle_batch(&settles);
+            // Not on a durable queue, whose answer waits for an fsync.
+            if queue.is_durable() {
+                queue.settle_batch_nowait(&settles);
+            } else {
+                queue.settle_batch(&settles);
+            }
         }
     }
 
@@ -401,10 +417,13 @@ impl Connection {
         ));
     }
 
-    /// Whether handling input may wait for the disk: the broker has durable queues, whose
-    /// puts and settles are answered after an fsync.
-    pub fn may_wait_for_disk(&self) -> bool {
+    /// Whether handling `input` may wait for the disk: the broker has durable queues, and
+    /// `input` holds a method that waits for an fsync (a `basic.nack` or `basic.reject`, a
+    /// queue's declaration or deletion). Publishes and acks do not: their puts and settles
+    /// are not waited for.
+    pub fn may_wait_for_disk(&self, input: &[u8]) -> bool {
         self.settings.durable
+            && (self.phase != Phase::Open || !wire::only_publishes_and_acks(input))
     }
 
     /// The heartbeat interval the client asked for in `tune-ok` (zero: none).

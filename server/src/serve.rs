@@ -6,6 +6,7 @@ use std::io;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::Duration;
 
 use leasemq::Broker;
@@ -122,7 +123,9 @@ async fn drive(
     let mut last_write = Instant::now();
     let mut last_read = Instant::now();
     loop {
-        // Deliveries that are already waiting go out with what is being written.
+        // Answers and deliveries that are already waiting go out with what is being
+        // written.
+        conn.try_answers();
         while output.len() - written + conn.output_len() < HIGH_WATER {
             match conn.try_delivery() {
                 Some((i, d)) => conn.handle_delivery(i, d),
@@ -148,8 +151,10 @@ async fn drive(
         // Deliveries wait while the output holds HIGH_WATER; reading goes on up to twice
         // that (what one read makes the output grow by is small), so a client's acks,
         // publishes and heartbeats are still heard while a backlog of deliveries drains.
+        // Reading also pauses while the puts awaiting answers hold too much (a slow disk):
+        // a publisher is read no faster than its puts are answered.
         let room = pending < HIGH_WATER;
-        let read_room = pending < 2 * HIGH_WATER;
+        let read_room = pending < 2 * HIGH_WATER && conn.wants_input();
         if !read_room {
             // A client is not late with its heartbeats while we do not read them.
             last_read = Instant::now();
@@ -162,11 +167,12 @@ async fn drive(
                 }
                 metrics.incoming_bytes.inc_by(read as u64);
                 last_read = Instant::now();
-                // The broker calls block; with durable queues for an fsync, a fraction of a
-                // millisecond or more: the runtime moves this worker's other tasks away.
+                // The broker calls block; with durable queues some wait for an fsync, a
+                // fraction of a millisecond or more: the runtime then moves this worker's
+                // other tasks away (which costs a thread hand-off, so only then).
                 let multi_thread = tokio::runtime::Handle::current().runtime_flavor()
                     == tokio::runtime::RuntimeFlavor::MultiThread;
-                let used = if conn.may_wait_for_disk() && multi_thread {
+                let used = if multi_thread && conn.may_wait_for_disk(&input) {
                     tokio::task::block_in_place(|| conn.handle_input(&input))
                 } else {
                     conn.handle_input(&input)
@@ -184,8 +190,19 @@ async fn drive(
                     written = 0;
                 }
             }
-            (i, d) = poll_fn(|cx| conn.poll_delivery(cx)), if room && !conn.is_closed() => {
-                conn.handle_delivery(i, d);
+            // The answers to awaited puts (taken as they come), or a delivery.
+            delivery = poll_fn(|cx| {
+                if conn.awaits_answers() && conn.poll_answers(cx).is_ready() {
+                    return Poll::Ready(None);
+                }
+                match room && !conn.is_closed() {
+                    true => conn.poll_delivery(cx).map(Some),
+                    false => Poll::Pending,
+                }
+            }), if (room && !conn.is_closed()) || conn.awaits_answers() => {
+                if let Some((i, d)) = delivery {
+                    conn.handle_delivery(i, d);
+                }
             }
             () = sleep_until(beat_at), if !heartbeat.is_zero() => {
                 if last_read.elapsed() > heartbeat * 2 {

@@ -16,7 +16,9 @@ use amq_protocol::frame::{
     gen_frame, parse_frame, AMQPContentHeader, AMQPFrame, AMQPFrameType, AMQPRawFrame, WriteContext,
 };
 use amq_protocol::protocol::basic::{self, parse_properties, AMQPMethod};
-use amq_protocol::protocol::constants::{FRAME_BODY, FRAME_END, FRAME_HEADER, FRAME_METHOD};
+use amq_protocol::protocol::constants::{
+    FRAME_BODY, FRAME_END, FRAME_HEADER, FRAME_HEARTBEAT, FRAME_METHOD,
+};
 use amq_protocol::protocol::parse_class;
 use amq_protocol::protocol::AMQPClass;
 use amq_protocol::types::ShortString;
@@ -120,6 +122,33 @@ pub fn next_frame(input: &[u8], frame_max: usize) -> Next<'_> {
             None => Next::Malformed,
         },
     }
+}
+
+/// Whether the whole frames at the start of `input` are only publishes, their content,
+/// `basic.ack`s and heartbeats: what a connection serves without waiting for a disk (its
+/// puts and acks go to the shard without waiting for the answer). A trailing frame cut
+/// short is not looked at; anything that is not a frame counts as something else.
+pub fn only_publishes_and_acks(mut input: &[u8]) -> bool {
+    const HEADER: usize = 7;
+    const BASIC_ACK: [u8; 4] = [0, 60, 0, 80];
+    while input.len() >= HEADER {
+        let payload = u32::from_be_bytes([input[3], input[4], input[5], input[6]]) as usize;
+        let whole = payload.saturating_add(FRAME_OVERHEAD);
+        if input.len() < whole {
+            break;
+        }
+        let body = &input[HEADER..HEADER + payload];
+        let quick = match input[0] {
+            FRAME_METHOD => body.starts_with(&BASIC_PUBLISH) || body.starts_with(&BASIC_ACK),
+            FRAME_HEADER | FRAME_BODY | FRAME_HEARTBEAT => true,
+            _ => false,
+        };
+        if !quick {
+            return false;
+        }
+        input = &input[whole..];
+    }
+    true
 }
 
 /// A content header's fixed fields, read as `parse_content_header` reads them (the weight
@@ -657,5 +686,71 @@ mod tests {
         }
         assert!(rest.is_empty());
         assert_eq!(sizes, [40, 40, 20]);
+    }
+
+    #[test]
+    fn only_publishes_their_content_acks_and_heartbeats_are_quick() {
+        let frames = |list: &[AMQPFrame]| -> Vec<u8> {
+            let mut out = Output::default();
+            for f in list {
+                out.frame(f).unwrap();
+            }
+            let mut bytes = Vec::new();
+            out.drain_into(&mut bytes);
+            bytes
+        };
+        let publish = AMQPFrame::Method(
+            1,
+            AMQPClass::Basic(AMQPMethod::Publish(basic::Publish {
+                routing_key: "q".into(),
+                ..basic::Publish::default()
+            })),
+        );
+        let header = AMQPFrame::Header(
+            1,
+            AMQPContentHeader {
+                class_id: 60,
+                body_size: 2,
+                properties: BasicProperties::default(),
+            },
+        );
+        let body = AMQPFrame::Body(1, b"hi".to_vec());
+        let ack = AMQPFrame::Method(
+            1,
+            AMQPClass::Basic(AMQPMethod::Ack(basic::Ack {
+                delivery_tag: 3,
+                multiple: false,
+            })),
+        );
+        let nack = AMQPFrame::Method(
+            1,
+            AMQPClass::Basic(AMQPMethod::Nack(basic::Nack {
+                delivery_tag: 3,
+                multiple: false,
+                requeue: true,
+            })),
+        );
+        let quick = frames(&[
+            publish.clone(),
+            header.clone(),
+            body.clone(),
+            ack.clone(),
+            AMQPFrame::Heartbeat,
+        ]);
+        assert!(only_publishes_and_acks(&quick));
+        assert!(only_publishes_and_acks(&[]));
+        // A frame cut short at the end is not looked at, whatever it is.
+        let nack_bytes = frames(&[nack]);
+        let mut cut = quick.clone();
+        cut.extend_from_slice(&nack_bytes[..nack_bytes.len() - 1]);
+        assert!(only_publishes_and_acks(&cut));
+        // Anything else anywhere among them is not quick.
+        let unknown_type = vec![9, 0, 0, 0, 0, 0, 0, FRAME_END];
+        for other in [nack_bytes, open_frame(), unknown_type] {
+            let mut mixed = frames(&[publish.clone(), header.clone(), body.clone()]);
+            mixed.extend(other);
+            mixed.extend(frames(std::slice::from_ref(&ack)));
+            assert!(!only_publishes_and_acks(&mixed));
+        }
     }
 }

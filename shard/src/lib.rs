@@ -40,7 +40,7 @@ pub use broker::{
     MAX_YIELD_BUDGET,
 };
 pub use consumer::{Consumer, Delivery};
-pub use queue::Queue;
+pub use queue::{PendingPutBatch, Queue};
 pub use router::shard_for;
 pub use slice::{set_thread_time_slice, MAX_TIME_SLICE, MIN_TIME_SLICE};
 pub use store::{SyncPolicy, META_FILE};

@@ -1,7 +1,10 @@
 //! The queue handle: puts, settles, consumers, stats and close, each one request to the
 //! shard that owns the queue.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use crossbeam_channel::unbounded;
@@ -9,6 +12,7 @@ use leasemq_engine::{
     validate, Command, ConsumerConfig, DeliveryTag, Error, Message, PutOutcome, QueueConfig,
     QueueKey, QueueStats, Reply, Settle,
 };
+use tokio::sync::oneshot;
 
 use crate::broker::BrokerInner;
 use crate::consumer::Consumer;
@@ -111,11 +115,7 @@ impl Queue {
         } else {
             call(inbox, request)
         };
-        match answer {
-            Answer::Engine(reply) => Outcome::Reply(reply),
-            Answer::ShutDown => Outcome::ShutDown,
-            other => unreachable!("a queue command answered {other:?}"),
-        }
+        outcome(answer)
     }
 
     async fn request_async(&self, cmd: Command) -> Outcome {
@@ -123,11 +123,7 @@ impl Queue {
             return Outcome::ShutDown;
         }
         let inbox = self.inner.broker.inbox(self.inner.shard);
-        match call_async(inbox, |reply: ReplyTo| Request::Engine { cmd, reply }).await {
-            Answer::Engine(reply) => Outcome::Reply(reply),
-            Answer::ShutDown => Outcome::ShutDown,
-            other => unreachable!("a queue command answered {other:?}"),
-        }
+        outcome(call_async(inbox, |reply: ReplyTo| Request::Engine { cmd, reply }).await)
     }
 
     // ----- put -----------------------------------------------------------------------------
@@ -223,6 +219,44 @@ impl Queue {
             cmd,
             reply: ReplyTo::nobody(),
         }));
+    }
+
+    /// Sends [`put_batch`](Queue::put_batch) now and hands back its answer to come: for a
+    /// caller that goes on with other work meanwhile, such as a server that confirms a
+    /// publish once it is put (on a durable queue, once it is on disk) but keeps reading.
+    /// The batch is on its way to the shard when this returns, so it is put before any
+    /// later call of this caller to this queue is answered, as a blocking call would be;
+    /// dropping the [`PendingPutBatch`] drops only the answer. Blocks only while the
+    /// shard's inbox is full.
+    ///
+    /// ```
+    /// # mod leasemq { pub use leasemq_engine::*; pub use leasemq_shard::*; }
+    /// use leasemq::{Broker, Message, PutOutcome, QueueConfig};
+    ///
+    /// let broker = Broker::builder().manual_clock().build()?;
+    /// let jobs = broker.declare_queue("jobs", QueueConfig::default())?;
+    /// let mut pending = jobs.begin_put_batch(vec![Message::new("a").with_id("a")]);
+    /// assert_eq!(jobs.stats().enqueued, 1); // put before this later call is answered
+    /// let answer = pending.try_answer().expect("answered before stats was");
+    /// assert_eq!(answer?, vec![PutOutcome::Enqueued]);
+    /// # Ok::<(), leasemq::Error>(())
+    /// ```
+    pub fn begin_put_batch(&self, messages: Vec<Message>) -> PendingPutBatch {
+        if self.inner.broker.is_shut_down() {
+            return PendingPutBatch::answered(Err(Error::ShutDown));
+        }
+        let (tx, rx) = oneshot::channel();
+        let cmd = Command::PutBatch {
+            queue: self.inner.key,
+            messages,
+        };
+        let inbox = self.inner.broker.inbox(self.inner.shard);
+        // A request a stopped shard refuses is dropped with its sender: ShutDown.
+        drop(inbox.send(Request::Engine {
+            cmd,
+            reply: ReplyTo::oneshot(tx),
+        }));
+        PendingPutBatch(Pending::Waiting(rx))
     }
 
     /// [`put`](Queue::put) without blocking: for a tokio task.
@@ -591,6 +625,14 @@ fn put_result(outcome: Outcome) -> Result<PutOutcome, Error> {
     }
 }
 
+fn outcome(answer: Answer) -> Outcome {
+    match answer {
+        Answer::Engine(reply) => Outcome::Reply(reply),
+        Answer::ShutDown => Outcome::ShutDown,
+        other => unreachable!("a queue command answered {other:?}"),
+    }
+}
+
 fn put_batch_result(outcome: Outcome) -> Result<Vec<PutOutcome>, Error> {
     match outcome {
         Outcome::Reply(Reply::PutBatch(result)) => result,
@@ -607,5 +649,68 @@ fn settled_batch(outcome: Outcome, n: usize) -> Vec<bool> {
     match outcome {
         Outcome::Reply(Reply::SettledBatch(results)) => results,
         _ => vec![false; n],
+    }
+}
+
+/// The answer of a [`Queue::begin_put_batch`], once the shard gives it: what
+/// [`Queue::put_batch`] would have returned. A future (for a tokio task), or looked at
+/// without waiting with [`try_answer`](PendingPutBatch::try_answer).
+#[must_use = "the batch is put either way; this is only its answer"]
+pub struct PendingPutBatch(Pending);
+
+enum Pending {
+    Waiting(oneshot::Receiver<Answer>),
+    Answered(Option<Result<Vec<PutOutcome>, Error>>),
+}
+
+impl std::fmt::Debug for PendingPutBatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let state = match &self.0 {
+            Pending::Waiting(_) => "waiting",
+            Pending::Answered(Some(_)) => "answered",
+            Pending::Answered(None) => "taken",
+        };
+        f.debug_tuple("PendingPutBatch").field(&state).finish()
+    }
+}
+
+impl PendingPutBatch {
+    fn answered(result: Result<Vec<PutOutcome>, Error>) -> PendingPutBatch {
+        PendingPutBatch(Pending::Answered(Some(result)))
+    }
+
+    /// The answer if the shard has given it, without waiting; `None` while it has not (and
+    /// after the answer was taken).
+    pub fn try_answer(&mut self) -> Option<Result<Vec<PutOutcome>, Error>> {
+        match &mut self.0 {
+            Pending::Waiting(rx) => {
+                let answer = match rx.try_recv() {
+                    Ok(answer) => answer,
+                    Err(oneshot::error::TryRecvError::Empty) => return None,
+                    // The request was dropped unanswered: the shard stopped.
+                    Err(oneshot::error::TryRecvError::Closed) => Answer::ShutDown,
+                };
+                self.0 = Pending::Answered(None);
+                Some(put_batch_result(outcome(answer)))
+            }
+            Pending::Answered(result) => result.take(),
+        }
+    }
+}
+
+impl Future for PendingPutBatch {
+    type Output = Result<Vec<PutOutcome>, Error>;
+
+    /// Ready with the answer; polled again after that, it stays pending.
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let answer = match &mut self.0 {
+            Pending::Waiting(rx) => match Pin::new(rx).poll(cx) {
+                Poll::Ready(answer) => answer.unwrap_or(Answer::ShutDown),
+                Poll::Pending => return Poll::Pending,
+            },
+            Pending::Answered(result) => return result.take().map_or(Poll::Pending, Poll::Ready),
+        };
+        self.0 = Pending::Answered(None);
+        Poll::Ready(put_batch_result(outcome(answer)))
     }
 }

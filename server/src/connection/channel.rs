@@ -62,6 +62,8 @@ pub(crate) struct Channel {
     pub(super) confirmed: u64,
     /// Publish numbers the broker refused since the last confirms: nacked next.
     pub(super) refused: Vec<u64>,
+    /// Which channel of this number it is: the connection's count of channels opened.
+    pub(super) serial: u64,
 }
 
 /// What a channel delivery tag stands for.
@@ -244,7 +246,15 @@ impl Connection {
     fn handle_unopened(&mut self, ch: u16, method: AMQPClass) -> Result<(), Fault> {
         match method {
             AMQPClass::Channel(channel::AMQPMethod::Open(_)) if ch <= self.channel_max => {
-                self.channels.insert(ch, Channel::default());
+                self.opened += 1;
+                let serial = self.opened;
+                self.channels.insert(
+                    ch,
+                    Channel {
+                        serial,
+                        ..Channel::default()
+                    },
+                );
                 self.send(
                     ch,
                     AMQPClass::Channel(channel::AMQPMethod::OpenOk(channel::OpenOk {})),

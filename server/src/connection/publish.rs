@@ -4,7 +4,11 @@
 
 use amq_protocol::protocol::{basic, AMQPClass};
 use bytes::Bytes;
-use leasemq::{DeliveryTag, Error, Message, Queue, Settle};
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use leasemq::{DeliveryTag, Error, Message, PendingPutBatch, Queue, Settle};
 
 use super::channel::broker_fault;
 use super::{code, Connection, Fault};
@@ -23,6 +27,26 @@ const FIRST_BODY_RESERVE: usize = 128 * 1024;
 pub(super) const UNANSWERED_PUT_BYTES: usize = 256 * 1024;
 /// What a message costs beyond its body while it waits in a shard's inbox.
 const MESSAGE_OVERHEAD: usize = 64;
+/// The most bytes of awaited puts ([`Awaited`]) a connection holds before it stops
+/// reading until answers come.
+const AWAITED_BYTES: usize = 1 << 20;
+/// The most awaited puts a connection holds before it stops reading (each answer is
+/// looked for on every wake-up of the connection).
+const AWAITED_PUTS: usize = 256;
+
+/// A put sent with [`Queue::begin_put_batch`] whose answer the connection awaits while it
+/// reads on: the puts of confirming channels (confirmed when answered) and of durable
+/// queues (answered after an fsync; a failed log is a channel error).
+pub(crate) struct Awaited {
+    channel: u16,
+    /// The channel's `serial`: an answer for an earlier channel of the same number is
+    /// dropped.
+    serial: u64,
+    /// The publish numbers it holds, ascending; empty without confirms.
+    numbers: Vec<u64>,
+    bytes: usize,
+    answer: PendingPutBatch,
+}
 
 /// A `basic.publish` waiting for its content header and body.
 pub(super) struct Incoming {
@@ -265,49 +289,141 @@ impl Connection {
         }
     }
 
-    /// One channel's run of publishes to one queue, as one `put_batch`. A full queue
-    /// (`x-overflow` `reject-publish`) takes what fits, in order, and refuses the rest; a
-    /// failed log refuses them all. A refused publish is nacked on a confirming channel
-    /// and dropped on another, as RabbitMQ does; a failed log without confirms is a
-    /// channel error, so that the loss is not silent.
-    fn put(&mut self, ch: u16, queue: &Queue, messages: Vec<Message>, numbers: &[u64]) {
+    /// One channel's run of publishes to one queue. A full queue (`x-overflow`
+    /// `reject-publish`) takes what fits, in order, and refuses the rest; a failed log
+    /// refuses them all. A refused publish is nacked on a confirming channel and dropped on
+    /// another, as RabbitMQ does; a failed log without confirms is a channel error, so that
+    /// the loss is not silent.
+    ///
+    /// Three ways to the shard: without waiting where no answer could matter
+    /// ([`may_put_nowait`](Connection::may_put_nowait)); awaited ([`Awaited`]) where the
+    /// answer is confirmed or comes after an fsync, one put per message to a bounded queue;
+    /// otherwise (a bounded queue in memory without confirms, a body over the queue's
+    /// limit, or too much unanswered) a `put_batch` waited for, which is quick.
+    fn put(&mut self, ch: u16, queue: &Queue, messages: Vec<Message>, numbers: Vec<u64>) {
         if numbers.is_empty() && self.may_put_nowait(queue, &messages) {
             queue.put_batch_nowait(messages);
+            return;
+        }
+        let bounded = queue.config().max_length.is_some();
+        if !numbers.is_empty() || queue.is_durable() {
+            let serial = self.channels.get(&ch).map_or(0, |s| s.serial);
+            if bounded {
+                // One put each, so that a full queue refuses only what does not fit.
+                for (i, message) in messages.into_iter().enumerate() {
+                    let number = numbers.get(i).map(|&n| vec![n]).unwrap_or_default();
+                    self.await_put(ch, serial, queue, vec![message], number);
+                }
+            } else {
+                self.await_put(ch, serial, queue, messages, numbers);
+            }
             return;
         }
         // Once this call is answered, every put sent before it to this shard is applied.
         if let Some(bytes) = self.unanswered_puts.get_mut(queue.shard()) {
             *bytes = 0;
         }
-        let count = messages.len();
         // Kept for a second try one by one; only a bounded queue can refuse part.
-        let retry = (count > 1 && queue.config().max_length.is_some()).then(|| messages.clone());
-        let first_refused = match queue.put_batch(messages) {
-            Ok(_) => return,
-            Err(Error::QueueFull) => match retry {
-                Some(messages) => {
-                    let mut taken = 0;
-                    for message in messages {
-                        if queue.put(message).is_err() {
-                            break;
-                        }
-                        taken += 1;
+        let retry = (messages.len() > 1 && bounded).then(|| messages.clone());
+        match queue.put_batch(messages) {
+            Ok(_) => {}
+            Err(Error::QueueFull) => {
+                for message in retry.into_iter().flatten() {
+                    if queue.put(message).is_err() {
+                        break;
                     }
-                    taken
                 }
-                None => 0,
-            },
-            Err(Error::Storage(_)) if !numbers.is_empty() => 0,
-            Err(e) => {
-                self.fail(broker_fault(ch, &e, &publish_method()));
-                return;
             }
-        };
-        if let Some(state) = self.channels.get_mut(&ch) {
-            state
-                .refused
-                .extend(numbers.iter().skip(first_refused).take(count));
+            Err(e) => self.fail(broker_fault(ch, &e, &publish_method())),
         }
+    }
+
+    /// Sends a put whose answer is awaited ([`Awaited`]) rather than waited for: the
+    /// connection reads on, and confirms (or fails the channel) when the answer comes.
+    fn await_put(
+        &mut self,
+        ch: u16,
+        serial: u64,
+        queue: &Queue,
+        messages: Vec<Message>,
+        numbers: Vec<u64>,
+    ) {
+        let bytes = messages
+            .iter()
+            .map(|m| m.body().len() + MESSAGE_OVERHEAD)
+            .sum::<usize>();
+        self.awaited_bytes += bytes;
+        self.awaited.push_back(Awaited {
+            channel: ch,
+            serial,
+            numbers,
+            bytes,
+            answer: queue.begin_put_batch(messages),
+        });
+    }
+
+    /// Takes the answers that have come for awaited puts (see [`Awaited`]): a refused
+    /// publish is nacked on a confirming channel and dropped on another, a failed log
+    /// without confirms or any other error is a channel error; then confirms what can be
+    /// confirmed. `Ready` when an answer was taken, `Pending` (the waker registered with
+    /// every awaited put) when none had come.
+    pub fn poll_answers(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        let mut faults = Vec::new();
+        let mut taken = false;
+        let mut i = 0;
+        while i < self.awaited.len() {
+            let awaited = &mut self.awaited[i];
+            let Poll::Ready(answer) = Pin::new(&mut awaited.answer).poll(cx) else {
+                i += 1;
+                continue;
+            };
+            let done = self.awaited.remove(i).expect("just looked at");
+            self.awaited_bytes -= done.bytes;
+            taken = true;
+            let Some(state) = self
+                .channels
+                .get_mut(&done.channel)
+                .filter(|s| s.serial == done.serial && !s.closing)
+            else {
+                continue; // its channel closed meanwhile: nobody to tell
+            };
+            match answer {
+                Ok(_) => {}
+                Err(Error::QueueFull | Error::Storage(_)) if state.confirm => {
+                    state.refused.extend(&done.numbers);
+                }
+                // A full queue drops a publish without confirms, as RabbitMQ does.
+                Err(Error::QueueFull) => {}
+                Err(e) => faults.push(broker_fault(done.channel, &e, &publish_method())),
+            }
+        }
+        for fault in faults {
+            self.fail(fault);
+        }
+        if !taken {
+            return Poll::Pending;
+        }
+        self.send_confirms();
+        Poll::Ready(())
+    }
+
+    /// [`poll_answers`](Connection::poll_answers) without waiting: takes what has come.
+    pub fn try_answers(&mut self) {
+        if !self.awaited.is_empty() {
+            let _ = self.poll_answers(&mut Context::from_waker(std::task::Waker::noop()));
+        }
+    }
+
+    /// Whether puts are awaited: the driver then polls for their answers.
+    pub fn awaits_answers(&self) -> bool {
+        !self.awaited.is_empty()
+    }
+
+    /// Whether the connection takes more input: not while the puts it awaits hold more
+    /// than [`AWAITED_BYTES`], so that a publisher whose answers lag (a slow disk) is not
+    /// read faster than they come.
+    pub fn wants_input(&self) -> bool {
+        self.awaited_bytes < AWAITED_BYTES && self.awaited.len() < AWAITED_PUTS
     }
 
     /// Whether a run of publishes without confirms may go to its queue without waiting for
@@ -356,41 +472,44 @@ impl Connection {
             .content_encoded(ch, properties, payload, self.frame_max);
     }
 
-    /// Makes the broker calls gathered so far, then confirms the publishes on the channels
-    /// that asked for confirms: every publish completed so far is then in its queue (or
-    /// was unroutable, which RabbitMQ confirms too), or was refused (a full queue, a
-    /// failed log), which is a `basic.nack`. The nacks go first, then one `basic.ack`
-    /// with `multiple` for the rest.
+    /// Makes the broker calls gathered so far, then confirms what can be confirmed.
     pub(super) fn flush_pending(&mut self) {
         self.apply_pending();
+        self.send_confirms();
+    }
+
+    /// Confirms the publishes of confirming channels that are settled (see [`confirms`]).
+    fn send_confirms(&mut self) {
         let mut answers = Vec::new();
         for (&ch, state) in &mut self.channels {
-            if !state.confirm || state.closing || state.published == state.confirmed {
+            if !state.confirm || state.closing {
                 continue;
             }
-            let mut refused = std::mem::take(&mut state.refused);
-            refused.sort_unstable();
-            refused.dedup();
-            for &number in &refused {
+            let awaited: Vec<&[u64]> = self
+                .awaited
+                .iter()
+                .filter(|a| a.channel == ch && a.serial == state.serial)
+                .map(|a| a.numbers.as_slice())
+                .collect();
+            let refused = std::mem::take(&mut state.refused);
+            let now = confirms(state.published, state.confirmed, refused, &awaited);
+            for delivery_tag in now.nacks {
                 let nack = basic::Nack {
-                    delivery_tag: number,
+                    delivery_tag,
                     multiple: false,
                     requeue: false,
                 };
                 answers.push((ch, basic::AMQPMethod::Nack(nack)));
             }
-            let mut top = state.published;
-            while top > state.confirmed && refused.binary_search(&top).is_ok() {
-                top -= 1;
-            }
-            if top > state.confirmed {
+            if let Some(delivery_tag) = now.ack_up_to {
                 let ack = basic::Ack {
-                    delivery_tag: top,
+                    delivery_tag,
                     multiple: true,
                 };
                 answers.push((ch, basic::AMQPMethod::Ack(ack)));
             }
-            state.confirmed = state.published;
+            state.confirmed = now.confirmed;
+            state.refused = now.refused;
         }
         for (ch, answer) in answers {
             self.send(ch, AMQPClass::Basic(answer));
@@ -414,7 +533,7 @@ impl Connection {
                     messages,
                     numbers,
                     ..
-                } => self.put(ch, &queue, messages, &numbers),
+                } => self.put(ch, &queue, messages, numbers),
                 // A `false` answer is a stale tag (its lease ran out and the message went
                 // elsewhere): the broker counted it, and AMQP hears nothing, as the
                 // contract asks. So acks need no answer: the connection goes on without
@@ -431,6 +550,61 @@ impl Connection {
             }
         }
         self.drop_settled_consumers();
+    }
+}
+
+/// What a confirming channel answers now (see [`confirms`]).
+#[derive(Debug, PartialEq, Eq)]
+pub(super) struct Confirms {
+    /// Publishes to `basic.nack`, one each.
+    pub(super) nacks: Vec<u64>,
+    /// The `basic.ack` with `multiple`, if any.
+    pub(super) ack_up_to: Option<u64>,
+    /// The channel's highest confirmed publish afterwards.
+    pub(super) confirmed: u64,
+    /// Refused publishes still held by an awaited put (to another queue): nacked later.
+    pub(super) refused: Vec<u64>,
+}
+
+/// The confirms of a channel whose publishes are numbered up to `published`, confirmed up
+/// to `confirmed`, with `refused` publishes refused by their queue and `awaited` the
+/// publish numbers (ascending) of each of its puts whose answer has not come. A publish
+/// is settled once no awaited put holds it: put in its queue (or unroutable, which
+/// RabbitMQ confirms too), or refused (a full queue, a failed log), which is a
+/// `basic.nack`. The nacks go first, then one `basic.ack` with `multiple` up to the
+/// publish before the first one still awaited (and below any refused at its top).
+pub(super) fn confirms(
+    published: u64,
+    confirmed: u64,
+    refused: Vec<u64>,
+    awaited: &[&[u64]],
+) -> Confirms {
+    let first_awaited = awaited
+        .iter()
+        .filter_map(|numbers| numbers.first().copied())
+        .min()
+        .unwrap_or(published + 1);
+    let held = |n: u64| {
+        awaited
+            .iter()
+            .any(|numbers| numbers.binary_search(&n).is_ok())
+    };
+    // A refused publish that a put to another queue still holds waits for that answer.
+    let (mut nacks, mut later): (Vec<u64>, Vec<u64>) = refused.into_iter().partition(|&n| !held(n));
+    nacks.sort_unstable();
+    nacks.dedup();
+    later.sort_unstable();
+    later.dedup();
+    let settled = first_awaited - 1;
+    let mut top = settled;
+    while top > confirmed && nacks.binary_search(&top).is_ok() {
+        top -= 1;
+    }
+    Confirms {
+        nacks,
+        ack_up_to: (top > confirmed).then_some(top),
+        confirmed: confirmed.max(settled),
+        refused: later,
     }
 }
 

@@ -98,6 +98,8 @@ impl Client {
         // they free reach the consumers first, as it would reach a server's connection
         // task while it waits for its next read.
         self.broker.advance(Duration::ZERO).unwrap();
+        // So are the puts of confirming channels: their answers are in by now.
+        self.conn.try_answers();
         while let Some((i, d)) = self.conn.try_delivery() {
             self.conn.handle_delivery(i, d);
         }
@@ -1342,4 +1344,91 @@ fn publishes_without_confirms_are_not_waited_for_unless_the_answer_needs_telling
         c.conn.may_put_nowait(&plain, &batch),
         "answered: room again"
     );
+}
+
+#[test]
+fn a_confirm_covers_only_publishes_no_awaited_put_holds() {
+    use super::publish::{confirms, Confirms};
+    let c = |nacks: &[u64], ack_up_to: Option<u64>, confirmed: u64, refused: &[u64]| Confirms {
+        nacks: nacks.to_vec(),
+        ack_up_to,
+        confirmed,
+        refused: refused.to_vec(),
+    };
+    // Nothing awaited: the refused are nacked, the rest acked with one multiple.
+    assert_eq!(confirms(5, 0, vec![3], &[]), c(&[3], Some(5), 5, &[]));
+    // A refused publish at the top is not acked; nothing new, nothing sent.
+    assert_eq!(
+        confirms(5, 0, vec![5, 4, 5], &[]),
+        c(&[4, 5], Some(3), 5, &[])
+    );
+    assert_eq!(confirms(5, 5, vec![], &[]), c(&[], None, 5, &[]));
+    // Answers to come for 2 and 3 (another shard, or the disk): only 1 is acked, though 4
+    // and 5 were answered; 4, refused and held by no other put, is nacked at once.
+    assert_eq!(
+        confirms(5, 0, vec![4], &[&[2, 3]]),
+        c(&[4], Some(1), 1, &[])
+    );
+    assert_eq!(confirms(5, 1, vec![], &[&[3]]), c(&[], Some(2), 2, &[]));
+    assert_eq!(confirms(5, 2, vec![], &[]), c(&[], Some(5), 5, &[]));
+    // A publish routed to two queues, refused by one, waits for the other's answer.
+    assert_eq!(confirms(3, 0, vec![2], &[&[2]]), c(&[], Some(1), 1, &[2]));
+    assert_eq!(confirms(3, 1, vec![2], &[]), c(&[2], Some(3), 3, &[]));
+}
+
+#[test]
+fn with_confirms_a_publish_is_acked_only_once_its_put_is_answered() {
+    use amq_protocol::protocol::confirm;
+    let mut c = Client::open();
+    c.declare("answered");
+    let select = confirm::AMQPMethod::Select(confirm::Select { nowait: false });
+    c.feed(&[method(1, AMQPClass::Confirm(select))]);
+    let run = encode(&Client::publish_run("answered", &[b"1", b"2"]));
+    assert_eq!(c.conn.handle_input(&run), run.len());
+    assert!(c.conn.awaits_answers());
+    // The shard may not have answered yet: nothing is confirmed before it has.
+    let mut out = Vec::new();
+    c.conn.take_output(&mut out);
+    assert_eq!(decode(&out), []);
+    // Once it has (a call to every shard is answered after it), the two are acked.
+    c.broker.advance(Duration::ZERO).unwrap();
+    c.conn.try_answers();
+    assert!(!c.conn.awaits_answers());
+    c.conn.take_output(&mut out);
+    let ack = basic::Ack {
+        delivery_tag: 2,
+        multiple: true,
+    };
+    assert_eq!(decode(&out), [basic_method(1, basic::AMQPMethod::Ack(ack))]);
+    assert_eq!(c.stats("answered").ready, 2);
+}
+
+#[test]
+fn a_publisher_whose_puts_await_too_many_answers_is_not_read() {
+    use amq_protocol::protocol::confirm;
+    let mut c = Client::open();
+    c.declare("even");
+    c.declare("odd");
+    let select = confirm::AMQPMethod::Select(confirm::Select { nowait: false });
+    c.feed(&[method(1, AMQPClass::Confirm(select))]);
+    // Alternating queues: each publish is a put of its own.
+    let frames: Vec<AMQPFrame> = (0..300)
+        .flat_map(|i| {
+            let queue = if i % 2 == 0 { "even" } else { "odd" };
+            Client::publish_frames(queue, BasicProperties::default(), b"x")
+        })
+        .collect();
+    let bytes = encode(&frames);
+    assert_eq!(c.conn.handle_input(&bytes), bytes.len());
+    assert!(!c.conn.wants_input(), "300 puts await their answers");
+    c.broker.advance(Duration::ZERO).unwrap();
+    c.conn.try_answers();
+    assert!(c.conn.wants_input());
+    let mut out = Vec::new();
+    c.conn.take_output(&mut out);
+    let ack = basic::Ack {
+        delivery_tag: 300,
+        multiple: true,
+    };
+    assert_eq!(decode(&out), [basic_method(1, basic::AMQPMethod::Ack(ack))]);
 }
