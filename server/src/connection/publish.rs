@@ -2,12 +2,13 @@
 //! the default exchange, and the broker calls of one read (publishes and settles) gathered
 //! and made in batches.
 
-use amq_protocol::protocol::{basic, AMQPClass};
-use bytes::Bytes;
+use std::collections::VecDeque;
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
+use amq_protocol::protocol::{basic, AMQPClass};
+use bytes::Bytes;
 use leasemq::{DeliveryTag, Error, Message, PendingPutBatch, Queue, Settle};
 
 use super::channel::broker_fault;
@@ -368,35 +369,38 @@ impl Connection {
     /// confirmed. `Ready` when an answer was taken, `Pending` (the waker registered with
     /// every awaited put) when none had come.
     pub fn poll_answers(&mut self, cx: &mut Context<'_>) -> Poll<()> {
-        let mut faults = Vec::new();
+        let mut faults: Vec<Fault> = Vec::new();
         let mut taken = false;
-        let mut i = 0;
-        while i < self.awaited.len() {
-            let awaited = &mut self.awaited[i];
+        let mut still = VecDeque::with_capacity(self.awaited.len());
+        for mut awaited in std::mem::take(&mut self.awaited) {
             let Poll::Ready(answer) = Pin::new(&mut awaited.answer).poll(cx) else {
-                i += 1;
+                still.push_back(awaited);
                 continue;
             };
-            let done = self.awaited.remove(i).expect("just looked at");
-            self.awaited_bytes -= done.bytes;
+            self.awaited_bytes -= awaited.bytes;
             taken = true;
+            let ch = awaited.channel;
             let Some(state) = self
                 .channels
-                .get_mut(&done.channel)
-                .filter(|s| s.serial == done.serial && !s.closing)
+                .get_mut(&ch)
+                .filter(|s| s.serial == awaited.serial && !s.closing)
             else {
                 continue; // its channel closed meanwhile: nobody to tell
             };
             match answer {
                 Ok(_) => {}
                 Err(Error::QueueFull | Error::Storage(_)) if state.confirm => {
-                    state.refused.extend(&done.numbers);
+                    state.refused.extend(&awaited.numbers);
                 }
                 // A full queue drops a publish without confirms, as RabbitMQ does.
                 Err(Error::QueueFull) => {}
-                Err(e) => faults.push(broker_fault(done.channel, &e, &publish_method())),
+                Err(e) if !faults.iter().any(|f| f.channel == Some(ch)) => {
+                    faults.push(broker_fault(ch, &e, &publish_method()));
+                }
+                Err(_) => {} // the channel is failing already
             }
         }
+        self.awaited = still;
         for fault in faults {
             self.fail(fault);
         }
@@ -480,6 +484,8 @@ impl Connection {
 
     /// Confirms the publishes of confirming channels that are settled (see [`confirms`]).
     fn send_confirms(&mut self) {
+        // A publish not yet sent to its queue must not be confirmed: it is in no awaited put.
+        debug_assert!(self.pending.is_empty(), "confirms after the broker calls");
         let mut answers = Vec::new();
         for (&ch, state) in &mut self.channels {
             if !state.confirm || state.closing {
