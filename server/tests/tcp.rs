@@ -327,25 +327,47 @@ fn env_usize(name: &str, default: usize) -> usize {
 /// figures are 10 000 and 1 000; CI runs fewer).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connection_churn_and_killed_publishers_lose_nothing_confirmed() {
+    churn(None).await;
+}
+
+/// The same on a durable queue, whose confirms wait for the fsync: every confirmed
+/// publish is also there after a restart on the data dir.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_durable_queue_killed_publishers_lose_nothing_confirmed_across_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    churn(Some(dir.path())).await;
+}
+
+async fn churn(data_dir: Option<&std::path::Path>) {
     use amq_protocol::protocol::confirm;
     let connections = env_usize("LEASEMQ_CHURN_CONNECTIONS", 1_000);
     let kills = env_usize("LEASEMQ_CHURN_KILLS", 100);
-    let broker = Broker::builder()
-        .shards(2)
-        .yield_budget(serve::YIELD_BUDGET)
-        .build()
-        .unwrap();
+    let open = || {
+        let builder = Broker::builder()
+            .shards(2)
+            .yield_budget(serve::YIELD_BUDGET);
+        match data_dir {
+            Some(dir) => builder.data_dir(dir).build().unwrap(),
+            None => builder.build().unwrap(),
+        }
+    };
+    let broker = open();
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    let settings = Arc::new(Settings::default());
+    let settings = Arc::new(Settings {
+        durable: data_dir.is_some(),
+        ..Settings::default()
+    });
     tokio::spawn(serve::accept_loop(
         listener,
         broker.clone(),
         settings.clone(),
     ));
-    broker
-        .declare_queue("churn", leasemq::QueueConfig::default())
-        .unwrap();
+    let config = leasemq::QueueConfig {
+        durable: data_dir.is_some(),
+        ..leasemq::QueueConfig::default()
+    };
+    broker.declare_queue("churn", config.clone()).unwrap();
 
     // Opened and closed, 50 at a time: half with connection.close, half just dropped.
     let mut set = tokio::task::JoinSet::new();
@@ -437,4 +459,12 @@ async fn connection_churn_and_killed_publishers_lose_nothing_confirmed() {
         settings.metrics.connections_opened.get(),
         (connections + kills + 1) as u64
     );
+    if data_dir.is_some() {
+        // After a restart: the confirmed publishes and the last one, ready again.
+        drop(consumer);
+        broker.shutdown();
+        let broker = open();
+        let queue = broker.declare_queue("churn", config).unwrap();
+        assert_eq!(queue.stats().ready, expected + 1);
+    }
 }
