@@ -209,16 +209,8 @@ impl Queue {
         if messages.is_empty() || self.inner.cell.is_closed() || self.inner.broker.is_shut_down() {
             return;
         }
-        let cmd = Command::PutBatch {
-            queue: self.inner.key,
-            messages,
-        };
-        let inbox = self.inner.broker.inbox(self.inner.shard);
         // A shard that stopped refuses it; there is no one to tell.
-        drop(inbox.send(Request::Engine {
-            cmd,
-            reply: ReplyTo::nobody(),
-        }));
+        self.send_put_batch(messages, ReplyTo::nobody());
     }
 
     /// Sends [`put_batch`](Queue::put_batch) now and hands back its answer to come: for a
@@ -246,17 +238,20 @@ impl Queue {
             return PendingPutBatch::answered(Err(Error::ShutDown));
         }
         let (tx, rx) = oneshot::channel();
+        // A request a stopped shard refuses is dropped with its sender: ShutDown.
+        self.send_put_batch(messages, ReplyTo::oneshot(tx));
+        PendingPutBatch(Pending::Waiting(rx))
+    }
+
+    /// Sends a put batch answered to `reply`, blocking only while the inbox is full; one
+    /// that a stopped shard refuses is dropped, and `reply` with it.
+    fn send_put_batch(&self, messages: Vec<Message>, reply: ReplyTo) {
         let cmd = Command::PutBatch {
             queue: self.inner.key,
             messages,
         };
         let inbox = self.inner.broker.inbox(self.inner.shard);
-        // A request a stopped shard refuses is dropped with its sender: ShutDown.
-        drop(inbox.send(Request::Engine {
-            cmd,
-            reply: ReplyTo::oneshot(tx),
-        }));
-        PendingPutBatch(Pending::Waiting(rx))
+        drop(inbox.send(Request::Engine { cmd, reply }));
     }
 
     /// [`put`](Queue::put) without blocking: for a tokio task.
