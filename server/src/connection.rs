@@ -6,8 +6,8 @@
 //! [`Connection::try_delivery`]), and writes out what it produced
 //! ([`Connection::take_output`]), and hands it the answers to the puts it awaits
 //! ([`Connection::poll_answers`]). Its broker calls are blocking ones (a round trip to a
-//! shard thread, which never waits on a connection), ones not waited for (the puts of
-//! publishes without confirms, acks), and puts whose answers it awaits while it reads on
+//! shard thread, which never waits on a connection), ones not waited for (acks, and most
+//! puts of publishes without confirms), and puts whose answers it awaits while it reads on
 //! (those of confirming channels and durable queues).
 //!
 //! The connection walks through the handshake (protocol header, `connection.start`/
@@ -227,7 +227,7 @@ pub struct Connection {
     /// Publishes and settles of the current input, made in batches when it is done.
     pending: Vec<Pending>,
     /// Bytes of publishes put without waiting, by shard, since a put to that shard last
-    /// waited for its answer (see `may_put_nowait`).
+    /// waited for its answer (see `reserve_nowait`).
     unanswered_puts: Vec<usize>,
     /// Puts whose answers are awaited, in the order sent, and their bytes.
     awaited: VecDeque<Awaited>,
@@ -722,6 +722,8 @@ impl Connection {
                 self.drop_exclusive_queues();
                 self.send(0, AMQPClass::Connection(M::CloseOk(connection::CloseOk {})));
                 self.phase = Phase::Closed;
+                // Nothing follows close-ok: answers still to come have nobody to go to.
+                self.drop_awaited();
                 Ok(())
             }
             other => {

@@ -60,7 +60,8 @@ pub(crate) struct Channel {
     pub(super) published: u64,
     /// The highest publish number confirmed with `basic.ack` or `basic.nack`.
     pub(super) confirmed: u64,
-    /// Publish numbers the broker refused since the last confirms: nacked next.
+    /// Publish numbers the broker refused and not yet nacked: nacked in order, once every
+    /// publish before them is settled.
     pub(super) refused: Vec<u64>,
     /// Which channel of this number it is: the connection's count of channels opened.
     pub(super) serial: u64,
@@ -875,6 +876,7 @@ impl Connection {
         if let Some(state) = self.channels.get_mut(&ch) {
             *state = Channel {
                 closing: true,
+                serial: state.serial,
                 ..Channel::default()
             };
         }

@@ -89,7 +89,8 @@ fn into_message(content: Content) -> Message {
 
 /// Broker calls gathered from one read, made in order when the read is done (or before a
 /// method that must see their effects): a run of publishes to one queue on one channel is
-/// one `put_batch`, a run of settles of one queue's deliveries one `settle_batch`.
+/// one put batch (see `put`), a run of settles of one queue's deliveries one
+/// `settle_batch`.
 pub(crate) enum Pending {
     Put {
         channel: u16,
@@ -297,12 +298,20 @@ impl Connection {
     /// the loss is not silent.
     ///
     /// Three ways to the shard: without waiting where no answer could matter
-    /// ([`may_put_nowait`](Connection::may_put_nowait)); awaited ([`Awaited`]) where the
+    /// ([`reserve_nowait`](Connection::reserve_nowait)); awaited ([`Awaited`]) where the
     /// answer is confirmed or comes after an fsync, one put per message to a bounded queue;
-    /// otherwise (a bounded queue in memory without confirms, a body over the queue's
-    /// limit, or too much unanswered) a `put_batch` waited for, which is quick.
+    /// otherwise (a bounded queue in memory without confirms, or too much unanswered) a
+    /// `put_batch` waited for, which is quick. A queue deleted since the publish was routed
+    /// drops it, as a publish nothing routes is dropped (a confirming channel nacks it).
     fn put(&mut self, ch: u16, queue: &Queue, messages: Vec<Message>, numbers: Vec<u64>) {
-        if numbers.is_empty() && self.may_put_nowait(queue, &messages) {
+        // Checked here, whichever way the put goes, so that the channel fails before any
+        // later publish of it is put, and none of the run is.
+        let max = queue.config().max_body_bytes;
+        if messages.iter().any(|m| m.body().len() > max) {
+            self.fail(broker_fault(ch, &Error::MessageTooLarge, &publish_method()));
+            return;
+        }
+        if numbers.is_empty() && self.reserve_nowait(queue, &messages) {
             queue.put_batch_nowait(messages);
             return;
         }
@@ -335,6 +344,7 @@ impl Connection {
                     }
                 }
             }
+            Err(Error::QueueClosed) => {}
             Err(e) => self.fail(broker_fault(ch, &e, &publish_method())),
         }
     }
@@ -364,11 +374,18 @@ impl Connection {
     }
 
     /// Takes the answers that have come for awaited puts (see [`Awaited`]): a refused
-    /// publish is nacked on a confirming channel and dropped on another, a failed log
-    /// without confirms or any other error is a channel error; then confirms what can be
-    /// confirmed. `Ready` when an answer was taken, `Pending` (the waker registered with
+    /// publish (a full queue, a failed log, a queue deleted since) is nacked on a confirming
+    /// channel and dropped on another, a failed log without confirms or any other error is
+    /// a channel error, a broker shutting down a connection error; then confirms what can
+    /// be confirmed. `Ready` when an answer was taken, `Pending` (the waker registered with
     /// every awaited put) when none had come.
     pub fn poll_answers(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        if self.phase != super::Phase::Open {
+            // Closing or closed: nothing but close-ok goes out any more.
+            let had = !self.awaited.is_empty();
+            self.drop_awaited();
+            return if had { Poll::Ready(()) } else { Poll::Pending };
+        }
         let mut faults: Vec<Fault> = Vec::new();
         let mut taken = false;
         let mut still = VecDeque::with_capacity(self.awaited.len());
@@ -389,26 +406,40 @@ impl Connection {
             };
             match answer {
                 Ok(_) => {}
-                Err(Error::QueueFull | Error::Storage(_)) if state.confirm => {
+                Err(Error::QueueFull | Error::Storage(_) | Error::QueueClosed) if state.confirm => {
                     state.refused.extend(&awaited.numbers);
                 }
-                // A full queue drops a publish without confirms, as RabbitMQ does.
-                Err(Error::QueueFull) => {}
-                Err(e) if !faults.iter().any(|f| f.channel == Some(ch)) => {
-                    faults.push(broker_fault(ch, &e, &publish_method()));
-                }
-                Err(_) => {} // the channel is failing already
+                // Dropped without confirms, as RabbitMQ drops what it cannot take.
+                Err(Error::QueueFull | Error::QueueClosed) => {}
+                Err(e) => faults.push(broker_fault(ch, &e, &publish_method())),
             }
         }
         self.awaited = still;
+        // A connection error ends every channel: it alone is answered. Otherwise one
+        // channel error per channel.
+        if let Some(i) = faults.iter().position(|f| f.channel.is_none()) {
+            faults.swap(0, i);
+            faults.truncate(1);
+        }
+        let mut failed = Vec::new();
         for fault in faults {
-            self.fail(fault);
+            if self.phase == super::Phase::Open && !failed.contains(&fault.channel) {
+                failed.push(fault.channel);
+                self.fail(fault);
+            }
         }
         if !taken {
             return Poll::Pending;
         }
         self.send_confirms();
         Poll::Ready(())
+    }
+
+    /// Forgets every awaited put: their answers have nobody to go to. Only once the
+    /// connection is no longer open, when no confirm goes out any more.
+    pub(super) fn drop_awaited(&mut self) {
+        self.awaited.clear();
+        self.awaited_bytes = 0;
     }
 
     /// [`poll_answers`](Connection::poll_answers) without waiting: takes what has come.
@@ -431,25 +462,20 @@ impl Connection {
     }
 
     /// Whether a run of publishes without confirms may go to its queue without waiting for
-    /// the shard's answer: when nothing the answer could say needs telling. A refused
-    /// publish is dropped either way, so only a refusal that is not would need the answer:
-    /// a message over the queue's size limit (a channel error), a bounded queue (which takes
-    /// what fits of a batch, not none of it), or a durable queue (a failed log is a
-    /// channel error). The publishes a shard has not answered are bounded per connection
-    /// ([`UNANSWERED_PUT_BYTES`]): past that, a put waits, and its answer covers the rest.
-    pub(super) fn may_put_nowait(&mut self, queue: &Queue, messages: &[Message]) -> bool {
-        let config = queue.config();
-        if queue.is_durable() || config.max_length.is_some() {
+    /// the shard's answer, and if so counts it as unanswered: when nothing the answer could
+    /// say needs telling. A refused publish is dropped either way, so only a refusal that is
+    /// not would need the answer: a bounded queue (which takes what fits of a batch, not
+    /// none of it), or a durable queue (a failed log is a channel error). The publishes a
+    /// shard has not answered are bounded per connection ([`UNANSWERED_PUT_BYTES`]): past
+    /// that, a put waits, and its answer covers the rest.
+    pub(super) fn reserve_nowait(&mut self, queue: &Queue, messages: &[Message]) -> bool {
+        if queue.is_durable() || queue.config().max_length.is_some() {
             return false;
         }
-        let mut bytes = 0;
-        for message in messages {
-            let body = message.body().len();
-            if body > config.max_body_bytes {
-                return false;
-            }
-            bytes += body + MESSAGE_OVERHEAD;
-        }
+        let bytes: usize = messages
+            .iter()
+            .map(|m| m.body().len() + MESSAGE_OVERHEAD)
+            .sum();
         let shard = queue.shard();
         if self.unanswered_puts.len() <= shard {
             self.unanswered_puts.resize(shard + 1, 0);
@@ -486,9 +512,13 @@ impl Connection {
     fn send_confirms(&mut self) {
         // A publish not yet sent to its queue must not be confirmed: it is in no awaited put.
         debug_assert!(self.pending.is_empty(), "confirms after the broker calls");
+        // Nor one whose awaited put was forgotten when the connection began to close.
+        if self.phase != super::Phase::Open {
+            return;
+        }
         let mut answers = Vec::new();
         for (&ch, state) in &mut self.channels {
-            if !state.confirm || state.closing {
+            if !state.confirm || state.closing || state.confirmed == state.published {
                 continue;
             }
             let awaited: Vec<&[u64]> = self
@@ -498,21 +528,20 @@ impl Connection {
                 .map(|a| a.numbers.as_slice())
                 .collect();
             let refused = std::mem::take(&mut state.refused);
-            let now = confirms(state.published, state.confirmed, refused, &awaited);
-            for delivery_tag in now.nacks {
-                let nack = basic::Nack {
-                    delivery_tag,
-                    multiple: false,
-                    requeue: false,
+            let now = confirms(state.confirmed, state.published, refused, &awaited);
+            for confirm in now.answers {
+                let method = match confirm {
+                    Confirm::AckUpTo(delivery_tag) => basic::AMQPMethod::Ack(basic::Ack {
+                        delivery_tag,
+                        multiple: true,
+                    }),
+                    Confirm::Nack(delivery_tag) => basic::AMQPMethod::Nack(basic::Nack {
+                        delivery_tag,
+                        multiple: false,
+                        requeue: false,
+                    }),
                 };
-                answers.push((ch, basic::AMQPMethod::Nack(nack)));
-            }
-            if let Some(delivery_tag) = now.ack_up_to {
-                let ack = basic::Ack {
-                    delivery_tag,
-                    multiple: true,
-                };
-                answers.push((ch, basic::AMQPMethod::Ack(ack)));
+                answers.push((ch, method));
             }
             state.confirmed = now.confirmed;
             state.refused = now.refused;
@@ -559,57 +588,67 @@ impl Connection {
     }
 }
 
+/// One publisher confirm.
+#[derive(Debug, PartialEq, Eq, Clone, Copy)]
+pub(super) enum Confirm {
+    /// `basic.ack` with `multiple`: every publish up to this one, not yet confirmed, is in.
+    AckUpTo(u64),
+    /// `basic.nack` of this publish alone.
+    Nack(u64),
+}
+
 /// What a confirming channel answers now (see [`confirms`]).
 #[derive(Debug, PartialEq, Eq)]
 pub(super) struct Confirms {
-    /// Publishes to `basic.nack`, one each.
-    pub(super) nacks: Vec<u64>,
-    /// The `basic.ack` with `multiple`, if any.
-    pub(super) ack_up_to: Option<u64>,
+    /// In the order they go out, by publish number.
+    pub(super) answers: Vec<Confirm>,
     /// The channel's highest confirmed publish afterwards.
     pub(super) confirmed: u64,
-    /// Refused publishes still held by an awaited put (to another queue): nacked later.
+    /// Refused publishes not nacked yet: an earlier publish is still awaited.
     pub(super) refused: Vec<u64>,
 }
 
-/// The confirms of a channel whose publishes are numbered up to `published`, confirmed up
-/// to `confirmed`, with `refused` publishes refused by their queue and `awaited` the
-/// publish numbers (ascending) of each of its puts whose answer has not come. A publish
-/// is settled once no awaited put holds it: put in its queue (or unroutable, which
-/// RabbitMQ confirms too), or refused (a full queue, a failed log), which is a
-/// `basic.nack`. The nacks go first, then one `basic.ack` with `multiple` up to the
-/// publish before the first one still awaited (and below any refused at its top).
+/// The confirms of a channel whose publishes are confirmed up to `confirmed` and numbered
+/// up to `published`, with `refused` publishes refused by their queue and `awaited` the
+/// publish numbers (ascending) of each of its puts whose answer has not come.
+///
+/// Every publish below the first one still awaited is settled: put in its queue (or
+/// unroutable, which RabbitMQ confirms too), or refused (a full queue, a failed log), which
+/// is a `basic.nack`. They are confirmed strictly in order, a run of puts with one
+/// `basic.ack multiple` and each refused one with its own nack, so that no ack with
+/// `multiple` covers a publish that was nacked (a client may take such an ack for the
+/// publishes it covers whatever it heard before), and nothing at or past the first awaited
+/// publish is confirmed, not even a refused one.
 pub(super) fn confirms(
-    published: u64,
     confirmed: u64,
-    refused: Vec<u64>,
+    published: u64,
+    mut refused: Vec<u64>,
     awaited: &[&[u64]],
 ) -> Confirms {
-    let first_awaited = awaited
+    let settled = awaited
         .iter()
         .filter_map(|numbers| numbers.first().copied())
         .min()
-        .unwrap_or(published + 1);
-    let held = |n: u64| {
-        awaited
-            .iter()
-            .any(|numbers| numbers.binary_search(&n).is_ok())
-    };
-    // A refused publish that a put to another queue still holds waits for that answer.
-    let (mut nacks, mut later): (Vec<u64>, Vec<u64>) = refused.into_iter().partition(|&n| !held(n));
-    nacks.sort_unstable();
-    nacks.dedup();
-    later.sort_unstable();
-    later.dedup();
-    let settled = first_awaited - 1;
-    let mut top = settled;
-    while top > confirmed && nacks.binary_search(&top).is_ok() {
-        top -= 1;
+        .map_or(published, |first| first - 1);
+    refused.sort_unstable();
+    refused.dedup();
+    let later = refused.split_off(refused.partition_point(|&n| n <= settled));
+    let mut answers = Vec::new();
+    let mut done = confirmed;
+    for n in refused.into_iter().filter(|&n| n > confirmed) {
+        if n - 1 > done {
+            answers.push(Confirm::AckUpTo(n - 1));
+        }
+        answers.push(Confirm::Nack(n));
+        done = n;
+    }
+    if settled > done {
+        answers.push(Confirm::AckUpTo(settled));
+        done = settled;
     }
     Confirms {
-        nacks,
-        ack_up_to: (top > confirmed).then_some(top),
-        confirmed: confirmed.max(settled),
+        answers,
+        confirmed: done,
         refused: later,
     }
 }

@@ -1179,11 +1179,12 @@ fn a_full_queue_with_reject_publish_takes_what_fits_and_nacks_the_rest() {
         delivery_tag: 2,
         multiple: true,
     };
+    // In order: the ack with multiple stops below the nack.
     assert_eq!(
         out,
         [
-            basic_method(1, basic::AMQPMethod::Nack(nack)),
             basic_method(1, basic::AMQPMethod::Ack(ack)),
+            basic_method(1, basic::AMQPMethod::Nack(nack)),
         ]
     );
     assert_eq!(c.stats("bounded").ready, 2);
@@ -1313,7 +1314,7 @@ fn publishes_without_confirms_are_not_waited_for_unless_the_answer_needs_telling
     let plain = c.broker.queue("plain").unwrap();
     let batch = vec![Message::new(vec![0u8; 4000]); 4];
     let mut sent = 0;
-    while c.conn.may_put_nowait(&plain, &batch) {
+    while c.conn.reserve_nowait(&plain, &batch) {
         sent += 1;
         assert!(
             sent * 4 * 4000 <= UNANSWERED_PUT_BYTES,
@@ -1325,13 +1326,13 @@ fn publishes_without_confirms_are_not_waited_for_unless_the_answer_needs_telling
         "waited after {sent}"
     );
     assert!(
-        !c.conn.may_put_nowait(&plain, &batch),
+        !c.conn.reserve_nowait(&plain, &batch),
         "still over the bound"
     );
     let mut c2 = c.another(2);
     c2.publish("plain", b"another connection's puts are its own");
     assert!(
-        !c.conn.may_put_nowait(&plain, &batch),
+        !c.conn.reserve_nowait(&plain, &batch),
         "its own put must wait"
     );
     // A run bigger than the room left: it waits (bodies within the frame_max of 8 192).
@@ -1341,39 +1342,46 @@ fn publishes_without_confirms_are_not_waited_for_unless_the_answer_needs_telling
     c.feed(&run);
     assert_eq!(plain.stats().ready, 7);
     assert!(
-        c.conn.may_put_nowait(&plain, &batch),
+        c.conn.reserve_nowait(&plain, &batch),
         "answered: room again"
     );
 }
 
 #[test]
-fn a_confirm_covers_only_publishes_no_awaited_put_holds() {
-    use super::publish::{confirms, Confirms};
-    let c = |nacks: &[u64], ack_up_to: Option<u64>, confirmed: u64, refused: &[u64]| Confirms {
-        nacks: nacks.to_vec(),
-        ack_up_to,
+fn confirms_go_out_in_order_and_never_past_a_publish_still_awaited() {
+    use super::publish::{confirms, Confirm, Confirms};
+    use Confirm::{AckUpTo as Ack, Nack};
+    let c = |answers: &[Confirm], confirmed: u64, refused: &[u64]| Confirms {
+        answers: answers.to_vec(),
         confirmed,
         refused: refused.to_vec(),
     };
-    // Nothing awaited: the refused are nacked, the rest acked with one multiple.
-    assert_eq!(confirms(5, 0, vec![3], &[]), c(&[3], Some(5), 5, &[]));
-    // A refused publish at the top is not acked; nothing new, nothing sent.
+    // Nothing awaited: runs of puts acked with one multiple each, every refused one nacked
+    // in its place, so that no multiple covers a nack.
     assert_eq!(
-        confirms(5, 0, vec![5, 4, 5], &[]),
-        c(&[4, 5], Some(3), 5, &[])
+        confirms(0, 5, vec![3], &[]),
+        c(&[Ack(2), Nack(3), Ack(5)], 5, &[])
     );
-    assert_eq!(confirms(5, 5, vec![], &[]), c(&[], None, 5, &[]));
-    // Answers to come for 2 and 3 (another shard, or the disk): only 1 is acked, though 4
-    // and 5 were answered; 4, refused and held by no other put, is nacked at once.
     assert_eq!(
-        confirms(5, 0, vec![4], &[&[2, 3]]),
-        c(&[4], Some(1), 1, &[])
+        confirms(0, 5, vec![5, 1, 5], &[]),
+        c(&[Nack(1), Ack(4), Nack(5)], 5, &[])
     );
-    assert_eq!(confirms(5, 1, vec![], &[&[3]]), c(&[], Some(2), 2, &[]));
-    assert_eq!(confirms(5, 2, vec![], &[]), c(&[], Some(5), 5, &[]));
+    assert_eq!(
+        confirms(2, 4, vec![3, 4], &[]),
+        c(&[Nack(3), Nack(4)], 4, &[])
+    );
+    assert_eq!(confirms(5, 5, vec![], &[]), c(&[], 5, &[]));
+    // Answers to come for 2 and 3 (another shard, or the disk): only 1 is confirmed,
+    // though 4 and 5 were answered; 4 was refused, and is nacked only after 2 and 3.
+    assert_eq!(confirms(0, 5, vec![4], &[&[2, 3]]), c(&[Ack(1)], 1, &[4]));
+    assert_eq!(confirms(1, 5, vec![4], &[&[3]]), c(&[Ack(2)], 2, &[4]));
+    assert_eq!(
+        confirms(2, 5, vec![4], &[]),
+        c(&[Ack(3), Nack(4), Ack(5)], 5, &[])
+    );
     // A publish routed to two queues, refused by one, waits for the other's answer.
-    assert_eq!(confirms(3, 0, vec![2], &[&[2]]), c(&[], Some(1), 1, &[2]));
-    assert_eq!(confirms(3, 1, vec![2], &[]), c(&[2], Some(3), 3, &[]));
+    assert_eq!(confirms(0, 3, vec![2], &[&[2]]), c(&[Ack(1)], 1, &[2]));
+    assert_eq!(confirms(1, 3, vec![2], &[]), c(&[Nack(2), Ack(3)], 3, &[]));
 }
 
 #[test]
@@ -1431,4 +1439,87 @@ fn a_publisher_whose_puts_await_too_many_answers_is_not_read() {
         multiple: true,
     };
     assert_eq!(decode(&out), [basic_method(1, basic::AMQPMethod::Ack(ack))]);
+}
+
+#[test]
+fn answers_in_flight_go_nowhere_once_their_channel_or_connection_closed() {
+    use amq_protocol::protocol::confirm;
+    let select = || {
+        method(
+            1,
+            AMQPClass::Confirm(confirm::AMQPMethod::Select(confirm::Select {
+                nowait: false,
+            })),
+        )
+    };
+    let close_channel = || {
+        let close = channel::Close {
+            reply_code: 200,
+            reply_text: "bye".into(),
+            class_id: 0,
+            method_id: 0,
+        };
+        method(1, AMQPClass::Channel(channel::AMQPMethod::Close(close)))
+    };
+    let mut c = Client::open();
+    c.declare("inflight");
+    c.feed(&[select()]);
+    // Two publishes, then the channel closed and opened again, in one read: the puts'
+    // answers come after, for a channel that is gone.
+    let mut frames = Client::publish_run("inflight", &[b"1", b"2"]);
+    frames.push(close_channel());
+    frames.push(method(
+        1,
+        AMQPClass::Channel(channel::AMQPMethod::Open(channel::Open {})),
+    ));
+    frames.push(select());
+    let bytes = encode(&frames);
+    assert_eq!(c.conn.handle_input(&bytes), bytes.len());
+    c.broker.advance(Duration::ZERO).unwrap();
+    c.conn.try_answers();
+    let mut out = Vec::new();
+    c.conn.take_output(&mut out);
+    let acks = decode(&out)
+        .into_iter()
+        .filter(|f| {
+            matches!(
+                f,
+                AMQPFrame::Method(1, AMQPClass::Basic(basic::AMQPMethod::Ack(_)))
+            )
+        })
+        .count();
+    assert_eq!(
+        acks, 0,
+        "the new channel 1 hears nothing of the old one's publishes"
+    );
+    // Its own first publish is its number 1.
+    let out = c.feed(&Client::publish_run("inflight", &[b"3"]));
+    let ack = basic::Ack {
+        delivery_tag: 1,
+        multiple: true,
+    };
+    assert_eq!(out, [basic_method(1, basic::AMQPMethod::Ack(ack))]);
+    // A publish, then connection.close: close-ok is the last thing written.
+    let mut frames = Client::publish_run("inflight", &[b"4"]);
+    frames.push(conn_method(connection::AMQPMethod::Close(
+        connection::Close {
+            reply_code: 200,
+            reply_text: "bye".into(),
+            class_id: 0,
+            method_id: 0,
+        },
+    )));
+    let out = c.feed(&frames);
+    assert_eq!(
+        out,
+        [conn_method(connection::AMQPMethod::CloseOk(
+            connection::CloseOk {}
+        ))]
+    );
+    assert!(!c.conn.awaits_answers());
+    assert_eq!(
+        c.stats("inflight").ready,
+        4,
+        "every publish was put all the same"
+    );
 }
