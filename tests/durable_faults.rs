@@ -447,3 +447,36 @@ fn a_close_the_disk_refuses_is_not_a_close() {
     assert_eq!(ids_in(&broker, "stays").len(), 1);
     broker.shutdown();
 }
+
+/// A put answered `Duplicate` on a durable queue is answered only once the message it
+/// duplicates is on disk: until then a crash could lose the original, and the publisher
+/// told "already there" would have lost its message.
+#[test]
+fn a_duplicate_of_a_put_not_yet_on_disk_is_answered_after_it() {
+    let disk = MemDisk::new();
+    let broker = open(&disk, 1).unwrap();
+    let jobs = broker.declare_queue("jobs", durable()).unwrap();
+    let scratch = broker
+        .declare_queue("scratch", QueueConfig::default())
+        .unwrap();
+    disk.hold_syncs();
+    let mut first = jobs.begin_put_batch(vec![Message::new("x").with_id("a")]);
+    // The put's record is in an fsync the disk holds.
+    disk.wait_for_held_sync();
+    let mut again = jobs.begin_put_batch(vec![Message::new("y").with_id("a")]);
+    // A call to the same shard is answered after the duplicate was handled.
+    assert_eq!(scratch.stats().enqueued, 0);
+    let waited = (first.try_answer().is_none(), again.try_answer().is_none());
+    // Released before the checks, so that a failing one does not leave the syncer held.
+    disk.release_syncs();
+    assert_eq!(
+        waited,
+        (true, true),
+        "the original and its duplicate wait for the original's fsync"
+    );
+    // A put behind both, on the same queue, is answered after them.
+    assert_eq!(jobs.put(Message::new("z")), Ok(PutOutcome::Enqueued));
+    assert_eq!(first.try_answer(), Some(Ok(vec![PutOutcome::Enqueued])));
+    assert_eq!(again.try_answer(), Some(Ok(vec![PutOutcome::Duplicate])));
+    broker.shutdown();
+}

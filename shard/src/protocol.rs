@@ -188,6 +188,10 @@ pub(crate) struct Deferred {
     /// The answer is about a durable queue: should its log fail before the answer leaves,
     /// the answer becomes a refusal (see `store.rs`).
     pub durable: bool,
+    /// A put to a durable queue: even one that logged nothing (every message a
+    /// duplicate) answers only after what the log holds, since the messages it duplicates
+    /// may not be on disk yet.
+    pub behind_the_log: bool,
 }
 
 impl Deferred {
@@ -197,6 +201,7 @@ impl Deferred {
             reply,
             answer,
             durable: false,
+            behind_the_log: false,
         }
     }
 

@@ -397,6 +397,7 @@ impl ShardThread {
                     _ => None,
                 };
                 let durable = self.about_durable(&cmd);
+                let put = matches!(cmd, Command::Put { .. } | Command::PutBatch { .. });
                 // An answer about a queue whose close waits for the disk waits behind it.
                 self.logged = self.behind_a_close(&cmd);
                 self.engine.handle(now, cmd, &mut self.out);
@@ -410,6 +411,7 @@ impl ShardThread {
                     reply,
                     answer,
                     durable,
+                    behind_the_log: durable && put,
                 };
                 route::dead_letters(self, now, Some(deferred));
             }
@@ -432,6 +434,7 @@ impl ShardThread {
                     reply,
                     answer,
                     durable,
+                    behind_the_log: false,
                 });
             }
             Request::Consume {
@@ -637,10 +640,12 @@ impl ShardThread {
             return;
         };
         for deferred in self.replies.drain(..) {
-            // A step of the manual clock answers once everything before it went out.
+            // A step of the manual clock answers once everything before it went out, and a
+            // put to a durable queue once what it may duplicate is on disk.
             let step = matches!(deferred.answer, Answer::Step { .. });
-            if depends || (step && log.is_holding()) {
-                log.hold(depends, Held::Reply(deferred));
+            let behind = deferred.behind_the_log;
+            if depends || ((step || behind) && log.is_holding()) {
+                log.hold(depends || behind, Held::Reply(deferred));
             } else {
                 // A log that failed refuses what its durable queues would answer.
                 deferred.send(log.failed());
