@@ -39,6 +39,16 @@ fn open(disk: &MemDisk, shards: usize) -> Result<Broker, Error> {
         .build()
 }
 
+/// A one-shard broker on `disk` with a durable queue `jobs` and an in-memory `scratch`.
+fn jobs_and_scratch(disk: &MemDisk) -> (Broker, leasemq::Queue, leasemq::Queue) {
+    let broker = open(disk, 1).unwrap();
+    let jobs = broker.declare_queue("jobs", durable()).unwrap();
+    let scratch = broker
+        .declare_queue("scratch", QueueConfig::default())
+        .unwrap();
+    (broker, jobs, scratch)
+}
+
 fn ids_in(broker: &Broker, queue: &str) -> Vec<String> {
     let q = broker.queue(queue).expect("the durable queue is back");
     let c = q
@@ -52,11 +62,7 @@ fn ids_in(broker: &Broker, queue: &str) -> Vec<String> {
 #[test]
 fn a_failed_fsync_refuses_durable_changes_for_good_and_keeps_what_was_answered() {
     let disk = MemDisk::new();
-    let broker = open(&disk, 1).unwrap();
-    let jobs = broker.declare_queue("jobs", durable()).unwrap();
-    let scratch = broker
-        .declare_queue("scratch", QueueConfig::default())
-        .unwrap();
+    let (broker, jobs, scratch) = jobs_and_scratch(&disk);
     for i in 0..3 {
         let put = jobs.put(Message::new("x").with_id(format!("ok{i}")));
         assert_eq!(put, Ok(PutOutcome::Enqueued));
@@ -454,11 +460,7 @@ fn a_close_the_disk_refuses_is_not_a_close() {
 #[test]
 fn a_duplicate_of_a_put_not_yet_on_disk_is_answered_after_it() {
     let disk = MemDisk::new();
-    let broker = open(&disk, 1).unwrap();
-    let jobs = broker.declare_queue("jobs", durable()).unwrap();
-    let scratch = broker
-        .declare_queue("scratch", QueueConfig::default())
-        .unwrap();
+    let (broker, jobs, scratch) = jobs_and_scratch(&disk);
     disk.hold_syncs();
     let mut first = jobs.begin_put_batch(vec![Message::new("x").with_id("a")]);
     // The put's record is in an fsync the disk holds.

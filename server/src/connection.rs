@@ -722,8 +722,6 @@ impl Connection {
                 self.drop_exclusive_queues();
                 self.send(0, AMQPClass::Connection(M::CloseOk(connection::CloseOk {})));
                 self.phase = Phase::Closed;
-                // Nothing follows close-ok: answers still to come have nobody to go to.
-                self.drop_awaited();
                 Ok(())
             }
             other => {

@@ -123,9 +123,7 @@ async fn drive(
     let mut last_write = Instant::now();
     let mut last_read = Instant::now();
     loop {
-        // Answers and deliveries that are already waiting go out with what is being
-        // written.
-        conn.try_answers();
+        // Deliveries that are already waiting go out with what is being written.
         while output.len() - written + conn.output_len() < HIGH_WATER {
             match conn.try_delivery() {
                 Some((i, d)) => conn.handle_delivery(i, d),

@@ -94,14 +94,22 @@ impl Header<'_> {
     }
 }
 
+/// A frame's type (1), channel (2) and payload size (4).
+const FRAME_HEADER_LEN: usize = 7;
+
+/// The whole size of the frame `input` starts with, as its header says (header, payload,
+/// end byte); `None` while the header itself is incomplete.
+fn frame_len(input: &[u8]) -> Option<usize> {
+    let size = input.get(3..FRAME_HEADER_LEN)?;
+    let payload = u32::from_be_bytes(size.try_into().expect("4 bytes")) as usize;
+    Some(payload.saturating_add(FRAME_OVERHEAD))
+}
+
 /// Cuts the next frame off `input`, refusing one whose whole size is over `frame_max`.
 pub fn next_frame(input: &[u8], frame_max: usize) -> Next<'_> {
-    const HEADER: usize = 7;
-    if input.len() < HEADER {
+    let Some(whole) = frame_len(input) else {
         return Next::Incomplete;
-    }
-    let payload = u32::from_be_bytes([input[3], input[4], input[5], input[6]]) as usize;
-    let whole = payload.saturating_add(FRAME_OVERHEAD);
+    };
     if whole > frame_max {
         return Next::TooLarge(whole);
     }
@@ -129,15 +137,12 @@ pub fn next_frame(input: &[u8], frame_max: usize) -> Next<'_> {
 /// puts and acks go to the shard without waiting for the answer). A trailing frame cut
 /// short is not looked at; anything that is not a frame counts as something else.
 pub fn only_publishes_and_acks(mut input: &[u8]) -> bool {
-    const HEADER: usize = 7;
     const BASIC_ACK: [u8; 4] = [0, 60, 0, 80];
-    while input.len() >= HEADER {
-        let payload = u32::from_be_bytes([input[3], input[4], input[5], input[6]]) as usize;
-        let whole = payload.saturating_add(FRAME_OVERHEAD);
+    while let Some(whole) = frame_len(input) {
         if input.len() < whole {
             break;
         }
-        let body = &input[HEADER..HEADER + payload];
+        let body = &input[FRAME_HEADER_LEN..whole - 1];
         let quick = match input[0] {
             FRAME_METHOD => body.starts_with(&BASIC_PUBLISH) || body.starts_with(&BASIC_ACK),
             FRAME_HEADER | FRAME_BODY | FRAME_HEARTBEAT => true,

@@ -188,10 +188,6 @@ pub(crate) struct Deferred {
     /// The answer is about a durable queue: should its log fail before the answer leaves,
     /// the answer becomes a refusal (see `store.rs`).
     pub durable: bool,
-    /// A put to a durable queue: even one that logged nothing (every message a
-    /// duplicate) answers only after what the log holds, since the messages it duplicates
-    /// may not be on disk yet.
-    pub behind_the_log: bool,
 }
 
 impl Deferred {
@@ -201,8 +197,18 @@ impl Deferred {
             reply,
             answer,
             durable: false,
-            behind_the_log: false,
         }
+    }
+
+    /// A put to a durable queue: even one that logged nothing (every message a duplicate)
+    /// answers only after what the log holds, since what it duplicates may not be on disk
+    /// yet.
+    pub fn is_durable_put(&self) -> bool {
+        self.durable
+            && matches!(
+                self.answer,
+                Answer::Engine(Reply::Put(_) | Reply::PutBatch(_))
+            )
     }
 
     /// Sends the answer; `failed` is the error of a log that failed before it left.

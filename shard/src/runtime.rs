@@ -397,7 +397,6 @@ impl ShardThread {
                     _ => None,
                 };
                 let durable = self.about_durable(&cmd);
-                let put = matches!(cmd, Command::Put { .. } | Command::PutBatch { .. });
                 // An answer about a queue whose close waits for the disk waits behind it.
                 self.logged = self.behind_a_close(&cmd);
                 self.engine.handle(now, cmd, &mut self.out);
@@ -411,7 +410,6 @@ impl ShardThread {
                     reply,
                     answer,
                     durable,
-                    behind_the_log: durable && put,
                 };
                 route::dead_letters(self, now, Some(deferred));
             }
@@ -434,7 +432,6 @@ impl ShardThread {
                     reply,
                     answer,
                     durable,
-                    behind_the_log: false,
                 });
             }
             Request::Consume {
@@ -643,7 +640,7 @@ impl ShardThread {
             // A step of the manual clock answers once everything before it went out, and a
             // put to a durable queue once what it may duplicate is on disk.
             let step = matches!(deferred.answer, Answer::Step { .. });
-            let behind = deferred.behind_the_log;
+            let behind = deferred.is_durable_put();
             if depends || ((step || behind) && log.is_holding()) {
                 log.hold(depends || behind, Held::Reply(deferred));
             } else {

@@ -35,6 +35,15 @@ const AWAITED_BYTES: usize = 1 << 20;
 /// looked for on every wake-up of the connection).
 const AWAITED_PUTS: usize = 256;
 
+/// What `messages` hold while they wait for a shard: their bodies and [`MESSAGE_OVERHEAD`]
+/// each.
+pub(super) fn bytes_held(messages: &[Message]) -> usize {
+    messages
+        .iter()
+        .map(|m| m.body().len() + MESSAGE_OVERHEAD)
+        .sum()
+}
+
 /// A put sent with [`Queue::begin_put_batch`] whose answer the connection awaits while it
 /// reads on: the puts of confirming channels (confirmed when answered) and of durable
 /// queues (answered after an fsync; a failed log is a channel error).
@@ -311,7 +320,7 @@ impl Connection {
             self.fail(broker_fault(ch, &Error::MessageTooLarge, &publish_method()));
             return;
         }
-        if numbers.is_empty() && self.reserve_nowait(queue, &messages) {
+        if numbers.is_empty() && self.reserve_nowait(queue, bytes_held(&messages)) {
             queue.put_batch_nowait(messages);
             return;
         }
@@ -359,10 +368,7 @@ impl Connection {
         messages: Vec<Message>,
         numbers: Vec<u64>,
     ) {
-        let bytes = messages
-            .iter()
-            .map(|m| m.body().len() + MESSAGE_OVERHEAD)
-            .sum::<usize>();
+        let bytes = bytes_held(&messages);
         self.awaited_bytes += bytes;
         self.awaited.push_back(Awaited {
             channel: ch,
@@ -381,9 +387,11 @@ impl Connection {
     /// every awaited put) when none had come.
     pub fn poll_answers(&mut self, cx: &mut Context<'_>) -> Poll<()> {
         if self.phase != super::Phase::Open {
-            // Closing or closed: nothing but close-ok goes out any more.
+            // Closing or closed: nothing but close-ok goes out any more, and the answers
+            // still to come have nobody to go to.
             let had = !self.awaited.is_empty();
-            self.drop_awaited();
+            self.awaited.clear();
+            self.awaited_bytes = 0;
             return if had { Poll::Ready(()) } else { Poll::Pending };
         }
         let mut faults: Vec<Fault> = Vec::new();
@@ -435,13 +443,6 @@ impl Connection {
         Poll::Ready(())
     }
 
-    /// Forgets every awaited put: their answers have nobody to go to. Only once the
-    /// connection is no longer open, when no confirm goes out any more.
-    pub(super) fn drop_awaited(&mut self) {
-        self.awaited.clear();
-        self.awaited_bytes = 0;
-    }
-
     /// [`poll_answers`](Connection::poll_answers) without waiting: takes what has come.
     pub fn try_answers(&mut self) {
         if !self.awaited.is_empty() {
@@ -468,14 +469,10 @@ impl Connection {
     /// none of it), or a durable queue (a failed log is a channel error). The publishes a
     /// shard has not answered are bounded per connection ([`UNANSWERED_PUT_BYTES`]): past
     /// that, a put waits, and its answer covers the rest.
-    pub(super) fn reserve_nowait(&mut self, queue: &Queue, messages: &[Message]) -> bool {
+    pub(super) fn reserve_nowait(&mut self, queue: &Queue, bytes: usize) -> bool {
         if queue.is_durable() || queue.config().max_length.is_some() {
             return false;
         }
-        let bytes: usize = messages
-            .iter()
-            .map(|m| m.body().len() + MESSAGE_OVERHEAD)
-            .sum();
         let shard = queue.shard();
         if self.unanswered_puts.len() <= shard {
             self.unanswered_puts.resize(shard + 1, 0);

@@ -1269,7 +1269,7 @@ fn channel_flow_pauses_and_resumes_deliveries() {
 
 #[test]
 fn publishes_without_confirms_are_not_waited_for_unless_the_answer_needs_telling() {
-    use super::publish::UNANSWERED_PUT_BYTES;
+    use super::publish::{bytes_held, UNANSWERED_PUT_BYTES};
     use leasemq::{Message, QueueConfig};
     let mut c = Client::open();
     c.declare("plain");
@@ -1312,9 +1312,9 @@ fn publishes_without_confirms_are_not_waited_for_unless_the_answer_needs_telling
     // The bytes a shard has not answered are bounded: past the bound a put waits, and
     // once it has, puts go without waiting again.
     let plain = c.broker.queue("plain").unwrap();
-    let batch = vec![Message::new(vec![0u8; 4000]); 4];
+    let batch = bytes_held(&vec![Message::new(vec![0u8; 4000]); 4]);
     let mut sent = 0;
-    while c.conn.reserve_nowait(&plain, &batch) {
+    while c.conn.reserve_nowait(&plain, batch) {
         sent += 1;
         assert!(
             sent * 4 * 4000 <= UNANSWERED_PUT_BYTES,
@@ -1326,13 +1326,13 @@ fn publishes_without_confirms_are_not_waited_for_unless_the_answer_needs_telling
         "waited after {sent}"
     );
     assert!(
-        !c.conn.reserve_nowait(&plain, &batch),
+        !c.conn.reserve_nowait(&plain, batch),
         "still over the bound"
     );
     let mut c2 = c.another(2);
     c2.publish("plain", b"another connection's puts are its own");
     assert!(
-        !c.conn.reserve_nowait(&plain, &batch),
+        !c.conn.reserve_nowait(&plain, batch),
         "its own put must wait"
     );
     // A run bigger than the room left: it waits (bodies within the frame_max of 8 192).
@@ -1341,10 +1341,7 @@ fn publishes_without_confirms_are_not_waited_for_unless_the_answer_needs_telling
         .collect();
     c.feed(&run);
     assert_eq!(plain.stats().ready, 7);
-    assert!(
-        c.conn.reserve_nowait(&plain, &batch),
-        "answered: room again"
-    );
+    assert!(c.conn.reserve_nowait(&plain, batch), "answered: room again");
 }
 
 #[test]
