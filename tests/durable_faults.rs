@@ -482,3 +482,46 @@ fn a_duplicate_of_a_put_not_yet_on_disk_is_answered_after_it() {
     assert_eq!(again.try_answer(), Some(Ok(vec![PutOutcome::Duplicate])));
     broker.shutdown();
 }
+
+/// The same when what it duplicates came from a timer on the running clock: a lease that
+/// ran out past the delivery limit dead-letters its message on the same shard, a change
+/// that logs but answers no one, so nothing is held when the duplicate comes. (Under the
+/// manual clock the advance that ran the timer is held, and the duplicate waits behind
+/// it anyway.) The test waits for the disk's fsync gate, not for the clock.
+#[test]
+fn a_duplicate_of_a_dead_letter_not_yet_on_disk_is_answered_after_it() {
+    let disk = MemDisk::new();
+    let broker = Broker::builder()
+        .shards(1)
+        .storage(Arc::new(disk.clone()))
+        .data_dir(DIR)
+        .build()
+        .unwrap();
+    let dead = broker.declare_queue("dead", durable()).unwrap();
+    let config = QueueConfig {
+        ack_timeout: Duration::from_secs(1),
+        max_deliveries: Some(1),
+        dead_letter: Some("dead".into()),
+        ..durable()
+    };
+    let jobs = broker.declare_queue("jobs", config).unwrap();
+    let c = jobs.consume("c", ConsumerConfig { prefetch: 1 }).unwrap();
+    assert_eq!(
+        jobs.put(Message::new("x").with_id("a")),
+        Ok(PutOutcome::Enqueued)
+    );
+    assert!(c.try_recv().unwrap().is_some());
+    disk.hold_syncs();
+    // The lease runs out: the message moves to `dead`, in an fsync the disk holds.
+    disk.wait_for_held_sync();
+    assert_eq!(dead.stats().ready, 1);
+    let mut again = dead.begin_put_batch(vec![Message::new("y").with_id("a")]);
+    // A call to the same shard is answered after the duplicate was handled.
+    assert_eq!(dead.stats().duplicates, 1);
+    let waited = again.try_answer().is_none();
+    disk.release_syncs();
+    assert!(waited, "the duplicate waits for the dead letter's fsync");
+    assert_eq!(dead.put(Message::new("z")), Ok(PutOutcome::Enqueued));
+    assert_eq!(again.try_answer(), Some(Ok(vec![PutOutcome::Duplicate])));
+    broker.shutdown();
+}

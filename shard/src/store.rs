@@ -304,6 +304,13 @@ impl ShardLog {
         !self.held.is_empty()
     }
 
+    /// Whether an answer that must follow what the log holds has to wait: something is
+    /// held, or (under `Always`, or once the log failed) records appended are not yet on
+    /// disk, such as those of a timer that sent nothing.
+    pub fn is_behind(&self) -> bool {
+        self.is_holding() || (self.holds_back() && self.wal.last_appended() > self.wal.durable())
+    }
+
     /// Whether a delivery to `consumer` waits, so that the next one must too.
     pub fn holds_for(&self, consumer: ConsumerKey) -> bool {
         !self.held_consumers.is_empty() && self.held_consumers.contains_key(&consumer)
