@@ -53,6 +53,7 @@ impl World {
         self.pending.iter_mut().for_each(VecDeque::clear);
         self.held.clear();
         self.confirms.clear();
+        self.durable_puts.clear();
         for c in &mut self.consumers {
             c.channel.clear();
             c.hand.clear();

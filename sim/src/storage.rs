@@ -112,6 +112,12 @@ impl Disks {
         self.shards[shard].wal.last_appended()
     }
 
+    /// Whether shard `shard` appended records not yet on disk.
+    pub fn is_behind(&self, shard: usize) -> bool {
+        let wal = &self.shards[shard].wal;
+        wal.last_appended() > wal.durable()
+    }
+
     /// Writes and fsyncs what shard `shard` appended; returns the durable lsn.
     pub fn sync(&mut self, shard: usize) -> Result<Lsn, WalError> {
         let d = &mut self.shards[shard];

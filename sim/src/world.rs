@@ -80,6 +80,10 @@ pub(crate) struct World {
     pub(crate) epoch: u64,
     /// Per call, what its answer tells the client (durable runs).
     pub(crate) confirms: HashMap<u64, Vec<Confirm>>,
+    /// Unanswered calls that put to a durable queue: each answers only behind what its
+    /// shard's log appended, even if it logged nothing itself (every message a duplicate
+    /// of one whose record may not be on disk yet), as the shard's `ShardLog::is_behind`.
+    pub(crate) durable_puts: BTreeSet<u64>,
 }
 
 impl World {
@@ -106,6 +110,7 @@ impl World {
             pending: (0..setup.shards).map(|_| VecDeque::new()).collect(),
             epoch: 0,
             confirms: HashMap::new(),
+            durable_puts: BTreeSet::new(),
         }
     }
 
@@ -391,6 +396,19 @@ impl World {
         Some(tag)
     }
 
+    /// Whether `cmd` puts to a durable queue (durable runs).
+    fn is_durable_put(&self, shard: usize, cmd: &Command) -> bool {
+        let queue = match cmd {
+            Command::Put { queue, .. } | Command::PutBatch { queue, .. } => *queue,
+            _ => return false,
+        };
+        self.disks.is_some()
+            && self
+                .ledger
+                .live_queue(shard as u16, queue)
+                .is_some_and(|q| self.ledger.queues[q as usize].config.durable)
+    }
+
     /// Creates the client side of every consumer the ledger knows up to `c`.
     fn see_consumer(&mut self, c: C) {
         while self.consumers.len() <= c as usize {
@@ -418,10 +436,14 @@ impl World {
             // A client's command: answered once the dead letters it caused have landed.
             Some(cmd) => {
                 let before = on.world.before(shard, &cmd);
+                let durable_put = on.world.is_durable_put(shard, &cmd);
                 let reply = on.engine_call(now, Some(cmd));
                 on.world.calls += 1;
                 let call = on.world.calls;
                 on.world.held.insert(call);
+                if durable_put {
+                    on.world.durable_puts.insert(call);
+                }
                 if on.failed.is_none() {
                     let confirms = on.world.confirms_of(shard, before);
                     if !confirms.is_empty() {
@@ -629,7 +651,13 @@ impl Driver for OnShard<'_> {
     }
 
     fn answer(&mut self, call: u64) {
-        if self.holds() {
+        let behind = self.world.durable_puts.remove(&call)
+            && self
+                .world
+                .disks
+                .as_ref()
+                .is_some_and(|d| d.is_behind(self.shard));
+        if self.holds() || behind {
             self.hold(Held::Answer(call));
             return;
         }
