@@ -158,6 +158,11 @@ pub struct WorkloadArgs {
     /// consumer task.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=256))]
     pub runtime_threads: u32,
+    /// `--api async`: calls each producer and consumer task keeps in flight, sent and not
+    /// yet answered (its puts, its acks), as a client that does not await one before the
+    /// next. 1: each call is awaited before the next.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=4096))]
+    pub pipeline: u32,
     /// Open loop, batched API: the longest a due message waits for its batch to fill.
     #[arg(long, default_value = "100us", value_parser = parse_duration)]
     pub linger: Duration,

@@ -469,6 +469,44 @@ fn throughput_async_tasks() {
     assert_eq!(Some(settle_calls), s["accounting"]["acked"].as_u64());
 }
 
+/// Per-message calls on durable queues, several in flight per task: every answer still
+/// comes after its fsync, and nothing is lost or acked twice.
+#[test]
+fn throughput_async_tasks_keep_calls_in_flight_on_durable_queues() {
+    let s = run_and_check(
+        "tp-async-pipeline",
+        &[
+            "throughput",
+            "--producers",
+            "4",
+            "--consumers",
+            "4",
+            "--queues",
+            "2",
+            "--api",
+            "async",
+            "--pipeline",
+            "16",
+            "--durable",
+            "--duration",
+            "700ms",
+            "--warmup",
+            "100ms",
+            "--quiet",
+        ],
+    );
+    assert!(rate(&s, "acked") > 0.0);
+    assert_eq!(s["config"]["pipeline"], 16);
+    let settle_calls = s["details"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|d| d["name"] == "settle calls")
+        .and_then(|d| d["value"].as_u64())
+        .expect("settle calls");
+    assert_eq!(Some(settle_calls), s["accounting"]["acked"].as_u64());
+}
+
 #[test]
 fn redelivery_measures_lateness() {
     let s = run_and_check(
@@ -520,6 +558,9 @@ fn bad_flags_exit_non_zero_with_a_message() {
     let output = run(&["throughput", "--api", "async", "--rate", "1000"]);
     assert_eq!(output.status.code(), Some(2));
     assert!(text(&output.stderr).contains("closed loop only"));
+    let output = run(&["throughput", "--pipeline", "4"]);
+    assert_eq!(output.status.code(), Some(2));
+    assert!(text(&output.stderr).contains("needs --api async"));
     let output = run(&["throughput", "--sync", "interval:10"]);
     assert_eq!(output.status.code(), Some(2));
     assert!(text(&output.stderr).contains("needs --durable or --data-dir"));

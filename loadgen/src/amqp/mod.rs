@@ -311,6 +311,13 @@ fn validate(args: &ThroughputArgs) -> Result<(), String> {
     if w.prefetch > u32::from(u16::MAX) {
         return Err("--prefetch is at most 65535 over AMQP".into());
     }
+    if w.pipeline > 1 {
+        return Err(
+            "--pipeline is for --api async on the embedded broker; over AMQP publishes and \
+             acks are written without waiting for the server already"
+                .into(),
+        );
+    }
     Ok(())
 }
 

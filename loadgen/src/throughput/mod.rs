@@ -61,6 +61,11 @@ pub fn workload_text(w: &WorkloadArgs) -> String {
             w.put_batch, w.settle_batch, w.prefetch
         ),
         Api::PerMessage => format!("per-message API (prefetch {})", w.prefetch),
+        Api::Async if w.pipeline > 1 => format!(
+            "per-message async API on {} runtime thread(s), {} calls in flight per task \
+             (prefetch {})",
+            w.runtime_threads, w.pipeline, w.prefetch
+        ),
         Api::Async => format!(
             "per-message async API on {} runtime thread(s) (prefetch {})",
             w.runtime_threads, w.prefetch
@@ -83,7 +88,8 @@ pub fn workload_json(w: &WorkloadArgs) -> serde_json::Value {
         "producers": w.producers, "consumers": w.consumers, "queues": w.queues,
         "body_bytes": w.body_bytes, "prefetch": w.prefetch,
         "put_batch": w.put_batch, "settle_batch": w.settle_batch,
-        "api": w.api.name(), "runtime_threads": w.runtime_threads, "linger_s": w.linger.as_secs_f64(),
+        "api": w.api.name(), "runtime_threads": w.runtime_threads, "pipeline": w.pipeline,
+        "linger_s": w.linger.as_secs_f64(),
         "ack_timeout_s": ACK_TIMEOUT.as_secs_f64(),
     })
 }

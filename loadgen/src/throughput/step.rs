@@ -105,6 +105,11 @@ pub fn validate(w: &WorkloadArgs, rate: Option<u64>, duration: Duration) -> Resu
                 .into(),
         );
     }
+    if w.pipeline > 1 && w.api != Api::Async {
+        return Err(
+            "--pipeline keeps several calls of a task in flight: it needs --api async".into(),
+        );
+    }
     Ok(())
 }
 
@@ -132,6 +137,7 @@ fn plan_of(step: &Step) -> Plan {
         interval_ns: step.rate.map(|r| 1e9 * producers as f64 / r as f64),
         linger_ns: if batched { nanos(w.linger) } else { 0 },
         max_in_flight,
+        pipeline: w.pipeline as usize,
     }
 }
 

@@ -4,6 +4,11 @@
 //! answer costs a task switch, not a thread switch: how a service built on tokio uses the
 //! broker.
 //!
+//! With `--pipeline N` a task keeps up to N calls in flight (its puts, or its acks) and
+//! takes their answers as they come, as a client that does not await each call before the
+//! next: on durable queues a call's answer waits for an fsync, so one call at a time
+//! measures the disk's latency, several measure its group commit.
+//!
 //! Closed loop only: a runtime's timers tick in milliseconds, too coarse to pace an open
 //! loop at hundreds of thousands of messages a second.
 
@@ -11,6 +16,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures_util::stream::{FuturesUnordered, StreamExt};
 use leasemq::{Consumer, Message, Queue};
 
 use super::workers::{ConsumerResult, Plan, ProducerResult, Shared};
@@ -33,10 +39,20 @@ pub(super) async fn produce(
     let mut bodies = BodyWriter::new(plan.body_bytes);
     let mut local = 0u64;
     let mut turn = 0usize;
+    // Puts sent and not yet answered: one is awaited once `pipeline` are.
+    let mut putting = FuturesUnordered::new();
+    let mut refused = 0u64;
     loop {
         let now = clock.now_ns();
         if now >= plan.end_ns || shared.abort.load(Relaxed) {
             break;
+        }
+        if putting.len() >= plan.pipeline {
+            let answer = putting.next().await.expect("calls are in flight");
+            if !put_answered(answer, &mut refused, &mut result, &shared) {
+                break;
+            }
+            continue;
         }
         let in_flight = shared
             .put
@@ -52,20 +68,44 @@ pub(super) async fn produce(
         let queue = &queues[turn % queues.len()];
         turn += 1;
         let message = Message::new(bodies.body(now, seq_of(index, local)));
-        if let Err(e) = queue.put_async(message).await {
-            shared.put.fetch_sub(1, Relaxed);
-            result.problem = Some(broker_error("put failed", e));
-            shared.abort.store(true, Relaxed);
-            break;
-        }
+        putting.push(queue.put_async(message));
         if plan.in_window(now) {
             result.put_in_window += 1;
         }
         local += 1;
+        // One poll sends the new put (and takes the answers that came).
+        let mut failed = false;
+        while let Some(Some(answer)) = futures_lite::future::poll_once(putting.next()).await {
+            failed |= !put_answered(answer, &mut refused, &mut result, &shared);
+        }
+        if failed {
+            break;
+        }
     }
-    result.put = local;
+    while let Some(answer) = putting.next().await {
+        put_answered(answer, &mut refused, &mut result, &shared);
+    }
+    // A refused put is not counted: it was never in the broker.
+    result.put = local - refused;
     shared.producers_done.fetch_add(1, Relaxed);
     result
+}
+
+/// Takes one put's answer; `false` when the broker refused it, which ends the run.
+fn put_answered(
+    answer: Result<leasemq::PutOutcome, leasemq::Error>,
+    refused: &mut u64,
+    result: &mut ProducerResult,
+    shared: &Shared,
+) -> bool {
+    let Err(e) = answer else { return true };
+    shared.put.fetch_sub(1, Relaxed);
+    *refused += 1;
+    result
+        .problem
+        .get_or_insert_with(|| broker_error("put failed", e));
+    shared.abort.store(true, Relaxed);
+    false
 }
 
 /// One consumer task: `next` and `ack_async` until every producer is done and everything
@@ -78,9 +118,18 @@ pub(super) async fn consume(
     clock: Clock,
     shared: Arc<Shared>,
 ) -> ConsumerResult {
+    // Acks sent and not yet answered: one is awaited once `pipeline` are.
+    let mut acking = FuturesUnordered::new();
     loop {
         let delivery = match consumer.try_recv() {
             Ok(Some(d)) => d,
+            // Nothing to receive: the answers of the acks in flight first.
+            Ok(None) if !acking.is_empty() => {
+                while let Some((header, t0, acked)) = acking.next().await {
+                    r.settled_one(&plan, &shared, header, t0, clock.now_ns(), acked);
+                }
+                continue;
+            }
             Ok(None) => {
                 if r.idle(consumer.name(), &plan, &shared, clock.now_ns()) {
                     break;
@@ -104,8 +153,21 @@ pub(super) async fn consume(
         let Some(header) = r.delivered(&delivery, &plan, clock.now_ns()) else {
             continue;
         };
+        if acking.len() >= plan.pipeline {
+            let (header, t0, acked) = acking.next().await.expect("calls are in flight");
+            r.settled_one(&plan, &shared, header, t0, clock.now_ns(), acked);
+        }
         let t0 = clock.now_ns();
-        let acked = queue.ack_async(delivery.tag()).await;
+        let queue = &queue;
+        acking.push(async move { (header, t0, queue.ack_async(delivery.tag()).await) });
+        // One poll sends the new ack (and takes the answers that came).
+        while let Some(Some((header, t0, acked))) =
+            futures_lite::future::poll_once(acking.next()).await
+        {
+            r.settled_one(&plan, &shared, header, t0, clock.now_ns(), acked);
+        }
+    }
+    while let Some((header, t0, acked)) = acking.next().await {
         r.settled_one(&plan, &shared, header, t0, clock.now_ns(), acked);
     }
     r

@@ -65,6 +65,8 @@ pub(super) struct Plan {
     /// Open loop, batched: the longest a due message waits for its batch to fill.
     pub(super) linger_ns: u64,
     pub(super) max_in_flight: u64,
+    /// `--api async`: calls a task keeps in flight.
+    pub(super) pipeline: usize,
 }
 
 impl Plan {
