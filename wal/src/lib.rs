@@ -22,8 +22,12 @@
 //!   [`WalError::Corrupt`] naming file and byte offset, any other damage.
 //! - Compaction: the owner writes a snapshot of its state with [`write_snapshot`] (temp
 //!   file, fsync, rename, directory fsync), then [`Wal::remove_before`] deletes the
-//!   segments it covers. [`latest_snapshot`] reads it back at the next start, and replay
-//!   starts after its lsn. Disk use follows what the snapshot and the live records hold.
+//!   segments it covers; or hands both to the log with [`Wal::submit_snapshot`]. The
+//!   log's **compactor thread** writes such snapshots and deletes segments once the
+//!   syncer made their records durable, so that neither holds up the next fsync
+//!   (unlinking a preallocated segment takes milliseconds on ext4). [`latest_snapshot`]
+//!   reads it back at the next start, and replay starts after its lsn. Disk use follows
+//!   what the snapshot and the live records hold.
 //! - [`Storage`] and [`StorageFile`] are the only way to the disk: [`DiskStorage`] is
 //!   `std::fs`; [`MemDisk`] is a fake disk that, on [`MemDisk::crash`], keeps only what
 //!   was synced plus any subset of unsynced sectors, for crash tests.

@@ -61,6 +61,9 @@ struct State {
     data_syncs: u64,
     hold_syncs: bool,
     held: usize,
+    /// Removals of files whose names end so wait at a gate.
+    hold_removes: Option<String>,
+    held_removes: usize,
     fail_next_sync: bool,
 }
 
@@ -208,6 +211,26 @@ impl MemDisk {
     pub fn wait_for_held_sync(&self) {
         let mut state = self.state();
         while state.held == 0 {
+            state = self.inner.changed.wait(state).expect("mem disk lock");
+        }
+    }
+
+    /// Makes every later `remove` of a file whose name ends with `suffix` wait at a gate
+    /// until [`release_removes`](Self::release_removes): a slow unlink.
+    pub fn hold_removes(&self, suffix: &str) {
+        self.state().hold_removes = Some(suffix.to_string());
+    }
+
+    /// Opens the gate of [`hold_removes`](Self::hold_removes).
+    pub fn release_removes(&self) {
+        self.state().hold_removes = None;
+        self.inner.changed.notify_all();
+    }
+
+    /// Blocks until a `remove` waits at the gate.
+    pub fn wait_for_held_remove(&self) {
+        let mut state = self.state();
+        while state.held_removes == 0 {
             state = self.inner.changed.wait(state).expect("mem disk lock");
         }
     }
@@ -370,6 +393,16 @@ impl Storage for MemDisk {
 
     fn remove(&self, path: &Path) -> io::Result<()> {
         let mut state = self.state();
+        let held = |state: &State| {
+            let suffix = state.hold_removes.as_deref();
+            suffix.is_some_and(|s| path.to_string_lossy().ends_with(s)) && !state.crashed
+        };
+        while held(&state) {
+            state.held_removes += 1;
+            self.inner.changed.notify_all();
+            state = self.inner.changed.wait(state).expect("mem disk lock");
+            state.held_removes -= 1;
+        }
         MemDisk::check(&state)?;
         state.names.remove(path).ok_or(io::ErrorKind::NotFound)?;
         Ok(())

@@ -5,6 +5,12 @@
 //! segment order, then publishes the new durable lsn. The next round starts
 //! only after that, so exactly one fsync is in flight, and what the owner submits during
 //! a round goes whole into the next one.
+//!
+//! Compaction runs on a thread of its own, the compactor: once a round made a snapshot's
+//! records durable, the syncer hands it the snapshot and the segments it covers, and goes
+//! on to the next round. Writing a snapshot (with its own fsyncs) and unlinking segments
+//! (milliseconds each for a preallocated 64 MiB file on ext4) would otherwise hold every
+//! answer waiting for the next fsync.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -60,6 +66,13 @@ struct State {
     snapshot: Option<(u64, Vec<u8>)>,
     busy: bool,
     stop: bool,
+    /// Handed to the compactor, in order: the newest snapshot whose records are durable,
+    /// and the segments to remove after it.
+    compact_snapshot: Option<(u64, Vec<u8>)>,
+    compact_removals: Vec<PathBuf>,
+    compacting: bool,
+    /// The compactor finishes what it holds and stops (set once the syncer stopped).
+    compactor_stop: bool,
     error: Option<WalError>,
     /// Emptied piece buffers, handed back to the owner for reuse.
     spare: Vec<Vec<u8>>,
@@ -173,7 +186,10 @@ impl Shared {
                 return Err(error.clone());
             }
             let idle = state.queue.is_empty() && state.removals.is_empty();
-            if !state.busy && idle && state.snapshot.is_none() {
+            let compacted = !state.compacting
+                && state.compact_snapshot.is_none()
+                && state.compact_removals.is_empty();
+            if !state.busy && idle && state.snapshot.is_none() && compacted {
                 return Ok(());
             }
             state = self.changed.wait(state).unwrap_or_else(|e| e.into_inner());
@@ -183,6 +199,13 @@ impl Shared {
     /// Asks the syncer to finish what is queued and stop.
     pub(crate) fn stop(&self) {
         self.lock().stop = true;
+        self.changed.notify_all();
+    }
+
+    /// Asks the compactor to finish what it was handed and stop: once the syncer stopped,
+    /// nothing more comes.
+    pub(crate) fn stop_compactor(&self) {
+        self.lock().compactor_stop = true;
         self.changed.notify_all();
     }
 
@@ -197,55 +220,38 @@ impl Shared {
 /// bug here) poisons the log, so that `sync` and every later call fail instead of waiting
 /// for a thread that is gone.
 pub(crate) fn run(shared: Arc<Shared>) {
-    let rounds = std::panic::AssertUnwindSafe(|| rounds(&shared));
-    if std::panic::catch_unwind(rounds).is_err() {
-        let gone = std::io::Error::other("the log's syncer thread panicked");
-        shared.poison(WalError::io(&shared.dir, "sync round", gone));
+    guarded(&shared, "sync round", rounds);
+}
+
+/// The compactor thread's body; a panic in it poisons the log too.
+pub(crate) fn run_compactor(shared: Arc<Shared>) {
+    guarded(&shared, "compaction", compactions);
+}
+
+fn guarded(shared: &Shared, what: &'static str, body: fn(&Shared)) {
+    let body = std::panic::AssertUnwindSafe(|| body(shared));
+    if std::panic::catch_unwind(body).is_err() {
+        let gone = std::io::Error::other(format!("the log's {what} thread panicked"));
+        shared.poison(WalError::io(&shared.dir, what, gone));
     }
 }
 
-/// Runs sync rounds until stopped, or until one fails (which poisons the log).
-///
-/// A snapshot the disk has no room for is left out, not fatal: nothing depends on it, and
-/// the segments it would have covered stay until a later snapshot covers them.
+/// Runs sync rounds until stopped, or until one fails (which poisons the log). A round
+/// with a snapshot hands it, with the removals, to the compactor once its records are
+/// durable.
 fn rounds(shared: &Shared) {
     let mut scratch = Vec::new();
-    // Segments whose removal waits for a snapshot that covers them, after one was left out.
-    let mut deferred: Vec<PathBuf> = Vec::new();
-    while let Some((mut pieces, snapshot, mut removals)) = next_round(shared) {
-        let mut skipped = None;
-        let result = write_round(shared, &mut pieces, &mut scratch)
-            .and_then(|()| match &snapshot {
-                Some((lsn, data)) => {
-                    let lsn = crate::Lsn(*lsn);
-                    match crate::snapshot::write_snapshot(&*shared.storage, &shared.dir, lsn, data)
-                    {
-                        Ok(_) => {
-                            // Oldest first, as always: a crash midway leaves no gap.
-                            deferred.append(&mut removals);
-                            removals = std::mem::take(&mut deferred);
-                            Ok(())
-                        }
-                        Err(e @ WalError::NoSpace { .. }) => {
-                            deferred.append(&mut removals);
-                            skipped = Some(e);
-                            Ok(())
-                        }
-                        Err(e) => Err(e),
-                    }
-                }
-                None => Ok(()),
-            })
-            .and_then(|()| remove(shared, &removals));
-        if let Err(error) = result {
+    while let Some((mut pieces, snapshot, removals)) = next_round(shared) {
+        if let Err(error) = write_round(shared, &mut pieces, &mut scratch) {
             shared.poison(error);
             return;
         }
         let mut state = shared.lock();
-        if skipped.is_some() {
-            state.skipped_snapshot = skipped;
-            shared.snapshot_skipped.store(true, Ordering::Release);
+        if snapshot.is_some() {
+            // A newer snapshot covers all an older one not yet written would.
+            state.compact_snapshot = snapshot;
         }
+        state.compact_removals.extend(removals);
         state.busy = false;
         for piece in pieces {
             if state.spare.len() < SPARE_BUFFERS {
@@ -260,7 +266,81 @@ fn rounds(shared: &Shared) {
     }
 }
 
-/// A round's work: pieces to write, then a snapshot to write, then files to remove.
+/// What the compactor does next: a snapshot to write (its lsn and bytes), then files to
+/// remove.
+type Compaction = (Option<(u64, Vec<u8>)>, Vec<PathBuf>);
+
+/// Writes the snapshots and removes the segments the syncer hands over, until stopped or
+/// until one fails (which poisons the log).
+///
+/// A snapshot the disk has no room for is left out, not fatal: nothing depends on it, and
+/// the segments it would have covered stay until a later snapshot covers them.
+fn compactions(shared: &Shared) {
+    // Segments whose removal waits for a snapshot that covers them, after one was left out.
+    let mut deferred: Vec<PathBuf> = Vec::new();
+    while let Some((snapshot, mut removals)) = next_compaction(shared) {
+        let mut skipped = None;
+        let result = match &snapshot {
+            Some((lsn, data)) => {
+                let lsn = crate::Lsn(*lsn);
+                match crate::snapshot::write_snapshot(&*shared.storage, &shared.dir, lsn, data) {
+                    Ok(_) => {
+                        // Oldest first, as always: a crash midway leaves no gap.
+                        deferred.append(&mut removals);
+                        removals = std::mem::take(&mut deferred);
+                        Ok(())
+                    }
+                    Err(e @ WalError::NoSpace { .. }) => {
+                        deferred.append(&mut removals);
+                        skipped = Some(e);
+                        Ok(())
+                    }
+                    Err(e) => Err(e),
+                }
+            }
+            None => Ok(()),
+        }
+        .and_then(|()| remove(shared, &removals));
+        if let Err(error) = result {
+            shared.poison(error);
+            return;
+        }
+        let mut state = shared.lock();
+        if skipped.is_some() {
+            state.skipped_snapshot = skipped;
+            shared.snapshot_skipped.store(true, Ordering::Release);
+        }
+        state.compacting = false;
+        shared.changed.notify_all();
+    }
+}
+
+/// Waits for compaction work; `None` once stopped with nothing left, or poisoned.
+fn next_compaction(shared: &Shared) -> Option<Compaction> {
+    let mut state = shared.lock();
+    loop {
+        if state.error.is_some() {
+            return None;
+        }
+        if state.compact_snapshot.is_some() || !state.compact_removals.is_empty() {
+            state.compacting = true;
+            return Some((
+                state.compact_snapshot.take(),
+                std::mem::take(&mut state.compact_removals),
+            ));
+        }
+        if state.compactor_stop {
+            return None;
+        }
+        state = shared
+            .changed
+            .wait(state)
+            .unwrap_or_else(|e| e.into_inner());
+    }
+}
+
+/// A round's work: pieces to write, then a snapshot and files to remove, for the
+/// compactor once the pieces are durable.
 type Round = (Vec<Piece>, Option<(u64, Vec<u8>)>, Vec<PathBuf>);
 
 /// Waits for work; `None` once stopped with nothing left to do.

@@ -20,6 +20,8 @@ use crate::{Lsn, Options, WalError};
 pub struct Wal {
     shared: Arc<Shared>,
     syncer: Option<JoinHandle<()>>,
+    /// Writes snapshots and removes segments, off the syncer's path (see `syncer`).
+    compactor: Option<JoinHandle<()>>,
     segment_bytes: u64,
     max_record_bytes: usize,
     /// Every live segment, oldest first; the last is the one appended to.
@@ -77,20 +79,14 @@ impl Wal {
             next_lsn - 1,
             options.on_progress.clone(),
         ));
-        let syncer = std::thread::Builder::new()
-            .name("leasemq-wal-sync".into())
-            .spawn({
-                let shared = Arc::clone(&shared);
-                move || syncer::run(shared)
-            })
-            .map_err(|e| WalError::io(dir, "spawn the syncer thread", e))?;
         let capacity = recovered
             .segments
             .back()
             .map_or(options.segment_bytes, |s| s.capacity);
-        let wal = Wal {
+        let mut wal = Wal {
             shared,
-            syncer: Some(syncer),
+            syncer: None,
+            compactor: None,
             segment_bytes: options.segment_bytes,
             max_record_bytes: options.max_record_bytes,
             segments: recovered.segments,
@@ -101,6 +97,27 @@ impl Wal {
             capacity,
             _lock: lock,
         };
+        // On an error here, dropping `wal` stops and joins what was started.
+        let shared = &wal.shared;
+        wal.compactor = Some(
+            std::thread::Builder::new()
+                .name("leasemq-wal-compact".into())
+                .spawn({
+                    let shared = Arc::clone(shared);
+                    move || syncer::run_compactor(shared)
+                })
+                .map_err(|e| WalError::io(dir, "spawn the compactor thread", e))?,
+        );
+        let shared = &wal.shared;
+        wal.syncer = Some(
+            std::thread::Builder::new()
+                .name("leasemq-wal-sync".into())
+                .spawn({
+                    let shared = Arc::clone(shared);
+                    move || syncer::run(shared)
+                })
+                .map_err(|e| WalError::io(dir, "spawn the syncer thread", e))?,
+        );
         Ok((wal, recovered.report))
     }
 
@@ -226,8 +243,8 @@ impl Wal {
 
     /// Removes the segments whose records all lie before `lsn` (the owner has a durable
     /// snapshot covering them) and are durable; the segment appended to is never removed.
-    /// The syncer deletes the files and syncs the directory after its current round.
-    /// Returns how many segments go.
+    /// The compactor deletes the files and syncs the directory after the syncer's current
+    /// round. Returns how many segments go.
     ///
     /// # Errors
     ///
@@ -247,11 +264,11 @@ impl Wal {
         Ok(n)
     }
 
-    /// Submits what was appended, then has the syncer write `data` as the snapshot at the
-    /// last appended lsn once every record up to it is durable (temp file, fsync, rename,
-    /// directory fsync, as [`write_snapshot`](crate::write_snapshot)), and then remove the
-    /// segments it covers. Returns that lsn at once: the owner goes on appending while the
-    /// syncer writes. A later call before the syncer got to it replaces the snapshot.
+    /// Submits what was appended, then has the log's compactor write `data` as the
+    /// snapshot at the last appended lsn once every record up to it is durable (temp file,
+    /// fsync, rename, directory fsync, as [`write_snapshot`](crate::write_snapshot)), and
+    /// then remove the segments it covers. Returns that lsn at once: the owner goes on
+    /// appending, and the syncer syncing, while the compactor writes. A later call before the syncer got to it replaces the snapshot.
     ///
     /// # Errors
     ///
@@ -335,9 +352,14 @@ impl std::fmt::Debug for Wal {
 impl Drop for Wal {
     fn drop(&mut self) {
         self.shared.stop();
+        // A panic in either would be a bug in this crate; it was printed already.
         if let Some(syncer) = self.syncer.take() {
-            // A panic there would be a bug in this crate; it was printed already.
             let _ = syncer.join();
+        }
+        // What the syncer's last rounds handed over is compacted before the log closes.
+        self.shared.stop_compactor();
+        if let Some(compactor) = self.compactor.take() {
+            let _ = compactor.join();
         }
     }
 }

@@ -270,6 +270,38 @@ fn a_submitted_snapshot_is_written_after_its_records_and_before_the_removals() {
     assert_eq!(records, expected(81..=90));
 }
 
+/// Compaction does not hold up the fsyncs: while the removal of the segments a snapshot
+/// covers is stuck (unlinking a large preallocated file takes milliseconds on ext4),
+/// later records still become durable.
+#[test]
+fn a_slow_segment_removal_does_not_hold_up_later_records() {
+    let disk = MemDisk::new();
+    let (mut wal, _, _) = open(&disk, small(256)).unwrap();
+    append_synced(&mut wal, 1..=80);
+    let before = segment_files(&disk).len();
+    disk.hold_removes(".wal");
+    wal.submit_snapshot(b"state up to 80".to_vec()).unwrap();
+    disk.wait_for_held_remove();
+    for n in 81..=90 {
+        wal.append(&payload(n)).unwrap();
+    }
+    wal.submit().unwrap();
+    // No sleep: the records' fsync either comes while the removal waits, or not at all.
+    let started = std::time::Instant::now();
+    while wal.durable() < Lsn(90) && started.elapsed() < std::time::Duration::from_secs(10) {
+        std::thread::yield_now();
+    }
+    let durable = wal.durable();
+    disk.release_removes();
+    assert_eq!(durable, Lsn(90), "the fsync waited for the removal");
+    assert_eq!(wal.sync().unwrap(), Lsn(90));
+    assert!(
+        segment_files(&disk).len() < before,
+        "the covered segments went"
+    );
+    assert_eq!(segment_files(&disk), wal.segments());
+}
+
 /// A snapshot the disk has no room for is left out: the log is not poisoned, its temporary
 /// file is gone, the segments it would have covered stay (replay still needs them), and
 /// the next snapshot that fits removes them.
