@@ -98,26 +98,10 @@ impl Wal {
             _lock: lock,
         };
         // On an error here, dropping `wal` stops and joins what was started.
-        let shared = &wal.shared;
-        wal.compactor = Some(
-            std::thread::Builder::new()
-                .name("leasemq-wal-compact".into())
-                .spawn({
-                    let shared = Arc::clone(shared);
-                    move || syncer::run_compactor(shared)
-                })
-                .map_err(|e| WalError::io(dir, "spawn the compactor thread", e))?,
-        );
-        let shared = &wal.shared;
-        wal.syncer = Some(
-            std::thread::Builder::new()
-                .name("leasemq-wal-sync".into())
-                .spawn({
-                    let shared = Arc::clone(shared);
-                    move || syncer::run(shared)
-                })
-                .map_err(|e| WalError::io(dir, "spawn the syncer thread", e))?,
-        );
+        let compactor = spawn(&wal.shared, "compactor", syncer::run_compactor);
+        wal.compactor = Some(compactor.map_err(|e| WalError::io(dir, "spawn the compactor", e))?);
+        let syncer = spawn(&wal.shared, "sync", syncer::run);
+        wal.syncer = Some(syncer.map_err(|e| WalError::io(dir, "spawn the syncer", e))?);
         Ok((wal, recovered.report))
     }
 
@@ -347,6 +331,18 @@ impl std::fmt::Debug for Wal {
             .field("durable", &self.durable())
             .finish_non_exhaustive()
     }
+}
+
+/// Starts one of the log's threads, `leasemq-wal-<role>`.
+fn spawn(
+    shared: &Arc<Shared>,
+    role: &str,
+    body: fn(Arc<Shared>),
+) -> std::io::Result<JoinHandle<()>> {
+    let shared = Arc::clone(shared);
+    std::thread::Builder::new()
+        .name(format!("leasemq-wal-{role}"))
+        .spawn(move || body(shared))
 }
 
 impl Drop for Wal {
