@@ -9,7 +9,7 @@
 //! Compaction runs on a thread of its own, the compactor: once a round made a snapshot's
 //! records durable, the syncer hands it the snapshot and the segments it covers, and goes
 //! on to the next round. Writing a snapshot (with its own fsyncs) and unlinking segments
-//! (milliseconds each for a preallocated 64 MiB file on ext4) would otherwise hold every
+//! (milliseconds each for a preallocated segment on ext4) would otherwise hold every
 //! answer waiting for the next fsync.
 
 use std::path::{Path, PathBuf};
