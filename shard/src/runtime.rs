@@ -640,9 +640,9 @@ impl ShardThread {
             // A step of the manual clock answers once everything before it went out, and a
             // put to a durable queue once what it may duplicate is on disk.
             let step = matches!(deferred.answer, Answer::Step { .. });
-            let behind = deferred.is_durable_put() && log.is_behind();
-            if depends || behind || (step && log.is_holding()) {
-                log.hold(depends || behind, Held::Reply(deferred));
+            let behind = depends || (deferred.is_durable_put() && log.is_behind());
+            if behind || (step && log.is_holding()) {
+                log.hold(behind, Held::Reply(deferred));
             } else {
                 // A log that failed refuses what its durable queues would answer.
                 deferred.send(log.failed());

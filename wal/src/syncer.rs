@@ -71,14 +71,24 @@ struct State {
     compact_snapshot: Option<(u64, Vec<u8>)>,
     compact_removals: Vec<PathBuf>,
     compacting: bool,
-    /// The compactor finishes what it holds and stops (set once the syncer stopped).
-    compactor_stop: bool,
     error: Option<WalError>,
     /// Emptied piece buffers, handed back to the owner for reuse.
     spare: Vec<Vec<u8>>,
     /// Why the last snapshot was left out (the disk had no room for it), until the owner
     /// asks.
     skipped_snapshot: Option<WalError>,
+}
+
+impl State {
+    /// The syncer has nothing queued and no round running.
+    fn syncer_idle(&self) -> bool {
+        !self.busy && self.queue.is_empty() && self.removals.is_empty() && self.snapshot.is_none()
+    }
+
+    /// The compactor has nothing handed over and nothing running.
+    fn compactor_idle(&self) -> bool {
+        !self.compacting && self.compact_snapshot.is_none() && self.compact_removals.is_empty()
+    }
 }
 
 /// Buffers kept for reuse; more than a few means the owner submits rarely and big.
@@ -185,11 +195,7 @@ impl Shared {
             if let Some(error) = &state.error {
                 return Err(error.clone());
             }
-            let idle = state.queue.is_empty() && state.removals.is_empty();
-            let compacted = !state.compacting
-                && state.compact_snapshot.is_none()
-                && state.compact_removals.is_empty();
-            if !state.busy && idle && state.snapshot.is_none() && compacted {
+            if state.syncer_idle() && state.compactor_idle() {
                 return Ok(());
             }
             state = self.changed.wait(state).unwrap_or_else(|e| e.into_inner());
@@ -199,13 +205,6 @@ impl Shared {
     /// Asks the syncer to finish what is queued and stop.
     pub(crate) fn stop(&self) {
         self.lock().stop = true;
-        self.changed.notify_all();
-    }
-
-    /// Asks the compactor to finish what it was handed and stop: once the syncer stopped,
-    /// nothing more comes.
-    pub(crate) fn stop_compactor(&self) {
-        self.lock().compactor_stop = true;
         self.changed.notify_all();
     }
 
@@ -220,19 +219,19 @@ impl Shared {
 /// bug here) poisons the log, so that `sync` and every later call fail instead of waiting
 /// for a thread that is gone.
 pub(crate) fn run(shared: Arc<Shared>) {
-    guarded(&shared, "sync round", rounds);
+    guarded(&shared, "syncer", "sync round", rounds);
 }
 
 /// The compactor thread's body; a panic in it poisons the log too.
 pub(crate) fn run_compactor(shared: Arc<Shared>) {
-    guarded(&shared, "compaction", compactions);
+    guarded(&shared, "compactor", "compaction", compactions);
 }
 
-fn guarded(shared: &Shared, what: &'static str, body: fn(&Shared)) {
+fn guarded(shared: &Shared, thread: &str, op: &'static str, body: fn(&Shared)) {
     let body = std::panic::AssertUnwindSafe(|| body(shared));
     if std::panic::catch_unwind(body).is_err() {
-        let gone = std::io::Error::other(format!("the log's {what} thread panicked"));
-        shared.poison(WalError::io(&shared.dir, what, gone));
+        let gone = std::io::Error::other(format!("the log's {thread} thread panicked"));
+        shared.poison(WalError::io(&shared.dir, op, gone));
     }
 }
 
@@ -315,7 +314,8 @@ fn compactions(shared: &Shared) {
     }
 }
 
-/// Waits for compaction work; `None` once stopped with nothing left, or poisoned.
+/// Waits for compaction work; `None` once poisoned, or once the syncer stopped and
+/// nothing is left.
 fn next_compaction(shared: &Shared) -> Option<Compaction> {
     let mut state = shared.lock();
     loop {
@@ -329,7 +329,9 @@ fn next_compaction(shared: &Shared) -> Option<Compaction> {
                 std::mem::take(&mut state.compact_removals),
             ));
         }
-        if state.compactor_stop {
+        // Nothing more comes once the syncer was asked to stop and is idle: it hands work
+        // over under this lock before it counts itself idle.
+        if state.stop && state.syncer_idle() {
             return None;
         }
         state = shared

@@ -252,7 +252,8 @@ impl Wal {
     /// snapshot at the last appended lsn once every record up to it is durable (temp file,
     /// fsync, rename, directory fsync, as [`write_snapshot`](crate::write_snapshot)), and
     /// then remove the segments it covers. Returns that lsn at once: the owner goes on
-    /// appending, and the syncer syncing, while the compactor writes. A later call before the syncer got to it replaces the snapshot.
+    /// appending, and the syncer syncing, while the compactor writes. A later call before
+    /// the compactor got to it replaces the snapshot.
     ///
     /// # Errors
     ///
@@ -352,8 +353,7 @@ impl Drop for Wal {
         if let Some(syncer) = self.syncer.take() {
             let _ = syncer.join();
         }
-        // What the syncer's last rounds handed over is compacted before the log closes.
-        self.shared.stop_compactor();
+        // The compactor stops once it did what the syncer's last rounds handed over.
         if let Some(compactor) = self.compactor.take() {
             let _ = compactor.join();
         }
