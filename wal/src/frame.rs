@@ -10,8 +10,12 @@
 //! 24..    payload, then zero padding to a multiple of 8
 //! ```
 //!
-//! Segments are preallocated with zeros, so an all-zero header marks the end of the
-//! written data. No real header is all zero: its lsn is at least 1.
+//! Every write ends with an all-zero header, the **end marker** (cut short where the
+//! segment ends): the next write starts on it and overwrites it. A new segment is
+//! preallocated with zeros; a recycled one (see `syncer`) still holds the frames of its
+//! last use past the marker, all with lsns below the segment's first, and a scan treats
+//! such a frame like damage, never as a record. No real header is all zero: its lsn is
+//! at least 1.
 //!
 //! `first` tells apart, at recovery, a write torn by a crash from damage to data that was
 //! already synced. The syncer issues one write per segment per round and starts the next
@@ -21,7 +25,7 @@
 //! a valid frame from a later write (`first` above it) proves the damaged bytes had been
 //! synced before it was written: that is corruption.
 
-/// Bytes in a frame header.
+/// Bytes in a frame header, and in the end marker.
 pub(crate) const HEADER: usize = 24;
 
 /// Bytes a frame with a payload of `len` bytes takes.
@@ -153,6 +157,13 @@ pub(crate) fn scan(
         match decode(buf, at, max_payload) {
             Decoded::End => break Stop::Clean,
             Decoded::Damaged(detail) => break Stop::Damaged(detail),
+            // Left from the segment's last use: the write that should have covered it,
+            // or its end marker, did not reach the disk.
+            Decoded::Frame { lsn, .. } if lsn < first_lsn => {
+                break Stop::Damaged(format!(
+                    "a record of lsn {lsn}, older than the segment (left from its last use)"
+                ));
+            }
             Decoded::Frame { lsn, .. } if lsn != next_lsn => {
                 break Stop::Gap(format!("lsn {lsn} where {next_lsn} was due"));
             }
@@ -170,18 +181,49 @@ pub(crate) fn scan(
     }
 }
 
-/// After damage at `damaged` where lsn `due` was expected: the offset of a valid frame
-/// further on that a later write than the damaged record's carried (see the module
-/// docs), if there is one. Such a frame makes the damage corruption, not a torn tail.
-pub(crate) fn later_write_after(
-    buf: &[u8],
-    damaged: usize,
-    due: u64,
-    max_payload: usize,
-) -> Option<usize> {
-    (damaged + 8..buf.len()).step_by(8).find(
-        |&at| matches!(decode(buf, at, max_payload), Decoded::Frame { first, .. } if first > due),
-    )
+/// Valid frames found past the end of a segment's records (see [`after_end`]).
+#[derive(Debug, Default, PartialEq, Eq)]
+pub(crate) struct AfterEnd {
+    /// The first frame a later write than the one at the end carried (its `first` is
+    /// past the lsn that was due): the data at the end had been synced before it, so
+    /// damage there is corruption, not a torn tail.
+    pub(crate) later_write: Option<usize>,
+    /// The first frame of the unfinished write itself (lsn at or past the one due,
+    /// `first` not past it): that write was torn.
+    pub(crate) unfinished: Option<usize>,
+    /// The offset just past the last frame with an lsn at or past the one due: what a
+    /// cut must clear so that no such frame is read as a record after later appends.
+    pub(crate) end: usize,
+}
+
+/// Looks at every 8-byte offset from `from` to the last non-zero byte for valid frames
+/// with an lsn at or past `due`, the lsn the records before `from` left due. Frames of a
+/// recycled segment's last use have lower lsns and are passed over; an offset whose lsn
+/// could not be in this segment is passed over before its crc is computed.
+pub(crate) fn after_end(buf: &[u8], from: usize, due: u64, max_payload: usize) -> AfterEnd {
+    let mut found = AfterEnd {
+        end: from,
+        ..AfterEnd::default()
+    };
+    // A segment holds fewer frames than it has headers' worth of bytes.
+    let highest = due.saturating_add((buf.len() / HEADER) as u64);
+    let stop = nonzero_end(buf, from);
+    let mut at = from;
+    while at < stop && buf.len() - at >= HEADER {
+        let lsn = read_u64(buf, at + 8);
+        if (due..=highest).contains(&lsn) {
+            if let Decoded::Frame { first, size, .. } = decode(buf, at, max_payload) {
+                if first > due {
+                    found.later_write.get_or_insert(at);
+                } else {
+                    found.unfinished.get_or_insert(at);
+                }
+                found.end = at + size;
+            }
+        }
+        at += 8;
+    }
+    found
 }
 
 /// The offset just past the last non-zero byte at or after `from`, or `from` if there is

@@ -21,13 +21,14 @@
 //!   (reported in [`RecoveryReport::torn`], not an error) and refuses, with
 //!   [`WalError::Corrupt`] naming file and byte offset, any other damage.
 //! - Compaction: the owner writes a snapshot of its state with [`write_snapshot`] (temp
-//!   file, fsync, rename, directory fsync), then [`Wal::remove_before`] deletes the
+//!   file, fsync, rename, directory fsync), then [`Wal::remove_before`] removes the
 //!   segments it covers; or hands both to the log with [`Wal::submit_snapshot`]. The
-//!   log's **compactor thread** writes such snapshots and deletes segments once the
-//!   syncer made their records durable, so that neither holds up the next fsync
-//!   (unlinking a preallocated segment takes milliseconds on ext4). [`latest_snapshot`]
-//!   reads it back at the next start, and replay starts after its lsn. Disk use follows
-//!   what the snapshot and the live records hold.
+//!   log's **compactor thread** writes such snapshots and removes segments once the
+//!   syncer made their records durable, so that neither holds up the next fsync. It
+//!   keeps up to two removed segments as spares, which later rolls recycle, and unlinks
+//!   the rest (see "On disk"). [`latest_snapshot`] reads the snapshot back at the next
+//!   start, and replay starts after its lsn. Disk use follows what the snapshot and the
+//!   live records hold, plus the spares.
 //! - [`Storage`] and [`StorageFile`] are the only way to the disk: [`DiskStorage`] is
 //!   `std::fs`; [`MemDisk`] is a fake disk that, on [`MemDisk::crash`], keeps only what
 //!   was synced plus any subset of unsynced sectors, for crash tests.
@@ -40,8 +41,21 @@
 //! it can fail whole, rather than in a write after the append was accepted). Frames are
 //! described in `frame.rs`: crc32c (Castagnoli, hardware-accelerated on x86-64 and ARMv8)
 //! over the length, the lsn, the first lsn of the write, and the payload; 8-byte aligned.
-//! An all-zero header ends the data. Segments are never recycled: a recycled segment
-//! would hold old, valid frames after the tail, which recovery would have to tell apart.
+//! Every write ends with an all-zero header, which the next write overwrites: it ends
+//! the data.
+//!
+//! **Recycling.** Unlinking a preallocated segment takes milliseconds on ext4 and stalls
+//! concurrent fsyncs behind its journal commit; appends into fresh `fallocate`d blocks
+//! make each fsync commit metadata too. So the compactor renames up to two removed
+//! segments to `<n, 20 digits>.spare` (and syncs the directory), and the next rolls
+//! rename a spare to the new segment's name instead of creating one: its appends
+//! overwrite blocks already written, and their fsyncs flush data only. A recycled
+//! segment still holds the frames of its last use past its own records; their lsns are
+//! all below the segment's first (the compactor took it once they were covered), so a
+//! scan stops at them as at damage and never takes one for a record, and recovery
+//! tells a torn write from the end of the data by frames with an lsn at or past the one
+//! due. Spares found at a start are removed: after a crash one may hold frames of lost
+//! writes, whose lsns the log reuses.
 //!
 //! # Durability rules
 //!

@@ -34,7 +34,7 @@ pub struct TornTail {
     pub path: PathBuf,
     /// Where it began: just past the last good record.
     pub offset: u64,
-    /// How many bytes were cut (up to the last non-zero byte).
+    /// How many bytes were cleared (up to the last non-zero byte cleared).
     pub bytes: u64,
     /// What was found at `offset`.
     pub detail: String,
@@ -64,6 +64,14 @@ pub(crate) struct Recovered {
 /// The file name of the segment whose first lsn is `lsn`.
 pub(crate) fn segment_name(lsn: u64) -> String {
     format!("{lsn:020}.wal")
+}
+
+/// How a spare segment's name ends: `<number, 20 digits>.spare`.
+pub(crate) const SPARE_SUFFIX: &str = ".spare";
+
+/// The file name of spare segment number `n`.
+pub(crate) fn spare_name(n: u64) -> String {
+    format!("{n:020}{SPARE_SUFFIX}")
 }
 
 fn parse_segment_name(name: &str) -> Option<u64> {
@@ -102,6 +110,32 @@ pub(crate) fn create_segment(
     })
 }
 
+/// Renames spare segment `spare` to the segment whose first lsn is `first_lsn` and opens
+/// it; nothing is synced. Its frames from its last use stay until appends overwrite them:
+/// their lsns are all below `first_lsn` (the compactor set it aside once they were
+/// covered), so recovery never takes them for records of this segment.
+pub(crate) fn recycle_segment(
+    storage: &dyn Storage,
+    dir: &Path,
+    spare: &Path,
+    first_lsn: u64,
+    capacity: u64,
+) -> Result<Segment, WalError> {
+    let path = dir.join(segment_name(first_lsn));
+    storage
+        .rename(spare, &path)
+        .map_err(|e| WalError::io(spare, "rename", e))?;
+    let file = storage
+        .open(&path)
+        .map_err(|e| WalError::io(&path, "open", e))?;
+    Ok(Segment {
+        path,
+        file,
+        first_lsn,
+        capacity,
+    })
+}
+
 /// Recovers the log in `dir` (see [`Wal::open`](crate::Wal::open)).
 pub(crate) fn recover(
     storage: &dyn Storage,
@@ -110,6 +144,7 @@ pub(crate) fn recover(
     from: u64,
     replay: &mut dyn FnMut(Lsn, &[u8]),
 ) -> Result<Recovered, WalError> {
+    remove_spares(storage, dir)?;
     let mut segments = open_segments(storage, dir)?;
     let removed = remove_trailing_empty(storage, &mut segments)?;
     if segments.is_empty() {
@@ -202,10 +237,16 @@ fn replay_segment(
     let torn = match check_end(&buf, &scan, read_limit) {
         End::Clean => None,
         End::Corrupt(detail) => return Err(WalError::corrupt(&segment.path, at, detail)),
-        End::Tail(detail) if !is_last => return Err(WalError::corrupt(&segment.path, at, detail)),
-        End::Tail(detail) => {
-            let bytes = frame::nonzero_end(&buf, scan.end) - scan.end;
-            cut(segment, at, bytes)?;
+        End::Tail { detail, .. } if !is_last => {
+            return Err(WalError::corrupt(&segment.path, at, detail))
+        }
+        End::Tail { detail, clear } => {
+            // Clear the header at the end, and every frame of the unfinished write: the
+            // log reuses their lsns. Other bytes past the end (what is left of torn
+            // frames, or of a recycled segment's last use) can never read as records.
+            let clear = clear.max(scan.end + HEADER).min(buf.len());
+            let bytes = frame::nonzero_end(&buf[..clear], scan.end) - scan.end;
+            cut(segment, at, clear - scan.end)?;
             Some(TornTail {
                 path: segment.path.clone(),
                 offset: at,
@@ -215,6 +256,22 @@ fn replay_segment(
         }
     };
     Ok((at, scan.next_lsn, torn))
+}
+
+/// Removes the spare segments a compactor set aside for recycling before a crash or
+/// shutdown. Only spares set aside by the running log are recycled: a spare left from
+/// before may hold frames of writes that a crash lost, with lsns the log has reused.
+fn remove_spares(storage: &dyn Storage, dir: &Path) -> Result<(), WalError> {
+    let names = storage
+        .list(dir)
+        .map_err(|e| WalError::io(dir, "list", e))?;
+    for name in names.iter().filter(|n| n.ends_with(SPARE_SUFFIX)) {
+        let path = dir.join(name);
+        storage
+            .remove(&path)
+            .map_err(|e| WalError::io(&path, "remove", e))?;
+    }
+    Ok(())
 }
 
 /// Opens the segments in `dir`, in lsn order.
@@ -272,38 +329,49 @@ fn make_current(
 
 /// How the data of a segment ends, past its last good record.
 enum End {
-    /// Zeros only.
+    /// At an end marker, with no frame of this segment's writes after it.
     Clean,
-    /// Damage that only a torn write at the log's tail could explain.
-    Tail(String),
+    /// A write torn by a crash at the log's tail; `clear` is where its last valid frame
+    /// ends.
+    Tail { detail: String, clear: usize },
     /// Damage nothing but corruption explains.
     Corrupt(String),
 }
 
 fn check_end(buf: &[u8], scan: &frame::Scan, max_payload: usize) -> End {
-    let detail = match &scan.stop {
+    let damage = match &scan.stop {
         Stop::Gap(detail) => return End::Corrupt(detail.clone()),
-        Stop::Damaged(detail) => detail.clone(),
-        // A header lost whole reads as zeros, though the rest of its write may be there.
-        Stop::Clean if frame::nonzero_end(buf, scan.end) > scan.end => {
-            "bytes after the end of the records".to_string()
-        }
-        Stop::Clean => return End::Clean,
+        Stop::Damaged(detail) => Some(detail.clone()),
+        Stop::Clean => None,
     };
-    match frame::later_write_after(buf, scan.end, scan.next_lsn, max_payload) {
-        Some(at) => End::Corrupt(format!(
-            "{detail}, and a record written after it follows at byte {at}"
-        )),
-        None => End::Tail(detail),
+    let found = frame::after_end(buf, scan.end, scan.next_lsn, max_payload);
+    if let Some(at) = found.later_write {
+        let what = damage.unwrap_or_else(|| "an end marker".to_string());
+        return End::Corrupt(format!(
+            "{what}, and a record written after it follows at byte {at}"
+        ));
+    }
+    let detail = match (damage, found.unfinished) {
+        (Some(detail), _) => detail,
+        // A header lost whole reads as zeros, though the rest of its write may be there.
+        (None, Some(at)) => {
+            format!("a lost header, and a record of the same write follows at byte {at}")
+        }
+        (None, None) => return End::Clean,
+    };
+    End::Tail {
+        detail,
+        clear: found.end,
     }
 }
 
 /// Removes the segments after the last one with data (keeping the first if none has any).
 ///
-/// Such segments were created by a roll whose first write never reached the disk. A
-/// segment counts as empty only if every byte of it is zero: one whose first header is
-/// zero but that holds anything further on is kept and scanned, so that damage to a
-/// synced header cannot pass for an empty segment.
+/// Such segments were created (or recycled) by a roll whose first write never reached
+/// the disk. A segment counts as empty only if no valid frame of its own anywhere in it
+/// (an lsn at or past its first): one whose first header is zero but that holds such a
+/// frame further on is kept and scanned, so that damage to a synced header cannot pass
+/// for an empty segment.
 fn remove_trailing_empty(
     storage: &dyn Storage,
     segments: &mut Vec<Segment>,
@@ -323,16 +391,9 @@ fn remove_trailing_empty(
 }
 
 fn is_empty(segment: &Segment) -> Result<bool, WalError> {
-    let mut header = [0u8; HEADER];
-    let n = (segment.capacity as usize).min(HEADER);
-    segment
-        .file
-        .read_at(&mut header[..n], 0)
-        .map_err(|e| WalError::io(&segment.path, "read", e))?;
-    if header.iter().any(|&b| b != 0) {
-        return Ok(false);
-    }
-    Ok(read_all(segment)?.iter().all(|&b| b == 0))
+    let buf = read_all(segment)?;
+    let found = frame::after_end(&buf, 0, segment.first_lsn, buf.len());
+    Ok(found.later_write.is_none() && found.unfinished.is_none())
 }
 
 fn read_all(segment: &Segment) -> Result<Vec<u8>, WalError> {

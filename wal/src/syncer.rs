@@ -8,9 +8,12 @@
 //!
 //! Compaction runs on a thread of its own, the compactor: once a round made a snapshot's
 //! records durable, the syncer hands it the snapshot and the segments it covers, and goes
-//! on to the next round. Writing a snapshot (with its own fsyncs) and unlinking segments
-//! (milliseconds each for a preallocated segment on ext4) would otherwise hold every
-//! answer waiting for the next fsync.
+//! on to the next round. Writing a snapshot (with its own fsyncs) would otherwise hold
+//! every answer waiting for the next fsync. The compactor renames up to two removed
+//! segments to spares (`<n>.spare`), which the owner's next rolls recycle, and unlinks
+//! the rest: an unlink of a preallocated segment takes milliseconds on ext4 and stalls
+//! concurrent fsyncs behind its journal commit, and a write into a recycled segment
+//! allocates no blocks, so its fsync flushes data only.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -55,13 +58,15 @@ pub(crate) struct Shared {
     snapshot_skipped: AtomicBool,
     storage: Arc<dyn Storage>,
     dir: PathBuf,
+    /// The size a segment must have to be recycled.
+    segment_bytes: u64,
     on_progress: Option<Arc<dyn Fn() + Send + Sync>>,
 }
 
 #[derive(Default)]
 struct State {
     queue: Vec<Piece>,
-    removals: Vec<PathBuf>,
+    removals: Vec<Arc<Segment>>,
     /// A snapshot to write once the round's records are durable: its lsn and bytes.
     snapshot: Option<(u64, Vec<u8>)>,
     busy: bool,
@@ -69,7 +74,7 @@ struct State {
     /// Handed to the compactor, in order: the newest snapshot whose records are durable,
     /// and the segments to remove after it.
     compact_snapshot: Option<(u64, Vec<u8>)>,
-    compact_removals: Vec<PathBuf>,
+    compact_removals: Vec<Arc<Segment>>,
     compacting: bool,
     error: Option<WalError>,
     /// Emptied piece buffers, handed back to the owner for reuse.
@@ -77,6 +82,10 @@ struct State {
     /// Why the last snapshot was left out (the disk had no room for it), until the owner
     /// asks.
     skipped_snapshot: Option<WalError>,
+    /// Removed segments set aside for the owner's next rolls, their new names durable.
+    spares: Vec<PathBuf>,
+    /// Spare names given out so far: the next spare is named by this number.
+    spares_named: u64,
 }
 
 impl State {
@@ -94,10 +103,15 @@ impl State {
 /// Buffers kept for reuse; more than a few means the owner submits rarely and big.
 const SPARE_BUFFERS: usize = 4;
 
+/// Removed segments kept as spares for recycling; a compaction usually frees one or two,
+/// and each takes a segment's room on the disk.
+const SPARE_SEGMENTS: usize = 2;
+
 impl Shared {
     pub(crate) fn new(
         storage: Arc<dyn Storage>,
         dir: PathBuf,
+        segment_bytes: u64,
         durable: u64,
         on_progress: Option<Arc<dyn Fn() + Send + Sync>>,
     ) -> Shared {
@@ -109,6 +123,7 @@ impl Shared {
             snapshot_skipped: AtomicBool::new(false),
             storage,
             dir,
+            segment_bytes,
             on_progress,
         }
     }
@@ -158,12 +173,18 @@ impl Shared {
         self.lock().skipped_snapshot.take()
     }
 
+    /// A spare segment to recycle, if the compactor set one aside: a file of
+    /// `segment_bytes`, its blocks already written, whose name is durable.
+    pub(crate) fn take_spare(&self) -> Option<PathBuf> {
+        self.lock().spares.pop()
+    }
+
     pub(crate) fn take_buffer(&self) -> Vec<u8> {
         self.lock().spare.pop().unwrap_or_default()
     }
 
     /// Queues pieces and removals for the syncer and wakes it.
-    pub(crate) fn submit(&self, pieces: &mut Vec<Piece>, removals: Vec<PathBuf>) {
+    pub(crate) fn submit(&self, pieces: &mut Vec<Piece>, removals: Vec<Arc<Segment>>) {
         self.submit_with(pieces, None, removals);
     }
 
@@ -174,7 +195,7 @@ impl Shared {
         &self,
         pieces: &mut Vec<Piece>,
         snapshot: Option<(u64, Vec<u8>)>,
-        removals: Vec<PathBuf>,
+        removals: Vec<Arc<Segment>>,
     ) {
         let mut state = self.lock();
         state.queue.append(pieces);
@@ -267,7 +288,7 @@ fn rounds(shared: &Shared) {
 
 /// What the compactor does next: a snapshot to write (its lsn and bytes), then files to
 /// remove.
-type Compaction = (Option<(u64, Vec<u8>)>, Vec<PathBuf>);
+type Compaction = (Option<(u64, Vec<u8>)>, Vec<Arc<Segment>>);
 
 /// Writes the snapshots and removes the segments the syncer hands over, until stopped or
 /// until one fails (which poisons the log).
@@ -276,7 +297,7 @@ type Compaction = (Option<(u64, Vec<u8>)>, Vec<PathBuf>);
 /// the segments it would have covered stay until a later snapshot covers them.
 fn compactions(shared: &Shared) {
     // Segments whose removal waits for a snapshot that covers them, after one was left out.
-    let mut deferred: Vec<PathBuf> = Vec::new();
+    let mut deferred: Vec<Arc<Segment>> = Vec::new();
     while let Some((snapshot, mut removals)) = next_compaction(shared) {
         let mut skipped = None;
         let result = match &snapshot {
@@ -343,7 +364,7 @@ fn next_compaction(shared: &Shared) -> Option<Compaction> {
 
 /// A round's work: pieces to write, then a snapshot and files to remove, for the
 /// compactor once the pieces are durable.
-type Round = (Vec<Piece>, Option<(u64, Vec<u8>)>, Vec<PathBuf>);
+type Round = (Vec<Piece>, Option<(u64, Vec<u8>)>, Vec<Arc<Segment>>);
 
 /// Waits for work; `None` once stopped with nothing left to do.
 fn next_round(shared: &Shared) -> Option<Round> {
@@ -406,10 +427,15 @@ fn write_round(
             &mut *scratch
         };
         frame::seal(bytes, first);
-        segment
-            .file
-            .write_at(bytes, offset)
-            .map_err(|e| WalError::io(&segment.path, "write", e))?;
+        // The end marker goes in the same write, where the segment has room for it. A
+        // segment grown for a large first record (past the capacity it was opened with)
+        // needs none: that record covers all it held before, and the rest is zeros.
+        let written = bytes.len();
+        let room = segment.capacity.saturating_sub(offset + written as u64);
+        bytes.resize(written + (frame::HEADER as u64).min(room) as usize, 0);
+        let result = segment.file.write_at(bytes, offset);
+        bytes.truncate(written);
+        result.map_err(|e| WalError::io(&segment.path, "write", e))?;
         segment
             .file
             .sync_data()
@@ -420,18 +446,47 @@ fn write_round(
     Ok(())
 }
 
-fn remove(shared: &Shared, paths: &[PathBuf]) -> Result<(), WalError> {
-    if paths.is_empty() {
+/// Removes `segments`, setting up to [`SPARE_SEGMENTS`] aside as spares: renamed, not
+/// unlinked. Unlinking a segment frees its blocks in the file system's journal, which
+/// stalls the syncer's fsyncs for milliseconds on ext4; a recycled segment also takes
+/// appends without allocating a block, so its fsyncs commit no metadata at all.
+fn remove(shared: &Shared, segments: &[Arc<Segment>]) -> Result<(), WalError> {
+    if segments.is_empty() {
         return Ok(());
     }
-    for path in paths {
-        shared
-            .storage
-            .remove(path)
-            .map_err(|e| WalError::io(path, "remove", e))?;
+    let (mut room, mut named) = {
+        let state = shared.lock();
+        (
+            SPARE_SEGMENTS.saturating_sub(state.spares.len()),
+            state.spares_named,
+        )
+    };
+    let mut spares = Vec::new();
+    for segment in segments {
+        let path = &segment.path;
+        if room > 0 && segment.capacity == shared.segment_bytes {
+            let spare = shared.dir.join(crate::recover::spare_name(named));
+            shared
+                .storage
+                .rename(path, &spare)
+                .map_err(|e| WalError::io(path, "rename", e))?;
+            named += 1;
+            room -= 1;
+            spares.push(spare);
+        } else {
+            shared
+                .storage
+                .remove(path)
+                .map_err(|e| WalError::io(path, "remove", e))?;
+        }
     }
     shared
         .storage
         .sync_dir(&shared.dir)
-        .map_err(|e| WalError::io(&shared.dir, "fsync directory", e))
+        .map_err(|e| WalError::io(&shared.dir, "fsync directory", e))?;
+    // Offered once the renames are durable.
+    let mut state = shared.lock();
+    state.spares_named = named;
+    state.spares.append(&mut spares);
+    Ok(())
 }

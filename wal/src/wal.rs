@@ -76,6 +76,7 @@ impl Wal {
         let shared = Arc::new(Shared::new(
             storage,
             dir.to_path_buf(),
+            options.segment_bytes,
             next_lsn - 1,
             options.on_progress.clone(),
         ));
@@ -108,9 +109,10 @@ impl Wal {
     /// Appends a record and returns its lsn. Nothing is written yet: the record is
     /// framed into a buffer, which [`submit`](Wal::submit) hands to the syncer.
     ///
-    /// When the record does not fit in the current segment, a new one is created and
-    /// preallocated here, on the caller's thread (no fsync: the syncer does that); a
-    /// record larger than a segment gets a segment of its own size.
+    /// When the record does not fit in the current segment, the next one is started here,
+    /// on the caller's thread (no fsync: the syncer does that): a spare the compactor set
+    /// aside is renamed, or a new segment is created and preallocated. A record larger
+    /// than a segment gets a new segment of its own size.
     ///
     /// # Errors
     ///
@@ -239,7 +241,7 @@ impl Wal {
         let mut removals = Vec::new();
         while self.segments.len() > 1 && self.segments[1].first_lsn <= bound {
             let segment = self.segments.pop_front().expect("more than one segment");
-            removals.push(segment.path.clone());
+            removals.push(segment);
         }
         let n = removals.len();
         if n > 0 {
@@ -266,7 +268,7 @@ impl Wal {
         let mut removals = Vec::new();
         while self.segments.len() > 1 && self.segments[1].first_lsn <= lsn + 1 {
             let segment = self.segments.pop_front().expect("more than one segment");
-            removals.push(segment.path.clone());
+            removals.push(segment);
         }
         self.shared
             .submit_with(&mut self.pending, Some((lsn, data)), removals);
@@ -309,12 +311,24 @@ impl Wal {
                 Err(e) => Err(WalError::io(&current.path, "fallocate", e)),
             };
         }
-        let segment = recover::create_segment(
-            self.shared.storage(),
-            self.shared.dir(),
-            self.next_lsn,
-            self.segment_bytes.max(frame),
-        )?;
+        let spare = (frame <= self.segment_bytes)
+            .then(|| self.shared.take_spare())
+            .flatten();
+        let segment = match spare {
+            Some(spare) => recover::recycle_segment(
+                self.shared.storage(),
+                self.shared.dir(),
+                &spare,
+                self.next_lsn,
+                self.segment_bytes,
+            )?,
+            None => recover::create_segment(
+                self.shared.storage(),
+                self.shared.dir(),
+                self.next_lsn,
+                self.segment_bytes.max(frame),
+            )?,
+        };
         self.capacity = segment.capacity;
         self.segments.push_back(Arc::new(segment));
         self.pos = 0;

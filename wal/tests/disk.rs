@@ -90,3 +90,37 @@ fn damage_before_a_later_write_in_a_real_file_names_file_and_offset() {
     assert!(text.contains(&segment.display().to_string()), "{text}");
     assert!(text.contains(&format!("at byte {}", offsets[4])), "{text}");
 }
+
+#[test]
+fn removed_segments_are_recycled_on_real_files() {
+    let tmp = tempfile::tempdir().unwrap();
+    let path = tmp.path();
+    let (mut wal, _, _) = open_disk(path, small(4096)).unwrap();
+    append_synced(&mut wal, 1..=300);
+    leasemq_wal::write_snapshot(&DiskStorage, path, Lsn(250), b"state up to 250").unwrap();
+    wal.remove_before(Lsn(251)).unwrap();
+    wal.sync().unwrap();
+    let spares = || {
+        std::fs::read_dir(path)
+            .unwrap()
+            .filter(|e| {
+                let name = e.as_ref().unwrap().file_name();
+                name.to_string_lossy().ends_with(".spare")
+            })
+            .count()
+    };
+    assert_eq!(spares(), 2);
+    let mut n = 301;
+    while spares() > 0 {
+        append_synced(&mut wal, n..=n);
+        n += 1;
+    }
+    for segment in wal.segments() {
+        assert_eq!(std::fs::metadata(&segment).unwrap().len(), 4096);
+    }
+    drop(wal);
+    let (_wal, records, report) =
+        open_from(Arc::new(DiskStorage), path, small(4096), Lsn(251)).unwrap();
+    assert_eq!(records, expected(251..=n - 1));
+    assert_eq!(report.torn, None);
+}

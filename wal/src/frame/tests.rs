@@ -106,20 +106,69 @@ fn scan_with_max(buf: &[u8], max: usize) -> Scan {
 }
 
 #[test]
-fn a_later_write_after_damage_is_found_but_the_same_write_is_not() {
+fn a_later_write_after_damage_is_found_and_so_is_the_same_write() {
     // Write 1 carries lsns 1..=3, write 2 lsns 4..=5.
     let mut buf = write(1, &[b"a", b"b", b"c"]);
     let second = buf.len();
     buf.extend(write(4, &[b"d", b"e"]));
+    let written = buf.len();
     buf.extend_from_slice(&[0; 32]);
     // Damage lsn 2 (offset 32): lsn 3 is the same write, lsn 4 a later one.
     let mut torn = buf.clone();
     torn[40] ^= 1;
-    assert_eq!(later_write_after(&torn, 32, 2, MAX), Some(second));
+    let found = after_end(&torn, 32, 2, MAX);
+    assert_eq!(found.later_write, Some(second));
+    assert_eq!(found.unfinished, Some(64));
+    assert_eq!(found.end, written);
     // Damage lsn 4: only lsn 5 follows, from the same write: a tear.
     let mut torn = buf.clone();
-    torn[second + 30] ^= 1;
-    assert_eq!(later_write_after(&torn, second, 4, MAX), None);
+    torn[second + 24] ^= 1;
+    let found = after_end(&torn, second, 4, MAX);
+    assert_eq!(found.later_write, None);
+    assert_eq!(found.unfinished, Some(second + 32));
+    assert_eq!(found.end, written);
+    // Past the last record there is nothing.
+    assert_eq!(
+        after_end(&buf, written, 6, MAX),
+        AfterEnd {
+            end: written,
+            ..AfterEnd::default()
+        }
+    );
+}
+
+/// A recycled segment: records 20..=21 written over the frames of its last use (lsns
+/// 1..=4), with the end marker after them.
+fn recycled() -> (Vec<u8>, usize) {
+    let mut buf = write(1, &[b"old one", b"old two", b"old three", b"old four"]);
+    buf.extend_from_slice(&[0; 64]);
+    let new = write(20, &[b"x", b"y"]);
+    buf[..new.len()].copy_from_slice(&new);
+    buf[new.len()..new.len() + HEADER].fill(0);
+    (buf, new.len())
+}
+
+#[test]
+fn the_frames_of_a_recycled_segments_last_use_are_never_records() {
+    let (buf, written) = recycled();
+    let (got, scan) = records(&buf, 20);
+    assert_eq!(got.len(), 2);
+    assert_eq!((scan.end, scan.stop), (written, Stop::Clean));
+    // Nothing of this segment's own writes lies past the end marker.
+    let found = after_end(&buf, written, 22, MAX);
+    assert_eq!((found.later_write, found.unfinished), (None, None));
+    // Without the marker (its write lost), an old frame may sit where the next record
+    // was due: it stops the scan as damage, never as a record or a gap.
+    let mut lost = buf.clone();
+    let old = write(1, &[b"old one", b"old two", b"old three", b"old four"]);
+    lost[written..written + 32].copy_from_slice(&old[written..written + 32]);
+    let (got, scan) = records(&lost, 20);
+    assert_eq!(got.len(), 2);
+    assert!(
+        matches!(scan.stop, Stop::Damaged(ref d) if d.contains("older than the segment")),
+        "{:?}",
+        scan.stop
+    );
 }
 
 #[test]
