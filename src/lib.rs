@@ -176,8 +176,8 @@ pub use leasemq_engine::{
 };
 pub use leasemq_shard::{
     set_thread_time_slice, shard_for, Broker, BrokerBuilder, Consumer, Delivery, PendingPutBatch,
-    Queue, SyncPolicy, DEFAULT_SHARD_TIME_SLICE, DEFAULT_YIELD_BUDGET, MAX_TIME_SLICE,
-    MAX_YIELD_BUDGET, MIN_TIME_SLICE,
+    Queue, SyncPolicy, DEFAULT_LOG_SEGMENT_BYTES, DEFAULT_SHARD_TIME_SLICE, DEFAULT_YIELD_BUDGET,
+    MAX_LOG_SEGMENT_BYTES, MAX_TIME_SLICE, MAX_YIELD_BUDGET, MIN_LOG_SEGMENT_BYTES, MIN_TIME_SLICE,
 };
 
 /// The code blocks of `README.md`, compiled and run by `cargo test --doc` so that the

@@ -41,10 +41,22 @@ fn config(dead_letter: bool) -> QueueConfig {
     }
 }
 
-fn open(dir: &Path) -> (Broker, Vec<leasemq::Queue>, leasemq::Queue) {
+/// The log segment size of cycle `cycle`: every other cycle the smallest, so that logs
+/// roll and compact more often, and a log written with one size is reopened with the
+/// other.
+fn segment_bytes(cycle: u64) -> u64 {
+    if cycle % 2 == 0 {
+        leasemq::MIN_LOG_SEGMENT_BYTES
+    } else {
+        leasemq::DEFAULT_LOG_SEGMENT_BYTES
+    }
+}
+
+fn open(dir: &Path, cycle: u64) -> (Broker, Vec<leasemq::Queue>, leasemq::Queue) {
     let broker = Broker::builder()
         .shards(SHARDS)
         .data_dir(dir)
+        .log_segment_bytes(segment_bytes(cycle))
         .build()
         .expect("the data dir opens");
     let dlq = broker.declare_queue(DLQ, config(false)).unwrap();
@@ -63,7 +75,7 @@ fn open(dir: &Path) -> (Broker, Vec<leasemq::Queue>, leasemq::Queue) {
 fn crash_child() {
     let dir = std::env::var(DIR_VAR).expect("run by the crash test");
     let cycle: u64 = std::env::var(CYCLE_VAR).unwrap().parse().unwrap();
-    let (_broker, queues, _dlq) = open(Path::new(&dir));
+    let (_broker, queues, _dlq) = open(Path::new(&dir), cycle);
     let consumers: Vec<_> = queues
         .iter()
         .map(|q| {
@@ -213,7 +225,7 @@ impl Ledger {
     /// Reopens the data dir and checks it against the ledger; then counts what it found as
     /// delivered (the check's own deliveries are leases too).
     fn check(&mut self, dir: &Path, cycle: u64) {
-        let (broker, queues, dlq) = open(dir);
+        let (broker, queues, dlq) = open(dir, cycle);
         let mut found: HashMap<String, String> = HashMap::new();
         for q in queues.iter().chain([&dlq]) {
             let c = q

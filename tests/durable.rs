@@ -482,3 +482,51 @@ fn broker_ids_carried_by_dead_letters_are_not_handed_out_again() {
     assert_eq!(drain(&broker, &dlq).len(), 3);
     broker.shutdown();
 }
+
+/// The log's segment size is a tuning knob: checked at build, and a log written with one
+/// size opens with another.
+#[test]
+fn log_segment_bytes_is_checked_and_a_log_opens_with_another_size() {
+    let dir = tempfile::tempdir().unwrap();
+    for bad in [
+        0,
+        leasemq::MIN_LOG_SEGMENT_BYTES - 8,
+        (1 << 20) + 4,
+        (1 << 30) + 8,
+    ] {
+        let err = Broker::builder()
+            .data_dir(dir.path())
+            .log_segment_bytes(bad)
+            .build()
+            .unwrap_err();
+        assert!(matches!(err, Error::InvalidConfig(_)), "{bad}: {err}");
+    }
+    let small = leasemq::MIN_LOG_SEGMENT_BYTES;
+    let broker = Broker::builder()
+        .shards(1)
+        .data_dir(dir.path())
+        .log_segment_bytes(small)
+        .build()
+        .unwrap();
+    let q = broker.declare_queue("sized", durable()).unwrap();
+    let body = vec![b'y'; 1000];
+    for _ in 0..60 {
+        let batch = (0..50).map(|_| Message::new(body.clone())).collect();
+        q.put_batch(batch).unwrap();
+    }
+    broker.shutdown();
+    // Every segment has the size asked for (each record, a batch of 50 KB, fits one).
+    let sizes: Vec<u64> = std::fs::read_dir(dir.path().join("shard-0"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension() == Some("wal".as_ref()))
+        .map(|p| std::fs::metadata(p).unwrap().len())
+        .collect();
+    assert!(
+        !sizes.is_empty() && sizes.iter().all(|&n| n == small),
+        "{sizes:?}"
+    );
+    let broker = Broker::builder().data_dir(dir.path()).build().unwrap();
+    assert_eq!(drain(&broker, "sized").len(), 3_000);
+    broker.shutdown();
+}

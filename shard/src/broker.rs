@@ -39,6 +39,7 @@ pub struct BrokerBuilder {
     yield_budget: Duration,
     data_dir: Option<std::path::PathBuf>,
     sync: SyncPolicy,
+    log_segment_bytes: u64,
     storage: Option<Arc<dyn leasemq_wal::Storage>>,
 }
 
@@ -53,6 +54,7 @@ impl Default for BrokerBuilder {
             yield_budget: DEFAULT_YIELD_BUDGET,
             data_dir: None,
             sync: SyncPolicy::Always,
+            log_segment_bytes: crate::store::DEFAULT_LOG_SEGMENT_BYTES,
             storage: None,
         }
     }
@@ -225,6 +227,22 @@ impl BrokerBuilder {
         self
     }
 
+    /// The size of each segment file of a shard's log (default
+    /// [`DEFAULT_LOG_SEGMENT_BYTES`](crate::DEFAULT_LOG_SEGMENT_BYTES), 8 MiB). A shard
+    /// writes a snapshot once its log has grown by two segments since the last one (or by
+    /// twice the last snapshot's size), and then recycles the segments it covers; so a
+    /// data dir holds, beside the snapshots, a few segments per shard. Smaller segments
+    /// take less disk and write snapshots more often. A log written with another size
+    /// opens as it is.
+    ///
+    /// [`build`](Self::build) gives [`Error::InvalidConfig`] for a size that is not a
+    /// multiple of 8 from [`MIN_LOG_SEGMENT_BYTES`](crate::MIN_LOG_SEGMENT_BYTES) (1 MiB)
+    /// to [`MAX_LOG_SEGMENT_BYTES`](crate::MAX_LOG_SEGMENT_BYTES) (1 GiB).
+    pub fn log_segment_bytes(mut self, bytes: u64) -> Self {
+        self.log_segment_bytes = bytes;
+        self
+    }
+
     /// Starts the shard threads, after replaying the data dir's logs if there is one.
     ///
     /// # Errors
@@ -243,6 +261,13 @@ impl BrokerBuilder {
                     "sync: the interval must be from 1 ns to 7 days, got {d:?}"
                 )));
             }
+        }
+        let segment = self.log_segment_bytes;
+        let sizes = crate::store::MIN_LOG_SEGMENT_BYTES..=crate::store::MAX_LOG_SEGMENT_BYTES;
+        if segment % 8 != 0 || !sizes.contains(&segment) {
+            return Err(Error::InvalidConfig(format!(
+                "log_segment_bytes must be a multiple of 8 from 1 MiB to 1 GiB, got {segment}"
+            )));
         }
         let data_dir = match &self.data_dir {
             Some(path) => {
@@ -301,7 +326,8 @@ impl BrokerBuilder {
             })
             .unzip();
         let sleepers: Vec<Arc<Sleeper>> = receivers.iter().map(|(_, s)| s.clone()).collect();
-        let engines = restore(data_dir.as_ref(), self.sync, &sleepers, |index| {
+        let log = (self.sync, self.log_segment_bytes);
+        let engines = restore(data_dir.as_ref(), log, &sleepers, |index| {
             new_engine(index, &time, self.tick)
         })?;
         // Log time at tick 0: the wall clock, or the manual clock where the logs left off.
@@ -765,7 +791,7 @@ fn check_shards(shards: usize) -> Result<(), Error> {
 /// thread each), or fresh without one.
 fn restore(
     data_dir: Option<&DataDir>,
-    sync: SyncPolicy,
+    (sync, segment_bytes): (SyncPolicy, u64),
     sleepers: &[Arc<Sleeper>],
     engine: impl Fn(usize) -> leasemq_engine::Shard + Sync,
 ) -> Result<Vec<(leasemq_engine::Shard, Option<ShardLog>)>, Error> {
@@ -782,8 +808,15 @@ fn restore(
                     let mut shard = engine(index);
                     let storage = Arc::clone(&dir.storage);
                     let shard_dir = dir.shard_dir(index);
-                    let log =
-                        ShardLog::recover(storage, shard_dir, &mut shard, sync, sleeper.clone())?;
+                    let wake = sleeper.clone();
+                    let log = ShardLog::recover(
+                        storage,
+                        shard_dir,
+                        &mut shard,
+                        sync,
+                        segment_bytes,
+                        wake,
+                    )?;
                     Ok((shard, Some(log)))
                 })
             })

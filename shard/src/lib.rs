@@ -43,4 +43,6 @@ pub use consumer::{Consumer, Delivery};
 pub use queue::{PendingPutBatch, Queue};
 pub use router::shard_for;
 pub use slice::{set_thread_time_slice, MAX_TIME_SLICE, MIN_TIME_SLICE};
-pub use store::{SyncPolicy, META_FILE};
+pub use store::{
+    SyncPolicy, DEFAULT_LOG_SEGMENT_BYTES, MAX_LOG_SEGMENT_BYTES, META_FILE, MIN_LOG_SEGMENT_BYTES,
+};

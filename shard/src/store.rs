@@ -47,9 +47,15 @@ pub enum SyncPolicy {
 pub const META_FILE: &str = "leasemq.meta";
 const META_FORMAT: &str = "leasemq data dir, format 1";
 
-/// Segments of a shard's log: small, so that a compacted log holds little beside the
-/// snapshot.
-const SEGMENT_BYTES: u64 = 8 << 20;
+/// Segments of a shard's log by default: small, so that a compacted log holds little
+/// beside the snapshot.
+pub const DEFAULT_LOG_SEGMENT_BYTES: u64 = 8 << 20;
+/// The smallest segment [`BrokerBuilder::log_segment_bytes`](crate::BrokerBuilder::log_segment_bytes) takes:
+/// a put makes room for its records and 256 KiB more in the current segment,
+/// and starts the next one when they do not fit, so a segment must be several times that.
+pub const MIN_LOG_SEGMENT_BYTES: u64 = 1 << 20;
+/// The largest segment [`BrokerBuilder::log_segment_bytes`](crate::BrokerBuilder::log_segment_bytes) takes.
+pub const MAX_LOG_SEGMENT_BYTES: u64 = 1 << 30;
 /// The largest record: a batch holding one largest body, with room for the rest.
 const MAX_RECORD_BYTES: usize = leasemq_engine::MAX_BODY_LIMIT + (1 << 20);
 /// What a put's or settle's changes take in the log beyond bodies and ids: an `Enqueued`
@@ -61,9 +67,9 @@ const HEADROOM_BYTES: usize = 256 << 10;
 /// A turn's changes are cut into records of about this size (a change is never cut), so
 /// that no record exceeds [`MAX_RECORD_BYTES`].
 const RECORD_BYTES: usize = 4 << 20;
-/// A snapshot is written once the log has grown by this much since the last one, or by
-/// twice the last one's size, whichever is more.
-const SNAPSHOT_AFTER_BYTES: u64 = 16 << 20;
+/// A snapshot is written once the log has grown by this many segments since the last
+/// one, or by twice the last one's size, whichever is more.
+const SNAPSHOT_AFTER_SEGMENTS: u64 = 2;
 
 /// A data dir, locked for this broker for as long as this lives.
 #[derive(Debug)]
@@ -209,6 +215,7 @@ pub(crate) struct ShardLog {
     last_submit: Instant,
     since_snapshot: u64,
     snapshot_bytes: u64,
+    segment_bytes: u64,
     /// Set once a write, an fsync or a snapshot failed: the durable queues of this shard
     /// refuse every change from then on.
     failed: Option<Error>,
@@ -222,6 +229,7 @@ impl ShardLog {
         dir: PathBuf,
         engine: &mut Shard,
         policy: SyncPolicy,
+        segment_bytes: u64,
         wake: Arc<Sleeper>,
     ) -> Result<ShardLog, Error> {
         storage
@@ -237,7 +245,7 @@ impl ShardLog {
             from = Lsn(snapshot.lsn.0 + 1);
         }
         let options = Options {
-            segment_bytes: SEGMENT_BYTES,
+            segment_bytes,
             max_record_bytes: MAX_RECORD_BYTES,
             on_progress: Some(Arc::new(move || wake.wake())),
         };
@@ -274,6 +282,7 @@ impl ShardLog {
             last_submit: Instant::now(),
             since_snapshot,
             snapshot_bytes,
+            segment_bytes,
             failed: None,
         })
     }
@@ -296,7 +305,8 @@ impl ShardLog {
     }
 
     fn snapshot_due(&self) -> bool {
-        self.since_snapshot > SNAPSHOT_AFTER_BYTES.max(2 * self.snapshot_bytes)
+        let after = SNAPSHOT_AFTER_SEGMENTS * self.segment_bytes;
+        self.since_snapshot > after.max(2 * self.snapshot_bytes)
     }
 
     /// Whether anything waits.
