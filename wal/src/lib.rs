@@ -49,7 +49,7 @@
 //! make each fsync commit metadata too. So the compactor renames up to two removed
 //! segments to `<n, 20 digits>.spare` (and syncs the directory), and the next rolls
 //! rename a spare to the new segment's name instead of creating one: its appends
-//! overwrite blocks already written, and their fsyncs flush data only. A recycled
+//! overwrite blocks its last use wrote, and their fsyncs flush data only. A recycled
 //! segment still holds the frames of its last use past its own records; their lsns are
 //! all below the segment's first (the compactor took it once they were covered), so a
 //! scan stops at them as at damage and never takes one for a record, and recovery

@@ -368,10 +368,10 @@ fn check_end(buf: &[u8], scan: &frame::Scan, max_payload: usize) -> End {
 /// Removes the segments after the last one with data (keeping the first if none has any).
 ///
 /// Such segments were created (or recycled) by a roll whose first write never reached
-/// the disk. A segment counts as empty only if no valid frame of its own anywhere in it
-/// (an lsn at or past its first): one whose first header is zero but that holds such a
-/// frame further on is kept and scanned, so that damage to a synced header cannot pass
-/// for an empty segment.
+/// the disk. A segment counts as empty only if it holds no valid frame of its own (one
+/// with an lsn at or past its first) anywhere: one whose first header is zero but that
+/// holds such a frame further on is kept and scanned, so that damage to a synced header
+/// cannot pass for an empty segment.
 fn remove_trailing_empty(
     storage: &dyn Storage,
     segments: &mut Vec<Segment>,

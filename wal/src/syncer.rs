@@ -12,8 +12,8 @@
 //! every answer waiting for the next fsync. The compactor renames up to two removed
 //! segments to spares (`<n>.spare`), which the owner's next rolls recycle, and unlinks
 //! the rest: an unlink of a preallocated segment takes milliseconds on ext4 and stalls
-//! concurrent fsyncs behind its journal commit, and a write into a recycled segment
-//! allocates no blocks, so its fsync flushes data only.
+//! concurrent fsyncs behind its journal commit, and a write over blocks a recycled
+//! segment's last use wrote changes no metadata, so its fsync flushes data only.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -174,7 +174,8 @@ impl Shared {
     }
 
     /// A spare segment to recycle, if the compactor set one aside: a file of
-    /// `segment_bytes`, its blocks already written, whose name is durable.
+    /// `segment_bytes`, its blocks allocated and mostly written already, whose name is
+    /// durable.
     pub(crate) fn take_spare(&self) -> Option<PathBuf> {
         self.lock().spares.pop()
     }
@@ -448,8 +449,10 @@ fn write_round(
 
 /// Removes `segments`, setting up to [`SPARE_SEGMENTS`] aside as spares: renamed, not
 /// unlinked. Unlinking a segment frees its blocks in the file system's journal, which
-/// stalls the syncer's fsyncs for milliseconds on ext4; a recycled segment also takes
-/// appends without allocating a block, so its fsyncs commit no metadata at all.
+/// stalls the syncer's fsyncs for milliseconds on ext4; and appends into the blocks of a
+/// recycled segment that its last use wrote change no metadata, so their fsyncs flush
+/// data only (a preallocated block that was never written still needs its extent
+/// marked written, as in a new segment).
 fn remove(shared: &Shared, segments: &[Arc<Segment>]) -> Result<(), WalError> {
     if segments.is_empty() {
         return Ok(());
