@@ -100,18 +100,9 @@ fn removed_segments_are_recycled_on_real_files() {
     leasemq_wal::write_snapshot(&DiskStorage, path, Lsn(250), b"state up to 250").unwrap();
     wal.remove_before(Lsn(251)).unwrap();
     wal.sync().unwrap();
-    let spares = || {
-        std::fs::read_dir(path)
-            .unwrap()
-            .filter(|e| {
-                let name = e.as_ref().unwrap().file_name();
-                name.to_string_lossy().ends_with(".spare")
-            })
-            .count()
-    };
-    assert_eq!(spares(), 2);
+    assert_eq!(spares_on_disk(path), 2);
     let mut n = 301;
-    while spares() > 0 {
+    while spares_on_disk(path) > 0 {
         append_synced(&mut wal, n..=n);
         n += 1;
     }

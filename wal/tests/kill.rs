@@ -88,16 +88,6 @@ fn kill_child() {
     }
 }
 
-fn spares(dir: &Path) -> usize {
-    std::fs::read_dir(dir)
-        .unwrap()
-        .filter(|e| {
-            let name = e.as_ref().unwrap().file_name();
-            name.to_string_lossy().ends_with(".spare")
-        })
-        .count()
-}
-
 #[test]
 fn durable_records_survive_kill_9_with_recycled_segments() {
     let cycles: u64 = std::env::var("WAL_KILL_CYCLES")
@@ -141,7 +131,7 @@ fn durable_records_survive_kill_9_with_recycled_segments() {
         child.kill().unwrap(); // SIGKILL
         child.wait().unwrap();
         let durable = reader.join().unwrap();
-        spares_seen += spares(dir);
+        spares_seen += common::spares_on_disk(dir);
 
         let (wal, snapshot, records) = open(dir);
         let kept = wal.last_appended().0;

@@ -85,3 +85,14 @@ pub fn frame_offsets(image: &[u8]) -> Vec<usize> {
     }
     out
 }
+
+/// Spare segments (`*.spare`) in a log directory on real files.
+pub fn spares_on_disk(dir: &Path) -> usize {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .filter(|e| {
+            let name = e.as_ref().unwrap().file_name();
+            name.to_string_lossy().ends_with(".spare")
+        })
+        .count()
+}
