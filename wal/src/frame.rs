@@ -218,7 +218,7 @@ pub(crate) fn after_end(buf: &[u8], from: usize, due: u64, max_payload: usize) -
                 } else {
                     found.unfinished.get_or_insert(at);
                 }
-                found.end = at + size;
+                found.end = found.end.max(at + size);
             }
         }
         at += 8;
