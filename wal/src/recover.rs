@@ -368,10 +368,10 @@ fn check_end(buf: &[u8], scan: &frame::Scan, max_payload: usize) -> End {
 /// Removes the segments after the last one with data (keeping the first if none has any).
 ///
 /// Such segments were created (or recycled) by a roll whose first write never reached
-/// the disk. A segment counts as empty only if it holds no valid frame of its own (one
-/// with an lsn at or past its first) anywhere: one whose first header is zero but that
-/// holds such a frame further on is kept and scanned, so that damage to a synced header
-/// cannot pass for an empty segment.
+/// the disk. A segment counts as empty only if its first header does not name its first
+/// lsn and it holds no valid frame of its own (one with an lsn at or past its first)
+/// anywhere: one whose first header is zero but that holds such a frame further on is
+/// kept and scanned, so that damage to a synced header cannot pass for an empty segment.
 fn remove_trailing_empty(
     storage: &dyn Storage,
     segments: &mut Vec<Segment>,
@@ -391,6 +391,17 @@ fn remove_trailing_empty(
 }
 
 fn is_empty(segment: &Segment) -> Result<bool, WalError> {
+    // The common case, a segment whose first header names its first lsn, without reading
+    // the whole of it (it is scanned next anyway). A damaged first frame is scanned too.
+    let mut header = [0u8; HEADER];
+    let n = (segment.capacity as usize).min(HEADER);
+    segment
+        .file
+        .read_at(&mut header[..n], 0)
+        .map_err(|e| WalError::io(&segment.path, "read", e))?;
+    if n == HEADER && header[8..16] == segment.first_lsn.to_le_bytes() {
+        return Ok(false);
+    }
     let buf = read_all(segment)?;
     let found = frame::after_end(&buf, 0, segment.first_lsn, buf.len());
     Ok(found.later_write.is_none() && found.unfinished.is_none())

@@ -137,6 +137,11 @@ impl Shared {
         &*self.storage
     }
 
+    /// The size of a segment: what a roll starts, and what a spare must have.
+    pub(crate) fn segment_bytes(&self) -> u64 {
+        self.segment_bytes
+    }
+
     pub(crate) fn dir(&self) -> &Path {
         &self.dir
     }

@@ -22,7 +22,6 @@ pub struct Wal {
     syncer: Option<JoinHandle<()>>,
     /// Writes snapshots and removes segments, off the syncer's path (see `syncer`).
     compactor: Option<JoinHandle<()>>,
-    segment_bytes: u64,
     max_record_bytes: usize,
     /// Every live segment, oldest first; the last is the one appended to.
     segments: VecDeque<Arc<Segment>>,
@@ -88,7 +87,6 @@ impl Wal {
             shared,
             syncer: None,
             compactor: None,
-            segment_bytes: options.segment_bytes,
             max_record_bytes: options.max_record_bytes,
             segments: recovered.segments,
             pos: recovered.pos,
@@ -229,8 +227,9 @@ impl Wal {
 
     /// Removes the segments whose records all lie before `lsn` (the owner has a durable
     /// snapshot covering them) and are durable; the segment appended to is never removed.
-    /// The compactor deletes the files and syncs the directory after the syncer's current
-    /// round. Returns how many segments go.
+    /// The compactor removes the files (setting up to two aside as spares for recycling)
+    /// and syncs the directory after the syncer's current round. Returns how many segments
+    /// go.
     ///
     /// # Errors
     ///
@@ -311,7 +310,8 @@ impl Wal {
                 Err(e) => Err(WalError::io(&current.path, "fallocate", e)),
             };
         }
-        let spare = (frame <= self.segment_bytes)
+        let segment_bytes = self.shared.segment_bytes();
+        let spare = (frame <= segment_bytes)
             .then(|| self.shared.take_spare())
             .flatten();
         let segment = match spare {
@@ -320,13 +320,13 @@ impl Wal {
                 self.shared.dir(),
                 &spare,
                 self.next_lsn,
-                self.segment_bytes,
+                segment_bytes,
             )?,
             None => recover::create_segment(
                 self.shared.storage(),
                 self.shared.dir(),
                 self.next_lsn,
-                self.segment_bytes.max(frame),
+                segment_bytes.max(frame),
             )?,
         };
         self.capacity = segment.capacity;
