@@ -216,7 +216,31 @@ fn throughput_batched_closed_loop() {
         .iter()
         .map(|h| h["name"].as_str().unwrap())
         .collect();
-    assert_eq!(names, ["put_to_deliver", "put_to_ack", "settle_rtt"]);
+    assert_eq!(
+        names,
+        [
+            "put_to_deliver",
+            "put_to_ack",
+            "settle_rtt",
+            "put_to_confirm"
+        ]
+    );
+    // Every message sent in the window has its put answered, and only those.
+    assert_eq!(
+        histogram_count(&s, "put_to_confirm"),
+        Some(rate_total(&s, "put"))
+    );
+}
+
+/// How many `name` counted in the window.
+fn rate_total(summary: &Value, name: &str) -> u64 {
+    summary["rates"]
+        .as_array()
+        .expect("rates")
+        .iter()
+        .find(|r| r["name"] == name)
+        .and_then(|r| r["total"].as_u64())
+        .unwrap_or_else(|| panic!("rate {name}"))
 }
 
 /// `--background-load` runs its busy threads for the run, says so, and leaves none behind.
@@ -338,6 +362,10 @@ fn throughput_durable_in_a_temporary_data_dir() {
     assert_eq!(config["data_dir"]["temporary"], true, "{config}");
     let title = s["title"].as_str().unwrap();
     assert!(title.contains("durable queues (sync always)"), "{title}");
+    assert_eq!(
+        histogram_count(&s, "put_to_confirm"),
+        Some(rate_total(&s, "put"))
+    );
     let dir = config["data_dir"]["path"].as_str().expect("data dir path");
     assert!(!Path::new(dir).exists(), "{dir} outlived the run");
 }
@@ -502,6 +530,10 @@ fn throughput_async_tasks_keep_calls_in_flight_on_durable_queues() {
     assert!(rate(&s, "acked") > 0.0);
     assert_eq!(s["config"]["pipeline"], 16);
     assert_eq!(Some(settle_calls(&s)), s["accounting"]["acked"].as_u64());
+    assert_eq!(
+        histogram_count(&s, "put_to_confirm"),
+        Some(rate_total(&s, "put"))
+    );
 }
 
 #[test]

@@ -306,7 +306,7 @@ fn judge(
     let recorders: Vec<(String, Recorder)> = HISTOGRAMS
         .iter()
         .map(|h| h.0.to_string())
-        .zip([out.deliver, out.ack, out.settle])
+        .zip([out.deliver, out.ack, out.settle, out.confirm])
         .collect();
     let histograms = HISTOGRAMS
         .iter()

@@ -129,7 +129,7 @@ fn summarise(args: &ThroughputArgs, storage: &Storage, out: StepOutcome) -> Run 
     config["rate"] = json!(args.rate);
     config["max_in_flight"] = json!(out.max_in_flight);
     storage.add_to(&mut config);
-    let recorders = [out.deliver, out.ack, out.settle];
+    let recorders = [out.deliver, out.ack, out.settle, out.confirm];
     let summary = Summary {
         tool: "leasemq-loadgen",
         version: env!("CARGO_PKG_VERSION"),

@@ -29,11 +29,17 @@ const OPEN_LOOP_IN_FLIGHT: u64 = 1_000_000;
 /// How often the waiting thread looks at the clock, the interval channel and the bar.
 const WATCH_EVERY: Duration = Duration::from_millis(50);
 /// The histograms of a step, in the order of their interval-log slots.
-pub const HISTOGRAMS: [(&str, &str); 3] = [
+pub const HISTOGRAMS: [(&str, &str); 4] = [
     ("put_to_deliver", "put→deliver"),
     ("put_to_ack", "put→ack"),
     ("settle_rtt", "settle round trip"),
+    ("put_to_confirm", "put→answered"),
 ];
+/// The slot of each histogram in [`HISTOGRAMS`] (and in the interval log).
+const DELIVER: usize = 0;
+const ACK: usize = 1;
+const SETTLE: usize = 2;
+const CONFIRM: usize = 3;
 
 /// What one step runs.
 pub struct Step<'a> {
@@ -56,6 +62,8 @@ pub struct StepOutcome {
     pub deliver: Recorder,
     pub ack: Recorder,
     pub settle: Recorder,
+    /// Send time → the put (or `put_batch`) that carried the message was answered.
+    pub confirm: Recorder,
     /// Messages whose send time (intended, in an open loop) fell in the window.
     pub put_in_window: u64,
     pub delivered_in_window: u64,
@@ -221,6 +229,7 @@ pub fn run_step(step: &Step, progress: &Progress) -> Result<StepOutcome, String>
         deliver: consumed.deliver,
         ack: consumed.ack,
         settle: consumed.settle,
+        confirm: produced.confirm,
         put_in_window: produced.put_in_window,
         delivered_in_window: consumed.delivered_in_window,
         acked_in_window: consumed.acked_in_window,
@@ -284,15 +293,15 @@ impl Spawner<'_> {
             .enumerate()
             .map(|(i, c)| self.consumer(i, c, &qs[i % qs.len()], watch.consumer_result()))
             .collect();
-        // Only the workers hold senders now: the channel closes when the last one finishes.
-        watch.tx = None;
         let producers = (0..self.plan.producers as usize)
             .map(|j| {
                 // Its own queue first, then round the others.
                 let mine = (0..qs.len()).map(|k| qs[(j + k) % qs.len()].clone());
-                self.producer(j, mine.collect())
+                self.producer(j, mine.collect(), watch.producer_result())
             })
             .collect();
+        // Only the workers hold senders now: the channel closes when the last one finishes.
+        watch.tx = None;
         (producers, consumers)
     }
 
@@ -322,12 +331,17 @@ impl Spawner<'_> {
         }
     }
 
-    /// Producer `j`, which puts into `queues` round robin.
-    fn producer(&self, j: usize, queues: Vec<Queue>) -> Worker<ProducerResult> {
+    /// Producer `j`, which puts into `queues` round robin and records into `result`.
+    fn producer(
+        &self,
+        j: usize,
+        queues: Vec<Queue>,
+        result: ProducerResult,
+    ) -> Worker<ProducerResult> {
         let (plan, clock, shared) = (self.plan.clone(), self.clock, self.shared.clone());
         match self.runtime {
             Some(rt) => {
-                let task = tasks::produce(j as u64, queues, plan, clock, shared);
+                let task = tasks::produce(j as u64, queues, result, plan, clock, shared);
                 Worker::Task(rt.handle().clone(), rt.spawn(task))
             }
             None => Worker::Thread(
@@ -335,7 +349,7 @@ impl Spawner<'_> {
                     .name(format!("producer-{j}"))
                     .spawn(move || {
                         crate::scheduling::caller_thread();
-                        produce(j as u64, &queues, &plan, clock, &shared)
+                        produce(j as u64, &queues, result, &plan, clock, &shared)
                     })
                     .expect("spawn a producer thread"),
             ),
@@ -348,6 +362,7 @@ struct Produced {
     /// Messages each producer put.
     put: Vec<u64>,
     put_in_window: u64,
+    confirm: Recorder,
     problems: Vec<String>,
 }
 
@@ -357,12 +372,14 @@ impl Produced {
         let mut produced = Produced {
             put: Vec::with_capacity(producers.len()),
             put_in_window: 0,
+            confirm: Recorder::new(),
             problems: Vec::new(),
         };
         for t in producers {
             let r = t.join().ok_or_else(|| "a producer panicked".to_string())?;
             produced.put.push(r.put);
             produced.put_in_window += r.put_in_window;
+            produced.confirm.merge(&r.confirm.finish());
             produced.problems.extend(r.problem);
         }
         Ok(produced)
@@ -474,19 +491,29 @@ impl<'a> Watch<'a> {
         }
     }
 
-    /// A consumer's empty result, its recorders wired to the interval log if there is one.
+    /// A recorder for `slot`, wired to the interval log if there is one.
+    fn timed(&self, slot: usize) -> TimedRecorder {
+        TimedRecorder::new(match (&self.tx, &self.log) {
+            (Some(tx), Some(log)) => Some((log.clock(), slot, tx.clone())),
+            _ => None,
+        })
+    }
+
+    /// A consumer's empty result.
     fn consumer_result(&self) -> ConsumerResult {
-        let timed = |slot: usize| {
-            TimedRecorder::new(match (&self.tx, &self.log) {
-                (Some(tx), Some(log)) => Some((log.clock(), slot, tx.clone())),
-                _ => None,
-            })
-        };
         ConsumerResult {
-            deliver: timed(0),
-            ack: timed(1),
-            settle: timed(2),
+            deliver: self.timed(DELIVER),
+            ack: self.timed(ACK),
+            settle: self.timed(SETTLE),
             ..ConsumerResult::default()
+        }
+    }
+
+    /// A producer's empty result.
+    fn producer_result(&self) -> ProducerResult {
+        ProducerResult {
+            confirm: self.timed(CONFIRM),
+            ..ProducerResult::default()
         }
     }
 

@@ -31,11 +31,11 @@ const IDLE_WAIT: Duration = Duration::from_millis(1);
 pub(super) async fn produce(
     index: u64,
     queues: Vec<Queue>,
+    mut result: ProducerResult,
     plan: Plan,
     clock: Clock,
     shared: Arc<Shared>,
 ) -> ProducerResult {
-    let mut result = ProducerResult::default();
     let mut bodies = BodyWriter::new(plan.body_bytes);
     let mut local = 0u64;
     let mut turn = 0usize;
@@ -49,7 +49,7 @@ pub(super) async fn produce(
         }
         if putting.len() >= plan.pipeline {
             let answer = putting.next().await.expect("calls are in flight");
-            if !put_answered(answer, &mut refused, &mut result, &shared) {
+            if !put_answered(answer, &mut refused, &mut result, &plan, clock, &shared) {
                 break;
             }
             continue;
@@ -68,7 +68,7 @@ pub(super) async fn produce(
         let queue = &queues[turn % queues.len()];
         turn += 1;
         let message = Message::new(bodies.body(now, seq_of(index, local)));
-        putting.push(queue.put_async(message));
+        putting.push(async move { (now, queue.put_async(message).await) });
         if plan.in_window(now) {
             result.put_in_window += 1;
         }
@@ -76,14 +76,14 @@ pub(super) async fn produce(
         // One poll sends the new put (and takes the answers that came).
         let mut failed = false;
         while let Some(Some(answer)) = futures_lite::future::poll_once(putting.next()).await {
-            failed |= !put_answered(answer, &mut refused, &mut result, &shared);
+            failed |= !put_answered(answer, &mut refused, &mut result, &plan, clock, &shared);
         }
         if failed {
             break;
         }
     }
     while let Some(answer) = putting.next().await {
-        put_answered(answer, &mut refused, &mut result, &shared);
+        put_answered(answer, &mut refused, &mut result, &plan, clock, &shared);
     }
     // A refused put is not counted: it was never in the broker.
     result.put = local - refused;
@@ -91,14 +91,23 @@ pub(super) async fn produce(
     result
 }
 
-/// Takes one put's answer; `false` when the broker refused it, which ends the run.
+/// Takes one put's answer, to the put sent at `sent`; `false` when the broker refused it,
+/// which ends the run.
 fn put_answered(
-    answer: Result<leasemq::PutOutcome, leasemq::Error>,
+    (sent, answer): (u64, Result<leasemq::PutOutcome, leasemq::Error>),
     refused: &mut u64,
     result: &mut ProducerResult,
+    plan: &Plan,
+    clock: Clock,
     shared: &Shared,
 ) -> bool {
-    let Err(e) = answer else { return true };
+    let Err(e) = answer else {
+        if plan.in_window(sent) {
+            let now = clock.now_ns();
+            result.confirm.record(now, now - sent);
+        }
+        return true;
+    };
     shared.put.fetch_sub(1, Relaxed);
     *refused += 1;
     result

@@ -86,10 +86,12 @@ pub(super) struct Shared {
     pub(super) abort: AtomicBool,
 }
 
+/// A producer's counts, and its histogram of send time → the call's answer.
 #[derive(Default)]
 pub(super) struct ProducerResult {
     pub(super) put: u64,
     pub(super) put_in_window: u64,
+    pub(super) confirm: TimedRecorder,
     pub(super) problem: Option<String>,
 }
 
@@ -113,11 +115,11 @@ pub(super) struct ConsumerResult {
 pub(super) fn produce(
     index: u64,
     queues: &[Queue],
+    mut result: ProducerResult,
     plan: &Plan,
     clock: Clock,
     shared: &Shared,
 ) -> ProducerResult {
-    let mut result = ProducerResult::default();
     let mut bodies = BodyWriter::new(plan.body_bytes);
     let mut local = 0u64;
     let mut turn = 0usize;
@@ -194,9 +196,16 @@ pub(super) fn produce(
             shared.abort.store(true, Relaxed);
             break;
         }
-        result.put_in_window += (0..n as u64)
-            .filter(|&k| plan.in_window(sent_at(local + k)))
-            .count() as u64;
+        let answered = clock.now_ns();
+        for k in local..local + n as u64 {
+            let sent = sent_at(k);
+            if plan.in_window(sent) {
+                result.put_in_window += 1;
+                result
+                    .confirm
+                    .record(answered, answered.saturating_sub(sent));
+            }
+        }
         local += n as u64;
     }
     result.put = local;
