@@ -48,9 +48,18 @@ pub(crate) struct Piece {
 }
 
 /// What the owner and the syncer share.
+///
+/// Each thread that waits on the state has a condvar of its own, woken only when there
+/// is something for it: a round ends thousands of times a second, and a compactor (or a
+/// caller of `wait_idle`) woken by each for nothing would cost a context switch apiece.
 pub(crate) struct Shared {
     state: Mutex<State>,
-    changed: Condvar,
+    /// The syncer waits here for work.
+    work: Condvar,
+    /// The compactor waits here for a compaction.
+    compaction: Condvar,
+    /// Callers of [`wait_idle`](Shared::wait_idle) wait here.
+    idle: Condvar,
     durable: AtomicU64,
     poisoned: AtomicBool,
     /// Set with `State::skipped_snapshot`, so that the owner, which asks after every
@@ -86,6 +95,9 @@ struct State {
     spares: Vec<PathBuf>,
     /// Spare names given out so far: the next spare is named by this number.
     spares_named: u64,
+    /// Callers waiting in `wait_idle`: the syncer and the compactor wake them only if
+    /// there are some.
+    idle_waiters: usize,
 }
 
 impl State {
@@ -117,7 +129,9 @@ impl Shared {
     ) -> Shared {
         Shared {
             state: Mutex::new(State::default()),
-            changed: Condvar::new(),
+            work: Condvar::new(),
+            compaction: Condvar::new(),
+            idle: Condvar::new(),
             durable: AtomicU64::new(durable),
             poisoned: AtomicBool::new(false),
             snapshot_skipped: AtomicBool::new(false),
@@ -164,7 +178,9 @@ impl Shared {
         let mut state = self.lock();
         let error = state.error.get_or_insert(error).clone();
         self.poisoned.store(true, Ordering::Release);
-        self.changed.notify_all();
+        self.work.notify_one();
+        self.compaction.notify_one();
+        self.idle.notify_all();
         drop(state);
         self.notify_owner();
         error
@@ -211,28 +227,40 @@ impl Shared {
         state.removals.extend(removals);
         // A busy syncer looks at the queue when its round ends: no wake-up needed.
         if !state.busy {
-            self.changed.notify_all();
+            self.work.notify_one();
         }
     }
 
     /// Blocks until the syncer is idle with nothing queued, or the log is poisoned.
     pub(crate) fn wait_idle(&self) -> Result<(), WalError> {
         let mut state = self.lock();
-        loop {
+        state.idle_waiters += 1;
+        let result = loop {
             if let Some(error) = &state.error {
-                return Err(error.clone());
+                break Err(error.clone());
             }
             if state.syncer_idle() && state.compactor_idle() {
-                return Ok(());
+                break Ok(());
             }
-            state = self.changed.wait(state).unwrap_or_else(|e| e.into_inner());
+            state = self.idle.wait(state).unwrap_or_else(|e| e.into_inner());
+        };
+        state.idle_waiters -= 1;
+        result
+    }
+
+    /// Wakes the callers of `wait_idle`, if any, to look again.
+    fn notify_idle_waiters(&self, state: &State) {
+        if state.idle_waiters > 0 {
+            self.idle.notify_all();
         }
     }
 
-    /// Asks the syncer to finish what is queued and stop.
+    /// Asks the syncer to finish what is queued and stop, and the compactor to stop once
+    /// the syncer has and nothing is left for it.
     pub(crate) fn stop(&self) {
         self.lock().stop = true;
-        self.changed.notify_all();
+        self.work.notify_one();
+        self.compaction.notify_one();
     }
 
     fn notify_owner(&self) {
@@ -273,6 +301,8 @@ fn rounds(shared: &Shared) {
             return;
         }
         let mut state = shared.lock();
+        // The compactor has work, or (once stopping) may find that it can stop.
+        let wake_compactor = snapshot.is_some() || !removals.is_empty() || state.stop;
         if snapshot.is_some() {
             // A newer snapshot covers all an older one not yet written would.
             state.compact_snapshot = snapshot;
@@ -286,7 +316,10 @@ fn rounds(shared: &Shared) {
                 state.spare.push(bytes);
             }
         }
-        shared.changed.notify_all();
+        if wake_compactor {
+            shared.compaction.notify_one();
+        }
+        shared.notify_idle_waiters(&state);
         drop(state);
         shared.notify_owner();
     }
@@ -337,7 +370,7 @@ fn compactions(shared: &Shared) {
             shared.snapshot_skipped.store(true, Ordering::Release);
         }
         state.compacting = false;
-        shared.changed.notify_all();
+        shared.notify_idle_waiters(&state);
     }
 }
 
@@ -362,7 +395,7 @@ fn next_compaction(shared: &Shared) -> Option<Compaction> {
             return None;
         }
         state = shared
-            .changed
+            .compaction
             .wait(state)
             .unwrap_or_else(|e| e.into_inner());
     }
@@ -388,10 +421,7 @@ fn next_round(shared: &Shared) -> Option<Round> {
         if state.stop {
             return None;
         }
-        state = shared
-            .changed
-            .wait(state)
-            .unwrap_or_else(|e| e.into_inner());
+        state = shared.work.wait(state).unwrap_or_else(|e| e.into_inner());
     }
 }
 
