@@ -182,14 +182,25 @@ fn check_hgrm(path: &Path, count: u64) {
     }
 }
 
-fn rate(summary: &Value, name: &str) -> f64 {
+/// The summary's entry for rate `name`.
+fn rate_entry<'a>(summary: &'a Value, name: &str) -> &'a Value {
     summary["rates"]
         .as_array()
         .expect("rates")
         .iter()
         .find(|r| r["name"] == name)
-        .and_then(|r| r["per_second"].as_f64())
         .unwrap_or_else(|| panic!("rate {name}"))
+}
+
+fn rate(summary: &Value, name: &str) -> f64 {
+    rate_entry(summary, name)["per_second"]
+        .as_f64()
+        .expect("per_second")
+}
+
+/// How many `name` counted in the window.
+fn rate_total(summary: &Value, name: &str) -> u64 {
+    rate_entry(summary, name)["total"].as_u64().expect("total")
 }
 
 #[test]
@@ -230,17 +241,6 @@ fn throughput_batched_closed_loop() {
         histogram_count(&s, "put_to_confirm"),
         Some(rate_total(&s, "put"))
     );
-}
-
-/// How many `name` counted in the window.
-fn rate_total(summary: &Value, name: &str) -> u64 {
-    summary["rates"]
-        .as_array()
-        .expect("rates")
-        .iter()
-        .find(|r| r["name"] == name)
-        .and_then(|r| r["total"].as_u64())
-        .unwrap_or_else(|| panic!("rate {name}"))
 }
 
 /// `--background-load` runs its busy threads for the run, says so, and leaves none behind.
