@@ -390,11 +390,15 @@ pub struct SweepArgs {
     #[arg(long, value_delimiter = ',', default_value = "1,2",
           value_parser = clap::value_parser!(u32).range(1..=256))]
     pub shards: Vec<u32>,
-    /// A latency objective on put→ack, measured from each message's intended send time:
-    /// PERCENTILE=LIMIT, e.g. p99=5ms, p99.9=20ms, max=50ms; repeat the flag for several. A
-    /// step holds when every one does.
+    /// A latency objective on the histogram --slo-on names, measured from each message's
+    /// intended send time: PERCENTILE=LIMIT, e.g. p99=5ms, p99.9=20ms, max=50ms; repeat the
+    /// flag for several. A step holds when every one does.
     #[arg(long = "slo", value_name = "pQ=LIMIT", default_value = "p99=5ms", value_parser = parse_slo)]
     pub slos: Vec<Slo>,
+    /// Which latency the objectives apply to: put_to_ack (the whole trip), put_to_confirm
+    /// (the put's answer: a durable put's confirm under --sync always) or put_to_deliver.
+    #[arg(long, value_enum, default_value = "put_to_ack")]
+    pub slo_on: SloOn,
     /// The first offered rate, in messages/s (suffixes k, M).
     #[arg(long, default_value = "50k", value_parser = parse_count)]
     pub start_rate: u64,
@@ -422,6 +426,28 @@ pub struct SweepArgs {
     pub step_warmup: Duration,
     #[command(flatten)]
     pub output: OutputArgs,
+}
+
+/// The histogram a sweep's objectives apply to (named as in `summary.json`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum SloOn {
+    #[value(name = "put_to_ack")]
+    Ack,
+    #[value(name = "put_to_confirm")]
+    Confirm,
+    #[value(name = "put_to_deliver")]
+    Deliver,
+}
+
+impl SloOn {
+    /// The histogram's name.
+    pub fn histogram(self) -> &'static str {
+        match self {
+            SloOn::Ack => "put_to_ack",
+            SloOn::Confirm => "put_to_confirm",
+            SloOn::Deliver => "put_to_deliver",
+        }
+    }
 }
 
 /// A latency objective: the value at `quantile` must not exceed `limit`.

@@ -1,8 +1,9 @@
 //! `sweep`: capacity planning. For each shard count, open-loop throughput steps at rising
 //! rates ([`Ramp`]): from `--start-rate`, each `--step-factor` times the last, until a step
 //! breaks; then `--refine` steps bisect between the last rate that held and the first that
-//! broke. A step holds when put→ack latency (from each message's intended send time) meets
-//! every `--slo` and the acks completed in its window come within `--max-shortfall` of the
+//! broke. A step holds when the latency `--slo-on` names (put→ack by default; from each
+//! message's intended send time) meets every `--slo` and the acks completed in its window
+//! come within `--max-shortfall` of the
 //! offered rate. Each step is a fresh broker and a full `throughput` run
 //! ([`run_step`]), end-of-run check included: a step that loses a message ends the sweep,
 //! which then fails. With a data dir, each step's broker starts on an empty one.
@@ -252,6 +253,16 @@ pub fn latency_text(ns: u64) -> String {
     }
 }
 
+/// The histogram the objectives apply to: its name and how the table writes it.
+pub(crate) fn slo_histogram(args: &SweepArgs) -> (&'static str, &'static str) {
+    let name = args.slo_on.histogram();
+    let (_, text) = HISTOGRAMS
+        .iter()
+        .find(|h| h.0 == name)
+        .expect("every --slo-on value names a histogram of the step");
+    (name, text)
+}
+
 /// Decides whether a step held, and why not.
 fn judge(
     args: &SweepArgs,
@@ -265,13 +276,24 @@ fn judge(
     let window = args.step_duration;
     let achieved = out.achieved_rate(window);
     let mut broke = Vec::new();
+    let recorders: Vec<(String, Recorder)> = HISTOGRAMS
+        .iter()
+        .map(|h| h.0.to_string())
+        .zip([out.deliver, out.ack, out.settle, out.confirm])
+        .collect();
+    let (slo_name, slo_text) = slo_histogram(args);
+    let judged = &recorders
+        .iter()
+        .find(|(name, _)| name == slo_name)
+        .expect("--slo-on names a histogram of the step")
+        .1;
     let slos: Vec<SloValue> = args
         .slos
         .iter()
         .map(|slo| {
-            let value_ns = value_at(&out.ack, slo.quantile);
+            let value_ns = value_at(judged, slo.quantile);
             let limit_ns = step_nanos(slo.limit);
-            let held = value_ns <= limit_ns && out.ack.count() > 0;
+            let held = value_ns <= limit_ns && judged.count() > 0;
             if !held {
                 broke.push(format!(
                     "{} {} > {}",
@@ -289,8 +311,8 @@ fn judge(
             }
         })
         .collect();
-    if out.ack.count() == 0 {
-        broke.push("no put→ack latency measured".into());
+    if judged.count() == 0 {
+        broke.push(format!("no {slo_text} latency measured"));
     }
     let short = 1.0 - achieved / rate as f64;
     if short > args.max_shortfall {
@@ -303,11 +325,6 @@ fn judge(
     if !out.accounting.ok {
         broke.push("the end-of-run check failed".into());
     }
-    let recorders: Vec<(String, Recorder)> = HISTOGRAMS
-        .iter()
-        .map(|h| h.0.to_string())
-        .zip([out.deliver, out.ack, out.settle, out.confirm])
-        .collect();
     let histograms = HISTOGRAMS
         .iter()
         .zip(&recorders)

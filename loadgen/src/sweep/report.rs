@@ -9,7 +9,7 @@ use std::path::Path;
 
 use serde::Serialize;
 
-use super::{latency_text, MaxRate, StepRecord, StepReport};
+use super::{latency_text, slo_histogram, MaxRate, StepRecord, StepReport};
 use crate::cli::{format_duration, SweepArgs};
 use crate::hist::HGRM_UNIT;
 use crate::intervals::{write_hlogs, IntervalLog};
@@ -34,7 +34,7 @@ pub struct SweepSummary {
     pub command: &'static str,
     pub title: String,
     pub config: serde_json::Value,
-    /// On put→ack latency, from each message's intended send time.
+    /// On the latency `config.slo_on` names, from each message's intended send time.
     pub slos: Vec<SloSpec>,
     pub steps: Vec<StepReport>,
     pub max_sustainable: Vec<MaxRate>,
@@ -52,6 +52,8 @@ pub struct SweepRun {
     recorders: Vec<Vec<(String, crate::hist::Recorder)>>,
     intervals: Vec<IntervalLog>,
     max_shortfall: f64,
+    /// The histogram the objectives apply to, and how it reads ("put→ack").
+    slo_on: (&'static str, &'static str),
 }
 
 impl SweepRun {
@@ -71,16 +73,18 @@ impl SweepRun {
         }
         let accounting = add_up(&reports);
         let slo_text: Vec<String> = args.slos.iter().map(|s| s.to_string()).collect();
+        let slo_on = slo_histogram(args);
         let storage_text = storage.text().map_or(String::new(), |t| format!("; {t}"));
         let title = format!(
             "{}{storage_text}; open loop from {}/s, ×{} a step, {} refining step(s); each step \
-             {} measured after {} warm-up; SLO on put→ack from intended send time: {}",
+             {} measured after {} warm-up; SLO on {} from intended send time: {}",
             workload_text(&args.workload),
             thousands(args.start_rate),
             args.step_factor,
             args.refine,
             format_duration(args.step_duration),
             format_duration(args.step_warmup),
+            slo_on.1,
             slo_text.join(", ")
         );
         let mut config = workload_json(&args.workload);
@@ -93,6 +97,7 @@ impl SweepRun {
         config["max_shortfall"] = serde_json::json!(args.max_shortfall);
         config["step_duration_s"] = serde_json::json!(args.step_duration.as_secs_f64());
         config["step_warmup_s"] = serde_json::json!(args.step_warmup.as_secs_f64());
+        config["slo_on"] = serde_json::json!(slo_on.0);
         storage.add_to(&mut config);
         let mut notes = storage.notes();
         for m in &found {
@@ -130,6 +135,7 @@ impl SweepRun {
             recorders,
             intervals,
             max_shortfall: args.max_shortfall,
+            slo_on,
         }
     }
 
@@ -144,7 +150,11 @@ impl SweepRun {
             "step", "shards", "offered/s", "achieved/s", "p50 µs", "p99 µs", "p99.9 µs"
         );
         for r in &s.steps {
-            let ack = &r.histograms[1];
+            let judged = r
+                .histograms
+                .iter()
+                .find(|h| h.name == self.slo_on.0)
+                .expect("every step has the judged histogram");
             let held = if r.held {
                 "yes".to_string()
             } else {
@@ -157,9 +167,9 @@ impl SweepRun {
                 r.shards,
                 thousands(r.offered_rate),
                 thousands(r.achieved_rate.round() as u64),
-                ack.p50 as f64 / 1e3,
-                ack.p99 as f64 / 1e3,
-                ack.p99_9 as f64 / 1e3,
+                judged.p50 as f64 / 1e3,
+                judged.p99 as f64 / 1e3,
+                judged.p99_9 as f64 / 1e3,
             );
         }
         let _ = writeln!(
@@ -221,13 +231,8 @@ impl SweepRun {
             }
         }
         let (lines, slos) = self.plot_lines();
-        plot::sweep(
-            &dir.join("sweep.svg"),
-            "sweep: put→ack latency against achieved rate",
-            &lines,
-            &slos,
-        )
-        .map_err(io::Error::other)?;
+        let title = format!("sweep: {} latency against achieved rate", self.slo_on.1);
+        plot::sweep(&dir.join("sweep.svg"), &title, &lines, &slos).map_err(io::Error::other)?;
         self.summary.plots = vec!["sweep.svg".to_string()];
         write_json(&dir.join("summary.json"), &self.summary)
     }
