@@ -74,13 +74,15 @@ fn parse_time_slice(text: &str) -> Result<TimeSlice, String> {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Producers put, consumers receive and ack, as fast as they can (closed loop) or at a
-    /// fixed rate (open loop); measures put→deliver, put→ack and the settle round trip.
+    /// fixed rate (open loop); measures put→deliver, put→ack, the settle round trip and
+    /// put→answered.
     Throughput(ThroughputArgs),
     /// Keeps N leases outstanding, leaves a fraction of deliveries to expire and measures how
     /// late their redeliveries arrive, and what touch and ack cost while the wheel is full.
     Redelivery(RedeliveryArgs),
     /// Capacity planning: for each shard count, raises the open-loop rate step by step until
-    /// put→ack latency breaks a latency objective, and reports the highest rate that held.
+    /// a latency (put→ack by default, see --slo-on) breaks an objective, and reports the
+    /// highest rate that held.
     Sweep(SweepArgs),
     /// Puts N messages into a queue with no consumer, reports the memory each queued message
     /// takes, then drains the queue and checks every message was acked exactly once.

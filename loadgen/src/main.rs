@@ -1,9 +1,10 @@
 //! leasemq-loadgen: drives an in-process leasemq broker and measures it.
 //!
-//! `throughput` measures put→deliver, put→ack and settle round trips under a closed or an
-//! open loop; `redelivery` measures how late expired leases come back while the timer
-//! wheel holds many of them; `sweep` raises the open-loop rate step by step, per shard
-//! count, until put→ack latency breaks an objective, and reports the highest rate that held.
+//! `throughput` measures put→deliver, put→ack, settle round trips and put→answered under a
+//! closed or an open loop; `redelivery` measures how late expired leases come back while
+//! the timer wheel holds many of them; `sweep` raises the open-loop rate step by step, per
+//! shard count, until a latency (put→ack by default) breaks an objective, and reports the
+//! highest rate that held.
 //! `throughput` and `sweep` run in-memory queues, or durable ones (`--durable`, `--sync`) on
 //! a broker with a data dir (`--data-dir`, or a temporary one).
 //! Each prints a summary table and, with `--out DIR`, writes `summary.json`, one `.hgrm`

@@ -211,6 +211,7 @@ pub struct SweepLine {
 pub fn sweep(
     path: &Path,
     title: &str,
+    latency: &str,
     lines: &[SweepLine],
     slos: &[(String, f64)],
 ) -> Result<(), String> {
@@ -228,7 +229,7 @@ pub fn sweep(
     chart
         .configure_mesh()
         .x_desc(format!("achieved rate ({} messages/s)", rate_unit.0))
-        .y_desc(format!("put→ack latency ({unit})"))
+        .y_desc(format!("{latency} latency ({unit})"))
         .x_label_formatter(&|x| number(*x / rate_unit.1))
         .y_label_formatter(&|y| number(*y))
         .draw()

@@ -474,8 +474,6 @@ fn sweep_judges_the_latency_slo_on_names() {
     };
     let judged = step["slos"][0]["value_ns"].as_u64().expect("value_ns");
     assert_eq!(judged, p99("put_to_confirm"), "{step}");
-    // An ack comes after the delivery, which waits for the same fsync as the answer.
-    assert!(p99("put_to_ack") > judged, "{step}");
 }
 
 #[test]

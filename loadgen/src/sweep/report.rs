@@ -232,7 +232,8 @@ impl SweepRun {
         }
         let (lines, slos) = self.plot_lines();
         let title = format!("sweep: {} latency against achieved rate", self.slo_on.1);
-        plot::sweep(&dir.join("sweep.svg"), &title, &lines, &slos).map_err(io::Error::other)?;
+        plot::sweep(&dir.join("sweep.svg"), &title, self.slo_on.1, &lines, &slos)
+            .map_err(io::Error::other)?;
         self.summary.plots = vec!["sweep.svg".to_string()];
         write_json(&dir.join("summary.json"), &self.summary)
     }

@@ -3,8 +3,9 @@
 //! Every body carries its send time (nanoseconds since the run's epoch; in an open loop the
 //! *intended* send time, so a stalled broker cannot hide its own backlog) and a sequence
 //! number. Consumers record put→deliver when a delivery arrives, put→ack when the `ack` (or
-//! the `ack_up_to` covering it) returns, and the round trip of every settle call, each in
-//! its own per-thread histogram, merged at the end. Only messages sent in the measured
+//! the `ack_up_to` covering it) returns, and the round trip of every settle call; producers
+//! record put→answered when the `put` (or `put_batch`) carrying a message returns. Each is
+//! a per-thread histogram, merged at the end. Only messages sent in the measured
 //! window (after the warm-up) are recorded. At the end every producer's sequence numbers
 //! are checked off against the consumers' ledgers and the queues' stats.
 //!
