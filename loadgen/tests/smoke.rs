@@ -416,6 +416,8 @@ fn sweep_durable_in_a_given_data_dir() {
             "100ms",
             "--slo",
             "p99=1s",
+            "--slo-on",
+            "put_to_confirm",
             "--max-shortfall",
             "0.5",
             "--quiet",
@@ -424,56 +426,26 @@ fn sweep_durable_in_a_given_data_dir() {
     assert_eq!(s["steps"].as_array().expect("steps").len(), 2);
     let config = &s["config"];
     assert_eq!(config["durable"], true, "{config}");
+    // `--slo-on put_to_confirm` judges each step on the put's answer, not on put→ack.
+    assert_eq!(config["slo_on"], "put_to_confirm", "{config}");
+    let title = s["title"].as_str().unwrap();
+    assert!(title.contains("SLO on put→answered"), "{title}");
+    for step in s["steps"].as_array().unwrap() {
+        let confirm_p99 = step["histograms"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|h| h["name"] == "put_to_confirm")
+            .and_then(|h| h["p99"].as_u64())
+            .unwrap_or_else(|| panic!("put_to_confirm in {step}"));
+        assert_eq!(step["slos"][0]["value_ns"], confirm_p99, "{step}");
+    }
     assert_eq!(config["sync"], "interval:5ms", "{config}");
     assert_eq!(config["data_dir"]["path"], path, "{config}");
     assert_eq!(config["data_dir"]["temporary"], false, "{config}");
     assert!(data.path().exists());
     let left: Vec<_> = fs::read_dir(data.path()).unwrap().collect();
     assert!(left.is_empty(), "step data dirs left behind: {left:?}");
-}
-
-/// `--slo-on put_to_confirm` judges each step on the put's answer, not on put→ack.
-#[test]
-fn sweep_judges_the_latency_slo_on_names() {
-    let s = run_and_check(
-        "sweep-slo-on",
-        &[
-            "sweep",
-            "--durable",
-            "--shards",
-            "1",
-            "--start-rate",
-            "5k",
-            "--max-steps",
-            "1",
-            "--step-duration",
-            "300ms",
-            "--step-warmup",
-            "100ms",
-            "--slo",
-            "p99=1s",
-            "--slo-on",
-            "put_to_confirm",
-            "--max-shortfall",
-            "0.5",
-            "--quiet",
-        ],
-    );
-    assert_eq!(s["config"]["slo_on"], "put_to_confirm");
-    let title = s["title"].as_str().unwrap();
-    assert!(title.contains("SLO on put→answered"), "{title}");
-    let step = &s["steps"][0];
-    let p99 = |name: &str| {
-        step["histograms"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|h| h["name"] == name)
-            .and_then(|h| h["p99"].as_u64())
-            .unwrap_or_else(|| panic!("{name} in {step}"))
-    };
-    let judged = step["slos"][0]["value_ns"].as_u64().expect("value_ns");
-    assert_eq!(judged, p99("put_to_confirm"), "{step}");
 }
 
 #[test]
