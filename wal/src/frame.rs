@@ -92,7 +92,7 @@ pub(crate) fn decode(buf: &[u8], at: usize, max_payload: usize) -> Decoded<'_> {
     }
     let crc = read_u32(buf, at);
     let len = read_u32(buf, at + 4) as usize;
-    let lsn = read_u64(buf, at + 8);
+    let lsn = header_lsn(buf, at);
     let first = read_u64(buf, at + 16);
     if len > max_payload {
         return Decoded::Damaged(format!("length {len} exceeds the limit of {max_payload}"));
@@ -210,7 +210,7 @@ pub(crate) fn after_end(buf: &[u8], from: usize, due: u64, max_payload: usize) -
     let stop = nonzero_end(buf, from);
     let mut at = from;
     while at < stop && buf.len() - at >= HEADER {
-        let lsn = read_u64(buf, at + 8);
+        let lsn = header_lsn(buf, at);
         if (due..=highest).contains(&lsn) {
             if let Decoded::Frame { first, size, .. } = decode(buf, at, max_payload) {
                 if first > due {
@@ -233,6 +233,12 @@ pub(crate) fn nonzero_end(buf: &[u8], from: usize) -> usize {
         .iter()
         .rposition(|&b| b != 0)
         .map_or(from, |i| from + i + 1)
+}
+
+/// The lsn field of the header at `at`, unchecked: it says what the frame claims to be,
+/// not that it is one. `buf` holds at least a header from `at`.
+pub(crate) fn header_lsn(buf: &[u8], at: usize) -> u64 {
+    read_u64(buf, at + 8)
 }
 
 fn read_u32(buf: &[u8], at: usize) -> u32 {

@@ -399,7 +399,7 @@ fn is_empty(segment: &Segment) -> Result<bool, WalError> {
         .file
         .read_at(&mut header[..n], 0)
         .map_err(|e| WalError::io(&segment.path, "read", e))?;
-    if n == HEADER && header[8..16] == segment.first_lsn.to_le_bytes() {
+    if n == HEADER && frame::header_lsn(&header, 0) == segment.first_lsn {
         return Ok(false);
     }
     let buf = read_all(segment)?;

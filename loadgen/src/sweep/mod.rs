@@ -276,11 +276,7 @@ fn judge(
     let window = args.step_duration;
     let achieved = out.achieved_rate(window);
     let mut broke = Vec::new();
-    let recorders: Vec<(String, Recorder)> = HISTOGRAMS
-        .iter()
-        .map(|h| h.0.to_string())
-        .zip([out.deliver, out.ack, out.settle, out.confirm])
-        .collect();
+    let (recorders, histograms) = step::named(out.recorders);
     let (slo_name, slo_text) = slo_histogram(args);
     let judged = &recorders
         .iter()
@@ -325,11 +321,6 @@ fn judge(
     if !out.accounting.ok {
         broke.push("the end-of-run check failed".into());
     }
-    let histograms = HISTOGRAMS
-        .iter()
-        .zip(&recorders)
-        .map(|(&(name, description), (_, r))| r.summary(name, description))
-        .collect();
     let mut intervals = out.intervals;
     if let Some(log) = &mut intervals {
         log.set_tag(&tag);

@@ -24,7 +24,7 @@ pub mod step;
 mod tasks;
 mod workers;
 
-use step::{run_step, Step, StepOutcome, ACK_TIMEOUT, HISTOGRAMS};
+use step::{run_step, Step, StepOutcome, ACK_TIMEOUT};
 
 pub fn run(args: &ThroughputArgs) -> Result<Run, String> {
     if let Some(target) = &args.amqp.target {
@@ -130,7 +130,7 @@ fn summarise(args: &ThroughputArgs, storage: &Storage, out: StepOutcome) -> Run 
     config["rate"] = json!(args.rate);
     config["max_in_flight"] = json!(out.max_in_flight);
     storage.add_to(&mut config);
-    let recorders = [out.deliver, out.ack, out.settle, out.confirm];
+    let (recorders, histograms) = step::named(out.recorders);
     let summary = Summary {
         tool: "leasemq-loadgen",
         version: env!("CARGO_PKG_VERSION"),
@@ -143,11 +143,7 @@ fn summarise(args: &ThroughputArgs, storage: &Storage, out: StepOutcome) -> Run 
             Rate::new("delivered", out.delivered_in_window, seconds),
             Rate::new("acked", out.acked_in_window, seconds),
         ],
-        histograms: HISTOGRAMS
-            .iter()
-            .zip(&recorders)
-            .map(|(&(name, description), r)| r.summary(name, description))
-            .collect(),
+        histograms,
         details: vec![
             Detail::new("settle calls", out.settle_calls),
             Detail::new(
@@ -164,11 +160,7 @@ fn summarise(args: &ThroughputArgs, storage: &Storage, out: StepOutcome) -> Run 
     };
     Run {
         summary,
-        recorders: HISTOGRAMS
-            .iter()
-            .map(|h| h.0.to_string())
-            .zip(recorders)
-            .collect(),
+        recorders,
         intervals: out.intervals,
     }
 }

@@ -13,7 +13,7 @@ use super::tasks;
 use super::workers::{consume, produce, ConsumerResult, Plan, ProducerResult, Shared};
 use crate::cli::{Api, WorkloadArgs};
 use crate::common::{add_stats, broker_error, nanos, queue_names, Clock, Ledger};
-use crate::hist::Recorder;
+use crate::hist::{HistSummary, Recorder};
 use crate::intervals::{IntervalClock, IntervalLog, Piece, TimedRecorder};
 use crate::progress::Progress;
 use crate::report::{cpu_now, thousands, Accounting, ProcessStats, Seen};
@@ -59,11 +59,8 @@ pub struct Step<'a> {
 
 /// What one step measured.
 pub struct StepOutcome {
-    pub deliver: Recorder,
-    pub ack: Recorder,
-    pub settle: Recorder,
-    /// Send time → the put (or `put_batch`) that carried the message was answered.
-    pub confirm: Recorder,
+    /// One histogram per entry of [`HISTOGRAMS`], in its order.
+    pub recorders: [Recorder; HISTOGRAMS.len()],
     /// Messages whose send time (intended, in an open loop) fell in the window.
     pub put_in_window: u64,
     pub delivered_in_window: u64,
@@ -226,10 +223,13 @@ pub fn run_step(step: &Step, progress: &Progress) -> Result<StepOutcome, String>
     let seconds = step.duration.as_secs_f64();
     let process = ProcessStats::over_window(cpu_start, cpu_end, seconds, consumed.acked_in_window);
     Ok(StepOutcome {
-        deliver: consumed.deliver,
-        ack: consumed.ack,
-        settle: consumed.settle,
-        confirm: produced.confirm,
+        // In the slots' order: DELIVER, ACK, SETTLE, CONFIRM.
+        recorders: [
+            consumed.deliver,
+            consumed.ack,
+            consumed.settle,
+            produced.confirm,
+        ],
         put_in_window: produced.put_in_window,
         delivered_in_window: consumed.delivered_in_window,
         acked_in_window: consumed.acked_in_window,
@@ -240,6 +240,23 @@ pub fn run_step(step: &Step, progress: &Progress) -> Result<StepOutcome, String>
         process,
         intervals,
     })
+}
+
+/// A step's recorders named as in [`HISTOGRAMS`], with their summaries.
+pub fn named(
+    recorders: [Recorder; HISTOGRAMS.len()],
+) -> (Vec<(String, Recorder)>, Vec<HistSummary>) {
+    let summaries = HISTOGRAMS
+        .iter()
+        .zip(&recorders)
+        .map(|(&(name, description), r)| r.summary(name, description))
+        .collect();
+    let named = HISTOGRAMS
+        .iter()
+        .map(|h| h.0.to_string())
+        .zip(recorders)
+        .collect();
+    (named, summaries)
 }
 
 /// The end-of-run check: each producer's sequence numbers against the consumers' ledgers,
