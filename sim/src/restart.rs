@@ -179,19 +179,30 @@ impl World {
             letters.extend(outs[i].dead_letters.iter().map(|l| (i as u16, l.clone())));
         }
         // A message the restore dead-lettered is back in its source until the outcome.
+        // Each letter is one restored message: copies of a message (a hop sent again after
+        // a crash) share its body, so a letter marks a copy at the attempt it died with.
         for (shard, l) in &letters {
             let source = restored
                 .iter_mut()
                 .find(|r| r.shard == *shard && r.key == Some(l.origin.queue));
-            if let Some(r) = source.filter(|r| !r.msgs.iter().any(|m| m.body == l.body)) {
-                r.msgs.push(RestoredMsg {
+            let Some(r) = source else { continue };
+            let unmarked = |m: &RestoredMsg| m.body == l.body && m.dying.is_none();
+            let at = r
+                .msgs
+                .iter()
+                .position(|m| unmarked(m) && m.attempt == l.death.attempts)
+                .or_else(|| r.msgs.iter().position(unmarked));
+            match at {
+                Some(i) => r.msgs[i].dying = Some(l.origin.msg),
+                None => r.msgs.push(RestoredMsg {
                     body: l.body.clone(),
                     id: l.id.clone(),
                     attempt: l.death.attempts,
                     ready_at: None,
                     dedup_until: None,
                     death: None,
-                });
+                    dying: Some(l.origin.msg),
+                }),
             }
         }
         self.ledger.stats.restored += restored.iter().map(|r| r.msgs.len() as u64).sum::<u64>();
@@ -206,7 +217,7 @@ impl World {
                 }
             }
         }
-        self.ledger.restart(&restored, &letters, &dropped, at)?;
+        self.ledger.restart(&restored, &dropped, at)?;
         for (i, mut out) in outs.into_iter().enumerate() {
             let mut on = OnShard::new(self, i);
             let mut changes = std::mem::take(&mut out.log);
@@ -258,6 +269,7 @@ fn restored_queues(index: u16, shard: &mut Shard) -> Vec<RestoredQueue> {
             ready_at,
             dedup_until,
             death: death.map(|d| *d),
+            dying: None,
         }),
         Change::Windowed { queue, id, until } => {
             queues[by_number[&queue]]

@@ -75,13 +75,18 @@ fn durable_seeds_survive_crashes() {
     }
 }
 
-/// Durable seeds that once broke the ledger's reading of a restart: in 658 and 953 a
-/// message leased at the crash past its last delivery was dead-lettered by the restart
-/// while a later put of its id had been lost with the crash; the ledger gave the dying
-/// message the lost put's dedup window.
+/// Durable seeds that once broke the ledger's reading of a restart:
+/// - in 658 and 953 a message leased at the crash past its last delivery was dead-lettered
+///   by the restart while a later put of its id had been lost with the crash; the ledger
+///   gave the dying message the lost put's dedup window;
+/// - in 7700065 two queues dead-letter into each other, and a crash between a hop's
+///   enqueue and its outcome sent the hop again, so one queue held two copies of a message
+///   (at least once). The next restart dead-lettered the copy leased past its last delivery
+///   and kept the other ready; the ledger matched the letter to both copies by body and
+///   counted neither as ready.
 #[test]
 fn durable_seeds_that_once_broke_the_ledger_run_clean() {
-    for seed in [658, 953] {
+    for seed in [658, 953, 7_700_065] {
         let stats = run_durable_seed(seed, 2500).unwrap_or_else(|f| panic!("{f}"));
         assert!(stats.crashes > 0, "seed {seed}: {stats}");
     }

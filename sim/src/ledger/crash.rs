@@ -14,7 +14,7 @@
 use std::collections::HashMap;
 
 use bytes::Bytes;
-use leasemq_engine::{DeadLetter, DeathRecord, MsgId, QueueConfig, QueueKey, Tick};
+use leasemq_engine::{DeathRecord, MsgId, QueueConfig, QueueKey, Tick};
 
 use super::{Ledger, Place, Serial, Q, RESTORED};
 use crate::Violation;
@@ -69,6 +69,9 @@ pub(crate) struct RestoredMsg {
     pub ready_at: Option<u64>,
     pub dedup_until: Option<u64>,
     pub death: Option<DeathRecord>,
+    /// The restart dead-lettered it (it stays in its source until the outcome): the
+    /// letter's number in its source queue, [`Origin::msg`](leasemq_engine::Origin::msg).
+    pub dying: Option<u64>,
 }
 
 /// When the crash happened and when the broker came back, in log time.
@@ -145,16 +148,15 @@ impl Ledger {
     /// Checks what came back after a crash against what clients were told, then starts
     /// the books again from it: every queue and consumer of the crashed broker is gone,
     /// each restored queue is a new incarnation holding what the restart brought back,
-    /// and `letters` (what the restart dead-lettered) are in flight.
+    /// and what the restart dead-lettered ([`RestoredMsg::dying`]) is in flight.
     pub fn restart(
         &mut self,
         restored: &[RestoredQueue],
-        letters: &[(u16, DeadLetter)],
         dropped: &[(u16, u32)],
         at: Restart,
     ) -> Result<(), Violation> {
         let found = self.check_restored(restored, at)?;
-        self.check_survivors(restored, &found, letters, at)?;
+        self.check_survivors(restored, &found, at)?;
         let olds: Vec<Q> = restored
             .iter()
             .map(|r| self.log_numbers[&(r.shard, r.number)])
@@ -173,7 +175,7 @@ impl Ledger {
             .collect();
         self.forget_the_crashed();
         for ((r, old), windows) in restored.iter().zip(olds).zip(&windows) {
-            self.rebuild(r, old, letters, windows, at)?;
+            self.rebuild(r, old, windows, at)?;
             let n = dropped
                 .iter()
                 .filter(|&&d| d == (r.shard, r.number))
@@ -308,7 +310,6 @@ impl Ledger {
         &self,
         restored: &[RestoredQueue],
         found: &HashMap<Serial, Vec<Q>>,
-        letters: &[(u16, DeadLetter)],
         at: Restart,
     ) -> Result<(), Violation> {
         let by_old: HashMap<Q, &RestoredQueue> = restored
@@ -393,11 +394,8 @@ impl Ledger {
                 let id = format!("m{n}");
                 let kept = r.windows.iter().any(|(w, u)| *w == id && *u >= until)
                     || r.msgs.iter().any(|m| {
-                        let dying = letters.iter().any(|(shard, l)| {
-                            *shard == r.shard && Some(l.origin.queue) == r.key && l.body == m.body
-                        });
                         matches!(&m.id, MsgId::Given(g) if **g == *id)
-                            && (dying || m.dedup_until >= Some(until))
+                            && (m.dying.is_some() || m.dedup_until >= Some(until))
                     });
                 if !kept {
                     return Err(Violation::new(

@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 
-use leasemq_engine::{DeadLetter, MsgId};
+use leasemq_engine::MsgId;
 
 use super::{Dedup, IdRec, Ledger, Place, Restart, RestoredQueue, Serial, Q, RESTORED};
 use crate::Violation;
@@ -92,7 +92,6 @@ impl Ledger {
         &mut self,
         r: &RestoredQueue,
         old: Q,
-        letters: &[(u16, DeadLetter)],
         windows: &HashMap<u32, (u64, Serial)>,
         at: Restart,
     ) -> Result<(), Violation> {
@@ -123,9 +122,6 @@ impl Ledger {
                 self.copies.entry(serial).or_default().push(copy);
                 copy
             };
-            let dying = letters
-                .iter()
-                .any(|(shard, l)| *shard == r.shard && l.origin.queue == key && l.body == m.body);
             if let MsgId::Auto(n) = m.id {
                 self.restored_auto_id(orig, serial, n)?;
             }
@@ -141,7 +137,7 @@ impl Ledger {
                 delay: m.ready_at,
                 id_seen: msg.client.id_seen,
             };
-            if dying {
+            if let Some(seq) = m.dying {
                 msg.place = Place::InFlight { from: q };
                 if let IdRec::Given(n) = msg.id {
                     // The window this message opened, not one of a later put of its id
@@ -160,13 +156,7 @@ impl Ledger {
                     };
                     self.queues[q as usize].dedup.insert(n, d);
                 }
-                let seq = letters
-                    .iter()
-                    .find(|(shard, l)| *shard == r.shard && l.body == m.body)
-                    .map(|(_, l)| l.origin.msg);
-                if let Some(seq) = seq {
-                    self.dying.insert((r.shard, seq), serial);
-                }
+                self.dying.insert((r.shard, seq), serial);
                 continue;
             }
             self.join(q, serial);
