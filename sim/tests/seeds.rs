@@ -83,10 +83,13 @@ fn durable_seeds_survive_crashes() {
 ///   enqueue and its outcome sent the hop again, so one queue held two copies of a message
 ///   (at least once). The next restart dead-lettered the copy leased past its last delivery
 ///   and kept the other ready; the ledger matched the letter to both copies by body and
-///   counted neither as ready.
+///   counted neither as ready;
+/// - in 7701736 a crash lost a dead letter's arrival in a queue with a dedup window (and
+///   the window its drop there opened); no client had seen it arrive, and the message was
+///   back in its first queue, yet the ledger asked for that window.
 #[test]
 fn durable_seeds_that_once_broke_the_ledger_run_clean() {
-    for seed in [658, 953, 7_700_065] {
+    for seed in [658, 953, 7_700_065, 7_701_736] {
         let stats = run_durable_seed(seed, 2500).unwrap_or_else(|f| panic!("{f}"));
         assert!(stats.crashes > 0, "seed {seed}: {stats}");
     }

@@ -134,6 +134,9 @@ impl Ledger {
         };
         let m = &mut self.msgs[serial as usize];
         m.client.id_seen |= durable;
+        if durable && !m.client.shown_in.contains(&q) {
+            m.client.shown_in.push(q);
+        }
         if m.entered.len() == entered && m.entered.last() == Some(&q) {
             m.client.floor = attempt;
             m.client.delay = None;
@@ -382,11 +385,20 @@ impl Ledger {
                 ));
             }
         }
-        // §7.4: an answered put's id stays a duplicate for its window, in wall-clock time.
+        // §7.4: an answered put's id stays a duplicate for its window, in wall-clock time:
+        // the window its enqueue opened in the put's queue, or in a dead-letter queue where
+        // a client saw that enqueue. A dead letter no client saw arrive may be lost with
+        // the crash, window and all: the message is then back where it came from.
         for (&q, r) in &by_old {
             let rec = &self.queues[q as usize];
             for (&n, d) in &rec.dedup {
-                let confirmed = d.by == RESTORED || self.msgs[d.by as usize].client.put;
+                let confirmed = d.by == RESTORED || {
+                    let m = &self.msgs[d.by as usize];
+                    m.client.put
+                        && (m.entered.first() == Some(&q)
+                            || m.client.acked_in == Some(q)
+                            || m.client.shown_in.contains(&q))
+                };
                 let until = at.old_epoch + d.until * at.tick_nanos;
                 if !confirmed || d.live || until <= at.epoch {
                     continue;

@@ -132,6 +132,10 @@ pub(crate) struct Client {
     /// it: no later message may have it (one from a queue in memory may be given again
     /// after a restart).
     pub id_seen: bool,
+    /// The durable queues (incarnations) a delivery of it was handed over from: its
+    /// enqueue there is on disk. (Its put's queue is known without this; a dead letter's
+    /// enqueue in the next queue is known only once a client sees it there.)
+    pub shown_in: Vec<Q>,
 }
 
 #[derive(Clone, Copy, Debug)]

@@ -136,6 +136,7 @@ impl Ledger {
                 peak: m.attempt,
                 delay: m.ready_at,
                 id_seen: msg.client.id_seen,
+                shown_in: Vec::new(),
             };
             if let Some(seq) = m.dying {
                 msg.place = Place::InFlight { from: q };
