@@ -86,10 +86,14 @@ fn durable_seeds_survive_crashes() {
 ///   counted neither as ready;
 /// - in 7701736 a crash lost a dead letter's arrival in a queue with a dedup window (and
 ///   the window its drop there opened); no client had seen it arrive, and the message was
-///   back in its first queue, yet the ledger asked for that window.
+///   back in its first queue, yet the ledger asked for that window;
+/// - in 7705716 a crash lost a reject whose dead letter was on disk in the next queue, and
+///   the restart dead-lettered the message again for its last delivery: two copies ready
+///   at attempt 0, one rejected, one spent, and the ledger took the delivered one for the
+///   other.
 #[test]
 fn durable_seeds_that_once_broke_the_ledger_run_clean() {
-    for seed in [658, 953, 7_700_065, 7_701_736] {
+    for seed in [658, 953, 7_700_065, 7_701_736, 7_705_716] {
         let stats = run_durable_seed(seed, 2500).unwrap_or_else(|f| panic!("{f}"));
         assert!(stats.crashes > 0, "seed {seed}: {stats}");
     }
