@@ -90,10 +90,13 @@ fn durable_seeds_survive_crashes() {
 /// - in 7705716 a crash lost a reject whose dead letter was on disk in the next queue, and
 ///   the restart dead-lettered the message again for its last delivery: two copies ready
 ///   at attempt 0, one rejected, one spent, and the ledger took the delivered one for the
-///   other.
+///   other;
+/// - in 7711059 a message went round two queues back to its first, and a crash lost that
+///   last arrival; the restart brought back the copy of its first stay, dying, and the
+///   ledger gave it the window the lost arrival had opened.
 #[test]
 fn durable_seeds_that_once_broke_the_ledger_run_clean() {
-    for seed in [658, 953, 7_700_065, 7_701_736, 7_705_716] {
+    for seed in [658, 953, 7_700_065, 7_701_736, 7_705_716, 7_711_059] {
         let stats = run_durable_seed(seed, 2500).unwrap_or_else(|f| panic!("{f}"));
         assert!(stats.crashes > 0, "seed {seed}: {stats}");
     }

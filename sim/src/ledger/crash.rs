@@ -101,6 +101,9 @@ impl Ledger {
                 let m = &mut self.msgs[serial as usize];
                 m.client.put = true;
                 m.client.delay = delay;
+                if !m.client.known.contains(&0) {
+                    m.client.known.push(0);
+                }
             }
             Confirm::Acked { serial, q } => self.msgs[serial as usize].client.acked_in = Some(q),
             Confirm::Delayed { serial, until } => {
@@ -134,8 +137,9 @@ impl Ledger {
         };
         let m = &mut self.msgs[serial as usize];
         m.client.id_seen |= durable;
-        if durable && !m.client.shown_in.contains(&q) {
-            m.client.shown_in.push(q);
+        let visit = entered - 1;
+        if durable && m.entered.get(visit) == Some(&q) && !m.client.known.contains(&visit) {
+            m.client.known.push(visit);
         }
         if m.entered.len() == entered && m.entered.last() == Some(&q) {
             m.client.floor = attempt;
@@ -164,21 +168,9 @@ impl Ledger {
             .iter()
             .map(|r| self.log_numbers[&(r.shard, r.number)])
             .collect();
-        // The windows of the old incarnations, in log time: an image gives none for a
-        // dead letter whose outcome has not come back, though the shard keeps it.
-        let windows: Vec<HashMap<u32, (u64, Serial)>> = olds
-            .iter()
-            .map(|&q| {
-                self.queues[q as usize]
-                    .dedup
-                    .iter()
-                    .map(|(&n, d)| (n, (at.old_epoch + d.until * at.tick_nanos, d.by)))
-                    .collect()
-            })
-            .collect();
         self.forget_the_crashed();
-        for ((r, old), windows) in restored.iter().zip(olds).zip(&windows) {
-            self.rebuild(r, old, windows, at)?;
+        for (r, old) in restored.iter().zip(olds) {
+            self.rebuild(r, old, at)?;
             let n = dropped
                 .iter()
                 .filter(|&&d| d == (r.shard, r.number))
@@ -386,18 +378,15 @@ impl Ledger {
             }
         }
         // §7.4: an answered put's id stays a duplicate for its window, in wall-clock time:
-        // the window its enqueue opened in the put's queue, or in a dead-letter queue where
-        // a client saw that enqueue. A dead letter no client saw arrive may be lost with
-        // the crash, window and all: the message is then back where it came from.
+        // the window an enqueue known to be on disk opened (the put's, or a dead letter's
+        // arrival a client saw). A dead letter no client saw arrive may be lost with the
+        // crash, window and all: the message is then back where it came from.
         for (&q, r) in &by_old {
             let rec = &self.queues[q as usize];
             for (&n, d) in &rec.dedup {
                 let confirmed = d.by == RESTORED || {
                     let m = &self.msgs[d.by as usize];
-                    m.client.put
-                        && (m.entered.first() == Some(&q)
-                            || m.client.acked_in == Some(q)
-                            || m.client.shown_in.contains(&q))
+                    m.client.known.contains(&d.visit) || m.client.acked_in == Some(q)
                 };
                 let until = at.old_epoch + d.until * at.tick_nanos;
                 if !confirmed || d.live || until <= at.epoch {
@@ -407,7 +396,7 @@ impl Ledger {
                 let kept = r.windows.iter().any(|(w, u)| *w == id && *u >= until)
                     || r.msgs.iter().any(|m| {
                         matches!(&m.id, MsgId::Given(g) if **g == *id)
-                            && (m.dying.is_some() || m.dedup_until >= Some(until))
+                            && m.dedup_until >= Some(until)
                     });
                 if !kept {
                     return Err(Violation::new(

@@ -132,10 +132,10 @@ pub(crate) struct Client {
     /// it: no later message may have it (one from a queue in memory may be given again
     /// after a restart).
     pub id_seen: bool,
-    /// The durable queues (incarnations) a delivery of it was handed over from: its
-    /// enqueue there is on disk. (Its put's queue is known without this; a dead letter's
-    /// enqueue in the next queue is known only once a client sees it there.)
-    pub shown_in: Vec<Q>,
+    /// Its enqueues (indices into [`MsgRec::entered`]) known to be on disk: the put's once
+    /// answered, one a delivery was handed over from, one a restart brought back. A dead
+    /// letter's enqueue in the next queue is known only once a client sees it there.
+    pub known: Vec<usize>,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -151,6 +151,8 @@ pub(crate) struct Dedup {
     pub live: bool,
     /// The window since the id's first enqueue ends here.
     pub until: Tick,
+    /// The enqueue that opened it: its index in the message's [`MsgRec::entered`].
+    pub visit: usize,
     /// The message whose enqueue opened the window ([`RESTORED`] for one a restart
     /// brought back from disk).
     pub by: Serial,

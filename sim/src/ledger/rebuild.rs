@@ -1,8 +1,6 @@
 //! The ledger's books started again after a restart, from what the restored shards hold
 //! (the checks before it are in `crash.rs`).
 
-use std::collections::HashMap;
-
 use leasemq_engine::MsgId;
 
 use super::{Dedup, IdRec, Ledger, Place, Restart, RestoredQueue, Serial, Q, RESTORED};
@@ -92,7 +90,6 @@ impl Ledger {
         &mut self,
         r: &RestoredQueue,
         old: Q,
-        windows: &HashMap<u32, (u64, Serial)>,
         at: Restart,
     ) -> Result<(), Violation> {
         let name = self
@@ -129,6 +126,7 @@ impl Ledger {
             msg.attempt = m.attempt;
             msg.death = m.death.clone();
             msg.entered.push(q);
+            let visit = msg.entered.len() - 1;
             msg.client = super::Client {
                 put: true,
                 acked_in: None,
@@ -136,24 +134,18 @@ impl Ledger {
                 peak: m.attempt,
                 delay: m.ready_at,
                 id_seen: msg.client.id_seen,
-                shown_in: Vec::new(),
+                known: vec![visit],
             };
             if let Some(seq) = m.dying {
                 msg.place = Place::InFlight { from: q };
                 if let IdRec::Given(n) = msg.id {
-                    // The window this message opened, not one of a later put of its id
-                    // that the crash lost.
-                    let until = windows
-                        .get(&n)
-                        .filter(|&&(_, by)| {
-                            by != RESTORED && self.original(by) == self.original(orig)
-                        })
-                        .and_then(|&(t, _)| at.tick_of(t))
-                        .unwrap_or(0);
+                    // Its id stays taken until the outcome, with the window the restored
+                    // shard has for it (the one the enqueue on disk opened).
                     let d = Dedup {
                         live: true,
-                        until,
+                        until: m.dedup_until.and_then(|t| at.tick_of(t)).unwrap_or(0),
                         by: serial,
+                        visit,
                     };
                     self.queues[q as usize].dedup.insert(n, d);
                 }
@@ -168,19 +160,13 @@ impl Ledger {
             placed.push((serial, m));
         }
         for (serial, m) in placed {
-            if let (IdRec::Given(n), Some(until)) = (self.msgs[serial as usize].id, m.dedup_until) {
-                let until = at.tick_of(until).unwrap_or(0);
+            let msg = &self.msgs[serial as usize];
+            if let IdRec::Given(n) = msg.id {
                 let d = Dedup {
                     live: true,
-                    until,
+                    until: m.dedup_until.and_then(|t| at.tick_of(t)).unwrap_or(0),
                     by: serial,
-                };
-                self.queues[q as usize].dedup.insert(n, d);
-            } else if let IdRec::Given(n) = self.msgs[serial as usize].id {
-                let d = Dedup {
-                    live: true,
-                    until: 0,
-                    by: serial,
+                    visit: msg.entered.len() - 1,
                 };
                 self.queues[q as usize].dedup.insert(n, d);
             }
@@ -194,6 +180,7 @@ impl Ledger {
                     live: false,
                     until,
                     by: RESTORED,
+                    visit: 0,
                 };
                 self.queues[q as usize].dedup.entry(n).or_insert(d);
             }

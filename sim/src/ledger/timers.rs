@@ -195,12 +195,14 @@ impl Ledger {
         if let super::IdRec::Given(n) = self.msgs[serial as usize].id {
             let until = now + rec.dedup_ticks;
             let by = serial;
+            let visit = self.msgs[serial as usize].entered.len();
             rec.dedup.insert(
                 n,
                 Dedup {
                     live: true,
                     until,
                     by,
+                    visit,
                 },
             );
         }
