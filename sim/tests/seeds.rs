@@ -93,10 +93,15 @@ fn durable_seeds_survive_crashes() {
 ///   other;
 /// - in 7711059 a message went round two queues back to its first, and a crash lost that
 ///   last arrival; the restart brought back the copy of its first stay, dying, and the
-///   ledger gave it the window the lost arrival had opened.
+///   ledger gave it the window the lost arrival had opened;
+/// - in 7719836 two copies of a message died in one turn, each leaving one of two queues
+///   that dead-letter into each other, and the ledger paired the letters the wrong way.
 #[test]
 fn durable_seeds_that_once_broke_the_ledger_run_clean() {
-    for seed in [658, 953, 7_700_065, 7_701_736, 7_705_716, 7_711_059] {
+    let seeds = [
+        658, 953, 7_700_065, 7_701_736, 7_705_716, 7_711_059, 7_719_836,
+    ];
+    for seed in seeds {
         let stats = run_durable_seed(seed, 2500).unwrap_or_else(|f| panic!("{f}"));
         assert!(stats.crashes > 0, "seed {seed}: {stats}");
     }

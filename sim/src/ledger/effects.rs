@@ -191,12 +191,20 @@ impl Ledger {
                 ),
             ));
         }
-        // Copies of one message (see `Ledger::copies`) carry the same body: letters are
-        // matched by message, whichever copy.
+        // Copies of one message (see `Ledger::copies`) carry the same body, and two of
+        // them may die in one call (one in each of two queues that dead-letter into each
+        // other): letters are matched by message, then by the queue they leave and the
+        // attempts they died with, whichever copy.
         let mut expected = std::mem::take(&mut self.letters);
-        expected.sort_by_key(|l| (self.original(l.serial), l.serial));
+        expected.sort_by_key(|l| {
+            let from = self.queues[l.from as usize].key.slot();
+            (self.original(l.serial), from, l.death.attempts, l.serial)
+        });
         let mut sorted: Vec<&DeadLetter> = got.iter().collect();
-        sorted.sort_by_key(|l| self.serial_of(&l.body).unwrap_or(u32::MAX));
+        sorted.sort_by_key(|l| {
+            let serial = self.serial_of(&l.body).unwrap_or(u32::MAX);
+            (serial, l.origin.queue.slot(), l.death.attempts)
+        });
         let result = expected
             .iter()
             .zip(sorted)
