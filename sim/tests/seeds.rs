@@ -95,11 +95,14 @@ fn durable_seeds_survive_crashes() {
 ///   last arrival; the restart brought back the copy of its first stay, dying, and the
 ///   ledger gave it the window the lost arrival had opened;
 /// - in 7719836 two copies of a message died in one turn, each leaving one of two queues
-///   that dead-letter into each other, and the ledger paired the letters the wrong way.
+///   that dead-letter into each other, and the ledger paired the letters the wrong way;
+/// - in 7741572 a restart sent a dead letter again into a queue that had it: of the two
+///   copies, one came back from a cancelled consumer (its attempt given back) while the
+///   other was fresh, and the ledger took the delivery of the first for the second.
 #[test]
 fn durable_seeds_that_once_broke_the_ledger_run_clean() {
     let seeds = [
-        658, 953, 7_700_065, 7_701_736, 7_705_716, 7_711_059, 7_719_836,
+        658, 953, 7_700_065, 7_701_736, 7_705_716, 7_711_059, 7_719_836, 7_741_572,
     ];
     for seed in seeds {
         let stats = run_durable_seed(seed, 2500).unwrap_or_else(|f| panic!("{f}"));

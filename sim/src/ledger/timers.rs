@@ -316,17 +316,25 @@ impl Ledger {
         in_command: bool,
     ) -> Result<(Serial, bool), Violation> {
         // Copies of a message (a hop sent again after a crash) share its body and may be
-        // ready in one queue at the same attempt; their death records can still differ
-        // (the first hop rejected, the restart's for its last delivery), so that decides
-        // between them, and the checks below report a delivery that fits none.
+        // ready in one queue at the same attempt. Their death records can still differ
+        // (the first hop rejected, the restart's for its last delivery), and one may have
+        // come back while the other is fresh: a delivery is taken for the copy it fits
+        // best (a returned one first, as the engine hands those out first), and the checks
+        // below report one that fits none.
         let ready_here = |m: &super::MsgRec| {
             matches!(m.place, Place::Ready { q: at, .. } if at == q) && m.attempt + 1 == d.attempt
         };
         let exact = |m: &super::MsgRec| ready_here(m) && m.death.as_ref() == d.death.as_deref();
-        let serial = match self.pick_copy(&d.body, exact)? {
-            s if exact(&self.msgs[s as usize]) => s,
-            _ => self.pick_copy(&d.body, ready_here)?,
-        };
+        let returned =
+            |m: &super::MsgRec| exact(m) && matches!(m.place, Place::Ready { returned: true, .. });
+        let mut serial = self.pick_copy(&d.body, ready_here)?;
+        for fits in [&returned as &dyn Fn(&super::MsgRec) -> bool, &exact] {
+            let s = self.pick_copy(&d.body, fits)?;
+            if fits(&self.msgs[s as usize]) {
+                serial = s;
+                break;
+            }
+        }
         let consumer = &self.consumers[c as usize];
         if consumer.held >= consumer.prefetch {
             return Err(Violation::new(
