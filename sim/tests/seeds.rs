@@ -98,11 +98,14 @@ fn durable_seeds_survive_crashes() {
 ///   that dead-letter into each other, and the ledger paired the letters the wrong way;
 /// - in 7741572 a restart sent a dead letter again into a queue that had it: of the two
 ///   copies, one came back from a cancelled consumer (its attempt given back) while the
-///   other was fresh, and the ledger took the delivery of the first for the second.
+///   other was fresh, and the ledger took the delivery of the first for the second;
+/// - in 7772905 a message died in a queue that was then closed, and died again in the
+///   next queue; the crash kept the close and lost every record of the next queue (no
+///   client had seen the message there), and the ledger still asked for the message.
 #[test]
 fn durable_seeds_that_once_broke_the_ledger_run_clean() {
     let seeds = [
-        658, 953, 7_700_065, 7_701_736, 7_705_716, 7_711_059, 7_719_836, 7_741_572,
+        658, 953, 7_700_065, 7_701_736, 7_705_716, 7_711_059, 7_719_836, 7_741_572, 7_772_905,
     ];
     for seed in seeds {
         let stats = run_durable_seed(seed, 2500).unwrap_or_else(|f| panic!("{f}"));

@@ -353,7 +353,11 @@ impl Ledger {
                 _ if m.death.is_some() => m.entered.len().checked_sub(2).map(|i| m.entered[i]),
                 _ => None,
             };
-            let closed = gone(home) || source.is_some_and(gone);
+            // And with a message whose last queue known to hold it on disk closed since:
+            // the queues it went on to (dead letters no client saw arrive) may all be
+            // lost with the crash.
+            let known = m.client.known.iter().max().and_then(|&v| m.entered.get(v));
+            let closed = gone(home) || source.is_some_and(gone) || known.is_some_and(|&q| gone(q));
             let must = m.client.put && m.client.acked_in.is_none() && !spent && !closed;
             if !must || copied.contains(&serial) {
                 continue;
