@@ -101,11 +101,15 @@ fn durable_seeds_survive_crashes() {
 ///   other was fresh, and the ledger took the delivery of the first for the second;
 /// - in 7772905 a message died in a queue that was then closed, and died again in the
 ///   next queue; the crash kept the close and lost every record of the next queue (no
-///   client had seen the message there), and the ledger still asked for the message.
+///   client had seen the message there), and the ledger still asked for the message;
+/// - in 7782096 a message went round two queues and back; the crash lost its last arrival,
+///   it came back as it was on its first stay, and the ledger compared that stay's death
+///   record with the last one's.
 #[test]
 fn durable_seeds_that_once_broke_the_ledger_run_clean() {
     let seeds = [
         658, 953, 7_700_065, 7_701_736, 7_705_716, 7_711_059, 7_719_836, 7_741_572, 7_772_905,
+        7_782_096,
     ];
     for seed in seeds {
         let stats = run_durable_seed(seed, 2500).unwrap_or_else(|f| panic!("{f}"));
