@@ -101,9 +101,7 @@ impl Ledger {
                 let m = &mut self.msgs[serial as usize];
                 m.client.put = true;
                 m.client.delay = delay;
-                if !m.client.known.contains(&0) {
-                    m.client.known.push(0);
-                }
+                m.client.know(0);
             }
             Confirm::Acked { serial, q } => self.msgs[serial as usize].client.acked_in = Some(q),
             Confirm::Delayed { serial, until } => {
@@ -138,8 +136,8 @@ impl Ledger {
         let m = &mut self.msgs[serial as usize];
         m.client.id_seen |= durable;
         let visit = entered - 1;
-        if durable && m.entered.get(visit) == Some(&q) && !m.client.known.contains(&visit) {
-            m.client.known.push(visit);
+        if durable && m.entered.get(visit) == Some(&q) {
+            m.client.know(visit);
         }
         if m.entered.len() == entered && m.entered.last() == Some(&q) {
             m.client.floor = attempt;

@@ -39,14 +39,18 @@ impl Ledger {
         body: &[u8],
         fits: impl Fn(&super::MsgRec) -> bool,
     ) -> Result<Serial, Violation> {
-        let serial = self.serial_of(body)?;
-        let Some(copies) = self.copies.get(&serial) else {
-            return Ok(serial);
-        };
-        Ok(std::iter::once(serial)
-            .chain(copies.iter().copied())
-            .find(|&s| fits(&self.msgs[s as usize]))
-            .unwrap_or(serial))
+        Ok(self.find_copy(body, fits)?.unwrap_or(self.serial_of(body)?))
+    }
+
+    /// The serial of the copy of `body` that fits `fits`, if one does.
+    pub(crate) fn find_copy(
+        &self,
+        body: &[u8],
+        fits: impl Fn(&super::MsgRec) -> bool,
+    ) -> Result<Option<Serial>, Violation> {
+        Ok(self
+            .group(self.serial_of(body)?)
+            .find(|&s| fits(&self.msgs[s as usize])))
     }
 
     /// The message a copy is a copy of (itself if none).

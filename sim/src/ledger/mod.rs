@@ -138,6 +138,15 @@ pub(crate) struct Client {
     pub known: Vec<usize>,
 }
 
+impl Client {
+    /// Its enqueue `visit` (an index into [`MsgRec::entered`]) is on disk.
+    pub fn know(&mut self, visit: usize) {
+        if !self.known.contains(&visit) {
+            self.known.push(visit);
+        }
+    }
+}
+
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct LeaseRec {
     pub serial: Serial,

@@ -327,14 +327,13 @@ impl Ledger {
         let exact = |m: &super::MsgRec| ready_here(m) && m.death.as_ref() == d.death.as_deref();
         let returned =
             |m: &super::MsgRec| exact(m) && matches!(m.place, Place::Ready { returned: true, .. });
-        let mut serial = self.pick_copy(&d.body, ready_here)?;
-        for fits in [&returned as &dyn Fn(&super::MsgRec) -> bool, &exact] {
-            let s = self.pick_copy(&d.body, fits)?;
-            if fits(&self.msgs[s as usize]) {
-                serial = s;
-                break;
-            }
-        }
+        let serial = match self.find_copy(&d.body, returned)? {
+            Some(s) => s,
+            None => match self.find_copy(&d.body, exact)? {
+                Some(s) => s,
+                None => self.pick_copy(&d.body, ready_here)?,
+            },
+        };
         let consumer = &self.consumers[c as usize];
         if consumer.held >= consumer.prefetch {
             return Err(Violation::new(
