@@ -8,7 +8,9 @@
 //! `reject-publish` (a publish to a full queue is refused: nacked under confirms);
 //! `x-queue-type` `classic` or `quorum` (one kind of queue here; a quorum queue must be
 //! durable, as in RabbitMQ). `x-message-ttl` is a 406 that says messages do not expire
-//! here. Anything else is refused, never ignored.
+//! here. Anything else is refused, never ignored: an argument or value RabbitMQ serves
+//! with 540 (not implemented, the connection closes), a value RabbitMQ does not know
+//! either with 406 (the channel closes), as RabbitMQ would.
 
 use std::time::Duration;
 
@@ -64,9 +66,14 @@ pub fn queue_config(
             // One kind of queue here; that a quorum queue is durable, the declare checks.
             "x-queue-type" => match string(key.as_str(), value)?.as_str() {
                 "classic" | "quorum" => {}
-                other => {
-                    let text = format!("queue type '{other}' is not supported by leasemqd");
+                "stream" => {
+                    let text = "queue type 'stream' is not supported by leasemqd".to_string();
                     return Err(refused(540, text));
+                }
+                // Not a queue type at all: the client's mistake, as RabbitMQ's 406.
+                other => {
+                    let text = format!("PRECONDITION_FAILED - invalid arg 'x-queue-type': unknown queue type '{other}' (classic, quorum or stream)");
+                    return Err(refused(406, text));
                 }
             },
             "x-message-ttl" => {
@@ -89,10 +96,17 @@ pub fn queue_config(
                 "x-max-length without x-overflow is RabbitMQ's drop-head, which leasemqd does not serve: add x-overflow=reject-publish".into(),
             ))
         }
-        (_, Some(other)) => {
+        (_, Some(other @ ("drop-head" | "reject-publish-dlx"))) => {
             return Err(refused(
                 540,
                 format!("x-overflow '{other}' is not supported by leasemqd: only reject-publish"),
+            ))
+        }
+        // Not an overflow behaviour at all: the client's mistake, as RabbitMQ's 406.
+        (_, Some(other)) => {
+            return Err(refused(
+                406,
+                format!("PRECONDITION_FAILED - invalid arg 'x-overflow': '{other}' is not one of drop-head, reject-publish, reject-publish-dlx"),
             ))
         }
     }
@@ -262,6 +276,17 @@ mod tests {
             ("x-overflow", AMQPValue::LongString("drop-head".into())),
         ]);
         assert_eq!(refusal_code(&table), 540);
+    }
+
+    #[test]
+    fn a_value_rabbitmq_does_not_know_either_is_a_406_not_a_missing_feature() {
+        let table = args(&[
+            ("x-max-length", AMQPValue::LongInt(10)),
+            ("x-overflow", AMQPValue::LongString("bogus".into())),
+        ]);
+        assert_eq!(refusal_code(&table), 406);
+        let table = args(&[("x-queue-type", AMQPValue::LongString("bogus".into()))]);
+        assert_eq!(refusal_code(&table), 406);
     }
 
     #[test]

@@ -30,6 +30,7 @@ use std::time::Duration;
 
 use ahash::RandomState;
 use amq_protocol::frame::AMQPFrame;
+use amq_protocol::protocol::BasicProperties;
 use amq_protocol::protocol::{basic, connection, AMQPClass};
 use amq_protocol::types::{AMQPValue, FieldTable, ShortString};
 use leasemq::{Broker, Consumer, Delivery, DeliveryTag, Queue, Settle};
@@ -68,6 +69,9 @@ pub struct Settings {
     /// The exclusive queues of every connection, by name, with the id of the connection
     /// that owns each: another connection may publish to one but not use it otherwise.
     pub exclusive: Arc<Mutex<HashMap<String, u64>>>,
+    /// The flags each queue was declared with, by name, for RabbitMQ's check of a
+    /// redeclare (a durable queue brought back by a restart has none until redeclared).
+    pub declared: Arc<Mutex<HashMap<String, Declared>>>,
     /// The AMQP consumers of every queue, and which queues one holds exclusively.
     pub consumers: Arc<QueueConsumers>,
     /// The exchanges and bindings every connection of the server routes through.
@@ -92,10 +96,39 @@ impl Default for Settings {
             durable: false,
             heartbeat: 60,
             exclusive: Arc::default(),
+            declared: Arc::default(),
             consumers: Arc::default(),
             exchanges: Arc::default(),
             metrics: Arc::default(),
             shutdown: Arc::new(tokio::sync::watch::Sender::new(false)),
+        }
+    }
+}
+
+/// What a `queue.declare` said of a queue beyond its config: a later declare of the same
+/// queue must say the same, or RabbitMQ refuses it as inequivalent (`durable` counts even
+/// where every queue is in memory, so that what runs here runs against RabbitMQ).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Declared {
+    pub durable: bool,
+    pub exclusive: bool,
+    pub auto_delete: bool,
+    /// `x-queue-type` is `quorum` (else `classic`, said or not).
+    pub quorum: bool,
+}
+
+impl Declared {
+    /// The first flag `other` differs in, by its name in RabbitMQ's 406 (`exclusive` is a
+    /// 405, checked apart).
+    pub fn inequivalent(&self, other: &Declared) -> Option<&'static str> {
+        if self.durable != other.durable {
+            Some("durable")
+        } else if self.auto_delete != other.auto_delete {
+            Some("auto_delete")
+        } else if self.quorum != other.quorum {
+            Some("x-queue-type")
+        } else {
+            None
         }
     }
 }
@@ -542,14 +575,13 @@ impl Connection {
             self.handle_frame(header.to_frame().ok_or(())?);
             return Ok(());
         }
-        let message_id = self
-            .seen
-            .input
-            .check(header.properties)
-            .ok_or(())?
-            .message_id();
-        let id = message_id.as_ref().map(|id| id.as_str().to_owned());
-        if let Err(fault) = self.handle_header(header, id) {
+        let properties = self.seen.input.check(header.properties).ok_or(())?;
+        let id = properties
+            .message_id()
+            .as_ref()
+            .map(|id| id.as_str().to_owned());
+        let refused = refused_properties(properties, &self.settings.user);
+        if let Err(fault) = self.handle_header(header, id, refused) {
             self.fail(fault);
         }
         Ok(())
@@ -702,6 +734,12 @@ impl Connection {
             AMQPFrame::Method(channel, method) if channel != 0 => {
                 self.handle_channel_method(channel, method)
             }
+            // A channel's method on channel 0, which only carries the connection's: as
+            // RabbitMQ, a channel error that closes the connection.
+            AMQPFrame::Method(0, method) => {
+                let text = format!("CHANNEL_ERROR - {} on channel 0", method_name(&method));
+                Err(Fault::connection(code::CHANNEL_ERROR, text).for_method(&method))
+            }
             other => {
                 let text = format!(
                     "unexpected {} on channel {}",
@@ -802,6 +840,7 @@ impl Connection {
         }
         drop(owners);
         self.settings.consumers.forget(name);
+        (self.settings.declared.lock().expect("never poisoned")).remove(name);
         let mut exchanges = self.settings.exchanges.lock().expect("never poisoned");
         if let Err(Refusal::Storage(why)) = exchanges.unbind_queue(name) {
             tracing::warn!("queue {name} was deleted, but its bindings stay on disk: {why}");
@@ -837,6 +876,22 @@ impl Drop for Connection {
         self.channels.clear();
         self.drop_exclusive_queues();
     }
+}
+
+/// Why a publish with these properties is refused (a 406 on its channel, as RabbitMQ's),
+/// if it is: a `user-id` other than the connection's user, which RabbitMQ checks so that
+/// a consumer may trust it.
+///
+/// `expiration` is kept and delivered back, but a message does not expire by it: refusing
+/// it would fail a publish that works against RabbitMQ, where keeping the message longer
+/// only delivers what RabbitMQ might have dropped (ARCHITECTURE, "AMQP and leases").
+fn refused_properties(properties: &BasicProperties, user: &str) -> Option<String> {
+    let claimed = properties.user_id().as_ref()?;
+    (claimed.as_str() != user).then(|| {
+        format!(
+            "PRECONDITION_FAILED - user_id property set to '{claimed}' but authenticated user was '{user}'"
+        )
+    })
 }
 
 /// What kind of frame, for error texts.

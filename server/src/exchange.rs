@@ -286,7 +286,10 @@ impl Exchanges {
         if exchange.is_empty() {
             return Err(Refusal::Reserved);
         }
-        let exchange = self.by_name.get_mut(exchange).ok_or(Refusal::NotFound)?;
+        // As RabbitMQ: removing a binding from an exchange that is not there succeeds.
+        let Some(exchange) = self.by_name.get_mut(exchange) else {
+            return Ok(());
+        };
         if let Some(queues) = exchange.bindings.get_mut(key) {
             queues.remove(queue);
             if queues.is_empty() {

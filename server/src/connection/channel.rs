@@ -21,9 +21,9 @@ use leasemq::{
 };
 
 use super::publish::{Incoming, Pending};
-use super::{code, method_name, short, Connection, Fault, Subscription};
+use super::{code, method_name, short, Connection, Declared, Fault, Subscription};
 use crate::content::PropertiesSeen;
-use crate::exchange::{Refusal, DIRECT};
+use crate::exchange::{Exchanges, Refusal, DIRECT};
 use crate::wire::{GenFailed, Output};
 use crate::{arguments, content, wire};
 
@@ -51,6 +51,9 @@ pub(crate) struct Channel {
     pub(super) incoming: Option<Incoming>,
     /// Consumer tags in use on this channel.
     consumer_tags: Vec<ShortString>,
+    /// The queue last declared on this channel: AMQP's meaning of an empty queue name in
+    /// the methods that name one.
+    last_queue: Option<String>,
     /// Publisher confirms are on (`confirm.select`).
     pub(super) confirm: bool,
     /// Consumers `basic.cancel` stopped (and `basic.get`'s), kept while deliveries of
@@ -325,11 +328,30 @@ impl Connection {
                 Err(refused) => return Err(Fault::channel(ch, refused.code, refused.text, &m)),
             };
             let existed = self.broker.queue(name).is_some();
+            let declared = Declared {
+                durable: declare.durable,
+                exclusive: declare.exclusive,
+                auto_delete: declare.auto_delete,
+                quorum,
+            };
+            if existed {
+                self.check_equivalent(ch, name, &declared, &m)?;
+            }
+            // `amq.` names are the server's (`amq.gen-…`): a client may not make one.
+            if !existed && name.starts_with("amq.") && !declare.queue.as_str().is_empty() {
+                let text = format!(
+                    "ACCESS_REFUSED - queue name '{name}' contains reserved prefix 'amq.*'"
+                );
+                return Err(Fault::channel(ch, code::ACCESS_REFUSED, text, &m));
+            }
             let q = match self.broker.declare_queue(name, config) {
                 Ok(q) => q,
                 Err(e) => return Err(broker_fault(ch, &e, &m)),
             };
             self.queues.insert(name.to_string(), q.clone());
+            let mut flags = self.settings.declared.lock().expect("never poisoned");
+            flags.entry(name.to_string()).or_insert(declared);
+            drop(flags);
             // An exclusive queue is this connection's: deleted when it ends. Declaring
             // an existing queue exclusive does not take it over (RabbitMQ: 405).
             if declare.exclusive && !self.exclusive.iter().any(|e| e.name() == name) {
@@ -346,6 +368,9 @@ impl Connection {
             }
             q
         };
+        if let Some(state) = self.channels.get_mut(&ch) {
+            state.last_queue = Some(name.to_string());
+        }
         if declare.nowait {
             return Ok(());
         }
@@ -378,6 +403,38 @@ impl Connection {
         format!("amq.gen-{started:x}-{}-{}", self.id, self.next_consumer)
     }
 
+    /// RabbitMQ's check of a redeclare against what the queue was declared with: 405 for
+    /// `exclusive` (a queue is not taken over, nor given up, by a declare), 406 naming the
+    /// first other flag that differs.
+    fn check_equivalent(
+        &self,
+        ch: u16,
+        name: &str,
+        declared: &Declared,
+        m: &AMQPClass,
+    ) -> Result<(), Fault> {
+        let flags = self.settings.declared.lock().expect("never poisoned");
+        let Some(known) = flags.get(name).copied() else {
+            return Ok(());
+        };
+        drop(flags);
+        if known.exclusive != declared.exclusive {
+            let text = format!(
+                "RESOURCE_LOCKED - cannot obtain exclusive access to locked queue '{name}' in vhost '/'"
+            );
+            return Err(Fault::channel(ch, code::RESOURCE_LOCKED, text, m));
+        }
+        if let Some(arg) = known.inequivalent(declared) {
+            let text = format!(
+                "PRECONDITION_FAILED - inequivalent arg '{arg}' for queue '{name}' in vhost '/': received '{}' but current is '{}'",
+                flag_value(arg, declared),
+                flag_value(arg, &known),
+            );
+            return Err(Fault::channel(ch, code::PRECONDITION_FAILED, text, m));
+        }
+        Ok(())
+    }
+
     /// RabbitMQ's 405 for a queue another connection holds exclusively.
     fn check_exclusive(&self, ch: u16, name: &str, m: &AMQPClass) -> Result<(), Fault> {
         if self.locked_by_another(name) {
@@ -389,9 +446,20 @@ impl Connection {
         Ok(())
     }
 
+    /// The name a method gives, or for an empty one the queue last declared on the
+    /// channel (AMQP's rule, which RabbitMQ keeps).
+    fn queue_name(&self, ch: u16, given: &str) -> String {
+        let last = || self.channels.get(&ch)?.last_queue.clone();
+        match given {
+            "" => last().unwrap_or_default(),
+            given => given.to_string(),
+        }
+    }
+
     /// The queue a method names, or its 404 (405 when another connection holds it
     /// exclusively).
     fn named_queue(&mut self, ch: u16, name: &str, m: &AMQPClass) -> Result<Queue, Fault> {
+        let name = &self.queue_name(ch, name);
         self.check_exclusive(ch, name, m)?;
         self.queue(name).ok_or_else(|| {
             let text = format!("NOT_FOUND - no queue '{name}' in vhost '/'");
@@ -401,18 +469,31 @@ impl Connection {
 
     fn consume(&mut self, ch: u16, consume: basic::Consume) -> Result<(), Fault> {
         let m = AMQPClass::Basic(basic::AMQPMethod::Consume(consume.clone()));
-        if let Some(arg) = consume.arguments.inner().keys().next() {
+        // `x-cancel-on-ha-failover` asks to be told when a mirrored queue fails over; a
+        // leasemqd queue has no mirrors, so there is nothing to tell, and the argument
+        // is served as it stands. Any other is refused, never ignored.
+        let unserved = (consume.arguments.inner().keys())
+            .find(|arg| arg.as_str() != "x-cancel-on-ha-failover");
+        if let Some(arg) = unserved {
             let text = format!("consumer argument '{arg}' is not supported by leasemqd yet");
             return Err(Fault::connection(code::NOT_IMPLEMENTED, text).for_method(&m));
         }
         let queue = self.named_queue(ch, consume.queue.as_str(), &m)?;
         self.next_consumer += 1;
         let number = self.next_consumer;
+        let channel = self.channels.get(&ch).expect("checked by the caller");
         let tag = match consume.consumer_tag.as_str() {
-            "" => ShortString::from(format!("amq.ctag-{}-{}", self.id, self.next_consumer)),
+            // A tag the server picks is new on the channel, even where a client chose
+            // one of the same form.
+            "" => loop {
+                let tag = ShortString::from(format!("amq.ctag-{}-{}", self.id, self.next_consumer));
+                if !channel.consumer_tags.contains(&tag) {
+                    break tag;
+                }
+                self.next_consumer += 1;
+            },
             _ => consume.consumer_tag.clone(),
         };
-        let channel = self.channels.get(&ch).expect("checked by the caller");
         if channel.consumer_tags.contains(&tag) {
             let text = format!("NOT_ALLOWED - attempt to reuse consumer tag '{tag}'");
             return Err(Fault::connection(code::NOT_ALLOWED, text).for_method(&m));
@@ -614,7 +695,7 @@ impl Connection {
     /// RabbitMQ, deleting a queue that does not exist succeeds.
     fn delete(&mut self, ch: u16, delete: queue::Delete) -> Result<(), Fault> {
         let m = AMQPClass::Queue(queue::AMQPMethod::Delete(delete.clone()));
-        let name = delete.queue.as_str();
+        let name = &self.queue_name(ch, delete.queue.as_str());
         self.check_exclusive(ch, name, &m)?;
         let mut message_count = 0;
         if let Some(queue) = self.queue(name) {
@@ -623,7 +704,9 @@ impl Connection {
                 let text = format!("PRECONDITION_FAILED - queue '{name}' in vhost '/' in use");
                 return Err(Fault::channel(ch, code::PRECONDITION_FAILED, text, &m));
             }
-            if delete.if_empty && stats.ready + stats.delayed + stats.leased > 0 {
+            // As RabbitMQ, a queue is empty when nothing waits to be delivered: leased
+            // messages go with it (their late acks change nothing).
+            if delete.if_empty && stats.ready + stats.delayed > 0 {
                 let text =
                     format!("PRECONDITION_FAILED - queue '{name}' in vhost '/' is not empty");
                 return Err(Fault::channel(ch, code::PRECONDITION_FAILED, text, &m));
@@ -650,6 +733,11 @@ impl Connection {
                 let text = format!("NOT_FOUND - no exchange '{name}' in vhost '/'");
                 return Err(Fault::channel(ch, code::NOT_FOUND, text, &m));
             }
+        } else if let Some(what) = inequivalent_exchange(&exchanges, &declare) {
+            // An existing exchange is direct, neither auto-delete nor internal, and has
+            // no arguments: a redeclare that differs is the client's mistake, a 406 on
+            // the channel as in RabbitMQ, not a feature leasemqd lacks.
+            return Err(exchange_fault(ch, Refusal::Inequivalent(what), name, &m));
         } else {
             let unsupported = if declare.kind.as_str() != DIRECT {
                 Some(format!("exchange type '{}'", declare.kind))
@@ -717,13 +805,15 @@ impl Connection {
         Ok(())
     }
 
+    /// `queue.unbind`: as in RabbitMQ, removing a binding that is not there (its queue or
+    /// its exchange missing too) succeeds.
     fn unbind(&mut self, ch: u16, unbind: queue::Unbind) -> Result<(), Fault> {
         let m = AMQPClass::Queue(queue::AMQPMethod::Unbind(unbind.clone()));
-        let queue = self.named_queue(ch, unbind.queue.as_str(), &m)?;
+        let queue = &self.queue_name(ch, unbind.queue.as_str());
         let name = unbind.exchange.as_str();
         let mut exchanges = self.settings.exchanges.lock().expect("never poisoned");
         exchanges
-            .unbind(name, unbind.routing_key.as_str(), queue.name())
+            .unbind(name, unbind.routing_key.as_str(), queue)
             .map_err(|r| exchange_fault(ch, r, name, &m))?;
         drop(exchanges);
         let ok = queue::AMQPMethod::UnbindOk(queue::UnbindOk {});
@@ -773,22 +863,30 @@ impl Connection {
                 }
             }
         };
+        let mut settles = Vec::with_capacity(taken.len());
+        let mut releases = Vec::new();
         for Unacked {
             queue,
             tag,
             consumer,
         } in taken
         {
-            let mut how = how;
             if let Some(stopped) = state.stopped.iter_mut().find(|s| s.number == consumer) {
                 stopped.outstanding -= 1;
                 // What a client hands back with `requeue` after cancelling, it never gave
                 // its application (pika nacks what it had buffered): a release, which
                 // costs no attempt.
                 if stopped.cancelled && how == requeue(true) {
-                    how = Settle::Release;
+                    releases.push((queue, tag, Settle::Release));
+                    continue;
                 }
             }
+            settles.push((queue, tag, how));
+        }
+        // Each release goes to the front of its queue: the last delivered goes first, so
+        // that they come back in the order they were delivered, as with RabbitMQ.
+        settles.extend(releases.into_iter().rev());
+        for (queue, tag, how) in settles {
             match self.pending.last_mut() {
                 Some(Pending::Settle {
                     channel,
@@ -896,6 +994,44 @@ fn requeue(requeue: bool) -> Settle {
         Settle::NackWithDelay(Duration::ZERO)
     } else {
         Settle::Reject
+    }
+}
+
+/// How RabbitMQ's 406 shows a declared flag's value.
+fn flag_value(arg: &str, declared: &Declared) -> &'static str {
+    let on = match arg {
+        "durable" => declared.durable,
+        "auto_delete" => declared.auto_delete,
+        _ => return if declared.quorum { "quorum" } else { "classic" },
+    };
+    if on {
+        "true"
+    } else {
+        "false"
+    }
+}
+
+/// What an existing exchange would differ in from `declare`, if it exists and differs
+/// (leasemqd's exchanges are all direct, neither auto-delete nor internal, without
+/// arguments; `durable` is checked where they are kept).
+fn inequivalent_exchange(
+    exchanges: &Exchanges,
+    declare: &exchange::Declare,
+) -> Option<&'static str> {
+    let name = declare.exchange.as_str();
+    if name.is_empty() || !exchanges.exists(name) {
+        return None;
+    }
+    if declare.kind.as_str() != DIRECT {
+        Some("type")
+    } else if declare.auto_delete {
+        Some("auto_delete")
+    } else if declare.internal {
+        Some("internal")
+    } else if !declare.arguments.inner().is_empty() {
+        Some("arguments")
+    } else {
+        None
     }
 }
 

@@ -120,6 +120,7 @@ impl Connection {
         &mut self,
         header: wire::Header<'_>,
         message_id: Option<String>,
+        refused: Option<String>,
     ) -> Result<(), Fault> {
         let ch = header.channel;
         if self.channel_closing(ch) {
@@ -131,6 +132,15 @@ impl Connection {
             return Err(Fault::connection(
                 code::UNEXPECTED_FRAME,
                 "unexpected content header",
+            ));
+        }
+        if let Some(text) = refused {
+            self.channels.get_mut(&ch).expect("just seen").incoming = None;
+            return Err(Fault::channel(
+                ch,
+                code::PRECONDITION_FAILED,
+                text,
+                &publish_method(),
             ));
         }
         if header.body_size > max as u64 {

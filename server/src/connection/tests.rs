@@ -1520,3 +1520,165 @@ fn answers_in_flight_go_nowhere_once_their_channel_or_connection_closed() {
         "every publish was put all the same"
     );
 }
+
+#[test]
+fn a_multiple_requeue_after_basic_cancel_hands_back_in_delivery_order() {
+    let mut c = Client::open();
+    c.declare("inorder");
+    for body in [b"m0", b"m1", b"m2", b"m3"] {
+        c.publish("inorder", body);
+    }
+    let out = c.consume("inorder", false);
+    let tag = consumer_tag(&out);
+    assert_eq!(deliveries(&out).len(), 4);
+    let all = basic::Nack {
+        delivery_tag: 0,
+        multiple: true,
+        requeue: true,
+    };
+    c.feed(&[cancel(&tag), basic_method(1, basic::AMQPMethod::Nack(all))]);
+    assert_eq!(c.stats("inorder").released, 4);
+    // Each release goes to the front: they come back as they were first delivered.
+    let out = c.consume("inorder", false);
+    let bodies: Vec<Vec<u8>> = deliveries(&out).into_iter().map(|d| d.2).collect();
+    assert_eq!(bodies, [b"m0", b"m1", b"m2", b"m3"].map(|b| b.to_vec()));
+}
+
+#[test]
+fn a_server_picked_consumer_tag_never_takes_one_a_client_chose() {
+    let mut c = Client::open();
+    c.declare("tags");
+    // The tags the server would pick next (connection 1's fourth consumer on), taken by
+    // the client first.
+    let mut chosen = Vec::new();
+    for n in 4..=6 {
+        let consume = basic::Consume {
+            queue: "tags".into(),
+            consumer_tag: format!("amq.ctag-1-{n}").into(),
+            ..basic::Consume::default()
+        };
+        let out = c.feed(&[basic_method(1, basic::AMQPMethod::Consume(consume))]);
+        chosen.push(consumer_tag(&out));
+    }
+    let out = c.consume("tags", false);
+    assert_eq!(connection_close_code(&out), None, "{out:?}");
+    let picked = consumer_tag(&out);
+    assert!(picked.starts_with("amq.ctag-"), "{picked}");
+    assert!(!chosen.contains(&picked), "{picked} is one of {chosen:?}");
+}
+
+#[test]
+fn a_channel_method_on_channel_0_is_a_504() {
+    let mut c = Client::open();
+    let declare = queue::Declare {
+        queue: "zero".into(),
+        ..queue::Declare::default()
+    };
+    let out = c.feed(&[method(
+        0,
+        AMQPClass::Queue(queue::AMQPMethod::Declare(declare)),
+    )]);
+    assert_eq!(connection_close_code(&out), Some(504), "{out:?}");
+}
+
+/// The reply code of `declare` on channel `ch` (0 for declare-ok), the channel reopened
+/// after a channel error.
+fn declare_code(c: &mut Client, declare: queue::Declare) -> u16 {
+    let out = c.feed(&[method(
+        1,
+        AMQPClass::Queue(queue::AMQPMethod::Declare(declare)),
+    )]);
+    match channel_close_code(&out).or(connection_close_code(&out)) {
+        Some(code) => {
+            c.feed(&[method(
+                1,
+                AMQPClass::Channel(channel::AMQPMethod::CloseOk(channel::CloseOk {})),
+            )]);
+            c.feed(&[method(
+                1,
+                AMQPClass::Channel(channel::AMQPMethod::Open(channel::Open {})),
+            )]);
+            code
+        }
+        None => 0,
+    }
+}
+
+#[test]
+fn a_redeclare_must_say_what_the_declare_said_as_in_rabbitmq() {
+    let mut c = Client::open();
+    // No data dir: every queue is in memory, and `durable` still has to match.
+    c.declare("same");
+    let durable = |durable| queue::Declare {
+        queue: "same".into(),
+        durable,
+        ..queue::Declare::default()
+    };
+    assert_eq!(declare_code(&mut c, durable(false)), 406);
+    assert_eq!(declare_code(&mut c, durable(true)), 0);
+    let quorum = queue::Declare {
+        arguments: {
+            let mut args = FieldTable::default();
+            args.insert(
+                "x-queue-type".into(),
+                AMQPValue::LongString("quorum".into()),
+            );
+            args
+        },
+        ..durable(true)
+    };
+    assert_eq!(declare_code(&mut c, quorum), 406);
+    let exclusive = queue::Declare {
+        queue: "mine".into(),
+        exclusive: true,
+        ..queue::Declare::default()
+    };
+    assert_eq!(declare_code(&mut c, exclusive.clone()), 0);
+    let shared = queue::Declare {
+        exclusive: false,
+        ..exclusive.clone()
+    };
+    assert_eq!(declare_code(&mut c, shared), 405);
+    let auto_delete = queue::Declare {
+        auto_delete: true,
+        ..exclusive
+    };
+    assert_eq!(declare_code(&mut c, auto_delete), 406);
+    // A client may not make an `amq.` queue; a deleted queue may come back otherwise.
+    let reserved = queue::Declare {
+        queue: "amq.mine".into(),
+        ..queue::Declare::default()
+    };
+    assert_eq!(declare_code(&mut c, reserved), 403);
+    let delete = queue::Delete {
+        queue: "same".into(),
+        ..queue::Delete::default()
+    };
+    c.feed(&[queue_method(queue::AMQPMethod::Delete(delete))]);
+    assert_eq!(declare_code(&mut c, durable(false)), 0);
+}
+
+#[test]
+fn an_empty_queue_name_is_the_queue_last_declared_on_the_channel() {
+    let mut c = Client::open();
+    c.declare("latest");
+    c.publish("latest", b"here");
+    let out = c.feed(&[get("", true)]);
+    assert_eq!(channel_close_code(&out), None, "{out:?}");
+    assert!(out
+        .iter()
+        .any(|f| matches!(f, AMQPFrame::Body(1, b) if b == b"here")));
+}
+
+#[test]
+fn a_user_id_that_is_not_the_connections_user_is_a_406() {
+    let mut c = Client::open();
+    c.declare("claims");
+    let honest = BasicProperties::default().with_user_id("guest".into());
+    let out = c.feed(&Client::publish_frames("claims", honest, b"mine"));
+    assert_eq!(channel_close_code(&out), None, "{out:?}");
+    let forged = BasicProperties::default().with_user_id("admin".into());
+    let out = c.feed(&Client::publish_frames("claims", forged, b"theirs"));
+    assert_eq!(channel_close_code(&out), Some(406), "{out:?}");
+    assert_eq!(c.stats("claims").ready, 1);
+}

@@ -512,3 +512,123 @@ def test_an_expired_lease_is_redelivered_and_the_late_ack_is_ignored():
     assert slow.queue_declare(queue=queue, passive=True).method.message_count == 0
     assert slow.is_open
     conn.close()
+
+
+def test_a_redeclare_that_says_otherwise_is_refused():
+    conn = connect()
+    ch = conn.channel()
+    queue = fresh_queue(ch, "flags")
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as closed:
+        ch.queue_declare(queue=queue, durable=False)
+    assert closed.value.reply_code == 406
+    assert "durable" in closed.value.reply_text
+    ch = conn.channel()
+    mine = ch.queue_declare(queue=f"mine-{uuid.uuid4().hex[:8]}", exclusive=True).method.queue
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as closed:
+        ch.queue_declare(queue=mine, exclusive=False)
+    assert closed.value.reply_code == 405
+    ch = conn.channel()
+    ch.queue_delete(queue)
+    conn.close()
+
+
+def test_amq_queue_names_are_the_servers():
+    conn = connect()
+    ch = conn.channel()
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as closed:
+        ch.queue_declare(queue=f"amq.mine-{uuid.uuid4().hex[:8]}")
+    assert closed.value.reply_code == 403
+    conn.close()
+
+
+def test_a_value_no_broker_knows_closes_only_the_channel():
+    conn = connect()
+    ch = conn.channel()
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as closed:
+        ch.queue_declare(
+            queue=f"odd-{uuid.uuid4().hex[:8]}",
+            arguments={"x-max-length": 10, "x-overflow": "bogus"},
+        )
+    assert closed.value.reply_code == 406
+    assert conn.is_open
+    conn.close()
+
+
+def test_a_user_id_other_than_the_connections_is_refused():
+    conn = connect()
+    ch = conn.channel()
+    queue = fresh_queue(ch, "claims")
+    ch.confirm_delivery()
+    ch.basic_publish("", queue, b"mine", pika.BasicProperties(user_id="guest"))
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as closed:
+        ch.basic_publish("", queue, b"forged", pika.BasicProperties(user_id="someone-else"))
+    assert closed.value.reply_code == 406
+    ch = conn.channel()
+    method, props, body = get_soon(conn, ch, queue, auto_ack=True)
+    assert (body, props.user_id) == (b"mine", "guest")
+    assert ch.queue_delete(queue).method.message_count == 0
+    conn.close()
+
+
+def test_an_empty_queue_name_is_the_queue_last_declared():
+    conn = connect()
+    ch = conn.channel()
+    queue = fresh_queue(ch, "latest")
+    ch.basic_publish("", queue, b"here")
+    method, _, body = get_soon(conn, ch, "", auto_ack=True)
+    assert body == b"here"
+    ch.queue_delete("")
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as closed:
+        ch.queue_declare(queue=queue, passive=True)
+    assert closed.value.reply_code == 404
+    conn.close()
+
+
+def test_delete_if_empty_counts_only_what_waits_to_be_delivered():
+    conn = connect()
+    ch = conn.channel()
+    queue = fresh_queue(ch, "inhand")
+    ch.basic_publish("", queue, b"taken")
+    get_soon(conn, ch, queue)  # leased, not acked
+    assert ch.queue_delete(queue, if_empty=True).method.message_count == 0
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as closed:
+        ch.queue_declare(queue=queue, passive=True)
+    assert closed.value.reply_code == 404
+    conn.close()
+
+
+def test_exchange_redeclare_with_another_type_closes_the_channel_and_unbind_of_nothing_is_fine():
+    conn = connect()
+    ch = conn.channel()
+    exchange = f"routes-{uuid.uuid4().hex[:8]}"
+    ch.exchange_declare(exchange, exchange_type="direct")
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as closed:
+        ch.exchange_declare(exchange, exchange_type="fanout")
+    assert closed.value.reply_code == 406
+    assert conn.is_open
+    ch = conn.channel()
+    queue = fresh_queue(ch, "unbound")
+    ch.queue_unbind(queue, exchange, routing_key="never-bound")
+    ch.queue_unbind(queue, f"missing-{uuid.uuid4().hex[:8]}", routing_key="k")
+    ch.exchange_delete(exchange)
+    ch.queue_delete(queue)
+    conn.close()
+
+
+def test_a_multiple_requeue_after_cancel_comes_back_in_delivery_order():
+    conn = connect()
+    ch = conn.channel()
+    queue = fresh_queue(ch, "order")
+    ch.confirm_delivery()
+    for i in range(4):
+        ch.basic_publish("", queue, f"m{i}".encode())
+    seen = []
+    tag = ch.basic_consume(queue, lambda c, m, p, b: seen.append(b))
+    while len(seen) < 4:
+        conn.process_data_events(time_limit=0.1)
+    ch.basic_cancel(tag)
+    ch.basic_nack(delivery_tag=0, multiple=True, requeue=True)
+    bodies = [get_soon(conn, ch, queue, auto_ack=True)[2] for _ in range(4)]
+    assert bodies == [b"m0", b"m1", b"m2", b"m3"]
+    ch.queue_delete(queue)
+    conn.close()
