@@ -811,12 +811,30 @@ impl Connection {
     /// unread are released.
     fn end_subscriptions(&mut self, channel: Option<u16>) {
         let mut i = 0;
+        let mut queues = Vec::new();
         while i < self.subscriptions.len() {
             if channel.is_none_or(|c| self.subscriptions[i].channel == c) {
-                self.subscriptions.swap_remove(i).consumer.cancel();
+                let sub = self.subscriptions.swap_remove(i);
+                sub.consumer.cancel();
+                queues.push(sub.queue);
             } else {
                 i += 1;
             }
+        }
+        for queue in queues {
+            self.auto_delete(&queue);
+        }
+    }
+
+    /// Deletes `queue` if it was declared `auto_delete` and its last consumer, on any
+    /// connection, is gone: RabbitMQ's auto-delete (a queue that never had a consumer
+    /// stays).
+    pub(crate) fn auto_delete(&mut self, queue: &Queue) {
+        let declared = self.settings.declared.lock().expect("never poisoned");
+        let auto = declared.get(queue.name()).is_some_and(|d| d.auto_delete);
+        drop(declared);
+        if auto && !queue.is_closed() && !self.settings.consumers.is_consumed(queue.name()) {
+            self.delete_queue(queue);
         }
     }
 

@@ -280,11 +280,6 @@ impl Connection {
 
     fn declare(&mut self, ch: u16, declare: queue::Declare) -> Result<(), Fault> {
         let m = AMQPClass::Queue(queue::AMQPMethod::Declare(declare.clone()));
-        if declare.auto_delete && !declare.exclusive {
-            let text =
-                "an auto-delete queue that is not exclusive is not supported by leasemqd yet";
-            return Err(Fault::connection(code::NOT_IMPLEMENTED, text).for_method(&m));
-        }
         // An empty name asks the server to pick one, as RabbitMQ's `amq.gen-…`.
         let name = match declare.queue.as_str() {
             "" if !declare.passive => self.server_named_queue(),
@@ -559,8 +554,14 @@ impl Connection {
             .iter()
             .position(|s| s.channel == ch && s.tag == cancel.consumer_tag)
         {
-            let sub = self.subscriptions.swap_remove(i);
-            self.keep_leases(ch, sub.number, sub.consumer);
+            let Subscription {
+                number,
+                consumer,
+                queue,
+                ..
+            } = self.subscriptions.swap_remove(i);
+            self.keep_leases(ch, number, consumer);
+            self.auto_delete(&queue);
         }
         self.forget_consumer_tag(ch, &cancel.consumer_tag);
         if !cancel.nowait {

@@ -77,6 +77,11 @@ impl QueueConsumers {
         })
     }
 
+    /// Whether `queue` has a consumer on any connection.
+    pub(crate) fn is_consumed(&self, queue: &str) -> bool {
+        self.lock().by_queue.contains_key(queue)
+    }
+
     /// Forgets the consumers of `queue`, which was deleted: its consumers' claims no
     /// longer count, whenever they are dropped.
     pub(crate) fn forget(&self, queue: &str) {

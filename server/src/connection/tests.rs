@@ -1682,3 +1682,29 @@ fn a_user_id_that_is_not_the_connections_user_is_a_406() {
     assert_eq!(channel_close_code(&out), Some(406), "{out:?}");
     assert_eq!(c.stats("claims").ready, 1);
 }
+
+#[test]
+fn an_auto_delete_queue_goes_with_its_last_consumer() {
+    let mut c = Client::open();
+    let declare = queue::Declare {
+        queue: "passing".into(),
+        auto_delete: true,
+        ..queue::Declare::default()
+    };
+    assert_eq!(declare_code(&mut c, declare), 0);
+    c.publish("passing", b"kept");
+    // Never consumed: it stays, as in RabbitMQ.
+    assert_eq!(c.stats("passing").ready, 1);
+    let first = consumer_tag(&c.consume("passing", false));
+    let second = consumer_tag(&c.consume("passing", false));
+    c.feed(&[cancel(&first)]);
+    assert!(!c.broker.queue("passing").unwrap().is_closed(), "one left");
+    c.feed(&[cancel(&second)]);
+    assert!(c.broker.queue("passing").is_none_or(|q| q.is_closed()));
+    // The name is free again, for a queue that is not auto-delete.
+    let again = queue::Declare {
+        queue: "passing".into(),
+        ..queue::Declare::default()
+    };
+    assert_eq!(declare_code(&mut c, again), 0);
+}

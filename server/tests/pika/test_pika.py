@@ -632,3 +632,19 @@ def test_a_multiple_requeue_after_cancel_comes_back_in_delivery_order():
     assert bodies == [b"m0", b"m1", b"m2", b"m3"]
     ch.queue_delete(queue)
     conn.close()
+
+
+def test_an_auto_delete_queue_goes_when_its_last_consumer_does():
+    conn = connect()
+    ch = conn.channel()
+    queue = f"passing-{uuid.uuid4().hex[:8]}"
+    ch.queue_declare(queue=queue, auto_delete=True)
+    first = ch.basic_consume(queue, lambda *a: None)
+    second = ch.basic_consume(queue, lambda *a: None)
+    ch.basic_cancel(first)
+    assert ch.queue_declare(queue=queue, passive=True).method.consumer_count == 1
+    ch.basic_cancel(second)
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as closed:
+        ch.queue_declare(queue=queue, passive=True)
+    assert closed.value.reply_code == 404
+    conn.close()
