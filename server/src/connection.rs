@@ -784,7 +784,7 @@ impl Connection {
                 self.drop_exclusive_queues();
                 let close = connection::Close {
                     reply_code: fault.code,
-                    reply_text: short(fault.text),
+                    reply_text: reply_text(fault.code, fault.text),
                     class_id: fault.class_id,
                     method_id: fault.method_id,
                 };
@@ -920,6 +920,39 @@ fn frame_kind(frame: &AMQPFrame) -> String {
         AMQPFrame::Header(..) => "content header".into(),
         AMQPFrame::Body(..) => "content body".into(),
         AMQPFrame::Heartbeat | AMQPFrame::InvalidHeartbeat(_) => "heartbeat".into(),
+    }
+}
+
+/// The reply text of a `channel.close` or `connection.close`: led by the reply code's
+/// name, as RabbitMQ's are (`NOT_FOUND - no queue 'jobs' in vhost '/'`), and cut to the
+/// 255 bytes a short string holds.
+pub(crate) fn reply_text(code: u16, text: String) -> ShortString {
+    let name = match code {
+        200 => "",
+        311 => "CONTENT_TOO_LARGE",
+        312 => "NO_ROUTE",
+        313 => "NO_CONSUMERS",
+        320 => "CONNECTION_FORCED",
+        402 => "INVALID_PATH",
+        403 => "ACCESS_REFUSED",
+        404 => "NOT_FOUND",
+        405 => "RESOURCE_LOCKED",
+        406 => "PRECONDITION_FAILED",
+        501 => "FRAME_ERROR",
+        502 => "SYNTAX_ERROR",
+        503 => "COMMAND_INVALID",
+        504 => "CHANNEL_ERROR",
+        505 => "UNEXPECTED_FRAME",
+        506 => "RESOURCE_ERROR",
+        530 => "NOT_ALLOWED",
+        540 => "NOT_IMPLEMENTED",
+        541 => "INTERNAL_ERROR",
+        _ => "",
+    };
+    if name.is_empty() || text.starts_with(name) {
+        short(text)
+    } else {
+        short(format!("{name} - {text}"))
     }
 }
 

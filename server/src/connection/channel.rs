@@ -21,7 +21,7 @@ use leasemq::{
 };
 
 use super::publish::{Incoming, Pending};
-use super::{code, method_name, short, Connection, Declared, Fault, Subscription};
+use super::{code, method_name, reply_text, Connection, Declared, Fault, Subscription};
 use crate::content::PropertiesSeen;
 use crate::exchange::{Exchanges, Refusal, DIRECT};
 use crate::wire::{GenFailed, Output};
@@ -291,6 +291,12 @@ impl Connection {
             k.as_str() == "x-queue-type"
                 && matches!(v, AMQPValue::LongString(s) if s.as_bytes() == b"quorum")
         });
+        if quorum && declare.exclusive && !declare.passive {
+            let text = format!(
+                "PRECONDITION_FAILED - invalid property 'exclusive-owner' for queue '{name}': a quorum queue is not exclusive"
+            );
+            return Err(Fault::channel(ch, code::PRECONDITION_FAILED, text, &m));
+        }
         if quorum && !declare.durable && !declare.passive {
             let text = format!(
                 "PRECONDITION_FAILED - invalid property 'non-durable' for queue '{name}': a quorum queue is durable"
@@ -730,6 +736,10 @@ impl Connection {
         let name = declare.exchange.as_str();
         let mut exchanges = self.settings.exchanges.lock().expect("never poisoned");
         if declare.passive {
+            // As RabbitMQ: the default exchange is not declared, passively or not.
+            if name.is_empty() {
+                return Err(exchange_fault(ch, Refusal::Reserved, name, &m));
+            }
             if !exchanges.exists(name) {
                 let text = format!("NOT_FOUND - no exchange '{name}' in vhost '/'");
                 return Err(Fault::channel(ch, code::NOT_FOUND, text, &m));
@@ -981,7 +991,7 @@ impl Connection {
         }
         let close = channel::Close {
             reply_code: fault.code,
-            reply_text: short(fault.text),
+            reply_text: reply_text(fault.code, fault.text),
             class_id: fault.class_id,
             method_id: fault.method_id,
         };

@@ -648,3 +648,32 @@ def test_an_auto_delete_queue_goes_when_its_last_consumer_does():
         ch.queue_declare(queue=queue, passive=True)
     assert closed.value.reply_code == 404
     conn.close()
+
+
+def test_the_default_exchange_and_quorum_queues_refuse_as_rabbitmq_does():
+    conn = connect()
+    ch = conn.channel()
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as closed:
+        ch.exchange_declare("", passive=True)
+    assert closed.value.reply_code == 403
+    assert closed.value.reply_text.startswith("ACCESS_REFUSED - ")
+    ch = conn.channel()
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as closed:
+        ch.queue_declare(
+            queue=f"q-{uuid.uuid4().hex[:8]}",
+            durable=True,
+            exclusive=True,
+            arguments={"x-queue-type": "quorum"},
+        )
+    assert closed.value.reply_code == 406
+    assert closed.value.reply_text.startswith("PRECONDITION_FAILED - ")
+    conn.close()
+
+
+def test_a_connection_error_names_its_code_first():
+    conn = connect()
+    ch = conn.channel()
+    with pytest.raises(pika.exceptions.ConnectionClosedByBroker) as closed:
+        ch.basic_recover(requeue=False)
+    assert closed.value.reply_code == 540
+    assert closed.value.reply_text.startswith("NOT_IMPLEMENTED - ")
