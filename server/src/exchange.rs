@@ -2,8 +2,10 @@
 //!
 //! The default exchange (`""`) routes a message to the queue its routing key names and
 //! needs no state. A `direct` exchange routes it to every queue bound to it with exactly
-//! that routing key. `amq.direct` exists from the start, as in RabbitMQ. One table serves
-//! every connection of a server.
+//! that routing key; a `fanout` exchange to every queue bound to it, whatever the keys; a
+//! `topic` exchange to every queue bound with a pattern the key matches (words between
+//! dots, `*` one word, `#` zero or more). `amq.direct`, `amq.fanout` and `amq.topic` exist
+//! from the start, as in RabbitMQ. One table serves every connection of a server.
 //!
 //! With a data dir, durable exchanges and their bindings to durable queues are kept in
 //! [`FILE`] there, as RabbitMQ keeps them: every change to what the file holds is written
@@ -22,8 +24,30 @@ use serde::{Deserialize, Serialize};
 /// The file, in the data dir, that keeps the durable exchanges and their bindings.
 pub const FILE: &str = "leasemqd-exchanges.json";
 
-/// The exchange type served.
-pub const DIRECT: &str = "direct";
+/// How an exchange routes: the AMQP exchange types served.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Kind {
+    /// To the queues bound with exactly the routing key.
+    #[default]
+    Direct,
+    /// To every bound queue.
+    Fanout,
+    /// To the queues bound with a pattern the routing key matches.
+    Topic,
+}
+
+impl Kind {
+    /// The type `exchange.declare` names, if it is one served.
+    pub fn named(name: &str) -> Option<Kind> {
+        match name {
+            "direct" => Some(Kind::Direct),
+            "fanout" => Some(Kind::Fanout),
+            "topic" => Some(Kind::Topic),
+            _ => None,
+        }
+    }
+}
 
 /// The exchanges of one server, with their bindings.
 #[derive(Debug, Clone)]
@@ -33,10 +57,11 @@ pub struct Exchanges {
     file: Option<PathBuf>,
 }
 
-/// One direct exchange: queue names by routing key, each with whether the binding is kept
-/// on disk (its queue is durable and not exclusive).
+/// One exchange: queue names by routing key (a pattern for a topic exchange), each with
+/// whether the binding is kept on disk (its queue is durable and not exclusive).
 #[derive(Debug, Default, Clone)]
 struct Exchange {
+    kind: Kind,
     durable: bool,
     bindings: BTreeMap<String, BTreeMap<String, bool>>,
 }
@@ -51,6 +76,9 @@ struct Stored {
 #[derive(Debug, Serialize, Deserialize)]
 struct StoredExchange {
     name: String,
+    /// Absent in files written before other types than direct were served.
+    #[serde(default)]
+    kind: Kind,
     /// (routing key, queue) pairs.
     bindings: Vec<(String, String)>,
 }
@@ -76,11 +104,18 @@ pub enum Refusal {
 impl Default for Exchanges {
     fn default() -> Exchanges {
         let mut by_name = HashMap::new();
-        let amq_direct = Exchange {
-            durable: true,
-            ..Exchange::default()
-        };
-        by_name.insert("amq.direct".to_string(), amq_direct);
+        for (name, kind) in [
+            ("amq.direct", Kind::Direct),
+            ("amq.fanout", Kind::Fanout),
+            ("amq.topic", Kind::Topic),
+        ] {
+            let exchange = Exchange {
+                kind,
+                durable: true,
+                ..Exchange::default()
+            };
+            by_name.insert(name.to_string(), exchange);
+        }
         Exchanges {
             by_name,
             file: None,
@@ -121,6 +156,7 @@ impl Exchanges {
         for stored in stored.exchanges {
             let exchange = exchanges.by_name.entry(stored.name).or_default();
             exchange.durable = true;
+            exchange.kind = stored.kind;
             for (key, queue) in stored.bindings {
                 if queue_exists(&queue) {
                     exchange
@@ -181,6 +217,7 @@ impl Exchanges {
             .filter(|(_, x)| x.durable)
             .map(|(name, x)| StoredExchange {
                 name: name.clone(),
+                kind: x.kind,
                 bindings: (x.bindings.iter())
                     .flat_map(|(key, queues)| {
                         (queues.iter())
@@ -203,14 +240,24 @@ impl Exchanges {
         name.is_empty() || self.by_name.contains_key(name)
     }
 
-    /// `exchange.declare` of a direct exchange (the caller checked the type): made when
-    /// new, checked against the existing one otherwise.
-    pub fn declare(&mut self, name: &str, durable: bool) -> Result<(), Refusal> {
-        self.keep(|x| x.declare_here(name, durable))
+    /// The type of the exchange called `name`, if one is (the default exchange is direct).
+    pub fn kind(&self, name: &str) -> Option<Kind> {
+        match name {
+            "" => Some(Kind::Direct),
+            name => self.by_name.get(name).map(|x| x.kind),
+        }
     }
 
-    fn declare_here(&mut self, name: &str, durable: bool) -> Result<(), Refusal> {
+    /// `exchange.declare`: made when new, checked against the existing one otherwise.
+    pub fn declare(&mut self, name: &str, kind: Kind, durable: bool) -> Result<(), Refusal> {
+        self.keep(|x| x.declare_here(name, kind, durable))
+    }
+
+    fn declare_here(&mut self, name: &str, kind: Kind, durable: bool) -> Result<(), Refusal> {
         if let Some(existing) = self.by_name.get(name) {
+            if existing.kind != kind {
+                return Err(Refusal::Inequivalent("type"));
+            }
             if existing.durable != durable {
                 return Err(Refusal::Inequivalent("durable"));
             }
@@ -220,6 +267,7 @@ impl Exchanges {
             return Err(Refusal::Reserved);
         }
         let exchange = Exchange {
+            kind,
             durable,
             ..Exchange::default()
         };
@@ -314,16 +362,50 @@ impl Exchanges {
         })
     }
 
-    /// The queues a publish to `exchange` with `key` goes to, in name order; `None` when
-    /// there is no such exchange. The default exchange routes to the queue named `key`.
+    /// The queues a publish to `exchange` with `key` goes to, in name order and each once;
+    /// `None` when there is no such exchange. The default exchange routes to the queue
+    /// named `key`.
     pub fn route(&self, exchange: &str, key: &str) -> Option<Vec<String>> {
         if exchange.is_empty() {
             return Some(vec![key.to_string()]);
         }
         let exchange = self.by_name.get(exchange)?;
-        let queues = exchange.bindings.get(key);
-        Some(queues.map_or_else(Vec::new, |q| q.keys().cloned().collect()))
+        let queues = match exchange.kind {
+            Kind::Direct => {
+                let queues = exchange.bindings.get(key);
+                return Some(queues.map_or_else(Vec::new, |q| q.keys().cloned().collect()));
+            }
+            Kind::Fanout => exchange.bindings.values().flat_map(|q| q.keys()).collect(),
+            Kind::Topic => (exchange.bindings.iter())
+                .filter(|(pattern, _)| topic_matches(pattern, key))
+                .flat_map(|(_, q)| q.keys())
+                .collect::<std::collections::BTreeSet<_>>(),
+        };
+        Some(queues.into_iter().cloned().collect())
     }
+}
+
+/// Whether a topic exchange's binding `pattern` matches routing key `key`: both are words
+/// between dots; `*` in the pattern stands for exactly one word, `#` for zero or more.
+pub fn topic_matches(pattern: &str, key: &str) -> bool {
+    let pattern: Vec<&str> = pattern.split('.').collect();
+    let key: Vec<&str> = key.split('.').collect();
+    // `at[j]`: whether the pattern's words so far can match the key's first `j` words.
+    let mut at = vec![false; key.len() + 1];
+    at[0] = true;
+    for word in pattern {
+        let mut next = vec![false; key.len() + 1];
+        for j in 0..=key.len() {
+            next[j] = match word {
+                // Zero words (as before), or one more word after a match.
+                "#" => at[j] || (j > 0 && next[j - 1]),
+                "*" => j > 0 && at[j - 1],
+                word => j > 0 && at[j - 1] && key[j - 1] == word,
+            };
+        }
+        at = next;
+    }
+    at[key.len()]
 }
 
 /// Replaces `file` with `bytes` so that a crash leaves the old contents or the new, never
@@ -348,7 +430,7 @@ mod tests {
     #[test]
     fn a_direct_exchange_routes_by_exact_key_to_every_bound_queue() {
         let mut x = Exchanges::default();
-        x.declare("orders", true).unwrap();
+        x.declare("orders", Kind::Direct, true).unwrap();
         x.bind("orders", "paid", "billing", true).unwrap();
         x.bind("orders", "paid", "audit", true).unwrap();
         x.bind("orders", "shipped", "audit", true).unwrap();
@@ -366,16 +448,77 @@ mod tests {
     }
 
     #[test]
+    fn a_fanout_exchange_routes_to_every_bound_queue_whatever_the_key() {
+        let mut x = Exchanges::default();
+        x.declare("logs", Kind::Fanout, false).unwrap();
+        x.bind("logs", "", "one", false).unwrap();
+        x.bind("logs", "ignored", "two", false).unwrap();
+        x.bind("logs", "other", "two", false).unwrap();
+        assert_eq!(x.route("logs", "anything").unwrap(), ["one", "two"]);
+        assert_eq!(x.route("amq.fanout", "k").unwrap(), Vec::<String>::new());
+        assert_eq!(
+            x.declare("logs", Kind::Direct, false),
+            Err(Refusal::Inequivalent("type"))
+        );
+    }
+
+    #[test]
+    fn a_topic_exchange_routes_by_pattern_each_queue_once() {
+        let mut x = Exchanges::default();
+        x.declare("events", Kind::Topic, true).unwrap();
+        x.bind("events", "*.orange.*", "q1", true).unwrap();
+        x.bind("events", "*.*.rabbit", "q2", true).unwrap();
+        x.bind("events", "lazy.#", "q2", true).unwrap();
+        x.bind("events", "#", "all", true).unwrap();
+        let route = |key| x.route("events", key).unwrap();
+        assert_eq!(route("quick.orange.rabbit"), ["all", "q1", "q2"]);
+        assert_eq!(route("lazy.orange.elephant"), ["all", "q1", "q2"]);
+        assert_eq!(route("quick.orange.fox"), ["all", "q1"]);
+        assert_eq!(route("lazy.brown.fox"), ["all", "q2"]);
+        assert_eq!(route("lazy"), ["all", "q2"]);
+        assert_eq!(route("quick.brown.fox"), ["all"]);
+        assert_eq!(route("orange"), ["all"]);
+        assert_eq!(route("quick.orange.male.rabbit"), ["all"]);
+    }
+
+    #[test]
+    fn topic_patterns_match_words_as_rabbitmq_does() {
+        for (pattern, key, matches) in [
+            ("a.b", "a.b", true),
+            ("a.b", "a.b.c", false),
+            ("a.*", "a.b", true),
+            ("a.*", "a", false),
+            ("a.*", "a.b.c", false),
+            ("a.#", "a", true),
+            ("a.#", "a.b.c", true),
+            ("#.c", "c", true),
+            ("#.c", "a.b.c", true),
+            ("#.c", "a.b.d", false),
+            ("a.#.c", "a.c", true),
+            ("a.#.c", "a.x.y.c", true),
+            ("*.#", "a", true),
+            ("#.#", "a.b", true),
+            ("*", "a.b", false),
+            ("#", "", true),
+        ] {
+            assert_eq!(topic_matches(pattern, key), matches, "{pattern} ~ {key}");
+        }
+    }
+
+    #[test]
     fn reserved_names_mismatches_and_deletes_answer_as_rabbitmq() {
         let mut x = Exchanges::default();
         assert!(x.exists("") && x.exists("amq.direct"));
-        assert_eq!(x.declare("amq.mine", true), Err(Refusal::Reserved));
-        assert_eq!(x.declare("amq.direct", true), Ok(()));
+        assert_eq!(
+            x.declare("amq.mine", Kind::Direct, true),
+            Err(Refusal::Reserved)
+        );
+        assert_eq!(x.declare("amq.direct", Kind::Direct, true), Ok(()));
         assert_eq!(x.bind("", "k", "q", true), Err(Refusal::Reserved));
         assert_eq!(x.bind("missing", "k", "q", true), Err(Refusal::NotFound));
-        x.declare("logs", false).unwrap();
+        x.declare("logs", Kind::Direct, false).unwrap();
         assert_eq!(
-            x.declare("logs", true),
+            x.declare("logs", Kind::Direct, true),
             Err(Refusal::Inequivalent("durable"))
         );
         x.bind("logs", "error", "alerts", true).unwrap();
@@ -397,14 +540,14 @@ mod kept {
     fn durable_exchanges_and_bindings_of_queues_that_came_back_survive_a_restart() {
         let dir = tempfile::tempdir().unwrap();
         let mut x = Exchanges::open(dir.path(), |_| true).unwrap();
-        x.declare("orders", true).unwrap();
-        x.declare("scratch", false).unwrap();
+        x.declare("orders", Kind::Direct, true).unwrap();
+        x.declare("scratch", Kind::Direct, false).unwrap();
         x.bind("orders", "paid", "billing", true).unwrap();
         x.bind("orders", "paid", "gone", true).unwrap();
         x.bind("orders", "paid", "transient", false).unwrap();
         x.bind("amq.direct", "k", "billing", true).unwrap();
         x.bind("scratch", "k", "billing", true).unwrap();
-        x.declare("dropped", true).unwrap();
+        x.declare("dropped", Kind::Direct, true).unwrap();
         x.delete("dropped", false).unwrap();
         assert_eq!(
             x.route("orders", "paid").unwrap(),
@@ -418,9 +561,21 @@ mod kept {
         // name that exists at the next start does not get it.
         let again = Exchanges::open(dir.path(), |_| true).unwrap();
         assert_eq!(again.route("orders", "paid").unwrap(), ["billing"]);
+        // So does each exchange's type; a file from before types had none: direct.
+        let mut typed = Exchanges::open(dir.path(), |_| true).unwrap();
+        typed.declare("events", Kind::Topic, true).unwrap();
+        typed.bind("events", "a.*", "billing", true).unwrap();
+        let back = Exchanges::open(dir.path(), |_| true).unwrap();
+        assert_eq!(back.kind("events"), Some(Kind::Topic));
+        assert_eq!(back.route("events", "a.b").unwrap(), ["billing"]);
+        let old = r#"{"version": 1, "exchanges": [{"name": "orders", "bindings": [["paid", "billing"]]}]}"#;
+        fs::write(dir.path().join(FILE), old).unwrap();
+        let back = Exchanges::open(dir.path(), |_| true).unwrap();
+        assert_eq!(back.kind("orders"), Some(Kind::Direct));
+        assert_eq!(back.route("orders", "paid").unwrap(), ["billing"]);
         // Without a data dir nothing is kept anywhere.
         let mut memory = Exchanges::default();
-        memory.declare("orders", true).unwrap();
+        memory.declare("orders", Kind::Direct, true).unwrap();
         assert!(memory.file.is_none());
     }
 
@@ -430,7 +585,7 @@ mod kept {
     fn a_write_that_fails_changes_nothing_and_a_damaged_file_is_refused() {
         let dir = tempfile::tempdir().unwrap();
         let mut x = Exchanges::open(dir.path(), |_| true).unwrap();
-        x.declare("orders", true).unwrap();
+        x.declare("orders", Kind::Direct, true).unwrap();
         // A directory where the temporary file would go makes the write fail.
         fs::create_dir(dir.path().join(FILE).with_extension("json.tmp")).unwrap();
         assert!(matches!(
@@ -439,7 +594,7 @@ mod kept {
         ));
         assert!(x.route("orders", "k").unwrap().is_empty());
         // Changes to exchanges that are not durable need no write.
-        x.declare("scratch", false).unwrap();
+        x.declare("scratch", Kind::Direct, false).unwrap();
         x.bind("scratch", "k", "q", true).unwrap();
         fs::write(dir.path().join(FILE), b"{ not json").unwrap();
         let err = Exchanges::open(dir.path(), |_| true).unwrap_err();

@@ -23,7 +23,7 @@ use leasemq::{
 use super::publish::{Incoming, Pending};
 use super::{code, method_name, reply_text, Connection, Declared, Fault, Subscription};
 use crate::content::PropertiesSeen;
-use crate::exchange::{Exchanges, Refusal, DIRECT};
+use crate::exchange::{Exchanges, Kind, Refusal};
 use crate::wire::{GenFailed, Output};
 use crate::{arguments, content, wire};
 
@@ -745,14 +745,16 @@ impl Connection {
                 return Err(Fault::channel(ch, code::NOT_FOUND, text, &m));
             }
         } else if let Some(what) = inequivalent_exchange(&exchanges, &declare) {
-            // An existing exchange is direct, neither auto-delete nor internal, and has
-            // no arguments: a redeclare that differs is the client's mistake, a 406 on
-            // the channel as in RabbitMQ, not a feature leasemqd lacks.
+            // An existing exchange is neither auto-delete nor internal, and has no
+            // arguments: a redeclare that differs is the client's mistake, a 406 on the
+            // channel as in RabbitMQ, not a feature leasemqd lacks.
             return Err(exchange_fault(ch, Refusal::Inequivalent(what), name, &m));
         } else {
-            let unsupported = if declare.kind.as_str() != DIRECT {
-                Some(format!("exchange type '{}'", declare.kind))
-            } else if declare.auto_delete {
+            let kind = declare.kind.as_str();
+            let Some(served) = Kind::named(kind) else {
+                return Err(unserved_exchange_type(kind, &m));
+            };
+            let unsupported = if declare.auto_delete {
                 Some("an auto-delete exchange".to_string())
             } else if declare.internal {
                 Some("an internal exchange".to_string())
@@ -761,11 +763,11 @@ impl Connection {
                     .map(|arg| format!("exchange argument '{arg}'"))
             };
             if let Some(what) = unsupported {
-                let text = format!("{what} is not supported by leasemqd yet (only direct)");
+                let text = format!("{what} is not supported by leasemqd yet");
                 return Err(Fault::connection(code::NOT_IMPLEMENTED, text).for_method(&m));
             }
             exchanges
-                .declare(name, declare.durable)
+                .declare(name, served, declare.durable)
                 .map_err(|r| exchange_fault(ch, r, name, &m))?;
         }
         drop(exchanges);
@@ -1022,18 +1024,34 @@ fn flag_value(arg: &str, declared: &Declared) -> &'static str {
     }
 }
 
+/// The answer to an `exchange.declare` of a type not served: a type RabbitMQ serves
+/// (`headers`, a plugin's `x-…`) is a 540; one no broker knows, RabbitMQ's 503.
+fn unserved_exchange_type(kind: &str, m: &AMQPClass) -> Fault {
+    if kind == "headers" || kind.starts_with("x-") {
+        let text = format!(
+            "exchange type '{kind}' is not supported by leasemqd yet (direct, fanout and topic are)"
+        );
+        Fault::connection(code::NOT_IMPLEMENTED, text).for_method(m)
+    } else {
+        let text = format!("COMMAND_INVALID - unknown exchange type '{kind}'");
+        Fault::connection(code::COMMAND_INVALID, text).for_method(m)
+    }
+}
+
 /// What an existing exchange would differ in from `declare`, if it exists and differs
-/// (leasemqd's exchanges are all direct, neither auto-delete nor internal, without
-/// arguments; `durable` is checked where they are kept).
+/// (leasemqd's exchanges are neither auto-delete nor internal, and have no arguments;
+/// `durable` is checked where they are kept).
 fn inequivalent_exchange(
     exchanges: &Exchanges,
     declare: &exchange::Declare,
 ) -> Option<&'static str> {
     let name = declare.exchange.as_str();
-    if name.is_empty() || !exchanges.exists(name) {
+    let existing = if name.is_empty() {
         return None;
-    }
-    if declare.kind.as_str() != DIRECT {
+    } else {
+        exchanges.kind(name)?
+    };
+    if Kind::named(declare.kind.as_str()) != Some(existing) {
         Some("type")
     } else if declare.auto_delete {
         Some("auto_delete")

@@ -201,13 +201,63 @@ def test_passive_declare_of_a_missing_queue_is_a_channel_error():
     conn.close()
 
 
-@leasemq_only("only direct exchanges are served; RabbitMQ has fanout")
+@leasemq_only("headers exchanges are not served; RabbitMQ has them")
 def test_an_unsupported_method_closes_the_connection_with_540():
     conn = connect()
     ch = conn.channel()
     with pytest.raises(pika.exceptions.ConnectionClosedByBroker) as err:
-        ch.exchange_declare(exchange="logs", exchange_type="fanout")
+        ch.exchange_declare(exchange="matches", exchange_type="headers")
     assert err.value.reply_code == 540
+
+
+def test_a_fanout_exchange_gives_every_bound_queue_a_copy():
+    # RabbitMQ's publish/subscribe tutorial: each subscriber binds a server-named queue.
+    conn = connect()
+    ch = conn.channel()
+    exchange = f"logs-{uuid.uuid4().hex[:8]}"
+    ch.exchange_declare(exchange=exchange, exchange_type="fanout")
+    subscribers = [ch.queue_declare(queue="", exclusive=True).method.queue for _ in range(2)]
+    for queue in subscribers:
+        ch.queue_bind(exchange=exchange, queue=queue)
+    ch.confirm_delivery()
+    ch.basic_publish(exchange=exchange, routing_key="", body=b"hello, all")
+    for queue in subscribers:
+        method, _, body = get_soon(conn, ch, queue, auto_ack=True)
+        assert (body, method.exchange) == (b"hello, all", exchange)
+    ch.exchange_delete(exchange)
+    conn.close()
+
+
+def test_a_topic_exchange_routes_by_pattern():
+    # RabbitMQ's topics tutorial.
+    conn = connect()
+    ch = conn.channel()
+    exchange = f"animals-{uuid.uuid4().hex[:8]}"
+    ch.exchange_declare(exchange=exchange, exchange_type="topic")
+    q1 = ch.queue_declare(queue="", exclusive=True).method.queue
+    q2 = ch.queue_declare(queue="", exclusive=True).method.queue
+    ch.queue_bind(exchange=exchange, queue=q1, routing_key="*.orange.*")
+    ch.queue_bind(exchange=exchange, queue=q2, routing_key="*.*.rabbit")
+    ch.queue_bind(exchange=exchange, queue=q2, routing_key="lazy.#")
+    ch.confirm_delivery()
+    for key in ["quick.orange.rabbit", "lazy.orange.elephant", "quick.orange.fox",
+                "lazy.brown.fox", "lazy.pink.rabbit", "quick.brown.fox", "orange",
+                "quick.orange.male.rabbit", "lazy.orange.male.rabbit"]:
+        ch.basic_publish(exchange=exchange, routing_key=key, body=key.encode())
+
+    def drain(queue):
+        got = []
+        while True:
+            method, _, body = ch.basic_get(queue=queue, auto_ack=True)
+            if method is None:
+                return got
+            got.append(body.decode())
+
+    assert drain(q1) == ["quick.orange.rabbit", "lazy.orange.elephant", "quick.orange.fox"]
+    assert drain(q2) == ["quick.orange.rabbit", "lazy.orange.elephant", "lazy.brown.fox",
+                         "lazy.pink.rabbit", "lazy.orange.male.rabbit"]
+    ch.exchange_delete(exchange)
+    conn.close()
 
 
 def test_a_direct_exchange_routes_by_key_to_every_bound_queue():
