@@ -318,7 +318,10 @@ impl Connection {
             let base = QueueConfig {
                 ack_timeout: self.settings.ack_timeout,
                 max_body_bytes: self.max_stored_bytes(),
-                durable: declare.durable && self.settings.durable,
+                // An exclusive queue goes with its connection, which a crash ends too:
+                // kept on disk, it would come back with no owner, and its program's
+                // own redeclare would be refused.
+                durable: declare.durable && self.settings.durable && !declare.exclusive,
                 ..QueueConfig::default()
             };
             let config = match arguments::queue_config(&declare.arguments, base) {

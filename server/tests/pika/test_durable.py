@@ -57,6 +57,9 @@ def test_confirmed_publishes_to_a_durable_queue_survive_a_kill(data_dir):
         ch.confirm_delivery()
         ch.queue_declare(queue="jobs", durable=True)
         ch.queue_declare(queue="scratch", durable=False)
+        # Exclusive: it goes with its connection, which the kill ends too.
+        ch.queue_declare(queue="mine", durable=True, exclusive=True)
+        ch.basic_publish(exchange="", routing_key="mine", body=b"for this connection")
         for i in range(100):
             # Returns once the broker confirmed: the message is on disk.
             ch.basic_publish(exchange="", routing_key="jobs", body=f"job {i}".encode())
@@ -74,6 +77,13 @@ def test_confirmed_publishes_to_a_durable_queue_survive_a_kill(data_dir):
         with pytest.raises(pika.exceptions.ChannelClosedByBroker) as closed:
             ch.queue_declare(queue="scratch", passive=True)
         assert closed.value.reply_code == 404
+        ch = server.connection.channel()
+        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as closed:
+            ch.queue_declare(queue="mine", passive=True)
+        assert closed.value.reply_code == 404
+        ch = server.connection.channel()
+        # Its program, started again, declares it as before.
+        ch.queue_declare(queue="mine", durable=True, exclusive=True)
         ch = server.connection.channel()
         ok = ch.queue_declare(queue="jobs", durable=True)
         assert ok.method.message_count == 100
