@@ -63,6 +63,8 @@ pub struct Exchanges {
 struct Exchange {
     kind: Kind,
     durable: bool,
+    /// Deleted when its last binding goes (RabbitMQ's auto-delete; one never bound stays).
+    auto_delete: bool,
     bindings: BTreeMap<String, BTreeMap<String, bool>>,
 }
 
@@ -79,6 +81,9 @@ struct StoredExchange {
     /// Absent in files written before other types than direct were served.
     #[serde(default)]
     kind: Kind,
+    /// Absent in files written before auto-delete exchanges were served.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    auto_delete: bool,
     /// (routing key, queue) pairs.
     bindings: Vec<(String, String)>,
 }
@@ -157,6 +162,7 @@ impl Exchanges {
             let exchange = exchanges.by_name.entry(stored.name).or_default();
             exchange.durable = true;
             exchange.kind = stored.kind;
+            exchange.auto_delete = stored.auto_delete;
             for (key, queue) in stored.bindings {
                 if queue_exists(&queue) {
                     exchange
@@ -218,6 +224,7 @@ impl Exchanges {
             .map(|(name, x)| StoredExchange {
                 name: name.clone(),
                 kind: x.kind,
+                auto_delete: x.auto_delete,
                 bindings: (x.bindings.iter())
                     .flat_map(|(key, queues)| {
                         (queues.iter())
@@ -250,16 +257,36 @@ impl Exchanges {
 
     /// `exchange.declare`: made when new, checked against the existing one otherwise.
     pub fn declare(&mut self, name: &str, kind: Kind, durable: bool) -> Result<(), Refusal> {
-        self.keep(|x| x.declare_here(name, kind, durable))
+        self.declare_with(name, kind, durable, false)
     }
 
-    fn declare_here(&mut self, name: &str, kind: Kind, durable: bool) -> Result<(), Refusal> {
+    /// As [`declare`](Exchanges::declare), for an exchange that is `auto_delete` or not.
+    pub fn declare_with(
+        &mut self,
+        name: &str,
+        kind: Kind,
+        durable: bool,
+        auto_delete: bool,
+    ) -> Result<(), Refusal> {
+        self.keep(|x| x.declare_here(name, kind, durable, auto_delete))
+    }
+
+    fn declare_here(
+        &mut self,
+        name: &str,
+        kind: Kind,
+        durable: bool,
+        auto_delete: bool,
+    ) -> Result<(), Refusal> {
         if let Some(existing) = self.by_name.get(name) {
             if existing.kind != kind {
                 return Err(Refusal::Inequivalent("type"));
             }
             if existing.durable != durable {
                 return Err(Refusal::Inequivalent("durable"));
+            }
+            if existing.auto_delete != auto_delete {
+                return Err(Refusal::Inequivalent("auto_delete"));
             }
             return Ok(());
         }
@@ -269,6 +296,7 @@ impl Exchanges {
         let exchange = Exchange {
             kind,
             durable,
+            auto_delete,
             ..Exchange::default()
         };
         self.by_name.insert(name.to_string(), exchange);
@@ -335,13 +363,15 @@ impl Exchanges {
             return Err(Refusal::Reserved);
         }
         // As RabbitMQ: removing a binding from an exchange that is not there succeeds.
-        let Some(exchange) = self.by_name.get_mut(exchange) else {
+        let Some(found) = self.by_name.get_mut(exchange) else {
             return Ok(());
         };
-        if let Some(queues) = exchange.bindings.get_mut(key) {
-            queues.remove(queue);
-            if queues.is_empty() {
-                exchange.bindings.remove(key);
+        if let Some(queues) = found.bindings.get_mut(key) {
+            if queues.remove(queue).is_some() && queues.is_empty() {
+                found.bindings.remove(key);
+                if found.auto_delete && found.bindings.is_empty() {
+                    self.by_name.remove(exchange);
+                }
             }
         }
         Ok(())
@@ -352,12 +382,15 @@ impl Exchanges {
     /// that a queue declared again under the name gets back (as a new binding would).
     pub fn unbind_queue(&mut self, queue: &str) -> Result<(), Refusal> {
         self.keep(|x| {
-            for exchange in x.by_name.values_mut() {
+            x.by_name.retain(|_, exchange| {
+                let bound = !exchange.bindings.is_empty();
                 exchange.bindings.retain(|_, queues| {
                     queues.remove(queue);
                     !queues.is_empty()
                 });
-            }
+                // An auto-delete exchange goes with its last binding.
+                !(exchange.auto_delete && bound && exchange.bindings.is_empty())
+            });
             Ok(())
         })
     }
@@ -503,6 +536,29 @@ mod tests {
         ] {
             assert_eq!(topic_matches(pattern, key), matches, "{pattern} ~ {key}");
         }
+    }
+
+    #[test]
+    fn an_auto_delete_exchange_goes_with_its_last_binding() {
+        let mut x = Exchanges::default();
+        x.declare_with("replies", Kind::Direct, false, true)
+            .unwrap();
+        x.unbind("replies", "k", "nobody").unwrap();
+        assert!(x.exists("replies"), "never bound: it stays");
+        x.bind("replies", "a", "one", false).unwrap();
+        x.bind("replies", "b", "two", false).unwrap();
+        x.unbind("replies", "a", "one").unwrap();
+        assert!(x.exists("replies"), "one binding left");
+        x.unbind_queue("two").unwrap();
+        assert!(!x.exists("replies"));
+        x.declare("plain", Kind::Direct, false).unwrap();
+        x.bind("plain", "a", "one", false).unwrap();
+        x.unbind("plain", "a", "one").unwrap();
+        assert!(x.exists("plain"));
+        assert_eq!(
+            x.declare_with("plain", Kind::Direct, false, true),
+            Err(Refusal::Inequivalent("auto_delete"))
+        );
     }
 
     #[test]

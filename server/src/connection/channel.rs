@@ -748,18 +748,16 @@ impl Connection {
                 return Err(Fault::channel(ch, code::NOT_FOUND, text, &m));
             }
         } else if let Some(what) = inequivalent_exchange(&exchanges, &declare) {
-            // An existing exchange is neither auto-delete nor internal, and has no
-            // arguments: a redeclare that differs is the client's mistake, a 406 on the
-            // channel as in RabbitMQ, not a feature leasemqd lacks.
+            // An existing exchange is not internal and has no arguments: a redeclare
+            // that differs is the client's mistake, a 406 on the channel as in RabbitMQ,
+            // not a feature leasemqd lacks.
             return Err(exchange_fault(ch, Refusal::Inequivalent(what), name, &m));
         } else {
             let kind = declare.kind.as_str();
             let Some(served) = Kind::named(kind) else {
                 return Err(unserved_exchange_type(kind, &m));
             };
-            let unsupported = if declare.auto_delete {
-                Some("an auto-delete exchange".to_string())
-            } else if declare.internal {
+            let unsupported = if declare.internal {
                 Some("an internal exchange".to_string())
             } else {
                 (declare.arguments.inner().keys().next())
@@ -770,7 +768,7 @@ impl Connection {
                 return Err(Fault::connection(code::NOT_IMPLEMENTED, text).for_method(&m));
             }
             exchanges
-                .declare(name, served, declare.durable)
+                .declare_with(name, served, declare.durable, declare.auto_delete)
                 .map_err(|r| exchange_fault(ch, r, name, &m))?;
         }
         drop(exchanges);
@@ -1042,8 +1040,8 @@ fn unserved_exchange_type(kind: &str, m: &AMQPClass) -> Fault {
 }
 
 /// What an existing exchange would differ in from `declare`, if it exists and differs
-/// (leasemqd's exchanges are neither auto-delete nor internal, and have no arguments;
-/// `durable` is checked where they are kept).
+/// (leasemqd's exchanges are not internal and have no arguments; `durable` and
+/// `auto_delete` are checked where they are kept).
 fn inequivalent_exchange(
     exchanges: &Exchanges,
     declare: &exchange::Declare,
@@ -1056,8 +1054,6 @@ fn inequivalent_exchange(
     };
     if Kind::named(declare.kind.as_str()) != Some(existing) {
         Some("type")
-    } else if declare.auto_delete {
-        Some("auto_delete")
     } else if declare.internal {
         Some("internal")
     } else if !declare.arguments.inner().is_empty() {

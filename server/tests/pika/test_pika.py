@@ -727,3 +727,20 @@ def test_a_connection_error_names_its_code_first():
         ch.basic_recover(requeue=False)
     assert closed.value.reply_code == 540
     assert closed.value.reply_text.startswith("NOT_IMPLEMENTED - ")
+
+
+def test_an_auto_delete_exchange_goes_with_its_last_binding():
+    conn = connect()
+    ch = conn.channel()
+    exchange = f"replies-{uuid.uuid4().hex[:8]}"
+    ch.exchange_declare(exchange, exchange_type="direct", auto_delete=True)
+    queue = ch.queue_declare(queue="", exclusive=True).method.queue
+    ch.queue_bind(queue, exchange, routing_key="a")
+    ch.queue_bind(queue, exchange, routing_key="b")
+    ch.queue_unbind(queue, exchange, routing_key="a")
+    ch.exchange_declare(exchange, passive=True)
+    ch.queue_unbind(queue, exchange, routing_key="b")
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as closed:
+        ch.exchange_declare(exchange, passive=True)
+    assert closed.value.reply_code == 404
+    conn.close()
