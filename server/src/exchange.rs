@@ -419,10 +419,10 @@ impl Exchanges {
 }
 
 /// Whether a topic exchange's binding `pattern` matches routing key `key`: both are words
-/// between dots; `*` in the pattern stands for exactly one word, `#` for zero or more.
+/// between dots (an empty one is no words at all, as RabbitMQ splits them); `*` in the
+/// pattern stands for exactly one word, `#` for zero or more.
 pub fn topic_matches(pattern: &str, key: &str) -> bool {
-    let pattern: Vec<&str> = pattern.split('.').collect();
-    let key: Vec<&str> = key.split('.').collect();
+    let (pattern, key) = (words(pattern), words(key));
     // `at[j]`: whether the pattern's words so far can match the key's first `j` words.
     let mut at = vec![false; key.len() + 1];
     at[0] = true;
@@ -439,6 +439,14 @@ pub fn topic_matches(pattern: &str, key: &str) -> bool {
         at = next;
     }
     at[key.len()]
+}
+
+/// The words of a topic key or pattern: none for an empty one.
+fn words(text: &str) -> Vec<&str> {
+    match text {
+        "" => Vec::new(),
+        text => text.split('.').collect(),
+    }
 }
 
 /// Replaces `file` with `bytes` so that a crash leaves the old contents or the new, never
@@ -533,6 +541,11 @@ mod tests {
             ("#.#", "a.b", true),
             ("*", "a.b", false),
             ("#", "", true),
+            ("*", "", false),
+            ("", "", true),
+            ("", "a", false),
+            ("a.*", "a.", true),
+            ("#.#", "", true),
         ] {
             assert_eq!(topic_matches(pattern, key), matches, "{pattern} ~ {key}");
         }
