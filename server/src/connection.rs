@@ -219,7 +219,7 @@ pub(crate) fn method_name(m: &AMQPClass) -> String {
 /// One consumer of this connection: the broker's consumer and what AMQP calls it.
 struct Subscription {
     channel: u16,
-    /// The connection's number for it, also in its broker consumer's name.
+    /// The connection's number for it, unique on the connection.
     number: u64,
     tag: ShortString,
     queue: Queue,

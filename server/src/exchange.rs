@@ -38,6 +38,10 @@ pub enum Kind {
 }
 
 impl Kind {
+    fn is_direct(&self) -> bool {
+        *self == Kind::Direct
+    }
+
     /// The type `exchange.declare` names, if it is one served.
     pub fn named(name: &str) -> Option<Kind> {
         match name {
@@ -78,8 +82,8 @@ struct Stored {
 #[derive(Debug, Serialize, Deserialize)]
 struct StoredExchange {
     name: String,
-    /// Absent in files written before other types than direct were served.
-    #[serde(default)]
+    /// Absent for a direct exchange, as in files written before other types were served.
+    #[serde(default, skip_serializing_if = "Kind::is_direct")]
     kind: Kind,
     /// Absent in files written before auto-delete exchanges were served.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
@@ -88,8 +92,12 @@ struct StoredExchange {
     bindings: Vec<(String, String)>,
 }
 
-/// The version of [`Stored`] this build writes and reads.
-const VERSION: u32 = 1;
+/// The version of [`Stored`] written where every exchange kept is direct and not
+/// auto-delete: what builds that served only those read.
+const VERSION_DIRECT: u32 = 1;
+/// The version written where one is not: a build that reads only version 1 refuses the
+/// file, rather than route a fanout or topic exchange as a direct one.
+const VERSION: u32 = 2;
 
 /// Why an exchange call is refused, as AMQP reply codes name it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -150,16 +158,17 @@ impl Exchanges {
         };
         let stored: Stored = serde_json::from_str(&text)
             .map_err(|e| format!("{} is damaged: {e}", file.display()))?;
-        if stored.version != VERSION {
+        if !(VERSION_DIRECT..=VERSION).contains(&stored.version) {
             return Err(format!(
-                "{} has version {}; this leasemqd reads version {VERSION}",
+                "{} has version {}; this leasemqd reads versions {VERSION_DIRECT} to {VERSION}",
                 file.display(),
                 stored.version
             ));
         }
         let mut dropped = false;
         for stored in stored.exchanges {
-            let exchange = exchanges.by_name.entry(stored.name).or_default();
+            let bound = !stored.bindings.is_empty();
+            let exchange = exchanges.by_name.entry(stored.name.clone()).or_default();
             exchange.durable = true;
             exchange.kind = stored.kind;
             exchange.auto_delete = stored.auto_delete;
@@ -173,6 +182,10 @@ impl Exchanges {
                 } else {
                     dropped = true;
                 }
+            }
+            // An auto-delete exchange whose last binding went with its queue goes too.
+            if exchange.auto_delete && bound && exchange.bindings.is_empty() {
+                exchanges.by_name.remove(&stored.name);
             }
         }
         // A binding whose queue did not come back is gone for good: a queue declared later
@@ -233,10 +246,14 @@ impl Exchanges {
                     })
                     .collect(),
             })
+            // The server's own exchanges are there at every start: kept for their
+            // bindings only.
+            .filter(|x| !(x.name.starts_with("amq.") && x.bindings.is_empty()))
             .collect();
         exchanges.sort_by(|a, b| a.name.cmp(&b.name));
+        let typed = (exchanges.iter()).any(|x| x.kind != Kind::Direct || x.auto_delete);
         let stored = Stored {
-            version: VERSION,
+            version: if typed { VERSION } else { VERSION_DIRECT },
             exchanges,
         };
         serde_json::to_string_pretty(&stored).expect("plain data serialises")
@@ -630,10 +647,27 @@ mod kept {
         // name that exists at the next start does not get it.
         let again = Exchanges::open(dir.path(), |_| true).unwrap();
         assert_eq!(again.route("orders", "paid").unwrap(), ["billing"]);
+        // Direct exchanges only: a file a build serving only those reads.
+        let text = fs::read_to_string(dir.path().join(FILE)).unwrap();
+        assert!(
+            text.contains(r#""version": 1"#) && !text.contains("kind"),
+            "{text}"
+        );
         // So does each exchange's type; a file from before types had none: direct.
         let mut typed = Exchanges::open(dir.path(), |_| true).unwrap();
         typed.declare("events", Kind::Topic, true).unwrap();
         typed.bind("events", "a.*", "billing", true).unwrap();
+        let text = fs::read_to_string(dir.path().join(FILE)).unwrap();
+        assert!(text.contains(r#""version": 2"#), "{text}");
+        typed
+            .declare_with("replies", Kind::Direct, true, true)
+            .unwrap();
+        typed.bind("replies", "k", "gone", true).unwrap();
+        let back = Exchanges::open(dir.path(), |q| q != "gone").unwrap();
+        assert!(
+            !back.exists("replies"),
+            "its last binding went with its queue"
+        );
         let back = Exchanges::open(dir.path(), |_| true).unwrap();
         assert_eq!(back.kind("events"), Some(Kind::Topic));
         assert_eq!(back.route("events", "a.b").unwrap(), ["billing"]);

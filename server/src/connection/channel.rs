@@ -332,8 +332,9 @@ impl Connection {
                 Err(refused) => return Err(Fault::channel(ch, refused.code, refused.text, &m)),
             };
             let existed = self.broker.queue(name).is_some();
+            // As RabbitMQ compares it: an exclusive queue is never durable.
             let declared = Declared {
-                durable: declare.durable,
+                durable: declare.durable && !declare.exclusive,
                 exclusive: declare.exclusive,
                 auto_delete: declare.auto_delete,
                 quorum,
@@ -341,8 +342,9 @@ impl Connection {
             if existed {
                 self.check_equivalent(ch, name, &declared, &m)?;
             }
-            // `amq.` names are the server's (`amq.gen-…`): a client may not make one.
-            if !existed && name.starts_with("amq.") && !declare.queue.as_str().is_empty() {
+            // `amq.` names are the server's (`amq.gen-…`): a client may not declare one,
+            // even one that exists (a passive declare may look at it).
+            if name.starts_with("amq.") && !declare.queue.as_str().is_empty() {
                 let text = format!(
                     "ACCESS_REFUSED - queue name '{name}' contains reserved prefix 'amq.*'"
                 );
@@ -353,9 +355,6 @@ impl Connection {
                 Err(e) => return Err(broker_fault(ch, &e, &m)),
             };
             self.queues.insert(name.to_string(), q.clone());
-            let mut flags = self.settings.declared.lock().expect("never poisoned");
-            flags.entry(name.to_string()).or_insert(declared);
-            drop(flags);
             // An exclusive queue is this connection's: deleted when it ends. Declaring
             // an existing queue exclusive does not take it over (RabbitMQ: 405).
             if declare.exclusive && !self.exclusive.iter().any(|e| e.name() == name) {
@@ -370,6 +369,15 @@ impl Connection {
                 drop(owners);
                 self.exclusive.push(q.clone());
             }
+            // A new queue's flags replace whatever a queue of that name left behind; an
+            // existing queue keeps the first it was declared with here.
+            let mut flags = self.settings.declared.lock().expect("never poisoned");
+            if existed {
+                flags.entry(name.to_string()).or_insert(declared);
+            } else {
+                flags.insert(name.to_string(), declared);
+            }
+            drop(flags);
             q
         };
         if let Some(state) = self.channels.get_mut(&ch) {
@@ -452,18 +460,24 @@ impl Connection {
 
     /// The name a method gives, or for an empty one the queue last declared on the
     /// channel (AMQP's rule, which RabbitMQ keeps).
-    fn queue_name(&self, ch: u16, given: &str) -> String {
-        let last = || self.channels.get(&ch)?.last_queue.clone();
-        match given {
-            "" => last().unwrap_or_default(),
-            given => given.to_string(),
+    /// # Errors
+    ///
+    /// RabbitMQ's 404 for an empty name where no queue was declared on the channel.
+    fn queue_name(&self, ch: u16, given: &str, m: &AMQPClass) -> Result<String, Fault> {
+        if !given.is_empty() {
+            return Ok(given.to_string());
         }
+        let last = self.channels.get(&ch).and_then(|c| c.last_queue.clone());
+        last.ok_or_else(|| {
+            let text = "NOT_FOUND - no previously declared queue";
+            Fault::channel(ch, code::NOT_FOUND, text, m)
+        })
     }
 
     /// The queue a method names, or its 404 (405 when another connection holds it
     /// exclusively).
     fn named_queue(&mut self, ch: u16, name: &str, m: &AMQPClass) -> Result<Queue, Fault> {
-        let name = &self.queue_name(ch, name);
+        let name = &self.queue_name(ch, name, m)?;
         self.check_exclusive(ch, name, m)?;
         self.queue(name).ok_or_else(|| {
             let text = format!("NOT_FOUND - no queue '{name}' in vhost '/'");
@@ -705,7 +719,7 @@ impl Connection {
     /// RabbitMQ, deleting a queue that does not exist succeeds.
     fn delete(&mut self, ch: u16, delete: queue::Delete) -> Result<(), Fault> {
         let m = AMQPClass::Queue(queue::AMQPMethod::Delete(delete.clone()));
-        let name = &self.queue_name(ch, delete.queue.as_str());
+        let name = &self.queue_name(ch, delete.queue.as_str(), &m)?;
         self.check_exclusive(ch, name, &m)?;
         let mut message_count = 0;
         if let Some(queue) = self.queue(name) {
@@ -823,7 +837,8 @@ impl Connection {
     /// its exchange missing too) succeeds.
     fn unbind(&mut self, ch: u16, unbind: queue::Unbind) -> Result<(), Fault> {
         let m = AMQPClass::Queue(queue::AMQPMethod::Unbind(unbind.clone()));
-        let queue = &self.queue_name(ch, unbind.queue.as_str());
+        let queue = &self.queue_name(ch, unbind.queue.as_str(), &m)?;
+        self.check_exclusive(ch, queue, &m)?;
         let name = unbind.exchange.as_str();
         let mut exchanges = self.settings.exchanges.lock().expect("never poisoned");
         exchanges

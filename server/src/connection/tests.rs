@@ -1581,7 +1581,7 @@ fn a_channel_method_on_channel_0_is_a_504() {
     assert_eq!(connection_close_code(&out), Some(504), "{out:?}");
 }
 
-/// The reply code of `declare` on channel `ch` (0 for declare-ok), the channel reopened
+/// The reply code of `declare` on channel 1 (0 for declare-ok), the channel reopened
 /// after a channel error.
 fn declare_code(c: &mut Client, declare: queue::Declare) -> u16 {
     let out = c.feed(&[method(
@@ -1707,4 +1707,79 @@ fn an_auto_delete_queue_goes_with_its_last_consumer() {
         ..queue::Declare::default()
     };
     assert_eq!(declare_code(&mut c, again), 0);
+}
+
+#[test]
+fn unbinding_is_lenient_but_not_from_another_connections_exclusive_queue() {
+    let mut c = Client::open();
+    let exclusive = queue::Declare {
+        queue: "private".into(),
+        exclusive: true,
+        ..queue::Declare::default()
+    };
+    assert_eq!(declare_code(&mut c, exclusive), 0);
+    let unbind = |queue: &str| {
+        queue_method(queue::AMQPMethod::Unbind(queue::Unbind {
+            queue: queue.into(),
+            exchange: "amq.direct".into(),
+            routing_key: "k".into(),
+            arguments: FieldTable::default(),
+        }))
+    };
+    // Nothing bound, a queue that is not there: fine, as in RabbitMQ.
+    let out = c.feed(&[unbind("private"), unbind("missing")]);
+    assert_eq!(channel_close_code(&out), None, "{out:?}");
+    let mut other = c.another(2);
+    let out = other.feed(&[unbind("private")]);
+    assert_eq!(channel_close_code(&out), Some(405), "{out:?}");
+}
+
+#[test]
+fn an_empty_queue_name_with_none_declared_is_a_404_and_amq_names_stay_the_servers() {
+    let mut c = Client::open();
+    let out = c.feed(&[get("", true)]);
+    assert_eq!(channel_close_code(&out), Some(404), "{out:?}");
+    let mut c = Client::open();
+    let named = queue::Declare {
+        queue: "".into(),
+        ..queue::Declare::default()
+    };
+    let out = c.feed(&[method(
+        1,
+        AMQPClass::Queue(queue::AMQPMethod::Declare(named)),
+    )]);
+    let name = out
+        .iter()
+        .find_map(|f| match f {
+            AMQPFrame::Method(1, AMQPClass::Queue(queue::AMQPMethod::DeclareOk(ok))) => {
+                Some(ok.queue.to_string())
+            }
+            _ => None,
+        })
+        .expect("declare-ok");
+    assert!(name.starts_with("amq.gen-"), "{name}");
+    // Even the server's own name, once made, is not the client's to declare.
+    let again = queue::Declare {
+        queue: name.as_str().into(),
+        ..queue::Declare::default()
+    };
+    assert_eq!(declare_code(&mut c, again.clone()), 403);
+    let passive = queue::Declare {
+        passive: true,
+        ..again
+    };
+    assert_eq!(declare_code(&mut c, passive), 0);
+}
+
+#[test]
+fn an_exclusive_queue_is_never_durable_so_its_durable_flag_may_differ() {
+    let mut c = Client::open();
+    let mine = |durable| queue::Declare {
+        queue: "mine".into(),
+        exclusive: true,
+        durable,
+        ..queue::Declare::default()
+    };
+    assert_eq!(declare_code(&mut c, mine(true)), 0);
+    assert_eq!(declare_code(&mut c, mine(false)), 0);
 }
