@@ -752,3 +752,53 @@ def test_an_auto_delete_exchange_goes_with_its_last_binding():
         ch.exchange_declare(exchange, passive=True)
     assert closed.value.reply_code == 404
     conn.close()
+
+
+def test_rabbitmqs_rpc_tutorial_runs_unchanged():
+    # The server: a worker on a named queue, one request at a time, answering to
+    # reply_to with the request's correlation_id.
+    server = connect()
+    sch = server.channel()
+    requests = f"rpc-{uuid.uuid4().hex[:8]}"
+    sch.queue_declare(queue=requests)
+    sch.basic_qos(prefetch_count=1)
+
+    def on_request(ch, method, props, body):
+        n = int(body)
+        ch.basic_publish(
+            exchange="",
+            routing_key=props.reply_to,
+            properties=pika.BasicProperties(correlation_id=props.correlation_id),
+            body=str(n * n).encode(),
+        )
+        ch.basic_ack(delivery_tag=method.delivery_tag)
+
+    sch.basic_consume(queue=requests, on_message_callback=on_request)
+
+    # The client: an exclusive callback queue, consumed with auto_ack.
+    client = connect()
+    cch = client.channel()
+    callback = cch.queue_declare(queue="", exclusive=True).method.queue
+    answers = {}
+
+    def on_response(ch, method, props, body):
+        answers[props.correlation_id] = int(body)
+
+    cch.basic_consume(queue=callback, on_message_callback=on_response, auto_ack=True)
+    for n in range(5):
+        cid = str(uuid.uuid4())
+        cch.basic_publish(
+            exchange="",
+            routing_key=requests,
+            properties=pika.BasicProperties(reply_to=callback, correlation_id=cid),
+            body=str(n).encode(),
+        )
+        for _ in range(500):
+            if cid in answers:
+                break
+            server.process_data_events(time_limit=0.01)
+            client.process_data_events(time_limit=0.01)
+        assert answers.get(cid) == n * n
+    sch.queue_delete(requests)
+    client.close()
+    server.close()
