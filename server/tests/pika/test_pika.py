@@ -46,6 +46,13 @@ def get_soon(conn, ch, queue, **kwargs):
     raise AssertionError(f"nothing came to {queue} within 5 s")
 
 
+def assert_gone(channel, queue):
+    """A passive declare of `queue` is a 404: it does not exist. The channel closes."""
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as closed:
+        channel.queue_declare(queue=queue, passive=True)
+    assert closed.value.reply_code == 404
+
+
 def fresh_queue(channel, prefix):
     name = f"{prefix}-{uuid.uuid4().hex[:8]}"
     ok = channel.queue_declare(queue=name, durable=True)
@@ -485,9 +492,7 @@ def test_purge_and_delete():
     assert ch.queue_purge(queue).method.message_count == 5
     ch.basic_publish(exchange="", routing_key=queue, body=b"y")
     assert ch.queue_delete(queue).method.message_count == 1
-    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as closed:
-        ch.queue_declare(queue=queue, passive=True)
-    assert closed.value.reply_code == 404
+    assert_gone(ch, queue)
     conn.close()
 
 
@@ -506,9 +511,7 @@ def test_a_server_named_exclusive_queue_belongs_to_its_connection():
     assert body == b"for you"
     conn.close()
     och = other.channel()
-    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as closed:
-        och.queue_declare(queue=queue, passive=True)
-    assert closed.value.reply_code == 404
+    assert_gone(och, queue)
     other.close()
 
 
@@ -628,9 +631,7 @@ def test_an_empty_queue_name_is_the_queue_last_declared():
     method, _, body = get_soon(conn, ch, "", auto_ack=True)
     assert body == b"here"
     ch.queue_delete("")
-    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as closed:
-        ch.queue_declare(queue=queue, passive=True)
-    assert closed.value.reply_code == 404
+    assert_gone(ch, queue)
     conn.close()
 
 
@@ -641,9 +642,7 @@ def test_delete_if_empty_counts_only_what_waits_to_be_delivered():
     ch.basic_publish("", queue, b"taken")
     get_soon(conn, ch, queue)  # leased, not acked
     assert ch.queue_delete(queue, if_empty=True).method.message_count == 0
-    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as closed:
-        ch.queue_declare(queue=queue, passive=True)
-    assert closed.value.reply_code == 404
+    assert_gone(ch, queue)
     conn.close()
 
 
