@@ -652,6 +652,9 @@ impl Connection {
         state.last_tag += 1;
         let channel_tag = state.last_tag;
         if get.no_ack {
+            // Stopped before the ack: else the credit the ack frees would take the next
+            // message, and the cancel would hand it back to the front of the queue.
+            consumer.stop();
             delivery.ack();
             consumer.cancel();
         } else {

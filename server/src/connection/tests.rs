@@ -1783,3 +1783,28 @@ fn an_exclusive_queue_is_never_durable_so_its_durable_flag_may_differ() {
     assert_eq!(declare_code(&mut c, mine(true)), 0);
     assert_eq!(declare_code(&mut c, mine(false)), 0);
 }
+
+#[test]
+fn a_basic_get_with_no_ack_takes_one_message_and_moves_no_other() {
+    let mut c = Client::open();
+    c.declare("line");
+    for body in [b"m0", b"m1", b"m2"] {
+        c.publish("line", body);
+    }
+    let body_of = |out: &[AMQPFrame]| {
+        out.iter().find_map(|f| match f {
+            AMQPFrame::Body(1, b) => Some(b.clone()),
+            _ => None,
+        })
+    };
+    let out = c.feed(&[get("line", false)]);
+    assert_eq!(body_of(&out).as_deref(), Some(&b"m0"[..]));
+    let out = c.feed(&[get("line", true)]);
+    assert_eq!(body_of(&out).as_deref(), Some(&b"m1"[..]));
+    c.feed(&[nack(1, true)]);
+    // m0 came back; m2 was never taken, so it did not jump ahead of it.
+    let out = c.feed(&[get("line", true)]);
+    assert_eq!(body_of(&out).as_deref(), Some(&b"m0"[..]));
+    let stats = c.stats("line");
+    assert_eq!((stats.ready, stats.released), (1, 0));
+}

@@ -801,3 +801,21 @@ def test_rabbitmqs_rpc_tutorial_runs_unchanged():
     sch.queue_delete(requests)
     client.close()
     server.close()
+
+
+def test_a_get_with_auto_ack_moves_no_other_message():
+    conn = connect()
+    ch = conn.channel()
+    queue = fresh_queue(ch, "line")
+    ch.confirm_delivery()
+    for body in [b"m0", b"m1", b"m2"]:
+        ch.basic_publish("", queue, body)
+    first, _, body = ch.basic_get(queue)
+    assert body == b"m0"
+    assert ch.basic_get(queue, auto_ack=True)[2] == b"m1"
+    ch.basic_nack(first.delivery_tag, requeue=True)
+    method, _, body = get_soon(conn, ch, queue, auto_ack=True)
+    assert (body, method.redelivered) == (b"m0", True)
+    assert ch.basic_get(queue, auto_ack=True)[2] == b"m2"
+    ch.queue_delete(queue)
+    conn.close()
