@@ -104,6 +104,14 @@ fn encode_properties(properties: &BasicProperties) -> Option<Vec<u8>> {
     Some(written.into_inner().0)
 }
 
+/// The `headers` property of a body made by [`stored_start`], if it has one.
+pub fn stored_headers(stored: &[u8]) -> Option<FieldTable> {
+    let ([], properties) = parse_properties(stored_properties(stored)).ok()? else {
+        return None;
+    };
+    properties.headers().clone()
+}
+
 /// The encoded properties of a body made by [`stored_start`].
 pub fn stored_properties(stored: &[u8]) -> &[u8] {
     split(stored).map_or(&[], |parts| parts.properties)

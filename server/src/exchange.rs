@@ -4,8 +4,10 @@
 //! needs no state. A `direct` exchange routes it to every queue bound to it with exactly
 //! that routing key; a `fanout` exchange to every queue bound to it, whatever the keys; a
 //! `topic` exchange to every queue bound with a pattern the key matches (words between
-//! dots, `*` one word, `#` zero or more). `amq.direct`, `amq.fanout` and `amq.topic` exist
-//! from the start, as in RabbitMQ. One table serves every connection of a server.
+//! dots, `*` one word, `#` zero or more); a `headers` exchange to every queue bound with
+//! arguments the message's headers match (`x-match` `all` or `any`). `amq.direct`,
+//! `amq.fanout`, `amq.topic` and `amq.match` exist from the start, as in RabbitMQ. One
+//! table serves every connection of a server.
 //!
 //! With a data dir, durable exchanges and their bindings to durable queues are kept in
 //! [`FILE`] there, as RabbitMQ keeps them: every change to what the file holds is written
@@ -19,6 +21,7 @@ use std::fs;
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 
+use amq_protocol::types::{AMQPValue, FieldTable};
 use serde::{Deserialize, Serialize};
 
 /// The file, in the data dir, that keeps the durable exchanges and their bindings.
@@ -35,6 +38,8 @@ pub enum Kind {
     Fanout,
     /// To the queues bound with a pattern the routing key matches.
     Topic,
+    /// To the queues bound with arguments the message's headers match.
+    Headers,
 }
 
 impl Kind {
@@ -48,6 +53,7 @@ impl Kind {
             "direct" => Some(Kind::Direct),
             "fanout" => Some(Kind::Fanout),
             "topic" => Some(Kind::Topic),
+            "headers" => Some(Kind::Headers),
             _ => None,
         }
     }
@@ -121,6 +127,7 @@ impl Default for Exchanges {
             ("amq.direct", Kind::Direct),
             ("amq.fanout", Kind::Fanout),
             ("amq.topic", Kind::Topic),
+            ("amq.match", Kind::Headers),
         ] {
             let exchange = Exchange {
                 kind,
@@ -416,6 +423,17 @@ impl Exchanges {
     /// `None` when there is no such exchange. The default exchange routes to the queue
     /// named `key`.
     pub fn route(&self, exchange: &str, key: &str) -> Option<Vec<String>> {
+        self.route_with(exchange, key, None)
+    }
+
+    /// As [`route`](Exchanges::route), with the message's `headers` for a headers
+    /// exchange (which routes nothing without them, unless a binding asks for nothing).
+    pub fn route_with(
+        &self,
+        exchange: &str,
+        key: &str,
+        headers: Option<&FieldTable>,
+    ) -> Option<Vec<String>> {
         if exchange.is_empty() {
             return Some(vec![key.to_string()]);
         }
@@ -430,6 +448,10 @@ impl Exchanges {
                 .filter(|(pattern, _)| topic_matches(pattern, key))
                 .flat_map(|(_, q)| q.keys())
                 .collect::<std::collections::BTreeSet<_>>(),
+            Kind::Headers => (exchange.bindings.iter())
+                .filter(|(binding, _)| HeadersBinding::decode(binding).matches(headers))
+                .flat_map(|(_, q)| q.keys())
+                .collect(),
         };
         Some(queues.into_iter().cloned().collect())
     }
@@ -456,6 +478,111 @@ pub fn topic_matches(pattern: &str, key: &str) -> bool {
         at = next;
     }
     at[key.len()]
+}
+
+/// A headers exchange's binding: what its arguments ask of a message's headers. It is
+/// kept, in the bindings table and the exchange file, as the text [`encode`] makes in the
+/// place of a routing key, which a headers exchange does not read.
+///
+/// [`encode`]: HeadersBinding::encode
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct HeadersBinding {
+    /// `x-match` `any` (else `all`).
+    any: bool,
+    /// `x-match` ends `-with-x`: headers named `x-…` count too.
+    with_x: bool,
+    /// The headers asked for, by name, each value in [`header_value`]'s form (`None`
+    /// for a void value: the header's presence is enough).
+    pairs: BTreeMap<String, Option<String>>,
+}
+
+impl HeadersBinding {
+    /// The binding `arguments` ask for.
+    ///
+    /// # Errors
+    ///
+    /// An `x-match` that is not `all`, `any`, `all-with-x` or `any-with-x`, as RabbitMQ's
+    /// 406 says it.
+    pub fn from_arguments(arguments: &FieldTable) -> Result<HeadersBinding, String> {
+        let (any, with_x) = match arguments.inner().get("x-match") {
+            None => (false, false),
+            Some(AMQPValue::LongString(s)) => match s.as_bytes() {
+                b"all" => (false, false),
+                b"any" => (true, false),
+                b"all-with-x" => (false, true),
+                b"any-with-x" => (true, true),
+                other => {
+                    let other = String::from_utf8_lossy(other);
+                    return Err(format!("invalid x-match field value \"{other}\"; expected all, any, all-with-x, or any-with-x"));
+                }
+            },
+            Some(other) => return Err(format!("invalid x-match field value {other:?}")),
+        };
+        let pairs = (arguments.inner().iter())
+            .filter(|(name, _)| name.as_str() != "x-match")
+            .map(|(name, value)| (name.as_str().to_string(), header_value(value)))
+            .collect();
+        Ok(HeadersBinding { any, with_x, pairs })
+    }
+
+    /// The text kept for this binding.
+    pub fn encode(&self) -> String {
+        serde_json::to_string(self).expect("plain data serialises")
+    }
+
+    /// The binding a kept text holds; one that does not parse matches nothing.
+    fn decode(text: &str) -> HeadersBinding {
+        serde_json::from_str(text).unwrap_or(HeadersBinding {
+            any: true,
+            with_x: false,
+            pairs: BTreeMap::new(),
+        })
+    }
+
+    /// Whether a message with `headers` matches: with `all`, every header asked for is
+    /// there with its value; with `any`, one is. `all` of nothing matches every message,
+    /// `any` of nothing none.
+    pub fn matches(&self, headers: Option<&FieldTable>) -> bool {
+        let empty = FieldTable::default();
+        let headers = headers.unwrap_or(&empty).inner();
+        let found = |(name, wanted): (&String, &Option<String>)| {
+            if name.starts_with("x-") && !self.with_x {
+                return None;
+            }
+            let value = headers.get(name.as_str());
+            Some(match wanted {
+                None => value.is_some(),
+                Some(wanted) => value.and_then(header_value).as_ref() == Some(wanted),
+            })
+        };
+        let mut results = self.pairs.iter().filter_map(found);
+        if self.any {
+            results.any(|matched| matched)
+        } else {
+            results.all(|matched| matched)
+        }
+    }
+}
+
+/// A header value in a form that compares as RabbitMQ compares them (integers of any
+/// width alike, short and long strings alike); `None` for a void value.
+pub fn header_value(value: &AMQPValue) -> Option<String> {
+    let integer = |n: i128| Some(format!("i:{n}"));
+    match value {
+        AMQPValue::Void => None,
+        AMQPValue::Boolean(b) => Some(format!("b:{b}")),
+        AMQPValue::ShortShortInt(n) => integer((*n).into()),
+        AMQPValue::ShortShortUInt(n) => integer((*n).into()),
+        AMQPValue::ShortInt(n) => integer((*n).into()),
+        AMQPValue::ShortUInt(n) => integer((*n).into()),
+        AMQPValue::LongInt(n) => integer((*n).into()),
+        AMQPValue::LongUInt(n) => integer((*n).into()),
+        AMQPValue::LongLongInt(n) => integer((*n).into()),
+        AMQPValue::Timestamp(n) => Some(format!("t:{n}")),
+        AMQPValue::ShortString(s) => Some(format!("s:{}", s.as_str())),
+        AMQPValue::LongString(s) => Some(format!("s:{}", String::from_utf8_lossy(s.as_bytes()))),
+        other => Some(format!("o:{other:?}")),
+    }
 }
 
 /// The words of a topic key or pattern: none for an empty one.
@@ -518,6 +645,80 @@ mod tests {
             x.declare("logs", Kind::Direct, false),
             Err(Refusal::Inequivalent("type"))
         );
+    }
+
+    fn table(pairs: &[(&str, AMQPValue)]) -> FieldTable {
+        let mut table = FieldTable::default();
+        for (name, value) in pairs {
+            table.insert((*name).into(), value.clone());
+        }
+        table
+    }
+
+    fn text(s: &str) -> AMQPValue {
+        AMQPValue::LongString(s.into())
+    }
+
+    #[test]
+    fn a_headers_binding_matches_all_or_any_of_the_headers_it_names() {
+        let all = HeadersBinding::from_arguments(&table(&[
+            ("format", text("pdf")),
+            ("pages", AMQPValue::LongInt(3)),
+        ]))
+        .unwrap();
+        let any = HeadersBinding::from_arguments(&table(&[
+            ("x-match", text("any")),
+            ("format", text("pdf")),
+            ("pages", AMQPValue::LongInt(3)),
+        ]))
+        .unwrap();
+        // Integers of any width compare alike, short and long strings alike.
+        let both = table(&[
+            ("format", AMQPValue::ShortString("pdf".into())),
+            ("pages", AMQPValue::ShortShortUInt(3)),
+            ("extra", AMQPValue::Boolean(true)),
+        ]);
+        let one = table(&[("format", text("pdf")), ("pages", AMQPValue::LongInt(4))]);
+        assert!(all.matches(Some(&both)) && any.matches(Some(&both)));
+        assert!(!all.matches(Some(&one)) && any.matches(Some(&one)));
+        assert!(!all.matches(None) && !any.matches(None));
+        // A void value asks only that the header be there.
+        let present =
+            HeadersBinding::from_arguments(&table(&[("format", AMQPValue::Void)])).unwrap();
+        assert!(present.matches(Some(&one)) && !present.matches(None));
+        // `x-` headers count only with `-with-x`; `all` of nothing matches every message.
+        let x = table(&[("x-tenant", text("a"))]);
+        let plain = HeadersBinding::from_arguments(&x).unwrap();
+        assert!(plain.matches(None), "nothing asked for");
+        let mut with_x = x.clone();
+        with_x.insert("x-match".into(), text("all-with-x"));
+        let with_x = HeadersBinding::from_arguments(&with_x).unwrap();
+        assert!(!with_x.matches(None) && with_x.matches(Some(&x)));
+        assert!(HeadersBinding::from_arguments(&table(&[("x-match", text("most"))])).is_err());
+    }
+
+    #[test]
+    fn a_headers_exchange_routes_each_matching_queue_once_and_keeps_its_bindings() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut x = Exchanges::open(dir.path(), |_| true).unwrap();
+        x.declare("docs", Kind::Headers, true).unwrap();
+        let pdf = HeadersBinding::from_arguments(&table(&[("format", text("pdf"))])).unwrap();
+        let zip = HeadersBinding::from_arguments(&table(&[("format", text("zip"))])).unwrap();
+        x.bind("docs", &pdf.encode(), "printer", true).unwrap();
+        x.bind("docs", &zip.encode(), "archive", true).unwrap();
+        let message = table(&[("format", text("pdf"))]);
+        assert_eq!(
+            x.route_with("docs", "k", Some(&message)).unwrap(),
+            ["printer"]
+        );
+        assert!(x.route_with("docs", "k", None).unwrap().is_empty());
+        let back = Exchanges::open(dir.path(), |_| true).unwrap();
+        assert_eq!(back.kind("docs"), Some(Kind::Headers));
+        assert_eq!(
+            back.route_with("docs", "k", Some(&message)).unwrap(),
+            ["printer"]
+        );
+        assert_eq!(back.kind("amq.match"), Some(Kind::Headers));
     }
 
     #[test]

@@ -23,7 +23,7 @@ use leasemq::{
 use super::publish::{Incoming, Pending};
 use super::{code, method_name, reply_text, Connection, Declared, Fault, Subscription};
 use crate::content::PropertiesSeen;
-use crate::exchange::{Exchanges, Kind, Refusal};
+use crate::exchange::{Exchanges, HeadersBinding, Kind, Refusal};
 use crate::wire::{GenFailed, Output};
 use crate::{arguments, content, wire};
 
@@ -814,19 +814,35 @@ impl Connection {
     /// `queue.bind` of an existing queue to a direct exchange.
     fn bind(&mut self, ch: u16, bind: queue::Bind) -> Result<(), Fault> {
         let m = AMQPClass::Queue(queue::AMQPMethod::Bind(bind.clone()));
-        if let Some(arg) = bind.arguments.inner().keys().next() {
-            let text = format!("binding argument '{arg}' is not supported by leasemqd yet");
-            return Err(Fault::connection(code::NOT_IMPLEMENTED, text).for_method(&m));
-        }
-        let queue = self.named_queue(ch, bind.queue.as_str(), &m)?;
         let name = bind.exchange.as_str();
+        let kind = (self.settings.exchanges.lock().expect("never poisoned")).kind(name);
+        let key = match kind {
+            // A headers exchange routes by the binding's arguments, kept in the key's
+            // place (it reads no routing key).
+            Some(Kind::Headers) => HeadersBinding::from_arguments(&bind.arguments)
+                .map(|b| b.encode())
+                .map_err(|why| {
+                    let text = format!("PRECONDITION_FAILED - {why}");
+                    Fault::channel(ch, code::PRECONDITION_FAILED, text, &m)
+                })?,
+            _ => {
+                if let Some(arg) = bind.arguments.inner().keys().next() {
+                    let text = format!(
+                        "binding argument '{arg}' is not supported by leasemqd yet (only on a headers exchange)"
+                    );
+                    return Err(Fault::connection(code::NOT_IMPLEMENTED, text).for_method(&m));
+                }
+                bind.routing_key.to_string()
+            }
+        };
+        let queue = self.named_queue(ch, bind.queue.as_str(), &m)?;
         // Kept across a restart only if the queue is: durable, and not exclusive.
         let exclusive =
             (self.settings.exclusive.lock().expect("never poisoned")).contains_key(queue.name());
         let durable_queue = queue.is_durable() && !exclusive;
         let mut exchanges = self.settings.exchanges.lock().expect("never poisoned");
         exchanges
-            .bind(name, bind.routing_key.as_str(), queue.name(), durable_queue)
+            .bind(name, &key, queue.name(), durable_queue)
             .map_err(|r| exchange_fault(ch, r, name, &m))?;
         drop(exchanges);
         if !bind.nowait {
@@ -844,9 +860,20 @@ impl Connection {
         self.check_exclusive(ch, queue, &m)?;
         let name = unbind.exchange.as_str();
         let mut exchanges = self.settings.exchanges.lock().expect("never poisoned");
-        exchanges
-            .unbind(name, unbind.routing_key.as_str(), queue)
-            .map_err(|r| exchange_fault(ch, r, name, &m))?;
+        // The binding as `bind` keeps it; arguments on another exchange's binding name
+        // one that was never made, and removing it changes nothing.
+        let key = match exchanges.kind(name) {
+            Some(Kind::Headers) => HeadersBinding::from_arguments(&unbind.arguments)
+                .ok()
+                .map(|b| b.encode()),
+            _ if unbind.arguments.inner().is_empty() => Some(unbind.routing_key.to_string()),
+            _ => None,
+        };
+        if let Some(key) = key {
+            exchanges
+                .unbind(name, &key, queue)
+                .map_err(|r| exchange_fault(ch, r, name, &m))?;
+        }
         drop(exchanges);
         let ok = queue::AMQPMethod::UnbindOk(queue::UnbindOk {});
         self.send(ch, AMQPClass::Queue(ok));
@@ -1043,12 +1070,12 @@ fn flag_value(arg: &str, declared: &Declared) -> &'static str {
     }
 }
 
-/// The answer to an `exchange.declare` of a type not served: a type RabbitMQ serves
-/// (`headers`, a plugin's `x-…`) is a 540; one no broker knows, RabbitMQ's 503.
+/// The answer to an `exchange.declare` of a type not served: a plugin's (`x-…`) is a
+/// 540; one no broker knows, RabbitMQ's 503.
 fn unserved_exchange_type(kind: &str, m: &AMQPClass) -> Fault {
-    if kind == "headers" || kind.starts_with("x-") {
+    if kind.starts_with("x-") {
         let text = format!(
-            "exchange type '{kind}' is not supported by leasemqd yet (direct, fanout and topic are)"
+            "exchange type '{kind}' is not supported by leasemqd yet (direct, fanout, topic and headers are)"
         );
         Fault::connection(code::NOT_IMPLEMENTED, text).for_method(m)
     } else {

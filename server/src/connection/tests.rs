@@ -626,7 +626,7 @@ fn an_unsupported_method_closes_the_connection_with_540() {
     let mut c = Client::open();
     let declare = exchange::Declare {
         exchange: "logs".into(),
-        kind: "headers".into(),
+        kind: "x-delayed-message".into(),
         ..exchange::Declare::default()
     };
     let out = c.feed(&[method(

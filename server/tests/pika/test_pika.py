@@ -208,12 +208,12 @@ def test_passive_declare_of_a_missing_queue_is_a_channel_error():
     conn.close()
 
 
-@leasemq_only("headers exchanges are not served; RabbitMQ has them")
+@leasemq_only("a plugin's exchange type: RabbitMQ serves it with the plugin, 503 without")
 def test_an_unsupported_method_closes_the_connection_with_540():
     conn = connect()
     ch = conn.channel()
     with pytest.raises(pika.exceptions.ConnectionClosedByBroker) as err:
-        ch.exchange_declare(exchange="matches", exchange_type="headers")
+        ch.exchange_declare(exchange="later", exchange_type="x-delayed-message")
     assert err.value.reply_code == 540
 
 
@@ -818,4 +818,41 @@ def test_a_get_with_auto_ack_moves_no_other_message():
     assert (body, method.redelivered) == (b"m0", True)
     assert ch.basic_get(queue, auto_ack=True)[2] == b"m2"
     ch.queue_delete(queue)
+    conn.close()
+
+
+def test_a_headers_exchange_routes_by_the_headers_the_binding_asks_for():
+    conn = connect()
+    ch = conn.channel()
+    exchange = f"docs-{uuid.uuid4().hex[:8]}"
+    ch.exchange_declare(exchange, exchange_type="headers")
+    every = ch.queue_declare(queue="", exclusive=True).method.queue
+    either = ch.queue_declare(queue="", exclusive=True).method.queue
+    ch.queue_bind(every, exchange, arguments={"x-match": "all", "format": "pdf", "type": "report"})
+    ch.queue_bind(either, exchange, arguments={"x-match": "any", "format": "pdf", "type": "log"})
+    ch.confirm_delivery()
+    for name, headers in [
+        ("pdf report", {"format": "pdf", "type": "report"}),
+        ("pdf", {"format": "pdf"}),
+        ("zip log", {"format": "zip", "type": "log"}),
+        ("zip report", {"format": "zip", "type": "report"}),
+        ("none", None),
+    ]:
+        ch.basic_publish(exchange, "ignored", name.encode(), pika.BasicProperties(headers=headers))
+
+    def drain(queue):
+        got = []
+        while True:
+            method, _, body = ch.basic_get(queue=queue, auto_ack=True)
+            if method is None:
+                return got
+            got.append(body.decode())
+
+    assert drain(every) == ["pdf report"]
+    assert drain(either) == ["pdf report", "pdf", "zip log"]
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as closed:
+        ch.queue_bind(every, exchange, arguments={"x-match": "most"})
+    assert closed.value.reply_code == 406
+    ch = conn.channel()
+    ch.exchange_delete(exchange)
     conn.close()
