@@ -53,6 +53,16 @@ def assert_gone(channel, queue):
     assert closed.value.reply_code == 404
 
 
+def drain(channel, queue):
+    """The bodies of every message ready in `queue`, taken with auto_ack, in order."""
+    got = []
+    while True:
+        method, _, body = channel.basic_get(queue=queue, auto_ack=True)
+        if method is None:
+            return got
+        got.append(body.decode())
+
+
 def fresh_queue(channel, prefix):
     name = f"{prefix}-{uuid.uuid4().hex[:8]}"
     ok = channel.queue_declare(queue=name, durable=True)
@@ -252,16 +262,8 @@ def test_a_topic_exchange_routes_by_pattern():
                 "quick.orange.male.rabbit", "lazy.orange.male.rabbit"]:
         ch.basic_publish(exchange=exchange, routing_key=key, body=key.encode())
 
-    def drain(queue):
-        got = []
-        while True:
-            method, _, body = ch.basic_get(queue=queue, auto_ack=True)
-            if method is None:
-                return got
-            got.append(body.decode())
-
-    assert drain(q1) == ["quick.orange.rabbit", "lazy.orange.elephant", "quick.orange.fox"]
-    assert drain(q2) == ["quick.orange.rabbit", "lazy.orange.elephant", "lazy.brown.fox",
+    assert drain(ch, q1) == ["quick.orange.rabbit", "lazy.orange.elephant", "quick.orange.fox"]
+    assert drain(ch, q2) == ["quick.orange.rabbit", "lazy.orange.elephant", "lazy.brown.fox",
                          "lazy.pink.rabbit", "lazy.orange.male.rabbit"]
     ch.exchange_delete(exchange)
     conn.close()
@@ -840,16 +842,8 @@ def test_a_headers_exchange_routes_by_the_headers_the_binding_asks_for():
     ]:
         ch.basic_publish(exchange, "ignored", name.encode(), pika.BasicProperties(headers=headers))
 
-    def drain(queue):
-        got = []
-        while True:
-            method, _, body = ch.basic_get(queue=queue, auto_ack=True)
-            if method is None:
-                return got
-            got.append(body.decode())
-
-    assert drain(every) == ["pdf report"]
-    assert drain(either) == ["pdf report", "pdf", "zip log"]
+    assert drain(ch, every) == ["pdf report"]
+    assert drain(ch, either) == ["pdf report", "pdf", "zip log"]
     with pytest.raises(pika.exceptions.ChannelClosedByBroker) as closed:
         ch.queue_bind(every, exchange, arguments={"x-match": "most"})
     assert closed.value.reply_code == 406
