@@ -118,18 +118,25 @@ pub struct Declared {
 }
 
 impl Declared {
-    /// The first flag `other` differs in, by its name in RabbitMQ's 406 (`exclusive` is a
-    /// 405, checked apart).
-    pub fn inequivalent(&self, other: &Declared) -> Option<&'static str> {
-        if self.durable != other.durable {
-            Some("durable")
-        } else if self.auto_delete != other.auto_delete {
-            Some("auto_delete")
-        } else if self.quorum != other.quorum {
-            Some("x-queue-type")
-        } else {
-            None
-        }
+    /// The first flag `other` differs in, as RabbitMQ's 406 names it: the flag, `other`'s
+    /// value and this one's (`exclusive` is a 405, checked apart).
+    pub fn inequivalent(&self, other: &Declared) -> Option<(&'static str, String, String)> {
+        let kind = |d: &Declared| if d.quorum { "quorum" } else { "classic" };
+        let differs =
+            |arg, ours: String, theirs: String| (ours != theirs).then_some((arg, theirs, ours));
+        differs(
+            "durable",
+            self.durable.to_string(),
+            other.durable.to_string(),
+        )
+        .or_else(|| {
+            differs(
+                "auto_delete",
+                self.auto_delete.to_string(),
+                other.auto_delete.to_string(),
+            )
+        })
+        .or_else(|| differs("x-queue-type", kind(self).into(), kind(other).into()))
     }
 }
 

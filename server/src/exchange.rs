@@ -280,12 +280,7 @@ impl Exchanges {
     }
 
     /// `exchange.declare`: made when new, checked against the existing one otherwise.
-    pub fn declare(&mut self, name: &str, kind: Kind, durable: bool) -> Result<(), Refusal> {
-        self.declare_with(name, kind, durable, false)
-    }
-
-    /// As [`declare`](Exchanges::declare), for an exchange that is `auto_delete` or not.
-    pub fn declare_with(
+    pub fn declare(
         &mut self,
         name: &str,
         kind: Kind,
@@ -421,18 +416,13 @@ impl Exchanges {
 
     /// The queues a publish to `exchange` with `key` goes to, in name order and each once;
     /// `None` when there is no such exchange. The default exchange routes to the queue
-    /// named `key`.
-    pub fn route(&self, exchange: &str, key: &str) -> Option<Vec<String>> {
-        self.route_with(exchange, key, None)
-    }
-
-    /// As [`route`](Exchanges::route), with the message's `headers` for a headers
-    /// exchange (which routes nothing without them, unless a binding asks for nothing).
-    pub fn route_with(
+    /// named `key`; a headers exchange asks `headers` for the message's headers (only it
+    /// does, so that no other publish pays for parsing them).
+    pub fn route(
         &self,
         exchange: &str,
         key: &str,
-        headers: Option<&FieldTable>,
+        headers: impl FnOnce() -> Option<FieldTable>,
     ) -> Option<Vec<String>> {
         if exchange.is_empty() {
             return Some(vec![key.to_string()]);
@@ -448,10 +438,15 @@ impl Exchanges {
                 .filter(|(pattern, _)| topic_matches(pattern, key))
                 .flat_map(|(_, q)| q.keys())
                 .collect::<std::collections::BTreeSet<_>>(),
-            Kind::Headers => (exchange.bindings.iter())
-                .filter(|(binding, _)| HeadersBinding::decode(binding).matches(headers))
-                .flat_map(|(_, q)| q.keys())
-                .collect(),
+            Kind::Headers => {
+                let headers = headers();
+                (exchange.bindings.iter())
+                    .filter(|(binding, _)| {
+                        HeadersBinding::decode(binding).matches(headers.as_ref())
+                    })
+                    .flat_map(|(_, q)| q.keys())
+                    .collect()
+            }
         };
         Some(queues.into_iter().cloned().collect())
     }
@@ -615,34 +610,43 @@ mod tests {
     #[test]
     fn a_direct_exchange_routes_by_exact_key_to_every_bound_queue() {
         let mut x = Exchanges::default();
-        x.declare("orders", Kind::Direct, true).unwrap();
+        x.declare("orders", Kind::Direct, true, false).unwrap();
         x.bind("orders", "paid", "billing", true).unwrap();
         x.bind("orders", "paid", "audit", true).unwrap();
         x.bind("orders", "shipped", "audit", true).unwrap();
         x.bind("orders", "paid", "audit", true).unwrap(); // twice is once
-        assert_eq!(x.route("orders", "paid").unwrap(), ["audit", "billing"]);
-        assert_eq!(x.route("orders", "shipped").unwrap(), ["audit"]);
-        assert!(x.route("orders", "Paid").unwrap().is_empty());
-        assert_eq!(x.route("", "anything").unwrap(), ["anything"]);
-        assert_eq!(x.route("nowhere", "paid"), None);
+        assert_eq!(
+            x.route("orders", "paid", || None).unwrap(),
+            ["audit", "billing"]
+        );
+        assert_eq!(x.route("orders", "shipped", || None).unwrap(), ["audit"]);
+        assert!(x.route("orders", "Paid", || None).unwrap().is_empty());
+        assert_eq!(x.route("", "anything", || None).unwrap(), ["anything"]);
+        assert_eq!(x.route("nowhere", "paid", || None), None);
         x.unbind("orders", "paid", "audit").unwrap();
-        assert_eq!(x.route("orders", "paid").unwrap(), ["billing"]);
+        assert_eq!(x.route("orders", "paid", || None).unwrap(), ["billing"]);
         x.unbind_queue("billing").unwrap();
-        assert!(x.route("orders", "paid").unwrap().is_empty());
-        assert_eq!(x.route("orders", "shipped").unwrap(), ["audit"]);
+        assert!(x.route("orders", "paid", || None).unwrap().is_empty());
+        assert_eq!(x.route("orders", "shipped", || None).unwrap(), ["audit"]);
     }
 
     #[test]
     fn a_fanout_exchange_routes_to_every_bound_queue_whatever_the_key() {
         let mut x = Exchanges::default();
-        x.declare("logs", Kind::Fanout, false).unwrap();
+        x.declare("logs", Kind::Fanout, false, false).unwrap();
         x.bind("logs", "", "one", false).unwrap();
         x.bind("logs", "ignored", "two", false).unwrap();
         x.bind("logs", "other", "two", false).unwrap();
-        assert_eq!(x.route("logs", "anything").unwrap(), ["one", "two"]);
-        assert_eq!(x.route("amq.fanout", "k").unwrap(), Vec::<String>::new());
         assert_eq!(
-            x.declare("logs", Kind::Direct, false),
+            x.route("logs", "anything", || None).unwrap(),
+            ["one", "two"]
+        );
+        assert_eq!(
+            x.route("amq.fanout", "k", || None).unwrap(),
+            Vec::<String>::new()
+        );
+        assert_eq!(
+            x.declare("logs", Kind::Direct, false, false),
             Err(Refusal::Inequivalent("type"))
         );
     }
@@ -701,21 +705,21 @@ mod tests {
     fn a_headers_exchange_routes_each_matching_queue_once_and_keeps_its_bindings() {
         let dir = tempfile::tempdir().unwrap();
         let mut x = Exchanges::open(dir.path(), |_| true).unwrap();
-        x.declare("docs", Kind::Headers, true).unwrap();
+        x.declare("docs", Kind::Headers, true, false).unwrap();
         let pdf = HeadersBinding::from_arguments(&table(&[("format", text("pdf"))])).unwrap();
         let zip = HeadersBinding::from_arguments(&table(&[("format", text("zip"))])).unwrap();
         x.bind("docs", &pdf.encode(), "printer", true).unwrap();
         x.bind("docs", &zip.encode(), "archive", true).unwrap();
         let message = table(&[("format", text("pdf"))]);
         assert_eq!(
-            x.route_with("docs", "k", Some(&message)).unwrap(),
+            x.route("docs", "k", || Some(message.clone())).unwrap(),
             ["printer"]
         );
-        assert!(x.route_with("docs", "k", None).unwrap().is_empty());
+        assert!(x.route("docs", "k", || None).unwrap().is_empty());
         let back = Exchanges::open(dir.path(), |_| true).unwrap();
         assert_eq!(back.kind("docs"), Some(Kind::Headers));
         assert_eq!(
-            back.route_with("docs", "k", Some(&message)).unwrap(),
+            back.route("docs", "k", || Some(message.clone())).unwrap(),
             ["printer"]
         );
         assert_eq!(back.kind("amq.match"), Some(Kind::Headers));
@@ -724,12 +728,12 @@ mod tests {
     #[test]
     fn a_topic_exchange_routes_by_pattern_each_queue_once() {
         let mut x = Exchanges::default();
-        x.declare("events", Kind::Topic, true).unwrap();
+        x.declare("events", Kind::Topic, true, false).unwrap();
         x.bind("events", "*.orange.*", "q1", true).unwrap();
         x.bind("events", "*.*.rabbit", "q2", true).unwrap();
         x.bind("events", "lazy.#", "q2", true).unwrap();
         x.bind("events", "#", "all", true).unwrap();
-        let route = |key| x.route("events", key).unwrap();
+        let route = |key| x.route("events", key, || None).unwrap();
         assert_eq!(route("quick.orange.rabbit"), ["all", "q1", "q2"]);
         assert_eq!(route("lazy.orange.elephant"), ["all", "q1", "q2"]);
         assert_eq!(route("quick.orange.fox"), ["all", "q1"]);
@@ -772,8 +776,7 @@ mod tests {
     #[test]
     fn an_auto_delete_exchange_goes_with_its_last_binding() {
         let mut x = Exchanges::default();
-        x.declare_with("replies", Kind::Direct, false, true)
-            .unwrap();
+        x.declare("replies", Kind::Direct, false, true).unwrap();
         x.unbind("replies", "k", "nobody").unwrap();
         assert!(x.exists("replies"), "never bound: it stays");
         x.bind("replies", "a", "one", false).unwrap();
@@ -782,12 +785,12 @@ mod tests {
         assert!(x.exists("replies"), "one binding left");
         x.unbind_queue("two").unwrap();
         assert!(!x.exists("replies"));
-        x.declare("plain", Kind::Direct, false).unwrap();
+        x.declare("plain", Kind::Direct, false, false).unwrap();
         x.bind("plain", "a", "one", false).unwrap();
         x.unbind("plain", "a", "one").unwrap();
         assert!(x.exists("plain"));
         assert_eq!(
-            x.declare_with("plain", Kind::Direct, false, true),
+            x.declare("plain", Kind::Direct, false, true),
             Err(Refusal::Inequivalent("auto_delete"))
         );
     }
@@ -797,15 +800,15 @@ mod tests {
         let mut x = Exchanges::default();
         assert!(x.exists("") && x.exists("amq.direct"));
         assert_eq!(
-            x.declare("amq.mine", Kind::Direct, true),
+            x.declare("amq.mine", Kind::Direct, true, false),
             Err(Refusal::Reserved)
         );
-        assert_eq!(x.declare("amq.direct", Kind::Direct, true), Ok(()));
+        assert_eq!(x.declare("amq.direct", Kind::Direct, true, false), Ok(()));
         assert_eq!(x.bind("", "k", "q", true), Err(Refusal::Reserved));
         assert_eq!(x.bind("missing", "k", "q", true), Err(Refusal::NotFound));
-        x.declare("logs", Kind::Direct, false).unwrap();
+        x.declare("logs", Kind::Direct, false, false).unwrap();
         assert_eq!(
-            x.declare("logs", Kind::Direct, true),
+            x.declare("logs", Kind::Direct, true, false),
             Err(Refusal::Inequivalent("durable"))
         );
         x.bind("logs", "error", "alerts", true).unwrap();
@@ -827,27 +830,27 @@ mod kept {
     fn durable_exchanges_and_bindings_of_queues_that_came_back_survive_a_restart() {
         let dir = tempfile::tempdir().unwrap();
         let mut x = Exchanges::open(dir.path(), |_| true).unwrap();
-        x.declare("orders", Kind::Direct, true).unwrap();
-        x.declare("scratch", Kind::Direct, false).unwrap();
+        x.declare("orders", Kind::Direct, true, false).unwrap();
+        x.declare("scratch", Kind::Direct, false, false).unwrap();
         x.bind("orders", "paid", "billing", true).unwrap();
         x.bind("orders", "paid", "gone", true).unwrap();
         x.bind("orders", "paid", "transient", false).unwrap();
         x.bind("amq.direct", "k", "billing", true).unwrap();
         x.bind("scratch", "k", "billing", true).unwrap();
-        x.declare("dropped", Kind::Direct, true).unwrap();
+        x.declare("dropped", Kind::Direct, true, false).unwrap();
         x.delete("dropped", false).unwrap();
         assert_eq!(
-            x.route("orders", "paid").unwrap(),
+            x.route("orders", "paid", || None).unwrap(),
             ["billing", "gone", "transient"]
         );
         let back = Exchanges::open(dir.path(), |q| q != "gone").unwrap();
-        assert_eq!(back.route("orders", "paid").unwrap(), ["billing"]);
-        assert_eq!(back.route("amq.direct", "k").unwrap(), ["billing"]);
+        assert_eq!(back.route("orders", "paid", || None).unwrap(), ["billing"]);
+        assert_eq!(back.route("amq.direct", "k", || None).unwrap(), ["billing"]);
         assert!(!back.exists("scratch") && !back.exists("dropped"));
         // The binding whose queue did not come back left the file too: a queue of that
         // name that exists at the next start does not get it.
         let again = Exchanges::open(dir.path(), |_| true).unwrap();
-        assert_eq!(again.route("orders", "paid").unwrap(), ["billing"]);
+        assert_eq!(again.route("orders", "paid", || None).unwrap(), ["billing"]);
         // Direct exchanges only: a file a build serving only those reads.
         let text = fs::read_to_string(dir.path().join(FILE)).unwrap();
         assert!(
@@ -856,13 +859,11 @@ mod kept {
         );
         // So does each exchange's type; a file from before types had none: direct.
         let mut typed = Exchanges::open(dir.path(), |_| true).unwrap();
-        typed.declare("events", Kind::Topic, true).unwrap();
+        typed.declare("events", Kind::Topic, true, false).unwrap();
         typed.bind("events", "a.*", "billing", true).unwrap();
         let text = fs::read_to_string(dir.path().join(FILE)).unwrap();
         assert!(text.contains(r#""version": 2"#), "{text}");
-        typed
-            .declare_with("replies", Kind::Direct, true, true)
-            .unwrap();
+        typed.declare("replies", Kind::Direct, true, true).unwrap();
         typed.bind("replies", "k", "gone", true).unwrap();
         let back = Exchanges::open(dir.path(), |q| q != "gone").unwrap();
         assert!(
@@ -871,15 +872,15 @@ mod kept {
         );
         let back = Exchanges::open(dir.path(), |_| true).unwrap();
         assert_eq!(back.kind("events"), Some(Kind::Topic));
-        assert_eq!(back.route("events", "a.b").unwrap(), ["billing"]);
+        assert_eq!(back.route("events", "a.b", || None).unwrap(), ["billing"]);
         let old = r#"{"version": 1, "exchanges": [{"name": "orders", "bindings": [["paid", "billing"]]}]}"#;
         fs::write(dir.path().join(FILE), old).unwrap();
         let back = Exchanges::open(dir.path(), |_| true).unwrap();
         assert_eq!(back.kind("orders"), Some(Kind::Direct));
-        assert_eq!(back.route("orders", "paid").unwrap(), ["billing"]);
+        assert_eq!(back.route("orders", "paid", || None).unwrap(), ["billing"]);
         // Without a data dir nothing is kept anywhere.
         let mut memory = Exchanges::default();
-        memory.declare("orders", Kind::Direct, true).unwrap();
+        memory.declare("orders", Kind::Direct, true, false).unwrap();
         assert!(memory.file.is_none());
     }
 
@@ -889,16 +890,16 @@ mod kept {
     fn a_write_that_fails_changes_nothing_and_a_damaged_file_is_refused() {
         let dir = tempfile::tempdir().unwrap();
         let mut x = Exchanges::open(dir.path(), |_| true).unwrap();
-        x.declare("orders", Kind::Direct, true).unwrap();
+        x.declare("orders", Kind::Direct, true, false).unwrap();
         // A directory where the temporary file would go makes the write fail.
         fs::create_dir(dir.path().join(FILE).with_extension("json.tmp")).unwrap();
         assert!(matches!(
             x.bind("orders", "k", "q", true),
             Err(Refusal::Storage(_))
         ));
-        assert!(x.route("orders", "k").unwrap().is_empty());
+        assert!(x.route("orders", "k", || None).unwrap().is_empty());
         // Changes to exchanges that are not durable need no write.
-        x.declare("scratch", Kind::Direct, false).unwrap();
+        x.declare("scratch", Kind::Direct, false, false).unwrap();
         x.bind("scratch", "k", "q", true).unwrap();
         fs::write(dir.path().join(FILE), b"{ not json").unwrap();
         let err = Exchanges::open(dir.path(), |_| true).unwrap_err();

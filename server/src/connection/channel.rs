@@ -23,7 +23,7 @@ use leasemq::{
 use super::publish::{Incoming, Pending};
 use super::{code, method_name, reply_text, Connection, Declared, Fault, Subscription};
 use crate::content::PropertiesSeen;
-use crate::exchange::{Exchanges, HeadersBinding, Kind, Refusal};
+use crate::exchange::{HeadersBinding, Kind, Refusal};
 use crate::wire::{GenFailed, Output};
 use crate::{arguments, content, wire};
 
@@ -436,11 +436,9 @@ impl Connection {
             );
             return Err(Fault::channel(ch, code::RESOURCE_LOCKED, text, m));
         }
-        if let Some(arg) = known.inequivalent(declared) {
+        if let Some((arg, received, current)) = known.inequivalent(declared) {
             let text = format!(
-                "PRECONDITION_FAILED - inequivalent arg '{arg}' for queue '{name}' in vhost '/': received '{}' but current is '{}'",
-                flag_value(arg, declared),
-                flag_value(arg, &known),
+                "PRECONDITION_FAILED - inequivalent arg '{arg}' for queue '{name}' in vhost '/': received '{received}' but current is '{current}'"
             );
             return Err(Fault::channel(ch, code::PRECONDITION_FAILED, text, m));
         }
@@ -764,28 +762,30 @@ impl Connection {
                 let text = format!("NOT_FOUND - no exchange '{name}' in vhost '/'");
                 return Err(Fault::channel(ch, code::NOT_FOUND, text, &m));
             }
-        } else if let Some(what) = inequivalent_exchange(&exchanges, &declare) {
-            // An existing exchange is not internal and has no arguments: a redeclare
-            // that differs is the client's mistake, a 406 on the channel as in RabbitMQ,
-            // not a feature leasemqd lacks.
-            return Err(exchange_fault(ch, Refusal::Inequivalent(what), name, &m));
         } else {
             let kind = declare.kind.as_str();
             let Some(served) = Kind::named(kind) else {
                 return Err(unserved_exchange_type(kind, &m));
             };
             let unsupported = if declare.internal {
-                Some("an internal exchange".to_string())
+                Some(("internal", "an internal exchange".to_string()))
             } else {
                 (declare.arguments.inner().keys().next())
-                    .map(|arg| format!("exchange argument '{arg}'"))
+                    .map(|arg| ("arguments", format!("exchange argument '{arg}'")))
             };
-            if let Some(what) = unsupported {
-                let text = format!("{what} is not supported by leasemqd yet");
+            if let Some((what, feature)) = unsupported {
+                // An existing exchange is not internal and has no arguments: a redeclare
+                // that says otherwise is the client's mistake, a 406 on the channel as in
+                // RabbitMQ, not a feature leasemqd lacks.
+                if !name.is_empty() && exchanges.exists(name) {
+                    return Err(exchange_fault(ch, Refusal::Inequivalent(what), name, &m));
+                }
+                let text = format!("{feature} is not supported by leasemqd yet");
                 return Err(Fault::connection(code::NOT_IMPLEMENTED, text).for_method(&m));
             }
+            // Type, durability and auto-delete are checked where exchanges are kept.
             exchanges
-                .declare_with(name, served, declare.durable, declare.auto_delete)
+                .declare(name, served, declare.durable, declare.auto_delete)
                 .map_err(|r| exchange_fault(ch, r, name, &m))?;
         }
         drop(exchanges);
@@ -933,8 +933,8 @@ impl Connection {
             if let Some(stopped) = state.stopped.iter_mut().find(|s| s.number == consumer) {
                 stopped.outstanding -= 1;
                 // What a client hands back with `requeue` after cancelling, it never gave
-                // its application (pika nacks what it had buffered): a release, which
-                // costs no attempt.
+                // its application (a delivery in flight when it cancelled, which pika
+                // hands back as it arrives): a release, which costs no attempt.
                 if stopped.cancelled && how == requeue(true) {
                     releases.push((queue, tag, Settle::Release));
                     continue;
@@ -1056,20 +1056,6 @@ fn requeue(requeue: bool) -> Settle {
     }
 }
 
-/// How RabbitMQ's 406 shows a declared flag's value.
-fn flag_value(arg: &str, declared: &Declared) -> &'static str {
-    let on = match arg {
-        "durable" => declared.durable,
-        "auto_delete" => declared.auto_delete,
-        _ => return if declared.quorum { "quorum" } else { "classic" },
-    };
-    if on {
-        "true"
-    } else {
-        "false"
-    }
-}
-
 /// The answer to an `exchange.declare` of a type not served: a plugin's (`x-…`) is a
 /// 540; one no broker knows, RabbitMQ's 503.
 fn unserved_exchange_type(kind: &str, m: &AMQPClass) -> Fault {
@@ -1081,30 +1067,6 @@ fn unserved_exchange_type(kind: &str, m: &AMQPClass) -> Fault {
     } else {
         let text = format!("COMMAND_INVALID - unknown exchange type '{kind}'");
         Fault::connection(code::COMMAND_INVALID, text).for_method(m)
-    }
-}
-
-/// What an existing exchange would differ in from `declare`, if it exists and differs
-/// (leasemqd's exchanges are not internal and have no arguments; `durable` and
-/// `auto_delete` are checked where they are kept).
-fn inequivalent_exchange(
-    exchanges: &Exchanges,
-    declare: &exchange::Declare,
-) -> Option<&'static str> {
-    let name = declare.exchange.as_str();
-    let existing = if name.is_empty() {
-        return None;
-    } else {
-        exchanges.kind(name)?
-    };
-    if Kind::named(declare.kind.as_str()) != Some(existing) {
-        Some("type")
-    } else if declare.internal {
-        Some("internal")
-    } else if !declare.arguments.inner().is_empty() {
-        Some("arguments")
-    } else {
-        None
     }
 }
 

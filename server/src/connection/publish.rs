@@ -14,7 +14,6 @@ use leasemq::{DeliveryTag, Error, Message, PendingPutBatch, Queue, Settle};
 use super::channel::broker_fault;
 use super::{code, Connection, Fault};
 use crate::content;
-use crate::exchange::Kind;
 use crate::wire::{self, BASIC_CLASS};
 
 /// The longest message id the broker takes (contract §3 Limits).
@@ -254,13 +253,9 @@ impl Connection {
                 .collect()
         } else {
             let exchanges = self.settings.exchanges.lock().expect("never poisoned");
-            // A headers exchange reads the message's headers: parsed here, for it only.
-            let headers = match exchanges.kind(exchange) {
-                Some(Kind::Headers) => content::stored_headers(&content.stored),
-                _ => None,
-            };
-            let key = publish.routing_key.as_str();
-            let routed = exchanges.route_with(exchange, key, headers.as_ref());
+            // Only a headers exchange asks for the message's headers, parsed then.
+            let headers = || content::stored_headers(&content.stored);
+            let routed = exchanges.route(exchange, publish.routing_key.as_str(), headers);
             drop(exchanges);
             let Some(names) = routed else {
                 let text = format!("NOT_FOUND - no exchange '{exchange}' in vhost '/'");
