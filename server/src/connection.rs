@@ -20,6 +20,7 @@
 mod channel;
 mod consumers;
 mod publish;
+mod reply_to;
 
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
@@ -587,7 +588,22 @@ impl Connection {
             .message_id()
             .as_ref()
             .map(|id| id.as_str().to_owned());
-        let refused = refused_properties(properties, &self.settings.user);
+        let mut refused = refused_properties(properties, &self.settings.user);
+        let channel = || self.channels.get(&header.channel);
+        let rewritten = match reply_to::direct_reply_properties(channel, properties) {
+            Ok(rewritten) => rewritten,
+            Err(text) => {
+                refused = refused.or(Some(text));
+                None
+            }
+        };
+        let header = match &rewritten {
+            Some(properties) => wire::Header {
+                properties,
+                ..header
+            },
+            None => header,
+        };
         if let Err(fault) = self.handle_header(header, id, refused) {
             self.fail(fault);
         }

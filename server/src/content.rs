@@ -98,7 +98,7 @@ pub fn stored_start(
 
 /// `properties` as a content header carries them, or `None` for a value over its wire
 /// limit.
-fn encode_properties(properties: &BasicProperties) -> Option<Vec<u8>> {
+pub(crate) fn encode_properties(properties: &BasicProperties) -> Option<Vec<u8>> {
     let buffer = Vec::with_capacity(PROPERTIES_GUESS);
     let written = gen_properties(properties)(WriteContext::from(buffer)).ok()?;
     Some(written.into_inner().0)

@@ -21,7 +21,7 @@ use leasemq::{
 };
 
 use super::publish::{Incoming, Pending};
-use super::{code, method_name, reply_text, Connection, Declared, Fault, Subscription};
+use super::{code, method_name, reply_text, reply_to, Connection, Declared, Fault, Subscription};
 use crate::content::PropertiesSeen;
 use crate::exchange::{HeadersBinding, Kind, Refusal};
 use crate::wire::{GenFailed, Output};
@@ -68,6 +68,9 @@ pub(crate) struct Channel {
     pub(super) refused: Vec<u64>,
     /// Which channel of this number it is: the connection's count of channels opened.
     pub(super) serial: u64,
+    /// The queue behind the channel's direct reply-to consumer (`reply_to.rs`), once it
+    /// has had one; closed when that consumer went.
+    pub(super) reply: Option<Queue>,
 }
 
 /// What a channel delivery tag stands for.
@@ -286,6 +289,9 @@ impl Connection {
             given => given.to_string(),
         };
         let name = name.as_str();
+        if reply_to::is_reply_name(name) {
+            return self.declare_reply_name(ch, &declare, &m);
+        }
         self.check_exclusive(ch, name, &m)?;
         let quorum = declare.arguments.inner().iter().any(|(k, v)| {
             k.as_str() == "x-queue-type"
@@ -398,13 +404,19 @@ impl Connection {
 
     /// The largest stored body: the largest payload, plus its properties (which fit one
     /// frame) and the few bytes of the stored layout.
-    fn max_stored_bytes(&self) -> usize {
+    pub(super) fn max_stored_bytes(&self) -> usize {
         self.settings.max_message_bytes + self.settings.frame_max as usize + 16
     }
 
     /// A fresh name for a server-named queue: `amq.gen-`, then this server process's
     /// start time, the connection and a count, so that it is new in a data dir too.
     fn server_named_queue(&mut self) -> String {
+        self.unique_name("amq.gen-")
+    }
+
+    /// A name no queue had in this data dir: `prefix`, then this server process's start
+    /// time, the connection and a count.
+    pub(super) fn unique_name(&mut self, prefix: &str) -> String {
         use std::sync::OnceLock;
         static STARTED: OnceLock<u128> = OnceLock::new();
         let started = STARTED.get_or_init(|| {
@@ -412,7 +424,7 @@ impl Connection {
             now.map_or(0, |d| d.as_nanos())
         });
         self.next_consumer += 1;
-        format!("amq.gen-{started:x}-{}-{}", self.id, self.next_consumer)
+        format!("{prefix}{started:x}-{}-{}", self.id, self.next_consumer)
     }
 
     /// RabbitMQ's check of a redeclare against what the queue was declared with: 405 for
@@ -476,6 +488,9 @@ impl Connection {
     /// exclusively).
     fn named_queue(&mut self, ch: u16, name: &str, m: &AMQPClass) -> Result<Queue, Fault> {
         let name = &self.queue_name(ch, name, m)?;
+        if reply_to::is_reply_name(name) {
+            return Err(reply_to::no_queue(ch, name, m));
+        }
         self.check_exclusive(ch, name, m)?;
         self.queue(name).ok_or_else(|| {
             let text = format!("NOT_FOUND - no queue '{name}' in vhost '/'");
@@ -494,7 +509,10 @@ impl Connection {
             let text = format!("consumer argument '{arg}' is not supported by leasemqd yet");
             return Err(Fault::connection(code::NOT_IMPLEMENTED, text).for_method(&m));
         }
-        let queue = self.named_queue(ch, consume.queue.as_str(), &m)?;
+        let queue = match consume.queue.as_str() {
+            reply_to::REPLY_TO => self.reply_queue(ch, &consume, &m)?,
+            name => self.named_queue(ch, name, &m)?,
+        };
         self.next_consumer += 1;
         let number = self.next_consumer;
         let channel = self.channels.get(&ch).expect("checked by the caller");
@@ -723,7 +741,12 @@ impl Connection {
         let name = &self.queue_name(ch, delete.queue.as_str(), &m)?;
         self.check_exclusive(ch, name, &m)?;
         let mut message_count = 0;
-        if let Some(queue) = self.queue(name) {
+        // A reply name is no queue to a client (`reply_to.rs`): deleting it is a no-op.
+        let queue = match reply_to::is_reply_name(name) {
+            true => None,
+            false => self.queue(name),
+        };
+        if let Some(queue) = queue {
             let stats = queue.stats();
             if delete.if_unused && stats.consumers > 0 {
                 let text = format!("PRECONDITION_FAILED - queue '{name}' in vhost '/' in use");

@@ -850,3 +850,76 @@ def test_a_headers_exchange_routes_by_the_headers_the_binding_asks_for():
     ch = conn.channel()
     ch.exchange_delete(exchange)
     conn.close()
+
+
+def test_direct_reply_to_answers_the_requesting_channel_without_a_reply_queue():
+    # RabbitMQ's direct reply-to: the client consumes from the pseudo-queue with
+    # auto_ack and names it as reply_to; the server replies to the name it is handed.
+    server = connect()
+    sch = server.channel()
+    requests = fresh_queue(sch, "direct-rpc")
+    client = connect()
+    cch = client.channel()
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as closed:
+        cch.basic_consume(queue="amq.rabbitmq.reply-to", on_message_callback=print)
+    assert closed.value.reply_code == 406
+    cch = client.channel()
+    answers = []
+
+    def on_response(ch, method, props, body):
+        answers.append((method.routing_key, props.correlation_id, body))
+
+    cch.basic_consume(
+        queue="amq.rabbitmq.reply-to", on_message_callback=on_response, auto_ack=True
+    )
+    cch.basic_publish(
+        exchange="",
+        routing_key=requests,
+        properties=pika.BasicProperties(reply_to="amq.rabbitmq.reply-to", correlation_id="c-1"),
+        body=b"ping",
+    )
+    _, props, _ = get_soon(server, sch, requests, auto_ack=True)
+    reply_to = props.reply_to
+    assert reply_to.startswith("amq.rabbitmq.reply-to.")
+    # The name is alive while its consumer is: a declare answers 0 messages, 1 consumer.
+    ok = sch.queue_declare(queue=reply_to, passive=True)
+    assert (ok.method.message_count, ok.method.consumer_count) == (0, 1)
+    sch.basic_publish(
+        exchange="",
+        routing_key=reply_to,
+        properties=pika.BasicProperties(correlation_id=props.correlation_id),
+        body=b"pong",
+    )
+    for _ in range(500):
+        if answers:
+            break
+        client.process_data_events(time_limit=0.01)
+    assert answers == [(reply_to, "c-1", b"pong")]
+    # A channel that does not consume from the pseudo-queue may not name it.
+    other = client.channel()
+    other.basic_publish(
+        exchange="",
+        routing_key=requests,
+        properties=pika.BasicProperties(reply_to="amq.rabbitmq.reply-to"),
+        body=b"lost",
+    )
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as closed:
+        other.queue_declare(queue=requests, passive=True)
+    assert closed.value.reply_code == 406
+    # With its channel closed the name is gone.
+    cch.close()
+    for _ in range(500):
+        probe = server.channel()
+        try:
+            probe.queue_declare(queue=reply_to, passive=True)
+        except pika.exceptions.ChannelClosedByBroker as gone:
+            assert gone.reply_code == 404
+            break
+        probe.close()
+        server.sleep(0.01)
+    else:
+        raise AssertionError("the reply name outlived its channel")
+    sch = server.channel()
+    sch.queue_delete(requests)
+    client.close()
+    server.close()
