@@ -7,8 +7,9 @@
 //! queues: `max_deliveries` is one more); `x-max-length` with `x-overflow`
 //! `reject-publish` (a publish to a full queue is refused: nacked under confirms);
 //! `x-queue-type` `classic` or `quorum` (one kind of queue here; a quorum queue must be
-//! durable, as in RabbitMQ). `x-message-ttl` is a 406 that says messages do not expire
-//! here. Anything else is refused, never ignored: an argument or value RabbitMQ serves
+//! durable, as in RabbitMQ); `x-expires` (milliseconds a queue may go unused before it is
+//! deleted: not part of the config, read by [`expires`] for `expiry.rs`). `x-message-ttl`
+//! is a 406 that says messages do not expire here. Anything else is refused, never ignored: an argument or value RabbitMQ serves
 //! with 540 (not implemented, the connection closes), a value RabbitMQ does not know
 //! either with 406 (the channel closes), as RabbitMQ would.
 
@@ -76,6 +77,9 @@ pub fn queue_config(
                     return Err(refused(406, text));
                 }
             },
+            "x-expires" => {
+                expires_value(value)?;
+            }
             "x-message-ttl" => {
                 return Err(refused(
                     406,
@@ -127,6 +131,71 @@ pub fn queue_config(
     }
 }
 
+/// The declare's `x-expires`, in milliseconds: how long the queue may go unused before it
+/// is deleted (RabbitMQ's queue TTL). `None` without one.
+///
+/// # Errors
+///
+/// RabbitMQ's 406 for a value that is not an integer from 1 to 2^32 - 1.
+pub fn expires(arguments: &FieldTable) -> Result<Option<u32>, Refused> {
+    let value = arguments.inner().get("x-expires");
+    value.map(expires_value).transpose()
+}
+
+fn expires_value(value: &AMQPValue) -> Result<u32, Refused> {
+    let invalid = |why: String| {
+        refused(
+            406,
+            format!("PRECONDITION_FAILED - invalid arg 'x-expires': {why}"),
+        )
+    };
+    let n = signed(value)
+        .ok_or_else(|| invalid(format!("expected integer, got {}", type_name(value))))?;
+    match n {
+        0 => Err(invalid("{value_zero,0}".into())),
+        n if n < 0 => Err(invalid(format!("{{value_negative,{n}}}"))),
+        n => u32::try_from(n).map_err(|_| invalid(format!("{{value_too_large,{n}}}"))),
+    }
+}
+
+/// An integer of any width, as RabbitMQ compares them.
+fn signed(value: &AMQPValue) -> Option<i128> {
+    Some(match *value {
+        AMQPValue::ShortShortInt(n) => n.into(),
+        AMQPValue::ShortShortUInt(n) => n.into(),
+        AMQPValue::ShortInt(n) => n.into(),
+        AMQPValue::ShortUInt(n) => n.into(),
+        AMQPValue::LongInt(n) => n.into(),
+        AMQPValue::LongUInt(n) => n.into(),
+        AMQPValue::LongLongInt(n) => n.into(),
+        _ => return None,
+    })
+}
+
+/// A field value's type as RabbitMQ names it in its texts.
+fn type_name(value: &AMQPValue) -> &'static str {
+    match value {
+        AMQPValue::Boolean(_) => "bool",
+        AMQPValue::ShortShortInt(_) => "byte",
+        AMQPValue::ShortShortUInt(_) => "unsignedbyte",
+        AMQPValue::ShortInt(_) => "short",
+        AMQPValue::ShortUInt(_) => "unsignedshort",
+        AMQPValue::LongInt(_) => "signedint",
+        AMQPValue::LongUInt(_) => "unsignedint",
+        AMQPValue::LongLongInt(_) => "long",
+        AMQPValue::Float(_) => "float",
+        AMQPValue::Double(_) => "double",
+        AMQPValue::DecimalValue(_) => "decimal",
+        AMQPValue::ShortString(_) => "shortstr",
+        AMQPValue::LongString(_) => "longstr",
+        AMQPValue::FieldArray(_) => "array",
+        AMQPValue::Timestamp(_) => "timestamp",
+        AMQPValue::FieldTable(_) => "table",
+        AMQPValue::ByteArray(_) => "binary",
+        AMQPValue::Void => "void",
+    }
+}
+
 fn string(key: &str, value: &AMQPValue) -> Result<String, Refused> {
     match value {
         AMQPValue::LongString(s) => String::from_utf8(s.as_bytes().to_vec())
@@ -140,20 +209,11 @@ fn string(key: &str, value: &AMQPValue) -> Result<String, Refused> {
 }
 
 fn integer(key: &str, value: &AMQPValue) -> Result<u64, Refused> {
-    let n: i128 = match *value {
-        AMQPValue::ShortShortInt(n) => n.into(),
-        AMQPValue::ShortShortUInt(n) => n.into(),
-        AMQPValue::ShortInt(n) => n.into(),
-        AMQPValue::ShortUInt(n) => n.into(),
-        AMQPValue::LongInt(n) => n.into(),
-        AMQPValue::LongUInt(n) => n.into(),
-        AMQPValue::LongLongInt(n) => n.into(),
-        _ => {
-            return Err(refused(
-                406,
-                format!("PRECONDITION_FAILED - {key} must be an integer"),
-            ))
-        }
+    let Some(n) = signed(value) else {
+        return Err(refused(
+            406,
+            format!("PRECONDITION_FAILED - {key} must be an integer"),
+        ));
     };
     u64::try_from(n).map_err(|_| {
         refused(
@@ -287,6 +347,38 @@ mod tests {
         assert_eq!(refusal_code(&table), 406);
         let table = args(&[("x-queue-type", AMQPValue::LongString("bogus".into()))]);
         assert_eq!(refusal_code(&table), 406);
+    }
+
+    #[test]
+    fn expires_is_a_positive_32_bit_count_of_milliseconds_as_in_rabbitmq() {
+        let table = args(&[("x-expires", AMQPValue::LongInt(1_500))]);
+        assert_eq!(expires(&table), Ok(Some(1_500)));
+        assert_eq!(
+            queue_config(&table, QueueConfig::default()),
+            Ok(QueueConfig::default()),
+            "not part of the config"
+        );
+        assert_eq!(expires(&FieldTable::default()), Ok(None));
+        let max = args(&[("x-expires", AMQPValue::LongLongInt(u32::MAX.into()))]);
+        assert_eq!(expires(&max), Ok(Some(u32::MAX)));
+        for (value, why) in [
+            (AMQPValue::LongInt(0), "{value_zero,0}"),
+            (AMQPValue::LongInt(-5), "{value_negative,-5}"),
+            (
+                AMQPValue::LongLongInt(1 << 40),
+                "{value_too_large,1099511627776}",
+            ),
+            (
+                AMQPValue::LongString("100".into()),
+                "expected integer, got longstr",
+            ),
+        ] {
+            let table = args(&[("x-expires", value)]);
+            let refused = expires(&table).unwrap_err();
+            assert_eq!(refused.code, 406);
+            assert!(refused.text.ends_with(why), "{}", refused.text);
+            assert_eq!(refusal_code(&table), 406, "the declare refuses it too");
+        }
     }
 
     #[test]

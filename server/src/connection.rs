@@ -38,6 +38,7 @@ use leasemq::{Broker, Consumer, Delivery, DeliveryTag, Queue, Settle};
 
 use crate::content::PropertiesSeen;
 use crate::exchange::{Exchanges, Refusal};
+use crate::expiry::Expiring;
 use crate::metrics::Metrics;
 use crate::wire::{self, Next, Output};
 use channel::Channel;
@@ -77,6 +78,8 @@ pub struct Settings {
     pub consumers: Arc<QueueConsumers>,
     /// The exchanges and bindings every connection of the server routes through.
     pub exchanges: Arc<Mutex<Exchanges>>,
+    /// The queues declared with `x-expires`, deleted once unused that long (`expiry.rs`).
+    pub expiring: Arc<Expiring>,
     /// What the connections count for `--metrics`.
     pub metrics: Arc<Metrics>,
     /// Set to `true` when the server shuts down: every connection is then closed with
@@ -100,8 +103,37 @@ impl Default for Settings {
             declared: Arc::default(),
             consumers: Arc::default(),
             exchanges: Arc::default(),
+            expiring: Arc::default(),
             metrics: Arc::default(),
             shutdown: Arc::new(tokio::sync::watch::Sender::new(false)),
+        }
+    }
+}
+
+impl Settings {
+    /// Deletes `queue` where no connection asked for it (`x-expires`): closes it, and if
+    /// that closed it, forgets what the server keeps of it by name.
+    pub fn forget_queue(&self, queue: &Queue) {
+        if queue.close() {
+            self.forget(queue.name(), None);
+        }
+    }
+
+    /// Forgets what the server keeps of the queue called `name`, which was just closed:
+    /// its bindings, its declared flags, its consumers' entry and its expiry, and its
+    /// exclusive owner where that is `owner` (any owner for `None`).
+    fn forget(&self, name: &str, owner: Option<u64>) {
+        let mut owners = self.exclusive.lock().expect("never poisoned");
+        if owner.is_none_or(|id| owners.get(name) == Some(&id)) {
+            owners.remove(name);
+        }
+        drop(owners);
+        self.consumers.forget(name);
+        (self.declared.lock().expect("never poisoned")).remove(name);
+        self.expiring.forget_closed(name);
+        let mut exchanges = self.exchanges.lock().expect("never poisoned");
+        if let Err(Refusal::Storage(why)) = exchanges.unbind_queue(name) {
+            tracing::warn!("queue {name} was deleted, but its bindings stay on disk: {why}");
         }
     }
 }
@@ -116,15 +148,23 @@ pub struct Declared {
     pub auto_delete: bool,
     /// `x-queue-type` is `quorum` (else `classic`, said or not).
     pub quorum: bool,
+    /// `x-expires`, in milliseconds (see `expiry.rs`).
+    pub expires: Option<u32>,
 }
 
 impl Declared {
-    /// The first flag `other` differs in, as RabbitMQ's 406 names it: the flag, `other`'s
-    /// value and this one's (`exclusive` is a 405, checked apart).
+    /// The first flag or argument `other` differs in, as RabbitMQ's 406 names it: its
+    /// name, then `other`'s value and this one's as the 406 words them (`exclusive` is a
+    /// 405, checked apart).
     pub fn inequivalent(&self, other: &Declared) -> Option<(&'static str, String, String)> {
         let kind = |d: &Declared| if d.quorum { "quorum" } else { "classic" };
-        let differs =
-            |arg, ours: String, theirs: String| (ours != theirs).then_some((arg, theirs, ours));
+        let differs = |arg, ours: String, theirs: String| {
+            (ours != theirs).then(|| (arg, format!("'{theirs}'"), format!("'{ours}'")))
+        };
+        let expires = |d: &Declared| match d.expires {
+            Some(ms) => format!("the value '{ms}' of type 'signedint'"),
+            None => "none".into(),
+        };
         differs(
             "durable",
             self.durable.to_string(),
@@ -138,6 +178,13 @@ impl Declared {
             )
         })
         .or_else(|| differs("x-queue-type", kind(self).into(), kind(other).into()))
+        .or_else(|| match (self.expires, other.expires) {
+            (Some(ours), Some(theirs)) => {
+                differs("x-expires", ours.to_string(), theirs.to_string())
+            }
+            (ours, theirs) if ours != theirs => Some(("x-expires", expires(other), expires(self))),
+            _ => None,
+        })
     }
 }
 
@@ -849,10 +896,12 @@ impl Connection {
         }
     }
 
-    /// Deletes `queue` if it was declared `auto_delete` and its last consumer, on any
-    /// connection, is gone: RabbitMQ's auto-delete (a queue that never had a consumer
-    /// stays).
+    /// A consumer of `queue` went. Its `x-expires` time starts again (from its last
+    /// consumer's going, as the expiry waits while it has one), and it is deleted if it
+    /// was declared `auto_delete` and its last consumer, on any connection, is gone:
+    /// RabbitMQ's auto-delete (a queue that never had a consumer stays).
     pub(crate) fn auto_delete(&mut self, queue: &Queue) {
+        self.settings.expiring.touch(queue.name());
         let declared = self.settings.declared.lock().expect("never poisoned");
         let auto = declared.get(queue.name()).is_some_and(|d| d.auto_delete);
         drop(declared);
@@ -875,17 +924,7 @@ impl Connection {
         queue.close();
         self.queues.remove(name);
         self.exclusive.retain(|q| q.name() != name);
-        let mut owners = self.settings.exclusive.lock().expect("never poisoned");
-        if owners.get(name) == Some(&self.id) {
-            owners.remove(name);
-        }
-        drop(owners);
-        self.settings.consumers.forget(name);
-        (self.settings.declared.lock().expect("never poisoned")).remove(name);
-        let mut exchanges = self.settings.exchanges.lock().expect("never poisoned");
-        if let Err(Refusal::Storage(why)) = exchanges.unbind_queue(name) {
-            tracing::warn!("queue {name} was deleted, but its bindings stay on disk: {why}");
-        }
+        self.settings.forget(name, Some(self.id));
     }
 
     /// The connection that owns `name` as an exclusive queue, when it is not this one.

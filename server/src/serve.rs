@@ -36,6 +36,9 @@ const SHUTDOWN_CLOSE_GRACE: Duration = Duration::from_secs(1);
 /// Accepts connections on `listener` until the future ends (it never does on its own);
 /// each runs in its own task.
 pub async fn accept_loop(listener: TcpListener, broker: Broker, settings: Arc<Settings>) {
+    // The server's `x-expires` deletions, for as long as it accepts connections.
+    let expiry = tokio::spawn(crate::expiry::run(settings.clone()));
+    let _expiry = AbortOnDrop(expiry);
     let ids = AtomicU64::new(0);
     loop {
         let (stream, peer) = match listener.accept().await {
@@ -66,6 +69,15 @@ pub async fn accept_loop(listener: TcpListener, broker: Broker, settings: Arc<Se
             metrics.connections.dec();
             metrics.connections_closed.inc();
         });
+    }
+}
+
+/// Ends a task when dropped.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 

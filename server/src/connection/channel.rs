@@ -311,7 +311,11 @@ impl Connection {
         }
         let queue = if declare.passive {
             match self.queue(name) {
-                Some(q) => q,
+                Some(q) => {
+                    // A declare is a use, passive or not (RabbitMQ's `x-expires`).
+                    self.settings.expiring.touch(name);
+                    q
+                }
                 None => {
                     let text = format!("NOT_FOUND - no queue '{name}' in vhost '/'");
                     return Err(Fault::channel(ch, code::NOT_FOUND, text, &m));
@@ -339,11 +343,16 @@ impl Connection {
             };
             let existed = self.broker.queue(name).is_some();
             // As RabbitMQ compares it: an exclusive queue is never durable.
+            let expires = match arguments::expires(&declare.arguments) {
+                Ok(expires) => expires,
+                Err(refused) => return Err(Fault::channel(ch, refused.code, refused.text, &m)),
+            };
             let declared = Declared {
                 durable: declare.durable && !declare.exclusive,
                 exclusive: declare.exclusive,
                 auto_delete: declare.auto_delete,
                 quorum,
+                expires,
             };
             if existed {
                 self.check_equivalent(ch, name, &declared, &m)?;
@@ -384,6 +393,10 @@ impl Connection {
                 flags.insert(name.to_string(), declared);
             }
             drop(flags);
+            if let Some(ms) = expires {
+                // Set anew: a redeclare is a use.
+                (self.settings.expiring).set(&q, Duration::from_millis(ms.into()));
+            }
             q
         };
         if let Some(state) = self.channels.get_mut(&ch) {
@@ -450,7 +463,7 @@ impl Connection {
         }
         if let Some((arg, received, current)) = known.inequivalent(declared) {
             let text = format!(
-                "PRECONDITION_FAILED - inequivalent arg '{arg}' for queue '{name}' in vhost '/': received '{received}' but current is '{current}'"
+                "PRECONDITION_FAILED - inequivalent arg '{arg}' for queue '{name}' in vhost '/': received {received} but current is {current}"
             );
             return Err(Fault::channel(ch, code::PRECONDITION_FAILED, text, m));
         }
@@ -513,6 +526,7 @@ impl Connection {
             reply_to::REPLY_TO => self.reply_queue(ch, &consume, &m)?,
             name => self.named_queue(ch, name, &m)?,
         };
+        self.settings.expiring.touch(queue.name());
         self.next_consumer += 1;
         let number = self.next_consumer;
         let channel = self.channels.get(&ch).expect("checked by the caller");
@@ -651,6 +665,7 @@ impl Connection {
     fn get(&mut self, ch: u16, get: basic::Get) -> Result<(), Fault> {
         let m = AMQPClass::Basic(basic::AMQPMethod::Get(get.clone()));
         let queue = self.named_queue(ch, get.queue.as_str(), &m)?;
+        self.settings.expiring.touch(queue.name());
         self.next_consumer += 1;
         let number = self.next_consumer;
         let name = format!("amqp-{}-{}", self.id, number);

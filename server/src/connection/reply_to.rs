@@ -72,6 +72,7 @@ impl Connection {
             exclusive: false,
             auto_delete: true,
             quorum: false,
+            expires: None,
         };
         (self.settings.declared.lock().expect("never poisoned")).insert(name.clone(), declared);
         self.queues.insert(name, queue.clone());

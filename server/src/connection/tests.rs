@@ -1910,3 +1910,68 @@ fn direct_reply_to_hands_the_requesting_channel_its_replies() {
     let out = server.feed(&[queue_method(queue::AMQPMethod::Declare(declare(&name)))]);
     assert_eq!(channel_close_code(&out), Some(404), "{out:?}");
 }
+
+#[test]
+fn x_expires_counts_from_the_last_use_and_waits_while_the_queue_has_consumers() {
+    use std::time::Instant;
+    let mut c = Client::open();
+    let settings = c.conn.settings.clone();
+    let expires = |ms: i32| {
+        let mut arguments = FieldTable::default();
+        arguments.insert("x-expires".into(), AMQPValue::LongInt(ms));
+        queue::Declare {
+            queue: "idle".into(),
+            arguments,
+            ..queue::Declare::default()
+        }
+    };
+    assert_eq!(declare_code(&mut c, expires(100)), 0);
+    let expire = |at: Instant| {
+        let (expired, _) = settings
+            .expiring
+            .expire(at, |name| settings.consumers.is_consumed(name));
+        expired
+            .iter()
+            .map(|q| q.name().to_string())
+            .collect::<Vec<_>>()
+    };
+    let t0 = Instant::now();
+    let ms = |n: u64| t0 + Duration::from_millis(n);
+    assert!(expire(t0).is_empty());
+    // A publish is no use; a get is.
+    c.publish("idle", b"m");
+    c.feed(&[get("idle", true)]);
+    assert!(expire(ms(60)).is_empty());
+    assert!(expire(ms(100)).is_empty(), "used at 60 ms");
+    // A redeclare must say the same x-expires.
+    let code = declare_code(&mut c, expires(200));
+    assert_eq!(code, 406);
+    let plain = queue::Declare {
+        queue: "idle".into(),
+        ..queue::Declare::default()
+    };
+    assert_eq!(declare_code(&mut c, plain), 406);
+    // A consumer keeps it; its going starts the time again.
+    let tag = consumer_tag(&c.consume("idle", false));
+    assert!(expire(ms(1_000)).is_empty());
+    assert!(expire(ms(1_200)).is_empty(), "consumed past its time");
+    c.feed(&[cancel(&tag)]);
+    assert!(expire(ms(2_000)).is_empty());
+    let expired = settings.expiring.expire(ms(2_100), |_| false).0;
+    assert_eq!(expired.len(), 1);
+    settings.forget_queue(&expired[0]);
+    assert!(c.broker.queue("idle").is_none(), "deleted");
+    let passive = queue::Declare {
+        queue: "idle".into(),
+        passive: true,
+        ..queue::Declare::default()
+    };
+    assert_eq!(declare_code(&mut c, passive), 404);
+    // The name is free: declared again without x-expires, it stays.
+    let plain = queue::Declare {
+        queue: "idle".into(),
+        ..queue::Declare::default()
+    };
+    assert_eq!(declare_code(&mut c, plain), 0);
+    assert!(expire(ms(10_000)).is_empty());
+}

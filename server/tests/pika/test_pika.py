@@ -923,3 +923,48 @@ def test_direct_reply_to_answers_the_requesting_channel_without_a_reply_queue():
     sch.queue_delete(requests)
     client.close()
     server.close()
+
+
+def test_x_expires_deletes_a_queue_unused_that_long_but_not_while_consumed():
+    conn = connect()
+    ch = conn.channel()
+    probe = conn.channel()
+    probe.confirm_delivery()
+
+    def alive(queue):
+        # A mandatory publish comes back once the queue is gone; a publish is no use of
+        # it (a passive declare would be one, and start its time again).
+        try:
+            probe.basic_publish(exchange="", routing_key=queue, body=b"probe", mandatory=True)
+            return True
+        except pika.exceptions.UnroutableError:
+            return False
+
+    def gone_within(queue, seconds):
+        for _ in range(int(seconds * 100)):
+            if not alive(queue):
+                return True
+            conn.sleep(0.01)
+        return False
+
+    idle = f"expires-{uuid.uuid4().hex[:8]}"
+    ch.queue_declare(queue=idle, arguments={"x-expires": 300})
+    assert alive(idle)
+    assert gone_within(idle, 5)
+    # Redeclared with another x-expires: RabbitMQ's 406.
+    kept = f"expires-{uuid.uuid4().hex[:8]}"
+    ch.queue_declare(queue=kept, arguments={"x-expires": 300})
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as err:
+        ch.queue_declare(queue=kept, arguments={"x-expires": 400})
+    assert err.value.reply_code == 406
+    ch = conn.channel()
+    # A consumer keeps it past its time; from its going, the time runs again.
+    tag = ch.basic_consume(queue=kept, on_message_callback=lambda *a: None, auto_ack=True)
+    conn.sleep(0.6)
+    assert alive(kept)
+    ch.basic_cancel(tag)
+    assert gone_within(kept, 5)
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as err:
+        ch.queue_declare(queue=kept, passive=True)
+    assert err.value.reply_code == 404
+    conn.close()

@@ -1,0 +1,301 @@
+//! `x-expires`: a queue deleted once it has gone unused for so many milliseconds, as
+//! RabbitMQ deletes it.
+//!
+//! A queue is in use while it has consumers; a `queue.declare` of it (passive too), a
+//! `basic.get` or a `basic.consume`, and its last consumer's going, each start its time
+//! again. Publishing to it does not (RabbitMQ's meaning). It is deleted as
+//! `queue.delete` would delete it: its messages, leased ones too, and its bindings go.
+//!
+//! Connections read no clock: they mark a queue used ([`Expiring::touch`]). One task per
+//! server ([`run`]) stamps each mark with the time it sees it, keeps the deadlines, and
+//! deletes each queue whose deadline passed while it had no consumer. [`Expiring`] itself
+//! takes the time as an argument, so its tests need no clock.
+//!
+//! A durable queue brought back by a restart expires again once it is declared again
+//! with `x-expires`, as its other declared flags come back then (`Declared`).
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use leasemq::Queue;
+
+use crate::Settings;
+
+/// The queues that expire, shared by every connection of a server.
+#[derive(Debug, Default)]
+pub struct Expiring {
+    /// How many queues expire: while none does, a touch takes no lock.
+    count: AtomicUsize,
+    state: Mutex<State>,
+    /// Wakes [`run`] when a queue was marked used, or one was added.
+    wake: tokio::sync::Notify,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    queues: HashMap<String, Entry>,
+    /// Names marked used since the time was last stamped.
+    touched: Vec<String>,
+    /// Deadlines, earliest first, each with the arming it belongs to: one whose queue was
+    /// armed again since (or went) is passed over.
+    deadlines: BinaryHeap<Reverse<(Instant, u64, String)>>,
+    armings: u64,
+}
+
+#[derive(Debug)]
+struct Entry {
+    queue: Queue,
+    after: Duration,
+    /// The arming whose deadline counts; `None` while the queue is marked used and not
+    /// yet stamped, or while it has consumers.
+    armed: Option<u64>,
+    touched: bool,
+}
+
+impl Expiring {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // Nothing panics while holding the lock; take the state as it is if it did.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// `queue` expires after going unused for `after`, from now on (a declare).
+    pub fn set(&self, queue: &Queue, after: Duration) {
+        let mut state = self.lock();
+        let entry = Entry {
+            queue: queue.clone(),
+            after,
+            armed: None,
+            touched: true,
+        };
+        state.queues.insert(queue.name().to_string(), entry);
+        state.touched.push(queue.name().to_string());
+        self.count.store(state.queues.len(), Ordering::Relaxed);
+        drop(state);
+        self.wake.notify_one();
+    }
+
+    /// The queue called `name`, if it expires, was used now: its time starts again.
+    pub fn touch(&self, name: &str) {
+        if self.count.load(Ordering::Relaxed) == 0 {
+            return;
+        }
+        let mut state = self.lock();
+        let Some(entry) = state.queues.get_mut(name) else {
+            return;
+        };
+        if entry.touched {
+            return;
+        }
+        entry.touched = true;
+        entry.armed = None;
+        let first = state.touched.is_empty();
+        state.touched.push(name.to_string());
+        drop(state);
+        if first {
+            self.wake.notify_one();
+        }
+    }
+
+    /// Forgets the queue called `name` if the one it knows by that name is closed (it was
+    /// deleted; a queue declared since under the name stays).
+    pub fn forget_closed(&self, name: &str) {
+        if self.count.load(Ordering::Relaxed) == 0 {
+            return;
+        }
+        let mut state = self.lock();
+        if state.queues.get(name).is_some_and(|e| e.queue.is_closed()) {
+            state.queues.remove(name);
+            self.count.store(state.queues.len(), Ordering::Relaxed);
+        }
+    }
+
+    /// Starts the time of every queue marked used since the last call at `now`; then
+    /// takes out the queues whose time is up at `now` and that `consumed` says have no
+    /// consumer (those that have one wait for their last consumer's going). Returns them,
+    /// and when to look next.
+    pub fn expire(
+        &self,
+        now: Instant,
+        consumed: impl Fn(&str) -> bool,
+    ) -> (Vec<Queue>, Option<Instant>) {
+        let mut state = self.lock();
+        let State {
+            queues,
+            touched,
+            deadlines,
+            armings,
+        } = &mut *state;
+        for name in touched.drain(..) {
+            let Some(entry) = queues.get_mut(&name) else {
+                continue;
+            };
+            *armings += 1;
+            entry.touched = false;
+            entry.armed = Some(*armings);
+            deadlines.push(Reverse((now + entry.after, *armings, name)));
+        }
+        let mut expired = Vec::new();
+        while let Some(Reverse((deadline, arming, _))) = deadlines.peek() {
+            if *deadline > now {
+                break;
+            }
+            let arming = *arming;
+            let Reverse((_, _, name)) = deadlines.pop().expect("just peeked");
+            let Some(entry) = queues.get_mut(&name) else {
+                continue;
+            };
+            if entry.armed != Some(arming) {
+                continue;
+            }
+            if entry.queue.is_closed() {
+                queues.remove(&name);
+            } else if consumed(&name) {
+                entry.armed = None;
+            } else {
+                expired.extend(queues.remove(&name).map(|e| e.queue));
+            }
+        }
+        self.count.store(queues.len(), Ordering::Relaxed);
+        let next = deadlines.peek().map(|Reverse((deadline, _, _))| *deadline);
+        (expired, next)
+    }
+}
+
+/// Deletes the server's queues as their `x-expires` runs out; runs until dropped.
+pub async fn run(settings: Arc<Settings>) {
+    let expiring = settings.expiring.clone();
+    loop {
+        // Listening before looking, so that a touch made meanwhile is not missed.
+        let woken = expiring.wake.notified();
+        let now = tokio::time::Instant::now();
+        let (expired, next) =
+            expiring.expire(now.into_std(), |name| settings.consumers.is_consumed(name));
+        if !expired.is_empty() {
+            let settings = settings.clone();
+            // A durable queue's close waits for the disk: off the runtime's workers.
+            let deleted = tokio::task::spawn_blocking(move || {
+                for queue in &expired {
+                    tracing::debug!(queue = queue.name(), "deleted by x-expires");
+                    settings.forget_queue(queue);
+                }
+            });
+            let _ = deleted.await;
+        }
+        match next {
+            Some(at) => {
+                tokio::select! {
+                    () = tokio::time::sleep_until(at.into()) => {}
+                    () = woken => {}
+                }
+            }
+            None => woken.await,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use leasemq::{Broker, QueueConfig};
+
+    fn broker() -> Broker {
+        Broker::builder().shards(1).manual_clock().build().unwrap()
+    }
+
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    fn names(queues: &[Queue]) -> Vec<&str> {
+        queues.iter().map(Queue::name).collect()
+    }
+
+    #[test]
+    fn a_queue_expires_after_going_unused_for_its_time_from_when_it_was_last_used() {
+        let broker = broker();
+        let q = broker.declare_queue("q", QueueConfig::default()).unwrap();
+        let expiring = Expiring::default();
+        let t0 = Instant::now();
+        let idle = |_: &str| false;
+        expiring.set(&q, ms(100));
+        let (expired, next) = expiring.expire(t0, idle);
+        assert!(expired.is_empty());
+        assert_eq!(next, Some(t0 + ms(100)));
+        // Used at 60 ms: the time starts again from when the use is seen.
+        expiring.touch("q");
+        let (expired, _) = expiring.expire(t0 + ms(60), idle);
+        assert!(expired.is_empty());
+        let (expired, next) = expiring.expire(t0 + ms(100), idle);
+        assert!(expired.is_empty(), "the first deadline no longer counts");
+        assert_eq!(next, Some(t0 + ms(160)));
+        let (expired, next) = expiring.expire(t0 + ms(160), idle);
+        assert_eq!(names(&expired), ["q"]);
+        assert_eq!(next, None);
+        // Taken out once: a touch of it now changes nothing.
+        expiring.touch("q");
+        assert!(expiring.expire(t0 + ms(1_000), idle).0.is_empty());
+    }
+
+    #[test]
+    fn a_queue_with_consumers_waits_for_its_last_consumers_going() {
+        let broker = broker();
+        let q = broker.declare_queue("q", QueueConfig::default()).unwrap();
+        let expiring = Expiring::default();
+        let t0 = Instant::now();
+        expiring.set(&q, ms(100));
+        expiring.expire(t0, |_| true);
+        let (expired, next) = expiring.expire(t0 + ms(100), |_| true);
+        assert!(expired.is_empty(), "consumed");
+        assert_eq!(next, None, "not armed while consumed");
+        // Its last consumer went at 500 ms: 100 ms from then.
+        expiring.touch("q");
+        expiring.expire(t0 + ms(500), |_| false);
+        assert!(expiring.expire(t0 + ms(599), |_| false).0.is_empty());
+        assert_eq!(names(&expiring.expire(t0 + ms(600), |_| false).0), ["q"]);
+    }
+
+    #[test]
+    fn a_deleted_queue_is_forgotten_and_a_new_one_of_its_name_kept() {
+        let broker = broker();
+        let old = broker.declare_queue("q", QueueConfig::default()).unwrap();
+        let expiring = Expiring::default();
+        let t0 = Instant::now();
+        expiring.set(&old, ms(100));
+        // A new queue of the name only once the old one is closed: `forget_closed` of
+        // the old name leaves it alone while it lives.
+        expiring.forget_closed("q");
+        assert_eq!(expiring.count.load(Ordering::Relaxed), 1);
+        assert!(old.close());
+        expiring.forget_closed("q");
+        assert_eq!(expiring.count.load(Ordering::Relaxed), 0);
+        let new = broker.declare_queue("q", QueueConfig::default()).unwrap();
+        expiring.set(&new, ms(50));
+        expiring.forget_closed("q");
+        let (expired, _) = expiring.expire(t0, |_| false);
+        assert!(expired.is_empty());
+        let (expired, _) = expiring.expire(t0 + ms(50), |_| false);
+        assert_eq!(names(&expired), ["q"]);
+        assert!(
+            !expired[0].is_closed(),
+            "the new one, for the caller to delete"
+        );
+    }
+
+    #[test]
+    fn a_queue_closed_by_other_means_is_dropped_not_returned() {
+        let broker = broker();
+        let q = broker.declare_queue("q", QueueConfig::default()).unwrap();
+        let expiring = Expiring::default();
+        let t0 = Instant::now();
+        expiring.set(&q, ms(10));
+        expiring.expire(t0, |_| false);
+        q.close();
+        let (expired, next) = expiring.expire(t0 + ms(10), |_| false);
+        assert!(expired.is_empty());
+        assert_eq!(next, None);
+        assert_eq!(expiring.count.load(Ordering::Relaxed), 0);
+    }
+}
