@@ -45,6 +45,11 @@ use channel::Channel;
 pub use consumers::QueueConsumers;
 use publish::{Awaited, Pending};
 
+/// The smallest `frame_max` a client may ask for: AMQP 0-9-1's `frame-min-size`, which
+/// RabbitMQ 3 keeps (`amq-protocol` follows RabbitMQ 4.1, which raised it to 8192 and so
+/// refuses amqplib before 0.10.6, whose default was 4096).
+const FRAME_MIN_SIZE: u32 = 4096;
+
 /// What a connection needs to know that is the same for all of them.
 #[derive(Debug, Clone)]
 pub struct Settings {
@@ -324,6 +329,10 @@ pub struct Connection {
     opened: u64,
     /// The exclusive queues this connection declared: deleted when it ends.
     exclusive: Vec<Queue>,
+    /// Channels whose publish was refused at its content header, and how many bytes of
+    /// its body may still come: dropped as they do, even after the channel's `close-ok`
+    /// (a client may answer the close before it has written the rest of a large body).
+    refused_bodies: Vec<(u16, u64)>,
     /// Deliveries to `no_ack` consumers, acked in one batch per queue once their frames
     /// leave for the socket (or before the next input), rather than a broker round trip
     /// each. A connection that ends first does not ack them: they come back.
@@ -375,6 +384,7 @@ impl Connection {
             awaited_bytes: 0,
             opened: 0,
             exclusive: Vec::new(),
+            refused_bodies: Vec::new(),
             auto_acks: Vec::new(),
             seen: Seen::default(),
             out: Output::default(),
@@ -779,9 +789,9 @@ impl Connection {
         } else {
             tune_ok.frame_max
         };
-        if frame_max > ours || frame_max < amq_protocol::protocol::constants::FRAME_MIN_SIZE {
+        if frame_max > ours || frame_max < FRAME_MIN_SIZE {
             let m = AMQPClass::Connection(connection::AMQPMethod::TuneOk(tune_ok));
-            let text = format!("frame_max {frame_max} is outside 8192..={ours}");
+            let text = format!("frame_max {frame_max} is outside {FRAME_MIN_SIZE}..={ours}");
             return Err(Fault::connection(code::NOT_ALLOWED, text).for_method(&m));
         }
         self.frame_max = frame_max as usize;

@@ -27,6 +27,9 @@ pub const YIELD_BUDGET: Duration = Duration::from_micros(20);
 /// deliveries until the peer has read some: what one connection buffers stays bounded.
 const HIGH_WATER: usize = 1 << 20;
 
+/// How long a closed connection keeps reading, and dropping, what its peer still sends.
+const LINGER: Duration = Duration::from_secs(1);
+
 /// How long a connection we closed waits for the peer's `close-ok`.
 const CLOSE_GRACE: Duration = Duration::from_secs(5);
 
@@ -69,6 +72,22 @@ pub async fn accept_loop(listener: TcpListener, broker: Broker, settings: Arc<Se
             metrics.connections.dec();
             metrics.connections_closed.inc();
         });
+    }
+}
+
+/// Reads and drops what the peer still sends after the connection closed (our last
+/// frame written and our side shut), until it closes its side or [`LINGER`] passes. A
+/// client can close a connection in the middle of writing a large body (amqplib writes
+/// `connection.close` ahead of the rest of a publish): were the socket closed at once,
+/// its writes would fail before it read our `close-ok`, and it could not finish its close.
+async fn linger(reader: &mut tokio::net::tcp::OwnedReadHalf, buffer: &mut Vec<u8>) {
+    let deadline = Instant::now() + LINGER;
+    loop {
+        buffer.clear();
+        match tokio::time::timeout_at(deadline, reader.read_buf(buffer)).await {
+            Ok(Ok(n)) if n > 0 => {}
+            _ => return,
+        }
     }
 }
 
@@ -146,6 +165,7 @@ async fn drive(
         let pending = output.len() - written;
         if conn.is_closed() && pending == 0 {
             writer.shutdown().await.ok();
+            linger(&mut reader, &mut input).await;
             return Ok(());
         }
         if conn.is_closing() && close_deadline.is_none() {

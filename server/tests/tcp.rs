@@ -468,3 +468,57 @@ async fn churn(data_dir: Option<&std::path::Path>) {
         assert_eq!(queue.stats().ready, expected + 1);
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_closes_while_writing_a_refused_body_still_reads_its_close_ok() {
+    let broker = Broker::builder()
+        .shards(1)
+        .yield_budget(serve::YIELD_BUDGET)
+        .build()
+        .unwrap();
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let settings = Settings {
+        max_message_bytes: 1024,
+        ..Settings::default()
+    };
+    tokio::spawn(serve::accept_loop(
+        listener,
+        broker.clone(),
+        Arc::new(settings),
+    ));
+
+    let mut c = Client::connect(addr).await;
+    let size = 8 << 20;
+    let [method, _, _] = publish("anywhere", b"");
+    let header = AMQPContentHeader {
+        class_id: 60,
+        body_size: size as u64,
+        properties: BasicProperties::default(),
+    };
+    // Body frames as large as the negotiated frame_max (131 072, 8 bytes of framing).
+    let piece = AMQPFrame::Body(1, vec![1; 131_064]);
+    c.send(&[method, AMQPFrame::Header(1, header), piece.clone()])
+        .await;
+    assert!(matches!(
+        c.recv().await,
+        AMQPFrame::Method(1, AMQPClass::Channel(channel::AMQPMethod::Close(_)))
+    ));
+    // As amqplib does: `connection.close` goes ahead of the rest of the body, which the
+    // client goes on writing; the server reads it away and the close completes.
+    let close = connection::Close {
+        reply_code: 200,
+        reply_text: "bye".into(),
+        class_id: 0,
+        method_id: 0,
+    };
+    c.send(&[conn(connection::AMQPMethod::Close(close))]).await;
+    for _ in 1..size / 131_064 {
+        c.send(std::slice::from_ref(&piece)).await;
+    }
+    assert_eq!(
+        c.recv().await,
+        conn(connection::AMQPMethod::CloseOk(connection::CloseOk {}))
+    );
+    broker.shutdown();
+}

@@ -253,6 +253,9 @@ impl Connection {
     fn handle_unopened(&mut self, ch: u16, method: AMQPClass) -> Result<(), Fault> {
         match method {
             AMQPClass::Channel(channel::AMQPMethod::Open(_)) if ch <= self.channel_max => {
+                // What may still have come of a refused body on the channel's last life
+                // does not count against the new one.
+                self.refused_bodies.retain(|(c, _)| *c != ch);
                 self.opened += 1;
                 let serial = self.opened;
                 self.channels.insert(

@@ -136,6 +136,7 @@ impl Connection {
         }
         if let Some(text) = refused {
             self.channels.get_mut(&ch).expect("just seen").incoming = None;
+            self.refuse_body(ch, header.body_size);
             return Err(Fault::channel(
                 ch,
                 code::PRECONDITION_FAILED,
@@ -146,6 +147,7 @@ impl Connection {
         if header.body_size > max as u64 {
             let channel = self.channels.get_mut(&ch).expect("just seen");
             channel.incoming = None;
+            self.refuse_body(ch, header.body_size);
             let text = format!(
                 "PRECONDITION_FAILED - message size {} is larger than the maximum of {max}",
                 header.body_size
@@ -166,6 +168,7 @@ impl Connection {
         else {
             // Names that came as short strings always fit; kept as an error all the same.
             self.channels.get_mut(&ch).expect("just seen").incoming = None;
+            self.refuse_body(ch, header.body_size);
             let text = "PRECONDITION_FAILED - message properties could not be stored";
             return Err(Fault::channel(
                 ch,
@@ -187,6 +190,14 @@ impl Connection {
     }
 
     pub(super) fn handle_body(&mut self, ch: u16, body: &[u8]) -> Result<(), Fault> {
+        if let Some(i) = self.refused_bodies.iter().position(|(c, _)| *c == ch) {
+            let left = &mut self.refused_bodies[i].1;
+            *left = left.saturating_sub(body.len() as u64);
+            if *left == 0 {
+                self.refused_bodies.swap_remove(i);
+            }
+            return Ok(());
+        }
         if self.channel_closing(ch) {
             return Ok(());
         }
@@ -206,6 +217,15 @@ impl Connection {
                 code::FRAME_ERROR,
                 format!("content body longer than the {size} bytes its header announced"),
             )),
+        }
+    }
+
+    /// The publish on `ch` was refused at its header: the `size` bytes of body that may
+    /// follow are dropped as they come (see `refused_bodies`).
+    fn refuse_body(&mut self, ch: u16, size: u64) {
+        if size > 0 {
+            self.refused_bodies.retain(|(c, _)| *c != ch);
+            self.refused_bodies.push((ch, size));
         }
     }
 

@@ -1975,3 +1975,88 @@ fn x_expires_counts_from_the_last_use_and_waits_while_the_queue_has_consumers() 
     assert_eq!(declare_code(&mut c, plain), 0);
     assert!(expire(ms(10_000)).is_empty());
 }
+
+#[test]
+fn a_frame_max_of_4096_is_accepted_as_amqp_and_rabbitmq_3_accept_it() {
+    let tune_ok = |frame_max: u32| {
+        conn_method(connection::AMQPMethod::TuneOk(connection::TuneOk {
+            channel_max: 16,
+            frame_max,
+            heartbeat: 0,
+        }))
+    };
+    let mut small = Client::new(Settings::default());
+    small.feed(&[AMQPFrame::ProtocolHeader(ProtocolVersion::amqp_0_9_1())]);
+    small.feed(&[start_ok("guest", "guest")]);
+    let out = small.feed(&[tune_ok(4095)]);
+    assert_eq!(connection_close_code(&out), Some(530), "{out:?}");
+    let mut c = Client::new(Settings::default());
+    c.feed(&[AMQPFrame::ProtocolHeader(ProtocolVersion::amqp_0_9_1())]);
+    c.feed(&[start_ok("guest", "guest")]);
+    let open = open_frames();
+    let out = c.feed(&[tune_ok(4096), open[1].clone(), open[2].clone()]);
+    assert_eq!(connection_close_code(&out), None, "{out:?}");
+    c.declare("small");
+    let body = [7; 5000];
+    let mut frames = Client::publish_frames("small", BasicProperties::default(), &body);
+    frames.pop();
+    frames.extend(
+        body.chunks(4088)
+            .map(|piece| AMQPFrame::Body(1, piece.to_vec())),
+    );
+    assert!(c.feed(&frames).is_empty());
+    let out = c.consume("small", true);
+    let sizes: Vec<usize> = (out.iter())
+        .filter_map(|f| match f {
+            AMQPFrame::Body(1, b) => Some(b.len()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(sizes, [4088, 912], "bodies cut to the frame_max asked for");
+}
+
+#[test]
+fn the_rest_of_a_body_refused_at_its_header_is_dropped_even_after_close_ok() {
+    let mut c = Client::open();
+    c.declare("big");
+    let size = 17 << 20;
+    let publish = basic::Publish {
+        exchange: "".into(),
+        routing_key: "big".into(),
+        mandatory: false,
+        immediate: false,
+    };
+    let header = AMQPContentHeader {
+        class_id: 60,
+        body_size: size,
+        properties: BasicProperties::default(),
+    };
+    let piece = AMQPFrame::Body(1, vec![1; 8184]);
+    let out = c.feed(&[
+        basic_method(1, basic::AMQPMethod::Publish(publish)),
+        AMQPFrame::Header(1, header),
+        piece.clone(),
+    ]);
+    assert_eq!(channel_close_code(&out), Some(406), "over the size limit");
+    // The client answers the close before the rest of its body, as amqplib does.
+    let close_ok = method(
+        1,
+        AMQPClass::Channel(channel::AMQPMethod::CloseOk(channel::CloseOk {})),
+    );
+    let out = c.feed(&[close_ok, piece.clone(), piece.clone()]);
+    assert!(out.is_empty(), "{out:?}");
+    assert!(!c.conn.is_closed());
+    // A channel opened again starts afresh: its publishes count.
+    c.feed(&[method(
+        1,
+        AMQPClass::Channel(channel::AMQPMethod::Open(channel::Open {})),
+    )]);
+    c.publish("big", b"fits");
+    assert_eq!(c.stats("big").ready, 1);
+    let out = c.feed(&[piece]);
+    assert_eq!(
+        connection_close_code(&out),
+        Some(505),
+        "a body with no publish"
+    );
+}
