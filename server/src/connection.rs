@@ -333,6 +333,8 @@ pub struct Connection {
     /// its body may still come: dropped as they do, even after the channel's `close-ok`
     /// (a client may answer the close before it has written the rest of a large body).
     refused_bodies: Vec<(u16, u64)>,
+    /// The code and text of the `connection.close` a connection error made us send.
+    closed_with: Option<(u16, String)>,
     /// Deliveries to `no_ack` consumers, acked in one batch per queue once their frames
     /// leave for the socket (or before the next input), rather than a broker round trip
     /// each. A connection that ends first does not ack them: they come back.
@@ -385,6 +387,7 @@ impl Connection {
             opened: 0,
             exclusive: Vec::new(),
             refused_bodies: Vec::new(),
+            closed_with: None,
             auto_acks: Vec::new(),
             seen: Seen::default(),
             out: Output::default(),
@@ -487,6 +490,17 @@ impl Connection {
     /// Whether the connection sent `connection.close` and waits for the answer.
     pub fn is_closing(&self) -> bool {
         self.phase == Phase::Closing
+    }
+
+    /// The reply code and text of the `connection.close` the server sent for a
+    /// connection error, if it sent one (for the driver's log).
+    pub fn closed_with(&self) -> Option<(u16, &str)> {
+        (self.closed_with.as_ref()).map(|(code, text)| (*code, text.as_str()))
+    }
+
+    /// The number the server gave this connection (in consumer names and logs).
+    pub fn id(&self) -> u64 {
+        self.id
     }
 
     /// The server's metrics, which this connection's driver updates.
@@ -609,6 +623,7 @@ impl Connection {
             "authentication_failure_close",
             "publisher_confirms",
             "consumer_cancel_notify",
+            "direct_reply_to",
         ] {
             capabilities.insert(name.into(), AMQPValue::Boolean(true));
         }
@@ -862,9 +877,11 @@ impl Connection {
                 self.end_subscriptions(None);
                 self.channels.clear();
                 self.drop_exclusive_queues();
+                let text = reply_text(fault.code, fault.text);
+                self.closed_with = Some((fault.code, text.to_string()));
                 let close = connection::Close {
                     reply_code: fault.code,
-                    reply_text: reply_text(fault.code, fault.text),
+                    reply_text: text,
                     class_id: fault.class_id,
                     method_id: fault.method_id,
                 };

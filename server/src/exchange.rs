@@ -6,7 +6,7 @@
 //! `topic` exchange to every queue bound with a pattern the key matches (words between
 //! dots, `*` one word, `#` zero or more); a `headers` exchange to every queue bound with
 //! arguments the message's headers match (`x-match` `all` or `any`). `amq.direct`,
-//! `amq.fanout`, `amq.topic` and `amq.match` exist from the start, as in RabbitMQ. One
+//! `amq.fanout`, `amq.topic`, `amq.match` and `amq.headers` exist from the start, as in RabbitMQ. One
 //! table serves every connection of a server.
 //!
 //! With a data dir, durable exchanges and their bindings to durable queues are kept in
@@ -128,6 +128,7 @@ impl Default for Exchanges {
             ("amq.fanout", Kind::Fanout),
             ("amq.topic", Kind::Topic),
             ("amq.match", Kind::Headers),
+            ("amq.headers", Kind::Headers),
         ] {
             let exchange = Exchange {
                 kind,
@@ -723,6 +724,7 @@ mod tests {
             ["printer"]
         );
         assert_eq!(back.kind("amq.match"), Some(Kind::Headers));
+        assert_eq!(back.kind("amq.headers"), Some(Kind::Headers));
     }
 
     #[test]

@@ -104,7 +104,7 @@ impl Drop for AbortOnDrop {
 /// channels in the server's metrics.
 pub async fn run_connection(
     stream: TcpStream,
-    _peer: SocketAddr,
+    peer: SocketAddr,
     mut conn: Connection,
 ) -> io::Result<()> {
     let metrics = conn.metrics();
@@ -115,6 +115,10 @@ pub async fn run_connection(
     };
     let result = drive(stream, &mut conn, &metrics, &mut channels, shutdown).await;
     channels.set(0);
+    // A connection error the server answered (a shutdown's 320 is logged once, apart).
+    if let Some((code, text)) = conn.closed_with().filter(|(code, _)| *code != 320) {
+        tracing::info!(connection = conn.id(), %peer, code, reason = text, "closed by the server");
+    }
     result
 }
 

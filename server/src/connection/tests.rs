@@ -295,6 +295,9 @@ fn a_wrong_password_is_refused_with_403() {
     c.feed(&[AMQPFrame::ProtocolHeader(ProtocolVersion::amqp_0_9_1())]);
     let out = c.feed(&[start_ok("guest", "nope")]);
     assert_eq!(connection_close_code(&out), Some(403));
+    let (code, text) = c.conn.closed_with().expect("kept for the log");
+    assert_eq!(code, 403);
+    assert!(text.starts_with("ACCESS_REFUSED"), "{text}");
     let out = c.feed(&[conn_method(connection::AMQPMethod::CloseOk(
         connection::CloseOk {},
     ))]);
