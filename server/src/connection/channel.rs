@@ -808,21 +808,32 @@ impl Connection {
             let Some(served) = Kind::named(kind) else {
                 return Err(unserved_exchange_type(kind, &m));
             };
+            let arguments = declare.arguments.inner();
             let unsupported = if declare.internal {
                 Some(("internal", "an internal exchange".to_string()))
+            } else if arguments.contains_key("alternate-exchange") {
+                let feature = "exchange argument 'alternate-exchange'".to_string();
+                Some(("alternate-exchange", feature))
             } else {
-                (declare.arguments.inner().keys().next())
+                (arguments.keys().next())
                     .map(|arg| ("arguments", format!("exchange argument '{arg}'")))
             };
-            if let Some((what, feature)) = unsupported {
-                // An existing exchange is not internal and has no arguments: a redeclare
-                // that says otherwise is the client's mistake, a 406 on the channel as in
-                // RabbitMQ, not a feature leasemqd lacks.
-                if !name.is_empty() && exchanges.exists(name) {
+            let existing = !name.is_empty() && exchanges.exists(name);
+            match unsupported {
+                // An existing exchange is not internal and has no alternate exchange: a
+                // redeclare that says otherwise is the client's mistake, a 406 on the
+                // channel as in RabbitMQ, not a feature leasemqd lacks. RabbitMQ compares
+                // no other argument of a redeclare (it keeps the first declare's), so
+                // neither does leasemqd.
+                Some((what @ ("internal" | "alternate-exchange"), _)) if existing => {
                     return Err(exchange_fault(ch, Refusal::Inequivalent(what), name, &m));
                 }
-                let text = format!("{feature} is not supported by leasemqd yet");
-                return Err(Fault::connection(code::NOT_IMPLEMENTED, text).for_method(&m));
+                Some(_) if existing => {}
+                Some((_, feature)) => {
+                    let text = format!("{feature} is not supported by leasemqd yet");
+                    return Err(Fault::connection(code::NOT_IMPLEMENTED, text).for_method(&m));
+                }
+                None => {}
             }
             // Type, durability and auto-delete are checked where exchanges are kept.
             exchanges

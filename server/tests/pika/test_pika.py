@@ -968,3 +968,19 @@ def test_x_expires_deletes_a_queue_unused_that_long_but_not_while_consumed():
         ch.queue_declare(queue=kept, passive=True)
     assert err.value.reply_code == 404
     conn.close()
+
+
+def test_an_exchange_redeclare_compares_internal_and_alternate_exchange_only():
+    conn = connect()
+    ch = conn.channel()
+    name = f"redeclared-{uuid.uuid4().hex[:8]}"
+    ch.exchange_declare(exchange=name, exchange_type="direct")
+    # RabbitMQ keeps the first declare's arguments and compares only these two.
+    ch.exchange_declare(exchange=name, exchange_type="direct", arguments={"x-note": 1})
+    for changed in ({"arguments": {"alternate-exchange": "amq.fanout"}}, {"internal": True}):
+        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as err:
+            ch.exchange_declare(exchange=name, exchange_type="direct", **changed)
+        assert err.value.reply_code == 406
+        ch = conn.channel()
+    ch.exchange_delete(name)
+    conn.close()
