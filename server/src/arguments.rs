@@ -173,7 +173,7 @@ fn signed(value: &AMQPValue) -> Option<i128> {
 }
 
 /// A field value's type as RabbitMQ names it in its texts.
-fn type_name(value: &AMQPValue) -> &'static str {
+pub(crate) fn type_name(value: &AMQPValue) -> &'static str {
     match value {
         AMQPValue::Boolean(_) => "bool",
         AMQPValue::ShortShortInt(_) => "byte",

@@ -36,7 +36,7 @@ use amq_protocol::protocol::{basic, connection, AMQPClass};
 use amq_protocol::types::{AMQPValue, FieldTable, ShortString};
 use leasemq::{Broker, Consumer, Delivery, DeliveryTag, Queue, Settle};
 
-use crate::content::PropertiesSeen;
+use crate::content::{self, PropertiesSeen};
 use crate::exchange::{Exchanges, Refusal};
 use crate::expiry::Expiring;
 use crate::metrics::Metrics;
@@ -661,14 +661,38 @@ impl Connection {
             .as_ref()
             .map(|id| id.as_str().to_owned());
         let mut refused = refused_properties(properties, &self.settings.user);
-        let channel = || self.channels.get(&header.channel);
-        let rewritten = match reply_to::direct_reply_properties(channel, properties) {
-            Ok(rewritten) => rewritten,
-            Err(text) => {
-                refused = refused.or(Some(text));
-                None
-            }
+        let mut refuse = |text: String| {
+            refused.get_or_insert(text);
         };
+        let channel = || self.channels.get(&header.channel);
+        let reply_name = reply_to::direct_reply_name(channel, properties).unwrap_or_else(|text| {
+            refuse(text);
+            None
+        });
+        let routes = content::sender_routes(properties).unwrap_or_else(|text| {
+            refuse(text);
+            None
+        });
+        let bcc = routes.as_ref().is_some_and(|r| r.bcc);
+        // Stored with other properties than it came with: a direct reply-to's name, or
+        // its `BCC` header taken out (recipients a consumer must not see).
+        let rewritten = (reply_name.is_some() || bcc)
+            .then(|| {
+                let mut stored = properties.clone();
+                if let Some(name) = reply_name {
+                    stored = stored.with_reply_to(name);
+                }
+                if bcc {
+                    stored = content::without_bcc(stored);
+                }
+                content::encode_properties(&stored)
+            })
+            .and_then(|encoded| {
+                if encoded.is_none() {
+                    refuse("PRECONDITION_FAILED - message properties could not be stored".into());
+                }
+                encoded
+            });
         let header = match &rewritten {
             Some(properties) => wire::Header {
                 properties,
@@ -676,7 +700,8 @@ impl Connection {
             },
             None => header,
         };
-        if let Err(fault) = self.handle_header(header, id, refused) {
+        let cc = routes.map(|r| r.keys).unwrap_or_default();
+        if let Err(fault) = self.handle_header(header, id, cc, refused) {
             self.fail(fault);
         }
         Ok(())

@@ -11,7 +11,8 @@
 //! ```
 //!
 //! Format 1 is a publish through the default exchange (its routing key is the queue's
-//! name); format 2 keeps the exchange and routing key of a publish through another, which
+//! name); format 2 keeps the exchange and routing key of a publish through another, or
+//! through the default exchange to more queues than its key names (`CC`, `BCC`), which
 //! its deliveries report as RabbitMQ's do.
 //!
 //! where the properties are in the content header's own encoding, as the publish's header
@@ -66,13 +67,26 @@ pub fn stored_start(
     routing_key: &str,
     payload: usize,
 ) -> Option<Vec<u8>> {
-    let route = if exchange.is_empty() {
-        0
-    } else {
-        2 + exchange.len() + routing_key.len()
-    };
-    let mut body = Vec::with_capacity(PREFIX + properties.len() + route + payload);
-    body.push(if exchange.is_empty() {
+    let route = (!exchange.is_empty()).then_some((exchange, routing_key));
+    start(properties, route, payload)
+}
+
+/// As [`stored_start`], keeping the routing key even for the default exchange: for a
+/// message that reaches queues other than the one its key names (`CC`, `BCC`), whose
+/// deliveries report the key it was published with.
+pub fn stored_start_keeping_key(
+    properties: &[u8],
+    exchange: &str,
+    routing_key: &str,
+    payload: usize,
+) -> Option<Vec<u8>> {
+    start(properties, Some((exchange, routing_key)), payload)
+}
+
+fn start(properties: &[u8], route: Option<(&str, &str)>, payload: usize) -> Option<Vec<u8>> {
+    let route_len = route.map_or(0, |(exchange, key)| 2 + exchange.len() + key.len());
+    let mut body = Vec::with_capacity(PREFIX + properties.len() + route_len + payload);
+    body.push(if route.is_none() {
         FORMAT
     } else {
         FORMAT_ROUTED
@@ -87,7 +101,7 @@ pub fn stored_start(
         // that no consumer's client reads them otherwise.
         *flags &= !0b11;
     }
-    if !exchange.is_empty() {
+    if let Some((exchange, routing_key)) = route {
         for name in [exchange, routing_key] {
             body.push(u8::try_from(name.len()).ok()?);
             body.extend_from_slice(name.as_bytes());
@@ -102,6 +116,72 @@ pub(crate) fn encode_properties(properties: &BasicProperties) -> Option<Vec<u8>>
     let buffer = Vec::with_capacity(PROPERTIES_GUESS);
     let written = gen_properties(properties)(WriteContext::from(buffer)).ok()?;
     Some(written.into_inner().0)
+}
+
+/// The routing keys a publish's `CC` and `BCC` headers add to its own (RabbitMQ's
+/// sender-selected distribution), and whether it has a `BCC` header, which is taken out
+/// before the message is stored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SenderRoutes {
+    /// Each string of `CC`, then of `BCC` (other values in them are passed over, as
+    /// RabbitMQ passes them over).
+    pub keys: Vec<String>,
+    /// A `BCC` header is there.
+    pub bcc: bool,
+}
+
+/// The publish's [`SenderRoutes`]; `None` when it has neither header.
+///
+/// # Errors
+///
+/// RabbitMQ's 406 text when either header is not an array.
+pub fn sender_routes(properties: &BasicProperties) -> Result<Option<SenderRoutes>, String> {
+    let Some(headers) = properties.headers() else {
+        return Ok(None);
+    };
+    let headers = headers.inner();
+    let (cc, bcc) = (headers.get("CC"), headers.get("BCC"));
+    if cc.is_none() && bcc.is_none() {
+        return Ok(None);
+    }
+    let mut keys = Vec::new();
+    for (name, value) in [("CC", cc), ("BCC", bcc)] {
+        match value {
+            None => {}
+            Some(AMQPValue::FieldArray(array)) => {
+                keys.extend(array.as_slice().iter().filter_map(|v| match v {
+                    AMQPValue::LongString(key) => {
+                        Some(String::from_utf8_lossy(key.as_bytes()).into_owned())
+                    }
+                    _ => None,
+                }));
+            }
+            Some(other) => {
+                let kind = crate::arguments::type_name(other);
+                return Err(format!(
+                    "PRECONDITION_FAILED - invalid message: {{unacceptable_type_in_header,\"{name}\",{kind}}}"
+                ));
+            }
+        }
+    }
+    Ok(Some(SenderRoutes {
+        keys,
+        bcc: bcc.is_some(),
+    }))
+}
+
+/// `properties` without their `BCC` header.
+pub fn without_bcc(properties: BasicProperties) -> BasicProperties {
+    let Some(headers) = properties.headers() else {
+        return properties;
+    };
+    let mut kept = FieldTable::default();
+    for (key, value) in headers.inner() {
+        if key.as_str() != "BCC" {
+            kept.insert(key.clone(), value.clone());
+        }
+    }
+    properties.with_headers(kept)
 }
 
 /// The `headers` property of a body made by [`stored_start`], if it has one.
@@ -331,6 +411,38 @@ fn decode_stored(body: &Bytes) -> Option<Stored> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cc_and_bcc_add_routing_keys_and_bcc_is_taken_out() {
+        let keys = |names: &[&str]| {
+            let mut array = FieldArray::default();
+            for name in names {
+                array.push(AMQPValue::LongString((*name).into()));
+            }
+            array.push(AMQPValue::LongInt(7));
+            AMQPValue::FieldArray(array)
+        };
+        let mut headers = FieldTable::default();
+        headers.insert("CC".into(), keys(&["b", "c"]));
+        headers.insert("BCC".into(), keys(&["d"]));
+        headers.insert("kept".into(), AMQPValue::Boolean(true));
+        let properties = BasicProperties::default().with_headers(headers);
+        let routes = sender_routes(&properties).unwrap().unwrap();
+        assert_eq!(routes.keys, ["b", "c", "d"], "other values passed over");
+        assert!(routes.bcc);
+        let stored = without_bcc(properties).headers().clone().unwrap();
+        let mut names: Vec<&str> = stored.inner().keys().map(|k| k.as_str()).collect();
+        names.sort_unstable();
+        assert_eq!(names, ["CC", "kept"]);
+        assert_eq!(sender_routes(&BasicProperties::default()), Ok(None));
+        let mut plain = FieldTable::default();
+        plain.insert("CC".into(), AMQPValue::LongString("b".into()));
+        let refused = sender_routes(&BasicProperties::default().with_headers(plain)).unwrap_err();
+        assert_eq!(
+            refused,
+            "PRECONDITION_FAILED - invalid message: {unacceptable_type_in_header,\"CC\",longstr}"
+        );
+    }
 
     #[test]
     fn properties_and_payload_come_back_unchanged() {

@@ -76,6 +76,8 @@ pub(super) struct Content {
     stored: Vec<u8>,
     /// Where the payload starts in `stored`.
     payload_start: usize,
+    /// Routing keys its `CC` and `BCC` headers add to the publish's own.
+    cc: Vec<String>,
 }
 
 /// The message a complete publish puts.
@@ -120,6 +122,7 @@ impl Connection {
         &mut self,
         header: wire::Header<'_>,
         message_id: Option<String>,
+        cc: Vec<String>,
         refused: Option<String>,
     ) -> Result<(), Fault> {
         let ch = header.channel;
@@ -164,8 +167,11 @@ impl Connection {
         let reserve = (header.body_size as usize).min(FIRST_BODY_RESERVE);
         let publish = &incoming.publish;
         let (exchange, routing_key) = (publish.exchange.as_str(), publish.routing_key.as_str());
-        let Some(stored) = content::stored_start(header.properties, exchange, routing_key, reserve)
-        else {
+        let start = match cc.is_empty() {
+            true => content::stored_start,
+            false => content::stored_start_keeping_key,
+        };
+        let Some(stored) = start(header.properties, exchange, routing_key, reserve) else {
             // Names that came as short strings always fit; kept as an error all the same.
             self.channels.get_mut(&ch).expect("just seen").incoming = None;
             self.refuse_body(ch, header.body_size);
@@ -182,6 +188,7 @@ impl Connection {
             message_id,
             payload_start: stored.len(),
             stored,
+            cc,
         });
         if header.body_size == 0 {
             self.complete_publish(ch)?;
@@ -257,30 +264,46 @@ impl Connection {
             state.published
         });
         let exchange = publish.exchange.as_str();
-        if exchange.is_empty() {
+        let key = publish.routing_key.as_str();
+        if exchange.is_empty() && content.cc.is_empty() {
             // The common case: one more publish of this read to the queue the last one went
             // to, added to its batch with no lookup.
-            if let Some((messages, numbers)) = self.last_put(ch, publish.routing_key.as_str()) {
+            if let Some((messages, numbers)) = self.last_put(ch, key) {
                 messages.push(into_message(content));
                 numbers.extend(number);
                 return Ok(());
             }
         }
-        let queues: Vec<Queue> = if exchange.is_empty() {
+        let queues: Vec<Queue> = if exchange.is_empty() && content.cc.is_empty() {
             // The common case needs no lock: the default exchange names the queue.
-            self.queue(publish.routing_key.as_str())
-                .into_iter()
-                .collect()
+            self.queue(key).into_iter().collect()
         } else {
-            let exchanges = self.settings.exchanges.lock().expect("never poisoned");
-            // Only a headers exchange asks for the message's headers, parsed then.
-            let headers = || content::stored_headers(&content.stored);
-            let routed = exchanges.route(exchange, publish.routing_key.as_str(), headers);
-            drop(exchanges);
-            let Some(names) = routed else {
-                let text = format!("NOT_FOUND - no exchange '{exchange}' in vhost '/'");
-                return Err(Fault::channel(ch, code::NOT_FOUND, text, &publish_method()));
-            };
+            // The routing key, then each `CC`/`BCC` key, through the same exchange; a
+            // queue more than one of them reaches gets the message once.
+            let keys = std::iter::once(key).chain(content.cc.iter().map(String::as_str));
+            let mut names: Vec<String> = Vec::new();
+            if exchange.is_empty() {
+                names.extend(keys.map(str::to_string));
+            } else {
+                let exchanges = self.settings.exchanges.lock().expect("never poisoned");
+                for key in keys {
+                    // Only a headers exchange asks for the message's headers, parsed then.
+                    let headers = || content::stored_headers(&content.stored);
+                    let Some(routed) = exchanges.route(exchange, key, headers) else {
+                        let text = format!("NOT_FOUND - no exchange '{exchange}' in vhost '/'");
+                        return Err(Fault::channel(ch, code::NOT_FOUND, text, &publish_method()));
+                    };
+                    if names.is_empty() {
+                        names = routed;
+                    } else {
+                        names.extend(routed);
+                    }
+                }
+            }
+            if !content.cc.is_empty() {
+                let mut seen = std::collections::HashSet::with_capacity(names.len());
+                names.retain(|name| seen.insert(name.clone()));
+            }
             names.iter().filter_map(|name| self.queue(name)).collect()
         };
         if queues.is_empty() {

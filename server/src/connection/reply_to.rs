@@ -19,7 +19,6 @@ use leasemq::{Queue, QueueConfig};
 
 use super::channel::{broker_fault, Channel};
 use super::{code, Connection, Declared, Fault};
-use crate::content;
 
 /// The pseudo-queue a client consumes from, and the `reply-to` it publishes with.
 pub(super) const REPLY_TO: &str = "amq.rabbitmq.reply-to";
@@ -106,17 +105,17 @@ impl Connection {
     }
 }
 
-/// The properties a publish on `channel` (looked up only when needed) is stored with when it asks for replies by direct
-/// reply-to: encoded anew with the channel's reply name in `reply-to`. `None` when it does
-/// not ask.
+/// The reply name a publish on `channel` (looked up only when needed) is stored with in
+/// place of its `reply-to` when it asks for replies by direct reply-to; `None` when it
+/// does not ask.
 ///
 /// # Errors
 ///
 /// The text of RabbitMQ's 406 when the channel has no reply consumer.
-pub(super) fn direct_reply_properties<'a>(
+pub(super) fn direct_reply_name<'a>(
     channel: impl FnOnce() -> Option<&'a Channel>,
     properties: &BasicProperties,
-) -> Result<Option<Vec<u8>>, String> {
+) -> Result<Option<ShortString>, String> {
     if properties.reply_to().as_ref().map(ShortString::as_str) != Some(REPLY_TO) {
         return Ok(None);
     }
@@ -124,8 +123,5 @@ pub(super) fn direct_reply_properties<'a>(
     let Some(queue) = reply.filter(|q| !q.is_closed()) else {
         return Err("PRECONDITION_FAILED - fast reply consumer does not exist".into());
     };
-    let rewritten = properties.clone().with_reply_to(queue.name().into());
-    content::encode_properties(&rewritten)
-        .map(Some)
-        .ok_or_else(|| "PRECONDITION_FAILED - message properties could not be stored".into())
+    Ok(Some(queue.name().into()))
 }

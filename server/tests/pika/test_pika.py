@@ -984,3 +984,32 @@ def test_an_exchange_redeclare_compares_internal_and_alternate_exchange_only():
         ch = conn.channel()
     ch.exchange_delete(name)
     conn.close()
+
+
+def test_cc_and_bcc_headers_route_copies_and_bcc_is_not_delivered():
+    # RabbitMQ's sender-selected distribution: CC and BCC name more routing keys on the
+    # publish's exchange; BCC is taken out of what is delivered.
+    conn = connect()
+    ch = conn.channel()
+    to, cc, bcc = (fresh_queue(ch, name) for name in ("to", "cc", "bcc"))
+    ch.basic_publish(
+        exchange="",
+        routing_key=to,
+        properties=pika.BasicProperties(headers={"CC": [cc, to], "BCC": [bcc]}),
+        body=b"memo",
+    )
+    for queue in (to, cc, bcc):
+        method, props, body = get_soon(conn, ch, queue, auto_ack=True)
+        assert (method.routing_key, body) == (to, b"memo")
+        assert props.headers == {"CC": [cc, to]}
+        assert ch.basic_get(queue=queue, auto_ack=True)[0] is None, "one copy each"
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as err:
+        ch.basic_publish(
+            exchange="", routing_key=to, properties=pika.BasicProperties(headers={"CC": cc}), body=b"x"
+        )
+        ch.queue_declare(queue=to, passive=True)
+    assert err.value.reply_code == 406
+    ch = conn.channel()
+    for queue in (to, cc, bcc):
+        ch.queue_delete(queue)
+    conn.close()
