@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# End-to-end test of leasemqd with the unmodified pika client: builds leasemqd, starts it
-# on a free port, runs test_pika.py with pytest, and stops the server; test_durable.py
-# starts its own servers on a data dir, kills and restarts them; test_operations.py starts
-# its own to scrape --metrics and to stop one with SIGTERM.
+# End-to-end test of leasemqd with unmodified clients: builds leasemqd, starts it on a free
+# port, runs test_pika.py (pika) and test_clients.py (a Celery worker and client) with
+# pytest, and stops the server; test_durable.py starts its own servers on a data dir,
+# kills and restarts them; test_operations.py starts its own to scrape --metrics and to
+# stop one with SIGTERM.
 #
-# Needs python3 (with venv) and network access to PyPI the first time: pika and pytest are
-# installed into a virtual environment under target/pika-venv, reused on later runs.
+# Needs python3 (with venv) and network access to PyPI the first time: pika, pytest and
+# celery (test_clients.py) are installed into a virtual environment under target/pika-venv,
+# reused on later runs.
 # Extra arguments go to pytest (e.g. -k nack). With AMQP_URL=amqp://… it runs test_pika.py
 # against that broker instead (no leasemqd), e.g. a local RabbitMQ:
 #   AMQP_URL=amqp://guest:guest@127.0.0.1:5672/%2f server/tests/pika/run.sh
@@ -15,15 +17,17 @@ root="$(cd "$here/../../.." && pwd)"
 cd "$root"
 
 venv="$root/target/pika-venv"
-if [ ! -x "$venv/bin/pytest" ] || ! "$venv/bin/python" -c 'import pika' 2>/dev/null; then
+if [ ! -x "$venv/bin/pytest" ] || ! "$venv/bin/python" -c 'import pika, celery' 2>/dev/null; then
     python3 -m venv "$venv"
-    "$venv/bin/pip" install --quiet "pika>=1.3,<2" "pytest>=7"
+    "$venv/bin/pip" install --quiet "pika>=1.3,<2" "pytest>=7" "celery>=5.3,<6"
 fi
 
-# AMQP_URL: run test_pika.py against that broker (a RabbitMQ, say) instead of leasemqd.
+# AMQP_URL: run test_pika.py and test_clients.py against that broker (a RabbitMQ, say)
+# instead of leasemqd.
 if [ -n "${AMQP_URL:-}" ]; then
     export PYTHONDONTWRITEBYTECODE=1
-    exec "$venv/bin/pytest" -q -p no:cacheprovider -rs "$here/test_pika.py" "$@"
+    exec "$venv/bin/pytest" -q -p no:cacheprovider -rs "$here/test_pika.py" \
+        "$here/test_clients.py" "$@"
 fi
 
 cargo build --locked -p leasemq-server --bin leasemqd
@@ -53,7 +57,7 @@ fi
 export PYTHONDONTWRITEBYTECODE=1
 status=0
 LEASEMQD_PORT="$port" LEASEMQD_BIN="$root/target/debug/leasemqd" "$venv/bin/pytest" -q \
-    -p no:cacheprovider "$here/test_pika.py" "$here/test_durable.py" \
+    -p no:cacheprovider "$here/test_pika.py" "$here/test_clients.py" "$here/test_durable.py" \
     "$here/test_operations.py" "$@" || status=$?
 if [ "$status" -ne 0 ]; then
     echo "--- leasemqd log" >&2
