@@ -45,6 +45,10 @@ use channel::Channel;
 pub use consumers::QueueConsumers;
 use publish::{Awaited, Pending};
 
+/// How many queue handles a connection keeps before it first drops those of closed
+/// queues (`Connection::queue`).
+const QUEUES_SWEPT_FROM: usize = 64;
+
 /// The smallest `frame_max` a client may ask for: AMQP 0-9-1's `frame-min-size`, which
 /// RabbitMQ 3 keeps (`amq-protocol` follows RabbitMQ 4.1, which raised it to 8192 and so
 /// refuses amqplib before 0.10.6, whose default was 4096).
@@ -119,17 +123,22 @@ impl Settings {
     /// Deletes `queue` where no connection asked for it (`x-expires`): closes it, and if
     /// that closed it, forgets what the server keeps of it by name.
     pub fn forget_queue(&self, queue: &Queue) {
+        // Its owner, if it is exclusive, as it was while the queue was open.
+        let owner = (self.exclusive.lock().expect("never poisoned"))
+            .get(queue.name())
+            .copied();
         if queue.close() {
-            self.forget(queue.name(), None);
+            self.forget(queue.name(), owner);
         }
     }
 
-    /// Forgets what the server keeps of the queue called `name`, which was just closed:
-    /// its bindings, its declared flags, its consumers' entry and its expiry, and its
-    /// exclusive owner where that is `owner` (any owner for `None`).
+    /// Forgets what the server keeps of the queue called `name`, which was just closed
+    /// (by the caller: a queue closed before is forgotten by whoever closed it, and its
+    /// name may already be another queue's): its bindings, its declared flags, its
+    /// consumers' entry and its expiry, and its exclusive owner if that is `owner`.
     fn forget(&self, name: &str, owner: Option<u64>) {
         let mut owners = self.exclusive.lock().expect("never poisoned");
-        if owner.is_none_or(|id| owners.get(name) == Some(&id)) {
+        if owner.is_some() && owners.get(name) == owner.as_ref() {
             owners.remove(name);
         }
         drop(owners);
@@ -317,6 +326,8 @@ pub struct Connection {
     next_consumer: u64,
     /// Queues by name, so a publish needs no lookup round trip.
     queues: HashMap<String, Queue, RandomState>,
+    /// The size of `queues` at which the handles of closed queues are dropped.
+    sweep_queues_at: usize,
     /// Publishes and settles of the current input, made in batches when it is done.
     pending: Vec<Pending>,
     /// Bytes of publishes put without waiting, by shard, since a put to that shard last
@@ -380,6 +391,7 @@ impl Connection {
             rotor: 0,
             next_consumer: 0,
             queues: HashMap::with_hasher(keyed_state(id)),
+            sweep_queues_at: QUEUES_SWEPT_FROM,
             pending: Vec::new(),
             unanswered_puts: Vec::new(),
             awaited: VecDeque::new(),
@@ -877,6 +889,8 @@ impl Connection {
             M::Close(_) => {
                 self.flush_pending();
                 self.end_subscriptions(None);
+                // Stopped consumers return what they still hold as the channels go.
+                self.channels.clear();
                 self.drop_exclusive_queues();
                 self.send(0, AMQPClass::Connection(M::CloseOk(connection::CloseOk {})));
                 self.phase = Phase::Closed;
@@ -973,10 +987,16 @@ impl Connection {
     /// exclusive owner when that is this connection.
     fn delete_queue(&mut self, queue: &Queue) {
         let name = queue.name();
-        queue.close();
-        self.queues.remove(name);
-        self.exclusive.retain(|q| q.name() != name);
-        self.settings.forget(name, Some(self.id));
+        let closed = queue.close();
+        if self.queues.get(name).is_some_and(Queue::is_closed) {
+            self.queues.remove(name);
+        }
+        self.exclusive
+            .retain(|q| q.name() != name || !q.is_closed());
+        // Closed before (by `x-expires`, another connection's delete): forgotten then.
+        if closed {
+            self.settings.forget(name, Some(self.id));
+        }
     }
 
     /// The connection that owns `name` as an exclusive queue, when it is not this one.
@@ -994,6 +1014,13 @@ impl Connection {
             self.queues.remove(name);
         }
         let q = self.broker.queue(name)?;
+        // Handles of queues deleted since are dropped once the map has doubled: a
+        // connection that publishes to one queue after another (replies to direct
+        // reply-to names, say) keeps only those still open.
+        if self.queues.len() >= self.sweep_queues_at {
+            self.queues.retain(|_, q| !q.is_closed());
+            self.sweep_queues_at = (2 * self.queues.len()).max(QUEUES_SWEPT_FROM);
+        }
         self.queues.insert(name.to_string(), q.clone());
         Some(q)
     }

@@ -7,15 +7,16 @@
 //! `queue.delete` would delete it: its messages, leased ones too, and its bindings go.
 //!
 //! Connections read no clock: they mark a queue used ([`Expiring::touch`]). One task per
-//! server ([`run`]) stamps each mark with the time it sees it, keeps the deadlines, and
-//! deletes each queue whose deadline passed while it had no consumer. [`Expiring`] itself
-//! takes the time as an argument, so its tests need no clock.
+//! server ([`run`]) stamps each mark with the time it sees it, keeps one deadline per
+//! queue, and deletes each queue whose deadline passed while it had no consumer, unless a
+//! use came in between ([`Expiring::still_due`], checked just before the delete). Memory
+//! is bounded by the number of queues that expire, whatever the number of uses.
+//! [`Expiring`] itself takes the time as an argument, so its tests need no clock.
 //!
 //! A durable queue brought back by a restart expires again once it is declared again
 //! with `x-expires`, as its other declared flags come back then (`Declared`).
 
-use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap};
+use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -37,22 +38,49 @@ pub struct Expiring {
 #[derive(Debug, Default)]
 struct State {
     queues: HashMap<String, Entry>,
-    /// Names marked used since the time was last stamped.
+    /// Names marked used since the time was last stamped, each once.
     touched: Vec<String>,
-    /// Deadlines, earliest first, each with the arming it belongs to: one whose queue was
-    /// armed again since (or went) is passed over.
-    deadlines: BinaryHeap<Reverse<(Instant, u64, String)>>,
-    armings: u64,
+    /// The armed deadlines, earliest first: one per queue whose time runs.
+    deadlines: BTreeSet<(Instant, String)>,
 }
 
 #[derive(Debug)]
 struct Entry {
     queue: Queue,
     after: Duration,
-    /// The arming whose deadline counts; `None` while the queue is marked used and not
-    /// yet stamped, or while it has consumers.
-    armed: Option<u64>,
+    /// Its armed deadline (in `deadlines`); `None` while it has consumers, or while it is
+    /// marked used and not yet stamped.
+    deadline: Option<Instant>,
     touched: bool,
+    /// Its time ran out and [`Expiring::expire`] handed it out: it is deleted unless it
+    /// is used first ([`Expiring::still_due`]).
+    due: bool,
+}
+
+impl State {
+    fn disarm(&mut self, name: &str) {
+        if let Some(at) = self.queues.get_mut(name).and_then(|e| e.deadline.take()) {
+            self.deadlines.remove(&(at, name.to_string()));
+        }
+    }
+
+    fn mark_touched(&mut self, name: &str) -> bool {
+        let Some(entry) = self.queues.get_mut(name) else {
+            return false;
+        };
+        entry.due = false;
+        if entry.touched {
+            return false;
+        }
+        entry.touched = true;
+        self.touched.push(name.to_string());
+        true
+    }
+
+    fn remove(&mut self, name: &str) -> Option<Entry> {
+        self.disarm(name);
+        self.queues.remove(name)
+    }
 }
 
 impl Expiring {
@@ -64,14 +92,24 @@ impl Expiring {
     /// `queue` expires after going unused for `after`, from now on (a declare).
     pub fn set(&self, queue: &Queue, after: Duration) {
         let mut state = self.lock();
-        let entry = Entry {
-            queue: queue.clone(),
-            after,
-            armed: None,
-            touched: true,
-        };
-        state.queues.insert(queue.name().to_string(), entry);
-        state.touched.push(queue.name().to_string());
+        let name = queue.name();
+        // A queue of that name that is still open is this one: declared again.
+        let known = state.queues.get_mut(name).filter(|e| !e.queue.is_closed());
+        match known {
+            Some(entry) => entry.after = after,
+            None => {
+                state.remove(name);
+                let entry = Entry {
+                    queue: queue.clone(),
+                    after,
+                    deadline: None,
+                    touched: false,
+                    due: false,
+                };
+                state.queues.insert(name.to_string(), entry);
+            }
+        }
+        state.mark_touched(name);
         self.count.store(state.queues.len(), Ordering::Relaxed);
         drop(state);
         self.wake.notify_one();
@@ -83,18 +121,9 @@ impl Expiring {
             return;
         }
         let mut state = self.lock();
-        let Some(entry) = state.queues.get_mut(name) else {
-            return;
-        };
-        if entry.touched {
-            return;
-        }
-        entry.touched = true;
-        entry.armed = None;
         let first = state.touched.is_empty();
-        state.touched.push(name.to_string());
-        drop(state);
-        if first {
+        if state.mark_touched(name) && first {
+            drop(state);
             self.wake.notify_one();
         }
     }
@@ -107,14 +136,15 @@ impl Expiring {
         }
         let mut state = self.lock();
         if state.queues.get(name).is_some_and(|e| e.queue.is_closed()) {
-            state.queues.remove(name);
+            state.remove(name);
             self.count.store(state.queues.len(), Ordering::Relaxed);
         }
     }
 
     /// Starts the time of every queue marked used since the last call at `now`; then
-    /// takes out the queues whose time is up at `now` and that `consumed` says have no
-    /// consumer (those that have one wait for their last consumer's going). Returns them,
+    /// hands out the queues whose time is up at `now` and that `consumed` says have no
+    /// consumer (those that have one wait for their last consumer's going), for the
+    /// caller to delete each that is [`still_due`](Expiring::still_due). Returns them,
     /// and when to look next.
     pub fn expire(
         &self,
@@ -122,45 +152,52 @@ impl Expiring {
         consumed: impl Fn(&str) -> bool,
     ) -> (Vec<Queue>, Option<Instant>) {
         let mut state = self.lock();
-        let State {
-            queues,
-            touched,
-            deadlines,
-            armings,
-        } = &mut *state;
-        for name in touched.drain(..) {
-            let Some(entry) = queues.get_mut(&name) else {
+        for name in std::mem::take(&mut state.touched) {
+            state.disarm(&name);
+            let Some(entry) = state.queues.get_mut(&name) else {
                 continue;
             };
-            *armings += 1;
             entry.touched = false;
-            entry.armed = Some(*armings);
-            deadlines.push(Reverse((now + entry.after, *armings, name)));
+            let at = now + entry.after;
+            entry.deadline = Some(at);
+            state.deadlines.insert((at, name));
         }
         let mut expired = Vec::new();
-        while let Some(Reverse((deadline, arming, _))) = deadlines.peek() {
-            if *deadline > now {
+        while let Some((at, name)) = state.deadlines.first().cloned() {
+            if at > now {
                 break;
             }
-            let arming = *arming;
-            let Reverse((_, _, name)) = deadlines.pop().expect("just peeked");
-            let Some(entry) = queues.get_mut(&name) else {
+            state.deadlines.pop_first();
+            let Some(entry) = state.queues.get_mut(&name) else {
                 continue;
             };
-            if entry.armed != Some(arming) {
-                continue;
-            }
+            entry.deadline = None;
             if entry.queue.is_closed() {
-                queues.remove(&name);
-            } else if consumed(&name) {
-                entry.armed = None;
-            } else {
-                expired.extend(queues.remove(&name).map(|e| e.queue));
+                state.queues.remove(&name);
+            } else if !consumed(&name) {
+                entry.due = true;
+                expired.push(entry.queue.clone());
             }
         }
-        self.count.store(queues.len(), Ordering::Relaxed);
-        let next = deadlines.peek().map(|Reverse((deadline, _, _))| *deadline);
+        self.count.store(state.queues.len(), Ordering::Relaxed);
+        let next = state.deadlines.first().map(|(at, _)| *at);
         (expired, next)
+    }
+
+    /// Whether `queue`, handed out by [`expire`](Expiring::expire), is to be deleted now:
+    /// nothing used it since. Forgets it if so; if it was used, its time runs again.
+    pub fn still_due(&self, queue: &Queue) -> bool {
+        let mut state = self.lock();
+        let name = queue.name();
+        let due = state
+            .queues
+            .get(name)
+            .is_some_and(|e| e.due && !e.queue.is_closed());
+        if due {
+            state.remove(name);
+            self.count.store(state.queues.len(), Ordering::Relaxed);
+        }
+        due
     }
 }
 
@@ -178,8 +215,14 @@ pub async fn run(settings: Arc<Settings>) {
             // A durable queue's close waits for the disk: off the runtime's workers.
             let deleted = tokio::task::spawn_blocking(move || {
                 for queue in &expired {
-                    tracing::debug!(queue = queue.name(), "deleted by x-expires");
-                    settings.forget_queue(queue);
+                    // A use since it was handed out keeps it (a declare, a get, a consume
+                    // that came in the meantime).
+                    if !settings.consumers.is_consumed(queue.name())
+                        && settings.expiring.still_due(queue)
+                    {
+                        tracing::debug!(queue = queue.name(), "deleted by x-expires");
+                        settings.forget_queue(queue);
+                    }
                 }
             });
             let _ = deleted.await;
@@ -234,9 +277,49 @@ mod tests {
         let (expired, next) = expiring.expire(t0 + ms(160), idle);
         assert_eq!(names(&expired), ["q"]);
         assert_eq!(next, None);
-        // Taken out once: a touch of it now changes nothing.
+        assert!(
+            expiring.expire(t0 + ms(170), idle).0.is_empty(),
+            "handed out once"
+        );
+        assert!(expiring.still_due(&q));
+        // Forgotten once deleted: a touch of it now changes nothing.
         expiring.touch("q");
         assert!(expiring.expire(t0 + ms(1_000), idle).0.is_empty());
+        assert!(!expiring.still_due(&q));
+    }
+
+    #[test]
+    fn a_use_after_the_queue_was_handed_out_keeps_it() {
+        let broker = broker();
+        let q = broker.declare_queue("q", QueueConfig::default()).unwrap();
+        let expiring = Expiring::default();
+        let t0 = Instant::now();
+        expiring.set(&q, ms(100));
+        expiring.expire(t0, |_| false);
+        assert_eq!(names(&expiring.expire(t0 + ms(100), |_| false).0), ["q"]);
+        // A declare came before the deleter got to it.
+        expiring.set(&q, ms(100));
+        assert!(!expiring.still_due(&q));
+        let (expired, next) = expiring.expire(t0 + ms(120), |_| false);
+        assert!(expired.is_empty());
+        assert_eq!(next, Some(t0 + ms(220)), "its time runs from that use");
+    }
+
+    #[test]
+    fn uses_keep_one_deadline_per_queue() {
+        let broker = broker();
+        let q = broker.declare_queue("q", QueueConfig::default()).unwrap();
+        let expiring = Expiring::default();
+        let t0 = Instant::now();
+        expiring.set(&q, ms(86_400_000));
+        for i in 0..1_000 {
+            expiring.touch("q");
+            expiring.set(&q, ms(86_400_000));
+            expiring.expire(t0 + ms(i), |_| false);
+        }
+        let state = expiring.lock();
+        assert_eq!((state.deadlines.len(), state.touched.len()), (1, 0));
+        assert_eq!(state.queues.len(), 1);
     }
 
     #[test]

@@ -375,6 +375,8 @@ impl Connection {
             self.queues.insert(name.to_string(), q.clone());
             // An exclusive queue is this connection's: deleted when it ends. Declaring
             // an existing queue exclusive does not take it over (RabbitMQ: 405).
+            // Exclusive queues of this connection that `x-expires` deleted are gone.
+            self.exclusive.retain(|e| !e.is_closed());
             if declare.exclusive && !self.exclusive.iter().any(|e| e.name() == name) {
                 if existed {
                     let text = format!(
@@ -826,6 +828,11 @@ impl Connection {
                 // no other argument of a redeclare (it keeps the first declare's), so
                 // neither does leasemqd.
                 Some((what @ ("internal" | "alternate-exchange"), _)) if existing => {
+                    // RabbitMQ names the type first when that differs too.
+                    let what = match exchanges.kind(name) == Some(served) {
+                        true => what,
+                        false => "type",
+                    };
                     return Err(exchange_fault(ch, Refusal::Inequivalent(what), name, &m));
                 }
                 Some(_) if existing => {}

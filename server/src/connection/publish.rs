@@ -14,6 +14,7 @@ use leasemq::{DeliveryTag, Error, Message, PendingPutBatch, Queue, Settle};
 use super::channel::broker_fault;
 use super::{code, Connection, Fault};
 use crate::content;
+use crate::exchange::Kind;
 use crate::wire::{self, BASIC_CLASS};
 
 /// The longest message id the broker takes (contract §3 Limits).
@@ -278,21 +279,36 @@ impl Connection {
             // The common case needs no lock: the default exchange names the queue.
             self.queue(key).into_iter().collect()
         } else {
-            // The routing key, then each `CC`/`BCC` key, through the same exchange; a
-            // queue more than one of them reaches gets the message once.
-            let keys = std::iter::once(key).chain(content.cc.iter().map(String::as_str));
+            // The routing key, then each other `CC`/`BCC` key, through the same exchange;
+            // a queue more than one of them reaches gets the message once.
+            let mut keys = vec![key];
+            if !content.cc.is_empty() {
+                let mut seen = std::collections::HashSet::with_capacity(content.cc.len() + 1);
+                seen.insert(key);
+                keys.extend((content.cc.iter().map(String::as_str)).filter(|k| seen.insert(k)));
+            }
             let mut names: Vec<String> = Vec::new();
             if exchange.is_empty() {
-                names.extend(keys.map(str::to_string));
+                names.extend(keys.into_iter().map(str::to_string));
             } else {
-                let exchanges = self.settings.exchanges.lock().expect("never poisoned");
+                if keys.len() > 1 {
+                    let exchanges = self.settings.exchanges.lock().expect("never poisoned");
+                    // Fanout and headers exchanges read no routing key: routed once.
+                    if matches!(exchanges.kind(exchange), Some(Kind::Fanout | Kind::Headers)) {
+                        keys.truncate(1);
+                    }
+                }
                 for key in keys {
-                    // Only a headers exchange asks for the message's headers, parsed then.
+                    // Locked per key: many keys do not keep other connections waiting.
+                    let exchanges = self.settings.exchanges.lock().expect("never poisoned");
+                    // Only a headers exchange asks for the message's headers (so with one
+                    // key, above), parsed then.
                     let headers = || content::stored_headers(&content.stored);
                     let Some(routed) = exchanges.route(exchange, key, headers) else {
                         let text = format!("NOT_FOUND - no exchange '{exchange}' in vhost '/'");
                         return Err(Fault::channel(ch, code::NOT_FOUND, text, &publish_method()));
                     };
+                    drop(exchanges);
                     if names.is_empty() {
                         names = routed;
                     } else {

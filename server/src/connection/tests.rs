@@ -2063,3 +2063,127 @@ fn the_rest_of_a_body_refused_at_its_header_is_dropped_even_after_close_ok() {
         "a body with no publish"
     );
 }
+
+/// What the server's `x-expires` task does at `at`: deletes each queue due then.
+fn run_expiry(settings: &Settings, at: std::time::Instant) {
+    let (expired, _) = settings
+        .expiring
+        .expire(at, |name| settings.consumers.is_consumed(name));
+    for queue in &expired {
+        if settings.expiring.still_due(queue) {
+            settings.forget_queue(queue);
+        }
+    }
+}
+
+fn declare_with(name: &str, exclusive: bool, expires: Option<i32>) -> queue::Declare {
+    let mut arguments = FieldTable::default();
+    if let Some(ms) = expires {
+        arguments.insert("x-expires".into(), AMQPValue::LongInt(ms));
+    }
+    queue::Declare {
+        queue: name.into(),
+        exclusive,
+        arguments,
+        ..queue::Declare::default()
+    }
+}
+
+#[test]
+fn an_exclusive_queue_deleted_by_x_expires_leaves_its_name_free_and_others_state_alone() {
+    use std::time::Instant;
+    let mut a = Client::open();
+    let settings = a.conn.settings.clone();
+    let t0 = Instant::now();
+    let ms = |n: u64| t0 + Duration::from_millis(n);
+    assert_eq!(
+        declare_code(&mut a, declare_with("mine", true, Some(100))),
+        0
+    );
+    run_expiry(&settings, t0);
+    run_expiry(&settings, ms(100));
+    assert!(a.broker.queue("mine").is_none(), "expired");
+    // Declared exclusive again, it is this connection's again.
+    assert_eq!(declare_code(&mut a, declare_with("mine", true, None)), 0);
+    let mut b = a.another(2);
+    assert_eq!(channel_close_code(&b.consume("mine", false)), Some(405));
+    b.reopen();
+    // Another exclusive queue of `a` expires; `b` declares a queue of its name and binds
+    // it. `a`'s end must not touch `b`'s queue.
+    assert_eq!(
+        declare_code(&mut a, declare_with("brief", true, Some(100))),
+        0
+    );
+    run_expiry(&settings, ms(200));
+    run_expiry(&settings, ms(300));
+    assert!(a.broker.queue("brief").is_none(), "expired");
+    assert_eq!(declare_code(&mut b, declare_with("brief", false, None)), 0);
+    let bind = queue::Bind {
+        queue: "brief".into(),
+        exchange: "amq.direct".into(),
+        routing_key: "k".into(),
+        ..queue::Bind::default()
+    };
+    b.feed(&[queue_method(queue::AMQPMethod::Bind(bind))]);
+    drop(a.conn);
+    let exchanges = settings.exchanges.lock().unwrap();
+    assert_eq!(
+        exchanges.route("amq.direct", "k", || None).unwrap(),
+        ["brief"]
+    );
+    drop(exchanges);
+    assert!(b.broker.queue("brief").is_some());
+    assert!(b.broker.queue("mine").is_none(), "gone with its connection");
+}
+
+#[test]
+fn a_connection_keeps_no_handles_of_the_many_queues_it_published_to_once_deleted() {
+    let mut c = Client::open();
+    let mut server = c.another(2);
+    for i in 0..500 {
+        let name = format!("once-{i}");
+        c.declare(&name);
+        server.publish(&name, b"reply");
+        let delete = queue::Delete {
+            queue: name.as_str().into(),
+            ..queue::Delete::default()
+        };
+        c.feed(&[queue_method(queue::AMQPMethod::Delete(delete))]);
+    }
+    assert!(
+        server.conn.queues.len() <= 2 * 64,
+        "{}",
+        server.conn.queues.len()
+    );
+}
+
+#[test]
+fn cc_keys_through_a_fanout_exchange_give_each_bound_queue_one_copy() {
+    let mut c = Client::open();
+    c.declare("left");
+    c.declare("right");
+    for queue in ["left", "right"] {
+        let bind = queue::Bind {
+            queue: queue.into(),
+            exchange: "amq.fanout".into(),
+            ..queue::Bind::default()
+        };
+        c.feed(&[queue_method(queue::AMQPMethod::Bind(bind))]);
+    }
+    let mut cc = amq_protocol::types::FieldArray::default();
+    for key in ["a", "b", "a"] {
+        cc.push(AMQPValue::LongString(key.into()));
+    }
+    let mut headers = FieldTable::default();
+    headers.insert("CC".into(), AMQPValue::FieldArray(cc));
+    let mut frames =
+        Client::publish_frames("k", BasicProperties::default().with_headers(headers), b"m");
+    let AMQPFrame::Method(1, AMQPClass::Basic(basic::AMQPMethod::Publish(publish))) =
+        &mut frames[0]
+    else {
+        unreachable!("publish_frames starts with basic.publish");
+    };
+    publish.exchange = "amq.fanout".into();
+    c.feed(&frames);
+    assert_eq!((c.stats("left").ready, c.stats("right").ready), (1, 1));
+}
