@@ -151,10 +151,10 @@ fn publish(queue: &str, body: &[u8]) -> [AMQPFrame; 3] {
     ]
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_thousand_publishes_in_one_write_are_consumed_and_acked_over_tcp() {
+/// A broker of `shards` shards in memory, served with `settings` on a free loopback port.
+async fn serve_broker(shards: usize, settings: Settings) -> (Broker, std::net::SocketAddr) {
     let broker = Broker::builder()
-        .shards(2)
+        .shards(shards)
         .yield_budget(serve::YIELD_BUDGET)
         .build()
         .unwrap();
@@ -163,8 +163,14 @@ async fn a_thousand_publishes_in_one_write_are_consumed_and_acked_over_tcp() {
     tokio::spawn(serve::accept_loop(
         listener,
         broker.clone(),
-        Arc::new(Settings::default()),
+        Arc::new(settings),
     ));
+    (broker, addr)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thousand_publishes_in_one_write_are_consumed_and_acked_over_tcp() {
+    let (broker, addr) = serve_broker(2, Settings::default()).await;
 
     let mut c = Client::connect(addr).await;
     let declare = queue::Declare {
@@ -241,22 +247,11 @@ async fn a_thousand_publishes_in_one_write_are_consumed_and_acked_over_tcp() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dropped_socket_returns_its_unacked_deliveries() {
-    let broker = Broker::builder()
-        .shards(1)
-        .yield_budget(serve::YIELD_BUDGET)
-        .build()
-        .unwrap();
+    let (broker, addr) = serve_broker(1, Settings::default()).await;
     let q = broker
         .declare_queue("tcp-crash", leasemq::QueueConfig::default())
         .unwrap();
     q.put(leasemq::Message::new("half done")).unwrap();
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(serve::accept_loop(
-        listener,
-        broker.clone(),
-        Arc::new(Settings::default()),
-    ));
 
     let mut c = Client::connect(addr).await;
     let consume = basic::Consume {
@@ -290,18 +285,7 @@ async fn a_dropped_socket_returns_its_unacked_deliveries() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_quiet_connection_gets_heartbeats_when_the_client_asks_for_them() {
-    let broker = Broker::builder()
-        .shards(1)
-        .yield_budget(serve::YIELD_BUDGET)
-        .build()
-        .unwrap();
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(serve::accept_loop(
-        listener,
-        broker.clone(),
-        Arc::new(Settings::default()),
-    ));
+    let (broker, addr) = serve_broker(1, Settings::default()).await;
 
     // tune-ok asks for a 1 s heartbeat: the server beats every half interval when quiet,
     // and the client's own heartbeats keep the connection open.
@@ -471,22 +455,11 @@ async fn churn(data_dir: Option<&std::path::Path>) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_closes_while_writing_a_refused_body_still_reads_its_close_ok() {
-    let broker = Broker::builder()
-        .shards(1)
-        .yield_budget(serve::YIELD_BUDGET)
-        .build()
-        .unwrap();
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
     let settings = Settings {
         max_message_bytes: 1024,
         ..Settings::default()
     };
-    tokio::spawn(serve::accept_loop(
-        listener,
-        broker.clone(),
-        Arc::new(settings),
-    ));
+    let (broker, addr) = serve_broker(1, settings).await;
 
     let mut c = Client::connect(addr).await;
     let size = 8 << 20;
