@@ -169,7 +169,10 @@ async fn drive(
         let pending = output.len() - written;
         if conn.is_closed() && pending == 0 {
             writer.shutdown().await.ok();
-            linger(&mut reader, &mut input).await;
+            // A server that shuts down does not wait on its clients' last writes.
+            if !forced {
+                linger(&mut reader, &mut input).await;
+            }
             return Ok(());
         }
         if conn.is_closing() && close_deadline.is_none() {
