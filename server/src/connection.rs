@@ -688,23 +688,22 @@ impl Connection {
         let bcc = routes.as_ref().is_some_and(|r| r.bcc);
         // Stored with other properties than it came with: a direct reply-to's name, or
         // its `BCC` header taken out (recipients a consumer must not see).
-        let rewritten = (reply_name.is_some() || bcc)
-            .then(|| {
-                let mut stored = properties.clone();
-                if let Some(name) = reply_name {
-                    stored = stored.with_reply_to(name);
-                }
-                if bcc {
-                    stored = content::without_bcc(stored);
-                }
-                content::encode_properties(&stored)
-            })
-            .and_then(|encoded| {
-                if encoded.is_none() {
-                    refuse("PRECONDITION_FAILED - message properties could not be stored".into());
-                }
-                encoded
-            });
+        let rewritten = if reply_name.is_some() || bcc {
+            let mut stored = properties.clone();
+            if let Some(name) = reply_name {
+                stored = stored.with_reply_to(name);
+            }
+            if bcc {
+                stored = content::without_bcc(stored);
+            }
+            let encoded = content::encode_properties(&stored);
+            if encoded.is_none() {
+                refuse(publish::PROPERTIES_NOT_STORED.into());
+            }
+            encoded
+        } else {
+            None
+        };
         let header = match &rewritten {
             Some(properties) => wire::Header {
                 properties,

@@ -77,9 +77,9 @@ impl State {
         true
     }
 
-    fn remove(&mut self, name: &str) -> Option<Entry> {
+    fn remove(&mut self, name: &str) {
         self.disarm(name);
-        self.queues.remove(name)
+        self.queues.remove(name);
     }
 }
 
@@ -87,6 +87,16 @@ impl Expiring {
     fn lock(&self) -> MutexGuard<'_, State> {
         // Nothing panics while holding the lock; take the state as it is if it did.
         self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The state, locked, unless no queue expires (then there is nothing to look at).
+    fn lock_if_any(&self) -> Option<MutexGuard<'_, State>> {
+        (self.count.load(Ordering::Relaxed) > 0).then(|| self.lock())
+    }
+
+    /// Keeps `count` at the number of queues known, after a change to them.
+    fn recount(&self, state: &State) {
+        self.count.store(state.queues.len(), Ordering::Relaxed);
     }
 
     /// `queue` expires after going unused for `after`, from now on (a declare).
@@ -110,17 +120,16 @@ impl Expiring {
             }
         }
         state.mark_touched(name);
-        self.count.store(state.queues.len(), Ordering::Relaxed);
+        self.recount(&state);
         drop(state);
         self.wake.notify_one();
     }
 
     /// The queue called `name`, if it expires, was used now: its time starts again.
     pub fn touch(&self, name: &str) {
-        if self.count.load(Ordering::Relaxed) == 0 {
+        let Some(mut state) = self.lock_if_any() else {
             return;
-        }
-        let mut state = self.lock();
+        };
         let first = state.touched.is_empty();
         if state.mark_touched(name) && first {
             drop(state);
@@ -131,13 +140,12 @@ impl Expiring {
     /// Forgets the queue called `name` if the one it knows by that name is closed (it was
     /// deleted; a queue declared since under the name stays).
     pub fn forget_closed(&self, name: &str) {
-        if self.count.load(Ordering::Relaxed) == 0 {
+        let Some(mut state) = self.lock_if_any() else {
             return;
-        }
-        let mut state = self.lock();
+        };
         if state.queues.get(name).is_some_and(|e| e.queue.is_closed()) {
             state.remove(name);
-            self.count.store(state.queues.len(), Ordering::Relaxed);
+            self.recount(&state);
         }
     }
 
@@ -179,7 +187,7 @@ impl Expiring {
                 expired.push(entry.queue.clone());
             }
         }
-        self.count.store(state.queues.len(), Ordering::Relaxed);
+        self.recount(&state);
         let next = state.deadlines.first().map(|(at, _)| *at);
         (expired, next)
     }
@@ -195,7 +203,7 @@ impl Expiring {
             .is_some_and(|e| e.due && !e.queue.is_closed());
         if due {
             state.remove(name);
-            self.count.store(state.queues.len(), Ordering::Relaxed);
+            self.recount(&state);
         }
         due
     }

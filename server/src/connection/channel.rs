@@ -319,10 +319,7 @@ impl Connection {
                     self.settings.expiring.touch(name);
                     q
                 }
-                None => {
-                    let text = format!("NOT_FOUND - no queue '{name}' in vhost '/'");
-                    return Err(Fault::channel(ch, code::NOT_FOUND, text, &m));
-                }
+                None => return Err(no_queue(ch, name, &m)),
             }
         } else {
             // `durable` makes a durable queue when the server has a data dir; without one
@@ -461,10 +458,7 @@ impl Connection {
         };
         drop(flags);
         if known.exclusive != declared.exclusive {
-            let text = format!(
-                "RESOURCE_LOCKED - cannot obtain exclusive access to locked queue '{name}' in vhost '/'"
-            );
-            return Err(Fault::channel(ch, code::RESOURCE_LOCKED, text, m));
+            return Err(locked(ch, name, m));
         }
         if let Some((arg, received, current)) = known.inequivalent(declared) {
             let text = format!(
@@ -478,10 +472,7 @@ impl Connection {
     /// RabbitMQ's 405 for a queue another connection holds exclusively.
     fn check_exclusive(&self, ch: u16, name: &str, m: &AMQPClass) -> Result<(), Fault> {
         if self.locked_by_another(name) {
-            let text = format!(
-                "RESOURCE_LOCKED - cannot obtain exclusive access to locked queue '{name}' in vhost '/'"
-            );
-            return Err(Fault::channel(ch, code::RESOURCE_LOCKED, text, m));
+            return Err(locked(ch, name, m));
         }
         Ok(())
     }
@@ -507,13 +498,10 @@ impl Connection {
     fn named_queue(&mut self, ch: u16, name: &str, m: &AMQPClass) -> Result<Queue, Fault> {
         let name = &self.queue_name(ch, name, m)?;
         if reply_to::is_reply_name(name) {
-            return Err(reply_to::no_queue(ch, name, m));
+            return Err(no_queue(ch, name, m));
         }
         self.check_exclusive(ch, name, m)?;
-        self.queue(name).ok_or_else(|| {
-            let text = format!("NOT_FOUND - no queue '{name}' in vhost '/'");
-            Fault::channel(ch, code::NOT_FOUND, text, m)
-        })
+        self.queue(name).ok_or_else(|| no_queue(ch, name, m))
     }
 
     fn consume(&mut self, ch: u16, consume: basic::Consume) -> Result<(), Fault> {
@@ -802,8 +790,7 @@ impl Connection {
                 return Err(exchange_fault(ch, Refusal::Reserved, name, &m));
             }
             if !exchanges.exists(name) {
-                let text = format!("NOT_FOUND - no exchange '{name}' in vhost '/'");
-                return Err(Fault::channel(ch, code::NOT_FOUND, text, &m));
+                return Err(exchange_fault(ch, Refusal::NotFound, name, &m));
             }
         } else {
             let kind = declare.kind.as_str();
@@ -1107,6 +1094,21 @@ impl Connection {
 }
 
 /// `requeue=true` is a nack with no delay; `false` a reject (dead letter).
+/// RabbitMQ's 404 for a queue that does not exist (or a name that is no queue).
+pub(super) fn no_queue(ch: u16, name: &str, m: &AMQPClass) -> Fault {
+    let text = format!("NOT_FOUND - no queue '{name}' in vhost '/'");
+    Fault::channel(ch, code::NOT_FOUND, text, m)
+}
+
+/// RabbitMQ's 405 for a queue another connection holds exclusively, or one redeclared
+/// with another `exclusive`.
+fn locked(ch: u16, name: &str, m: &AMQPClass) -> Fault {
+    let text = format!(
+        "RESOURCE_LOCKED - cannot obtain exclusive access to locked queue '{name}' in vhost '/'"
+    );
+    Fault::channel(ch, code::RESOURCE_LOCKED, text, m)
+}
+
 fn requeue(requeue: bool) -> Settle {
     if requeue {
         Settle::NackWithDelay(Duration::ZERO)
@@ -1130,7 +1132,7 @@ fn unserved_exchange_type(kind: &str, m: &AMQPClass) -> Fault {
 }
 
 /// The AMQP error for a refused exchange call on channel `ch`.
-fn exchange_fault(ch: u16, refusal: Refusal, name: &str, m: &AMQPClass) -> Fault {
+pub(super) fn exchange_fault(ch: u16, refusal: Refusal, name: &str, m: &AMQPClass) -> Fault {
     let (code, text) = match refusal {
         // A hard error, as RabbitMQ's 541: the server could not keep what it is asked to.
         Refusal::Storage(why) => {

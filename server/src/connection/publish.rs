@@ -11,14 +11,19 @@ use amq_protocol::protocol::{basic, AMQPClass};
 use bytes::Bytes;
 use leasemq::{DeliveryTag, Error, Message, PendingPutBatch, Queue, Settle};
 
-use super::channel::broker_fault;
+use super::channel::{broker_fault, exchange_fault};
 use super::{code, Connection, Fault};
 use crate::content;
-use crate::exchange::Kind;
+use crate::exchange::{Kind, Refusal};
 use crate::wire::{self, BASIC_CLASS};
 
 /// The longest message id the broker takes (contract §3 Limits).
 const MAX_ID_BYTES: usize = 1024;
+
+/// Why a publish is refused whose properties cannot be written back (a value over its
+/// wire limit once rewritten).
+pub(super) const PROPERTIES_NOT_STORED: &str =
+    "PRECONDITION_FAILED - message properties could not be stored";
 
 /// What is reserved for a message body before its frames arrive.
 const FIRST_BODY_RESERVE: usize = 128 * 1024;
@@ -176,7 +181,7 @@ impl Connection {
             // Names that came as short strings always fit; kept as an error all the same.
             self.channels.get_mut(&ch).expect("just seen").incoming = None;
             self.refuse_body(ch, header.body_size);
-            let text = "PRECONDITION_FAILED - message properties could not be stored";
+            let text = PROPERTIES_NOT_STORED;
             return Err(Fault::channel(
                 ch,
                 code::PRECONDITION_FAILED,
@@ -305,8 +310,8 @@ impl Connection {
                     // key, above), parsed then.
                     let headers = || content::stored_headers(&content.stored);
                     let Some(routed) = exchanges.route(exchange, key, headers) else {
-                        let text = format!("NOT_FOUND - no exchange '{exchange}' in vhost '/'");
-                        return Err(Fault::channel(ch, code::NOT_FOUND, text, &publish_method()));
+                        let (refusal, m) = (Refusal::NotFound, &publish_method());
+                        return Err(exchange_fault(ch, refusal, exchange, m));
                     };
                     drop(exchanges);
                     if names.is_empty() {

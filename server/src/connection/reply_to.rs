@@ -17,7 +17,7 @@ use amq_protocol::protocol::{basic, queue, AMQPClass, BasicProperties};
 use amq_protocol::types::ShortString;
 use leasemq::{Queue, QueueConfig};
 
-use super::channel::{broker_fault, Channel};
+use super::channel::{broker_fault, no_queue, Channel};
 use super::{code, Connection, Declared, Fault};
 
 /// The pseudo-queue a client consumes from, and the `reply-to` it publishes with.
@@ -27,12 +27,6 @@ pub(super) const REPLY_TO: &str = "amq.rabbitmq.reply-to";
 pub(super) fn is_reply_name(name: &str) -> bool {
     name.strip_prefix(REPLY_TO)
         .is_some_and(|rest| rest.is_empty() || rest.starts_with('.'))
-}
-
-/// A queue-class method's 404 for a reply name, which is no queue to a client.
-pub(super) fn no_queue(ch: u16, name: &str, m: &AMQPClass) -> Fault {
-    let text = format!("NOT_FOUND - no queue '{name}' in vhost '/'");
-    Fault::channel(ch, code::NOT_FOUND, text, m)
 }
 
 impl Connection {
