@@ -636,6 +636,7 @@ impl Connection {
             "publisher_confirms",
             "consumer_cancel_notify",
             "direct_reply_to",
+            "exchange_exchange_bindings",
         ] {
             capabilities.insert(name.into(), AMQPValue::Boolean(true));
         }

@@ -9,6 +9,14 @@
 //! `amq.fanout`, `amq.topic`, `amq.match` and `amq.headers` exist from the start, as in RabbitMQ. One
 //! table serves every connection of a server.
 //!
+//! An exchange may also be bound to another exchange (`exchange.bind`): what the source
+//! routes to that binding goes on through the destination, with the same routing keys and
+//! headers. An exchange with an alternate exchange (the `alternate-exchange` argument)
+//! hands what it routes nowhere to that one. As in RabbitMQ, each exchange is passed at
+//! most once per publish (so cycles end), each queue gets one copy, and a missing
+//! destination or alternate exchange is skipped. An `internal` exchange takes no publishes
+//! of its own, only what other exchanges route to it.
+//!
 //! With a data dir, durable exchanges and their bindings to durable queues are kept in
 //! [`FILE`] there, as RabbitMQ keeps them: every change to what the file holds is written
 //! (to a temporary file, fsynced, renamed over the old one, the directory fsynced) before
@@ -16,7 +24,7 @@
 //! back. Exchanges that are not durable, and bindings of queues that are not, live in
 //! memory only.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::fs;
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
@@ -68,14 +76,62 @@ pub struct Exchanges {
 }
 
 /// One exchange: queue names by routing key (a pattern for a topic exchange), each with
-/// whether the binding is kept on disk (its queue is durable and not exclusive).
+/// whether the binding is kept on disk (its queue is durable and not exclusive), and the
+/// same for the exchanges bound to it.
 #[derive(Debug, Default, Clone)]
 struct Exchange {
-    kind: Kind,
-    durable: bool,
+    shape: Shape,
+    bindings: Bindings,
+    /// Destination exchanges by key, each with whether the binding is kept on disk (the
+    /// destination is durable).
+    to_exchanges: Bindings,
+}
+
+/// Destinations (queues or exchanges) by routing key, or by a topic pattern or an encoded
+/// [`HeadersBinding`] in the key's place, each with whether its binding is kept on disk.
+type Bindings = BTreeMap<String, BTreeMap<String, bool>>;
+
+/// What `exchange.declare` sets, and a redeclare must name again.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Shape {
+    /// How it routes.
+    pub kind: Kind,
+    /// Kept across a restart, with its bindings to what is durable too.
+    pub durable: bool,
     /// Deleted when its last binding goes (RabbitMQ's auto-delete; one never bound stays).
-    auto_delete: bool,
-    bindings: BTreeMap<String, BTreeMap<String, bool>>,
+    pub auto_delete: bool,
+    /// Takes no publishes, only what other exchanges route to it.
+    pub internal: bool,
+    /// Where what this exchange routes nowhere goes (`alternate-exchange`).
+    pub alternate: Option<String>,
+}
+
+impl Shape {
+    /// An exchange of `kind`, neither durable, auto-delete nor internal, with no alternate.
+    pub fn of(kind: Kind) -> Shape {
+        Shape {
+            kind,
+            ..Shape::default()
+        }
+    }
+
+    /// The first argument in which `self`, an existing exchange, and `other`, a redeclare of
+    /// it, differ, in the order RabbitMQ checks them.
+    fn inequivalent(&self, other: &Shape) -> Option<&'static str> {
+        if self.kind != other.kind {
+            Some("type")
+        } else if self.durable != other.durable {
+            Some("durable")
+        } else if self.auto_delete != other.auto_delete {
+            Some("auto_delete")
+        } else if self.internal != other.internal {
+            Some("internal")
+        } else if self.alternate != other.alternate {
+            Some("alternate-exchange")
+        } else {
+            None
+        }
+    }
 }
 
 /// What [`FILE`] holds: the durable exchanges, each with its bindings.
@@ -94,16 +150,30 @@ struct StoredExchange {
     /// Absent in files written before auto-delete exchanges were served.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     auto_delete: bool,
+    /// Absent unless internal, as in files written before internal exchanges were served.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    internal: bool,
+    /// Absent where there is none, as in files written before alternates were served.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    alternate_exchange: Option<String>,
     /// (routing key, queue) pairs.
     bindings: Vec<(String, String)>,
+    /// (routing key, destination exchange) pairs; absent where there are none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    exchange_bindings: Vec<(String, String)>,
 }
 
 /// The version of [`Stored`] written where every exchange kept is direct and not
 /// auto-delete: what builds that served only those read.
 const VERSION_DIRECT: u32 = 1;
-/// The version written where one is not: a build that reads only version 1 refuses the
+/// The version written where one is not, but every exchange routes to queues only and is
+/// neither internal nor has an alternate: a build that reads only version 1 refuses the
 /// file, rather than route a fanout or topic exchange as a direct one.
-const VERSION: u32 = 2;
+const VERSION_TYPED: u32 = 2;
+/// The version written where an exchange is bound to another, is internal or has an
+/// alternate: a build that reads at most version 2 refuses the file, rather than drop
+/// what those route.
+const VERSION: u32 = 3;
 
 /// Why an exchange call is refused, as AMQP reply codes name it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -130,9 +200,12 @@ impl Default for Exchanges {
             ("amq.match", Kind::Headers),
             ("amq.headers", Kind::Headers),
         ] {
-            let exchange = Exchange {
-                kind,
+            let shape = Shape {
                 durable: true,
+                ..Shape::of(kind)
+            };
+            let exchange = Exchange {
+                shape,
                 ..Exchange::default()
             };
             by_name.insert(name.to_string(), exchange);
@@ -147,7 +220,7 @@ impl Default for Exchanges {
 impl Exchanges {
     /// The exchanges kept in `dir` (none yet if it has no [`FILE`]), which keeps every
     /// later change to a durable one; a binding is kept if `queue_exists` says its queue
-    /// came back.
+    /// came back (a binding to an exchange: if that exchange is in the file).
     ///
     /// # Errors
     ///
@@ -174,27 +247,43 @@ impl Exchanges {
             ));
         }
         let mut dropped = false;
-        for stored in stored.exchanges {
-            let bound = !stored.bindings.is_empty();
+        let names: std::collections::HashSet<&str> =
+            (stored.exchanges.iter()).map(|x| x.name.as_str()).collect();
+        let mut unbound = Vec::new();
+        for stored in &stored.exchanges {
+            let bound = !(stored.bindings.is_empty() && stored.exchange_bindings.is_empty());
             let exchange = exchanges.by_name.entry(stored.name.clone()).or_default();
-            exchange.durable = true;
-            exchange.kind = stored.kind;
-            exchange.auto_delete = stored.auto_delete;
-            for (key, queue) in stored.bindings {
-                if queue_exists(&queue) {
-                    exchange
-                        .bindings
-                        .entry(key)
-                        .or_default()
-                        .insert(queue, true);
+            exchange.shape = Shape {
+                kind: stored.kind,
+                durable: true,
+                auto_delete: stored.auto_delete,
+                internal: stored.internal,
+                alternate: stored.alternate_exchange.clone(),
+            };
+            for (key, queue) in &stored.bindings {
+                if queue_exists(queue) {
+                    let queues = exchange.bindings.entry(key.clone()).or_default();
+                    queues.insert(queue.clone(), true);
                 } else {
                     dropped = true;
                 }
             }
-            // An auto-delete exchange whose last binding went with its queue goes too.
-            if exchange.auto_delete && bound && exchange.bindings.is_empty() {
-                exchanges.by_name.remove(&stored.name);
+            for (key, destination) in &stored.exchange_bindings {
+                // The server's own exchanges are in the file only where they have bindings.
+                if names.contains(destination.as_str()) || destination.starts_with("amq.") {
+                    let to = exchange.to_exchanges.entry(key.clone()).or_default();
+                    to.insert(destination.clone(), true);
+                } else {
+                    dropped = true;
+                }
             }
+            if bound && exchange.is_unbound() {
+                unbound.push(stored.name.clone());
+            }
+        }
+        // An auto-delete exchange whose last binding went with its queue goes too.
+        for name in unbound {
+            exchanges.remove_if_auto_delete(&name);
         }
         // A binding whose queue did not come back is gone for good: a queue declared later
         // under that name must not find it in the file after the next restart.
@@ -240,30 +329,44 @@ impl Exchanges {
 
     /// The durable exchanges as [`FILE`] holds them, in name order.
     fn stored_text(&self) -> String {
+        let kept = |bindings: &Bindings| -> Vec<(String, String)> {
+            (bindings.iter())
+                .flat_map(|(key, to)| {
+                    (to.iter())
+                        .filter(|(_, kept)| **kept)
+                        .map(|(name, _)| (key.clone(), name.clone()))
+                })
+                .collect()
+        };
         let mut exchanges: Vec<StoredExchange> = (self.by_name.iter())
-            .filter(|(_, x)| x.durable)
+            .filter(|(_, x)| x.shape.durable)
             .map(|(name, x)| StoredExchange {
                 name: name.clone(),
-                kind: x.kind,
-                auto_delete: x.auto_delete,
-                bindings: (x.bindings.iter())
-                    .flat_map(|(key, queues)| {
-                        (queues.iter())
-                            .filter(|(_, kept)| **kept)
-                            .map(|(q, _)| (key.clone(), q.clone()))
-                    })
-                    .collect(),
+                kind: x.shape.kind,
+                auto_delete: x.shape.auto_delete,
+                internal: x.shape.internal,
+                alternate_exchange: x.shape.alternate.clone(),
+                bindings: kept(&x.bindings),
+                exchange_bindings: kept(&x.to_exchanges),
             })
             // The server's own exchanges are there at every start: kept for their
             // bindings only.
-            .filter(|x| !(x.name.starts_with("amq.") && x.bindings.is_empty()))
+            .filter(|x| {
+                let bound = !(x.bindings.is_empty() && x.exchange_bindings.is_empty());
+                !x.name.starts_with("amq.") || bound
+            })
             .collect();
         exchanges.sort_by(|a, b| a.name.cmp(&b.name));
+        let linked = (exchanges.iter()).any(|x| {
+            !x.exchange_bindings.is_empty() || x.internal || x.alternate_exchange.is_some()
+        });
         let typed = (exchanges.iter()).any(|x| x.kind != Kind::Direct || x.auto_delete);
-        let stored = Stored {
-            version: if typed { VERSION } else { VERSION_DIRECT },
-            exchanges,
+        let version = match (linked, typed) {
+            (true, _) => VERSION,
+            (false, true) => VERSION_TYPED,
+            (false, false) => VERSION_DIRECT,
         };
+        let stored = Stored { version, exchanges };
         serde_json::to_string_pretty(&stored).expect("plain data serialises")
     }
 
@@ -276,11 +379,17 @@ impl Exchanges {
     pub fn kind(&self, name: &str) -> Option<Kind> {
         match name {
             "" => Some(Kind::Direct),
-            name => self.by_name.get(name).map(|x| x.kind),
+            name => self.by_name.get(name).map(|x| x.shape.kind),
         }
     }
 
-    /// `exchange.declare`: made when new, checked against the existing one otherwise.
+    /// Whether `name` is an internal exchange, which takes no publishes of its own.
+    pub fn is_internal(&self, name: &str) -> bool {
+        self.by_name.get(name).is_some_and(|x| x.shape.internal)
+    }
+
+    /// `exchange.declare` of a `kind` exchange, neither internal nor with an alternate:
+    /// made when new, checked against the existing one otherwise.
     pub fn declare(
         &mut self,
         name: &str,
@@ -288,35 +397,31 @@ impl Exchanges {
         durable: bool,
         auto_delete: bool,
     ) -> Result<(), Refusal> {
-        self.keep(|x| x.declare_here(name, kind, durable, auto_delete))
+        let shape = Shape {
+            durable,
+            auto_delete,
+            ..Shape::of(kind)
+        };
+        self.declare_shaped(name, shape)
     }
 
-    fn declare_here(
-        &mut self,
-        name: &str,
-        kind: Kind,
-        durable: bool,
-        auto_delete: bool,
-    ) -> Result<(), Refusal> {
+    /// `exchange.declare`: made when new, checked against the existing one otherwise.
+    pub fn declare_shaped(&mut self, name: &str, shape: Shape) -> Result<(), Refusal> {
+        self.keep(|x| x.declare_here(name, shape))
+    }
+
+    fn declare_here(&mut self, name: &str, shape: Shape) -> Result<(), Refusal> {
         if let Some(existing) = self.by_name.get(name) {
-            if existing.kind != kind {
-                return Err(Refusal::Inequivalent("type"));
-            }
-            if existing.durable != durable {
-                return Err(Refusal::Inequivalent("durable"));
-            }
-            if existing.auto_delete != auto_delete {
-                return Err(Refusal::Inequivalent("auto_delete"));
-            }
-            return Ok(());
+            return match existing.shape.inequivalent(&shape) {
+                Some(what) => Err(Refusal::Inequivalent(what)),
+                None => Ok(()),
+            };
         }
         if name.is_empty() || name.starts_with("amq.") {
             return Err(Refusal::Reserved);
         }
         let exchange = Exchange {
-            kind,
-            durable,
-            auto_delete,
+            shape,
             ..Exchange::default()
         };
         self.by_name.insert(name.to_string(), exchange);
@@ -336,11 +441,37 @@ impl Exchanges {
             // As RabbitMQ: deleting what is not there succeeds.
             return Ok(());
         };
-        if if_unused && !exchange.bindings.is_empty() {
+        // As RabbitMQ: in use means bound as a source; bindings to it go with it.
+        if if_unused && !exchange.is_unbound() {
             return Err(Refusal::InUse);
         }
-        self.by_name.remove(name);
+        self.remove(name);
         Ok(())
+    }
+
+    /// Removes exchange `name` and every binding to it; a source that loses its last
+    /// binding so and is auto-delete goes too (and so on, as in RabbitMQ).
+    fn remove(&mut self, name: &str) {
+        let mut gone = vec![name.to_string()];
+        while let Some(name) = gone.pop() {
+            if self.by_name.remove(&name).is_none() {
+                continue;
+            }
+            for (source, exchange) in &mut self.by_name {
+                let unbound = exchange.forget_destination(&name) && exchange.is_unbound();
+                if unbound && exchange.shape.auto_delete {
+                    gone.push(source.clone());
+                }
+            }
+        }
+    }
+
+    /// Removes exchange `name` if it is auto-delete and has no bindings left.
+    fn remove_if_auto_delete(&mut self, name: &str) {
+        let unbound = self.by_name.get(name);
+        if unbound.is_some_and(|x| x.shape.auto_delete && x.is_unbound()) {
+            self.remove(name);
+        }
     }
 
     /// `queue.bind`: `queue` gets what `exchange` routes with `key`. `durable_queue` says
@@ -389,12 +520,56 @@ impl Exchanges {
         if let Some(queues) = found.bindings.get_mut(key) {
             if queues.remove(queue).is_some() && queues.is_empty() {
                 found.bindings.remove(key);
-                if found.auto_delete && found.bindings.is_empty() {
-                    self.by_name.remove(exchange);
-                }
+                self.remove_if_auto_delete(exchange);
             }
         }
         Ok(())
+    }
+
+    /// `exchange.bind`: `destination` gets what `source` routes with `key`. The binding is
+    /// kept on disk if both exchanges are durable (as RabbitMQ keeps it).
+    pub fn bind_exchange(
+        &mut self,
+        source: &str,
+        key: &str,
+        destination: &str,
+    ) -> Result<(), Refusal> {
+        self.keep(|x| {
+            if source.is_empty() || destination.is_empty() {
+                return Err(Refusal::Reserved);
+            }
+            let found = x.by_name.get(destination).ok_or(Refusal::NotFound)?;
+            let durable = found.shape.durable;
+            let source = x.by_name.get_mut(source).ok_or(Refusal::NotFound)?;
+            let to = source.to_exchanges.entry(key.to_string()).or_default();
+            to.insert(destination.to_string(), durable);
+            Ok(())
+        })
+    }
+
+    /// `exchange.unbind`; as `queue.unbind`, removing a binding that is not there (or
+    /// whose exchanges are not) succeeds.
+    pub fn unbind_exchange(
+        &mut self,
+        source: &str,
+        key: &str,
+        destination: &str,
+    ) -> Result<(), Refusal> {
+        self.keep(|x| {
+            if source.is_empty() || destination.is_empty() {
+                return Err(Refusal::Reserved);
+            }
+            let Some(found) = x.by_name.get_mut(source) else {
+                return Ok(());
+            };
+            if let Some(to) = found.to_exchanges.get_mut(key) {
+                if to.remove(destination).is_some() && to.is_empty() {
+                    found.to_exchanges.remove(key);
+                    x.remove_if_auto_delete(source);
+                }
+            }
+            Ok(())
+        })
     }
 
     /// Forgets every binding of a deleted queue. The queue is gone either way: should
@@ -402,54 +577,147 @@ impl Exchanges {
     /// that a queue declared again under the name gets back (as a new binding would).
     pub fn unbind_queue(&mut self, queue: &str) -> Result<(), Refusal> {
         self.keep(|x| {
-            x.by_name.retain(|_, exchange| {
-                let bound = !exchange.bindings.is_empty();
+            let mut unbound = Vec::new();
+            for (name, exchange) in &mut x.by_name {
+                let bound = !exchange.is_unbound();
                 exchange.bindings.retain(|_, queues| {
                     queues.remove(queue);
                     !queues.is_empty()
                 });
-                // An auto-delete exchange goes with its last binding.
-                !(exchange.auto_delete && bound && exchange.bindings.is_empty())
-            });
+                if bound && exchange.is_unbound() {
+                    unbound.push(name.clone());
+                }
+            }
+            // An auto-delete exchange goes with its last binding.
+            for name in unbound {
+                x.remove_if_auto_delete(&name);
+            }
             Ok(())
         })
     }
 
-    /// The queues a publish to `exchange` with `key` goes to, in name order and each once;
-    /// `None` when there is no such exchange. The default exchange routes to the queue
-    /// named `key`; a headers exchange asks `headers` for the message's headers (only it
-    /// does, so that no other publish pays for parsing them).
+    /// The queues a publish to `exchange` with `key` goes to, as [`Exchanges::route_keys`].
     pub fn route(
         &self,
         exchange: &str,
         key: &str,
         headers: impl FnOnce() -> Option<FieldTable>,
     ) -> Option<Vec<String>> {
+        self.route_keys(exchange, &[key], headers)
+    }
+
+    /// The queues a publish to `exchange` with routing keys `keys` (its own and its `CC`
+    /// and `BCC` keys) goes to, in name order and each once; `None` when there is no such
+    /// exchange. The default exchange routes to the queues the keys name. Each exchange the
+    /// message passes routes it with every key; one that routes it nowhere (to no queue
+    /// and no exchange) hands it to its alternate, if it has one. A headers exchange asks
+    /// `headers` for the message's headers (asked once at most, and only by one, so that
+    /// no other publish pays for parsing them).
+    pub fn route_keys(
+        &self,
+        exchange: &str,
+        keys: &[&str],
+        headers: impl FnOnce() -> Option<FieldTable>,
+    ) -> Option<Vec<String>> {
         if exchange.is_empty() {
-            return Some(vec![key.to_string()]);
+            let queues: BTreeSet<&str> = keys.iter().copied().collect();
+            return Some(queues.into_iter().map(str::to_string).collect());
         }
-        let exchange = self.by_name.get(exchange)?;
-        let queues = match exchange.kind {
-            Kind::Direct => {
-                let queues = exchange.bindings.get(key);
-                return Some(queues.map_or_else(Vec::new, |q| q.keys().cloned().collect()));
+        let mut next = Some(self.by_name.get(exchange)?);
+        let mut headers = LazyHeaders::Unread(Some(headers));
+        let mut queues: BTreeSet<&str> = BTreeSet::new();
+        // The exchanges passed besides the first, and those still to pass: neither
+        // allocates for a publish that only the first exchange routes.
+        let mut seen: HashSet<&str> = HashSet::new();
+        let mut work = Vec::new();
+        while let Some(x) = next.take().or_else(|| work.pop()) {
+            let mut routed = false;
+            let kind = x.shape.kind;
+            matching(kind, &x.bindings, keys, &mut headers, |queue| {
+                routed = true;
+                queues.insert(queue);
+            });
+            matching(kind, &x.to_exchanges, keys, &mut headers, |to| {
+                routed = true;
+                if to != exchange && seen.insert(to) {
+                    work.extend(self.by_name.get(to));
+                }
+            });
+            if let (false, Some(alternate)) = (routed, &x.shape.alternate) {
+                if alternate != exchange && seen.insert(alternate) {
+                    work.extend(self.by_name.get(alternate));
+                }
             }
-            Kind::Fanout => exchange.bindings.values().flat_map(|q| q.keys()).collect(),
-            Kind::Topic => (exchange.bindings.iter())
-                .filter(|(pattern, _)| topic_matches(pattern, key))
-                .flat_map(|(_, q)| q.keys())
-                .collect::<std::collections::BTreeSet<_>>(),
-            Kind::Headers => {
-                let headers = headers();
-                (exchange.bindings.iter())
-                    .filter(|(binding, _)| {
-                        HeadersBinding::decode(binding).matches(headers.as_ref())
-                    })
-                    .flat_map(|(_, q)| q.keys())
-                    .collect()
-            }
-        };
-        Some(queues.into_iter().cloned().collect())
+        }
+        Some(queues.into_iter().map(str::to_string).collect())
+    }
+}
+
+impl Exchange {
+    /// Whether it has no binding as a source, to queues or exchanges.
+    fn is_unbound(&self) -> bool {
+        self.bindings.is_empty() && self.to_exchanges.is_empty()
+    }
+
+    /// Removes its bindings to exchange `name`; whether it had any.
+    fn forget_destination(&mut self, name: &str) -> bool {
+        let mut found = false;
+        self.to_exchanges.retain(|_, to| {
+            found |= to.remove(name).is_some();
+            !to.is_empty()
+        });
+        found
+    }
+}
+
+/// A message's headers, parsed the first time a headers exchange asks for them.
+enum LazyHeaders<F> {
+    Unread(Option<F>),
+    Read(Option<FieldTable>),
+}
+
+impl<F: FnOnce() -> Option<FieldTable>> LazyHeaders<F> {
+    fn get(&mut self) -> Option<&FieldTable> {
+        if let LazyHeaders::Unread(read) = self {
+            let read = read.take().expect("taken only here, once");
+            *self = LazyHeaders::Read(read());
+        }
+        match self {
+            LazyHeaders::Read(headers) => headers.as_ref(),
+            LazyHeaders::Unread(_) => unreachable!("read above"),
+        }
+    }
+}
+
+/// Calls `found` with each destination of `bindings` (an exchange's, of type `kind`) that
+/// a message with routing keys `keys` and `headers` goes to; one that more bindings match
+/// may come more than once.
+fn matching<'a, F: FnOnce() -> Option<FieldTable>>(
+    kind: Kind,
+    bindings: &'a Bindings,
+    keys: &[&str],
+    headers: &mut LazyHeaders<F>,
+    mut found: impl FnMut(&'a str),
+) {
+    if bindings.is_empty() {
+        return;
+    }
+    let mut each = |to: &'a BTreeMap<String, bool>| to.keys().for_each(|name| found(name));
+    match kind {
+        Kind::Direct => keys
+            .iter()
+            .filter_map(|key| bindings.get(*key))
+            .for_each(each),
+        Kind::Fanout => bindings.values().for_each(each),
+        Kind::Topic => (bindings.iter())
+            .filter(|(pattern, _)| keys.iter().any(|key| topic_matches(pattern, key)))
+            .for_each(|(_, to)| each(to)),
+        Kind::Headers => {
+            let headers = headers.get();
+            (bindings.iter())
+                .filter(|(binding, _)| HeadersBinding::decode(binding).matches(headers))
+                .for_each(|(_, to)| each(to));
+        }
     }
 }
 
@@ -820,6 +1088,208 @@ mod tests {
         assert!(!x.exists("logs"));
         x.delete("logs", false).unwrap();
     }
+
+    #[test]
+    fn exchange_to_exchange_bindings_pass_each_exchange_once_and_each_queue_one_copy() {
+        let mut x = Exchanges::default();
+        x.declare("front", Kind::Direct, false, false).unwrap();
+        x.declare("mid", Kind::Fanout, false, false).unwrap();
+        x.declare("events", Kind::Topic, false, false).unwrap();
+        x.bind("front", "a", "direct-a", false).unwrap();
+        x.bind_exchange("front", "b", "mid").unwrap();
+        x.bind_exchange("front", "a", "mid").unwrap();
+        x.bind("mid", "", "all", false).unwrap();
+        x.bind("mid", "", "direct-a", false).unwrap();
+        x.bind_exchange("mid", "", "events").unwrap();
+        x.bind("events", "b.#", "b-events", false).unwrap();
+        // A cycle back to the front and an exchange bound to itself end there.
+        x.bind_exchange("events", "#", "front").unwrap();
+        x.bind_exchange("mid", "", "mid").unwrap();
+        assert_eq!(
+            x.route("front", "a", || None).unwrap(),
+            ["all", "direct-a"],
+            "direct-a by two ways, one copy"
+        );
+        assert_eq!(
+            x.route("front", "b.x", || None).unwrap(),
+            Vec::<String>::new(),
+            "the direct front routes b.x nowhere"
+        );
+        assert_eq!(
+            x.route("front", "b", || None).unwrap(),
+            ["all", "b-events", "direct-a"],
+            "through mid, and on through events (b.# matches b)"
+        );
+        x.unbind("events", "b.#", "b-events").unwrap();
+        x.bind("events", "*.x", "x-events", false).unwrap();
+        assert_eq!(
+            x.route_keys("front", &["b", "b.x"], || None).unwrap(),
+            ["all", "direct-a", "x-events"],
+            "every key at each exchange: front routes b only, events matches b.x"
+        );
+        assert_eq!(
+            x.route("mid", "b.x", || None).unwrap(),
+            ["all", "direct-a", "x-events"]
+        );
+        // A headers exchange downstream asks for the headers, once.
+        x.declare("by-header", Kind::Headers, false, false).unwrap();
+        let wants = HeadersBinding::from_arguments(&table(&[("kind", text("x"))])).unwrap();
+        x.bind("by-header", &wants.encode(), "x-kind", false)
+            .unwrap();
+        x.bind_exchange("mid", "", "by-header").unwrap();
+        let mut asked = 0;
+        let routed = x.route("front", "a", || {
+            asked += 1;
+            Some(table(&[("kind", text("x"))]))
+        });
+        assert_eq!(routed.unwrap(), ["all", "direct-a", "x-kind"]);
+        assert_eq!(asked, 1);
+        // Unbinding stops the flow; unbinding what is not there is fine.
+        x.unbind_exchange("front", "a", "mid").unwrap();
+        x.unbind_exchange("front", "a", "mid").unwrap();
+        x.unbind_exchange("missing", "a", "mid").unwrap();
+        assert_eq!(x.route("front", "a", || None).unwrap(), ["direct-a"]);
+        assert_eq!(x.bind_exchange("", "a", "mid"), Err(Refusal::Reserved));
+        assert_eq!(x.bind_exchange("mid", "a", ""), Err(Refusal::Reserved));
+        assert_eq!(
+            x.bind_exchange("missing", "a", "mid"),
+            Err(Refusal::NotFound)
+        );
+        assert_eq!(
+            x.bind_exchange("mid", "a", "missing"),
+            Err(Refusal::NotFound)
+        );
+    }
+
+    #[test]
+    fn an_alternate_exchange_gets_what_its_exchange_routes_nowhere() {
+        let mut x = Exchanges::default();
+        let with_alternate = |alternate: &str| Shape {
+            alternate: Some(alternate.to_string()),
+            ..Shape::of(Kind::Direct)
+        };
+        x.declare_shaped("orders", with_alternate("unrouted"))
+            .unwrap();
+        x.declare("unrouted", Kind::Fanout, false, false).unwrap();
+        x.declare("empty", Kind::Fanout, false, false).unwrap();
+        x.bind("orders", "paid", "billing", false).unwrap();
+        x.bind("unrouted", "", "lost-and-found", false).unwrap();
+        assert_eq!(x.route("orders", "paid", || None).unwrap(), ["billing"]);
+        assert_eq!(
+            x.route("orders", "refunded", || None).unwrap(),
+            ["lost-and-found"]
+        );
+        assert_eq!(
+            x.route_keys("orders", &["refunded", "paid"], || None)
+                .unwrap(),
+            ["billing"],
+            "one key routed: no alternate"
+        );
+        // Routed to an exchange is routed, even where that exchange routes it nowhere.
+        x.bind_exchange("orders", "shipped", "empty").unwrap();
+        assert!(x.route("orders", "shipped", || None).unwrap().is_empty());
+        // Alternates of alternates, in a cycle, end; a missing one is skipped.
+        x.declare_shaped("a", with_alternate("b")).unwrap();
+        x.declare_shaped("b", with_alternate("a")).unwrap();
+        x.declare_shaped("c", with_alternate("nowhere")).unwrap();
+        assert!(x.route("a", "k", || None).unwrap().is_empty());
+        assert!(x.route("c", "k", || None).unwrap().is_empty());
+        x.bind("b", "k", "from-b", false).unwrap();
+        assert_eq!(x.route("a", "k", || None).unwrap(), ["from-b"]);
+    }
+
+    #[test]
+    fn a_redeclare_names_the_first_difference_as_rabbitmq_checks_them() {
+        let mut x = Exchanges::default();
+        let shape = Shape {
+            internal: true,
+            alternate: Some("spare".to_string()),
+            ..Shape::of(Kind::Fanout)
+        };
+        x.declare_shaped("hidden", shape.clone()).unwrap();
+        x.declare_shaped("hidden", shape.clone()).unwrap();
+        assert!(x.is_internal("hidden") && !x.is_internal("amq.direct"));
+        let differing = [
+            (
+                "type",
+                Shape {
+                    kind: Kind::Direct,
+                    internal: false,
+                    ..shape.clone()
+                },
+            ),
+            (
+                "durable",
+                Shape {
+                    durable: true,
+                    internal: false,
+                    ..shape.clone()
+                },
+            ),
+            (
+                "auto_delete",
+                Shape {
+                    auto_delete: true,
+                    alternate: None,
+                    ..shape.clone()
+                },
+            ),
+            (
+                "internal",
+                Shape {
+                    internal: false,
+                    alternate: None,
+                    ..shape.clone()
+                },
+            ),
+            (
+                "alternate-exchange",
+                Shape {
+                    alternate: None,
+                    ..shape.clone()
+                },
+            ),
+            (
+                "alternate-exchange",
+                Shape {
+                    alternate: Some("other".into()),
+                    ..shape.clone()
+                },
+            ),
+        ];
+        for (what, other) in differing {
+            assert_eq!(
+                x.declare_shaped("hidden", other),
+                Err(Refusal::Inequivalent(what))
+            );
+        }
+    }
+
+    #[test]
+    fn deleting_an_exchange_takes_the_bindings_to_it_and_auto_delete_sources_go_with_theirs() {
+        let mut x = Exchanges::default();
+        x.declare("source", Kind::Fanout, false, true).unwrap();
+        x.declare("upstream", Kind::Fanout, false, true).unwrap();
+        x.declare("sink", Kind::Fanout, false, false).unwrap();
+        x.bind_exchange("upstream", "", "source").unwrap();
+        x.bind_exchange("source", "", "sink").unwrap();
+        // In use means bound as a source: sink is only a destination.
+        assert_eq!(x.delete("source", true), Err(Refusal::InUse));
+        x.delete("sink", true).unwrap();
+        assert!(
+            !x.exists("source") && !x.exists("upstream"),
+            "each lost its last binding, in turn"
+        );
+        // The same through an unbind, and through a queue's going.
+        x.declare("source", Kind::Fanout, false, true).unwrap();
+        x.declare("sink", Kind::Fanout, false, false).unwrap();
+        x.bind_exchange("source", "", "sink").unwrap();
+        x.bind("source", "", "q", false).unwrap();
+        x.unbind_exchange("source", "", "sink").unwrap();
+        assert!(x.exists("source"), "still bound to q");
+        x.unbind_queue("q").unwrap();
+        assert!(!x.exists("source"));
+    }
 }
 
 #[cfg(test)]
@@ -884,6 +1354,56 @@ mod kept {
         let mut memory = Exchanges::default();
         memory.declare("orders", Kind::Direct, true, false).unwrap();
         assert!(memory.file.is_none());
+    }
+
+    /// Bindings between durable exchanges, internal exchanges and alternates come back;
+    /// a binding to an exchange that is not durable does not, nor one whose destination
+    /// is not in the file.
+    #[test]
+    fn exchange_bindings_internal_and_alternate_exchanges_survive_a_restart() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut x = Exchanges::open(dir.path(), |_| true).unwrap();
+        let shape = Shape {
+            durable: true,
+            alternate: Some("spare".to_string()),
+            ..Shape::of(Kind::Direct)
+        };
+        x.declare_shaped("front", shape.clone()).unwrap();
+        let hidden = Shape {
+            durable: true,
+            internal: true,
+            ..Shape::of(Kind::Fanout)
+        };
+        x.declare_shaped("hidden", hidden.clone()).unwrap();
+        x.declare("spare", Kind::Fanout, true, false).unwrap();
+        x.declare("scratch", Kind::Fanout, false, false).unwrap();
+        x.bind_exchange("front", "k", "hidden").unwrap();
+        x.bind_exchange("front", "k", "scratch").unwrap();
+        x.bind_exchange("amq.direct", "k", "hidden").unwrap();
+        x.bind("hidden", "", "jobs", true).unwrap();
+        x.bind("spare", "", "unrouted", true).unwrap();
+        let text = fs::read_to_string(dir.path().join(FILE)).unwrap();
+        assert!(text.contains(r#""version": 3"#), "{text}");
+        let back = Exchanges::open(dir.path(), |_| true).unwrap();
+        assert_eq!(back.route("front", "k", || None).unwrap(), ["jobs"]);
+        assert_eq!(back.route("amq.direct", "k", || None).unwrap(), ["jobs"]);
+        assert_eq!(back.route("front", "other", || None).unwrap(), ["unrouted"]);
+        assert!(back.is_internal("hidden") && !back.exists("scratch"));
+        let mut again = back.clone();
+        assert_eq!(again.declare_shaped("front", shape), Ok(()));
+        assert_eq!(again.declare_shaped("hidden", hidden), Ok(()));
+        // A destination missing from the file: the binding is dropped, for good.
+        let edited = text.replace(r#""name": "hidden""#, r#""name": "renamed""#);
+        fs::write(dir.path().join(FILE), edited).unwrap();
+        let back = Exchanges::open(dir.path(), |_| true).unwrap();
+        assert_eq!(
+            back.route("front", "k", || None).unwrap(),
+            ["unrouted"],
+            "routed nowhere now: to the alternate"
+        );
+        assert_eq!(back.route("renamed", "", || None).unwrap(), ["jobs"]);
+        let text = fs::read_to_string(dir.path().join(FILE)).unwrap();
+        assert!(!text.contains("hidden"), "{text}");
     }
 
     /// A change that cannot be written is refused and changes nothing; a damaged file

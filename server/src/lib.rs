@@ -9,7 +9,8 @@
 //!   It is unit-tested by feeding it frames and reading the frames it answers with.
 //! - [`wire`] cuts frames and writes them with `amq-protocol`'s codec; [`content`] keeps an
 //!   AMQP message's properties inside the leasemq message body; [`exchange`] routes
-//!   publishes through the default, direct, fanout, topic and headers exchanges.
+//!   publishes through the default, direct, fanout, topic and headers exchanges, and
+//!   through exchanges bound to exchanges and alternate exchanges.
 //!
 //! How AMQP's unacked deliveries map onto leases is in `connection/channel.rs`; what is
 //! served and what is not yet is in `server/README.md`.

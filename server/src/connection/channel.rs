@@ -15,7 +15,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use amq_protocol::protocol::{basic, channel, confirm, exchange, queue, AMQPClass};
-use amq_protocol::types::{AMQPValue, ShortString};
+use amq_protocol::types::{AMQPValue, FieldTable, ShortString};
 use leasemq::{
     Consumer, ConsumerConfig, Delivery, DeliveryTag, Envelope, Error, Queue, QueueConfig, Settle,
 };
@@ -23,7 +23,7 @@ use leasemq::{
 use super::publish::{Incoming, Pending};
 use super::{code, method_name, reply_text, reply_to, Connection, Declared, Fault, Subscription};
 use crate::content::PropertiesSeen;
-use crate::exchange::{HeadersBinding, Kind, Refusal};
+use crate::exchange::{HeadersBinding, Kind, Refusal, Shape};
 use crate::wire::{GenFailed, Output};
 use crate::{arguments, content, wire};
 
@@ -183,6 +183,26 @@ impl Connection {
             }
             AMQPClass::Exchange(exchange::AMQPMethod::Delete(delete)) => {
                 self.exchange_delete(ch, delete)
+            }
+            AMQPClass::Exchange(exchange::AMQPMethod::Bind(bind)) => {
+                let m = AMQPClass::Exchange(exchange::AMQPMethod::Bind(bind.clone()));
+                let (source, destination) = (bind.source.as_str(), bind.destination.as_str());
+                self.bind_exchange(ch, source, destination, bind.routing_key.as_str(), &m)?;
+                if !bind.nowait {
+                    let ok = exchange::AMQPMethod::BindOk(exchange::BindOk {});
+                    self.send(ch, AMQPClass::Exchange(ok));
+                }
+                Ok(())
+            }
+            AMQPClass::Exchange(exchange::AMQPMethod::Unbind(unbind)) => {
+                let m = AMQPClass::Exchange(exchange::AMQPMethod::Unbind(unbind.clone()));
+                let (source, destination) = (unbind.source.as_str(), unbind.destination.as_str());
+                self.unbind_exchange(ch, source, destination, unbind.routing_key.as_str(), &m)?;
+                if !unbind.nowait {
+                    let ok = exchange::AMQPMethod::UnbindOk(exchange::UnbindOk {});
+                    self.send(ch, AMQPClass::Exchange(ok));
+                }
+                Ok(())
             }
             AMQPClass::Queue(queue::AMQPMethod::Bind(bind)) => self.bind(ch, bind),
             AMQPClass::Queue(queue::AMQPMethod::Unbind(unbind)) => self.unbind(ch, unbind),
@@ -779,7 +799,8 @@ impl Connection {
         Ok(())
     }
 
-    /// `exchange.declare`: direct exchanges (and `passive` checks of any exchange).
+    /// `exchange.declare` of the types served (and `passive` checks of any exchange), with
+    /// `internal` and `alternate-exchange`.
     fn exchange_declare(&mut self, ch: u16, declare: exchange::Declare) -> Result<(), Fault> {
         let m = AMQPClass::Exchange(exchange::AMQPMethod::Declare(declare.clone()));
         let name = declare.exchange.as_str();
@@ -798,40 +819,37 @@ impl Connection {
                 return Err(unserved_exchange_type(kind, &m));
             };
             let arguments = declare.arguments.inner();
-            let unsupported = if declare.internal {
-                Some(("internal", "an internal exchange".to_string()))
-            } else if arguments.contains_key("alternate-exchange") {
-                let feature = "exchange argument 'alternate-exchange'".to_string();
-                Some(("alternate-exchange", feature))
-            } else {
-                (arguments.keys().next())
-                    .map(|arg| ("arguments", format!("exchange argument '{arg}'")))
+            let alternate = match arguments.get("alternate-exchange") {
+                None => None,
+                Some(AMQPValue::LongString(s)) => Some(String::from_utf8_lossy(s.as_bytes())),
+                Some(AMQPValue::ShortString(s)) => Some(s.as_str().into()),
+                Some(other) => {
+                    let text = format!(
+                        "PRECONDITION_FAILED - invalid type '{}' for arg 'alternate-exchange' in exchange '{name}' in vhost '/'",
+                        arguments::type_name(other)
+                    );
+                    return Err(Fault::channel(ch, code::PRECONDITION_FAILED, text, &m));
+                }
             };
-            let existing = !name.is_empty() && exchanges.exists(name);
-            match unsupported {
-                // An existing exchange is not internal and has no alternate exchange: a
-                // redeclare that says otherwise is the client's mistake, a 406 on the
-                // channel as in RabbitMQ, not a feature leasemqd lacks. RabbitMQ compares
-                // no other argument of a redeclare (it keeps the first declare's), so
-                // neither does leasemqd.
-                Some((what @ ("internal" | "alternate-exchange"), _)) if existing => {
-                    // RabbitMQ names the type first when that differs too.
-                    let what = match exchanges.kind(name) == Some(served) {
-                        true => what,
-                        false => "type",
-                    };
-                    return Err(exchange_fault(ch, Refusal::Inequivalent(what), name, &m));
-                }
-                Some(_) if existing => {}
-                Some((_, feature)) => {
-                    let text = format!("{feature} is not supported by leasemqd yet");
-                    return Err(Fault::connection(code::NOT_IMPLEMENTED, text).for_method(&m));
-                }
-                None => {}
+            // RabbitMQ compares no argument of a redeclare but the alternate (it keeps the
+            // first declare's); a new exchange with one leasemqd does not serve is a 540.
+            let unserved = arguments
+                .keys()
+                .find(|arg| arg.as_str() != "alternate-exchange");
+            if let (Some(arg), false) = (unserved, exchanges.exists(name)) {
+                let text = format!("exchange argument '{arg}' is not supported by leasemqd yet");
+                return Err(Fault::connection(code::NOT_IMPLEMENTED, text).for_method(&m));
             }
-            // Type, durability and auto-delete are checked where exchanges are kept.
+            let shape = Shape {
+                kind: served,
+                durable: declare.durable,
+                auto_delete: declare.auto_delete,
+                internal: declare.internal,
+                alternate: alternate.map(|name| name.into_owned()),
+            };
+            // Each is checked where exchanges are kept.
             exchanges
-                .declare(name, served, declare.durable, declare.auto_delete)
+                .declare_shaped(name, shape)
                 .map_err(|r| exchange_fault(ch, r, name, &m))?;
         }
         drop(exchanges);
@@ -862,25 +880,7 @@ impl Connection {
         let m = AMQPClass::Queue(queue::AMQPMethod::Bind(bind.clone()));
         let name = bind.exchange.as_str();
         let kind = (self.settings.exchanges.lock().expect("never poisoned")).kind(name);
-        let key = match kind {
-            // A headers exchange routes by the binding's arguments, kept in the key's
-            // place (it reads no routing key).
-            Some(Kind::Headers) => HeadersBinding::from_arguments(&bind.arguments)
-                .map(|b| b.encode())
-                .map_err(|why| {
-                    let text = format!("PRECONDITION_FAILED - {why}");
-                    Fault::channel(ch, code::PRECONDITION_FAILED, text, &m)
-                })?,
-            _ => {
-                if let Some(arg) = bind.arguments.inner().keys().next() {
-                    let text = format!(
-                        "binding argument '{arg}' is not supported by leasemqd yet (only on a headers exchange)"
-                    );
-                    return Err(Fault::connection(code::NOT_IMPLEMENTED, text).for_method(&m));
-                }
-                bind.routing_key.to_string()
-            }
-        };
+        let key = binding_key(ch, kind, bind.routing_key.as_str(), &bind.arguments, &m)?;
         let queue = self.named_queue(ch, bind.queue.as_str(), &m)?;
         // Kept across a restart only if the queue is: durable, and not exclusive.
         let exclusive =
@@ -898,6 +898,59 @@ impl Connection {
         Ok(())
     }
 
+    /// `exchange.bind`: `destination` gets what `source` routes with `key` (or, from a
+    /// headers exchange, the binding's arguments).
+    fn bind_exchange(
+        &mut self,
+        ch: u16,
+        source: &str,
+        destination: &str,
+        key: &str,
+        m: &AMQPClass,
+    ) -> Result<(), Fault> {
+        let arguments = match m {
+            AMQPClass::Exchange(exchange::AMQPMethod::Bind(bind)) => &bind.arguments,
+            _ => unreachable!("called for exchange.bind"),
+        };
+        let mut exchanges = self.settings.exchanges.lock().expect("never poisoned");
+        // As RabbitMQ: the default exchange first, then the source, then the destination.
+        for name in [source, destination] {
+            if name.is_empty() {
+                return Err(exchange_fault(ch, Refusal::Reserved, name, m));
+            }
+        }
+        for name in [source, destination] {
+            if !exchanges.exists(name) {
+                return Err(exchange_fault(ch, Refusal::NotFound, name, m));
+            }
+        }
+        let key = binding_key(ch, exchanges.kind(source), key, arguments, m)?;
+        (exchanges.bind_exchange(source, &key, destination))
+            .map_err(|r| exchange_fault(ch, r, source, m))
+    }
+
+    /// `exchange.unbind`: as `queue.unbind`, removing a binding that is not there
+    /// succeeds.
+    fn unbind_exchange(
+        &mut self,
+        ch: u16,
+        source: &str,
+        destination: &str,
+        key: &str,
+        m: &AMQPClass,
+    ) -> Result<(), Fault> {
+        let arguments = match m {
+            AMQPClass::Exchange(exchange::AMQPMethod::Unbind(unbind)) => &unbind.arguments,
+            _ => unreachable!("called for exchange.unbind"),
+        };
+        let mut exchanges = self.settings.exchanges.lock().expect("never poisoned");
+        if let Some(key) = unbinding_key(exchanges.kind(source), key, arguments) {
+            (exchanges.unbind_exchange(source, &key, destination))
+                .map_err(|r| exchange_fault(ch, r, source, m))?;
+        }
+        Ok(())
+    }
+
     /// `queue.unbind`: as in RabbitMQ, removing a binding that is not there (its queue or
     /// its exchange missing too) succeeds.
     fn unbind(&mut self, ch: u16, unbind: queue::Unbind) -> Result<(), Fault> {
@@ -906,16 +959,8 @@ impl Connection {
         self.check_exclusive(ch, queue, &m)?;
         let name = unbind.exchange.as_str();
         let mut exchanges = self.settings.exchanges.lock().expect("never poisoned");
-        // The binding as `bind` keeps it; arguments on another exchange's binding name
-        // one that was never made, and removing it changes nothing.
-        let key = match exchanges.kind(name) {
-            Some(Kind::Headers) => HeadersBinding::from_arguments(&unbind.arguments)
-                .ok()
-                .map(|b| b.encode()),
-            _ if unbind.arguments.inner().is_empty() => Some(unbind.routing_key.to_string()),
-            _ => None,
-        };
-        if let Some(key) = key {
+        let kind = exchanges.kind(name);
+        if let Some(key) = unbinding_key(kind, unbind.routing_key.as_str(), &unbind.arguments) {
             exchanges
                 .unbind(name, &key, queue)
                 .map_err(|r| exchange_fault(ch, r, name, &m))?;
@@ -1095,6 +1140,48 @@ impl Connection {
 
 /// `requeue=true` is a nack with no delay; `false` a reject (dead letter).
 /// RabbitMQ's 404 for a queue that does not exist (or a name that is no queue).
+/// The key a binding from an exchange of `kind` is kept under: its routing key, or from a
+/// headers exchange (which reads no routing key) its arguments, encoded. Arguments on
+/// another exchange's binding are not served (540).
+fn binding_key(
+    ch: u16,
+    kind: Option<Kind>,
+    key: &str,
+    arguments: &FieldTable,
+    m: &AMQPClass,
+) -> Result<String, Fault> {
+    match kind {
+        Some(Kind::Headers) => HeadersBinding::from_arguments(arguments)
+            .map(|b| b.encode())
+            .map_err(|why| {
+                let text = format!("PRECONDITION_FAILED - {why}");
+                Fault::channel(ch, code::PRECONDITION_FAILED, text, m)
+            }),
+        _ => match arguments.inner().keys().next() {
+            Some(arg) => {
+                let text = format!(
+                    "binding argument '{arg}' is not supported by leasemqd yet (only on a headers exchange)"
+                );
+                Err(Fault::connection(code::NOT_IMPLEMENTED, text).for_method(m))
+            }
+            None => Ok(key.to_string()),
+        },
+    }
+}
+
+/// The key of the binding an unbind names, as [`binding_key`] keeps it; `None` where it
+/// names one that was never made (arguments on another exchange's binding), whose removal
+/// changes nothing.
+fn unbinding_key(kind: Option<Kind>, key: &str, arguments: &FieldTable) -> Option<String> {
+    match kind {
+        Some(Kind::Headers) => HeadersBinding::from_arguments(arguments)
+            .ok()
+            .map(|b| b.encode()),
+        _ if arguments.inner().is_empty() => Some(key.to_string()),
+        _ => None,
+    }
+}
+
 pub(super) fn no_queue(ch: u16, name: &str, m: &AMQPClass) -> Fault {
     let text = format!("NOT_FOUND - no queue '{name}' in vhost '/'");
     Fault::channel(ch, code::NOT_FOUND, text, m)
@@ -1139,6 +1226,10 @@ pub(super) fn exchange_fault(ch: u16, refusal: Refusal, name: &str, m: &AMQPClas
             return Fault::connection(code::INTERNAL_ERROR, format!("INTERNAL_ERROR - {why}"))
                 .for_method(m);
         }
+        Refusal::Reserved if name.is_empty() => (
+            code::ACCESS_REFUSED,
+            "ACCESS_REFUSED - operation not permitted on the default exchange".to_string(),
+        ),
         Refusal::Reserved => (
             code::ACCESS_REFUSED,
             format!("ACCESS_REFUSED - operation not permitted on exchange '{name}'"),

@@ -14,7 +14,7 @@ use leasemq::{DeliveryTag, Error, Message, PendingPutBatch, Queue, Settle};
 use super::channel::{broker_fault, exchange_fault};
 use super::{code, Connection, Fault};
 use crate::content;
-use crate::exchange::{Kind, Refusal};
+use crate::exchange::Refusal;
 use crate::wire::{self, BASIC_CLASS};
 
 /// The longest message id the broker takes (contract §3 Limits).
@@ -284,47 +284,31 @@ impl Connection {
             // The common case needs no lock: the default exchange names the queue.
             self.queue(key).into_iter().collect()
         } else {
-            // The routing key, then each other `CC`/`BCC` key, through the same exchange;
-            // a queue more than one of them reaches gets the message once.
+            // The routing key and each other `CC`/`BCC` key, through the same exchange
+            // (and those it passes the message to) at once, as RabbitMQ routes them: a
+            // queue more than one of them reaches gets the message once, and an alternate
+            // exchange gets it only if none of them routes it.
             let mut keys = vec![key];
             if !content.cc.is_empty() {
                 let mut seen = std::collections::HashSet::with_capacity(content.cc.len() + 1);
                 seen.insert(key);
                 keys.extend((content.cc.iter().map(String::as_str)).filter(|k| seen.insert(k)));
             }
-            let mut names: Vec<String> = Vec::new();
-            if exchange.is_empty() {
-                names.extend(keys.into_iter().map(str::to_string));
-            } else {
-                if keys.len() > 1 {
-                    let exchanges = self.settings.exchanges.lock().expect("never poisoned");
-                    // Fanout and headers exchanges read no routing key: routed once.
-                    if matches!(exchanges.kind(exchange), Some(Kind::Fanout | Kind::Headers)) {
-                        keys.truncate(1);
-                    }
-                }
-                for key in keys {
-                    // Locked per key: many keys do not keep other connections waiting.
-                    let exchanges = self.settings.exchanges.lock().expect("never poisoned");
-                    // Only a headers exchange asks for the message's headers (so with one
-                    // key, above), parsed then.
-                    let headers = || content::stored_headers(&content.stored);
-                    let Some(routed) = exchanges.route(exchange, key, headers) else {
-                        let (refusal, m) = (Refusal::NotFound, &publish_method());
-                        return Err(exchange_fault(ch, refusal, exchange, m));
-                    };
-                    drop(exchanges);
-                    if names.is_empty() {
-                        names = routed;
-                    } else {
-                        names.extend(routed);
-                    }
-                }
+            let exchanges = self.settings.exchanges.lock().expect("never poisoned");
+            if exchanges.is_internal(exchange) {
+                let text = format!(
+                    "ACCESS_REFUSED - cannot publish to internal exchange '{exchange}' in vhost '/'"
+                );
+                let m = publish_method();
+                return Err(Fault::channel(ch, code::ACCESS_REFUSED, text, &m));
             }
-            if !content.cc.is_empty() {
-                let mut seen = std::collections::HashSet::with_capacity(names.len());
-                names.retain(|name| seen.insert(name.clone()));
-            }
+            // Only a headers exchange asks for the message's headers, parsed then.
+            let headers = || content::stored_headers(&content.stored);
+            let Some(names) = exchanges.route_keys(exchange, &keys, headers) else {
+                let (refusal, m) = (Refusal::NotFound, &publish_method());
+                return Err(exchange_fault(ch, refusal, exchange, m));
+            };
+            drop(exchanges);
             names.iter().filter_map(|name| self.queue(name)).collect()
         };
         if queues.is_empty() {

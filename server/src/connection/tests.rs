@@ -2187,3 +2187,72 @@ fn cc_keys_through_a_fanout_exchange_give_each_bound_queue_one_copy() {
     c.feed(&frames);
     assert_eq!((c.stats("left").ready, c.stats("right").ready), (1, 1));
 }
+
+#[test]
+fn an_internal_exchange_takes_what_a_bound_exchange_routes_and_refuses_a_publish() {
+    let mut c = Client::open();
+    c.declare("behind");
+    let declare = |name: &str, internal: bool, arguments: FieldTable| {
+        method(
+            1,
+            AMQPClass::Exchange(exchange::AMQPMethod::Declare(exchange::Declare {
+                exchange: name.into(),
+                kind: "fanout".into(),
+                internal,
+                arguments,
+                ..exchange::Declare::default()
+            })),
+        )
+    };
+    let mut alternate = FieldTable::default();
+    alternate.insert(
+        "alternate-exchange".into(),
+        AMQPValue::LongString("hidden".into()),
+    );
+    let bind = exchange::Bind {
+        destination: "hidden".into(),
+        source: "public".into(),
+        ..exchange::Bind::default()
+    };
+    let out = c.feed(&[
+        declare("hidden", true, FieldTable::default()),
+        declare("public", false, FieldTable::default()),
+        declare("spare", false, alternate),
+        method(1, AMQPClass::Exchange(exchange::AMQPMethod::Bind(bind))),
+    ]);
+    assert!(
+        matches!(
+            out.last(),
+            Some(AMQPFrame::Method(
+                1,
+                AMQPClass::Exchange(exchange::AMQPMethod::BindOk(_))
+            ))
+        ),
+        "{out:?}"
+    );
+    let bind = queue::Bind {
+        queue: "behind".into(),
+        exchange: "hidden".into(),
+        ..queue::Bind::default()
+    };
+    c.feed(&[queue_method(queue::AMQPMethod::Bind(bind))]);
+    let publish_to = |exchange: &str| {
+        let mut frames = Client::publish_frames("k", BasicProperties::default(), b"m");
+        let AMQPFrame::Method(1, AMQPClass::Basic(basic::AMQPMethod::Publish(publish))) =
+            &mut frames[0]
+        else {
+            unreachable!("publish_frames starts with basic.publish");
+        };
+        publish.exchange = exchange.into();
+        frames
+    };
+    // Through the bound exchange, and through an exchange whose alternate it is.
+    c.feed(&publish_to("public"));
+    c.feed(&publish_to("spare"));
+    assert_eq!(c.stats("behind").ready, 2);
+    assert_eq!(
+        channel_close_code(&c.feed(&publish_to("hidden"))),
+        Some(403)
+    );
+    assert_eq!(c.stats("behind").ready, 2);
+}

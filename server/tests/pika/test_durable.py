@@ -154,3 +154,44 @@ def test_durable_exchanges_and_bindings_of_durable_queues_survive_a_kill(data_di
         assert ch.queue_declare(queue="scratch-q", passive=True).method.message_count == 0
     finally:
         server.stop()
+
+
+def test_bindings_between_durable_exchanges_and_alternates_survive_a_kill(data_dir):
+    """As in RabbitMQ: a binding between durable exchanges comes back, as do an exchange's
+    alternate and whether it is internal; one to an exchange that is not durable does not."""
+    server = Server(data_dir)
+    try:
+        ch = server.channel()
+        ch.exchange_declare(exchange="unrouted", exchange_type="fanout", durable=True)
+        ch.exchange_declare(exchange="front", exchange_type="direct", durable=True,
+                            arguments={"alternate-exchange": "unrouted"})
+        ch.exchange_declare(exchange="hidden", exchange_type="fanout", durable=True,
+                            internal=True)
+        ch.exchange_declare(exchange="scratch-x", exchange_type="fanout", durable=False)
+        for queue in ("jobs", "lost", "scratch-q"):
+            ch.queue_declare(queue=queue, durable=True)
+        ch.exchange_bind(destination="hidden", source="front", routing_key="job")
+        ch.exchange_bind(destination="scratch-x", source="front", routing_key="job")
+        ch.queue_bind(queue="jobs", exchange="hidden")
+        ch.queue_bind(queue="scratch-q", exchange="scratch-x")
+        ch.queue_bind(queue="lost", exchange="unrouted")
+    finally:
+        server.kill()
+
+    server = Server(data_dir)
+    try:
+        ch = server.channel()
+        ch.confirm_delivery()
+        ch.basic_publish(exchange="front", routing_key="job", body=b"work")
+        ch.basic_publish(exchange="front", routing_key="other", body=b"stray")
+        counts = [ch.queue_declare(queue=q, passive=True).method.message_count
+                  for q in ("jobs", "lost", "scratch-q")]
+        assert counts == [1, 1, 0]
+        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as closed:
+            ch.exchange_declare(exchange="hidden", exchange_type="fanout", durable=True)
+        assert closed.value.reply_code == 406, "still internal"
+        ch = server.connection.channel()
+        ch.exchange_declare(exchange="front", exchange_type="direct", durable=True,
+                            arguments={"alternate-exchange": "unrouted"})
+    finally:
+        server.stop()

@@ -1013,3 +1013,130 @@ def test_cc_and_bcc_headers_route_copies_and_bcc_is_not_delivered():
     for queue in (to, cc, bcc):
         ch.queue_delete(queue)
     conn.close()
+
+
+def test_exchange_to_exchange_bindings_route_on_once_per_exchange():
+    # What a source exchange routes to a bound exchange goes on through it, with the same
+    # routing key; a cycle ends, and a queue reached by two ways gets one copy.
+    conn = connect()
+    ch = conn.channel()
+    suffix = uuid.uuid4().hex[:8]
+    front, events = f"front-{suffix}", f"events-{suffix}"
+    ch.exchange_declare(exchange=front, exchange_type="direct")
+    ch.exchange_declare(exchange=events, exchange_type="topic")
+    direct_q, events_q = fresh_queue(ch, "direct"), fresh_queue(ch, "events")
+    ch.queue_bind(queue=direct_q, exchange=front, routing_key="order.paid")
+    ch.exchange_bind(destination=events, source=front, routing_key="order.paid")
+    ch.exchange_bind(destination=events, source=front, routing_key="order.shipped")
+    ch.exchange_bind(destination=front, source=events, routing_key="#")
+    ch.queue_bind(queue=events_q, exchange=events, routing_key="order.*")
+    ch.queue_bind(queue=direct_q, exchange=events, routing_key="#")
+    ch.confirm_delivery()
+    for key in ("order.paid", "order.shipped", "order.lost"):
+        ch.basic_publish(exchange=front, routing_key=key, body=key.encode())
+    assert drain(ch, direct_q) == ["order.paid", "order.shipped"]
+    assert drain(ch, events_q) == ["order.paid", "order.shipped"]
+    ch.exchange_unbind(destination=events, source=front, routing_key="order.paid")
+    ch.exchange_unbind(destination=events, source=front, routing_key="never-bound")
+    ch.basic_publish(exchange=front, routing_key="order.paid", body=b"again")
+    assert drain(ch, direct_q) == ["again"]
+    assert drain(ch, events_q) == []
+    # The default exchange takes no bindings; a missing exchange is a 404.
+    for source, destination, code in ((front, "", 403), ("", front, 403),
+                                      (f"missing-{suffix}", front, 404),
+                                      (front, f"missing-{suffix}", 404)):
+        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as err:
+            ch.exchange_bind(destination=destination, source=source, routing_key="k")
+        assert err.value.reply_code == code
+        ch = conn.channel()
+    for exchange in (front, events):
+        ch.exchange_delete(exchange)
+    for queue in (direct_q, events_q):
+        ch.queue_delete(queue)
+    conn.close()
+
+
+def test_an_alternate_exchange_takes_what_its_exchange_routes_nowhere():
+    conn = connect()
+    ch = conn.channel()
+    suffix = uuid.uuid4().hex[:8]
+    orders, unrouted = f"orders-{suffix}", f"unrouted-{suffix}"
+    ch.exchange_declare(exchange=unrouted, exchange_type="fanout")
+    ch.exchange_declare(exchange=orders, exchange_type="direct",
+                        arguments={"alternate-exchange": unrouted})
+    billing, lost = fresh_queue(ch, "billing"), fresh_queue(ch, "lost")
+    ch.queue_bind(queue=billing, exchange=orders, routing_key="paid")
+    ch.queue_bind(queue=lost, exchange=unrouted)
+    ch.confirm_delivery()
+    ch.basic_publish(exchange=orders, routing_key="paid", body=b"paid", mandatory=True)
+    # Routed by the alternate: not returned, though the exchange itself routed it nowhere.
+    ch.basic_publish(exchange=orders, routing_key="refunded", body=b"refunded", mandatory=True)
+    assert drain(ch, billing) == ["paid"]
+    method, _, body = get_soon(conn, ch, lost, auto_ack=True)
+    assert (body, method.exchange, method.routing_key) == (b"refunded", orders, "refunded")
+    # An alternate that is not there is skipped: unroutable.
+    ch.exchange_delete(unrouted)
+    with pytest.raises(pika.exceptions.UnroutableError):
+        ch.basic_publish(exchange=orders, routing_key="refunded", body=b"x", mandatory=True)
+    # A redeclare must name the same alternate; its type must be a string.
+    for arguments in ({}, {"alternate-exchange": "other"}):
+        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as err:
+            ch.exchange_declare(exchange=orders, exchange_type="direct", arguments=arguments)
+        assert err.value.reply_code == 406
+        ch = conn.channel()
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as err:
+        ch.exchange_declare(exchange=f"typed-{suffix}", exchange_type="direct",
+                            arguments={"alternate-exchange": 5})
+    assert err.value.reply_code == 406
+    ch = conn.channel()
+    ch.exchange_delete(orders)
+    for queue in (billing, lost):
+        ch.queue_delete(queue)
+    conn.close()
+
+
+def test_an_internal_exchange_takes_only_what_other_exchanges_route_to_it():
+    conn = connect()
+    ch = conn.channel()
+    suffix = uuid.uuid4().hex[:8]
+    public, hidden = f"public-{suffix}", f"hidden-{suffix}"
+    ch.exchange_declare(exchange=public, exchange_type="fanout")
+    ch.exchange_declare(exchange=hidden, exchange_type="fanout", internal=True)
+    ch.exchange_bind(destination=hidden, source=public)
+    queue = fresh_queue(ch, "behind")
+    ch.queue_bind(queue=queue, exchange=hidden)
+    ch.confirm_delivery()
+    ch.basic_publish(exchange=public, routing_key="", body=b"through")
+    assert drain(ch, queue) == ["through"]
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as err:
+        ch.basic_publish(exchange=hidden, routing_key="", body=b"direct")
+    assert err.value.reply_code == 403
+    ch = conn.channel()
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as err:
+        ch.exchange_declare(exchange=hidden, exchange_type="fanout")
+    assert err.value.reply_code == 406
+    ch = conn.channel()
+    ch.exchange_delete(public)
+    ch.exchange_delete(hidden)
+    ch.queue_delete(queue)
+    conn.close()
+
+
+def test_an_auto_delete_exchange_goes_when_its_last_destination_exchange_does():
+    conn = connect()
+    ch = conn.channel()
+    suffix = uuid.uuid4().hex[:8]
+    source, sink = f"source-{suffix}", f"sink-{suffix}"
+    ch.exchange_declare(exchange=source, exchange_type="fanout", auto_delete=True)
+    ch.exchange_declare(exchange=sink, exchange_type="fanout")
+    ch.exchange_bind(destination=sink, source=source)
+    # In use means bound as a source; the sink is only a destination.
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as err:
+        ch.exchange_delete(source, if_unused=True)
+    assert err.value.reply_code == 406
+    ch = conn.channel()
+    ch.exchange_delete(sink, if_unused=True)
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as err:
+        ch.exchange_declare(exchange=source, exchange_type="fanout", passive=True)
+    assert err.value.reply_code == 404
+    conn.close()
