@@ -1,7 +1,8 @@
 //! `queue.declare` arguments (RabbitMQ's `x-` arguments) read into a [`QueueConfig`].
 //!
-//! Served: `x-dead-letter-exchange` (only `""`, the default exchange) with
-//! `x-dead-letter-routing-key` (the dead-letter queue, which must be declared first);
+//! Served: `x-dead-letter-exchange` with `x-dead-letter-routing-key` or without (then a
+//! dead letter keeps its own keys), read by [`dead_letter_route`]: the declare makes the
+//! queue's holding queue its `dead_letter` (`dead_letter.rs`);
 //! `x-consumer-timeout` (milliseconds: the queue's lease length); `x-delivery-limit` (how
 //! many times a message may come back before it is dead-lettered, as in RabbitMQ's quorum
 //! queues: `max_deliveries` is one more); `x-max-length` with `x-overflow`
@@ -17,6 +18,8 @@ use std::time::Duration;
 
 use amq_protocol::types::{AMQPValue, FieldTable};
 use leasemq::QueueConfig;
+
+use crate::dead_letter::Route;
 
 /// Why the arguments were refused: a reply code and its text.
 #[derive(Debug, Clone, PartialEq)]
@@ -43,11 +46,12 @@ pub fn queue_config(
 ) -> Result<QueueConfig, Refused> {
     let args = arguments.inner();
     let mut dead_letter_exchange = None;
+    let mut dead_letter_key = None;
     let mut overflow = None;
     for (key, value) in args {
         match key.as_str() {
             "x-dead-letter-exchange" => dead_letter_exchange = Some(string(key.as_str(), value)?),
-            "x-dead-letter-routing-key" => config.dead_letter = Some(string(key.as_str(), value)?),
+            "x-dead-letter-routing-key" => dead_letter_key = Some(string(key.as_str(), value)?),
             "x-consumer-timeout" => {
                 let ms = integer(key.as_str(), value)?;
                 config.ack_timeout = Duration::from_millis(ms);
@@ -114,21 +118,29 @@ pub fn queue_config(
             ))
         }
     }
-    match (dead_letter_exchange.as_deref(), &config.dead_letter) {
-        (None, None) | (Some(""), Some(_)) => Ok(config),
-        (Some(""), None) => Err(refused(
-            406,
-            "PRECONDITION_FAILED - x-dead-letter-exchange \"\" needs x-dead-letter-routing-key (the dead-letter queue)".into(),
-        )),
+    // The declare makes the queue's holding queue its dead-letter queue.
+    match (dead_letter_exchange, dead_letter_key) {
         (None, Some(_)) => Err(refused(
             406,
-            "PRECONDITION_FAILED - x-dead-letter-routing-key needs x-dead-letter-exchange \"\"".into(),
+            "PRECONDITION_FAILED - x-dead-letter-routing-key needs x-dead-letter-exchange".into(),
         )),
-        (Some(exchange), _) => Err(refused(
-            540,
-            format!("dead-lettering through exchange '{exchange}' is not supported: only the default exchange \"\""),
-        )),
+        _ => Ok(config),
     }
+}
+
+/// Where the declare's dead letters go: its `x-dead-letter-exchange`, with its
+/// `x-dead-letter-routing-key` if it has one; `None` without the exchange. The values are
+/// those [`queue_config`] took.
+pub fn dead_letter_route(arguments: &FieldTable) -> Option<Route> {
+    let text = |key: &str| match arguments.inner().get(key)? {
+        AMQPValue::LongString(s) => Some(String::from_utf8_lossy(s.as_bytes()).into_owned()),
+        AMQPValue::ShortString(s) => Some(s.as_str().to_string()),
+        _ => None,
+    };
+    Some(Route {
+        exchange: text("x-dead-letter-exchange")?,
+        routing_key: text("x-dead-letter-routing-key"),
+    })
 }
 
 /// The declare's `x-expires`, in milliseconds: how long the queue may go unused before it
@@ -244,20 +256,7 @@ mod tests {
     }
 
     #[test]
-    fn dead_lettering_through_the_default_exchange_names_the_queue() {
-        let table = args(&[
-            ("x-dead-letter-exchange", AMQPValue::LongString("".into())),
-            (
-                "x-dead-letter-routing-key",
-                AMQPValue::LongString("jobs.dead".into()),
-            ),
-        ]);
-        let config = queue_config(&table, QueueConfig::default()).unwrap();
-        assert_eq!(config.dead_letter.as_deref(), Some("jobs.dead"));
-    }
-
-    #[test]
-    fn a_named_dead_letter_exchange_is_not_served() {
+    fn a_dead_letter_exchange_is_a_route_and_no_queue_of_the_config() {
         let table = args(&[
             (
                 "x-dead-letter-exchange",
@@ -268,7 +267,26 @@ mod tests {
                 AMQPValue::LongString("jobs.dead".into()),
             ),
         ]);
-        assert_eq!(refusal_code(&table), 540);
+        let config = queue_config(&table, QueueConfig::default()).unwrap();
+        assert_eq!(
+            config.dead_letter, None,
+            "the declare sets the holding queue"
+        );
+        let route = Route {
+            exchange: "dlx".into(),
+            routing_key: Some("jobs.dead".into()),
+        };
+        assert_eq!(dead_letter_route(&table), Some(route));
+        let table = args(&[("x-dead-letter-exchange", AMQPValue::LongString("".into()))]);
+        assert!(queue_config(&table, QueueConfig::default()).is_ok());
+        let keyless = dead_letter_route(&table).unwrap();
+        assert_eq!((keyless.exchange.as_str(), keyless.routing_key), ("", None));
+        assert_eq!(dead_letter_route(&FieldTable::default()), None);
+        let keyed = args(&[(
+            "x-dead-letter-routing-key",
+            AMQPValue::LongString("k".into()),
+        )]);
+        assert_eq!(refusal_code(&keyed), 406);
     }
 
     /// The reply code a declare with these arguments is refused with.
@@ -279,9 +297,7 @@ mod tests {
     }
 
     #[test]
-    fn half_a_dead_letter_setting_is_a_406() {
-        let table = args(&[("x-dead-letter-exchange", AMQPValue::LongString("".into()))]);
-        assert_eq!(refusal_code(&table), 406);
+    fn a_dead_letter_routing_key_without_an_exchange_is_a_406() {
         let table = args(&[(
             "x-dead-letter-routing-key",
             AMQPValue::LongString("d".into()),

@@ -37,6 +37,7 @@ use amq_protocol::types::{AMQPValue, FieldTable, ShortString};
 use leasemq::{Broker, Consumer, Delivery, DeliveryTag, Queue, Settle};
 
 use crate::content::{self, PropertiesSeen};
+use crate::dead_letter::{self, DeadLetters};
 use crate::exchange::{Exchanges, Refusal};
 use crate::expiry::Expiring;
 use crate::metrics::Metrics;
@@ -89,6 +90,8 @@ pub struct Settings {
     pub exchanges: Arc<Mutex<Exchanges>>,
     /// The queues declared with `x-expires`, deleted once unused that long (`expiry.rs`).
     pub expiring: Arc<Expiring>,
+    /// The queues that dead-letter through an exchange (`dead_letter.rs`).
+    pub dead_letters: Arc<DeadLetters>,
     /// What the connections count for `--metrics`.
     pub metrics: Arc<Metrics>,
     /// Set to `true` when the server shuts down: every connection is then closed with
@@ -113,6 +116,7 @@ impl Default for Settings {
             consumers: Arc::default(),
             exchanges: Arc::default(),
             expiring: Arc::default(),
+            dead_letters: Arc::default(),
             metrics: Arc::default(),
             shutdown: Arc::new(tokio::sync::watch::Sender::new(false)),
         }
@@ -145,6 +149,7 @@ impl Settings {
         self.consumers.forget(name);
         (self.declared.lock().expect("never poisoned")).remove(name);
         self.expiring.forget_closed(name);
+        self.dead_letters.forget(name);
         let mut exchanges = self.exchanges.lock().expect("never poisoned");
         if let Err(Refusal::Storage(why)) = exchanges.unbind_queue(name) {
             tracing::warn!("queue {name} was deleted, but its bindings stay on disk: {why}");
@@ -155,7 +160,7 @@ impl Settings {
 /// What a `queue.declare` said of a queue beyond its config: a later declare of the same
 /// queue must say the same, or RabbitMQ refuses it as inequivalent (`durable` counts even
 /// where every queue is in memory, so that what runs here runs against RabbitMQ).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Declared {
     pub durable: bool,
     pub exclusive: bool,
@@ -164,6 +169,8 @@ pub struct Declared {
     pub quorum: bool,
     /// `x-expires`, in milliseconds (see `expiry.rs`).
     pub expires: Option<u32>,
+    /// `x-dead-letter-exchange` and `x-dead-letter-routing-key`.
+    pub dead_letter: Option<dead_letter::Route>,
 }
 
 impl Declared {
@@ -199,7 +206,32 @@ impl Declared {
             (ours, theirs) if ours != theirs => Some(("x-expires", expires(other), expires(self))),
             _ => None,
         })
+        .or_else(|| {
+            let exchange = |d: &Declared| d.dead_letter.as_ref().map(|r| r.exchange.clone());
+            differs_text("x-dead-letter-exchange", exchange(self), exchange(other))
+        })
+        .or_else(|| {
+            let key = |d: &Declared| d.dead_letter.as_ref().and_then(|r| r.routing_key.clone());
+            differs_text("x-dead-letter-routing-key", key(self), key(other))
+        })
     }
+}
+
+/// A string argument `arg` that differs, ours and theirs, as [`Declared::inequivalent`]
+/// answers it.
+fn differs_text(
+    arg: &'static str,
+    ours: Option<String>,
+    theirs: Option<String>,
+) -> Option<(&'static str, String, String)> {
+    let word = |value: &Option<String>, of_type: bool| match value {
+        None => "none".to_string(),
+        Some(v) if of_type => format!("the value '{v}' of type 'longstr'"),
+        Some(v) => format!("'{v}'"),
+    };
+    // RabbitMQ names the type of a value only where the other is missing.
+    let typed = ours.is_none() || theirs.is_none();
+    (ours != theirs).then(|| (arg, word(&theirs, typed), word(&ours, typed)))
 }
 
 /// Where the connection is in its life.
@@ -996,6 +1028,14 @@ impl Connection {
         // Closed before (by `x-expires`, another connection's delete): forgotten then.
         if closed {
             self.settings.forget(name, Some(self.id));
+            // A durable queue brought back by a restart and deleted before it was declared
+            // again may have a holding queue of dead letters that nothing forwards.
+            if queue.is_durable() {
+                let holding = self.broker.queue(&dead_letter::holding_name(name));
+                if let Some(holding) = holding {
+                    holding.close();
+                }
+            }
         }
     }
 
@@ -1005,8 +1045,12 @@ impl Connection {
         owners.get(name).is_some_and(|&owner| owner != self.id)
     }
 
-    /// The queue called `name`, from the cache or the broker.
+    /// The queue called `name`, from the cache or the broker; never a holding queue of
+    /// dead letters, which are the server's.
     fn queue(&mut self, name: &str) -> Option<Queue> {
+        if dead_letter::is_holding(name) {
+            return None;
+        }
         if let Some(q) = self.queues.get(name) {
             if !q.is_closed() {
                 return Some(q.clone());

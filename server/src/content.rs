@@ -26,9 +26,13 @@
 use amq_protocol::frame::WriteContext;
 use amq_protocol::protocol::basic::{gen_properties, parse_properties};
 use amq_protocol::protocol::BasicProperties;
-use amq_protocol::types::{AMQPValue, FieldArray, FieldTable, LongString};
+use amq_protocol::types::{AMQPValue, FieldTable, LongString};
 use bytes::Bytes;
 use leasemq::{DeathReason, DeathRecord, Envelope};
+
+/// The longest message id the broker takes (contract §3 Limits): a `message-id` longer
+/// is kept in the properties only.
+pub const MAX_ID_BYTES: usize = 1024;
 
 const FORMAT: u8 = 1;
 const FORMAT_ROUTED: u8 = 2;
@@ -351,9 +355,11 @@ pub fn delivered(envelope: &Envelope, queue: &str) -> Delivered {
     let default_route = || (String::new(), queue.to_string());
     match &envelope.death {
         Some(death) => {
+            // Dead-lettered through the default exchange to this queue, its name the key.
             let (exchange, routing_key) = default_route();
+            let (died_from, keys) = original_route(&stored, death);
             Delivered {
-                properties: with_death(stored.properties, death),
+                properties: with_death(stored.properties, death, &died_from, &keys),
                 exchange,
                 routing_key,
                 payload: stored.payload,
@@ -371,26 +377,134 @@ pub fn delivered(envelope: &Envelope, queue: &str) -> Delivered {
     }
 }
 
-fn with_death(properties: BasicProperties, death: &DeathRecord) -> BasicProperties {
+/// The exchange a dead letter was last published to (or routed through to the queue it
+/// died in) and its routing keys with its `CC` keys, as RabbitMQ's `x-death` records
+/// them: a publish through the default exchange had the queue's name as its key.
+fn original_route(stored: &Stored, death: &DeathRecord) -> (String, Vec<String>) {
+    let (exchange, key) =
+        (stored.route.clone()).unwrap_or_else(|| (String::new(), death.queue.clone()));
+    let mut keys = vec![key];
+    if let Ok(Some(routes)) = sender_routes(&stored.properties) {
+        // `BCC` was taken out before the message was stored: these are its `CC` keys.
+        keys.extend(routes.keys);
+    }
+    (exchange, keys)
+}
+
+/// `properties` with RabbitMQ's record of one more death: an `x-death` entry per queue and
+/// reason, the latest first, each counting its deaths, and the `x-first-death-…` headers
+/// of the first one.
+fn with_death(
+    properties: BasicProperties,
+    death: &DeathRecord,
+    exchange: &str,
+    keys: &[String],
+) -> BasicProperties {
     let reason = match death.reason {
         DeathReason::Rejected => "rejected",
         DeathReason::MaxDeliveries => "delivery_limit",
     };
     let text = |s: &str| AMQPValue::LongString(LongString::from(s));
+    let mut headers = properties.headers().clone().unwrap_or_default();
+    let mut deaths = match headers.inner().get("x-death") {
+        Some(AMQPValue::FieldArray(deaths)) => deaths.as_slice().to_vec(),
+        _ => Vec::new(),
+    };
+    let same = |entry: &AMQPValue| match entry {
+        AMQPValue::FieldTable(record) => {
+            let record = record.inner();
+            record.get("queue") == Some(&text(&death.queue))
+                && record.get("reason") == Some(&text(reason))
+        }
+        _ => false,
+    };
+    let before = match deaths.iter().position(same) {
+        Some(i) => match deaths.remove(i) {
+            AMQPValue::FieldTable(record) => match record.inner().get("count") {
+                Some(AMQPValue::LongLongInt(n)) => *n,
+                _ => 0,
+            },
+            _ => 0,
+        },
+        None => 0,
+    };
     let mut record = FieldTable::default();
-    record.insert("count".into(), AMQPValue::LongLongInt(1));
+    record.insert(
+        "count".into(),
+        AMQPValue::LongLongInt(before.saturating_add(1)),
+    );
     record.insert("reason".into(), text(reason));
     record.insert("queue".into(), text(&death.queue));
-    record.insert("exchange".into(), text(""));
-    let keys = FieldArray::from(vec![text(&death.queue)]);
-    record.insert("routing-keys".into(), AMQPValue::FieldArray(keys));
-    let mut headers = properties.headers().clone().unwrap_or_default();
-    let deaths = FieldArray::from(vec![AMQPValue::FieldTable(record)]);
-    headers.insert("x-death".into(), AMQPValue::FieldArray(deaths));
-    headers.insert("x-first-death-queue".into(), text(&death.queue));
-    headers.insert("x-first-death-reason".into(), text(reason));
-    headers.insert("x-first-death-exchange".into(), text(""));
+    record.insert("exchange".into(), text(exchange));
+    let keys = keys.iter().map(|key| text(key)).collect::<Vec<_>>();
+    record.insert("routing-keys".into(), AMQPValue::FieldArray(keys.into()));
+    deaths.insert(0, AMQPValue::FieldTable(record));
+    headers.insert("x-death".into(), AMQPValue::FieldArray(deaths.into()));
+    if !headers.contains_key("x-first-death-queue") {
+        headers.insert("x-first-death-queue".into(), text(&death.queue));
+        headers.insert("x-first-death-reason".into(), text(reason));
+        headers.insert("x-first-death-exchange".into(), text(exchange));
+    }
     properties.with_headers(headers)
+}
+
+/// A dead letter taken from the queue that holds it on its way to a dead-letter exchange
+/// (`dead_letter.rs`), made ready to go on as RabbitMQ publishes one.
+#[derive(Debug)]
+pub struct DeadLetter {
+    /// The stored body of its copies: its properties with one more `x-death` record, and
+    /// the exchange and routing key its deliveries report.
+    pub body: Bytes,
+    /// The routing keys it is routed with.
+    pub keys: Vec<String>,
+    /// Its `message-id`, the dedup id of its copies as of a publish's.
+    pub message_id: Option<String>,
+}
+
+/// `envelope`, a message that died in `queue`, on its way to `exchange` with `routing_key`
+/// (`x-dead-letter-routing-key`; without one, it keeps its own keys, `CC` ones too).
+/// `None` if its properties cannot be written back (a value over its wire limit).
+pub fn dead_letter(
+    envelope: &Envelope,
+    exchange: &str,
+    routing_key: Option<&str>,
+) -> Option<DeadLetter> {
+    let stored = decode_stored(&envelope.body).unwrap_or_else(|| Stored {
+        properties: BasicProperties::default(),
+        route: None,
+        payload: envelope.body.clone(),
+    });
+    let (properties, keys) = match &envelope.death {
+        Some(death) => {
+            let (died_from, keys) = original_route(&stored, death);
+            (
+                with_death(stored.properties, death, &died_from, &keys),
+                keys,
+            )
+        }
+        // Put there other than by dying: routed with the key it came with.
+        None => {
+            let key = stored
+                .route
+                .as_ref()
+                .map(|(_, key)| key.clone())
+                .unwrap_or_default();
+            (stored.properties, vec![key])
+        }
+    };
+    let keys = match routing_key {
+        Some(key) => vec![key.to_string()],
+        None => keys,
+    };
+    let message_id = (properties.message_id().as_ref()).map(|id| id.to_string());
+    let encoded = encode_properties(&properties)?;
+    let mut body = stored_start_keeping_key(&encoded, exchange, &keys[0], stored.payload.len())?;
+    body.extend_from_slice(&stored.payload);
+    Some(DeadLetter {
+        body: Bytes::from(body),
+        keys,
+        message_id,
+    })
 }
 
 fn decode_stored(body: &Bytes) -> Option<Stored> {
@@ -411,6 +525,7 @@ fn decode_stored(body: &Bytes) -> Option<Stored> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use amq_protocol::types::FieldArray;
 
     #[test]
     fn cc_and_bcc_add_routing_keys_and_bcc_is_taken_out() {
@@ -503,6 +618,121 @@ mod tests {
         };
         let d = delivered(&plain, "jobs");
         assert_eq!(d.properties.headers().clone().unwrap().inner().len(), 1);
+    }
+
+    /// The headers of a stored body, by name.
+    fn headers_of(properties: &BasicProperties) -> std::collections::BTreeMap<String, AMQPValue> {
+        let headers = properties.headers().clone().unwrap_or_default();
+        (headers.inner().iter())
+            .map(|(k, v)| (k.to_string(), v.clone()))
+            .collect()
+    }
+
+    fn death_records(properties: &BasicProperties) -> Vec<FieldTable> {
+        match headers_of(properties).get("x-death") {
+            Some(AMQPValue::FieldArray(deaths)) => (deaths.as_slice().iter())
+                .map(|d| match d {
+                    AMQPValue::FieldTable(t) => t.clone(),
+                    other => panic!("an x-death entry that is no table: {other:?}"),
+                })
+                .collect(),
+            other => panic!("no x-death array: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_dead_letter_sent_through_an_exchange_reports_it_and_keeps_where_it_came_from() {
+        let mut cc = FieldArray::default();
+        cc.push(AMQPValue::LongString("audit".into()));
+        let mut headers = FieldTable::default();
+        headers.insert("CC".into(), AMQPValue::FieldArray(cc));
+        let properties = BasicProperties::default()
+            .with_message_id("m-7".into())
+            .with_headers(headers);
+        let death = DeathRecord {
+            queue: "orders".into(),
+            reason: DeathReason::Rejected,
+            attempts: 1,
+        };
+        let envelope = Envelope {
+            id: "m-7".into(),
+            body: encode_routed(&properties, "shop", "order.paid", b"pay").unwrap(),
+            attempt: 1,
+            death: Some(death.clone()),
+        };
+        // With a dead-letter routing key: routed with it alone.
+        let letter = dead_letter(&envelope, "dlx", Some("failed")).unwrap();
+        assert_eq!(letter.keys, ["failed"]);
+        assert_eq!(letter.message_id.as_deref(), Some("m-7"));
+        let forwarded = Envelope {
+            body: letter.body.clone(),
+            death: None,
+            ..envelope.clone()
+        };
+        let d = delivered(&forwarded, "failures");
+        assert_eq!(&d.payload[..], b"pay");
+        assert_eq!(
+            (d.exchange.as_str(), d.routing_key.as_str()),
+            ("dlx", "failed"),
+            "delivered as published to the dead-letter exchange"
+        );
+        let [record] = &death_records(&d.properties)[..] else {
+            panic!("one record");
+        };
+        let text = |s: &str| AMQPValue::LongString(s.into());
+        let keys = AMQPValue::FieldArray(vec![text("order.paid"), text("audit")].into());
+        assert_eq!(record.inner().get("exchange"), Some(&text("shop")));
+        assert_eq!(record.inner().get("routing-keys"), Some(&keys));
+        assert_eq!(record.inner().get("reason"), Some(&text("rejected")));
+        assert_eq!(
+            headers_of(&d.properties).get("x-first-death-exchange"),
+            Some(&text("shop"))
+        );
+        // Without one: its own keys, CC too.
+        let letter = dead_letter(&envelope, "dlx", None).unwrap();
+        assert_eq!(letter.keys, ["order.paid", "audit"]);
+        // Dead again in the same queue for the same reason: that record counts two, and
+        // comes first; the first death's headers stay.
+        let again = Envelope {
+            body: letter.body.clone(),
+            death: Some(death),
+            ..envelope.clone()
+        };
+        let twice = dead_letter(&again, "dlx", None).unwrap();
+        let d = delivered(
+            &Envelope {
+                body: twice.body,
+                death: None,
+                ..envelope.clone()
+            },
+            "failures",
+        );
+        let records = death_records(&d.properties);
+        assert_eq!(records.len(), 1);
+        assert_eq!(
+            records[0].inner().get("count"),
+            Some(&AMQPValue::LongLongInt(2))
+        );
+        // Dead elsewhere for another reason: a second record, first.
+        let elsewhere = Envelope {
+            body: letter.body.clone(),
+            death: Some(DeathRecord {
+                queue: "failures".into(),
+                reason: DeathReason::MaxDeliveries,
+                attempts: 3,
+            }),
+            ..envelope
+        };
+        let d = delivered(&elsewhere, "last-resort");
+        let records = death_records(&d.properties);
+        assert_eq!(records.len(), 2);
+        assert_eq!(records[0].inner().get("queue"), Some(&text("failures")));
+        assert_eq!(records[0].inner().get("exchange"), Some(&text("dlx")));
+        assert_eq!(records[1].inner().get("queue"), Some(&text("orders")));
+        assert_eq!(
+            headers_of(&d.properties).get("x-first-death-queue"),
+            Some(&text("orders"))
+        );
     }
 
     #[test]

@@ -21,6 +21,7 @@
 pub mod arguments;
 mod connection;
 pub mod content;
+pub mod dead_letter;
 pub mod exchange;
 pub mod expiry;
 pub mod metrics;

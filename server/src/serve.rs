@@ -42,6 +42,9 @@ pub async fn accept_loop(listener: TcpListener, broker: Broker, settings: Arc<Se
     // The server's `x-expires` deletions, for as long as it accepts connections.
     let expiry = tokio::spawn(crate::expiry::run(settings.clone()));
     let _expiry = AbortOnDrop(expiry);
+    // The tasks that send dead letters on through exchanges, as long as it accepts too.
+    let dead_letters = tokio::spawn(crate::dead_letter::run(settings.clone(), broker.clone()));
+    let _dead_letters = AbortOnDrop(dead_letters);
     let ids = AtomicU64::new(0);
     loop {
         let (stream, peer) = match listener.accept().await {

@@ -25,7 +25,7 @@ use super::{code, method_name, reply_text, reply_to, Connection, Declared, Fault
 use crate::content::PropertiesSeen;
 use crate::exchange::{HeadersBinding, Kind, Refusal, Shape};
 use crate::wire::{GenFailed, Output};
-use crate::{arguments, content, wire};
+use crate::{arguments, content, dead_letter, wire};
 
 /// The most prefetch a broker consumer takes; also what `prefetch_count = 0` (AMQP's "no
 /// limit") becomes.
@@ -354,14 +354,15 @@ impl Connection {
                 durable: declare.durable && self.settings.durable && !declare.exclusive,
                 ..QueueConfig::default()
             };
-            let config = match arguments::queue_config(&declare.arguments, base) {
+            let mut config = match arguments::queue_config(&declare.arguments, base) {
                 Ok(config) => config,
                 Err(refused) if refused.code == code::NOT_IMPLEMENTED => {
                     return Err(Fault::connection(refused.code, refused.text).for_method(&m));
                 }
                 Err(refused) => return Err(Fault::channel(ch, refused.code, refused.text, &m)),
             };
-            let existed = self.broker.queue(name).is_some();
+            let existing = self.broker.queue(name);
+            let existed = existing.is_some();
             // As RabbitMQ compares it: an exclusive queue is never durable.
             let expires = match arguments::expires(&declare.arguments) {
                 Ok(expires) => expires,
@@ -373,6 +374,7 @@ impl Connection {
                 auto_delete: declare.auto_delete,
                 quorum,
                 expires,
+                dead_letter: arguments::dead_letter_route(&declare.arguments),
             };
             if existed {
                 self.check_equivalent(ch, name, &declared, &m)?;
@@ -385,10 +387,37 @@ impl Connection {
                 );
                 return Err(Fault::channel(ch, code::ACCESS_REFUSED, text, &m));
             }
+            // A queue dead-letters to a holding queue of its own, whose dead letters go on
+            // through the exchange; a durable one kept from a build that dead-lettered
+            // straight to the queue a default-exchange key named still does.
+            let route = declared.dead_letter.clone();
+            let direct = (existing.as_ref()).and_then(|q| q.config().dead_letter.clone());
+            let direct = direct.filter(|queue| {
+                let to = Some(queue.as_str());
+                (route.as_ref())
+                    .is_some_and(|r| r.exchange.is_empty() && r.routing_key.as_deref() == to)
+            });
+            config.dead_letter.clone_from(&direct);
+            let holding = match (&route, &direct) {
+                (Some(_), None) => Some(self.holding_queue(ch, name, &config, &m)?),
+                _ => None,
+            };
+            if let Some((holding, _)) = &holding {
+                config.dead_letter = Some(holding.name().to_string());
+            }
             let q = match self.broker.declare_queue(name, config) {
                 Ok(q) => q,
-                Err(e) => return Err(broker_fault(ch, &e, &m)),
+                Err(e) => {
+                    // One made for this declare goes with it.
+                    if let Some((holding, true)) = &holding {
+                        holding.close();
+                    }
+                    return Err(broker_fault(ch, &e, &m));
+                }
             };
+            if let (Some((holding, _)), Some(route)) = (holding, route) {
+                (self.settings.dead_letters).forward(name, holding, route);
+            }
             self.queues.insert(name.to_string(), q.clone());
             // An exclusive queue is this connection's: deleted when it ends. Declaring
             // an existing queue exclusive does not take it over (RabbitMQ: 405).
@@ -437,6 +466,36 @@ impl Connection {
         Ok(())
     }
 
+    /// The holding queue of the dead letters of the queue called `name`, declared with
+    /// `config` (`dead_letter.rs`), and whether this call made it.
+    fn holding_queue(
+        &mut self,
+        ch: u16,
+        name: &str,
+        config: &QueueConfig,
+        m: &AMQPClass,
+    ) -> Result<(Queue, bool), Fault> {
+        let holding = dead_letter::holding_name(name);
+        let existed = self.broker.queue(&holding).is_some();
+        let config = QueueConfig {
+            ack_timeout: self.settings.ack_timeout,
+            max_body_bytes: config.max_body_bytes,
+            durable: config.durable,
+            ..QueueConfig::default()
+        };
+        match self.broker.declare_queue(&holding, config) {
+            Ok(queue) => Ok((queue, !existed)),
+            Err(Error::InvalidName) => {
+                let most = dead_letter::MAX_QUEUE_NAME_BYTES;
+                let text = format!(
+                    "PRECONDITION_FAILED - queue name '{name}' is too long to dead-letter through an exchange (at most {most} bytes)"
+                );
+                Err(Fault::channel(ch, code::PRECONDITION_FAILED, text, m))
+            }
+            Err(e) => Err(broker_fault(ch, &e, m)),
+        }
+    }
+
     /// The largest stored body: the largest payload, plus its properties (which fit one
     /// frame) and the few bytes of the stored layout.
     pub(super) fn max_stored_bytes(&self) -> usize {
@@ -473,7 +532,7 @@ impl Connection {
         m: &AMQPClass,
     ) -> Result<(), Fault> {
         let flags = self.settings.declared.lock().expect("never poisoned");
-        let Some(known) = flags.get(name).copied() else {
+        let Some(known) = flags.get(name).cloned() else {
             return Ok(());
         };
         drop(flags);

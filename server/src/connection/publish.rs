@@ -13,12 +13,9 @@ use leasemq::{DeliveryTag, Error, Message, PendingPutBatch, Queue, Settle};
 
 use super::channel::{broker_fault, exchange_fault};
 use super::{code, Connection, Fault};
-use crate::content;
+use crate::content::{self, MAX_ID_BYTES};
 use crate::exchange::Refusal;
 use crate::wire::{self, BASIC_CLASS};
-
-/// The longest message id the broker takes (contract §3 Limits).
-const MAX_ID_BYTES: usize = 1024;
 
 /// Why a publish is refused whose properties cannot be written back (a value over its
 /// wire limit once rewritten).

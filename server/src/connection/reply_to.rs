@@ -66,6 +66,7 @@ impl Connection {
             auto_delete: true,
             quorum: false,
             expires: None,
+            dead_letter: None,
         };
         (self.settings.declared.lock().expect("never poisoned")).insert(name.clone(), declared);
         self.queues.insert(name, queue.clone());

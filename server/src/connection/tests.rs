@@ -2256,3 +2256,64 @@ fn an_internal_exchange_takes_what_a_bound_exchange_routes_and_refuses_a_publish
     );
     assert_eq!(c.stats("behind").ready, 2);
 }
+
+#[test]
+fn a_queue_that_dead_letters_has_a_holding_queue_no_client_reaches() {
+    let mut c = Client::open();
+    let mut arguments = FieldTable::default();
+    arguments.insert(
+        "x-dead-letter-exchange".into(),
+        AMQPValue::LongString("amq.fanout".into()),
+    );
+    let declare = queue::Declare {
+        queue: "work".into(),
+        arguments,
+        ..queue::Declare::default()
+    };
+    c.feed(&[queue_method(queue::AMQPMethod::Declare(declare))]);
+    let holding = crate::dead_letter::holding_name("work");
+    let work = c.broker.queue("work").expect("declared");
+    assert_eq!(work.config().dead_letter.as_deref(), Some(holding.as_str()));
+    assert!(c.broker.queue(&holding).is_some());
+    // Not by name: a passive declare is a 404, a mandatory publish comes back.
+    let passive = queue::Declare {
+        queue: holding.as_str().into(),
+        passive: true,
+        ..queue::Declare::default()
+    };
+    let out = c.feed(&[queue_method(queue::AMQPMethod::Declare(passive))]);
+    assert_eq!(channel_close_code(&out), Some(404));
+    c.feed(&[
+        method(
+            1,
+            AMQPClass::Channel(channel::AMQPMethod::CloseOk(channel::CloseOk {})),
+        ),
+        method(
+            1,
+            AMQPClass::Channel(channel::AMQPMethod::Open(channel::Open {})),
+        ),
+    ]);
+    let mut frames = Client::publish_frames(&holding, BasicProperties::default(), b"x");
+    let AMQPFrame::Method(1, AMQPClass::Basic(basic::AMQPMethod::Publish(publish))) =
+        &mut frames[0]
+    else {
+        unreachable!("publish_frames starts with basic.publish");
+    };
+    publish.mandatory = true;
+    let out = c.feed(&frames);
+    assert!(
+        matches!(
+            &out[0],
+            AMQPFrame::Method(1, AMQPClass::Basic(basic::AMQPMethod::Return(_)))
+        ),
+        "{out:?}"
+    );
+    assert_eq!(c.stats(&holding).enqueued, 0);
+    // Deleted with its queue.
+    let delete = queue::Delete {
+        queue: "work".into(),
+        ..queue::Delete::default()
+    };
+    c.feed(&[queue_method(queue::AMQPMethod::Delete(delete))]);
+    assert!(c.broker.queue(&holding).is_none());
+}

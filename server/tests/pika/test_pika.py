@@ -1140,3 +1140,91 @@ def test_an_auto_delete_exchange_goes_when_its_last_destination_exchange_does():
         ch.exchange_declare(exchange=source, exchange_type="fanout", passive=True)
     assert err.value.reply_code == 404
     conn.close()
+
+
+def test_reject_dead_letters_through_a_named_exchange():
+    # RabbitMQ's dead-letter exchange: a dead letter is published to it, with the
+    # dead-letter routing key where the queue has one and with its own keys where not.
+    conn = connect()
+    ch = conn.channel()
+    suffix = uuid.uuid4().hex[:8]
+    dlx, fanout = f"dlx-{suffix}", f"dlx-all-{suffix}"
+    ch.exchange_declare(exchange=dlx, exchange_type="direct")
+    ch.exchange_declare(exchange=fanout, exchange_type="fanout")
+    failed, everything = fresh_queue(ch, "failed"), fresh_queue(ch, "everything")
+    ch.queue_bind(queue=failed, exchange=dlx, routing_key="failed")
+    ch.queue_bind(queue=everything, exchange=fanout)
+    keyed, keyless = f"keyed-{suffix}", f"keyless-{suffix}"
+    ch.queue_declare(queue=keyed, arguments={"x-dead-letter-exchange": dlx,
+                                             "x-dead-letter-routing-key": "failed"})
+    ch.queue_declare(queue=keyless, arguments={"x-dead-letter-exchange": fanout})
+    for queue in (keyed, keyless):
+        ch.basic_publish(exchange="", routing_key=queue, body=queue.encode(),
+                         properties=pika.BasicProperties(content_type="text/plain"))
+    method, _, _ = get_soon(conn, ch, keyed)
+    ch.basic_reject(method.delivery_tag, requeue=False)
+    method, _, _ = get_soon(conn, ch, keyless)
+    ch.basic_nack(method.delivery_tag, requeue=False)
+
+    method, props, body = get_soon(conn, ch, failed, auto_ack=True)
+    assert (body, props.content_type) == (keyed.encode(), "text/plain")
+    assert (method.exchange, method.routing_key) == (dlx, "failed")
+    (death,) = props.headers["x-death"]
+    assert (death["queue"], death["reason"], death["count"]) == (keyed, "rejected", 1)
+    assert (death["exchange"], death["routing-keys"]) == ("", [keyed])
+    assert props.headers["x-first-death-queue"] == keyed
+    assert props.headers["x-first-death-exchange"] == ""
+
+    method, props, body = get_soon(conn, ch, everything, auto_ack=True)
+    assert body == keyless.encode()
+    assert (method.exchange, method.routing_key) == (fanout, keyless), "its own key"
+    assert props.headers["x-death"][0]["queue"] == keyless
+    # A redeclare names the same dead-letter exchange and key, or is a 406.
+    for arguments in ({"x-dead-letter-exchange": fanout},
+                      {"x-dead-letter-exchange": dlx, "x-dead-letter-routing-key": "other"}):
+        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as err:
+            ch.queue_declare(queue=keyed, arguments=arguments)
+        assert err.value.reply_code == 406
+        ch = conn.channel()
+    ch.queue_declare(queue=keyed, arguments={"x-dead-letter-exchange": dlx,
+                                             "x-dead-letter-routing-key": "failed"})
+    for queue in (keyed, keyless, failed, everything):
+        ch.queue_delete(queue)
+    for exchange in (dlx, fanout):
+        ch.exchange_delete(exchange)
+    conn.close()
+
+
+def test_a_dead_letter_routed_nowhere_is_dropped_and_one_dead_again_counts_its_deaths():
+    conn = connect()
+    ch = conn.channel()
+    suffix = uuid.uuid4().hex[:8]
+    dlx = f"retry-{suffix}"
+    ch.exchange_declare(exchange=dlx, exchange_type="fanout")
+    work, retry = f"work-{suffix}", f"retry-{suffix}"
+    # Work dead-letters to retry, retry through the default exchange back to work: a
+    # retry loop, each death counted in the record of its queue and reason.
+    ch.queue_declare(queue=work, arguments={"x-dead-letter-exchange": dlx})
+    ch.queue_declare(queue=retry, arguments={"x-dead-letter-exchange": "",
+                                             "x-dead-letter-routing-key": work})
+    ch.basic_publish(exchange="", routing_key=work, body=b"nowhere")
+    method, _, _ = get_soon(conn, ch, work)
+    ch.basic_reject(method.delivery_tag, requeue=False)
+    ch.queue_bind(queue=retry, exchange=dlx)
+    ch.basic_publish(exchange="", routing_key=work, body=b"again")
+    for _ in range(2):
+        method, _, _ = get_soon(conn, ch, work)
+        ch.basic_reject(method.delivery_tag, requeue=False)
+        method, _, _ = get_soon(conn, ch, retry)
+        ch.basic_reject(method.delivery_tag, requeue=False)
+    method, props, body = get_soon(conn, ch, work, auto_ack=True)
+    assert body == b"again", "the first was routed nowhere and dropped"
+    deaths = {(d["queue"], d["reason"]): d["count"] for d in props.headers["x-death"]}
+    assert deaths == {(work, "rejected"): 2, (retry, "rejected"): 2}
+    assert props.headers["x-death"][0]["queue"] == retry, "the latest first"
+    assert props.headers["x-first-death-queue"] == work
+    assert ch.queue_declare(queue=retry, passive=True).method.message_count == 0
+    for queue in (work, retry):
+        ch.queue_delete(queue)
+    ch.exchange_delete(dlx)
+    conn.close()

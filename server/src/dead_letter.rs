@@ -1,0 +1,330 @@
+//! Dead-lettering through an exchange: RabbitMQ's `x-dead-letter-exchange`.
+//!
+//! The broker dead-letters a queue's messages to one queue (`QueueConfig::dead_letter`),
+//! fixed when the queue is declared; an exchange routes by bindings that change after (and
+//! a dead letter gains an `x-death` record each time it dies, which the broker's one
+//! [`leasemq::DeathRecord`] per message cannot keep). So a queue declared with a
+//! dead-letter exchange (the default one `""` too) gets a holding queue of its own,
+//! [`holding_name`] (`amq.dead-letters.<queue>`), as its dead-letter queue, and one task
+//! per holding queue ([`run`] starts them) takes each dead letter from it, adds its
+//! `x-death` record, routes it through the exchange with the dead-letter routing key (or
+//! its own keys) as a publish would be routed, puts a copy to each queue that reaches, and
+//! only then acks it. A crash in between puts it through again: dead letters go on at
+//! least once (RabbitMQ's classic queues dead-letter at most once). One the exchange
+//! routes nowhere, or that a queue refuses (full), is dropped and logged, as RabbitMQ
+//! drops it.
+//!
+//! Holding queues are the server's: no client reaches one by name (`Connection::queue`),
+//! and each is deleted with its queue. One is durable when its queue is, so that dead
+//! letters wait in it across a restart; they go on once the queue is declared again,
+//! since its declare says where to (as its other declared arguments come back then).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use leasemq::{Broker, ConsumerConfig, Delivery, Message, Queue};
+use tokio::task::JoinSet;
+
+use crate::{content, Settings};
+
+/// The start of every holding queue's name.
+pub const PREFIX: &str = "amq.dead-letters.";
+
+/// The longest name of a queue that dead-letters through an exchange: a queue name is at
+/// most 255 bytes (contract §3 Limits), its holding queue's too.
+pub const MAX_QUEUE_NAME_BYTES: usize = 255 - PREFIX.len();
+
+/// How many dead letters a holding queue's task holds leased at once.
+const PREFETCH: u32 = 64;
+
+/// The name of the holding queue of `queue`.
+pub fn holding_name(queue: &str) -> String {
+    format!("{PREFIX}{queue}")
+}
+
+/// Whether `name` is a holding queue's.
+pub fn is_holding(name: &str) -> bool {
+    name.starts_with(PREFIX)
+}
+
+/// Where a queue's dead letters go: `x-dead-letter-exchange`, and
+/// `x-dead-letter-routing-key` if the declare gave one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Route {
+    /// The exchange they are routed through.
+    pub exchange: String,
+    /// The routing key they are routed with; without one, their own.
+    pub routing_key: Option<String>,
+}
+
+/// The queues that dead-letter through an exchange, shared by every connection of a
+/// server.
+#[derive(Debug, Default)]
+pub struct DeadLetters {
+    state: Mutex<State>,
+    /// Wakes [`run`] when a task is to start.
+    wake: tokio::sync::Notify,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    /// By the name of the queue whose dead letters they are.
+    by_queue: HashMap<String, Entry>,
+    /// Queues whose task is to start, each with its holding queue.
+    starting: Vec<(String, Queue)>,
+}
+
+#[derive(Debug)]
+struct Entry {
+    holding: Queue,
+    route: Route,
+}
+
+impl DeadLetters {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // Nothing panics while holding the lock; take the state as it is if it did.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// `queue`, just declared, dead-letters through `route` by way of `holding`: its task
+    /// starts unless it runs.
+    pub fn forward(&self, queue: &str, holding: Queue, route: Route) {
+        let mut state = self.lock();
+        if let Some(entry) = state.by_queue.get_mut(queue) {
+            if !entry.holding.is_closed() {
+                entry.route = route;
+                return;
+            }
+        }
+        state.starting.push((queue.to_string(), holding.clone()));
+        state
+            .by_queue
+            .insert(queue.to_string(), Entry { holding, route });
+        drop(state);
+        self.wake.notify_one();
+    }
+
+    /// Where the dead letters of `queue` go now; `None` once it is forgotten.
+    fn route(&self, queue: &str) -> Option<Route> {
+        let state = self.lock();
+        let entry = state.by_queue.get(queue)?;
+        (!entry.holding.is_closed()).then(|| entry.route.clone())
+    }
+
+    /// `queue` was deleted: its holding queue goes too, and with it its task.
+    pub fn forget(&self, queue: &str) {
+        let mut state = self.lock();
+        state.starting.retain(|(name, _)| name != queue);
+        let entry = state.by_queue.remove(queue);
+        drop(state);
+        if let Some(entry) = entry {
+            entry.holding.close();
+        }
+    }
+}
+
+/// Runs a task for each queue that dead-letters through an exchange, for as long as the
+/// future runs (dropped, it stops them).
+pub async fn run(settings: Arc<Settings>, broker: Broker) {
+    let mut tasks = JoinSet::new();
+    loop {
+        let starting = std::mem::take(&mut settings.dead_letters.lock().starting);
+        for (queue, holding) in starting {
+            tasks.spawn(forward_all(
+                settings.clone(),
+                broker.clone(),
+                queue,
+                holding,
+            ));
+        }
+        // Finished tasks are let go as they end; a permit stored by a `notify_one` with no
+        // waiter wakes the next wait at once.
+        tokio::select! {
+            _ = settings.dead_letters.wake.notified() => {}
+            Some(_) = tasks.join_next(), if !tasks.is_empty() => {}
+        }
+    }
+}
+
+/// Takes the dead letters of `queue` from `holding` and sends each on, until the holding
+/// queue is closed.
+async fn forward_all(settings: Arc<Settings>, broker: Broker, queue: String, holding: Queue) {
+    let consumer = {
+        let holding = holding.clone();
+        let config = ConsumerConfig { prefetch: PREFETCH };
+        tokio::task::spawn_blocking(move || holding.consume("leasemqd-dead-letters", config)).await
+    };
+    let mut consumer = match consumer {
+        Ok(Ok(consumer)) => consumer,
+        Ok(Err(e)) => {
+            tracing::warn!(queue, error = %e, "dead letters cannot be taken from their holding queue");
+            return;
+        }
+        Err(e) => {
+            tracing::warn!(queue, error = %e, "dead-letter task failed to start");
+            return;
+        }
+    };
+    let mut queues = HashMap::new();
+    while let Some(delivery) = consumer.next().await {
+        let Some(route) = settings.dead_letters.route(&queue) else {
+            break;
+        };
+        send_on(&settings, &broker, &mut queues, &delivery, &route).await;
+        holding.ack_async(delivery.tag()).await;
+    }
+}
+
+/// Routes one dead letter through `route` and puts a copy to each queue it reaches (their
+/// handles kept in `queues`).
+async fn send_on(
+    settings: &Settings,
+    broker: &Broker,
+    queues: &mut HashMap<String, Queue>,
+    delivery: &Delivery,
+    route: &Route,
+) {
+    let envelope = delivery.envelope();
+    let exchange = route.exchange.as_str();
+    let Some(letter) = content::dead_letter(envelope, exchange, route.routing_key.as_deref())
+    else {
+        tracing::warn!(
+            exchange,
+            "a dead letter whose properties cannot be written again is dropped"
+        );
+        return;
+    };
+    let names = {
+        let keys: Vec<&str> = letter.keys.iter().map(String::as_str).collect();
+        let exchanges = settings.exchanges.lock().expect("never poisoned");
+        exchanges.route_keys(exchange, &keys, || content::stored_headers(&letter.body))
+    };
+    let Some(names) = names else {
+        tracing::debug!(
+            exchange,
+            "dead-letter exchange missing: a dead letter is dropped"
+        );
+        return;
+    };
+    for name in names {
+        // A holding queue takes only its own queue's dead letters.
+        if is_holding(&name) {
+            continue;
+        }
+        let cached = queues.get(&name).filter(|q| !q.is_closed()).cloned();
+        let Some(target) = cached.or_else(|| broker.queue(&name)) else {
+            continue;
+        };
+        queues.insert(name.clone(), target.clone());
+        let message = Message::new(letter.body.clone());
+        // As a publish's: `message-id` is the dedup id where the broker can take it.
+        let message = match &letter.message_id {
+            Some(id) if (1..=content::MAX_ID_BYTES).contains(&id.len()) => {
+                message.with_id(id.clone())
+            }
+            _ => message,
+        };
+        if let Err(e) = target.put_async(message).await {
+            tracing::warn!(queue = name, exchange, error = %e, "a dead letter was refused: dropped");
+        }
+    }
+    // Handles of queues deleted since are dropped once there are many.
+    if queues.len() > 64 {
+        queues.retain(|_, q| !q.is_closed());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use amq_protocol::protocol::BasicProperties;
+    use amq_protocol::types::AMQPValue;
+    use leasemq::{Consumer, QueueConfig};
+
+    use super::*;
+    use crate::exchange::Kind;
+
+    /// The next delivery of `consumer`, which must come within 10 s.
+    async fn next(consumer: &mut Consumer) -> Delivery {
+        let next = tokio::time::timeout(Duration::from_secs(10), consumer.next());
+        next.await.expect("a delivery within 10 s").expect("open")
+    }
+
+    /// Waits (up to 10 s) until `holding` has acked `n` dead letters in all.
+    async fn acked(holding: &Queue, n: u64) {
+        for _ in 0..10_000 {
+            if holding.stats().acked >= n {
+                assert_eq!(holding.stats().acked, n);
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        panic!("{n} dead letters were not sent on: {:?}", holding.stats());
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn dead_letters_go_on_through_the_exchange_and_the_holding_queue_goes_with_its_queue() {
+        let broker = Broker::builder().shards(1).build().unwrap();
+        let settings = Arc::new(Settings::default());
+        let failures = broker
+            .declare_queue("failures", QueueConfig::default())
+            .unwrap();
+        {
+            let mut exchanges = settings.exchanges.lock().unwrap();
+            exchanges
+                .declare("dlx", Kind::Direct, false, false)
+                .unwrap();
+            exchanges.bind("dlx", "failed", "failures", false).unwrap();
+        }
+        let holding =
+            (broker.declare_queue(&holding_name("orders"), QueueConfig::default())).unwrap();
+        let config = QueueConfig {
+            dead_letter: Some(holding_name("orders")),
+            ..QueueConfig::default()
+        };
+        let orders = broker.declare_queue("orders", config).unwrap();
+        let route = Route {
+            exchange: "dlx".into(),
+            routing_key: Some("failed".into()),
+        };
+        (settings.dead_letters).forward("orders", holding.clone(), route.clone());
+        let task = tokio::spawn(run(settings.clone(), broker.clone()));
+
+        let body = content::encode(&BasicProperties::default(), b"bad").unwrap();
+        orders.put(Message::new(body)).unwrap();
+        let mut worker = orders.consume("worker", ConsumerConfig::default()).unwrap();
+        assert!(next(&mut worker).await.reject());
+        let mut reader = failures
+            .consume("reader", ConsumerConfig::default())
+            .unwrap();
+        let got = next(&mut reader).await;
+        let out = content::delivered(got.envelope(), "failures");
+        assert_eq!(&out.payload[..], b"bad");
+        assert_eq!(
+            (out.exchange.as_str(), out.routing_key.as_str()),
+            ("dlx", "failed")
+        );
+        let headers = out.properties.headers().clone().unwrap();
+        let queue = AMQPValue::LongString("orders".into());
+        assert_eq!(headers.inner().get("x-first-death-queue"), Some(&queue));
+        acked(&holding, 1).await;
+
+        // Routed nowhere (the binding went): dropped, and taken from the holding queue.
+        (settings.exchanges.lock().unwrap())
+            .unbind("dlx", "failed", "failures")
+            .unwrap();
+        orders.put(Message::new(&b"lost"[..])).unwrap();
+        assert!(next(&mut worker).await.reject());
+        acked(&holding, 2).await;
+        assert_eq!(failures.stats().enqueued, 1);
+
+        // A redeclare changes nothing; the queue's deletion takes its holding queue.
+        (settings.dead_letters).forward("orders", holding.clone(), route);
+        assert!(orders.close());
+        settings.dead_letters.forget("orders");
+        assert!(holding.is_closed());
+        assert_eq!(settings.dead_letters.route("orders"), None);
+        task.abort();
+    }
+}
