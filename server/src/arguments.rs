@@ -9,8 +9,10 @@
 //! `reject-publish` (a publish to a full queue is refused: nacked under confirms);
 //! `x-queue-type` `classic` or `quorum` (one kind of queue here; a quorum queue must be
 //! durable, as in RabbitMQ); `x-expires` (milliseconds a queue may go unused before it is
-//! deleted: not part of the config, read by [`expires`] for `expiry.rs`). `x-message-ttl`
-//! is a 406 that says messages do not expire here. Anything else is refused, never ignored: an argument or value RabbitMQ serves
+//! deleted: not part of the config, read by [`expires`] for `expiry.rs`); `x-message-ttl`
+//! (milliseconds a message may wait before it expires: not part of the config either, read
+//! by [`message_ttl`]; with `x-dead-letter-exchange` a 406, as expired messages are dropped
+//! and not dead-lettered here). Anything else is refused, never ignored: an argument or value RabbitMQ serves
 //! with 540 (not implemented, the connection closes), a value RabbitMQ does not know
 //! either with 406 (the channel closes), as RabbitMQ would.
 
@@ -85,10 +87,7 @@ pub fn queue_config(
                 expires_value(value)?;
             }
             "x-message-ttl" => {
-                return Err(refused(
-                    406,
-                    "PRECONDITION_FAILED - x-message-ttl is not supported: messages do not expire in leasemqd (leases do: x-consumer-timeout)".into(),
-                ))
+                message_ttl_value(value)?;
             }
             other => {
                 let text = format!("queue argument '{other}' is not supported by leasemqd yet");
@@ -118,6 +117,12 @@ pub fn queue_config(
             ))
         }
     }
+    if dead_letter_exchange.is_some() && args.contains_key("x-message-ttl") {
+        return Err(refused(
+            406,
+            "PRECONDITION_FAILED - x-message-ttl with x-dead-letter-exchange is not supported: leasemqd drops an expired message when a consumer or basic.get reaches it, and does not dead-letter it".into(),
+        ));
+    }
     // The declare makes the queue's holding queue its dead-letter queue.
     match (dead_letter_exchange, dead_letter_key) {
         (None, Some(_)) => Err(refused(
@@ -141,6 +146,37 @@ pub fn dead_letter_route(arguments: &FieldTable) -> Option<Route> {
         exchange: text("x-dead-letter-exchange")?,
         routing_key: text("x-dead-letter-routing-key"),
     })
+}
+
+/// The declare's `x-message-ttl`, in milliseconds: how long a message may wait in the
+/// queue before it expires (a consumer or `basic.get` that reaches it then drops it).
+/// `None` without one.
+///
+/// # Errors
+///
+/// RabbitMQ's 406 for a value that is not a non-negative integer, or is too large.
+pub fn message_ttl(arguments: &FieldTable) -> Result<Option<u64>, Refused> {
+    let value = arguments.inner().get("x-message-ttl");
+    value.map(message_ttl_value).transpose()
+}
+
+/// The longest `x-message-ttl` taken, in milliseconds: far past any deployment.
+const MAX_MESSAGE_TTL: i128 = 1 << 48;
+
+fn message_ttl_value(value: &AMQPValue) -> Result<u64, Refused> {
+    let invalid = |why: String| {
+        refused(
+            406,
+            format!("PRECONDITION_FAILED - invalid arg 'x-message-ttl': {why}"),
+        )
+    };
+    let n = signed(value)
+        .ok_or_else(|| invalid(format!("\"expected integer, got {}\"", type_name(value))))?;
+    match n {
+        n if n < 0 => Err(invalid(format!("{{value_negative,{n}}}"))),
+        n if n > MAX_MESSAGE_TTL => Err(invalid(format!("{{value_too_large,{n}}}"))),
+        n => Ok(u64::try_from(n).expect("checked above")),
+    }
 }
 
 /// The declare's `x-expires`, in milliseconds: how long the queue may go unused before it
@@ -398,10 +434,40 @@ mod tests {
     }
 
     #[test]
-    fn message_ttl_is_a_406_that_says_why() {
-        let table = args(&[("x-message-ttl", AMQPValue::LongInt(60_000))]);
-        let refused = queue_config(&table, QueueConfig::default()).unwrap_err();
+    fn message_ttl_is_checked_as_rabbitmq_checks_it_and_not_served_with_dead_lettering() {
+        let ttl = |value: AMQPValue| args(&[("x-message-ttl", value)]);
+        for ok in [AMQPValue::LongInt(60_000), AMQPValue::ShortShortUInt(0)] {
+            assert!(queue_config(&ttl(ok.clone()), QueueConfig::default()).is_ok());
+        }
+        assert_eq!(
+            message_ttl(&ttl(AMQPValue::LongInt(60_000))),
+            Ok(Some(60_000))
+        );
+        assert_eq!(message_ttl(&FieldTable::default()), Ok(None));
+        for (bad, why) in [
+            (AMQPValue::LongInt(-1), "{value_negative,-1}"),
+            (AMQPValue::LongLongInt(1 << 60), "value_too_large"),
+            (
+                AMQPValue::LongString("soon".into()),
+                "expected integer, got longstr",
+            ),
+        ] {
+            let refused = message_ttl(&ttl(bad.clone())).unwrap_err();
+            assert_eq!(refused.code, 406);
+            assert!(refused.text.contains(why), "{}", refused.text);
+            assert_eq!(refusal_code(&ttl(bad)), 406, "the declare refuses it too");
+        }
+        let mut with_dlx = ttl(AMQPValue::LongInt(1_000));
+        with_dlx.insert(
+            "x-dead-letter-exchange".into(),
+            AMQPValue::LongString("".into()),
+        );
+        let refused = queue_config(&with_dlx, QueueConfig::default()).unwrap_err();
         assert_eq!(refused.code, 406);
-        assert!(refused.text.contains("do not expire"));
+        assert!(
+            refused.text.contains("does not dead-letter"),
+            "{}",
+            refused.text
+        );
     }
 }

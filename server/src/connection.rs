@@ -25,6 +25,7 @@ mod reply_to;
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
 use std::pin::pin;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -92,6 +93,11 @@ pub struct Settings {
     pub expiring: Arc<Expiring>,
     /// The queues that dead-letter through an exchange (`dead_letter.rs`).
     pub dead_letters: Arc<DeadLetters>,
+    /// When messages arrive and expire (message TTL).
+    pub clock: WallClock,
+    /// Set once a queue was declared with `x-message-ttl`: from then on every publish is
+    /// stamped with its arrival (before it is routed), not only one with an `expiration`.
+    pub message_ttl_used: Arc<AtomicBool>,
     /// What the connections count for `--metrics`.
     pub metrics: Arc<Metrics>,
     /// Set to `true` when the server shuts down: every connection is then closed with
@@ -117,6 +123,8 @@ impl Default for Settings {
             exchanges: Arc::default(),
             expiring: Arc::default(),
             dead_letters: Arc::default(),
+            clock: WallClock::default(),
+            message_ttl_used: Arc::default(),
             metrics: Arc::default(),
             shutdown: Arc::new(tokio::sync::watch::Sender::new(false)),
         }
@@ -157,6 +165,48 @@ impl Settings {
     }
 }
 
+/// The wall clock, in milliseconds since the Unix epoch: when messages arrive, and when
+/// they expire (message TTL). Tests use one they move by hand ([`WallClock::manual`]).
+#[derive(Clone)]
+pub struct WallClock(Arc<dyn Fn() -> u64 + Send + Sync>);
+
+impl WallClock {
+    /// The system's clock.
+    pub fn system() -> WallClock {
+        WallClock(Arc::new(|| {
+            let since = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
+            since.map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+        }))
+    }
+
+    /// A clock that reads what the returned cell holds, starting at `start`.
+    pub fn manual(start: u64) -> (WallClock, Arc<AtomicU64>) {
+        let now = Arc::new(AtomicU64::new(start));
+        let read = Arc::clone(&now);
+        (
+            WallClock(Arc::new(move || read.load(Ordering::Relaxed))),
+            now,
+        )
+    }
+
+    /// Now, in milliseconds since the Unix epoch.
+    pub fn now_ms(&self) -> u64 {
+        (self.0)()
+    }
+}
+
+impl Default for WallClock {
+    fn default() -> WallClock {
+        WallClock::system()
+    }
+}
+
+impl std::fmt::Debug for WallClock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "WallClock({} ms)", self.now_ms())
+    }
+}
+
 /// What a `queue.declare` said of a queue beyond its config: a later declare of the same
 /// queue must say the same, or RabbitMQ refuses it as inequivalent (`durable` counts even
 /// where every queue is in memory, so that what runs here runs against RabbitMQ).
@@ -171,6 +221,8 @@ pub struct Declared {
     pub expires: Option<u32>,
     /// `x-dead-letter-exchange` and `x-dead-letter-routing-key`.
     pub dead_letter: Option<dead_letter::Route>,
+    /// `x-message-ttl`, in milliseconds.
+    pub message_ttl: Option<u64>,
 }
 
 impl Declared {
@@ -204,6 +256,19 @@ impl Declared {
                 differs("x-expires", ours.to_string(), theirs.to_string())
             }
             (ours, theirs) if ours != theirs => Some(("x-expires", expires(other), expires(self))),
+            _ => None,
+        })
+        .or_else(|| match (self.message_ttl, other.message_ttl) {
+            (Some(ours), Some(theirs)) => {
+                differs("x-message-ttl", ours.to_string(), theirs.to_string())
+            }
+            (ours, theirs) if ours != theirs => {
+                let word = |ttl: Option<u64>| match ttl {
+                    Some(ms) => format!("the value '{ms}' of type 'signedint'"),
+                    None => "none".into(),
+                };
+                Some(("x-message-ttl", word(theirs), word(ours)))
+            }
             _ => None,
         })
         .or_else(|| {
@@ -320,6 +385,8 @@ pub(crate) fn method_name(m: &AMQPClass) -> String {
 /// One consumer of this connection: the broker's consumer and what AMQP calls it.
 struct Subscription {
     channel: u16,
+    /// Its queue's `x-message-ttl`, in milliseconds, as declared when it started.
+    message_ttl: Option<u64>,
     /// The connection's number for it, unique on the connection.
     number: u64,
     tag: ShortString,
@@ -718,6 +785,14 @@ impl Connection {
             refuse(text);
             None
         });
+        // A message that may expire is stamped with its arrival: one with an `expiration`
+        // (which must be a number of milliseconds, as RabbitMQ reads it), and once a queue
+        // has a message TTL, every one.
+        let expiration = properties.expiration().as_ref();
+        if let Some(Err(text)) = expiration.map(|e| content::parse_expiration(e.as_str())) {
+            refuse(text);
+        }
+        let stamp = expiration.is_some() || self.settings.message_ttl_used.load(Ordering::Relaxed);
         let bcc = routes.as_ref().is_some_and(|r| r.bcc);
         // Stored with other properties than it came with: a direct reply-to's name, or
         // its `BCC` header taken out (recipients a consumer must not see).
@@ -745,7 +820,7 @@ impl Connection {
             None => header,
         };
         let cc = routes.map(|r| r.keys).unwrap_or_default();
-        if let Err(fault) = self.handle_header(header, id, cc, refused) {
+        if let Err(fault) = self.handle_header(header, id, cc, stamp, refused) {
             self.fail(fault);
         }
         Ok(())

@@ -15,6 +15,11 @@
 //! through the default exchange to more queues than its key names (`CC`, `BCC`), which
 //! its deliveries report as RabbitMQ's do.
 //!
+//! A message that may expire (message TTL: its own `expiration`, or a queue's
+//! `x-message-ttl`) is stamped with when it arrived: the format byte has [`TIMED`] set and
+//! the arrival, in milliseconds since the Unix epoch (u64 big-endian), follows it, before
+//! the properties' length ([`stamp`]).
+//!
 //! where the properties are in the content header's own encoding, as the publish's header
 //! carried them (checked by `amq-protocol`'s `parse_properties`, with the two low flag bits,
 //! which announce nothing, cleared), so that a delivery copies them out as they are; a
@@ -26,7 +31,7 @@
 use amq_protocol::frame::WriteContext;
 use amq_protocol::protocol::basic::{gen_properties, parse_properties};
 use amq_protocol::protocol::BasicProperties;
-use amq_protocol::types::{AMQPValue, FieldTable, LongString};
+use amq_protocol::types::{AMQPValue, FieldTable, LongString, ShortString};
 use bytes::Bytes;
 use leasemq::{DeathReason, DeathRecord, Envelope};
 
@@ -36,6 +41,10 @@ pub const MAX_ID_BYTES: usize = 1024;
 
 const FORMAT: u8 = 1;
 const FORMAT_ROUTED: u8 = 2;
+/// Set in the format byte of a body stamped with its arrival.
+pub const TIMED: u8 = 0x80;
+/// The bytes of an arrival stamp.
+const STAMP: usize = 8;
 const PREFIX: usize = 5;
 /// Room reserved for properties before they are written: enough for a few short ones;
 /// more grows the buffer.
@@ -201,8 +210,121 @@ pub fn stored_properties(stored: &[u8]) -> &[u8] {
     split(stored).map_or(&[], |parts| parts.properties)
 }
 
+/// Stamps a body made by [`stored_start`] (whose payload may follow already) with its
+/// arrival, `at` milliseconds since the Unix epoch; a body stamped before keeps its stamp.
+pub fn stamp(stored: &mut Vec<u8>, at: u64) {
+    if stored.first().is_some_and(|format| format & TIMED == 0) {
+        stored[0] |= TIMED;
+        stored.splice(1..1, at.to_be_bytes());
+    }
+}
+
+/// When the message in `body` arrived, in milliseconds since the Unix epoch, if it was
+/// stamped ([`stamp`]).
+pub fn arrival(body: &[u8]) -> Option<u64> {
+    split(body)?.arrival
+}
+
+/// When the message in `body` expires, in milliseconds since the Unix epoch: its arrival
+/// plus the shorter of `queue_ttl` (the queue's `x-message-ttl`) and its own `expiration`.
+/// `None` for a message that does not expire: one not stamped, or with neither (a dead
+/// letter's `expiration` was taken out when it died, as RabbitMQ takes it out). `seen`
+/// parses its properties.
+pub fn expires_at(body: &[u8], queue_ttl: Option<u64>, seen: &mut PropertiesSeen) -> Option<u64> {
+    // The common case, a message not stamped, is told by its first byte.
+    if body.first().is_none_or(|format| format & TIMED == 0) {
+        return None;
+    }
+    let parts = split(body)?;
+    let arrival = parts.arrival?;
+    let own = (seen.check(parts.properties))
+        .and_then(|p| p.expiration().as_ref().map(|e| e.as_str().to_string()))
+        .and_then(|e| parse_expiration(&e).ok());
+    let ttl = match (queue_ttl, own) {
+        (Some(a), Some(b)) => a.min(b),
+        (a, b) => a.or(b)?,
+    };
+    Some(arrival.saturating_add(ttl))
+}
+
+/// A publish's `expiration` property: milliseconds, as RabbitMQ reads it.
+///
+/// # Errors
+///
+/// RabbitMQ's 406 text for one that is not a non-negative integer.
+pub fn parse_expiration(expiration: &str) -> Result<u64, String> {
+    let invalid =
+        |why: &str| format!("PRECONDITION_FAILED - invalid expiration '{expiration}': {why}");
+    let (negative, rest) = match expiration.as_bytes().first() {
+        Some(b'-') => (true, &expiration[1..]),
+        Some(b'+') => (false, &expiration[1..]),
+        _ => (false, expiration),
+    };
+    let digits = rest.bytes().take_while(u8::is_ascii_digit).count();
+    if digits == 0 {
+        return Err(invalid("no_integer"));
+    }
+    if digits < rest.len() {
+        return Err(invalid(&format!(
+            "{{leftover_string,\"{}\"}}",
+            &rest[digits..]
+        )));
+    }
+    let value =
+        (rest.parse::<u64>()).map_err(|_| invalid(&format!("{{value_too_large,{rest}}}")))?;
+    if negative && value != 0 {
+        return Err(invalid(&format!("{{value_negative,{expiration}}}")));
+    }
+    Ok(value)
+}
+
+/// `properties`, whose latest `x-death` record gains `original-expiration`.
+fn with_original_expiration(
+    properties: BasicProperties,
+    expiration: ShortString,
+) -> BasicProperties {
+    let mut headers = properties.headers().clone().unwrap_or_default();
+    if let Some(AMQPValue::FieldArray(deaths)) = headers.inner().get("x-death") {
+        let mut deaths = deaths.as_slice().to_vec();
+        if let Some(AMQPValue::FieldTable(latest)) = deaths.first_mut() {
+            let value = AMQPValue::LongString(expiration.as_str().into());
+            latest.insert("original-expiration".into(), value);
+        }
+        headers.insert("x-death".into(), AMQPValue::FieldArray(deaths.into()));
+    }
+    properties.with_headers(headers)
+}
+
+/// `properties` without their `expiration`.
+fn without_expiration(p: BasicProperties) -> BasicProperties {
+    let mut kept = BasicProperties::default();
+    macro_rules! keep {
+        ($($get:ident => $set:ident),* $(,)?) => {
+            $(if let Some(value) = p.$get().clone() { kept = kept.$set(value); })*
+        };
+    }
+    keep!(
+        content_type => with_content_type,
+        content_encoding => with_content_encoding,
+        headers => with_headers,
+        delivery_mode => with_delivery_mode,
+        priority => with_priority,
+        correlation_id => with_correlation_id,
+        reply_to => with_reply_to,
+        message_id => with_message_id,
+        timestamp => with_timestamp,
+        kind => with_type,
+        user_id => with_user_id,
+        app_id => with_app_id,
+        cluster_id => with_cluster_id,
+    );
+    kept
+}
+
 /// The parts of a body in the stored layout, its properties still encoded.
 struct Parts<'a> {
+    /// When it arrived, if it was stamped.
+    arrival: Option<u64>,
     properties: &'a [u8],
     /// The exchange and routing key of a publish not through the default exchange.
     route: Option<(&'a str, &'a str)>,
@@ -214,14 +336,19 @@ struct Parts<'a> {
 /// Rust API): too short, another first byte, a length past the end, or names that are not
 /// UTF-8. The properties are not checked here.
 fn split(body: &[u8]) -> Option<Parts<'_>> {
-    if body.len() < PREFIX || !matches!(body[0], FORMAT | FORMAT_ROUTED) {
+    let format = *body.first()?;
+    let (format, timed) = (format & !TIMED, format & TIMED != 0);
+    let at = if timed { 1 + STAMP } else { 1 };
+    if body.len() < at + 4 || !matches!(format, FORMAT | FORMAT_ROUTED) {
         return None;
     }
-    let len = u32::from_be_bytes([body[1], body[2], body[3], body[4]]) as usize;
-    let mut end = PREFIX.checked_add(len).filter(|&end| end <= body.len())?;
-    let properties = &body[PREFIX..end];
+    let arrival = timed.then(|| u64::from_be_bytes(body[1..at].try_into().expect("8 bytes")));
+    let len = u32::from_be_bytes(body[at..at + 4].try_into().expect("4 bytes")) as usize;
+    let start = at + 4;
+    let mut end = start.checked_add(len).filter(|&end| end <= body.len())?;
+    let properties = &body[start..end];
     let mut route = None;
-    if body[0] == FORMAT_ROUTED {
+    if format == FORMAT_ROUTED {
         let mut name = || {
             let len = usize::from(*body.get(end)?);
             let text = body.get(end + 1..end + 1 + len)?;
@@ -231,6 +358,7 @@ fn split(body: &[u8]) -> Option<Parts<'_>> {
         route = Some((name()?, name()?));
     }
     Some(Parts {
+        arrival,
         properties,
         route,
         payload_start: end,
@@ -462,12 +590,16 @@ pub struct DeadLetter {
 }
 
 /// `envelope`, a message that died in `queue`, on its way to `exchange` with `routing_key`
-/// (`x-dead-letter-routing-key`; without one, it keeps its own keys, `CC` ones too).
-/// `None` if its properties cannot be written back (a value over its wire limit).
+/// (`x-dead-letter-routing-key`; without one, it keeps its own keys, `CC` ones too),
+/// stamped as arriving `now` (milliseconds since the Unix epoch: a dead-letter queue's
+/// message TTL counts from then). As RabbitMQ, its `expiration` is taken out and kept as
+/// the `original-expiration` of its `x-death` record. `None` if its properties cannot be
+/// written back (a value over its wire limit).
 pub fn dead_letter(
     envelope: &Envelope,
     exchange: &str,
     routing_key: Option<&str>,
+    now: u64,
 ) -> Option<DeadLetter> {
     let stored = decode_stored(&envelope.body).unwrap_or_else(|| Stored {
         properties: BasicProperties::default(),
@@ -477,10 +609,12 @@ pub fn dead_letter(
     let (properties, keys) = match &envelope.death {
         Some(death) => {
             let (died_from, keys) = original_route(&stored, death);
-            (
-                with_death(stored.properties, death, &died_from, &keys),
-                keys,
-            )
+            let expiration = stored.properties.expiration().clone();
+            let mut properties = with_death(stored.properties, death, &died_from, &keys);
+            if let Some(expiration) = expiration {
+                properties = with_original_expiration(without_expiration(properties), expiration);
+            }
+            (properties, keys)
         }
         // Put there other than by dying: routed with the key it came with.
         None => {
@@ -499,6 +633,7 @@ pub fn dead_letter(
     let message_id = (properties.message_id().as_ref()).map(|id| id.to_string());
     let encoded = encode_properties(&properties)?;
     let mut body = stored_start_keeping_key(&encoded, exchange, &keys[0], stored.payload.len())?;
+    stamp(&mut body, now);
     body.extend_from_slice(&stored.payload);
     Some(DeadLetter {
         body: Bytes::from(body),
@@ -648,6 +783,8 @@ mod tests {
         headers.insert("CC".into(), AMQPValue::FieldArray(cc));
         let properties = BasicProperties::default()
             .with_message_id("m-7".into())
+            .with_expiration("60000".into())
+            .with_content_type("text/plain".into())
             .with_headers(headers);
         let death = DeathRecord {
             queue: "orders".into(),
@@ -661,8 +798,13 @@ mod tests {
             death: Some(death.clone()),
         };
         // With a dead-letter routing key: routed with it alone.
-        let letter = dead_letter(&envelope, "dlx", Some("failed")).unwrap();
+        let letter = dead_letter(&envelope, "dlx", Some("failed"), 5_000).unwrap();
         assert_eq!(letter.keys, ["failed"]);
+        assert_eq!(
+            arrival(&letter.body),
+            Some(5_000),
+            "its TTL counts from now"
+        );
         assert_eq!(letter.message_id.as_deref(), Some("m-7"));
         let forwarded = Envelope {
             body: letter.body.clone(),
@@ -684,12 +826,26 @@ mod tests {
         assert_eq!(record.inner().get("exchange"), Some(&text("shop")));
         assert_eq!(record.inner().get("routing-keys"), Some(&keys));
         assert_eq!(record.inner().get("reason"), Some(&text("rejected")));
+        // As RabbitMQ: its own expiration is taken out, kept in the record; the rest stays.
+        assert_eq!(
+            record.inner().get("original-expiration"),
+            Some(&text("60000"))
+        );
+        assert_eq!(d.properties.expiration(), &None);
+        assert_eq!(
+            d.properties.content_type().as_ref().map(|t| t.as_str()),
+            Some("text/plain")
+        );
+        assert_eq!(
+            d.properties.message_id().as_ref().map(|t| t.as_str()),
+            Some("m-7")
+        );
         assert_eq!(
             headers_of(&d.properties).get("x-first-death-exchange"),
             Some(&text("shop"))
         );
         // Without one: its own keys, CC too.
-        let letter = dead_letter(&envelope, "dlx", None).unwrap();
+        let letter = dead_letter(&envelope, "dlx", None, 5_000).unwrap();
         assert_eq!(letter.keys, ["order.paid", "audit"]);
         // Dead again in the same queue for the same reason: that record counts two, and
         // comes first; the first death's headers stay.
@@ -698,7 +854,7 @@ mod tests {
             death: Some(death),
             ..envelope.clone()
         };
-        let twice = dead_letter(&again, "dlx", None).unwrap();
+        let twice = dead_letter(&again, "dlx", None, 6_000).unwrap();
         let d = delivered(
             &Envelope {
                 body: twice.body,
@@ -733,6 +889,60 @@ mod tests {
             headers_of(&d.properties).get("x-first-death-queue"),
             Some(&text("orders"))
         );
+    }
+
+    #[test]
+    fn a_stamped_body_keeps_its_arrival_and_expires_by_the_shorter_ttl() {
+        let properties = BasicProperties::default().with_expiration("250".into());
+        let mut body = encode_routed(&properties, "shop", "paid", b"pay")
+            .unwrap()
+            .to_vec();
+        let unstamped = body.clone();
+        stamp(&mut body, 1_000);
+        stamp(&mut body, 9_999);
+        assert_eq!(arrival(&body), Some(1_000), "stamped once");
+        assert_eq!(arrival(&unstamped), None);
+        let envelope = Envelope {
+            id: "m".into(),
+            body: Bytes::from(body.clone()),
+            attempt: 1,
+            death: None,
+        };
+        let d = delivered(&envelope, "q");
+        assert_eq!((&d.payload[..], d.exchange.as_str()), (&b"pay"[..], "shop"));
+        let mut seen = PropertiesSeen::default();
+        let encoded = delivered_encoded(&envelope, "q", &mut seen).unwrap();
+        assert_eq!(encoded.payload, b"pay");
+        assert_eq!(expires_at(&body, None, &mut seen), Some(1_250));
+        assert_eq!(expires_at(&body, Some(100), &mut seen), Some(1_100));
+        assert_eq!(expires_at(&body, Some(1_000), &mut seen), Some(1_250));
+        assert_eq!(expires_at(&unstamped, Some(100), &mut seen), None);
+        let plain = encode(&BasicProperties::default(), b"x").unwrap().to_vec();
+        let mut stamped = plain.clone();
+        stamp(&mut stamped, 7);
+        assert_eq!(expires_at(&stamped, None, &mut seen), None, "no TTL at all");
+        assert_eq!(expires_at(&stamped, Some(0), &mut seen), Some(7));
+    }
+
+    #[test]
+    fn an_expiration_is_read_as_rabbitmq_reads_it() {
+        assert_eq!(parse_expiration("60000"), Ok(60_000));
+        assert_eq!(parse_expiration("+5"), Ok(5));
+        assert_eq!(parse_expiration("-0"), Ok(0));
+        for (bad, why) in [
+            ("abc", "no_integer"),
+            ("", "no_integer"),
+            (" 5", "no_integer"),
+            ("-5", "{value_negative,-5}"),
+            ("1.5", "{leftover_string,\".5\"}"),
+            ("99999999999999999999", "value_too_large"),
+        ] {
+            let text = parse_expiration(bad).unwrap_err();
+            assert!(
+                text.contains(why) && text.starts_with("PRECONDITION_FAILED"),
+                "{text}"
+            );
+        }
     }
 
     #[test]

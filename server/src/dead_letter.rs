@@ -186,8 +186,10 @@ async fn send_on(
 ) {
     let envelope = delivery.envelope();
     let exchange = route.exchange.as_str();
-    let Some(letter) = content::dead_letter(envelope, exchange, route.routing_key.as_deref())
+    let now = settings.clock.now_ms();
+    let Some(letter) = content::dead_letter(envelope, exchange, route.routing_key.as_deref(), now)
     else {
+        settings.metrics.dead_letters_dropped.inc();
         tracing::warn!(
             exchange,
             "a dead letter whose properties cannot be written again is dropped"
@@ -199,11 +201,9 @@ async fn send_on(
         let exchanges = settings.exchanges.lock().expect("never poisoned");
         exchanges.route_keys(exchange, &keys, || content::stored_headers(&letter.body))
     };
-    let Some(names) = names else {
-        tracing::debug!(
-            exchange,
-            "dead-letter exchange missing: a dead letter is dropped"
-        );
+    let Some(names) = names.filter(|names| !names.is_empty()) else {
+        settings.metrics.dead_letters_dropped.inc();
+        tracing::debug!(exchange, "a dead letter routed nowhere is dropped");
         return;
     };
     for name in names {
@@ -225,6 +225,7 @@ async fn send_on(
             _ => message,
         };
         if let Err(e) = target.put_async(message).await {
+            settings.metrics.dead_letters_dropped.inc();
             tracing::warn!(queue = name, exchange, error = %e, "a dead letter was refused: dropped");
         }
     }

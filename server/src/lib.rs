@@ -28,4 +28,4 @@ pub mod metrics;
 pub mod serve;
 pub mod wire;
 
-pub use connection::{Connection, QueueConsumers, Settings};
+pub use connection::{Connection, QueueConsumers, Settings, WallClock};

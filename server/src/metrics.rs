@@ -37,6 +37,11 @@ pub struct Metrics {
     pub incoming_bytes: Counter,
     /// Bytes written to clients.
     pub outgoing_bytes: Counter,
+    /// Messages dropped as a consumer or `basic.get` reached them, their TTL run out.
+    pub ttl_expired: Counter,
+    /// Dead letters dropped: their dead-letter exchange routed them nowhere, or a queue
+    /// refused them (full).
+    pub dead_letters_dropped: Counter,
 }
 
 impl Metrics {
@@ -68,6 +73,16 @@ impl Metrics {
             "connection_outgoing_bytes",
             "Bytes written to AMQP clients",
             self.outgoing_bytes.clone(),
+        );
+        registry.register(
+            "ttl_expired_messages",
+            "Messages dropped at delivery because their TTL ran out",
+            self.ttl_expired.clone(),
+        );
+        registry.register(
+            "dead_letters_dropped",
+            "Dead letters routed nowhere or refused by a full queue",
+            self.dead_letters_dropped.clone(),
         );
         registry.register_collector(Box::new(Queues { broker }));
         registry

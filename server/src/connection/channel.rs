@@ -368,6 +368,10 @@ impl Connection {
                 Ok(expires) => expires,
                 Err(refused) => return Err(Fault::channel(ch, refused.code, refused.text, &m)),
             };
+            let message_ttl = match arguments::message_ttl(&declare.arguments) {
+                Ok(ttl) => ttl,
+                Err(refused) => return Err(Fault::channel(ch, refused.code, refused.text, &m)),
+            };
             let declared = Declared {
                 durable: declare.durable && !declare.exclusive,
                 exclusive: declare.exclusive,
@@ -375,6 +379,7 @@ impl Connection {
                 quorum,
                 expires,
                 dead_letter: arguments::dead_letter_route(&declare.arguments),
+                message_ttl,
             };
             if existed {
                 self.check_equivalent(ch, name, &declared, &m)?;
@@ -444,6 +449,10 @@ impl Connection {
                 flags.insert(name.to_string(), declared);
             }
             drop(flags);
+            if message_ttl.is_some() {
+                // Every publish is stamped with its arrival from now on.
+                (self.settings.message_ttl_used).store(true, std::sync::atomic::Ordering::Relaxed);
+            }
             if let Some(ms) = expires {
                 // Set anew: a redeclare is a use.
                 (self.settings.expiring).set(&q, Duration::from_millis(ms.into()));
@@ -658,6 +667,7 @@ impl Connection {
         }
         self.subscriptions.push(Subscription {
             channel: ch,
+            message_ttl: self.message_ttl(queue.name()),
             number,
             tag,
             queue,
@@ -745,7 +755,25 @@ impl Connection {
             .consume(&name, ConsumerConfig { prefetch: 1 })
             .map_err(|e| broker_fault(ch, &e, &m))?;
         // The consume call is a barrier: a message that was ready is in the channel now.
-        let Ok(Some(delivery)) = consumer.try_recv() else {
+        // An expired one is dropped, and its ack (also a barrier) lets the next in.
+        let ttl = self.message_ttl(queue.name());
+        let mut dropped = 0;
+        let delivery = loop {
+            let Ok(Some(delivery)) = consumer.try_recv() else {
+                break None;
+            };
+            if !self.expired(ttl, delivery.envelope()) {
+                break Some(delivery);
+            }
+            delivery.ack();
+            self.settings.metrics.ttl_expired.inc();
+            dropped += 1;
+            // A long run of expired messages is dropped over several gets.
+            if dropped == GET_DROPS_AT_MOST {
+                break None;
+            }
+        };
+        let Some(delivery) = delivery else {
             consumer.cancel();
             let empty = basic::AMQPMethod::GetEmpty(basic::GetEmpty {});
             self.send(ch, AMQPClass::Basic(empty));
@@ -1129,11 +1157,19 @@ impl Connection {
     pub(super) fn deliver(&mut self, index: usize, delivery: Delivery) {
         let sub = &self.subscriptions[index];
         let (ch, no_ack) = (sub.channel, sub.no_ack);
-        let Some(state) = self.channels.get_mut(&ch) else {
+        if !self.channels.contains_key(&ch) {
             // The channel is gone; its consumer is being cancelled.
             delivery.release();
             return;
-        };
+        }
+        if self.expired(sub.message_ttl, delivery.envelope()) {
+            // Dropped as RabbitMQ drops it at the head of its queue: acked with the
+            // automatic acknowledgements, unsent.
+            self.drop_expired(index, &delivery);
+            return;
+        }
+        let sub = &self.subscriptions[index];
+        let state = self.channels.get_mut(&ch).expect("checked above");
         state.last_tag += 1;
         let channel_tag = state.last_tag;
         if !no_ack {
@@ -1174,6 +1210,32 @@ impl Connection {
                 "could not write a frame",
             ));
         }
+    }
+
+    /// Whether `envelope`, about to be delivered from a queue whose `x-message-ttl` is
+    /// `ttl`, has outlived its time (the queue's or its own `expiration`): it expires once
+    /// the clock is past its arrival plus that time.
+    pub(super) fn expired(&mut self, ttl: Option<u64>, envelope: &Envelope) -> bool {
+        let at = content::expires_at(&envelope.body, ttl, &mut self.seen.output);
+        at.is_some_and(|at| self.settings.clock.now_ms() > at)
+    }
+
+    /// Drops an expired delivery of consumer `index`: acked with the automatic
+    /// acknowledgements (see `auto_acks`), never sent.
+    fn drop_expired(&mut self, index: usize, delivery: &Delivery) {
+        let queue = &self.subscriptions[index].queue;
+        let ack = (delivery.tag(), Settle::Ack);
+        match self.auto_acks.last_mut() {
+            Some((last, settles)) if last.name() == queue.name() => settles.push(ack),
+            _ => self.auto_acks.push((queue.clone(), vec![ack])),
+        }
+        self.settings.metrics.ttl_expired.inc();
+    }
+
+    /// The `x-message-ttl` the queue called `name` was declared with.
+    fn message_ttl(&self, name: &str) -> Option<u64> {
+        let declared = self.settings.declared.lock().expect("never poisoned");
+        declared.get(name).and_then(|d| d.message_ttl)
     }
 
     /// Closes `ch` for a channel error: its consumers end (their unsettled deliveries come
@@ -1240,6 +1302,9 @@ fn unbinding_key(kind: Option<Kind>, key: &str, arguments: &FieldTable) -> Optio
         _ => None,
     }
 }
+
+/// The most expired messages one `basic.get` drops before it answers `get-empty`.
+const GET_DROPS_AT_MOST: usize = 1024;
 
 pub(super) fn no_queue(ch: u16, name: &str, m: &AMQPClass) -> Fault {
     let text = format!("NOT_FOUND - no queue '{name}' in vhost '/'");

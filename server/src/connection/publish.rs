@@ -126,6 +126,7 @@ impl Connection {
         header: wire::Header<'_>,
         message_id: Option<String>,
         cc: Vec<String>,
+        stamp: bool,
         refused: Option<String>,
     ) -> Result<(), Fault> {
         let ch = header.channel;
@@ -174,7 +175,7 @@ impl Connection {
             true => content::stored_start,
             false => content::stored_start_keeping_key,
         };
-        let Some(stored) = start(header.properties, exchange, routing_key, reserve) else {
+        let Some(mut stored) = start(header.properties, exchange, routing_key, reserve) else {
             // Names that came as short strings always fit; kept as an error all the same.
             self.channels.get_mut(&ch).expect("just seen").incoming = None;
             self.refuse_body(ch, header.body_size);
@@ -186,6 +187,10 @@ impl Connection {
                 &publish_method(),
             ));
         };
+        if stamp {
+            content::stamp(&mut stored, self.settings.clock.now_ms());
+        }
+        let incoming = self.incoming(ch, "content header")?;
         incoming.content = Some(Content {
             size: header.body_size,
             message_id,

@@ -67,6 +67,7 @@ impl Connection {
             quorum: false,
             expires: None,
             dead_letter: None,
+            message_ttl: None,
         };
         (self.settings.declared.lock().expect("never poisoned")).insert(name.clone(), declared);
         self.queues.insert(name, queue.clone());

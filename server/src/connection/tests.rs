@@ -2,6 +2,7 @@
 //! in, the bytes that come out are parsed back into frames and checked. The broker runs
 //! under the manual clock, so a lease runs out only when a test advances it.
 
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -114,9 +115,14 @@ impl Client {
 
     /// A connection through the handshake (frame_max 8192), with channel 1 open.
     fn open() -> Client {
+        Client::open_with(Settings::default())
+    }
+
+    /// As [`Client::open`], with `settings` (leases of 10 s).
+    fn open_with(settings: Settings) -> Client {
         let mut c = Client::new(Settings {
             ack_timeout: Duration::from_secs(10),
-            ..Settings::default()
+            ..settings
         });
         let header = AMQPFrame::ProtocolHeader(ProtocolVersion::amqp_0_9_1());
         let out = c.feed(&[header]);
@@ -2316,4 +2322,85 @@ fn a_queue_that_dead_letters_has_a_holding_queue_no_client_reaches() {
     };
     c.feed(&[queue_method(queue::AMQPMethod::Delete(delete))]);
     assert!(c.broker.queue(&holding).is_none());
+}
+
+/// The bodies of the deliveries and `get-ok`s in `out`, in order.
+fn delivered_bodies(out: &[AMQPFrame]) -> Vec<Vec<u8>> {
+    (out.iter())
+        .filter_map(|f| match f {
+            AMQPFrame::Body(1, body) => Some(body.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn a_message_past_its_ttl_is_dropped_when_a_consumer_or_get_reaches_it() {
+    let (clock, now) = crate::WallClock::manual(1_000_000);
+    let mut c = Client::open_with(Settings {
+        clock,
+        ..Settings::default()
+    });
+    let mut arguments = FieldTable::default();
+    arguments.insert("x-message-ttl".into(), AMQPValue::LongInt(1_000));
+    let declare = queue::Declare {
+        queue: "ttl".into(),
+        arguments,
+        ..queue::Declare::default()
+    };
+    c.feed(&[queue_method(queue::AMQPMethod::Declare(declare))]);
+    c.declare("plain");
+    let with_expiration = |queue: &str, expiration: &str, body: &[u8]| {
+        let properties = BasicProperties::default().with_expiration(expiration.into());
+        Client::publish_frames(queue, properties, body)
+    };
+    // The queue's TTL, and a message's own shorter one; counted from each arrival.
+    c.publish("ttl", b"old");
+    c.feed(&with_expiration("ttl", "100", b"short"));
+    c.feed(&with_expiration("plain", "100", b"own"));
+    c.publish("plain", b"forever");
+    now.store(1_000_600, Ordering::Relaxed);
+    c.publish("ttl", b"new");
+    now.store(1_001_200, Ordering::Relaxed);
+    let out = c.consume("ttl", false);
+    assert_eq!(delivered_bodies(&out), [b"new".to_vec()]);
+    assert_eq!(c.stats("ttl").acked, 2, "the expired two dropped");
+    let get = basic::Get {
+        queue: "plain".into(),
+        no_ack: true,
+    };
+    let out = c.feed(&[basic_method(1, basic::AMQPMethod::Get(get.clone()))]);
+    assert_eq!(delivered_bodies(&out), [b"forever".to_vec()]);
+    let out = c.feed(&[basic_method(1, basic::AMQPMethod::Get(get))]);
+    assert!(
+        matches!(
+            &out[..],
+            [AMQPFrame::Method(
+                1,
+                AMQPClass::Basic(basic::AMQPMethod::GetEmpty(_))
+            )]
+        ),
+        "{out:?}"
+    );
+    assert_eq!(c.conn.metrics().ttl_expired.get(), 3);
+    // An expiration that is no number of milliseconds is RabbitMQ's 406.
+    let out = c.feed(&with_expiration("plain", "soon", b"x"));
+    assert_eq!(channel_close_code(&out), Some(406));
+    // A redeclare names the same TTL.
+    let redeclare = queue::Declare {
+        queue: "ttl".into(),
+        ..queue::Declare::default()
+    };
+    c.feed(&[
+        method(
+            1,
+            AMQPClass::Channel(channel::AMQPMethod::CloseOk(channel::CloseOk {})),
+        ),
+        method(
+            1,
+            AMQPClass::Channel(channel::AMQPMethod::Open(channel::Open {})),
+        ),
+    ]);
+    let out = c.feed(&[queue_method(queue::AMQPMethod::Declare(redeclare))]);
+    assert_eq!(channel_close_code(&out), Some(406));
 }

@@ -384,14 +384,79 @@ def test_an_unsupported_queue_argument_is_refused_not_ignored():
     assert err.value.reply_code == 540
 
 
-@leasemq_only("messages do not expire (RabbitMQ has x-message-ttl)")
-def test_message_ttl_is_refused_with_a_406_that_says_why():
+def test_a_message_past_its_ttl_is_never_delivered():
+    # The queue's x-message-ttl and a message's own expiration, the shorter counting.
+    conn = connect()
+    ch = conn.channel()
+    suffix = uuid.uuid4().hex[:8]
+    ttl, plain = f"ttl-{suffix}", fresh_queue(ch, "plain")
+    ch.queue_declare(queue=ttl, arguments={"x-message-ttl": 200})
+    ch.confirm_delivery()
+    ch.basic_publish(exchange="", routing_key=ttl, body=b"stale")
+    ch.basic_publish(exchange="", routing_key=plain, body=b"stale",
+                     properties=pika.BasicProperties(expiration="200"))
+    ch.basic_publish(exchange="", routing_key=plain, body=b"kept")
+    conn.sleep(0.5)
+    ch.basic_publish(exchange="", routing_key=ttl, body=b"fresh")
+    ch.basic_publish(exchange="", routing_key=ttl, body=b"short",
+                     properties=pika.BasicProperties(expiration="1"))
+    conn.sleep(0.1)
+    assert drain(ch, ttl) == ["fresh"]
+    assert drain(ch, plain) == ["kept"]
+    # A redeclare names the same TTL.
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as err:
+        ch.queue_declare(queue=ttl, arguments={"x-message-ttl": 300})
+    assert err.value.reply_code == 406
+    ch = conn.channel()
+    for queue in (ttl, plain):
+        ch.queue_delete(queue)
+    conn.close()
+
+
+def test_an_expiration_that_is_no_number_of_milliseconds_is_a_406():
+    conn = connect()
+    ch = conn.channel()
+    queue = fresh_queue(ch, "expiring")
+    for bad in ("soon", "-5", "1.5"):
+        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as err:
+            ch.basic_publish(exchange="", routing_key=queue, body=b"x",
+                             properties=pika.BasicProperties(expiration=bad))
+            ch.queue_declare(queue=queue, passive=True)
+        assert err.value.reply_code == 406
+        assert "invalid expiration" in err.value.reply_text
+        ch = conn.channel()
+    ch.queue_delete(queue)
+    conn.close()
+
+
+def test_a_dead_letter_loses_its_expiration_to_its_x_death_record():
+    conn = connect()
+    ch = conn.channel()
+    dead = fresh_queue(ch, "dead")
+    work = f"work-{uuid.uuid4().hex[:8]}"
+    ch.queue_declare(queue=work, arguments={"x-dead-letter-exchange": "",
+                                            "x-dead-letter-routing-key": dead})
+    ch.basic_publish(exchange="", routing_key=work, body=b"x",
+                     properties=pika.BasicProperties(expiration="60000"))
+    method, _, _ = get_soon(conn, ch, work)
+    ch.basic_reject(method.delivery_tag, requeue=False)
+    _, props, _ = get_soon(conn, ch, dead, auto_ack=True)
+    assert props.expiration is None
+    assert props.headers["x-death"][0]["original-expiration"] == "60000"
+    for queue in (work, dead):
+        ch.queue_delete(queue)
+    conn.close()
+
+
+@leasemq_only("expired messages are dropped when reached, not dead-lettered (RabbitMQ does)")
+def test_message_ttl_with_a_dead_letter_exchange_is_a_406_that_says_why():
     conn = connect()
     ch = conn.channel()
     with pytest.raises(pika.exceptions.ChannelClosedByBroker) as err:
-        ch.queue_declare(queue="ttl", arguments={"x-message-ttl": 60000})
+        ch.queue_declare(queue="ttl-dlx", arguments={"x-message-ttl": 60000,
+                                                     "x-dead-letter-exchange": ""})
     assert err.value.reply_code == 406
-    assert "do not expire" in err.value.reply_text
+    assert "does not dead-letter" in err.value.reply_text
     conn.close()
 
 
