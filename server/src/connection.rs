@@ -147,8 +147,9 @@ impl Settings {
     /// Forgets what the server keeps of the queue called `name`, which was just closed
     /// (by the caller: a queue closed before is forgotten by whoever closed it, and its
     /// name may already be another queue's): its bindings, its declared flags, its
-    /// consumers' entry and its expiry, and its exclusive owner if that is `owner`.
-    fn forget(&self, name: &str, owner: Option<u64>) {
+    /// consumers' entry and its expiry, and its exclusive owner if that is `owner`; its
+    /// holding queue of dead letters drains and goes. Whether it had one here.
+    fn forget(&self, name: &str, owner: Option<u64>) -> bool {
         let mut owners = self.exclusive.lock().expect("never poisoned");
         if owner.is_some() && owners.get(name) == owner.as_ref() {
             owners.remove(name);
@@ -157,11 +158,12 @@ impl Settings {
         self.consumers.forget(name);
         (self.declared.lock().expect("never poisoned")).remove(name);
         self.expiring.forget_closed(name);
-        self.dead_letters.forget(name);
+        let dead_letters = self.dead_letters.forget(name);
         let mut exchanges = self.exchanges.lock().expect("never poisoned");
         if let Err(Refusal::Storage(why)) = exchanges.unbind_queue(name) {
             tracing::warn!("queue {name} was deleted, but its bindings stay on disk: {why}");
         }
+        dead_letters
     }
 }
 
@@ -1102,10 +1104,11 @@ impl Connection {
             .retain(|q| q.name() != name || !q.is_closed());
         // Closed before (by `x-expires`, another connection's delete): forgotten then.
         if closed {
-            self.settings.forget(name, Some(self.id));
+            let tracked = self.settings.forget(name, Some(self.id));
             // A durable queue brought back by a restart and deleted before it was declared
-            // again may have a holding queue of dead letters that nothing forwards.
-            if queue.is_durable() {
+            // again may have a holding queue of dead letters that nothing forwards (its
+            // route was never said): it goes, with what it holds.
+            if !tracked && queue.is_durable() {
                 let holding = self.broker.queue(&dead_letter::holding_name(name));
                 if let Some(holding) = holding {
                     holding.close();

@@ -35,6 +35,8 @@ use amq_protocol::types::{AMQPValue, FieldTable, LongString, ShortString};
 use bytes::Bytes;
 use leasemq::{DeathReason, DeathRecord, Envelope};
 
+use crate::names;
+
 /// The longest message id the broker takes (contract §3 Limits): a `message-id` longer
 /// is kept in the properties only.
 pub const MAX_ID_BYTES: usize = 1024;
@@ -509,8 +511,8 @@ pub fn delivered(envelope: &Envelope, queue: &str) -> Delivered {
 /// died in) and its routing keys with its `CC` keys, as RabbitMQ's `x-death` records
 /// them: a publish through the default exchange had the queue's name as its key.
 fn original_route(stored: &Stored, death: &DeathRecord) -> (String, Vec<String>) {
-    let (exchange, key) =
-        (stored.route.clone()).unwrap_or_else(|| (String::new(), death.queue.clone()));
+    let queue = || names::amqp(&death.queue).into_owned();
+    let (exchange, key) = (stored.route.clone()).unwrap_or_else(|| (String::new(), queue()));
     let mut keys = vec![key];
     if let Ok(Some(routes)) = sender_routes(&stored.properties) {
         // `BCC` was taken out before the message was stored: these are its `CC` keys.
@@ -528,10 +530,8 @@ fn with_death(
     exchange: &str,
     keys: &[String],
 ) -> BasicProperties {
-    let reason = match death.reason {
-        DeathReason::Rejected => "rejected",
-        DeathReason::MaxDeliveries => "delivery_limit",
-    };
+    let reason = reason_text(&death.reason);
+    let queue = names::amqp(&death.queue);
     let text = |s: &str| AMQPValue::LongString(LongString::from(s));
     let mut headers = properties.headers().clone().unwrap_or_default();
     let mut deaths = match headers.inner().get("x-death") {
@@ -541,39 +541,62 @@ fn with_death(
     let same = |entry: &AMQPValue| match entry {
         AMQPValue::FieldTable(record) => {
             let record = record.inner();
-            record.get("queue") == Some(&text(&death.queue))
+            record.get("queue") == Some(&text(&queue))
                 && record.get("reason") == Some(&text(reason))
         }
         _ => false,
     };
-    let before = match deaths.iter().position(same) {
-        Some(i) => match deaths.remove(i) {
-            AMQPValue::FieldTable(record) => match record.inner().get("count") {
-                Some(AMQPValue::LongLongInt(n)) => *n,
-                _ => 0,
-            },
-            _ => 0,
-        },
-        None => 0,
+    // As RabbitMQ 3: a record of the same queue and reason counts one more (whatever
+    // integer type a client that copied the headers gave its count) and comes first,
+    // keeping where it was published then; else a new record comes first.
+    let record = match deaths.iter().position(same).map(|i| deaths.remove(i)) {
+        Some(AMQPValue::FieldTable(mut record)) => {
+            let count = record.inner().get("count").and_then(integer).unwrap_or(0);
+            let count = AMQPValue::LongLongInt(count.saturating_add(1));
+            record.insert("count".into(), count);
+            record
+        }
+        _ => {
+            let mut record = FieldTable::default();
+            record.insert("count".into(), AMQPValue::LongLongInt(1));
+            record.insert("reason".into(), text(reason));
+            record.insert("queue".into(), text(&queue));
+            record.insert("exchange".into(), text(exchange));
+            let keys = keys.iter().map(|key| text(key)).collect::<Vec<_>>();
+            record.insert("routing-keys".into(), AMQPValue::FieldArray(keys.into()));
+            record
+        }
     };
-    let mut record = FieldTable::default();
-    record.insert(
-        "count".into(),
-        AMQPValue::LongLongInt(before.saturating_add(1)),
-    );
-    record.insert("reason".into(), text(reason));
-    record.insert("queue".into(), text(&death.queue));
-    record.insert("exchange".into(), text(exchange));
-    let keys = keys.iter().map(|key| text(key)).collect::<Vec<_>>();
-    record.insert("routing-keys".into(), AMQPValue::FieldArray(keys.into()));
     deaths.insert(0, AMQPValue::FieldTable(record));
     headers.insert("x-death".into(), AMQPValue::FieldArray(deaths.into()));
     if !headers.contains_key("x-first-death-queue") {
-        headers.insert("x-first-death-queue".into(), text(&death.queue));
+        headers.insert("x-first-death-queue".into(), text(&queue));
         headers.insert("x-first-death-reason".into(), text(reason));
         headers.insert("x-first-death-exchange".into(), text(exchange));
     }
     properties.with_headers(headers)
+}
+
+/// What RabbitMQ's `x-death` records call `reason`.
+fn reason_text(reason: &DeathReason) -> &'static str {
+    match reason {
+        DeathReason::Rejected => "rejected",
+        DeathReason::MaxDeliveries => "delivery_limit",
+    }
+}
+
+/// An integer field value of any width, as RabbitMQ reads one.
+fn integer(value: &AMQPValue) -> Option<i64> {
+    Some(match *value {
+        AMQPValue::ShortShortInt(n) => n.into(),
+        AMQPValue::ShortShortUInt(n) => n.into(),
+        AMQPValue::ShortInt(n) => n.into(),
+        AMQPValue::ShortUInt(n) => n.into(),
+        AMQPValue::LongInt(n) => n.into(),
+        AMQPValue::LongUInt(n) => n.into(),
+        AMQPValue::LongLongInt(n) => n,
+        _ => return None,
+    })
 }
 
 /// A dead letter taken from the queue that holds it on its way to a dead-letter exchange
@@ -585,8 +608,61 @@ pub struct DeadLetter {
     pub body: Bytes,
     /// The routing keys it is routed with.
     pub keys: Vec<String>,
-    /// Its `message-id`, the dedup id of its copies as of a publish's.
-    pub message_id: Option<String>,
+    /// Why it died this time (`x-death`'s reason); `None` for a message put in a holding
+    /// queue other than by dying.
+    reason: Option<&'static str>,
+    /// Its `x-death` records, latest first: (queue, reason).
+    deaths: Vec<(String, String)>,
+}
+
+impl DeadLetter {
+    /// Whether putting it to `queue` would close a cycle RabbitMQ drops: it died in
+    /// `queue` before and no death since (that one included) was a reject, so nothing
+    /// but the broker itself would ever end the loop. A reject now is never a cycle.
+    pub fn cycles_to(&self, queue: &str) -> bool {
+        if self.reason.is_none_or(|reason| reason == "rejected") {
+            return false;
+        }
+        let Some(at) = self.deaths.iter().position(|(q, _)| q == queue) else {
+            return false;
+        };
+        self.deaths[..=at]
+            .iter()
+            .all(|(_, reason)| reason != "rejected")
+    }
+}
+
+/// The (queue, reason) of each `x-death` record of `properties`, latest first.
+fn death_list(properties: &BasicProperties) -> Vec<(String, String)> {
+    let headers = properties.headers().clone().unwrap_or_default();
+    let Some(AMQPValue::FieldArray(deaths)) = headers.inner().get("x-death") else {
+        return Vec::new();
+    };
+    let text = |record: &FieldTable, key: &str| match record.inner().get(key) {
+        Some(AMQPValue::LongString(s)) => String::from_utf8_lossy(s.as_bytes()).into_owned(),
+        _ => String::new(),
+    };
+    (deaths.as_slice().iter())
+        .filter_map(|d| match d {
+            AMQPValue::FieldTable(record) => Some((text(record, "queue"), text(record, "reason"))),
+            _ => None,
+        })
+        .collect()
+}
+
+/// `properties` without their `CC` header: RabbitMQ takes it out of a dead letter given
+/// a routing key of its own.
+fn without_cc(properties: BasicProperties) -> BasicProperties {
+    let Some(headers) = properties.headers() else {
+        return properties;
+    };
+    let mut kept = FieldTable::default();
+    for (key, value) in headers.inner() {
+        if key.as_str() != "CC" {
+            kept.insert(key.clone(), value.clone());
+        }
+    }
+    properties.with_headers(kept)
 }
 
 /// `envelope`, a message that died in `queue`, on its way to `exchange` with `routing_key`
@@ -626,11 +702,12 @@ pub fn dead_letter(
             (stored.properties, vec![key])
         }
     };
-    let keys = match routing_key {
-        Some(key) => vec![key.to_string()],
-        None => keys,
+    let (properties, keys) = match routing_key {
+        Some(key) => (without_cc(properties), vec![key.to_string()]),
+        None => (properties, keys),
     };
-    let message_id = (properties.message_id().as_ref()).map(|id| id.to_string());
+    let reason = (envelope.death.as_ref()).map(|death| reason_text(&death.reason));
+    let deaths = death_list(&properties);
     let encoded = encode_properties(&properties)?;
     let mut body = stored_start_keeping_key(&encoded, exchange, &keys[0], stored.payload.len())?;
     stamp(&mut body, now);
@@ -638,7 +715,8 @@ pub fn dead_letter(
     Some(DeadLetter {
         body: Bytes::from(body),
         keys,
-        message_id,
+        reason,
+        deaths,
     })
 }
 
@@ -805,7 +883,6 @@ mod tests {
             Some(5_000),
             "its TTL counts from now"
         );
-        assert_eq!(letter.message_id.as_deref(), Some("m-7"));
         let forwarded = Envelope {
             body: letter.body.clone(),
             death: None,
@@ -888,6 +965,80 @@ mod tests {
         assert_eq!(
             headers_of(&d.properties).get("x-first-death-queue"),
             Some(&text("orders"))
+        );
+    }
+
+    #[test]
+    fn a_dead_letter_counts_deaths_of_any_integer_drops_cc_for_its_own_key_and_sees_cycles() {
+        let text = |s: &str| AMQPValue::LongString(s.into());
+        // Headers a client copied when it published a dead letter again: its count is a
+        // 32-bit integer (as pika writes small ones), its record that of queue `jobs`.
+        let mut record = FieldTable::default();
+        record.insert("count".into(), AMQPValue::LongInt(3));
+        record.insert("reason".into(), text("delivery_limit"));
+        record.insert("queue".into(), text("jobs"));
+        record.insert("exchange".into(), text("first"));
+        let mut cc = FieldArray::default();
+        cc.push(text("audit"));
+        let mut headers = FieldTable::default();
+        headers.insert(
+            "x-death".into(),
+            AMQPValue::FieldArray(vec![AMQPValue::FieldTable(record)].into()),
+        );
+        headers.insert("CC".into(), AMQPValue::FieldArray(cc));
+        let properties = BasicProperties::default().with_headers(headers);
+        let died = |queue: &str, reason| Envelope {
+            id: "m".into(),
+            body: encode(&properties, b"x").unwrap(),
+            attempt: 1,
+            death: Some(DeathRecord {
+                queue: queue.into(),
+                reason,
+                attempts: 1,
+            }),
+        };
+        let letter = dead_letter(
+            &died("jobs", DeathReason::MaxDeliveries),
+            "dlx",
+            Some("k"),
+            0,
+        )
+        .unwrap();
+        let d = delivered(
+            &Envelope {
+                body: letter.body.clone(),
+                death: None,
+                ..died("jobs", DeathReason::Rejected)
+            },
+            "next",
+        );
+        let records = death_records(&d.properties);
+        assert_eq!(records.len(), 1);
+        let record = records[0].inner();
+        assert_eq!(record.get("count"), Some(&AMQPValue::LongLongInt(4)));
+        assert_eq!(
+            record.get("exchange"),
+            Some(&text("first")),
+            "kept as it was"
+        );
+        assert!(
+            !headers_of(&d.properties).contains_key("CC"),
+            "its own key: no CC"
+        );
+        // Back to `jobs` with no reject on the way: a cycle RabbitMQ drops.
+        assert!(letter.cycles_to("jobs"));
+        assert!(!letter.cycles_to("elsewhere"));
+        let rejected = dead_letter(&died("jobs", DeathReason::Rejected), "dlx", None, 0).unwrap();
+        assert!(!rejected.cycles_to("jobs"), "a reject ends any cycle");
+        let kept = Envelope {
+            body: rejected.body,
+            death: None,
+            ..died("x", DeathReason::Rejected)
+        };
+        let properties = delivered(&kept, "x").properties;
+        assert!(
+            headers_of(&properties).contains_key("CC"),
+            "its own keys: CC stays"
         );
     }
 

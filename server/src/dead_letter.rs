@@ -22,10 +22,11 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use leasemq::{Broker, ConsumerConfig, Delivery, Message, Queue};
+use leasemq::{Broker, ConsumerConfig, Delivery, Error, Message, Queue};
+use tokio::sync::Notify;
 use tokio::task::JoinSet;
 
-use crate::{content, Settings};
+use crate::{content, names, Settings};
 
 /// The start of every holding queue's name.
 pub const PREFIX: &str = "amq.dead-letters.";
@@ -70,14 +71,19 @@ pub struct DeadLetters {
 struct State {
     /// By the name of the queue whose dead letters they are.
     by_queue: HashMap<String, Entry>,
-    /// Queues whose task is to start, each with its holding queue.
-    starting: Vec<(String, Queue)>,
+    /// Queues whose task is to start, each with its holding queue and drain signal.
+    starting: Vec<(String, Queue, Arc<Notify>)>,
 }
 
 #[derive(Debug)]
 struct Entry {
     holding: Queue,
     route: Route,
+    /// Its queue was deleted: the task sends on what the holding queue still has, then
+    /// closes it.
+    draining: bool,
+    /// Wakes the task when `draining` is set.
+    drain: Arc<Notify>,
 }
 
 impl DeadLetters {
@@ -87,39 +93,82 @@ impl DeadLetters {
     }
 
     /// `queue`, just declared, dead-letters through `route` by way of `holding`: its task
-    /// starts unless it runs.
+    /// starts unless it runs (a queue declared again while its task drains the holding
+    /// queue of the one deleted before keeps that task, and its holding queue).
     pub fn forward(&self, queue: &str, holding: Queue, route: Route) {
         let mut state = self.lock();
         if let Some(entry) = state.by_queue.get_mut(queue) {
             if !entry.holding.is_closed() {
                 entry.route = route;
+                entry.draining = false;
                 return;
             }
         }
-        state.starting.push((queue.to_string(), holding.clone()));
+        let drain = Arc::new(Notify::new());
         state
-            .by_queue
-            .insert(queue.to_string(), Entry { holding, route });
+            .starting
+            .push((queue.to_string(), holding.clone(), Arc::clone(&drain)));
+        let entry = Entry {
+            holding,
+            route,
+            draining: false,
+            drain,
+        };
+        state.by_queue.insert(queue.to_string(), entry);
         drop(state);
         self.wake.notify_one();
     }
 
-    /// Where the dead letters of `queue` go now; `None` once it is forgotten.
+    /// Where the dead letters of `queue` go now (the last route of one deleted and still
+    /// draining); `None` once its holding queue is closed.
     fn route(&self, queue: &str) -> Option<Route> {
         let state = self.lock();
         let entry = state.by_queue.get(queue)?;
         (!entry.holding.is_closed()).then(|| entry.route.clone())
     }
 
-    /// `queue` was deleted: its holding queue goes too, and with it its task.
-    pub fn forget(&self, queue: &str) {
+    /// `queue` was deleted: its task sends on what its holding queue still holds (as
+    /// RabbitMQ would have sent it on already), then closes it and ends. Whether the queue
+    /// had a holding queue here. One whose task never started (no [`run`]) is closed at
+    /// once.
+    pub fn forget(&self, queue: &str) -> bool {
         let mut state = self.lock();
-        state.starting.retain(|(name, _)| name != queue);
-        let entry = state.by_queue.remove(queue);
-        drop(state);
-        if let Some(entry) = entry {
+        let before = state.starting.len();
+        state.starting.retain(|(name, _, _)| name != queue);
+        let never_started = state.starting.len() < before;
+        let Some(entry) = state.by_queue.get_mut(queue) else {
+            return false;
+        };
+        if never_started {
+            let entry = state.by_queue.remove(queue).expect("just found");
+            drop(state);
             entry.holding.close();
+        } else {
+            entry.draining = true;
+            entry.drain.notify_one();
         }
+        true
+    }
+
+    /// Closes the holding queue of `queue` and forgets it if its queue was deleted and it
+    /// holds nothing more (checked under the lock, so that a declare of the queue again
+    /// cannot get it as it closes); whether it did.
+    fn close_if_drained(&self, queue: &str, holding: &Queue) -> bool {
+        let mut state = self.lock();
+        let Some(entry) = state.by_queue.get(queue) else {
+            return true;
+        };
+        if !entry.draining {
+            return false;
+        }
+        let stats = holding.stats();
+        if stats.ready + stats.delayed + stats.leased > 0 {
+            return false;
+        }
+        state.by_queue.remove(queue);
+        drop(state);
+        holding.close();
+        true
     }
 }
 
@@ -129,13 +178,9 @@ pub async fn run(settings: Arc<Settings>, broker: Broker) {
     let mut tasks = JoinSet::new();
     loop {
         let starting = std::mem::take(&mut settings.dead_letters.lock().starting);
-        for (queue, holding) in starting {
-            tasks.spawn(forward_all(
-                settings.clone(),
-                broker.clone(),
-                queue,
-                holding,
-            ));
+        for (queue, holding, drain) in starting {
+            let (settings, broker) = (settings.clone(), broker.clone());
+            tasks.spawn(forward_all(settings, broker, queue, holding, drain));
         }
         // Finished tasks are let go as they end; a permit stored by a `notify_one` with no
         // waiter wakes the next wait at once.
@@ -146,9 +191,24 @@ pub async fn run(settings: Arc<Settings>, broker: Broker) {
     }
 }
 
+/// What became of a dead letter taken from its holding queue.
+enum Sent {
+    /// Put wherever its exchange routed it, or dropped (as RabbitMQ drops it): acked.
+    Done,
+    /// Not put, and never will be by this task (the broker shuts down, or a queue's log
+    /// failed): left in the holding queue, and the task ends.
+    Stopped,
+}
+
 /// Takes the dead letters of `queue` from `holding` and sends each on, until the holding
-/// queue is closed.
-async fn forward_all(settings: Arc<Settings>, broker: Broker, queue: String, holding: Queue) {
+/// queue is closed, or drained once `queue` is deleted (`drain` wakes it then).
+async fn forward_all(
+    settings: Arc<Settings>,
+    broker: Broker,
+    queue: String,
+    holding: Queue,
+    drain: Arc<Notify>,
+) {
     let consumer = {
         let holding = holding.clone();
         let config = ConsumerConfig { prefetch: PREFETCH };
@@ -166,24 +226,43 @@ async fn forward_all(settings: Arc<Settings>, broker: Broker, queue: String, hol
         }
     };
     let mut queues = HashMap::new();
-    while let Some(delivery) = consumer.next().await {
+    loop {
+        if settings.dead_letters.close_if_drained(&queue, &holding) {
+            break;
+        }
+        let delivery = tokio::select! {
+            delivery = consumer.next() => delivery,
+            _ = drain.notified() => continue,
+        };
+        let Some(delivery) = delivery else {
+            break;
+        };
         let Some(route) = settings.dead_letters.route(&queue) else {
             break;
         };
-        send_on(&settings, &broker, &mut queues, &delivery, &route).await;
-        holding.ack_async(delivery.tag()).await;
+        match send_on(&settings, &broker, &mut queues, &delivery, &route).await {
+            Sent::Done => {
+                holding.ack_async(delivery.tag()).await;
+            }
+            // Its lease ends with the consumer: the letter stays in the holding queue.
+            Sent::Stopped => break,
+        }
     }
 }
 
 /// Routes one dead letter through `route` and puts a copy to each queue it reaches (their
-/// handles kept in `queues`).
+/// handles kept in `queues`). As RabbitMQ, it is dropped where it would come back to a
+/// queue it died in with no reject on the way (a cycle nothing would end), where its
+/// exchange routes it nowhere, and where a queue refuses it (full, gone, too large once
+/// its `x-death` record is added). Each copy is a new message to the broker, not a
+/// duplicate of one its queue holds.
 async fn send_on(
     settings: &Settings,
     broker: &Broker,
     queues: &mut HashMap<String, Queue>,
     delivery: &Delivery,
     route: &Route,
-) {
+) -> Sent {
     let envelope = delivery.envelope();
     let exchange = route.exchange.as_str();
     let now = settings.clock.now_ms();
@@ -194,45 +273,49 @@ async fn send_on(
             exchange,
             "a dead letter whose properties cannot be written again is dropped"
         );
-        return;
+        return Sent::Done;
     };
     let names = {
         let keys: Vec<&str> = letter.keys.iter().map(String::as_str).collect();
         let exchanges = settings.exchanges.lock().expect("never poisoned");
         exchanges.route_keys(exchange, &keys, || content::stored_headers(&letter.body))
     };
-    let Some(names) = names.filter(|names| !names.is_empty()) else {
-        settings.metrics.dead_letters_dropped.inc();
-        tracing::debug!(exchange, "a dead letter routed nowhere is dropped");
-        return;
-    };
-    for name in names {
+    let names = names.unwrap_or_default();
+    let mut put = 0;
+    for name in &names {
         // A holding queue takes only its own queue's dead letters.
-        if is_holding(&name) {
+        if is_holding(name) {
             continue;
         }
-        let cached = queues.get(&name).filter(|q| !q.is_closed()).cloned();
-        let Some(target) = cached.or_else(|| broker.queue(&name)) else {
+        if letter.cycles_to(&names::amqp(name)) {
+            tracing::debug!(queue = %name, "a dead letter in a cycle with no reject is dropped");
+            continue;
+        }
+        let cached = queues.get(name).filter(|q| !q.is_closed()).cloned();
+        let Some(target) = cached.or_else(|| broker.queue(name)) else {
             continue;
         };
         queues.insert(name.clone(), target.clone());
-        let message = Message::new(letter.body.clone());
-        // As a publish's: `message-id` is the dedup id where the broker can take it.
-        let message = match &letter.message_id {
-            Some(id) if (1..=content::MAX_ID_BYTES).contains(&id.len()) => {
-                message.with_id(id.clone())
+        match target.put_async(Message::new(letter.body.clone())).await {
+            Ok(_) => put += 1,
+            Err(e @ (Error::ShutDown | Error::Storage(_))) => {
+                tracing::warn!(queue = %name, exchange, error = %e, "dead letters wait in their holding queue");
+                return Sent::Stopped;
             }
-            _ => message,
-        };
-        if let Err(e) = target.put_async(message).await {
-            settings.metrics.dead_letters_dropped.inc();
-            tracing::warn!(queue = name, exchange, error = %e, "a dead letter was refused: dropped");
+            Err(e) => {
+                tracing::warn!(queue = %name, exchange, error = %e, "a dead letter was refused");
+            }
         }
+    }
+    if put == 0 {
+        settings.metrics.dead_letters_dropped.inc();
+        tracing::debug!(exchange, "a dead letter that reached no queue is dropped");
     }
     // Handles of queues deleted since are dropped once there are many.
     if queues.len() > 64 {
         queues.retain(|_, q| !q.is_closed());
     }
+    Sent::Done
 }
 
 #[cfg(test)]
@@ -320,12 +403,48 @@ mod tests {
         acked(&holding, 2).await;
         assert_eq!(failures.stats().enqueued, 1);
 
-        // A redeclare changes nothing; the queue's deletion takes its holding queue.
-        (settings.dead_letters).forward("orders", holding.clone(), route);
+        // A redeclare keeps the task, with the route it names.
+        (settings.exchanges.lock().unwrap())
+            .bind("dlx", "failed", "failures", false)
+            .unwrap();
+        (settings.dead_letters).forward("orders", holding.clone(), route.clone());
+        assert_eq!(settings.dead_letters.route("orders"), Some(route));
+        assert_eq!(
+            settings.dead_letters.lock().starting.len(),
+            0,
+            "no second task"
+        );
+
+        // Letters still in the holding queue when their queue is deleted go on (as
+        // RabbitMQ would have sent them on already); then the holding queue goes.
+        let n = 300;
+        for i in 0..n {
+            orders.put(Message::new(format!("late {i}"))).unwrap();
+        }
+        drop(worker);
+        let config = ConsumerConfig { prefetch: 1_000 };
+        let mut worker = orders.consume("all-at-once", config).unwrap();
+        let mut tags = Vec::new();
+        while tags.len() < n {
+            tags.push(next(&mut worker).await.tag());
+        }
+        let settles: Vec<_> = tags.iter().map(|&t| (t, leasemq::Settle::Reject)).collect();
+        assert!(orders.settle_batch(&settles).iter().all(|&ok| ok));
+        drop(worker);
         assert!(orders.close());
-        settings.dead_letters.forget("orders");
-        assert!(holding.is_closed());
+        assert!(settings.dead_letters.forget("orders"));
+        for _ in 0..n {
+            assert!(next(&mut reader).await.ack());
+        }
+        for _ in 0..10_000 {
+            if holding.is_closed() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        assert!(holding.is_closed(), "closed once drained");
         assert_eq!(settings.dead_letters.route("orders"), None);
+        assert_eq!(failures.stats().enqueued, 1 + n as u64);
         task.abort();
     }
 }

@@ -32,6 +32,8 @@ use std::path::{Path, PathBuf};
 use amq_protocol::types::{AMQPValue, FieldTable};
 use serde::{Deserialize, Serialize};
 
+use crate::names;
+
 /// The file, in the data dir, that keeps the durable exchanges and their bindings.
 pub const FILE: &str = "leasemqd-exchanges.json";
 
@@ -619,13 +621,17 @@ impl Exchanges {
         keys: &[&str],
         headers: impl FnOnce() -> Option<FieldTable>,
     ) -> Option<Vec<String>> {
+        // The default exchange routes to the queues the keys name, by their broker names
+        // (`names.rs`); bindings keep broker names already.
+        let by_name = || keys.iter().map(|key| names::engine(key).into_owned());
         if exchange.is_empty() {
-            let queues: BTreeSet<&str> = keys.iter().copied().collect();
-            return Some(queues.into_iter().map(str::to_string).collect());
+            let queues: BTreeSet<String> = by_name().collect();
+            return Some(queues.into_iter().collect());
         }
         let mut next = Some(self.by_name.get(exchange)?);
         let mut headers = LazyHeaders::Unread(Some(headers));
         let mut queues: BTreeSet<&str> = BTreeSet::new();
+        let mut named: BTreeSet<String> = BTreeSet::new();
         // The exchanges passed besides the first, and those still to pass: neither
         // allocates for a publish that only the first exchange routes.
         let mut seen: HashSet<&str> = HashSet::new();
@@ -644,12 +650,16 @@ impl Exchanges {
                 }
             });
             if let (false, Some(alternate)) = (routed, &x.shape.alternate) {
-                if alternate != exchange && seen.insert(alternate) {
+                if alternate.is_empty() {
+                    // The default exchange as an alternate: the queues the keys name.
+                    named.extend(by_name());
+                } else if alternate != exchange && seen.insert(alternate) {
                     work.extend(self.by_name.get(alternate));
                 }
             }
         }
-        Some(queues.into_iter().map(str::to_string).collect())
+        named.extend(queues.into_iter().map(str::to_string));
+        Some(named.into_iter().collect())
     }
 }
 

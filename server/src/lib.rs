@@ -25,6 +25,7 @@ pub mod dead_letter;
 pub mod exchange;
 pub mod expiry;
 pub mod metrics;
+pub mod names;
 pub mod serve;
 pub mod wire;
 

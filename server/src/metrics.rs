@@ -168,7 +168,8 @@ impl Collector for Queues {
         let stats: Vec<(String, QueueStats)> = (self.broker.queue_names().into_iter())
             .filter_map(|name| {
                 let stats = self.broker.queue(&name)?.stats();
-                Some((name, stats))
+                // Labelled with the name clients know it by.
+                Some((crate::names::amqp(&name).into_owned(), stats))
             })
             .collect();
         let queues = ConstGauge::new(stats.len() as i64);

@@ -25,7 +25,7 @@ use super::{code, method_name, reply_text, reply_to, Connection, Declared, Fault
 use crate::content::PropertiesSeen;
 use crate::exchange::{HeadersBinding, Kind, Refusal, Shape};
 use crate::wire::{GenFailed, Output};
-use crate::{arguments, content, dead_letter, wire};
+use crate::{arguments, content, dead_letter, names, wire};
 
 /// The most prefetch a broker consumer takes; also what `prefetch_count = 0` (AMQP's "no
 /// limit") becomes.
@@ -307,9 +307,11 @@ impl Connection {
     fn declare(&mut self, ch: u16, declare: queue::Declare) -> Result<(), Fault> {
         let m = AMQPClass::Queue(queue::AMQPMethod::Declare(declare.clone()));
         // An empty name asks the server to pick one, as RabbitMQ's `amq.gen-…`.
+        // The broker's name for it (`names.rs`): a client's name with bytes the broker does
+        // not take in names is escaped.
         let name = match declare.queue.as_str() {
             "" if !declare.passive => self.server_named_queue(),
-            given => given.to_string(),
+            given => names::engine(given).into_owned(),
         };
         let name = name.as_str();
         if reply_to::is_reply_name(name) {
@@ -386,7 +388,7 @@ impl Connection {
             }
             // `amq.` names are the server's (`amq.gen-…`): a client may not declare one,
             // even one that exists (a passive declare may look at it).
-            if name.starts_with("amq.") && !declare.queue.as_str().is_empty() {
+            if declare.queue.as_str().starts_with("amq.") {
                 let text = format!(
                     "ACCESS_REFUSED - queue name '{name}' contains reserved prefix 'amq.*'"
                 );
@@ -467,7 +469,7 @@ impl Connection {
         }
         let stats = queue.stats();
         let ok = queue::DeclareOk {
-            queue: ShortString::from(name.to_string()),
+            queue: ShortString::from(names::amqp(name).into_owned()),
             message_count: u32::try_from(stats.ready).unwrap_or(u32::MAX),
             consumer_count: u32::try_from(stats.consumers).unwrap_or(u32::MAX),
         };
@@ -496,6 +498,7 @@ impl Connection {
             Ok(queue) => Ok((queue, !existed)),
             Err(Error::InvalidName) => {
                 let most = dead_letter::MAX_QUEUE_NAME_BYTES;
+                let name = names::amqp(name);
                 let text = format!(
                     "PRECONDITION_FAILED - queue name '{name}' is too long to dead-letter through an exchange (at most {most} bytes)"
                 );
@@ -549,6 +552,7 @@ impl Connection {
             return Err(locked(ch, name, m));
         }
         if let Some((arg, received, current)) = known.inequivalent(declared) {
+            let name = names::amqp(name);
             let text = format!(
                 "PRECONDITION_FAILED - inequivalent arg '{arg}' for queue '{name}' in vhost '/': received {received} but current is {current}"
             );
@@ -572,7 +576,7 @@ impl Connection {
     /// RabbitMQ's 404 for an empty name where no queue was declared on the channel.
     fn queue_name(&self, ch: u16, given: &str, m: &AMQPClass) -> Result<String, Fault> {
         if !given.is_empty() {
-            return Ok(given.to_string());
+            return Ok(names::engine(given).into_owned());
         }
         let last = self.channels.get(&ch).and_then(|c| c.last_queue.clone());
         last.ok_or_else(|| {
@@ -1307,6 +1311,7 @@ fn unbinding_key(kind: Option<Kind>, key: &str, arguments: &FieldTable) -> Optio
 const GET_DROPS_AT_MOST: usize = 1024;
 
 pub(super) fn no_queue(ch: u16, name: &str, m: &AMQPClass) -> Fault {
+    let name = names::amqp(name);
     let text = format!("NOT_FOUND - no queue '{name}' in vhost '/'");
     Fault::channel(ch, code::NOT_FOUND, text, m)
 }
@@ -1314,6 +1319,7 @@ pub(super) fn no_queue(ch: u16, name: &str, m: &AMQPClass) -> Fault {
 /// RabbitMQ's 405 for a queue another connection holds exclusively, or one redeclared
 /// with another `exclusive`.
 fn locked(ch: u16, name: &str, m: &AMQPClass) -> Fault {
+    let name = names::amqp(name);
     let text = format!(
         "RESOURCE_LOCKED - cannot obtain exclusive access to locked queue '{name}' in vhost '/'"
     );
@@ -1411,6 +1417,8 @@ fn write_delivery(
     method: impl FnOnce(&mut Output, &str, &str) -> Result<(), GenFailed>,
 ) -> Result<(), GenFailed> {
     let (anew, properties);
+    // Through the default exchange, the routing key is the queue's name as clients know it.
+    let queue = &names::amqp(queue);
     let content = match content::delivered_encoded(envelope, queue, seen) {
         Some(content) => content,
         None => {

@@ -15,6 +15,7 @@ use super::channel::{broker_fault, exchange_fault};
 use super::{code, Connection, Fault};
 use crate::content::{self, MAX_ID_BYTES};
 use crate::exchange::Refusal;
+use crate::names;
 use crate::wire::{self, BASIC_CLASS};
 
 /// Why a publish is refused whose properties cannot be written back (a value over its
@@ -273,10 +274,16 @@ impl Connection {
         });
         let exchange = publish.exchange.as_str();
         let key = publish.routing_key.as_str();
+        // Through the default exchange the key names a queue, by its broker name (`names.rs`).
+        let queue_key = match exchange.is_empty() && content.cc.is_empty() {
+            true => names::engine(key),
+            false => std::borrow::Cow::Borrowed(key),
+        };
+        let queue_key = queue_key.as_ref();
         if exchange.is_empty() && content.cc.is_empty() {
             // The common case: one more publish of this read to the queue the last one went
             // to, added to its batch with no lookup.
-            if let Some((messages, numbers)) = self.last_put(ch, key) {
+            if let Some((messages, numbers)) = self.last_put(ch, queue_key) {
                 messages.push(into_message(content));
                 numbers.extend(number);
                 return Ok(());
@@ -284,7 +291,7 @@ impl Connection {
         }
         let queues: Vec<Queue> = if exchange.is_empty() && content.cc.is_empty() {
             // The common case needs no lock: the default exchange names the queue.
-            self.queue(key).into_iter().collect()
+            self.queue(queue_key).into_iter().collect()
         } else {
             // The routing key and each other `CC`/`BCC` key, through the same exchange
             // (and those it passes the message to) at once, as RabbitMQ routes them: a

@@ -2404,3 +2404,64 @@ fn a_message_past_its_ttl_is_dropped_when_a_consumer_or_get_reaches_it() {
     let out = c.feed(&[queue_method(queue::AMQPMethod::Declare(redeclare))]);
     assert_eq!(channel_close_code(&out), Some(406));
 }
+
+#[test]
+fn a_queue_name_with_bytes_the_broker_does_not_take_is_served_under_its_own_name() {
+    let mut c = Client::open();
+    let name = "celery@host.celery/pidbox café";
+    let declare = queue::Declare {
+        queue: name.into(),
+        ..queue::Declare::default()
+    };
+    let out = c.feed(&[queue_method(queue::AMQPMethod::Declare(declare))]);
+    let Some(AMQPFrame::Method(1, AMQPClass::Queue(queue::AMQPMethod::DeclareOk(ok)))) =
+        out.first()
+    else {
+        panic!("expected declare-ok, got {out:?}");
+    };
+    assert_eq!(ok.queue.as_str(), name);
+    let kept = crate::names::engine(name);
+    assert!(kept.starts_with(crate::names::ESCAPED), "{kept}");
+    assert!(c.broker.queue(&kept).is_some());
+    // Published through the default exchange and through a binding, delivered with the
+    // name it was published to.
+    c.publish(name, b"direct");
+    let bind = queue::Bind {
+        queue: name.into(),
+        exchange: "amq.direct".into(),
+        routing_key: "k".into(),
+        ..queue::Bind::default()
+    };
+    c.feed(&[queue_method(queue::AMQPMethod::Bind(bind))]);
+    let mut frames = Client::publish_frames("k", BasicProperties::default(), b"bound");
+    let AMQPFrame::Method(1, AMQPClass::Basic(basic::AMQPMethod::Publish(publish))) =
+        &mut frames[0]
+    else {
+        unreachable!("publish_frames starts with basic.publish");
+    };
+    publish.exchange = "amq.direct".into();
+    c.feed(&frames);
+    let out = c.consume(name, true);
+    let keys: Vec<String> = (out.iter())
+        .filter_map(|f| match f {
+            AMQPFrame::Method(1, AMQPClass::Basic(basic::AMQPMethod::Deliver(d))) => {
+                Some(d.routing_key.to_string())
+            }
+            _ => None,
+        })
+        .collect();
+    assert_eq!(keys, [name, "k"]);
+    assert_eq!(
+        delivered_bodies(&out),
+        [b"direct".to_vec(), b"bound".to_vec()]
+    );
+    // A name that looks escaped is a client's own name too.
+    let escaped_looking = format!("{}x", crate::names::ESCAPED);
+    let passive = queue::Declare {
+        queue: escaped_looking.as_str().into(),
+        passive: true,
+        ..queue::Declare::default()
+    };
+    let out = c.feed(&[queue_method(queue::AMQPMethod::Declare(passive))]);
+    assert_eq!(channel_close_code(&out), Some(404));
+}

@@ -2,9 +2,10 @@
 
 Celery is the task queue most Python services run on RabbitMQ: a worker and a client that
 sends it tasks and waits for their results through the `rpc://` backend (a reply queue
-per client, declared with `x-expires`). The worker runs with remote control, mingle and
-gossip off: those declare queues with `x-message-ttl`, which leasemqd refuses (messages
-do not expire here; see server/README.md).
+per client, declared with `x-expires`). The worker runs as `celery worker` starts it, with
+remote control, mingle and gossip on: those use a fanout exchange, queues named after the
+worker's `name@host` and declared with `x-message-ttl` and `x-expires`, and replies to a
+`ping` and an `inspect` through the client's reply queue.
 """
 
 import importlib
@@ -25,7 +26,6 @@ import os
 from celery import Celery
 
 app = Celery("leasemq_celery_app", broker=os.environ["BROKER"], backend="rpc://")
-app.conf.worker_enable_remote_control = False
 app.conf.task_default_queue = os.environ["TASK_QUEUE"]
 
 
@@ -54,7 +54,7 @@ def test_a_celery_worker_runs_tasks_and_sends_back_their_results(tmp_path):
     env = dict(os.environ, BROKER=URL, TASK_QUEUE=queue, PYTHONPATH=str(tmp_path))
     worker = subprocess.Popen(
         [sys.executable, "-m", "celery", "-A", "leasemq_celery_app", "worker", "--pool=solo",
-         "--without-mingle", "--without-gossip", "--loglevel=warning"],
+         "-n", f"worker-{os.getpid()}@%h", "--loglevel=warning"],
         cwd=tmp_path,
         env=env,
         stdout=subprocess.PIPE,
@@ -74,6 +74,14 @@ def test_a_celery_worker_runs_tasks_and_sends_back_their_results(tmp_path):
             app = importlib.import_module("leasemq_celery_app")
             results = [app.add.delay(i, i) for i in range(5)]
             assert [r.get(timeout=30) for r in results] == [0, 2, 4, 6, 8]
+            # Remote control: a broadcast to every worker, answered on a reply queue.
+            name = f"worker-{os.getpid()}@"
+            pongs = app.app.control.ping(timeout=5)
+            assert any(n.startswith(name) and r == {"ok": "pong"}
+                       for pong in pongs for n, r in pong.items()), pongs
+            queues = app.app.control.inspect(timeout=5).active_queues()
+            assert any(n.startswith(name) and [q["name"] for q in qs] == [queue]
+                       for n, qs in (queues or {}).items()), queues
             app.app.close()
         finally:
             sys.path.remove(str(tmp_path))

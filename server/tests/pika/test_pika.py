@@ -1260,7 +1260,7 @@ def test_reject_dead_letters_through_a_named_exchange():
     conn.close()
 
 
-def test_a_dead_letter_routed_nowhere_is_dropped_and_one_dead_again_counts_its_deaths():
+def test_a_message_dead_again_counts_its_deaths_per_queue_and_reason():
     conn = connect()
     ch = conn.channel()
     suffix = uuid.uuid4().hex[:8]
@@ -1272,9 +1272,6 @@ def test_a_dead_letter_routed_nowhere_is_dropped_and_one_dead_again_counts_its_d
     ch.queue_declare(queue=work, arguments={"x-dead-letter-exchange": dlx})
     ch.queue_declare(queue=retry, arguments={"x-dead-letter-exchange": "",
                                              "x-dead-letter-routing-key": work})
-    ch.basic_publish(exchange="", routing_key=work, body=b"nowhere")
-    method, _, _ = get_soon(conn, ch, work)
-    ch.basic_reject(method.delivery_tag, requeue=False)
     ch.queue_bind(queue=retry, exchange=dlx)
     ch.basic_publish(exchange="", routing_key=work, body=b"again")
     for _ in range(2):
@@ -1283,7 +1280,7 @@ def test_a_dead_letter_routed_nowhere_is_dropped_and_one_dead_again_counts_its_d
         method, _, _ = get_soon(conn, ch, retry)
         ch.basic_reject(method.delivery_tag, requeue=False)
     method, props, body = get_soon(conn, ch, work, auto_ack=True)
-    assert body == b"again", "the first was routed nowhere and dropped"
+    assert body == b"again"
     deaths = {(d["queue"], d["reason"]): d["count"] for d in props.headers["x-death"]}
     assert deaths == {(work, "rejected"): 2, (retry, "rejected"): 2}
     assert props.headers["x-death"][0]["queue"] == retry, "the latest first"
@@ -1292,4 +1289,25 @@ def test_a_dead_letter_routed_nowhere_is_dropped_and_one_dead_again_counts_its_d
     for queue in (work, retry):
         ch.queue_delete(queue)
     ch.exchange_delete(dlx)
+    conn.close()
+
+
+def test_a_queue_name_may_hold_any_utf8_as_in_rabbitmq():
+    # Celery names a worker's queues `name@host.celery.pidbox`; others use `/` or spaces.
+    conn = connect()
+    ch = conn.channel()
+    name = f"worker@host/eu café {uuid.uuid4().hex[:8]}"
+    assert ch.queue_declare(queue=name).method.queue == name
+    ch.queue_bind(queue=name, exchange="amq.direct", routing_key=name)
+    ch.confirm_delivery()
+    ch.basic_publish(exchange="", routing_key=name, body=b"direct")
+    ch.basic_publish(exchange="amq.direct", routing_key=name, body=b"bound")
+    method, _, body = get_soon(conn, ch, name, auto_ack=True)
+    assert (body, method.exchange, method.routing_key) == (b"direct", "", name)
+    method, _, body = get_soon(conn, ch, name)
+    assert (body, method.exchange, method.routing_key) == (b"bound", "amq.direct", name)
+    ch.basic_reject(method.delivery_tag, requeue=True)
+    method, _, body = get_soon(conn, ch, name, auto_ack=True)
+    assert (body, method.redelivered) == (b"bound", True)
+    assert ch.queue_delete(queue=name).method.message_count == 0
     conn.close()
