@@ -207,7 +207,7 @@ fn expires_value(value: &AMQPValue) -> Result<u32, Refused> {
 }
 
 /// An integer of any width, as RabbitMQ compares them.
-fn signed(value: &AMQPValue) -> Option<i128> {
+pub(crate) fn signed(value: &AMQPValue) -> Option<i128> {
     Some(match *value {
         AMQPValue::ShortShortInt(n) => n.into(),
         AMQPValue::ShortShortUInt(n) => n.into(),

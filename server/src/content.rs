@@ -187,12 +187,17 @@ pub fn sender_routes(properties: &BasicProperties) -> Result<Option<SenderRoutes
 
 /// `properties` without their `BCC` header.
 pub fn without_bcc(properties: BasicProperties) -> BasicProperties {
+    without_header(properties, "BCC")
+}
+
+/// `properties` without their header `name`.
+fn without_header(properties: BasicProperties, name: &str) -> BasicProperties {
     let Some(headers) = properties.headers() else {
         return properties;
     };
     let mut kept = FieldTable::default();
     for (key, value) in headers.inner() {
-        if key.as_str() != "BCC" {
+        if key.as_str() != name {
             kept.insert(key.clone(), value.clone());
         }
     }
@@ -551,7 +556,11 @@ fn with_death(
     // keeping where it was published then; else a new record comes first.
     let record = match deaths.iter().position(same).map(|i| deaths.remove(i)) {
         Some(AMQPValue::FieldTable(mut record)) => {
-            let count = record.inner().get("count").and_then(integer).unwrap_or(0);
+            let count = record
+                .inner()
+                .get("count")
+                .and_then(crate::arguments::signed);
+            let count = i64::try_from(count.unwrap_or(0)).unwrap_or(i64::MAX);
             let count = AMQPValue::LongLongInt(count.saturating_add(1));
             record.insert("count".into(), count);
             record
@@ -583,20 +592,6 @@ fn reason_text(reason: &DeathReason) -> &'static str {
         DeathReason::Rejected => "rejected",
         DeathReason::MaxDeliveries => "delivery_limit",
     }
-}
-
-/// An integer field value of any width, as RabbitMQ reads one.
-fn integer(value: &AMQPValue) -> Option<i64> {
-    Some(match *value {
-        AMQPValue::ShortShortInt(n) => n.into(),
-        AMQPValue::ShortShortUInt(n) => n.into(),
-        AMQPValue::ShortInt(n) => n.into(),
-        AMQPValue::ShortUInt(n) => n.into(),
-        AMQPValue::LongInt(n) => n.into(),
-        AMQPValue::LongUInt(n) => n.into(),
-        AMQPValue::LongLongInt(n) => n,
-        _ => return None,
-    })
 }
 
 /// A dead letter taken from the queue that holds it on its way to a dead-letter exchange
@@ -650,21 +645,6 @@ fn death_list(properties: &BasicProperties) -> Vec<(String, String)> {
         .collect()
 }
 
-/// `properties` without their `CC` header: RabbitMQ takes it out of a dead letter given
-/// a routing key of its own.
-fn without_cc(properties: BasicProperties) -> BasicProperties {
-    let Some(headers) = properties.headers() else {
-        return properties;
-    };
-    let mut kept = FieldTable::default();
-    for (key, value) in headers.inner() {
-        if key.as_str() != "CC" {
-            kept.insert(key.clone(), value.clone());
-        }
-    }
-    properties.with_headers(kept)
-}
-
 /// `envelope`, a message that died in `queue`, on its way to `exchange` with `routing_key`
 /// (`x-dead-letter-routing-key`; without one, it keeps its own keys, `CC` ones too),
 /// stamped as arriving `now` (milliseconds since the Unix epoch: a dead-letter queue's
@@ -703,7 +683,8 @@ pub fn dead_letter(
         }
     };
     let (properties, keys) = match routing_key {
-        Some(key) => (without_cc(properties), vec![key.to_string()]),
+        // RabbitMQ takes `CC` out of a dead letter given a routing key of its own.
+        Some(key) => (without_header(properties, "CC"), vec![key.to_string()]),
         None => (properties, keys),
     };
     let reason = (envelope.death.as_ref()).map(|death| reason_text(&death.reason));

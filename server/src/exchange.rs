@@ -515,17 +515,30 @@ impl Exchanges {
         if exchange.is_empty() {
             return Err(Refusal::Reserved);
         }
-        // As RabbitMQ: removing a binding from an exchange that is not there succeeds.
-        let Some(found) = self.by_name.get_mut(exchange) else {
-            return Ok(());
+        self.remove_binding(exchange, key, queue, |x| &mut x.bindings);
+        Ok(())
+    }
+
+    /// Removes the binding of `source` with `key` to `destination` from the bindings
+    /// `which` picks (to queues, or to exchanges); an auto-delete source goes with its
+    /// last. As RabbitMQ: removing a binding from an exchange that is not there succeeds.
+    fn remove_binding(
+        &mut self,
+        source: &str,
+        key: &str,
+        destination: &str,
+        which: fn(&mut Exchange) -> &mut Bindings,
+    ) {
+        let Some(found) = self.by_name.get_mut(source) else {
+            return;
         };
-        if let Some(queues) = found.bindings.get_mut(key) {
-            if queues.remove(queue).is_some() && queues.is_empty() {
-                found.bindings.remove(key);
-                self.remove_if_auto_delete(exchange);
+        let bindings = which(found);
+        if let Some(to) = bindings.get_mut(key) {
+            if to.remove(destination).is_some() && to.is_empty() {
+                bindings.remove(key);
+                self.remove_if_auto_delete(source);
             }
         }
-        Ok(())
     }
 
     /// `exchange.bind`: `destination` gets what `source` routes with `key`. The binding is
@@ -561,15 +574,7 @@ impl Exchanges {
             if source.is_empty() || destination.is_empty() {
                 return Err(Refusal::Reserved);
             }
-            let Some(found) = x.by_name.get_mut(source) else {
-                return Ok(());
-            };
-            if let Some(to) = found.to_exchanges.get_mut(key) {
-                if to.remove(destination).is_some() && to.is_empty() {
-                    found.to_exchanges.remove(key);
-                    x.remove_if_auto_delete(source);
-                }
-            }
+            x.remove_binding(source, key, destination, |x| &mut x.to_exchanges);
             Ok(())
         })
     }

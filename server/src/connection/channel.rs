@@ -187,7 +187,8 @@ impl Connection {
             AMQPClass::Exchange(exchange::AMQPMethod::Bind(bind)) => {
                 let m = AMQPClass::Exchange(exchange::AMQPMethod::Bind(bind.clone()));
                 let (source, destination) = (bind.source.as_str(), bind.destination.as_str());
-                self.bind_exchange(ch, source, destination, bind.routing_key.as_str(), &m)?;
+                let (key, arguments) = (bind.routing_key.as_str(), &bind.arguments);
+                self.bind_exchange(ch, (source, key, destination), arguments, &m)?;
                 if !bind.nowait {
                     let ok = exchange::AMQPMethod::BindOk(exchange::BindOk {});
                     self.send(ch, AMQPClass::Exchange(ok));
@@ -197,7 +198,8 @@ impl Connection {
             AMQPClass::Exchange(exchange::AMQPMethod::Unbind(unbind)) => {
                 let m = AMQPClass::Exchange(exchange::AMQPMethod::Unbind(unbind.clone()));
                 let (source, destination) = (unbind.source.as_str(), unbind.destination.as_str());
-                self.unbind_exchange(ch, source, destination, unbind.routing_key.as_str(), &m)?;
+                let (key, arguments) = (unbind.routing_key.as_str(), &unbind.arguments);
+                self.unbind_exchange(ch, (source, key, destination), arguments, &m)?;
                 if !unbind.nowait {
                     let ok = exchange::AMQPMethod::UnbindOk(exchange::UnbindOk {});
                     self.send(ch, AMQPClass::Exchange(ok));
@@ -994,15 +996,10 @@ impl Connection {
     fn bind_exchange(
         &mut self,
         ch: u16,
-        source: &str,
-        destination: &str,
-        key: &str,
+        (source, key, destination): (&str, &str, &str),
+        arguments: &FieldTable,
         m: &AMQPClass,
     ) -> Result<(), Fault> {
-        let arguments = match m {
-            AMQPClass::Exchange(exchange::AMQPMethod::Bind(bind)) => &bind.arguments,
-            _ => unreachable!("called for exchange.bind"),
-        };
         let mut exchanges = self.settings.exchanges.lock().expect("never poisoned");
         // As RabbitMQ: the default exchange first, then the source, then the destination.
         for name in [source, destination] {
@@ -1023,23 +1020,18 @@ impl Connection {
     /// `exchange.unbind`: as `queue.unbind`, removing a binding that is not there
     /// succeeds.
     fn unbind_exchange(
-        &mut self,
+        &self,
         ch: u16,
-        source: &str,
-        destination: &str,
-        key: &str,
+        (source, key, destination): (&str, &str, &str),
+        arguments: &FieldTable,
         m: &AMQPClass,
     ) -> Result<(), Fault> {
-        let arguments = match m {
-            AMQPClass::Exchange(exchange::AMQPMethod::Unbind(unbind)) => &unbind.arguments,
-            _ => unreachable!("called for exchange.unbind"),
-        };
         let mut exchanges = self.settings.exchanges.lock().expect("never poisoned");
-        if let Some(key) = unbinding_key(exchanges.kind(source), key, arguments) {
-            (exchanges.unbind_exchange(source, &key, destination))
-                .map_err(|r| exchange_fault(ch, r, source, m))?;
+        match unbinding_key(exchanges.kind(source), key, arguments) {
+            Some(key) => (exchanges.unbind_exchange(source, &key, destination))
+                .map_err(|r| exchange_fault(ch, r, source, m)),
+            None => Ok(()),
         }
-        Ok(())
     }
 
     /// `queue.unbind`: as in RabbitMQ, removing a binding that is not there (its queue or
