@@ -25,7 +25,7 @@ mod reply_to;
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
 use std::pin::pin;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -95,9 +95,6 @@ pub struct Settings {
     pub dead_letters: Arc<DeadLetters>,
     /// When messages arrive and expire (message TTL).
     pub clock: WallClock,
-    /// Set once a queue was declared with `x-message-ttl`: from then on every publish is
-    /// stamped with its arrival (before it is routed), not only one with an `expiration`.
-    pub message_ttl_used: Arc<AtomicBool>,
     /// What the connections count for `--metrics`.
     pub metrics: Arc<Metrics>,
     /// Set to `true` when the server shuts down: every connection is then closed with
@@ -124,7 +121,6 @@ impl Default for Settings {
             expiring: Arc::default(),
             dead_letters: Arc::default(),
             clock: WallClock::default(),
-            message_ttl_used: Arc::default(),
             metrics: Arc::default(),
             shutdown: Arc::new(tokio::sync::watch::Sender::new(false)),
         }
@@ -140,7 +136,7 @@ impl Settings {
             .get(queue.name())
             .copied();
         if queue.close() {
-            self.forget(queue.name(), owner);
+            self.forget(queue, owner);
         }
     }
 
@@ -149,7 +145,8 @@ impl Settings {
     /// name may already be another queue's): its bindings, its declared flags, its
     /// consumers' entry and its expiry, and its exclusive owner if that is `owner`; its
     /// holding queue of dead letters drains and goes. Whether it had one here.
-    fn forget(&self, name: &str, owner: Option<u64>) -> bool {
+    fn forget(&self, queue: &Queue, owner: Option<u64>) -> bool {
+        let name = queue.name();
         let mut owners = self.exclusive.lock().expect("never poisoned");
         if owner.is_some() && owners.get(name) == owner.as_ref() {
             owners.remove(name);
@@ -158,7 +155,7 @@ impl Settings {
         self.consumers.forget(name);
         (self.declared.lock().expect("never poisoned")).remove(name);
         self.expiring.forget_closed(name);
-        let dead_letters = self.dead_letters.forget(name);
+        let dead_letters = self.dead_letters.forget(queue);
         let mut exchanges = self.exchanges.lock().expect("never poisoned");
         if let Err(Refusal::Storage(why)) = exchanges.unbind_queue(name) {
             tracing::warn!("queue {name} was deleted, but its bindings stay on disk: {why}");
@@ -787,14 +784,15 @@ impl Connection {
             refuse(text);
             None
         });
-        // A message that may expire is stamped with its arrival: one with an `expiration`
-        // (which must be a number of milliseconds, as RabbitMQ reads it), and once a queue
-        // has a message TTL, every one.
+        // Every message is stamped with its arrival (a queue's TTL counts from then, and
+        // may be declared after it was published, or again after a restart), and marked
+        // where it has an `expiration` of its own: a number of milliseconds, as RabbitMQ
+        // reads it.
         let expiration = properties.expiration().as_ref();
         if let Some(Err(text)) = expiration.map(|e| content::parse_expiration(e.as_str())) {
             refuse(text);
         }
-        let stamp = expiration.is_some() || self.settings.message_ttl_used.load(Ordering::Relaxed);
+        let own_ttl = expiration.is_some();
         let bcc = routes.as_ref().is_some_and(|r| r.bcc);
         // Stored with other properties than it came with: a direct reply-to's name, or
         // its `BCC` header taken out (recipients a consumer must not see).
@@ -822,7 +820,7 @@ impl Connection {
             None => header,
         };
         let cc = routes.map(|r| r.keys).unwrap_or_default();
-        if let Err(fault) = self.handle_header(header, id, cc, stamp, refused) {
+        if let Err(fault) = self.handle_header(header, id, cc, own_ttl, refused) {
             self.fail(fault);
         }
         Ok(())
@@ -1104,7 +1102,7 @@ impl Connection {
             .retain(|q| q.name() != name || !q.is_closed());
         // Closed before (by `x-expires`, another connection's delete): forgotten then.
         if closed {
-            let tracked = self.settings.forget(name, Some(self.id));
+            let tracked = self.settings.forget(queue, Some(self.id));
             // A durable queue brought back by a restart and deleted before it was declared
             // again may have a holding queue of dead letters that nothing forwards (its
             // route was never said): it goes, with what it holds.

@@ -15,10 +15,13 @@
 //! through the default exchange to more queues than its key names (`CC`, `BCC`), which
 //! its deliveries report as RabbitMQ's do.
 //!
-//! A message that may expire (message TTL: its own `expiration`, or a queue's
-//! `x-message-ttl`) is stamped with when it arrived: the format byte has [`TIMED`] set and
-//! the arrival, in milliseconds since the Unix epoch (u64 big-endian), follows it, before
-//! the properties' length ([`stamp`]).
+//! A message a publish or a dead-lettering stores is stamped with when it arrived (message
+//! TTL counts from then: its own `expiration`, or a queue's `x-message-ttl`): the format
+//! byte has [`TIMED`] set, and [`OWN_TTL`] where the message has an `expiration` of its
+//! own, and the arrival, in milliseconds since the Unix epoch (u64 big-endian), follows
+//! it, before the properties' length ([`stamp`]). Bodies stored before stamps were
+//! written have neither bit and never expire; a build from before them would deliver a
+//! stamped body as it is, so it cannot read a data dir written since.
 //!
 //! where the properties are in the content header's own encoding, as the publish's header
 //! carried them (checked by `amq-protocol`'s `parse_properties`, with the two low flag bits,
@@ -45,6 +48,8 @@ const FORMAT: u8 = 1;
 const FORMAT_ROUTED: u8 = 2;
 /// Set in the format byte of a body stamped with its arrival.
 pub const TIMED: u8 = 0x80;
+/// Set in the format byte of a stamped body whose message has an `expiration`.
+pub const OWN_TTL: u8 = 0x40;
 /// The bytes of an arrival stamp.
 const STAMP: usize = 8;
 const PREFIX: usize = 5;
@@ -218,10 +223,11 @@ pub fn stored_properties(stored: &[u8]) -> &[u8] {
 }
 
 /// Stamps a body made by [`stored_start`] (whose payload may follow already) with its
-/// arrival, `at` milliseconds since the Unix epoch; a body stamped before keeps its stamp.
-pub fn stamp(stored: &mut Vec<u8>, at: u64) {
+/// arrival, `at` milliseconds since the Unix epoch, and whether its message has an
+/// `expiration` of its own (`own_ttl`); a body stamped before keeps its stamp.
+pub fn stamp(stored: &mut Vec<u8>, at: u64, own_ttl: bool) {
     if stored.first().is_some_and(|format| format & TIMED == 0) {
-        stored[0] |= TIMED;
+        stored[0] |= if own_ttl { TIMED | OWN_TTL } else { TIMED };
         stored.splice(1..1, at.to_be_bytes());
     }
 }
@@ -238,8 +244,9 @@ pub fn arrival(body: &[u8]) -> Option<u64> {
 /// letter's `expiration` was taken out when it died, as RabbitMQ takes it out). `seen`
 /// parses its properties.
 pub fn expires_at(body: &[u8], queue_ttl: Option<u64>, seen: &mut PropertiesSeen) -> Option<u64> {
-    // The common case, a message not stamped, is told by its first byte.
-    if body.first().is_none_or(|format| format & TIMED == 0) {
+    // The common case, a message with no TTL, is told by its first byte.
+    let format = *body.first()?;
+    if format & TIMED == 0 || (queue_ttl.is_none() && format & OWN_TTL == 0) {
         return None;
     }
     let parts = split(body)?;
@@ -344,7 +351,7 @@ struct Parts<'a> {
 /// UTF-8. The properties are not checked here.
 fn split(body: &[u8]) -> Option<Parts<'_>> {
     let format = *body.first()?;
-    let (format, timed) = (format & !TIMED, format & TIMED != 0);
+    let (format, timed) = (format & !(TIMED | OWN_TTL), format & TIMED != 0);
     let at = if timed { 1 + STAMP } else { 1 };
     if body.len() < at + 4 || !matches!(format, FORMAT | FORMAT_ROUTED) {
         return None;
@@ -691,7 +698,8 @@ pub fn dead_letter(
     let deaths = death_list(&properties);
     let encoded = encode_properties(&properties)?;
     let mut body = stored_start_keeping_key(&encoded, exchange, &keys[0], stored.payload.len())?;
-    stamp(&mut body, now);
+    // Its `expiration` was taken out.
+    stamp(&mut body, now, false);
     body.extend_from_slice(&stored.payload);
     Some(DeadLetter {
         body: Bytes::from(body),
@@ -1030,8 +1038,8 @@ mod tests {
             .unwrap()
             .to_vec();
         let unstamped = body.clone();
-        stamp(&mut body, 1_000);
-        stamp(&mut body, 9_999);
+        stamp(&mut body, 1_000, true);
+        stamp(&mut body, 9_999, true);
         assert_eq!(arrival(&body), Some(1_000), "stamped once");
         assert_eq!(arrival(&unstamped), None);
         let envelope = Envelope {
@@ -1051,8 +1059,13 @@ mod tests {
         assert_eq!(expires_at(&unstamped, Some(100), &mut seen), None);
         let plain = encode(&BasicProperties::default(), b"x").unwrap().to_vec();
         let mut stamped = plain.clone();
-        stamp(&mut stamped, 7);
+        stamp(&mut stamped, 7, false);
         assert_eq!(expires_at(&stamped, None, &mut seen), None, "no TTL at all");
+        // Marked with no TTL of its own: an `expiration` it carries is not its TTL (a dead
+        // letter's was taken out; this one is kept only to show the mark decides).
+        let mut unmarked = body.clone();
+        unmarked[0] &= !OWN_TTL;
+        assert_eq!(expires_at(&unmarked, None, &mut seen), None);
         assert_eq!(expires_at(&stamped, Some(0), &mut seen), Some(7));
     }
 

@@ -64,26 +64,30 @@ pub struct Route {
 pub struct DeadLetters {
     state: Mutex<State>,
     /// Wakes [`run`] when a task is to start.
-    wake: tokio::sync::Notify,
+    wake: Notify,
 }
 
 #[derive(Debug, Default)]
 struct State {
     /// By the name of the queue whose dead letters they are.
     by_queue: HashMap<String, Entry>,
-    /// Queues whose task is to start, each with its holding queue and drain signal.
-    starting: Vec<(String, Queue, Arc<Notify>)>,
+    /// Tasks to start: the queue's name, its holding queue, its drain signal and its
+    /// number.
+    starting: Vec<(String, Queue, Arc<Notify>, u64)>,
+    /// Numbers the tasks, so that one that ends forgets only its own entry.
+    tasks: u64,
 }
 
 #[derive(Debug)]
 struct Entry {
+    /// The queue whose dead letters they are: once it is closed (deleted), the task sends
+    /// on what the holding queue still has, then closes it.
+    source: Queue,
     holding: Queue,
     route: Route,
-    /// Its queue was deleted: the task sends on what the holding queue still has, then
-    /// closes it.
-    draining: bool,
-    /// Wakes the task when `draining` is set.
+    /// Wakes the task when its queue is deleted.
     drain: Arc<Notify>,
+    task: u64,
 }
 
 impl DeadLetters {
@@ -92,73 +96,88 @@ impl DeadLetters {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// `queue`, just declared, dead-letters through `route` by way of `holding`: its task
-    /// starts unless it runs (a queue declared again while its task drains the holding
-    /// queue of the one deleted before keeps that task, and its holding queue).
-    pub fn forward(&self, queue: &str, holding: Queue, route: Route) {
+    /// Declares the queue called `queue` with `declare` (which declares its holding queue,
+    /// then the queue, and gives both), to dead-letter through `route`: its task starts
+    /// unless one runs. A task draining the holding queue of a queue of that name just
+    /// deleted carries on for the new one. `declare` runs under this table's lock, so that
+    /// such a task cannot close the holding queue between its declare and the queue's.
+    ///
+    /// # Errors
+    ///
+    /// What `declare` fails with.
+    pub fn declare<E>(
+        &self,
+        queue: &str,
+        route: Route,
+        declare: impl FnOnce() -> Result<(Queue, Queue), E>,
+    ) -> Result<Queue, E> {
         let mut state = self.lock();
+        let (source, holding) = declare()?;
         if let Some(entry) = state.by_queue.get_mut(queue) {
             if !entry.holding.is_closed() {
+                entry.source = source.clone();
                 entry.route = route;
-                entry.draining = false;
-                return;
+                return Ok(source);
             }
         }
-        let drain = Arc::new(Notify::new());
-        state
-            .starting
-            .push((queue.to_string(), holding.clone(), Arc::clone(&drain)));
+        state.tasks += 1;
+        let (task, drain) = (state.tasks, Arc::new(Notify::new()));
+        let start = (queue.to_string(), holding.clone(), Arc::clone(&drain), task);
+        state.starting.push(start);
         let entry = Entry {
+            source: source.clone(),
             holding,
             route,
-            draining: false,
             drain,
+            task,
         };
         state.by_queue.insert(queue.to_string(), entry);
         drop(state);
         self.wake.notify_one();
+        Ok(source)
     }
 
     /// Where the dead letters of `queue` go now (the last route of one deleted and still
-    /// draining); `None` once its holding queue is closed.
-    fn route(&self, queue: &str) -> Option<Route> {
+    /// draining); `None` once its task is not task `task`.
+    fn route(&self, queue: &str, task: u64) -> Option<Route> {
         let state = self.lock();
-        let entry = state.by_queue.get(queue)?;
-        (!entry.holding.is_closed()).then(|| entry.route.clone())
+        let entry = state.by_queue.get(queue).filter(|e| e.task == task)?;
+        Some(entry.route.clone())
     }
 
-    /// `queue` was deleted: its task sends on what its holding queue still holds (as
-    /// RabbitMQ would have sent it on already), then closes it and ends. Whether the queue
-    /// had a holding queue here. One whose task never started (no [`run`]) is closed at
-    /// once.
-    pub fn forget(&self, queue: &str) -> bool {
-        let mut state = self.lock();
-        let before = state.starting.len();
-        state.starting.retain(|(name, _, _)| name != queue);
-        let never_started = state.starting.len() < before;
-        let Some(entry) = state.by_queue.get_mut(queue) else {
+    /// The queue `closed` was deleted: its task sends on what its holding queue still
+    /// holds (as RabbitMQ would have sent it on already), then closes it and ends. Whether
+    /// a queue of its name has a holding queue here (the deleted one's, or a new one's).
+    pub fn forget(&self, closed: &Queue) -> bool {
+        let state = self.lock();
+        let Some(entry) = state.by_queue.get(closed.name()) else {
             return false;
         };
-        if never_started {
-            let entry = state.by_queue.remove(queue).expect("just found");
-            drop(state);
-            entry.holding.close();
-        } else {
-            entry.draining = true;
+        if entry.source.is_closed() {
             entry.drain.notify_one();
         }
         true
     }
 
-    /// Closes the holding queue of `queue` and forgets it if its queue was deleted and it
-    /// holds nothing more (checked under the lock, so that a declare of the queue again
-    /// cannot get it as it closes); whether it did.
-    fn close_if_drained(&self, queue: &str, holding: &Queue) -> bool {
+    /// Task `task`, for `queue`, ends: its entry goes, so that the queue's next declare
+    /// starts another.
+    fn ended(&self, queue: &str, task: u64) {
         let mut state = self.lock();
-        let Some(entry) = state.by_queue.get(queue) else {
+        if state.by_queue.get(queue).is_some_and(|e| e.task == task) {
+            state.by_queue.remove(queue);
+        }
+    }
+
+    /// Closes the holding queue of `queue` and forgets it, if `queue` was deleted and the
+    /// holding queue holds nothing more; whether the task is to end (it did, or the entry
+    /// is no longer task `task`'s). Under the lock: a declare cannot get the holding queue
+    /// as it closes.
+    fn close_if_drained(&self, queue: &str, holding: &Queue, task: u64) -> bool {
+        let mut state = self.lock();
+        let Some(entry) = state.by_queue.get(queue).filter(|e| e.task == task) else {
             return true;
         };
-        if !entry.draining {
+        if !entry.source.is_closed() {
             return false;
         }
         let stats = holding.stats();
@@ -166,7 +185,6 @@ impl DeadLetters {
             return false;
         }
         state.by_queue.remove(queue);
-        drop(state);
         holding.close();
         true
     }
@@ -178,9 +196,12 @@ pub async fn run(settings: Arc<Settings>, broker: Broker) {
     let mut tasks = JoinSet::new();
     loop {
         let starting = std::mem::take(&mut settings.dead_letters.lock().starting);
-        for (queue, holding, drain) in starting {
+        for (queue, holding, drain, task) in starting {
             let (settings, broker) = (settings.clone(), broker.clone());
-            tasks.spawn(forward_all(settings, broker, queue, holding, drain));
+            tasks.spawn(async move {
+                forward_all(&settings, broker, &queue, holding, drain, task).await;
+                settings.dead_letters.ended(&queue, task);
+            });
         }
         // Finished tasks are let go as they end; a permit stored by a `notify_one` with no
         // waiter wakes the next wait at once.
@@ -195,19 +216,19 @@ pub async fn run(settings: Arc<Settings>, broker: Broker) {
 enum Sent {
     /// Put wherever its exchange routed it, or dropped (as RabbitMQ drops it): acked.
     Done,
-    /// Not put, and never will be by this task (the broker shuts down, or a queue's log
-    /// failed): left in the holding queue, and the task ends.
+    /// Not put, as the broker shuts down: left in the holding queue, and the task ends.
     Stopped,
 }
 
 /// Takes the dead letters of `queue` from `holding` and sends each on, until the holding
 /// queue is closed, or drained once `queue` is deleted (`drain` wakes it then).
 async fn forward_all(
-    settings: Arc<Settings>,
+    settings: &Settings,
     broker: Broker,
-    queue: String,
+    queue: &str,
     holding: Queue,
     drain: Arc<Notify>,
+    task: u64,
 ) {
     let consumer = {
         let holding = holding.clone();
@@ -227,7 +248,10 @@ async fn forward_all(
     };
     let mut queues = HashMap::new();
     loop {
-        if settings.dead_letters.close_if_drained(&queue, &holding) {
+        if settings
+            .dead_letters
+            .close_if_drained(queue, &holding, task)
+        {
             break;
         }
         let delivery = tokio::select! {
@@ -237,10 +261,10 @@ async fn forward_all(
         let Some(delivery) = delivery else {
             break;
         };
-        let Some(route) = settings.dead_letters.route(&queue) else {
+        let Some(route) = settings.dead_letters.route(queue, task) else {
             break;
         };
-        match send_on(&settings, &broker, &mut queues, &delivery, &route).await {
+        match send_on(settings, &broker, &mut queues, &delivery, &route).await {
             Sent::Done => {
                 holding.ack_async(delivery.tag()).await;
             }
@@ -298,8 +322,8 @@ async fn send_on(
         queues.insert(name.clone(), target.clone());
         match target.put_async(Message::new(letter.body.clone())).await {
             Ok(_) => put += 1,
-            Err(e @ (Error::ShutDown | Error::Storage(_))) => {
-                tracing::warn!(queue = %name, exchange, error = %e, "dead letters wait in their holding queue");
+            Err(e @ Error::ShutDown) => {
+                tracing::debug!(queue = %name, exchange, error = %e, "dead letters wait in their holding queue");
                 return Sent::Stopped;
             }
             Err(e) => {
@@ -361,19 +385,29 @@ mod tests {
                 .unwrap();
             exchanges.bind("dlx", "failed", "failures", false).unwrap();
         }
-        let holding =
-            (broker.declare_queue(&holding_name("orders"), QueueConfig::default())).unwrap();
-        let config = QueueConfig {
-            dead_letter: Some(holding_name("orders")),
-            ..QueueConfig::default()
+        // As a declare does: the holding queue, then the queue.
+        let declare = || {
+            let holding = broker.declare_queue(&holding_name("orders"), QueueConfig::default());
+            let config = QueueConfig {
+                dead_letter: Some(holding_name("orders")),
+                ..QueueConfig::default()
+            };
+            let orders = broker.declare_queue("orders", config);
+            Ok::<_, leasemq::Error>((orders?, holding?))
         };
-        let orders = broker.declare_queue("orders", config).unwrap();
         let route = Route {
             exchange: "dlx".into(),
             routing_key: Some("failed".into()),
         };
-        (settings.dead_letters).forward("orders", holding.clone(), route.clone());
+        let orders = (settings.dead_letters)
+            .declare("orders", route.clone(), declare)
+            .unwrap();
+        let holding = broker.queue(&holding_name("orders")).unwrap();
         let task = tokio::spawn(run(settings.clone(), broker.clone()));
+        let route_now = || {
+            let state = settings.dead_letters.lock();
+            state.by_queue.get("orders").map(|e| e.route.clone())
+        };
 
         let body = content::encode(&BasicProperties::default(), b"bad").unwrap();
         orders.put(Message::new(body)).unwrap();
@@ -407,8 +441,9 @@ mod tests {
         (settings.exchanges.lock().unwrap())
             .bind("dlx", "failed", "failures", false)
             .unwrap();
-        (settings.dead_letters).forward("orders", holding.clone(), route.clone());
-        assert_eq!(settings.dead_letters.route("orders"), Some(route));
+        let again = (settings.dead_letters).declare("orders", route.clone(), declare);
+        assert!(again.is_ok());
+        assert_eq!(route_now(), Some(route.clone()));
         assert_eq!(
             settings.dead_letters.lock().starting.len(),
             0,
@@ -432,7 +467,7 @@ mod tests {
         assert!(orders.settle_batch(&settles).iter().all(|&ok| ok));
         drop(worker);
         assert!(orders.close());
-        assert!(settings.dead_letters.forget("orders"));
+        assert!(settings.dead_letters.forget(&orders));
         for _ in 0..n {
             assert!(next(&mut reader).await.ack());
         }
@@ -443,8 +478,42 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
         assert!(holding.is_closed(), "closed once drained");
-        assert_eq!(settings.dead_letters.route("orders"), None);
+        assert_eq!(route_now(), None);
         assert_eq!(failures.stats().enqueued, 1 + n as u64);
+
+        // Declared again while its holding queue drains: the new queue keeps it and its
+        // task, and its dead letters go on too.
+        let orders = (settings.dead_letters)
+            .declare("orders", route.clone(), declare)
+            .unwrap();
+        let holding = broker.queue(&holding_name("orders")).unwrap();
+        for i in 0..n {
+            orders.put(Message::new(format!("again {i}"))).unwrap();
+        }
+        let mut worker = orders
+            .consume("all-at-once", ConsumerConfig { prefetch: 1_000 })
+            .unwrap();
+        let mut tags = Vec::new();
+        while tags.len() < n {
+            tags.push(next(&mut worker).await.tag());
+        }
+        let settles: Vec<_> = tags.iter().map(|&t| (t, leasemq::Settle::Reject)).collect();
+        assert!(orders.settle_batch(&settles).iter().all(|&ok| ok));
+        drop(worker);
+        assert!(orders.close());
+        assert!(settings.dead_letters.forget(&orders));
+        let renewed = (settings.dead_letters)
+            .declare("orders", route.clone(), declare)
+            .unwrap();
+        assert!(!holding.is_closed(), "kept by the queue declared again");
+        renewed.put(Message::new(&b"last"[..])).unwrap();
+        let mut worker = renewed.consume("last", ConsumerConfig::default()).unwrap();
+        assert!(next(&mut worker).await.reject());
+        for _ in 0..=n {
+            assert!(next(&mut reader).await.ack());
+        }
+        assert!(!holding.is_closed());
+        assert_eq!(failures.stats().enqueued, 2 + 2 * n as u64);
         task.abort();
     }
 }

@@ -316,6 +316,8 @@ impl Connection {
             given => names::engine(given).into_owned(),
         };
         let name = name.as_str();
+        // The name its texts give, as the client knows it.
+        let shown = names::amqp(name);
         if reply_to::is_reply_name(name) {
             return self.declare_reply_name(ch, &declare, &m);
         }
@@ -326,13 +328,13 @@ impl Connection {
         });
         if quorum && declare.exclusive && !declare.passive {
             let text = format!(
-                "PRECONDITION_FAILED - invalid property 'exclusive-owner' for queue '{name}': a quorum queue is not exclusive"
+                "PRECONDITION_FAILED - invalid property 'exclusive-owner' for queue '{shown}': a quorum queue is not exclusive"
             );
             return Err(Fault::channel(ch, code::PRECONDITION_FAILED, text, &m));
         }
         if quorum && !declare.durable && !declare.passive {
             let text = format!(
-                "PRECONDITION_FAILED - invalid property 'non-durable' for queue '{name}': a quorum queue is durable"
+                "PRECONDITION_FAILED - invalid property 'non-durable' for queue '{shown}': a quorum queue is durable"
             );
             return Err(Fault::channel(ch, code::PRECONDITION_FAILED, text, &m));
         }
@@ -392,7 +394,7 @@ impl Connection {
             // even one that exists (a passive declare may look at it).
             if declare.queue.as_str().starts_with("amq.") {
                 let text = format!(
-                    "ACCESS_REFUSED - queue name '{name}' contains reserved prefix 'amq.*'"
+                    "ACCESS_REFUSED - queue name '{shown}' contains reserved prefix 'amq.*'"
                 );
                 return Err(Fault::channel(ch, code::ACCESS_REFUSED, text, &m));
             }
@@ -407,26 +409,27 @@ impl Connection {
                     .is_some_and(|r| r.exchange.is_empty() && r.routing_key.as_deref() == to)
             });
             config.dead_letter.clone_from(&direct);
-            let holding = match (&route, &direct) {
-                (Some(_), None) => Some(self.holding_queue(ch, name, &config, &m)?),
-                _ => None,
-            };
-            if let Some((holding, _)) = &holding {
-                config.dead_letter = Some(holding.name().to_string());
-            }
-            let q = match self.broker.declare_queue(name, config) {
-                Ok(q) => q,
-                Err(e) => {
-                    // One made for this declare goes with it.
-                    if let Some((holding, true)) = &holding {
-                        holding.close();
-                    }
-                    return Err(broker_fault(ch, &e, &m));
+            let q = match (route, &direct) {
+                (Some(route), None) => {
+                    let dead_letters = std::sync::Arc::clone(&self.settings.dead_letters);
+                    dead_letters.declare(name, route, || {
+                        let (holding, made) = self.holding_queue(ch, name, &config, &m)?;
+                        config.dead_letter = Some(holding.name().to_string());
+                        match self.broker.declare_queue(name, config) {
+                            Ok(q) => Ok((q, holding)),
+                            Err(e) => {
+                                // One made for this declare goes with it.
+                                if made {
+                                    holding.close();
+                                }
+                                Err(broker_fault(ch, &e, &m))
+                            }
+                        }
+                    })?
                 }
+                _ => (self.broker.declare_queue(name, config))
+                    .map_err(|e| broker_fault(ch, &e, &m))?,
             };
-            if let (Some((holding, _)), Some(route)) = (holding, route) {
-                (self.settings.dead_letters).forward(name, holding, route);
-            }
             self.queues.insert(name.to_string(), q.clone());
             // An exclusive queue is this connection's: deleted when it ends. Declaring
             // an existing queue exclusive does not take it over (RabbitMQ: 405).
@@ -435,7 +438,7 @@ impl Connection {
             if declare.exclusive && !self.exclusive.iter().any(|e| e.name() == name) {
                 if existed {
                     let text = format!(
-                        "RESOURCE_LOCKED - cannot obtain exclusive access to queue '{name}' in vhost '/'"
+                        "RESOURCE_LOCKED - cannot obtain exclusive access to queue '{shown}' in vhost '/'"
                     );
                     return Err(Fault::channel(ch, code::RESOURCE_LOCKED, text, &m));
                 }
@@ -453,10 +456,6 @@ impl Connection {
                 flags.insert(name.to_string(), declared);
             }
             drop(flags);
-            if message_ttl.is_some() {
-                // Every publish is stamped with its arrival from now on.
-                (self.settings.message_ttl_used).store(true, std::sync::atomic::Ordering::Relaxed);
-            }
             if let Some(ms) = expires {
                 // Set anew: a redeclare is a use.
                 (self.settings.expiring).set(&q, Duration::from_millis(ms.into()));
@@ -641,7 +640,7 @@ impl Connection {
         else {
             let text = format!(
                 "ACCESS_REFUSED - queue '{}' in vhost '/' in exclusive use",
-                queue.name()
+                names::amqp(queue.name())
             );
             return Err(Fault::channel(ch, code::ACCESS_REFUSED, text, &m));
         };
@@ -870,14 +869,17 @@ impl Connection {
         if let Some(queue) = queue {
             let stats = queue.stats();
             if delete.if_unused && stats.consumers > 0 {
+                let name = names::amqp(name);
                 let text = format!("PRECONDITION_FAILED - queue '{name}' in vhost '/' in use");
                 return Err(Fault::channel(ch, code::PRECONDITION_FAILED, text, &m));
             }
             // As RabbitMQ, a queue is empty when nothing waits to be delivered: leased
             // messages go with it (their late acks change nothing).
             if delete.if_empty && stats.ready + stats.delayed > 0 {
-                let text =
-                    format!("PRECONDITION_FAILED - queue '{name}' in vhost '/' is not empty");
+                let text = format!(
+                    "PRECONDITION_FAILED - queue '{}' in vhost '/' is not empty",
+                    names::amqp(name)
+                );
                 return Err(Fault::channel(ch, code::PRECONDITION_FAILED, text, &m));
             }
             message_count = stats.ready + stats.delayed;
@@ -1384,7 +1386,7 @@ pub(super) fn broker_fault(ch: u16, e: &Error, m: &AMQPClass) -> Fault {
         }
         Error::InvalidName => (
             code::PRECONDITION_FAILED,
-            format!("PRECONDITION_FAILED - {e} (names are 1 to 255 bytes of A-Z a-z 0-9 . _ : -)"),
+            format!("PRECONDITION_FAILED - {e} (a queue name is 1 to 255 bytes; one with bytes outside A-Z a-z 0-9 . _ : - is kept escaped, each such byte as 3 and each _ as 2, plus 9, and must fit too)"),
         ),
         _ => (
             code::PRECONDITION_FAILED,

@@ -127,7 +127,7 @@ impl Connection {
         header: wire::Header<'_>,
         message_id: Option<String>,
         cc: Vec<String>,
-        stamp: bool,
+        own_ttl: bool,
         refused: Option<String>,
     ) -> Result<(), Fault> {
         let ch = header.channel;
@@ -188,9 +188,7 @@ impl Connection {
                 &publish_method(),
             ));
         };
-        if stamp {
-            content::stamp(&mut stored, self.settings.clock.now_ms());
-        }
+        content::stamp(&mut stored, self.settings.clock.now_ms(), own_ttl);
         let incoming = self.incoming(ch, "content header")?;
         incoming.content = Some(Content {
             size: header.body_size,

@@ -2315,13 +2315,15 @@ fn a_queue_that_dead_letters_has_a_holding_queue_no_client_reaches() {
         "{out:?}"
     );
     assert_eq!(c.stats(&holding).enqueued, 0);
-    // Deleted with its queue.
+    // Deleted with its queue once drained: by the server's task (`dead_letter::run`),
+    // which none runs here, so it stays, still out of reach.
     let delete = queue::Delete {
         queue: "work".into(),
         ..queue::Delete::default()
     };
     c.feed(&[queue_method(queue::AMQPMethod::Delete(delete))]);
-    assert!(c.broker.queue(&holding).is_none());
+    assert!(c.broker.queue("work").is_none());
+    assert!(c.broker.queue(&holding).is_some(), "left to drain");
 }
 
 /// The bodies of the deliveries and `get-ok`s in `out`, in order.
@@ -2455,13 +2457,44 @@ fn a_queue_name_with_bytes_the_broker_does_not_take_is_served_under_its_own_name
         delivered_bodies(&out),
         [b"direct".to_vec(), b"bound".to_vec()]
     );
-    // A name that looks escaped is a client's own name too.
-    let escaped_looking = format!("{}x", crate::names::ESCAPED);
+    // A name that looks escaped is a client's own name too: the escaped form of this
+    // queue's name names another queue, which does not exist.
     let passive = queue::Declare {
-        queue: escaped_looking.as_str().into(),
+        queue: kept.as_ref().into(),
         passive: true,
         ..queue::Declare::default()
     };
     let out = c.feed(&[queue_method(queue::AMQPMethod::Declare(passive))]);
     assert_eq!(channel_close_code(&out), Some(404));
+}
+
+#[test]
+fn expired_messages_at_the_head_do_not_hold_a_prefetch_of_one() {
+    let (clock, now) = crate::WallClock::manual(1_000_000);
+    let mut c = Client::open_with(Settings {
+        clock,
+        ..Settings::default()
+    });
+    let mut arguments = FieldTable::default();
+    arguments.insert("x-message-ttl".into(), AMQPValue::LongInt(1_000));
+    let declare = queue::Declare {
+        queue: "ttl".into(),
+        arguments,
+        ..queue::Declare::default()
+    };
+    c.feed(&[queue_method(queue::AMQPMethod::Declare(declare))]);
+    for body in [b"old1", b"old2", b"old3"] {
+        c.publish("ttl", body);
+    }
+    now.store(1_002_000, Ordering::Relaxed);
+    c.publish("ttl", b"fresh");
+    c.prefetch(1);
+    // Each expired delivery is acked as the output goes, which frees the one credit for
+    // the next: the fresh message comes within as many turns of the connection.
+    let mut bodies = delivered_bodies(&c.consume("ttl", false));
+    for _ in 0..4 {
+        bodies.extend(delivered_bodies(&c.feed(&[])));
+    }
+    assert_eq!(bodies, [b"fresh".to_vec()]);
+    assert_eq!(c.stats("ttl").acked, 3);
 }
