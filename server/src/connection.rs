@@ -25,7 +25,7 @@ mod reply_to;
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
 use std::pin::pin;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -95,6 +95,10 @@ pub struct Settings {
     pub dead_letters: Arc<DeadLetters>,
     /// When messages arrive and expire (message TTL).
     pub clock: WallClock,
+    /// Set once a queue is declared with `x-message-ttl`: from then on every publish is
+    /// stamped with its arrival (before it is routed), not only one with an `expiration`.
+    /// Until then none needs it, and stamping would cost every message 8 bytes.
+    pub message_ttl_used: Arc<AtomicBool>,
     /// What the connections count for `--metrics`.
     pub metrics: Arc<Metrics>,
     /// Set to `true` when the server shuts down: every connection is then closed with
@@ -121,6 +125,7 @@ impl Default for Settings {
             expiring: Arc::default(),
             dead_letters: Arc::default(),
             clock: WallClock::default(),
+            message_ttl_used: Arc::default(),
             metrics: Arc::default(),
             shutdown: Arc::new(tokio::sync::watch::Sender::new(false)),
         }
@@ -426,6 +431,9 @@ pub struct Connection {
     queues: HashMap<String, Queue, RandomState>,
     /// The size of `queues` at which the handles of closed queues are dropped.
     sweep_queues_at: usize,
+    /// When the current input arrived (milliseconds since the Unix epoch), read once per
+    /// input: the arrival its publishes are stamped with.
+    arrived: Option<u64>,
     /// Publishes and settles of the current input, made in batches when it is done.
     pending: Vec<Pending>,
     /// Bytes of publishes put without waiting, by shard, since a put to that shard last
@@ -490,6 +498,7 @@ impl Connection {
             next_consumer: 0,
             queues: HashMap::with_hasher(keyed_state(id)),
             sweep_queues_at: QUEUES_SWEPT_FROM,
+            arrived: None,
             pending: Vec::new(),
             unanswered_puts: Vec::new(),
             awaited: VecDeque::new(),
@@ -508,6 +517,7 @@ impl Connection {
     /// rest must be fed again, with what is read next, once more has arrived.
     pub fn handle_input(&mut self, input: &[u8]) -> usize {
         self.flush_auto_acks();
+        self.arrived = None;
         let mut used = 0;
         while used < input.len() && !matches!(self.phase, Phase::Closed) {
             let rest = &input[used..];
@@ -784,15 +794,15 @@ impl Connection {
             refuse(text);
             None
         });
-        // Every message is stamped with its arrival (a queue's TTL counts from then, and
-        // may be declared after it was published, or again after a restart), and marked
-        // where it has an `expiration` of its own: a number of milliseconds, as RabbitMQ
-        // reads it.
+        // A message that may expire is stamped with its arrival, and marked where it has
+        // an `expiration` of its own (a number of milliseconds, as RabbitMQ reads it); once
+        // a queue has a message TTL, every message is stamped.
         let expiration = properties.expiration().as_ref();
         if let Some(Err(text)) = expiration.map(|e| content::parse_expiration(e.as_str())) {
             refuse(text);
         }
         let own_ttl = expiration.is_some();
+        let stamp = own_ttl || self.settings.message_ttl_used.load(Ordering::Relaxed);
         let bcc = routes.as_ref().is_some_and(|r| r.bcc);
         // Stored with other properties than it came with: a direct reply-to's name, or
         // its `BCC` header taken out (recipients a consumer must not see).
@@ -820,7 +830,8 @@ impl Connection {
             None => header,
         };
         let cc = routes.map(|r| r.keys).unwrap_or_default();
-        if let Err(fault) = self.handle_header(header, id, cc, own_ttl, refused) {
+        let stamp = stamp.then_some(own_ttl);
+        if let Err(fault) = self.handle_header(header, id, cc, stamp, refused) {
             self.fail(fault);
         }
         Ok(())

@@ -15,13 +15,13 @@
 //! through the default exchange to more queues than its key names (`CC`, `BCC`), which
 //! its deliveries report as RabbitMQ's do.
 //!
-//! A message a publish or a dead-lettering stores is stamped with when it arrived (message
-//! TTL counts from then: its own `expiration`, or a queue's `x-message-ttl`): the format
+//! A message that may expire (message TTL: its own `expiration`, or a queue's
+//! `x-message-ttl`) is stamped with when it arrived, as is every dead letter: the format
 //! byte has [`TIMED`] set, and [`OWN_TTL`] where the message has an `expiration` of its
 //! own, and the arrival, in milliseconds since the Unix epoch (u64 big-endian), follows
-//! it, before the properties' length ([`stamp`]). Bodies stored before stamps were
-//! written have neither bit and never expire; a build from before them would deliver a
-//! stamped body as it is, so it cannot read a data dir written since.
+//! it, before the properties' length ([`stamp`]). Bodies not stamped never expire; a
+//! build from before stamps would deliver a stamped body as it is, so it cannot read a
+//! data dir holding one.
 //!
 //! where the properties are in the content header's own encoding, as the publish's header
 //! carried them (checked by `amq-protocol`'s `parse_properties`, with the two low flag bits,
@@ -105,7 +105,10 @@ pub fn stored_start_keeping_key(
 
 fn start(properties: &[u8], route: Option<(&str, &str)>, payload: usize) -> Option<Vec<u8>> {
     let route_len = route.map_or(0, |(exchange, key)| 2 + exchange.len() + key.len());
-    let mut body = Vec::with_capacity(PREFIX + properties.len() + route_len + payload);
+    // Room for the arrival stamp too, which every publish gets (`stamp`): it then moves
+    // the bytes after the format byte, and does not grow the buffer.
+    let room = STAMP + PREFIX + properties.len() + route_len + payload;
+    let mut body = Vec::with_capacity(room);
     body.push(if route.is_none() {
         FORMAT
     } else {
@@ -228,7 +231,11 @@ pub fn stored_properties(stored: &[u8]) -> &[u8] {
 pub fn stamp(stored: &mut Vec<u8>, at: u64, own_ttl: bool) {
     if stored.first().is_some_and(|format| format & TIMED == 0) {
         stored[0] |= if own_ttl { TIMED | OWN_TTL } else { TIMED };
-        stored.splice(1..1, at.to_be_bytes());
+        // Moved up in place (`start` left room): no allocation.
+        let len = stored.len();
+        stored.resize(len + STAMP, 0);
+        stored.copy_within(1..len, 1 + STAMP);
+        stored[1..1 + STAMP].copy_from_slice(&at.to_be_bytes());
     }
 }
 

@@ -22,11 +22,22 @@ fn kept_as_is(b: u8) -> bool {
     b.is_ascii_alphanumeric() || matches!(b, b'.' | b':' | b'-')
 }
 
+/// The bytes a broker name may hold, by value: one lookup per byte of a name checked.
+const PLAIN: [bool; 256] = {
+    let mut plain = [false; 256];
+    let mut b = 0;
+    while b < 256 {
+        let c = b as u8;
+        plain[b] = c.is_ascii_alphanumeric() || matches!(c, b'.' | b':' | b'-' | b'_');
+        b += 1;
+    }
+    plain
+};
+
 /// The broker's name for the queue a client calls `name` (an empty name stays empty).
 /// One longer than 255 bytes once escaped is refused by the broker as any too-long name.
 pub fn engine(name: &str) -> Cow<'_, str> {
-    let plain = |b: u8| kept_as_is(b) || b == b'_';
-    if name.bytes().all(plain) && !name.starts_with(ESCAPED) {
+    if name.bytes().all(|b| PLAIN[usize::from(b)]) && !name.starts_with(ESCAPED) {
         return Cow::Borrowed(name);
     }
     let mut escaped = String::with_capacity(ESCAPED.len() + name.len() + 8);

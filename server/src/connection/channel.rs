@@ -456,6 +456,10 @@ impl Connection {
                 flags.insert(name.to_string(), declared);
             }
             drop(flags);
+            if message_ttl.is_some() {
+                // Every publish is stamped with its arrival from now on.
+                (self.settings.message_ttl_used).store(true, std::sync::atomic::Ordering::Relaxed);
+            }
             if let Some(ms) = expires {
                 // Set anew: a redeclare is a use.
                 (self.settings.expiring).set(&q, Duration::from_millis(ms.into()));

@@ -127,7 +127,7 @@ impl Connection {
         header: wire::Header<'_>,
         message_id: Option<String>,
         cc: Vec<String>,
-        own_ttl: bool,
+        stamp: Option<bool>,
         refused: Option<String>,
     ) -> Result<(), Fault> {
         let ch = header.channel;
@@ -135,6 +135,14 @@ impl Connection {
             return Ok(());
         }
         let max = self.settings.max_message_bytes;
+        // Stamped with its arrival (and whether it has a TTL of its own) where it may expire.
+        let stamp = stamp.map(|own_ttl| {
+            let arrived = match self.arrived {
+                Some(at) => at,
+                None => *self.arrived.insert(self.settings.clock.now_ms()),
+            };
+            (arrived, own_ttl)
+        });
         let incoming = self.incoming(ch, "content header")?;
         if incoming.content.is_some() || header.class_id != BASIC_CLASS {
             return Err(Fault::connection(
@@ -188,8 +196,9 @@ impl Connection {
                 &publish_method(),
             ));
         };
-        content::stamp(&mut stored, self.settings.clock.now_ms(), own_ttl);
-        let incoming = self.incoming(ch, "content header")?;
+        if let Some((arrived, own_ttl)) = stamp {
+            content::stamp(&mut stored, arrived, own_ttl);
+        }
         incoming.content = Some(Content {
             size: header.body_size,
             message_id,
@@ -272,24 +281,21 @@ impl Connection {
         });
         let exchange = publish.exchange.as_str();
         let key = publish.routing_key.as_str();
-        // Through the default exchange the key names a queue, by its broker name (`names.rs`).
-        let queue_key = match exchange.is_empty() && content.cc.is_empty() {
-            true => names::engine(key),
-            false => std::borrow::Cow::Borrowed(key),
-        };
-        let queue_key = queue_key.as_ref();
-        if exchange.is_empty() && content.cc.is_empty() {
+        if exchange.is_empty() && content.cc.is_empty() && !key.starts_with(names::ESCAPED) {
             // The common case: one more publish of this read to the queue the last one went
-            // to, added to its batch with no lookup.
-            if let Some((messages, numbers)) = self.last_put(ch, queue_key) {
+            // to, added to its batch with no lookup. A key equal to that queue's broker name
+            // is that name as the client knows it too: broker names that do not start with
+            // `names::ESCAPED` are clients' names unchanged.
+            if let Some((messages, numbers)) = self.last_put(ch, key) {
                 messages.push(into_message(content));
                 numbers.extend(number);
                 return Ok(());
             }
         }
         let queues: Vec<Queue> = if exchange.is_empty() && content.cc.is_empty() {
-            // The common case needs no lock: the default exchange names the queue.
-            self.queue(queue_key).into_iter().collect()
+            // The common case needs no lock: the default exchange names the queue, by its
+            // broker name (`names.rs`).
+            self.queue(&names::engine(key)).into_iter().collect()
         } else {
             // The routing key and each other `CC`/`BCC` key, through the same exchange
             // (and those it passes the message to) at once, as RabbitMQ routes them: a

@@ -2458,7 +2458,16 @@ fn a_queue_name_with_bytes_the_broker_does_not_take_is_served_under_its_own_name
         [b"direct".to_vec(), b"bound".to_vec()]
     );
     // A name that looks escaped is a client's own name too: the escaped form of this
-    // queue's name names another queue, which does not exist.
+    // queue's name names another queue, which does not exist, also for a publish in the
+    // same read as one to this queue.
+    let mut frames = Client::publish_frames(name, BasicProperties::default(), b"again");
+    frames.extend(Client::publish_frames(
+        &kept,
+        BasicProperties::default(),
+        b"elsewhere",
+    ));
+    c.feed(&frames);
+    assert_eq!(c.stats(&kept).enqueued, 3, "the first publish only");
     let passive = queue::Declare {
         queue: kept.as_ref().into(),
         passive: true,
