@@ -371,6 +371,25 @@ mod tests {
         panic!("{n} dead letters were not sent on: {:?}", holding.stats());
     }
 
+    /// Puts `n` messages to `queue`, rejects them all at once, then deletes the queue as
+    /// a `queue.delete` would: its dead letters are in its holding queue as it goes.
+    async fn reject_all_then_delete(settings: &Settings, queue: &Queue, n: usize, tag: &str) {
+        for i in 0..n {
+            queue.put(Message::new(format!("{tag} {i}"))).unwrap();
+        }
+        let config = ConsumerConfig { prefetch: 1_000 };
+        let mut worker = queue.consume("all-at-once", config).unwrap();
+        let mut tags = Vec::new();
+        while tags.len() < n {
+            tags.push(next(&mut worker).await.tag());
+        }
+        let settles: Vec<_> = tags.iter().map(|&t| (t, leasemq::Settle::Reject)).collect();
+        assert!(queue.settle_batch(&settles).iter().all(|&ok| ok));
+        drop(worker);
+        assert!(queue.close());
+        assert!(settings.dead_letters.forget(queue));
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn dead_letters_go_on_through_the_exchange_and_the_holding_queue_goes_with_its_queue() {
         let broker = Broker::builder().shards(1).build().unwrap();
@@ -453,21 +472,8 @@ mod tests {
         // Letters still in the holding queue when their queue is deleted go on (as
         // RabbitMQ would have sent them on already); then the holding queue goes.
         let n = 300;
-        for i in 0..n {
-            orders.put(Message::new(format!("late {i}"))).unwrap();
-        }
         drop(worker);
-        let config = ConsumerConfig { prefetch: 1_000 };
-        let mut worker = orders.consume("all-at-once", config).unwrap();
-        let mut tags = Vec::new();
-        while tags.len() < n {
-            tags.push(next(&mut worker).await.tag());
-        }
-        let settles: Vec<_> = tags.iter().map(|&t| (t, leasemq::Settle::Reject)).collect();
-        assert!(orders.settle_batch(&settles).iter().all(|&ok| ok));
-        drop(worker);
-        assert!(orders.close());
-        assert!(settings.dead_letters.forget(&orders));
+        reject_all_then_delete(&settings, &orders, n, "late").await;
         for _ in 0..n {
             assert!(next(&mut reader).await.ack());
         }
@@ -487,21 +493,7 @@ mod tests {
             .declare("orders", route.clone(), declare)
             .unwrap();
         let holding = broker.queue(&holding_name("orders")).unwrap();
-        for i in 0..n {
-            orders.put(Message::new(format!("again {i}"))).unwrap();
-        }
-        let mut worker = orders
-            .consume("all-at-once", ConsumerConfig { prefetch: 1_000 })
-            .unwrap();
-        let mut tags = Vec::new();
-        while tags.len() < n {
-            tags.push(next(&mut worker).await.tag());
-        }
-        let settles: Vec<_> = tags.iter().map(|&t| (t, leasemq::Settle::Reject)).collect();
-        assert!(orders.settle_batch(&settles).iter().all(|&ok| ok));
-        drop(worker);
-        assert!(orders.close());
-        assert!(settings.dead_letters.forget(&orders));
+        reject_all_then_delete(&settings, &orders, n, "again").await;
         let renewed = (settings.dead_letters)
             .declare("orders", route.clone(), declare)
             .unwrap();

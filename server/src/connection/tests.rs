@@ -2336,21 +2336,30 @@ fn delivered_bodies(out: &[AMQPFrame]) -> Vec<Vec<u8>> {
         .collect()
 }
 
+impl Client {
+    /// A client whose server's clock is moved by hand (from 1 000 000 ms), with queue
+    /// `queue` declared with an `x-message-ttl` of `ttl_ms`.
+    fn with_ttl_queue(queue: &str, ttl_ms: i32) -> (Client, Arc<std::sync::atomic::AtomicU64>) {
+        let (clock, now) = crate::WallClock::manual(1_000_000);
+        let mut c = Client::open_with(Settings {
+            clock,
+            ..Settings::default()
+        });
+        let mut arguments = FieldTable::default();
+        arguments.insert("x-message-ttl".into(), AMQPValue::LongInt(ttl_ms));
+        let declare = queue::Declare {
+            queue: queue.into(),
+            arguments,
+            ..queue::Declare::default()
+        };
+        c.feed(&[queue_method(queue::AMQPMethod::Declare(declare))]);
+        (c, now)
+    }
+}
+
 #[test]
 fn a_message_past_its_ttl_is_dropped_when_a_consumer_or_get_reaches_it() {
-    let (clock, now) = crate::WallClock::manual(1_000_000);
-    let mut c = Client::open_with(Settings {
-        clock,
-        ..Settings::default()
-    });
-    let mut arguments = FieldTable::default();
-    arguments.insert("x-message-ttl".into(), AMQPValue::LongInt(1_000));
-    let declare = queue::Declare {
-        queue: "ttl".into(),
-        arguments,
-        ..queue::Declare::default()
-    };
-    c.feed(&[queue_method(queue::AMQPMethod::Declare(declare))]);
+    let (mut c, now) = Client::with_ttl_queue("ttl", 1_000);
     c.declare("plain");
     let with_expiration = |queue: &str, expiration: &str, body: &[u8]| {
         let properties = BasicProperties::default().with_expiration(expiration.into());
@@ -2479,19 +2488,7 @@ fn a_queue_name_with_bytes_the_broker_does_not_take_is_served_under_its_own_name
 
 #[test]
 fn expired_messages_at_the_head_do_not_hold_a_prefetch_of_one() {
-    let (clock, now) = crate::WallClock::manual(1_000_000);
-    let mut c = Client::open_with(Settings {
-        clock,
-        ..Settings::default()
-    });
-    let mut arguments = FieldTable::default();
-    arguments.insert("x-message-ttl".into(), AMQPValue::LongInt(1_000));
-    let declare = queue::Declare {
-        queue: "ttl".into(),
-        arguments,
-        ..queue::Declare::default()
-    };
-    c.feed(&[queue_method(queue::AMQPMethod::Declare(declare))]);
+    let (mut c, now) = Client::with_ttl_queue("ttl", 1_000);
     for body in [b"old1", b"old2", b"old3"] {
         c.publish("ttl", body);
     }
