@@ -14,10 +14,12 @@
 //! routes nowhere, or that a queue refuses (full), is dropped and logged, as RabbitMQ
 //! drops it.
 //!
-//! Holding queues are the server's: no client reaches one by name (`Connection::queue`),
-//! and each is deleted with its queue. One is durable when its queue is, so that dead
-//! letters wait in it across a restart; they go on once the queue is declared again,
-//! since its declare says where to (as its other declared arguments come back then).
+//! Holding queues are the server's: no client reaches one by name (`Connection::queue`).
+//! When its queue is deleted, its task sends on what it still holds, then deletes it (a
+//! queue of the name declared again meanwhile keeps it, and the task). One is durable
+//! when its queue is, so that dead letters wait in it across a restart; they go on once
+//! the queue is declared again, since its declare says where to (as its other declared
+//! arguments come back then).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
