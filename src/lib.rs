@@ -171,8 +171,8 @@
 #![warn(missing_docs)]
 
 pub use leasemq_engine::{
-    ConsumerConfig, DeathReason, DeathRecord, DeliveryTag, Envelope, Error, Message, PutOutcome,
-    QueueConfig, QueueStats, RetryPolicy, Settle,
+    ConsumerConfig, DeathReason, DeathRecord, DeliveryTag, Envelope, Error, Message, Overflow,
+    PutOutcome, QueueConfig, QueueStats, RetryPolicy, Settle,
 };
 pub use leasemq_shard::{
     set_thread_time_slice, shard_for, Broker, BrokerBuilder, Consumer, Delivery, PendingPutBatch,

@@ -9,7 +9,8 @@ use std::path::Path;
 use std::time::Duration;
 
 use leasemq::{
-    Broker, ConsumerConfig, DeathReason, Error, Message, PutOutcome, QueueConfig, SyncPolicy,
+    Broker, ConsumerConfig, DeathReason, Error, Message, Overflow, PutOutcome, QueueConfig,
+    SyncPolicy,
 };
 
 fn durable() -> QueueConfig {
@@ -313,6 +314,40 @@ fn a_purge_and_a_stopped_consumers_leases_survive_a_restart_as_they_were() {
         .map(|d| (d.0, d.2))
         .collect();
     assert_eq!(got, [("m0".to_string(), 2), ("after".to_string(), 1)]);
+    broker.shutdown();
+}
+
+/// A head dropped to make room is gone for good, and the queue drops its head after a
+/// restart too (its overflow is part of its config on disk).
+#[test]
+fn a_dropped_head_stays_dropped_and_the_overflow_comes_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = QueueConfig {
+        max_length: Some(2),
+        overflow: Overflow::DropHead,
+        ..durable()
+    };
+    let broker = open(dir.path());
+    let q = broker.declare_queue("capped", config.clone()).unwrap();
+    for i in 0..3 {
+        q.put(Message::new(format!("m{i}")).with_id(format!("m{i}")))
+            .unwrap();
+    }
+    broker.shutdown();
+    let broker = open(dir.path());
+    let q = broker.queue("capped").expect("the durable queue is back");
+    assert_eq!(
+        q.put(Message::new("m3").with_id("m3")).unwrap(),
+        PutOutcome::Enqueued
+    );
+    assert_eq!(
+        broker.declare_queue("capped", config).unwrap().name(),
+        "capped"
+    );
+    broker.shutdown();
+    let broker = open(dir.path());
+    let ids: Vec<String> = drain(&broker, "capped").into_iter().map(|d| d.0).collect();
+    assert_eq!(ids, ["m2", "m3"]);
     broker.shutdown();
 }
 

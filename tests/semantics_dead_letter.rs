@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use leasemq::{DeathReason, DeathRecord, DeliveryTag, Message, QueueConfig, RetryPolicy};
+use leasemq::{DeathReason, DeathRecord, DeliveryTag, Message, Overflow, QueueConfig, RetryPolicy};
 
 mod common;
 use common::*;
@@ -331,6 +331,30 @@ fn dead_letter_refused_by_a_full_queue_is_dropped() {
     assert!(next(&a).reject());
     assert_stats!(q, { dead_lettered: 0, dropped: 1 });
     assert_stats!(dead, { enqueued: 1, ready: 1 });
+}
+
+#[test]
+fn dead_letter_to_a_full_drop_head_queue_drops_its_head() {
+    let broker = broker();
+    let (q, dead) = dead_letter_pair_with(
+        &broker,
+        "dl.drop_head",
+        QueueConfig::default(),
+        "dl.drop_head.dead",
+        QueueConfig {
+            max_length: Some(1),
+            overflow: Overflow::DropHead,
+            ..QueueConfig::default()
+        },
+    );
+    put(&dead, "filler");
+    let a = q.consume("a", prefetch(10)).unwrap();
+    put(&q, "m");
+    assert!(next(&a).reject());
+    assert_stats!(q, { dead_lettered: 1, dropped: 0 });
+    assert_stats!(dead, { enqueued: 2, ready: 1, dropped: 1 });
+    let d = next(&dead.consume("b", prefetch(1)).unwrap());
+    assert_eq!(d.envelope().id, "m");
 }
 
 #[test]

@@ -4,7 +4,7 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use leasemq::{Broker, Consumer, Error, Message, PutOutcome, Queue, QueueConfig};
+use leasemq::{Broker, Consumer, Error, Message, Overflow, PutOutcome, Queue, QueueConfig};
 
 mod common;
 use common::*;
@@ -276,6 +276,98 @@ fn queue_full_counts_ready_delayed_and_leased_messages() {
     assert!(next(&a).ack());
     assert_eq!(q.put(msg("fourth")).unwrap(), PutOutcome::Enqueued);
     assert_err_unchanged!(q, q.put(msg("fifth")), Error::QueueFull);
+}
+
+fn drop_head_queue(broker: &Broker, name: &str, max_length: usize) -> Queue {
+    broker
+        .declare_queue(
+            name,
+            QueueConfig {
+                max_length: Some(max_length),
+                overflow: Overflow::DropHead,
+                ..QueueConfig::default()
+            },
+        )
+        .unwrap()
+}
+
+/// The ids a fresh consumer gets at once, in order.
+fn ready_ids(q: &Queue) -> Vec<String> {
+    let c = q.consume("reader", prefetch(1_000)).unwrap();
+    let mut ids = Vec::new();
+    while let Some(d) = c.try_recv().unwrap() {
+        ids.push(d.envelope().id.clone());
+    }
+    ids
+}
+
+#[test]
+fn drop_head_drops_the_oldest_ready_message_returned_ones_first() {
+    let broker = broker();
+    let q = drop_head_queue(&broker, "put.drop_head", 2);
+    let a = q.consume("a", prefetch(1)).unwrap();
+    for id in ["m1", "m2", "m3"] {
+        q.put(msg(id)).unwrap();
+    }
+    // m1 is leased and does not count; m2 and m3 wait: a put drops m2, the next ready.
+    assert_stats!(q, { ready: 2, leased: 1, dropped: 0 });
+    assert_eq!(q.put(msg("m4")).unwrap(), PutOutcome::Enqueued);
+    assert_stats!(q, { ready: 2, leased: 1, dropped: 1, enqueued: 4 });
+    // Its id is free again (it is not live).
+    assert_eq!(q.put(msg("m2")).unwrap(), PutOutcome::Enqueued);
+    assert_stats!(q, { ready: 2, leased: 1, dropped: 2 });
+    // m1 comes back first in line (returned before fresh): three wait, over the limit, and
+    // the next put drops one, m1.
+    let m1 = next(&a);
+    a.stop();
+    assert!(m1.release());
+    assert_stats!(q, { ready: 3, leased: 0 });
+    assert_eq!(q.put(msg("m5")).unwrap(), PutOutcome::Enqueued);
+    assert_stats!(q, { ready: 3, dropped: 3 });
+    assert_eq!(ready_ids(&q), ["m4", "m2", "m5"]);
+    // A duplicate drops nothing.
+    assert_eq!(q.put(msg("m5")).unwrap(), PutOutcome::Duplicate);
+    assert_stats!(q, { dropped: 3, duplicates: 1 });
+}
+
+#[test]
+fn drop_head_refuses_when_what_waits_is_delayed() {
+    let broker = broker();
+    let q = drop_head_queue(&broker, "put.drop_head.delayed", 1);
+    q.put(msg("delayed").with_delay(secs(60))).unwrap();
+    assert_err_unchanged!(q, q.put(msg("second")), Error::QueueFull);
+    assert_err_unchanged!(q, q.put_batch(vec![msg("x")]), Error::QueueFull);
+    // A consumer leasing every message leaves room: leases do not count.
+    let q = drop_head_queue(&broker, "put.drop_head.leased", 1);
+    let a = q.consume("a", prefetch(5)).unwrap();
+    for id in ["l1", "l2", "l3"] {
+        assert_eq!(q.put(msg(id)).unwrap(), PutOutcome::Enqueued);
+    }
+    assert_stats!(q, { ready: 0, leased: 3, dropped: 0 });
+    assert!(next(&a).ack());
+}
+
+#[test]
+fn a_drop_head_batch_keeps_its_last_messages_and_may_drop_its_own_first() {
+    let broker = broker();
+    let q = drop_head_queue(&broker, "put.drop_head.batch", 3);
+    q.put(msg("old")).unwrap();
+    let batch = ["b1", "b2", "b3", "b4"].map(msg).to_vec();
+    let outcomes = q.put_batch(batch).unwrap();
+    assert_eq!(outcomes, [PutOutcome::Enqueued; 4]);
+    assert_stats!(q, { ready: 3, dropped: 2, enqueued: 5 });
+    assert_eq!(ready_ids(&q), ["b2", "b3", "b4"]);
+    // A batch that would need more heads than are ready fails whole.
+    let q = drop_head_queue(&broker, "put.drop_head.batch.delayed", 2);
+    let batch = vec![
+        msg("d1").with_delay(secs(1)),
+        msg("d2").with_delay(secs(1)),
+        msg("r"),
+    ];
+    assert_err_unchanged!(q, q.put_batch(batch), Error::QueueFull);
+    let batch = vec![msg("d1").with_delay(secs(1)), msg("r1"), msg("r2")];
+    assert_eq!(q.put_batch(batch).unwrap(), [PutOutcome::Enqueued; 3]);
+    assert_stats!(q, { ready: 1, delayed: 1, dropped: 1 });
 }
 
 #[test]

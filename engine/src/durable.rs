@@ -31,7 +31,7 @@ use std::time::Duration;
 use bytes::{Buf, Bytes};
 
 use crate::command::MsgId;
-use crate::types::{DeathReason, DeathRecord, QueueConfig, RetryPolicy};
+use crate::types::{DeathReason, DeathRecord, Overflow, QueueConfig, RetryPolicy};
 
 /// The version byte that starts every encoded batch of changes.
 pub const FORMAT: u8 = 1;
@@ -435,7 +435,16 @@ impl Reader {
             .opt_u64()?
             .map(|n| usize::try_from(n).unwrap_or(usize::MAX));
         let max_body_bytes = usize::try_from(self.u64()?).unwrap_or(usize::MAX);
-        let durable = self.flag()?;
+        let flags = self.u8()?;
+        if flags > 0b11 {
+            return Err(self.error(format!("queue flags {flags:#04x}")));
+        }
+        let durable = flags & 1 != 0;
+        let overflow = if flags & 0b10 != 0 {
+            Overflow::DropHead
+        } else {
+            Overflow::RejectPublish
+        };
         Ok(QueueConfig {
             ack_timeout,
             max_lease,
@@ -444,6 +453,7 @@ impl Reader {
             dead_letter,
             dedup_window,
             max_length,
+            overflow,
             max_body_bytes,
             durable,
         })
@@ -596,7 +606,11 @@ fn put_config(buf: &mut Vec<u8>, c: &QueueConfig) {
     put_duration(buf, c.dedup_window);
     put_opt_u64(buf, c.max_length.map(|n| n as u64));
     put_u64(buf, c.max_body_bytes as u64);
-    buf.push(u8::from(c.durable));
+    // One byte of flags: bit 0 durable, bit 1 `Overflow::DropHead`. A log written before
+    // `overflow` existed has 0 or 1 here, which reads as `RejectPublish`; a build from
+    // then refuses a drop-head queue's byte rather than misread it.
+    let drop_head = c.overflow == Overflow::DropHead;
+    buf.push(u8::from(c.durable) | u8::from(drop_head) << 1);
 }
 
 #[cfg(test)]
@@ -617,6 +631,7 @@ mod tests {
             dead_letter: Some("dlq".into()),
             dedup_window: Duration::from_secs(60),
             max_length: Some(10),
+            overflow: Overflow::DropHead,
             max_body_bytes: 77,
             durable: true,
         };
@@ -725,6 +740,27 @@ mod tests {
             }
         }
         assert_eq!(boundaries, every_kind().len(), "one clean cut per change");
+    }
+
+    #[test]
+    fn a_queue_flags_byte_from_before_overflow_reads_as_reject_publish() {
+        let declared = |overflow| Change::Declared {
+            queue: 1,
+            name: "jobs".into(),
+            config: Box::new(QueueConfig {
+                durable: true,
+                overflow,
+                ..QueueConfig::default()
+            }),
+        };
+        // The flags byte ends the change: a durable queue's was 1 before `overflow`.
+        let old = encode(&[declared(Overflow::RejectPublish)]);
+        assert_eq!(old.last(), Some(&1));
+        assert_eq!(decode(&old).unwrap(), [declared(Overflow::RejectPublish)]);
+        let mut bytes = encode(&[declared(Overflow::DropHead)]);
+        assert_eq!(bytes.last(), Some(&0b11));
+        *bytes.last_mut().unwrap() = 0b100;
+        assert!(decode(&bytes).unwrap_err().what.contains("queue flags"));
     }
 
     #[test]

@@ -56,9 +56,9 @@ pub use command::{
     Reply, TickLength,
 };
 pub use types::{
-    ConsumerConfig, DeathReason, DeathRecord, DeliveryTag, Envelope, Error, Message, PutOutcome,
-    QueueConfig, QueueStats, RetryPolicy, Settle, MAX_BODY_LIMIT, MAX_DURATION, MAX_ID_BYTES,
-    MAX_NAME_BYTES, MAX_PREFETCH, MIN_ACK_TIMEOUT,
+    ConsumerConfig, DeathReason, DeathRecord, DeliveryTag, Envelope, Error, Message, Overflow,
+    PutOutcome, QueueConfig, QueueStats, RetryPolicy, Settle, MAX_BODY_LIMIT, MAX_DURATION,
+    MAX_ID_BYTES, MAX_NAME_BYTES, MAX_PREFETCH, MIN_ACK_TIMEOUT,
 };
 pub use wheel::{Tick, TimerKey, Wheel};
 

@@ -22,8 +22,8 @@ use tags::Tags;
 
 use crate::leases::{Lease, LeaseTable};
 use crate::types::{
-    DeathReason, DeathRecord, DeliveryTag, Error, Message, PutOutcome, QueueConfig, QueueStats,
-    Settle,
+    DeathReason, DeathRecord, DeliveryTag, Error, Message, Overflow, PutOutcome, QueueConfig,
+    QueueStats, Settle,
 };
 use crate::validate;
 use crate::wheel::{Tick, TimerKey, Wheel};
@@ -251,7 +251,7 @@ impl QueueState {
             self.stats.duplicates += 1;
             return Ok(PutOutcome::Duplicate);
         }
-        if self.is_full(1) {
+        if self.is_full(1) && !self.drop_head(ctx) {
             return Err(Error::QueueFull);
         }
         self.enqueue_message(ctx, message, &[]);
@@ -268,7 +268,11 @@ impl QueueState {
     ) -> Result<Vec<PutOutcome>, Error> {
         let mut outcomes = Vec::with_capacity(messages.len());
         let mut batch_ids: Option<std::collections::HashSet<&str, RandomState>> = None;
-        let mut accepted = 0;
+        // What counts for `max_length`, and the ready messages, as the batch would leave
+        // them message by message: with `DropHead`, each message that finds the queue full
+        // drops the ready head then, which may be one of the batch's own.
+        let mut counted = self.counted_for_max_length();
+        let mut ready = self.returned.len() + self.fresh.len();
         for message in &messages {
             validate::message(message, self.config.max_body_bytes)?;
             self.watch_auto_shaped(message.id.as_deref());
@@ -285,9 +289,16 @@ impl QueueState {
                 outcomes.push(PutOutcome::Duplicate);
                 continue;
             }
-            accepted += 1;
-            if self.is_full(accepted) {
-                return Err(Error::QueueFull);
+            if self.config.max_length.is_some_and(|max| counted >= max) {
+                if self.config.overflow != Overflow::DropHead || ready == 0 {
+                    return Err(Error::QueueFull);
+                }
+                counted -= 1;
+                ready -= 1;
+            }
+            counted += 1;
+            if ctx.tick.ticks(message.delay) == 0 {
+                ready += 1;
             }
             outcomes.push(PutOutcome::Enqueued);
         }
@@ -303,7 +314,13 @@ impl QueueState {
         };
         for (message, outcome) in messages.into_iter().zip(&outcomes) {
             match outcome {
-                PutOutcome::Enqueued => self.enqueue_message(ctx, message, &reserved),
+                PutOutcome::Enqueued => {
+                    if self.is_full(1) {
+                        let dropped = self.drop_head(ctx);
+                        debug_assert!(dropped, "the checks above found a ready head");
+                    }
+                    self.enqueue_message(ctx, message, &reserved);
+                }
                 PutOutcome::Duplicate => self.stats.duplicates += 1,
             }
         }
@@ -356,10 +373,36 @@ impl QueueState {
         }
     }
 
+    /// Whether `adding` more messages would pass `max_length`: live messages against it, or
+    /// with `DropHead` the waiting ones (ready and delayed), as RabbitMQ counts only
+    /// messages not yet delivered (the leased are bounded by their consumers' prefetch).
     fn is_full(&self, adding: usize) -> bool {
         self.config
             .max_length
-            .is_some_and(|max| self.msgs.len() + adding > max)
+            .is_some_and(|max| self.counted_for_max_length() + adding > max)
+    }
+
+    fn counted_for_max_length(&self) -> usize {
+        match self.config.overflow {
+            Overflow::RejectPublish => self.msgs.len(),
+            Overflow::DropHead => self.returned.len() + self.fresh.len() + self.delayed,
+        }
+    }
+
+    /// Makes room for one message in a full queue that drops its head: the oldest ready
+    /// message (the next one dispatch would hand out) is dropped and counted. False, and
+    /// nothing changed, where the queue refuses instead or has no ready message.
+    fn drop_head(&mut self, ctx: &mut Ctx) -> bool {
+        if self.config.overflow != Overflow::DropHead {
+            return false;
+        }
+        let Some(msg) = self.returned.pop_front().or_else(|| self.fresh.pop_front()) else {
+            return false;
+        };
+        let m = self.remove_message(msg);
+        self.stats.dropped += 1;
+        self.log_removed(ctx, m.seq);
+        true
     }
 
     fn enqueue_message(&mut self, ctx: &mut Ctx, message: Message, reserved: &[u64]) {
@@ -481,7 +524,7 @@ impl QueueState {
                 }
             }
         }
-        if self.is_full(1) {
+        if self.is_full(1) && !self.drop_head(ctx) {
             return false;
         }
         let death = Some(Box::new(letter.death));

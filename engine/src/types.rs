@@ -237,8 +237,12 @@ pub struct QueueConfig {
     /// How long after its first enqueue an id still counts as a duplicate, at most 7 days
     /// (default zero: only while the message is live).
     pub dedup_window: Duration,
-    /// The most live messages (ready + delayed + leased); at least 1 (default: no limit).
+    /// The most live messages (ready + delayed + leased), or with `Overflow::DropHead` the
+    /// most waiting ones (ready + delayed); at least 1 (default: no limit).
     pub max_length: Option<usize>,
+    /// What a put to a full queue does (default: it is refused,
+    /// `Overflow::RejectPublish`).
+    pub overflow: Overflow,
     /// The largest body a put may carry, from 1 byte to 64 MiB (default 1 MiB).
     pub max_body_bytes: usize,
     /// Whether the queue's messages survive a restart, kept in the broker's data dir
@@ -257,10 +261,26 @@ impl Default for QueueConfig {
             dead_letter: None,
             dedup_window: Duration::ZERO,
             max_length: None,
+            overflow: Overflow::RejectPublish,
             max_body_bytes: 1024 * 1024,
             durable: false,
         }
     }
+}
+
+/// What a put to a full queue (one holding `max_length` live messages) does; contract §3
+/// Overflow.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Overflow {
+    /// The put is refused with `QueueFull` (RabbitMQ's `reject-publish`).
+    #[default]
+    RejectPublish,
+    /// `max_length` bounds the waiting messages (ready and delayed; leased ones do not
+    /// count, as in RabbitMQ). A put that finds that many drops the queue's oldest ready
+    /// message, the next that dispatch would hand out, to make room (counted in `dropped`,
+    /// never dead-lettered; RabbitMQ's `drop-head`). With none ready (every waiting one
+    /// delayed) the put is refused with `QueueFull`.
+    DropHead,
 }
 
 /// A consumer's settings.
@@ -306,7 +326,8 @@ pub struct QueueStats {
     pub expired: u64,
     /// Dead letters the dead-letter queue took.
     pub dead_lettered: u64,
-    /// Dead letters dropped: no dead-letter queue, or it refused them.
+    /// Dead letters dropped (no dead-letter queue, or it refused them), and heads dropped
+    /// to make room by `Overflow::DropHead`.
     pub dropped: u64,
     /// Settles and touches of stale tags (contract §2 G2).
     pub stale: u64,

@@ -1,7 +1,7 @@
 use std::collections::{BTreeMap, VecDeque};
 
 use leasemq_engine::{
-    DeathReason, DeathRecord, Error, PutOutcome, QueueConfig, QueueStats, Settle,
+    DeathReason, DeathRecord, Error, Overflow, PutOutcome, QueueConfig, QueueStats, Settle,
 };
 
 use crate::model::{
@@ -110,10 +110,38 @@ impl Model {
         live || windowed
     }
 
-    fn is_full(&self, q: usize, adding: usize) -> bool {
+    /// Live messages count for `max_length`; with `DropHead` only those not leased.
+    fn counted(&self, q: usize) -> usize {
         let queue = &self.queues[q];
-        let max_length = queue.config.max_length;
-        max_length.is_some_and(|max| queue.msgs.len() + adding > max)
+        let msgs = queue.msgs.values();
+        match queue.config.overflow {
+            Overflow::RejectPublish => msgs.count(),
+            Overflow::DropHead => msgs
+                .filter(|m| !matches!(m.state, State::Leased(_)))
+                .count(),
+        }
+    }
+
+    fn is_full(&self, q: usize, adding: usize) -> bool {
+        let max_length = self.queues[q].config.max_length;
+        max_length.is_some_and(|max| self.counted(q) + adding > max)
+    }
+
+    /// Makes room in a full queue that drops its head: its oldest ready message (returned
+    /// ones first, as dispatch takes them) is dropped and counted. False where the queue
+    /// refuses instead, or has nothing ready.
+    fn drop_head(&mut self, q: usize) -> bool {
+        let queue = &mut self.queues[q];
+        if queue.config.overflow != Overflow::DropHead {
+            return false;
+        }
+        let Some(msg) = (queue.returned.pop_front()).or_else(|| queue.fresh.pop_front()) else {
+            return false;
+        };
+        queue.msgs.remove(&msg).expect("live");
+        queue.counters.dropped += 1;
+        self.coverage.heads_dropped += 1;
+        true
     }
 
     fn new_id(&mut self, spec: &MessageSpec) -> Id {
@@ -167,7 +195,7 @@ impl Model {
             self.queues[q].counters.duplicates += 1;
             return Ok(PutOutcome::Duplicate);
         }
-        if self.is_full(q, 1) {
+        if self.is_full(q, 1) && !self.drop_head(q) {
             self.coverage.queue_full += 1;
             return Err(Error::QueueFull);
         }
@@ -185,6 +213,9 @@ impl Model {
         }
         let mut outcomes = Vec::new();
         let mut taken: Vec<String> = Vec::new();
+        // Live and ready messages after each message of the batch is put in turn.
+        let queue = &self.queues[q];
+        let (mut counted, mut ready) = (self.counted(q), queue.returned.len() + queue.fresh.len());
         for spec in specs {
             self.check_message(q, spec)?;
             if let Some(id) = spec.id() {
@@ -194,19 +225,24 @@ impl Model {
                 }
                 taken.push(id);
             }
-            let accepted = outcomes
-                .iter()
-                .filter(|o| **o == PutOutcome::Enqueued)
-                .count();
-            if self.is_full(q, accepted + 1) {
-                self.coverage.queue_full += 1;
-                return Err(Error::QueueFull);
+            let config = &self.queues[q].config;
+            if config.max_length.is_some_and(|max| counted + 1 > max) {
+                if config.overflow != Overflow::DropHead || ready == 0 {
+                    self.coverage.queue_full += 1;
+                    return Err(Error::QueueFull);
+                }
+                (counted, ready) = (counted - 1, ready - 1);
             }
+            counted += 1;
+            ready += usize::from(self.tick.of(spec.delay) == 0);
             outcomes.push(PutOutcome::Enqueued);
         }
         for (spec, outcome) in specs.iter().zip(&outcomes) {
             match outcome {
                 PutOutcome::Enqueued => {
+                    if self.is_full(q, 1) {
+                        assert!(self.drop_head(q), "the check above left a ready head");
+                    }
                     let id = self.new_id(spec);
                     self.enqueue(q, id, spec.body.clone(), self.tick.of(spec.delay), None);
                 }
@@ -448,7 +484,7 @@ impl Model {
         if matches!(&letter.id, Id::Given(id) if self.is_duplicate(q, id)) {
             return false;
         }
-        if self.is_full(q, 1) {
+        if self.is_full(q, 1) && !self.drop_head(q) {
             return false;
         }
         let (id, body, death) = (letter.id.clone(), letter.body.clone(), letter.death.clone());

@@ -106,7 +106,7 @@ impl Coverage {
         }
         add!(runs cut_short steps delivered redelivered expired nacked released rejected
              duplicates stale dead_lettered dropped dead_letters_delivered touch_refused
-             queue_full unread_released closes stopped_with_leases purged);
+             queue_full unread_released closes stopped_with_leases purged heads_dropped);
     }
 }
 
@@ -183,6 +183,7 @@ fn shard_agrees_with_the_model_on_random_runs() {
                 c.stopped_with_leases,
             ),
             ("messages purged", c.purged),
+            ("heads dropped by DropHead", c.heads_dropped),
         ] {
             assert!(n > 0, "no run reached {what}: {c:?}");
         }

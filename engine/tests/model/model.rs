@@ -171,6 +171,7 @@ pub(crate) struct Coverage {
     pub(crate) closes: u64,
     pub(crate) stopped_with_leases: u64,
     pub(crate) purged: u64,
+    pub(crate) heads_dropped: u64,
 }
 
 #[derive(Clone)]

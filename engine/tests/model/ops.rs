@@ -1,6 +1,6 @@
 use std::time::Duration;
 
-use leasemq_engine::{Message, QueueConfig, RetryPolicy, Settle};
+use leasemq_engine::{Message, Overflow, QueueConfig, RetryPolicy, Settle};
 
 use crate::harness::Harness;
 use crate::model::check_config;
@@ -342,6 +342,11 @@ impl Harness {
                 ms(1_000),
             ]),
             max_length: rng.one_in(3).then(|| rng.pick(&[1, 3, 6])),
+            overflow: if rng.one_in(2) {
+                Overflow::DropHead
+            } else {
+                Overflow::RejectPublish
+            },
             max_body_bytes: if rng.one_in(4) {
                 SMALL_BODY_LIMIT
             } else {
