@@ -5,8 +5,11 @@
 //! queue's holding queue its `dead_letter` (`dead_letter.rs`);
 //! `x-consumer-timeout` (milliseconds: the queue's lease length); `x-delivery-limit` (how
 //! many times a message may come back before it is dead-lettered, as in RabbitMQ's quorum
-//! queues: `max_deliveries` is one more); `x-max-length` with `x-overflow`
-//! `reject-publish` (a publish to a full queue is refused: nacked under confirms);
+//! queues: `max_deliveries` is one more); `x-max-length` with `x-overflow` `drop-head`
+//! (RabbitMQ's default: a publish to a full queue drops its oldest ready message, which is
+//! not dead-lettered, so a dead-letter exchange with it is a 406; messages delivered and
+//! not yet acked do not count) or `reject-publish` (a publish to a full queue is refused:
+//! nacked under confirms; every live message counts);
 //! `x-queue-type` `classic` or `quorum` (one kind of queue here; a quorum queue must be
 //! durable, as in RabbitMQ); `x-expires` (milliseconds a queue may go unused before it is
 //! deleted: not part of the config, read by [`expires`] for `expiry.rs`); `x-message-ttl`
@@ -19,7 +22,7 @@
 use std::time::Duration;
 
 use amq_protocol::types::{AMQPValue, FieldTable};
-use leasemq::QueueConfig;
+use leasemq::{Overflow, QueueConfig};
 
 use crate::dead_letter::Route;
 
@@ -96,17 +99,22 @@ pub fn queue_config(
         }
     }
     match (config.max_length, overflow.as_deref()) {
-        (None, None) | (_, Some("reject-publish")) => {}
-        (Some(_), None) => {
-            return Err(refused(
-                540,
-                "x-max-length without x-overflow is RabbitMQ's drop-head, which leasemqd does not serve: add x-overflow=reject-publish".into(),
-            ))
+        (_, Some("reject-publish")) | (None, None | Some("drop-head")) => {}
+        // RabbitMQ's default overflow. Left as `RejectPublish` where there is no limit, so
+        // that a queue's config is the same whether or not the declare says `drop-head`.
+        (Some(_), None | Some("drop-head")) => {
+            if dead_letter_exchange.is_some() {
+                return Err(refused(
+                    406,
+                    "PRECONDITION_FAILED - x-max-length with drop-head overflow (RabbitMQ's default) and x-dead-letter-exchange is not supported: leasemqd drops the head and does not dead-letter it; add x-overflow=reject-publish".into(),
+                ));
+            }
+            config.overflow = Overflow::DropHead;
         }
-        (_, Some(other @ ("drop-head" | "reject-publish-dlx"))) => {
+        (_, Some(other @ "reject-publish-dlx")) => {
             return Err(refused(
                 540,
-                format!("x-overflow '{other}' is not supported by leasemqd: only reject-publish"),
+                format!("x-overflow '{other}' is not supported by leasemqd: only drop-head and reject-publish"),
             ))
         }
         // Not an overflow behaviour at all: the client's mistake, as RabbitMQ's 406.
@@ -372,22 +380,57 @@ mod tests {
     }
 
     #[test]
-    fn max_length_is_served_with_reject_publish_only() {
+    fn max_length_drops_the_head_unless_the_declare_says_reject_publish() {
+        let with = |overflow: Option<&str>, limit: Option<i32>| {
+            let mut pairs = Vec::new();
+            if let Some(n) = limit {
+                pairs.push(("x-max-length", AMQPValue::LongInt(n)));
+            }
+            if let Some(o) = overflow {
+                pairs.push(("x-overflow", AMQPValue::LongString(o.into())));
+            }
+            queue_config(&args(&pairs), QueueConfig::default())
+        };
+        let config = with(Some("reject-publish"), Some(10)).unwrap();
+        assert_eq!(
+            (config.max_length, config.overflow),
+            (Some(10), Overflow::RejectPublish)
+        );
+        for overflow in [None, Some("drop-head")] {
+            let config = with(overflow, Some(10)).unwrap();
+            assert_eq!(
+                (config.max_length, config.overflow),
+                (Some(10), Overflow::DropHead)
+            );
+            // Without a limit the overflow means nothing, and the config is the default.
+            assert_eq!(with(overflow, None).unwrap(), QueueConfig::default());
+        }
+        let refused = with(Some("reject-publish-dlx"), Some(10)).unwrap_err();
+        assert_eq!(refused.code, 540);
+        // The dropped head would be dead-lettered by RabbitMQ, and is not here.
+        let table = args(&[
+            ("x-max-length", AMQPValue::LongInt(10)),
+            (
+                "x-dead-letter-exchange",
+                AMQPValue::LongString("dlx".into()),
+            ),
+        ]);
+        let refused = queue_config(&table, QueueConfig::default()).unwrap_err();
+        assert_eq!(refused.code, 406);
+        assert!(
+            refused.text.contains("x-overflow=reject-publish"),
+            "{}",
+            refused.text
+        );
         let table = args(&[
             ("x-max-length", AMQPValue::LongInt(10)),
             ("x-overflow", AMQPValue::LongString("reject-publish".into())),
+            (
+                "x-dead-letter-exchange",
+                AMQPValue::LongString("dlx".into()),
+            ),
         ]);
-        let config = queue_config(&table, QueueConfig::default()).unwrap();
-        assert_eq!(config.max_length, Some(10));
-        let table = args(&[("x-max-length", AMQPValue::LongInt(10))]);
-        let refused = queue_config(&table, QueueConfig::default()).unwrap_err();
-        assert_eq!(refused.code, 540);
-        assert!(refused.text.contains("reject-publish"));
-        let table = args(&[
-            ("x-max-length", AMQPValue::LongInt(10)),
-            ("x-overflow", AMQPValue::LongString("drop-head".into())),
-        ]);
-        assert_eq!(refusal_code(&table), 540);
+        assert!(queue_config(&table, QueueConfig::default()).is_ok());
     }
 
     #[test]

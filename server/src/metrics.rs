@@ -155,7 +155,7 @@ const COUNTERS: [(&str, &str, Field); 11] = [
     ),
     (
         "messages_dropped",
-        "Dead letters dropped (no dead-letter queue took them)",
+        "Dead letters dropped (no dead-letter queue took them), and messages dropped from the head of a full queue (x-max-length)",
         |s| s.dropped,
     ),
     ("stale_settles", "Settles of a lease that had ended", |s| {

@@ -374,14 +374,51 @@ def test_reject_dead_letters_through_the_default_exchange():
     conn.close()
 
 
-@leasemq_only("drop-head overflow is not served (RabbitMQ's default)")
+@leasemq_only("x-max-length-bytes is not served (RabbitMQ serves it)")
 def test_an_unsupported_queue_argument_is_refused_not_ignored():
     conn = connect()
     ch = conn.channel()
     with pytest.raises(pika.exceptions.ConnectionClosedByBroker) as err:
-        # RabbitMQ's default overflow drops the oldest message: not served, so refused.
-        ch.queue_declare(queue="capped", arguments={"x-max-length": 10})
+        ch.queue_declare(queue="capped-bytes", arguments={"x-max-length-bytes": 1024})
     assert err.value.reply_code == 540
+
+
+def test_a_full_queue_drops_its_oldest_ready_message_by_default():
+    """RabbitMQ's default overflow (drop-head); messages delivered and unacked do not count."""
+    conn = connect()
+    ch = conn.channel()
+    suffix = uuid.uuid4().hex[:8]
+    implicit, explicit = f"capped-{suffix}", f"capped-dh-{suffix}"
+    ch.queue_declare(queue=implicit, arguments={"x-max-length": 3})
+    ch.queue_declare(queue=explicit, arguments={"x-max-length": 3, "x-overflow": "drop-head"})
+    ch.confirm_delivery()
+    for queue in (implicit, explicit):
+        for i in range(1, 6):
+            # Confirmed, not nacked: the publish is taken, the head makes room.
+            ch.basic_publish(exchange="", routing_key=queue, body=str(i).encode())
+        assert ch.queue_declare(queue=queue, passive=True).method.message_count == 3
+    assert drain(ch, explicit) == ["3", "4", "5"]
+    # One message out for delivery and not acked: two wait, so a publish drops nothing.
+    method, _, body = ch.basic_get(queue=implicit)
+    assert body == b"3"
+    ch.basic_publish(exchange="", routing_key=implicit, body=b"6")
+    assert ch.queue_declare(queue=implicit, passive=True).method.message_count == 3
+    ch.basic_publish(exchange="", routing_key=implicit, body=b"7")
+    ch.basic_ack(method.delivery_tag)
+    assert drain(ch, implicit) == ["5", "6", "7"]
+    conn.close()
+
+
+@leasemq_only("RabbitMQ dead-letters a dropped head; leasemqd drops it, so it refuses the pair")
+def test_drop_head_with_a_dead_letter_exchange_is_refused():
+    conn = connect()
+    ch = conn.channel()
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as err:
+        ch.queue_declare(queue="capped-dlx", arguments={"x-max-length": 3,
+                                                        "x-dead-letter-exchange": ""})
+    assert err.value.reply_code == 406
+    assert "x-overflow=reject-publish" in err.value.reply_text
+    conn.close()
 
 
 def test_a_message_past_its_ttl_is_never_delivered():
