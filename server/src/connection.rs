@@ -39,6 +39,7 @@ use leasemq::{Broker, Consumer, Delivery, DeliveryTag, Queue, Settle};
 
 use crate::content::{self, PropertiesSeen};
 use crate::dead_letter::{self, DeadLetters};
+use crate::durable_queues::QueueFile;
 use crate::exchange::{Exchanges, Refusal};
 use crate::expiry::Expiring;
 use crate::metrics::Metrics;
@@ -83,8 +84,11 @@ pub struct Settings {
     /// that owns each: another connection may publish to one but not use it otherwise.
     pub exclusive: Arc<Mutex<HashMap<String, u64>>>,
     /// The flags each queue was declared with, by name, for RabbitMQ's check of a
-    /// redeclare (a durable queue brought back by a restart has none until redeclared).
+    /// redeclare; a durable queue's are kept in `queue_file` and come back with it after a
+    /// restart (`durable_queues.rs`).
     pub declared: Arc<Mutex<HashMap<String, Declared>>>,
+    /// With a data dir: where the durable queues' entries of `declared` are kept.
+    pub queue_file: Option<Arc<QueueFile>>,
     /// The AMQP consumers of every queue, and which queues one holds exclusively.
     pub consumers: Arc<QueueConsumers>,
     /// The exchanges and bindings every connection of the server routes through.
@@ -120,6 +124,7 @@ impl Default for Settings {
             heartbeat: 60,
             exclusive: Arc::default(),
             declared: Arc::default(),
+            queue_file: None,
             consumers: Arc::default(),
             exchanges: Arc::default(),
             expiring: Arc::default(),
@@ -145,6 +150,18 @@ impl Settings {
         }
     }
 
+    /// Writes the durable queues' entries of `declared` (the table, locked by the caller so
+    /// that writes follow its changes in order) to the data dir, if there is one. A failed
+    /// write is logged: the queues serve on, and a restart brings them back as the file
+    /// last written has them (those missing are as declared again).
+    pub(crate) fn keep_durable_queues(&self, declared: &HashMap<String, Declared>) {
+        if let Some(file) = &self.queue_file {
+            if let Err(why) = file.save(declared) {
+                tracing::warn!("durable queues' declarations not kept: {why}");
+            }
+        }
+    }
+
     /// Forgets what the server keeps of the queue called `name`, which was just closed
     /// (by the caller: a queue closed before is forgotten by whoever closed it, and its
     /// name may already be another queue's): its bindings, its declared flags, its
@@ -158,7 +175,11 @@ impl Settings {
         }
         drop(owners);
         self.consumers.forget(name);
-        (self.declared.lock().expect("never poisoned")).remove(name);
+        let mut declared = self.declared.lock().expect("never poisoned");
+        if declared.remove(name).is_some_and(|d| d.durable) {
+            self.keep_durable_queues(&declared);
+        }
+        drop(declared);
         self.expiring.forget_closed(name);
         let dead_letters = self.dead_letters.forget(queue);
         let mut exchanges = self.exchanges.lock().expect("never poisoned");
@@ -1114,9 +1135,10 @@ impl Connection {
         // Closed before (by `x-expires`, another connection's delete): forgotten then.
         if closed {
             let tracked = self.settings.forget(queue, Some(self.id));
-            // A durable queue brought back by a restart and deleted before it was declared
-            // again may have a holding queue of dead letters that nothing forwards (its
-            // route was never said): it goes, with what it holds.
+            // A durable queue brought back by a restart with no declaration kept (from a
+            // build that kept none) and deleted before it was declared again may have a
+            // holding queue of dead letters that nothing forwards (its route was never
+            // said): it goes, with what it holds.
             if !tracked && queue.is_durable() {
                 let holding = self.broker.queue(&dead_letter::holding_name(name));
                 if let Some(holding) = holding {

@@ -17,9 +17,9 @@
 //! Holding queues are the server's: no client reaches one by name (`Connection::queue`).
 //! When its queue is deleted, its task sends on what it still holds, then deletes it (a
 //! queue of the name declared again meanwhile keeps it, and the task). One is durable
-//! when its queue is, so that dead letters wait in it across a restart; they go on once
-//! the queue is declared again, since its declare says where to (as its other declared
-//! arguments come back then).
+//! when its queue is, so that dead letters wait in it across a restart; they go on after
+//! it, as the server keeps where a durable queue's dead letters go (`durable_queues.rs`
+//! starts its task again).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};

@@ -875,7 +875,7 @@ fn words(text: &str) -> Vec<&str> {
 /// Replaces `file` with `bytes` so that a crash leaves the old contents or the new, never
 /// a mix: a temporary file, fsynced, renamed over it, and the directory fsynced. An error
 /// says whether the rename was done (only the directory's fsync failed).
-fn write_atomically(file: &Path, bytes: &[u8]) -> Result<(), (io::Error, bool)> {
+pub(crate) fn write_atomically(file: &Path, bytes: &[u8]) -> Result<(), (io::Error, bool)> {
     let dir = file.parent().unwrap_or(Path::new("."));
     let temporary = file.with_extension("json.tmp");
     let before_rename = |e| (e, false);

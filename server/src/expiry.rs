@@ -13,8 +13,8 @@
 //! is bounded by the number of queues that expire, whatever the number of uses.
 //! [`Expiring`] itself takes the time as an argument, so its tests need no clock.
 //!
-//! A durable queue brought back by a restart expires again once it is declared again
-//! with `x-expires`, as its other declared flags come back then (`Declared`).
+//! A durable queue brought back by a restart expires again, its time counted from the
+//! start (`durable_queues.rs` keeps its `x-expires`).
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -22,6 +22,7 @@ pub mod arguments;
 mod connection;
 pub mod content;
 pub mod dead_letter;
+pub mod durable_queues;
 pub mod exchange;
 pub mod expiry;
 pub mod metrics;

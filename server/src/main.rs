@@ -9,7 +9,7 @@ use std::time::Duration;
 use clap::Parser;
 use leasemq::Broker;
 use leasemq_server::exchange::Exchanges;
-use leasemq_server::{serve, Settings};
+use leasemq_server::{durable_queues, serve, Settings};
 use mimalloc::MiMalloc;
 
 #[global_allocator]
@@ -109,6 +109,8 @@ fn run(args: Args) -> Result<(), String> {
         // Bindings are kept for the queues that came back: the durable ones.
         let exchanges = Exchanges::open(dir, |queue| broker.queue(queue).is_some())?;
         settings.exchanges = Arc::new(Mutex::new(exchanges));
+        // And the durable queues as they were declared: dead-letter routes, TTLs, expiry.
+        durable_queues::restore(dir, &mut settings, &broker)?;
     }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

@@ -450,10 +450,17 @@ impl Connection {
             // A new queue's flags replace whatever a queue of that name left behind; an
             // existing queue keeps the first it was declared with here.
             let mut flags = self.settings.declared.lock().expect("never poisoned");
-            if existed {
+            let durable = declared.durable && self.settings.durable;
+            let kept = if existed {
+                let known = flags.contains_key(name);
                 flags.entry(name.to_string()).or_insert(declared);
+                !known
             } else {
                 flags.insert(name.to_string(), declared);
+                true
+            };
+            if kept && durable {
+                self.settings.keep_durable_queues(&flags);
             }
             drop(flags);
             if message_ttl.is_some() {

@@ -119,10 +119,11 @@ def count_within(ch, queue, expected, seconds=10):
     return count
 
 
-def test_dead_letters_of_a_durable_queue_survive_a_kill_and_go_on_once_it_is_declared(data_dir):
+def test_dead_letters_of_a_durable_queue_survive_a_kill_and_go_on_after_it(data_dir):
     """A dead letter is put to its queue before it leaves the durable queue's holding
     queue: across a kill it is in one or the other (or, put but not yet taken, in both:
-    at least once), and it goes on once the queue that dead-letters is declared again. Many
+    at least once), and it goes on after the restart, before any client declares the queue
+    that dead-letters again (the server kept where its dead letters go). Many
     are rejected at once just before the kill, so that some are still held then. A
     transient queue may take a durable one's dead letters, as in RabbitMQ."""
     args = {"x-dead-letter-exchange": "", "x-dead-letter-routing-key": "parked"}
@@ -161,7 +162,6 @@ def test_dead_letters_of_a_durable_queue_survive_a_kill_and_go_on_once_it_is_dec
     server = Server(data_dir)
     try:
         ch = server.channel()
-        ch.queue_declare(queue="work", durable=True, arguments=args)
         got = set()
         for _ in range(1000):
             while True:
@@ -175,6 +175,53 @@ def test_dead_letters_of_a_durable_queue_survive_a_kill_and_go_on_once_it_is_dec
         left = ch.queue_declare(queue="work", passive=True).method.message_count
         assert (len(got), left) == (n, 0)
         assert got == {f"poison {i}".encode() for i in range(n)}
+    finally:
+        server.stop()
+
+
+def test_a_durable_queue_comes_back_as_it_was_declared(data_dir):
+    """What RabbitMQ keeps of a durable queue beyond its messages comes back after a kill
+    with no client declaring it again: its arguments (a redeclare with others is refused),
+    its message TTL, its dead-letter route and its own expiry."""
+    server = Server(data_dir)
+    try:
+        ch = server.channel()
+        ch.queue_declare(queue="timed", durable=True, arguments={"x-message-ttl": 300})
+        ch.queue_declare(queue="parked", durable=True)
+        ch.queue_declare(queue="failing", durable=True, arguments={
+            "x-dead-letter-exchange": "", "x-dead-letter-routing-key": "parked"})
+        ch.queue_declare(queue="short-lived", durable=True, arguments={"x-expires": 500})
+        ch.queue_declare(queue="deleted", durable=True, arguments={"x-message-ttl": 5})
+        ch.queue_delete(queue="deleted")
+    finally:
+        server.kill()
+
+    server = Server(data_dir)
+    try:
+        ch = server.channel()
+        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as err:
+            ch.queue_declare(queue="timed", durable=True, arguments={"x-message-ttl": 1000})
+        assert err.value.reply_code == 406
+        assert "x-message-ttl" in err.value.reply_text
+        ch = server.connection.channel()
+        ch.confirm_delivery()
+        ch.basic_publish(exchange="", routing_key="timed", body=b"stale")
+        ch.basic_publish(exchange="", routing_key="failing", body=b"doomed")
+        method, _, body = ch.basic_get(queue="failing")
+        assert body == b"doomed"
+        ch.basic_reject(method.delivery_tag, requeue=False)
+        assert count_within(ch, "parked", 1) == 1
+        # Past the TTL: dropped when reached, never delivered.
+        ch.connection.sleep(0.5)
+        assert ch.basic_get(queue="timed", auto_ack=True)[0] is None
+        # Unused since the start, past its 500 ms: deleted.
+        ch.connection.sleep(1.5)
+        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as err:
+            ch.queue_declare(queue="short-lived", passive=True)
+        assert err.value.reply_code == 404
+        # A queue deleted before the kill is not brought back by its old declaration.
+        ch = server.connection.channel()
+        ch.queue_declare(queue="deleted", durable=True)
     finally:
         server.stop()
 

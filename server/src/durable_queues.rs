@@ -1,0 +1,257 @@
+//! What a durable queue was declared with beyond its broker config, kept across restarts.
+//!
+//! The broker keeps a durable queue's [`leasemq::QueueConfig`] and messages in its data
+//! dir. What else RabbitMQ keeps of a durable queue, the server holds: its `auto_delete`
+//! flag, `x-queue-type`, `x-expires`, `x-message-ttl` and where its dead letters go
+//! (`x-dead-letter-exchange`, `x-dead-letter-routing-key`). With a data dir, those of every
+//! durable queue are kept in [`FILE`] there, written (to a temporary file, fsynced,
+//! renamed over the old one, the directory fsynced) each time a durable queue is declared
+//! anew or deleted, before the declare is answered. A restart reads the file back
+//! ([`restore`]) for the queues the broker brought back, so that each is as it was
+//! declared before any client declares it again: a redeclare is checked against it, its
+//! dead letters go on through their exchange, its messages expire, and it expires itself.
+//!
+//! A crash between a durable queue's declare and the write of the file brings the queue
+//! back without these, as before a build kept them: they come back with its next declare.
+//! An entry whose queue did not come back (a crash between its delete and the write) is
+//! dropped at the start.
+
+use std::collections::HashMap;
+use std::fs;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use leasemq::Broker;
+use serde::{Deserialize, Serialize};
+
+use crate::connection::Declared;
+use crate::dead_letter::{self, Route};
+use crate::exchange::write_atomically;
+use crate::Settings;
+
+/// The file, in the data dir, that keeps what durable queues were declared with.
+pub const FILE: &str = "leasemqd-queues.json";
+
+/// The version of [`Stored`] this build writes and reads.
+const VERSION: u32 = 1;
+
+#[derive(Debug, Serialize, Deserialize)]
+struct Stored {
+    version: u32,
+    queues: Vec<StoredQueue>,
+}
+
+/// One durable queue's declared flags and arguments, by its broker name.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+struct StoredQueue {
+    name: String,
+    auto_delete: bool,
+    quorum: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    expires: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    message_ttl: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    dead_letter_exchange: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    dead_letter_routing_key: Option<String>,
+}
+
+impl StoredQueue {
+    fn of(name: &str, d: &Declared) -> StoredQueue {
+        StoredQueue {
+            name: name.to_string(),
+            auto_delete: d.auto_delete,
+            quorum: d.quorum,
+            expires: d.expires,
+            message_ttl: d.message_ttl,
+            dead_letter_exchange: d.dead_letter.as_ref().map(|r| r.exchange.clone()),
+            dead_letter_routing_key: d.dead_letter.as_ref().and_then(|r| r.routing_key.clone()),
+        }
+    }
+
+    fn declared(&self) -> Declared {
+        Declared {
+            durable: true,
+            exclusive: false,
+            auto_delete: self.auto_delete,
+            quorum: self.quorum,
+            expires: self.expires,
+            dead_letter: self.dead_letter_exchange.as_ref().map(|exchange| Route {
+                exchange: exchange.clone(),
+                routing_key: self.dead_letter_routing_key.clone(),
+            }),
+            message_ttl: self.message_ttl,
+        }
+    }
+}
+
+/// Where the durable queues' declarations are kept.
+#[derive(Debug)]
+pub struct QueueFile {
+    file: PathBuf,
+}
+
+impl QueueFile {
+    /// Writes the declarations of the durable queues among `declared` (the server's table
+    /// of every queue's, by broker name), in name order.
+    ///
+    /// # Errors
+    ///
+    /// The write failed, with the file named; the file before it is still in place
+    /// unless only the directory's fsync failed.
+    pub(crate) fn save(&self, declared: &HashMap<String, Declared>) -> Result<(), String> {
+        let mut queues: Vec<StoredQueue> = (declared.iter())
+            .filter(|(_, d)| d.durable)
+            .map(|(name, d)| StoredQueue::of(name, d))
+            .collect();
+        queues.sort_by(|a, b| a.name.cmp(&b.name));
+        let stored = Stored {
+            version: VERSION,
+            queues,
+        };
+        let text = serde_json::to_string_pretty(&stored).expect("plain data serialises");
+        write_atomically(&self.file, text.as_bytes())
+            .map_err(|(e, _)| format!("cannot write {}: {e}", self.file.display()))
+    }
+}
+
+/// The declarations kept in `dir` of the queues `queue_exists` says came back, and the
+/// file that keeps later ones (rewritten at once if it named a queue that did not).
+///
+/// # Errors
+///
+/// A file that cannot be read, parsed or rewritten, named in the message: the server must
+/// not start and treat its queues otherwise than they were declared.
+fn open(
+    dir: &Path,
+    queue_exists: impl Fn(&str) -> bool,
+) -> Result<(QueueFile, HashMap<String, Declared>), String> {
+    let file = QueueFile {
+        file: dir.join(FILE),
+    };
+    let text = match fs::read_to_string(&file.file) {
+        Ok(text) => text,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok((file, HashMap::new())),
+        Err(e) => return Err(format!("cannot read {}: {e}", file.file.display())),
+    };
+    let stored: Stored = serde_json::from_str(&text)
+        .map_err(|e| format!("{} is damaged: {e}", file.file.display()))?;
+    if stored.version != VERSION {
+        return Err(format!(
+            "{} has version {}; this leasemqd reads version {VERSION}",
+            file.file.display(),
+            stored.version
+        ));
+    }
+    let total = stored.queues.len();
+    let kept: HashMap<String, Declared> = (stored.queues.iter())
+        .filter(|q| queue_exists(&q.name))
+        .map(|q| (q.name.clone(), q.declared()))
+        .collect();
+    if kept.len() < total {
+        file.save(&kept)?;
+    }
+    Ok((file, kept))
+}
+
+/// Reads [`FILE`] in `dir` and puts each durable queue the broker brought back as it was
+/// declared: its flags in the server's table, its dead-letter task started, its message
+/// TTL in force and its own expiry counting from now. Later declarations of durable queues
+/// are kept in the file from then on.
+///
+/// # Errors
+///
+/// The file cannot be read, parsed or rewritten (see [`open`]).
+pub fn restore(dir: &Path, settings: &mut Settings, broker: &Broker) -> Result<(), String> {
+    let (file, kept) = open(dir, |name| broker.queue(name).is_some())?;
+    for (name, declared) in &kept {
+        let Some(queue) = broker.queue(name) else {
+            continue;
+        };
+        if let Some(route) = &declared.dead_letter {
+            // A queue from a build that dead-lettered straight to a queue has no holding
+            // queue: its broker config still sends its dead letters there.
+            let holding = dead_letter::holding_name(name);
+            let holds = queue.config().dead_letter.as_deref() == Some(holding.as_str());
+            if let Some(holding) = broker.queue(&holding).filter(|_| holds) {
+                let both = || Ok::<_, ()>((queue.clone(), holding));
+                let _ = settings.dead_letters.declare(name, route.clone(), both);
+            }
+        }
+        if declared.message_ttl.is_some() {
+            settings.message_ttl_used.store(true, Ordering::Relaxed);
+        }
+        if let Some(ms) = declared.expires {
+            settings
+                .expiring
+                .set(&queue, Duration::from_millis(ms.into()));
+        }
+    }
+    if !kept.is_empty() {
+        tracing::debug!(
+            queues = kept.len(),
+            "durable queues back as they were declared"
+        );
+    }
+    *settings.declared.lock().expect("never poisoned") = kept;
+    settings.queue_file = Some(std::sync::Arc::new(file));
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn declared(ttl: Option<u64>, route: Option<Route>) -> Declared {
+        Declared {
+            durable: true,
+            exclusive: false,
+            auto_delete: false,
+            quorum: true,
+            expires: Some(60_000),
+            dead_letter: route,
+            message_ttl: ttl,
+        }
+    }
+
+    #[test]
+    fn the_file_keeps_durable_queues_only_and_drops_those_that_did_not_come_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let (file, none) = open(dir.path(), |_| true).unwrap();
+        assert!(none.is_empty(), "no file yet");
+        let route = Route {
+            exchange: "dlx".into(),
+            routing_key: Some("failed".into()),
+        };
+        let mut table = HashMap::new();
+        table.insert("jobs".to_string(), declared(Some(500), Some(route)));
+        table.insert("gone".to_string(), declared(None, None));
+        let in_memory = Declared {
+            durable: false,
+            ..declared(None, None)
+        };
+        table.insert("scratch".to_string(), in_memory);
+        file.save(&table).unwrap();
+        let (_, back) = open(dir.path(), |name| name != "gone").unwrap();
+        assert_eq!(back.len(), 1, "{back:?}");
+        assert_eq!(back["jobs"], table["jobs"]);
+        // The queue that did not come back is out of the file for good.
+        let (_, again) = open(dir.path(), |_| true).unwrap();
+        assert_eq!(again.keys().collect::<Vec<_>>(), ["jobs"]);
+    }
+
+    #[test]
+    fn a_damaged_or_newer_file_stops_the_start() {
+        let dir = tempfile::tempdir().unwrap();
+        fs::write(dir.path().join(FILE), "{ not json").unwrap();
+        assert!(open(dir.path(), |_| true).unwrap_err().contains("damaged"));
+        let newer = r#"{"version": 2, "queues": []}"#;
+        fs::write(dir.path().join(FILE), newer).unwrap();
+        assert!(open(dir.path(), |_| true)
+            .unwrap_err()
+            .contains("version 2"));
+    }
+}
