@@ -508,7 +508,8 @@ pub fn delivered(envelope: &Envelope, queue: &str) -> Delivered {
             let (exchange, routing_key) = default_route();
             let (died_from, keys) = original_route(&stored, death);
             Delivered {
-                properties: with_death(stored.properties, death, &died_from, &keys),
+                // Delivered straight from a dead-letter queue: when it died is not known.
+                properties: with_death(stored.properties, death, &died_from, &keys, None),
                 exchange,
                 routing_key,
                 payload: stored.payload,
@@ -541,13 +542,15 @@ fn original_route(stored: &Stored, death: &DeathRecord) -> (String, Vec<String>)
 }
 
 /// `properties` with RabbitMQ's record of one more death: an `x-death` entry per queue and
-/// reason, the latest first, each counting its deaths, and the `x-first-death-…` headers
+/// reason, the latest first, each counting its deaths and with the `time` (seconds since
+/// the Unix epoch) of its first, where `died` gives it, and the `x-first-death-…` headers
 /// of the first one.
 fn with_death(
     properties: BasicProperties,
     death: &DeathRecord,
     exchange: &str,
     keys: &[String],
+    died: Option<u64>,
 ) -> BasicProperties {
     let reason = reason_text(&death.reason);
     let queue = names::amqp(&death.queue);
@@ -587,6 +590,9 @@ fn with_death(
             record.insert("exchange".into(), text(exchange));
             let keys = keys.iter().map(|key| text(key)).collect::<Vec<_>>();
             record.insert("routing-keys".into(), AMQPValue::FieldArray(keys.into()));
+            if let Some(seconds) = died {
+                record.insert("time".into(), AMQPValue::Timestamp(seconds));
+            }
             record
         }
     };
@@ -680,7 +686,8 @@ pub fn dead_letter(
         Some(death) => {
             let (died_from, keys) = original_route(&stored, death);
             let expiration = stored.properties.expiration().clone();
-            let mut properties = with_death(stored.properties, death, &died_from, &keys);
+            let died = Some(now / 1000);
+            let mut properties = with_death(stored.properties, death, &died_from, &keys, died);
             if let Some(expiration) = expiration {
                 properties = with_original_expiration(without_expiration(properties), expiration);
             }
@@ -899,6 +906,8 @@ mod tests {
         assert_eq!(record.inner().get("exchange"), Some(&text("shop")));
         assert_eq!(record.inner().get("routing-keys"), Some(&keys));
         assert_eq!(record.inner().get("reason"), Some(&text("rejected")));
+        let died_at = Some(&AMQPValue::Timestamp(5));
+        assert_eq!(record.inner().get("time"), died_at, "seconds, from `now`");
         // As RabbitMQ: its own expiration is taken out, kept in the record; the rest stays.
         assert_eq!(
             record.inner().get("original-expiration"),
@@ -942,6 +951,8 @@ mod tests {
             records[0].inner().get("count"),
             Some(&AMQPValue::LongLongInt(2))
         );
+        // As RabbitMQ 3: the time of its first death in that queue for that reason.
+        assert_eq!(records[0].inner().get("time"), died_at);
         // Dead elsewhere for another reason: a second record, first.
         let elsewhere = Envelope {
             body: letter.body.clone(),

@@ -7,6 +7,7 @@ the two differ on purpose. Each test uses its own queue, so the tests do not dep
 another.
 """
 
+import datetime
 import os
 import uuid
 
@@ -370,6 +371,9 @@ def test_reject_dead_letters_through_the_default_exchange():
     (death,) = props.headers["x-death"]
     assert (death["queue"], death["reason"], death["count"]) == (work, "rejected", 1)
     assert props.headers["x-first-death-queue"] == work
+    # When it died: an AMQP timestamp (whole seconds), which pika reads as a datetime.
+    age = datetime.datetime.now(datetime.timezone.utc) - death["time"]
+    assert datetime.timedelta(seconds=-2) < age < datetime.timedelta(seconds=60)
     ch.basic_ack(method.delivery_tag)
     conn.close()
 
