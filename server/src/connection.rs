@@ -21,6 +21,7 @@ mod channel;
 mod consumers;
 mod publish;
 mod reply_to;
+mod tx;
 
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;

@@ -11,16 +11,17 @@
 //! `redelivered`. A lease that ran out was redelivered elsewhere; its late ack is stale and
 //! changes nothing (the broker counts it), never a channel error.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::time::Duration;
 
-use amq_protocol::protocol::{basic, channel, confirm, exchange, queue, AMQPClass};
+use amq_protocol::protocol::{basic, channel, confirm, exchange, queue, tx, AMQPClass};
 use amq_protocol::types::{AMQPValue, FieldTable, ShortString};
 use leasemq::{
     Consumer, ConsumerConfig, Delivery, DeliveryTag, Envelope, Error, Queue, QueueConfig, Settle,
 };
 
 use super::publish::{Incoming, Pending};
+use super::tx::Tx;
 use super::{code, method_name, reply_text, reply_to, Connection, Declared, Fault, Subscription};
 use crate::content::PropertiesSeen;
 use crate::exchange::{HeadersBinding, Kind, Refusal, Shape};
@@ -46,7 +47,7 @@ pub(crate) struct Channel {
     /// The last delivery tag handed out on this channel.
     last_tag: u64,
     /// Deliveries not yet settled, by channel delivery tag.
-    unacked: BTreeMap<u64, Unacked>,
+    pub(super) unacked: BTreeMap<u64, Unacked>,
     /// A publish whose content is still arriving.
     pub(super) incoming: Option<Incoming>,
     /// Consumer tags in use on this channel.
@@ -56,10 +57,16 @@ pub(crate) struct Channel {
     last_queue: Option<String>,
     /// Publisher confirms are on (`confirm.select`).
     pub(super) confirm: bool,
+    /// The channel is transactional (`tx.select`): what it holds until its next commit.
+    pub(super) tx: Option<Tx>,
+    /// The publish numbers (see `published`) at which a `tx.commit` came, not yet
+    /// answered: each is answered once every publish up to it is settled.
+    pub(super) commits: VecDeque<u64>,
     /// Consumers `basic.cancel` stopped (and `basic.get`'s), kept while deliveries of
     /// theirs are unsettled: those stay leased to the channel and can still be acked.
     pub(super) stopped: Vec<Stopped>,
-    /// Publishes completed on this channel since `confirm.select`: the last one's number.
+    /// Publishes completed on this channel since `confirm.select`, or committed since
+    /// `tx.select`: the last one's number.
     pub(super) published: u64,
     /// The highest publish number confirmed with `basic.ack` or `basic.nack`.
     pub(super) confirmed: u64,
@@ -74,7 +81,7 @@ pub(crate) struct Channel {
 }
 
 /// What a channel delivery tag stands for.
-struct Unacked {
+pub(crate) struct Unacked {
     queue: Queue,
     tag: DeliveryTag,
     /// The number of the subscription it came from.
@@ -221,6 +228,11 @@ impl Connection {
                 self.recover(ch, recover.requeue, &m)
             }
             AMQPClass::Confirm(confirm::AMQPMethod::Select(select)) => {
+                if state.tx.is_some() {
+                    let text = "PRECONDITION_FAILED - cannot switch from tx to confirm mode";
+                    let m = AMQPClass::Confirm(confirm::AMQPMethod::Select(select));
+                    return Err(Fault::channel(ch, code::PRECONDITION_FAILED, text, &m));
+                }
                 state.confirm = true;
                 if !select.nowait {
                     let ok = confirm::AMQPMethod::SelectOk(confirm::SelectOk {});
@@ -250,6 +262,11 @@ impl Connection {
                 let m = AMQPClass::Basic(basic::AMQPMethod::Reject(reject.clone()));
                 self.settle(ch, reject.delivery_tag, false, requeue(reject.requeue), &m)
             }
+            AMQPClass::Tx(
+                method @ (tx::AMQPMethod::Select(_)
+                | tx::AMQPMethod::Commit(_)
+                | tx::AMQPMethod::Rollback(_)),
+            ) => self.handle_tx(ch, method),
             AMQPClass::Channel(channel::AMQPMethod::Flow(flow)) => {
                 // Deliveries stop or start again; those the broker already handed to the
                 // channel's consumers wait, leased, in their buffers (at most a prefetch).
@@ -1094,28 +1111,44 @@ impl Connection {
             let text = format!("PRECONDITION_FAILED - unknown delivery tag {tag}");
             return Err(Fault::channel(ch, code::PRECONDITION_FAILED, text, m));
         }
-        let taken: Vec<Unacked> = if multiple {
+        let taken: Vec<(u64, Unacked)> = if multiple {
             let upto = if tag == 0 { u64::MAX } else { tag };
             let keep = state.unacked.split_off(&upto.saturating_add(1));
             std::mem::replace(&mut state.unacked, keep)
-                .into_values()
+                .into_iter()
                 .collect()
         } else {
             match state.unacked.remove(&tag) {
-                Some(u) => vec![u],
+                Some(u) => vec![(tag, u)],
                 None => {
                     let text = format!("PRECONDITION_FAILED - unknown delivery tag {tag}");
                     return Err(Fault::channel(ch, code::PRECONDITION_FAILED, text, m));
                 }
             }
         };
+        // A transactional channel makes it at its commit (`tx.rs`).
+        if let Some(taken) = self.hold_settle(ch, taken, how) {
+            self.settle_taken(ch, taken, how);
+        }
+        Ok(())
+    }
+
+    /// Settles `taken`, deliveries already taken from channel `ch`'s unacked ones, as
+    /// `how` says: gathered into this read's settle batches.
+    pub(super) fn settle_taken(&mut self, ch: u16, taken: Vec<(u64, Unacked)>, how: Settle) {
+        let Some(state) = self.channels.get_mut(&ch) else {
+            return;
+        };
         let mut settles = Vec::with_capacity(taken.len());
         let mut releases = Vec::new();
-        for Unacked {
-            queue,
-            tag,
-            consumer,
-        } in taken
+        for (
+            _,
+            Unacked {
+                queue,
+                tag,
+                consumer,
+            },
+        ) in taken
         {
             if let Some(stopped) = state.stopped.iter_mut().find(|s| s.number == consumer) {
                 stopped.outstanding -= 1;
@@ -1146,7 +1179,6 @@ impl Connection {
                 }),
             }
         }
-        Ok(())
     }
 
     /// Whether the channel of subscription `index` takes a delivery now: it is not

@@ -7,7 +7,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
-use amq_protocol::protocol::{basic, AMQPClass};
+use amq_protocol::protocol::{basic, tx, AMQPClass};
 use bytes::Bytes;
 use leasemq::{DeliveryTag, Error, Message, PendingPutBatch, Queue, Settle};
 
@@ -274,6 +274,7 @@ impl Connection {
         let state = self.channels.get_mut(&ch).expect("checked by the caller");
         let Incoming { publish, content } = state.incoming.take().expect("checked by the caller");
         let content = content.expect("complete content has a header");
+        let transactional = state.tx.is_some();
         let number = state.confirm.then(|| {
             // Numbered as the client numbers them: every publish on a confirming channel.
             state.published += 1;
@@ -281,7 +282,9 @@ impl Connection {
         });
         let exchange = publish.exchange.as_str();
         let key = publish.routing_key.as_str();
-        if exchange.is_empty() && content.cc.is_empty() && !key.starts_with(names::ESCAPED) {
+        let plain =
+            exchange.is_empty() && content.cc.is_empty() && !key.starts_with(names::ESCAPED);
+        if plain && !transactional {
             // The common case: one more publish of this read to the queue the last one went
             // to, added to its batch with no lookup. A key equal to that queue's broker name
             // is that name as the client knows it too: broker names that do not start with
@@ -332,7 +335,25 @@ impl Connection {
             return Ok(());
         }
         let message = into_message(content);
-        let last = queues.len() - 1;
+        if transactional {
+            return self.hold_publish(ch, queues, message);
+        }
+        self.put_copies(ch, queues, message, number);
+        Ok(())
+    }
+
+    /// Adds a publish on `ch` (numbered `number` on a confirming or transactional channel)
+    /// to this read's batch for each queue in `queues`.
+    pub(super) fn put_copies(
+        &mut self,
+        ch: u16,
+        queues: Vec<Queue>,
+        message: Message,
+        number: Option<u64>,
+    ) {
+        let Some(last) = queues.len().checked_sub(1) else {
+            return;
+        };
         let mut message = Some(message);
         for (i, queue) in queues.into_iter().enumerate() {
             // Each queue but the last gets a copy (sharing the body); the last the message.
@@ -353,7 +374,6 @@ impl Connection {
                 }),
             }
         }
-        Ok(())
     }
 
     /// The messages and publish numbers of this read's last batch, if it is a run of
@@ -490,6 +510,10 @@ impl Connection {
                 Err(Error::QueueFull | Error::Storage(_) | Error::QueueClosed) if state.confirm => {
                     state.refused.extend(&awaited.numbers);
                 }
+                // Dropped from a commit, as without a transaction; a failed log fails it.
+                Err(Error::QueueFull | Error::QueueClosed) if state.tx.is_some() => {
+                    state.refused.extend(&awaited.numbers);
+                }
                 // Dropped without confirms, as RabbitMQ drops what it cannot take.
                 Err(Error::QueueFull | Error::QueueClosed) => {}
                 Err(e) => faults.push(broker_fault(ch, &e, &publish_method())),
@@ -588,7 +612,9 @@ impl Connection {
         }
         let mut answers = Vec::new();
         for (&ch, state) in &mut self.channels {
-            if !state.confirm || state.closing || state.confirmed == state.published {
+            let commits = state.tx.is_some() && !state.commits.is_empty();
+            let waiting = state.confirm && state.confirmed < state.published;
+            if state.closing || !(waiting || commits) {
                 continue;
             }
             let awaited: Vec<&[u64]> = self
@@ -599,6 +625,22 @@ impl Connection {
                 .collect();
             let refused = std::mem::take(&mut state.refused);
             let now = confirms(state.confirmed, state.published, refused, &awaited);
+            state.confirmed = now.confirmed;
+            state.refused = now.refused;
+            if state.tx.is_some() {
+                // A transaction's publishes are not confirmed one by one: its commit is
+                // answered once every publish up to it is settled.
+                while state
+                    .commits
+                    .front()
+                    .is_some_and(|&at| at <= state.confirmed)
+                {
+                    state.commits.pop_front();
+                    let ok = AMQPClass::Tx(tx::AMQPMethod::CommitOk(tx::CommitOk {}));
+                    answers.push((ch, ok));
+                }
+                continue;
+            }
             for confirm in now.answers {
                 let method = match confirm {
                     Confirm::AckUpTo(delivery_tag) => basic::AMQPMethod::Ack(basic::Ack {
@@ -611,13 +653,11 @@ impl Connection {
                         requeue: false,
                     }),
                 };
-                answers.push((ch, method));
+                answers.push((ch, AMQPClass::Basic(method)));
             }
-            state.confirmed = now.confirmed;
-            state.refused = now.refused;
         }
         for (ch, answer) in answers {
-            self.send(ch, AMQPClass::Basic(answer));
+            self.send(ch, answer);
         }
     }
 
@@ -725,6 +765,6 @@ pub(super) fn confirms(
 
 /// `basic.publish`, as the method a channel error names: only its class and method ids
 /// are read, so the publish's own fields need not be copied on every message.
-fn publish_method() -> AMQPClass {
+pub(super) fn publish_method() -> AMQPClass {
     AMQPClass::Basic(basic::AMQPMethod::Publish(basic::Publish::default()))
 }

@@ -2504,3 +2504,121 @@ fn expired_messages_at_the_head_do_not_hold_a_prefetch_of_one() {
     assert_eq!(bodies, [b"fresh".to_vec()]);
     assert_eq!(c.stats("ttl").acked, 3);
 }
+
+fn tx_method(m: amq_protocol::protocol::tx::AMQPMethod) -> AMQPFrame {
+    method(1, AMQPClass::Tx(m))
+}
+
+#[test]
+fn a_transaction_holds_publishes_and_settles_until_its_commit() {
+    use amq_protocol::protocol::tx;
+    let mut c = Client::open();
+    c.declare("tx.jobs");
+    c.publish("tx.jobs", b"before");
+    let out = c.feed(&[get("tx.jobs", false)]);
+    assert!(matches!(
+        out[0],
+        AMQPFrame::Method(1, AMQPClass::Basic(basic::AMQPMethod::GetOk(ref ok))) if ok.delivery_tag == 1
+    ));
+    let out = c.feed(&[tx_method(tx::AMQPMethod::Select(tx::Select {}))]);
+    assert_eq!(out, [tx_method(tx::AMQPMethod::SelectOk(tx::SelectOk {}))]);
+    // Held: nothing is put or acked before the commit.
+    c.publish("tx.jobs", b"one");
+    c.publish("tx.jobs", b"two");
+    assert!(c.feed(&[ack(1, false)]).is_empty());
+    assert_eq!(
+        (c.stats("tx.jobs").ready, c.stats("tx.jobs").leased),
+        (0, 1)
+    );
+    let out = c.feed(&[tx_method(tx::AMQPMethod::Commit(tx::Commit {}))]);
+    assert_eq!(out, [tx_method(tx::AMQPMethod::CommitOk(tx::CommitOk {}))]);
+    let stats = c.stats("tx.jobs");
+    assert_eq!((stats.ready, stats.leased, stats.acked), (2, 0, 1));
+    // A rollback drops the publishes and gives the settled deliveries back to the channel,
+    // to be settled again; nothing is requeued.
+    let out = c.feed(&[get("tx.jobs", false)]);
+    assert!(matches!(
+        out[0],
+        AMQPFrame::Method(1, AMQPClass::Basic(basic::AMQPMethod::GetOk(ref ok))) if ok.delivery_tag == 2
+    ));
+    c.publish("tx.jobs", b"dropped");
+    c.feed(&[ack(2, false)]);
+    let out = c.feed(&[tx_method(tx::AMQPMethod::Rollback(tx::Rollback {}))]);
+    assert_eq!(
+        out,
+        [tx_method(tx::AMQPMethod::RollbackOk(tx::RollbackOk {}))]
+    );
+    let stats = c.stats("tx.jobs");
+    assert_eq!((stats.ready, stats.leased, stats.acked), (1, 1, 1));
+    c.feed(&[ack(2, false)]);
+    // Acking a tag twice in one transaction is RabbitMQ's 406, at the second ack.
+    let out = c.feed(&[ack(2, false)]);
+    assert_eq!(channel_close_code(&out), Some(406));
+    c.reopen();
+    // The channel closed with the transaction: its held ack went with it, and the
+    // delivery came back to its queue.
+    let stats = c.stats("tx.jobs");
+    assert_eq!((stats.ready, stats.leased, stats.acked), (2, 0, 1));
+}
+
+#[test]
+fn tx_and_confirms_do_not_mix_and_a_commit_needs_tx_select() {
+    use amq_protocol::protocol::{confirm, tx};
+    let mut c = Client::open();
+    let out = c.feed(&[tx_method(tx::AMQPMethod::Commit(tx::Commit {}))]);
+    assert_eq!(channel_close_code(&out), Some(406));
+    c.reopen();
+    let out = c.feed(&[tx_method(tx::AMQPMethod::Rollback(tx::Rollback {}))]);
+    assert_eq!(channel_close_code(&out), Some(406));
+    c.reopen();
+    let confirm_select = method(
+        1,
+        AMQPClass::Confirm(confirm::AMQPMethod::Select(confirm::Select {
+            nowait: false,
+        })),
+    );
+    c.feed(std::slice::from_ref(&confirm_select));
+    let out = c.feed(&[tx_method(tx::AMQPMethod::Select(tx::Select {}))]);
+    assert_eq!(channel_close_code(&out), Some(406));
+    c.reopen();
+    c.feed(&[tx_method(tx::AMQPMethod::Select(tx::Select {}))]);
+    let out = c.feed(&[confirm_select]);
+    assert_eq!(channel_close_code(&out), Some(406));
+}
+
+#[test]
+fn a_commit_to_a_full_queue_drops_what_does_not_fit_and_a_transaction_is_bounded() {
+    use amq_protocol::protocol::tx;
+    let mut c = Client::open();
+    c.declare_rejecting_over("tx.small", 1);
+    c.feed(&[tx_method(tx::AMQPMethod::Select(tx::Select {}))]);
+    c.publish("tx.small", b"fits");
+    c.publish("tx.small", b"refused");
+    let out = c.feed(&[tx_method(tx::AMQPMethod::Commit(tx::Commit {}))]);
+    assert_eq!(out, [tx_method(tx::AMQPMethod::CommitOk(tx::CommitOk {}))]);
+    assert_eq!(c.stats("tx.small").ready, 1);
+    // What transactions hold on a connection is bounded.
+    c.declare("tx.big");
+    let body = vec![7u8; 4 << 20];
+    let mut code = None;
+    for _ in 0..(super::tx::HELD_BYTES / body.len() + 1) {
+        // The body in frames that fit frame_max.
+        let mut frames = Client::publish_frames("tx.big", BasicProperties::default(), &[]);
+        let Some(AMQPFrame::Header(_, header)) = frames.last_mut() else {
+            panic!("publish, then its header");
+        };
+        header.body_size = body.len() as u64;
+        frames.extend(
+            body.chunks(8000)
+                .map(|chunk| AMQPFrame::Body(1, chunk.to_vec())),
+        );
+        let out = c.feed(&frames);
+        assert_eq!(connection_close_code(&out), None);
+        code = channel_close_code(&out);
+        if code.is_some() {
+            break;
+        }
+    }
+    assert_eq!(code, Some(406));
+    assert_eq!(c.stats("tx.big").ready, 0, "nothing was committed");
+}

@@ -299,3 +299,31 @@ def test_bindings_between_durable_exchanges_and_alternates_survive_a_kill(data_d
                             arguments={"alternate-exchange": "unrouted"})
     finally:
         server.stop()
+
+
+def test_a_committed_transaction_survives_a_kill(data_dir):
+    """tx.commit-ok comes once the committed publishes are on disk."""
+    server = Server(data_dir)
+    try:
+        ch = server.channel()
+        ch.queue_declare(queue="orders", durable=True)
+        ch.tx_select()
+        for i in range(100):
+            ch.basic_publish(exchange="", routing_key="orders", body=f"order {i}".encode())
+        ch.tx_commit()
+        ch.basic_publish(exchange="", routing_key="orders", body=b"never committed")
+    finally:
+        server.kill()
+
+    server = Server(data_dir)
+    try:
+        ch = server.channel()
+        got = []
+        while True:
+            method, _, body = ch.basic_get(queue="orders", auto_ack=True)
+            if method is None:
+                break
+            got.append(body)
+        assert got == [f"order {i}".encode() for i in range(100)]
+    finally:
+        server.stop()

@@ -1352,3 +1352,43 @@ def test_a_queue_name_may_hold_any_utf8_as_in_rabbitmq():
     assert (body, method.redelivered) == (b"bound", True)
     assert ch.queue_delete(queue=name).method.message_count == 0
     conn.close()
+
+
+def test_a_transaction_holds_publishes_and_acks_until_its_commit():
+    conn = connect()
+    ch = conn.channel()
+    queue = fresh_queue(ch, "tx")
+    ch.basic_publish(exchange="", routing_key=queue, body=b"first")
+    method, _, body = get_soon(conn, ch, queue)
+    assert body == b"first"
+    ch.tx_select()
+    ch.basic_publish(exchange="", routing_key=queue, body=b"second")
+    ch.basic_publish(exchange="", routing_key=queue, body=b"third")
+    ch.basic_ack(method.delivery_tag)
+    # Nothing of the transaction shows before its commit.
+    assert ch.queue_declare(queue=queue, passive=True).method.message_count == 0
+    ch.tx_rollback()
+    assert ch.queue_declare(queue=queue, passive=True).method.message_count == 0
+    # The rolled-back ack left "first" unacked on the channel: acked again, committed.
+    ch.basic_publish(exchange="", routing_key=queue, body=b"second")
+    ch.basic_ack(method.delivery_tag)
+    ch.tx_commit()
+    assert ch.queue_declare(queue=queue, passive=True).method.message_count == 1
+    method, _, body = ch.basic_get(queue=queue, auto_ack=True)
+    assert body == b"second"
+    conn.close()
+
+
+def test_tx_and_confirms_do_not_mix_and_commit_needs_tx_select():
+    conn = connect()
+    for steps, text in [
+        (lambda ch: ch.tx_commit(), "not transactional"),
+        (lambda ch: (ch.confirm_delivery(), ch.tx_select()), "from confirm to tx"),
+        (lambda ch: (ch.tx_select(), ch.confirm_delivery()), "from tx to confirm"),
+    ]:
+        ch = conn.channel()
+        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as err:
+            steps(ch)
+        assert err.value.reply_code == 406
+        assert text in err.value.reply_text
+    conn.close()

@@ -1,0 +1,143 @@
+//! Transactions (`tx.select`, `tx.commit`, `tx.rollback`), as RabbitMQ serves them.
+//!
+//! On a transactional channel a publish is routed when it comes (an unknown exchange is
+//! its 404 then, an unroutable `mandatory` one comes back then), but its copies are held
+//! until `tx.commit`; an ack, nack or reject is checked when it comes (an unknown tag is
+//! its 406 then) and its deliveries leave the channel's unacked ones, but it is made only at
+//! the commit. `tx.rollback` drops the held publishes and gives the held deliveries back to
+//! the channel's unacked ones, to be settled again; nothing is requeued. The commit puts
+//! the held publishes in order, as a confirming channel's are (numbered, their answers
+//! awaited), makes the held settles, and answers `commit-ok` once every put is answered:
+//! on a durable queue, once it is on disk. A publish a full queue refuses is dropped, as
+//! without a transaction; a failed log is a channel error instead of the `commit-ok`.
+//! Closing the channel drops what it holds: the publishes are lost, and the deliveries go
+//! back to their queues with the channel's consumers.
+//!
+//! What transactions hold is bounded per connection ([`HELD_BYTES`]): a publish past it
+//! is a 406 that says so, where RabbitMQ would hold it.
+
+use amq_protocol::protocol::{tx, AMQPClass};
+use leasemq::{Message, Queue, Settle};
+
+use super::channel::Unacked;
+use super::publish::{bytes_held, publish_method};
+use super::{code, Connection, Fault};
+
+/// The most bytes of publishes the transactions of one connection hold, all its channels
+/// together (a message's body and a few bytes of bookkeeping each).
+pub(super) const HELD_BYTES: usize = 64 << 20;
+
+/// What a transactional channel holds until its next commit or rollback.
+#[derive(Default)]
+pub(crate) struct Tx {
+    /// Each publish routed since, with the queues it reached.
+    publishes: Vec<(Vec<Queue>, Message)>,
+    /// Each settle since: the deliveries it took from the channel's unacked ones (with
+    /// their channel tags, for a rollback) and what it does to them.
+    settles: Vec<(Vec<(u64, Unacked)>, Settle)>,
+    /// What `publishes` hold (see [`bytes_held`]).
+    bytes: usize,
+}
+
+impl Connection {
+    pub(super) fn handle_tx(&mut self, ch: u16, method: tx::AMQPMethod) -> Result<(), Fault> {
+        let m = AMQPClass::Tx(method.clone());
+        let state = self.channels.get_mut(&ch).expect("checked by the caller");
+        let not_transactional = || {
+            let text = "PRECONDITION_FAILED - channel is not transactional";
+            Fault::channel(ch, code::PRECONDITION_FAILED, text, &m)
+        };
+        let answer = match method {
+            tx::AMQPMethod::Select(_) => {
+                if state.confirm {
+                    let text = "PRECONDITION_FAILED - cannot switch from confirm to tx mode";
+                    return Err(Fault::channel(ch, code::PRECONDITION_FAILED, text, &m));
+                }
+                state.tx.get_or_insert_with(Tx::default);
+                tx::AMQPMethod::SelectOk(tx::SelectOk {})
+            }
+            tx::AMQPMethod::Rollback(_) => {
+                let held = state.tx.as_mut().ok_or_else(not_transactional)?;
+                let held = std::mem::take(held);
+                for (taken, _) in held.settles {
+                    state.unacked.extend(taken);
+                }
+                tx::AMQPMethod::RollbackOk(tx::RollbackOk {})
+            }
+            tx::AMQPMethod::Commit(_) => {
+                let held = state.tx.as_mut().ok_or_else(not_transactional)?;
+                let held = std::mem::take(held);
+                for (queues, message) in held.publishes {
+                    let state = self.channels.get_mut(&ch).expect("open");
+                    state.published += 1;
+                    let number = state.published;
+                    self.put_copies(ch, queues, message, Some(number));
+                }
+                for (taken, how) in held.settles {
+                    self.settle_taken(ch, taken, how);
+                }
+                // Answered once every put up to here is (see `send_confirms`).
+                let state = self.channels.get_mut(&ch).expect("open");
+                state.commits.push_back(state.published);
+                return Ok(());
+            }
+            // The -ok methods are the server's to send: answered as any method not served.
+            _ => {
+                let text = format!("{} is not supported by leasemqd", super::method_name(&m));
+                return Err(Fault::connection(code::NOT_IMPLEMENTED, text).for_method(&m));
+            }
+        };
+        self.send(ch, AMQPClass::Tx(answer));
+        Ok(())
+    }
+
+    /// Holds a publish routed to `queues` on transactional channel `ch` until its commit;
+    /// a 406 if the connection's transactions would hold more than [`HELD_BYTES`].
+    pub(super) fn hold_publish(
+        &mut self,
+        ch: u16,
+        queues: Vec<Queue>,
+        message: Message,
+    ) -> Result<(), Fault> {
+        let bytes = bytes_held(std::slice::from_ref(&message));
+        let held: usize = (self.channels.values())
+            .filter_map(|c| c.tx.as_ref())
+            .map(|t| t.bytes)
+            .sum();
+        if held + bytes > HELD_BYTES {
+            let text = format!(
+                "PRECONDITION_FAILED - transactions on this connection would hold more than {} MiB of publishes: commit sooner",
+                HELD_BYTES >> 20
+            );
+            return Err(Fault::channel(
+                ch,
+                code::PRECONDITION_FAILED,
+                text,
+                &publish_method(),
+            ));
+        }
+        let state = self.channels.get_mut(&ch).expect("checked by the caller");
+        let held = state.tx.as_mut().expect("a transactional channel");
+        held.bytes += bytes;
+        held.publishes.push((queues, message));
+        Ok(())
+    }
+
+    /// Holds a settle of `taken` on transactional channel `ch` until its commit; gives
+    /// them back where the channel is not transactional.
+    pub(super) fn hold_settle(
+        &mut self,
+        ch: u16,
+        taken: Vec<(u64, Unacked)>,
+        how: Settle,
+    ) -> Option<Vec<(u64, Unacked)>> {
+        let state = self.channels.get_mut(&ch)?;
+        match state.tx.as_mut() {
+            Some(held) => {
+                held.settles.push((taken, how));
+                None
+            }
+            None => Some(taken),
+        }
+    }
+}
