@@ -45,6 +45,14 @@ class Server:
         assert self.proc.wait(timeout=10) == 0
 
 
+def refused(declare, **arguments):
+    """The channel.close with which the server answers `declare(**arguments)` (the channel
+    is closed after it)."""
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as closed:
+        declare(**arguments)
+    return closed.value
+
+
 @pytest.fixture
 def data_dir(tmp_path):
     return tmp_path / "data"
@@ -74,13 +82,9 @@ def test_confirmed_publishes_to_a_durable_queue_survive_a_kill(data_dir):
     server = Server(data_dir)
     try:
         ch = server.channel()
-        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as closed:
-            ch.queue_declare(queue="scratch", passive=True)
-        assert closed.value.reply_code == 404
+        assert refused(ch.queue_declare, queue="scratch", passive=True).reply_code == 404
         ch = server.connection.channel()
-        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as closed:
-            ch.queue_declare(queue="mine", passive=True)
-        assert closed.value.reply_code == 404
+        assert refused(ch.queue_declare, queue="mine", passive=True).reply_code == 404
         ch = server.connection.channel()
         # Its program, started again, declares it as before.
         ch.queue_declare(queue="mine", durable=True, exclusive=True)
@@ -199,10 +203,10 @@ def test_a_durable_queue_comes_back_as_it_was_declared(data_dir):
     server = Server(data_dir)
     try:
         ch = server.channel()
-        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as err:
-            ch.queue_declare(queue="timed", durable=True, arguments={"x-message-ttl": 1000})
-        assert err.value.reply_code == 406
-        assert "x-message-ttl" in err.value.reply_text
+        closed = refused(ch.queue_declare, queue="timed", durable=True,
+                         arguments={"x-message-ttl": 1000})
+        assert closed.reply_code == 406
+        assert "x-message-ttl" in closed.reply_text
         ch = server.connection.channel()
         ch.confirm_delivery()
         ch.basic_publish(exchange="", routing_key="timed", body=b"stale")
@@ -216,9 +220,7 @@ def test_a_durable_queue_comes_back_as_it_was_declared(data_dir):
         assert ch.basic_get(queue="timed", auto_ack=True)[0] is None
         # Unused since the start, past its 500 ms: deleted.
         ch.connection.sleep(1.5)
-        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as err:
-            ch.queue_declare(queue="short-lived", passive=True)
-        assert err.value.reply_code == 404
+        assert refused(ch.queue_declare, queue="short-lived", passive=True).reply_code == 404
         # A queue deleted before the kill is not brought back by its old declaration.
         ch = server.connection.channel()
         ch.queue_declare(queue="deleted", durable=True)
@@ -245,9 +247,9 @@ def test_durable_exchanges_and_bindings_of_durable_queues_survive_a_kill(data_di
     try:
         ch = server.channel()
         ch.exchange_declare(exchange="orders", exchange_type="direct", passive=True)
-        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as closed:
-            ch.exchange_declare(exchange="scratch-x", exchange_type="direct", passive=True)
-        assert closed.value.reply_code == 404
+        closed = refused(ch.exchange_declare, exchange="scratch-x", exchange_type="direct",
+                         passive=True)
+        assert closed.reply_code == 404
         ch = server.connection.channel()
         ch.confirm_delivery()
         # The binding of the in-memory queue went with the queue: a queue of that name
@@ -291,9 +293,9 @@ def test_bindings_between_durable_exchanges_and_alternates_survive_a_kill(data_d
         counts = [ch.queue_declare(queue=q, passive=True).method.message_count
                   for q in ("jobs", "lost", "scratch-q")]
         assert counts == [1, 1, 0]
-        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as closed:
-            ch.exchange_declare(exchange="hidden", exchange_type="fanout", durable=True)
-        assert closed.value.reply_code == 406, "still internal"
+        closed = refused(ch.exchange_declare, exchange="hidden", exchange_type="fanout",
+                         durable=True)
+        assert closed.reply_code == 406, "still internal"
         ch = server.connection.channel()
         ch.exchange_declare(exchange="front", exchange_type="direct", durable=True,
                             arguments={"alternate-exchange": "unrouted"})

@@ -54,6 +54,17 @@ def assert_gone(channel, queue):
     assert closed.value.reply_code == 404
 
 
+def declare_refused(queue, arguments):
+    """The channel.close of a queue.declare the broker refuses, made on a connection of
+    its own."""
+    conn = connect()
+    ch = conn.channel()
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as err:
+        ch.queue_declare(queue=queue, arguments=arguments)
+    conn.close()
+    return err.value
+
+
 def drain(channel, queue):
     """The bodies of every message ready in `queue`, taken with auto_ack, in order."""
     got = []
@@ -413,18 +424,6 @@ def test_a_full_queue_drops_its_oldest_ready_message_by_default():
     conn.close()
 
 
-@leasemq_only("RabbitMQ dead-letters a dropped head; leasemqd drops it, so it refuses the pair")
-def test_drop_head_with_a_dead_letter_exchange_is_refused():
-    conn = connect()
-    ch = conn.channel()
-    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as err:
-        ch.queue_declare(queue="capped-dlx", arguments={"x-max-length": 3,
-                                                        "x-dead-letter-exchange": ""})
-    assert err.value.reply_code == 406
-    assert "x-overflow=reject-publish" in err.value.reply_text
-    conn.close()
-
-
 def test_a_message_past_its_ttl_is_never_delivered():
     # The queue's x-message-ttl and a message's own expiration, the shorter counting.
     conn = connect()
@@ -489,16 +488,18 @@ def test_a_dead_letter_loses_its_expiration_to_its_x_death_record():
     conn.close()
 
 
-@leasemq_only("expired messages are dropped when reached, not dead-lettered (RabbitMQ does)")
-def test_message_ttl_with_a_dead_letter_exchange_is_a_406_that_says_why():
-    conn = connect()
-    ch = conn.channel()
-    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as err:
-        ch.queue_declare(queue="ttl-dlx", arguments={"x-message-ttl": 60000,
-                                                     "x-dead-letter-exchange": ""})
-    assert err.value.reply_code == 406
-    assert "does not dead-letter" in err.value.reply_text
-    conn.close()
+@leasemq_only(
+    "RabbitMQ dead-letters expired messages and heads dropped by x-max-length; leasemqd"
+    " drops them, so it refuses a dead-letter exchange with either"
+)
+@pytest.mark.parametrize("arguments, says", [
+    ({"x-message-ttl": 60000, "x-dead-letter-exchange": ""}, "does not dead-letter"),
+    ({"x-max-length": 3, "x-dead-letter-exchange": ""}, "x-overflow=reject-publish"),
+])
+def test_what_would_be_dropped_unlettered_refuses_a_dead_letter_exchange(arguments, says):
+    refused = declare_refused("would-drop", arguments)
+    assert refused.reply_code == 406
+    assert says in refused.reply_text
 
 
 def test_a_full_queue_with_reject_publish_nacks_the_publish():
