@@ -27,7 +27,7 @@ use std::collections::{HashMap, VecDeque};
 use std::future::Future;
 use std::pin::pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -151,15 +151,19 @@ impl Settings {
         }
     }
 
-    /// Writes the durable queues' entries of `declared` (the table, locked by the caller so
-    /// that writes follow its changes in order) to the data dir, if there is one. A failed
-    /// write is logged: the queues serve on, and a restart brings them back as the file
-    /// last written has them (those missing are as declared again).
-    pub(crate) fn keep_durable_queues(&self, declared: &HashMap<String, Declared>) {
-        if let Some(file) = &self.queue_file {
-            if let Err(why) = file.save(declared) {
-                tracing::warn!("durable queues' declarations not kept: {why}");
-            }
+    /// Writes the durable queues' entries of `declared` (the table, whose lock the caller
+    /// hands over just after its change) to the data dir, if there is one; the table is
+    /// unlocked before the write. A failed write is logged: the queues serve on, and a
+    /// restart brings them back as the file last written has them (those missing are as
+    /// declared again).
+    pub(crate) fn keep_durable_queues(&self, declared: MutexGuard<'_, HashMap<String, Declared>>) {
+        let Some(file) = &self.queue_file else {
+            return;
+        };
+        let snapshot = file.snapshot(&declared);
+        drop(declared);
+        if let Err(why) = file.write(snapshot) {
+            tracing::warn!("durable queues' declarations not kept: {why}");
         }
     }
 
@@ -178,9 +182,10 @@ impl Settings {
         self.consumers.forget(name);
         let mut declared = self.declared.lock().expect("never poisoned");
         if declared.remove(name).is_some_and(|d| d.durable) {
-            self.keep_durable_queues(&declared);
+            self.keep_durable_queues(declared);
+        } else {
+            drop(declared);
         }
-        drop(declared);
         self.expiring.forget_closed(name);
         let dead_letters = self.dead_letters.forget(queue);
         let mut exchanges = self.exchanges.lock().expect("never poisoned");

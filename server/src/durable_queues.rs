@@ -13,6 +13,7 @@
 //!
 //! A crash between a durable queue's declare and the write of the file brings the queue
 //! back without these, as before a build kept them: they come back with its next declare.
+//! So does a write that fails, which is logged: the declare is answered all the same.
 //! An entry whose queue did not come back (a crash between its delete and the write) is
 //! dropped at the start.
 
@@ -20,7 +21,8 @@ use std::collections::HashMap;
 use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
 use std::time::Duration;
 
 use leasemq::Broker;
@@ -92,17 +94,32 @@ impl StoredQueue {
 #[derive(Debug)]
 pub struct QueueFile {
     file: PathBuf,
+    /// Numbers the snapshots ([`QueueFile::snapshot`]) in the order of the changes they
+    /// follow.
+    taken: AtomicU64,
+    /// The number of the last snapshot written; held while one is written.
+    written: Mutex<u64>,
+}
+
+/// The durable queues' declarations at one change, to be written by [`QueueFile::write`].
+pub(crate) struct Snapshot {
+    number: u64,
+    text: String,
 }
 
 impl QueueFile {
-    /// Writes the declarations of the durable queues among `declared` (the server's table
-    /// of every queue's, by broker name), in name order.
-    ///
-    /// # Errors
-    ///
-    /// The write failed, with the file named; the file before it is still in place
-    /// unless only the directory's fsync failed.
-    pub(crate) fn save(&self, declared: &HashMap<String, Declared>) -> Result<(), String> {
+    fn new(file: PathBuf) -> QueueFile {
+        QueueFile {
+            file,
+            taken: AtomicU64::new(0),
+            written: Mutex::new(0),
+        }
+    }
+
+    /// The declarations of the durable queues among `declared` (the server's table of
+    /// every queue's, by broker name), in name order. Taken under the table's lock, so that
+    /// snapshots are numbered in the order of its changes.
+    pub(crate) fn snapshot(&self, declared: &HashMap<String, Declared>) -> Snapshot {
         let mut queues: Vec<StoredQueue> = (declared.iter())
             .filter(|(_, d)| d.durable)
             .map(|(name, d)| StoredQueue::of(name, d))
@@ -112,9 +129,34 @@ impl QueueFile {
             version: VERSION,
             queues,
         };
-        let text = serde_json::to_string_pretty(&stored).expect("plain data serialises");
-        write_atomically(&self.file, text.as_bytes())
-            .map_err(|(e, _)| format!("cannot write {}: {e}", self.file.display()))
+        Snapshot {
+            number: self.taken.fetch_add(1, Ordering::Relaxed) + 1,
+            text: serde_json::to_string_pretty(&stored).expect("plain data serialises"),
+        }
+    }
+
+    /// Writes `snapshot`, unless a later one was written already (it holds this one's
+    /// change too). Apart from the table's lock: a write, with its fsyncs, holds up no
+    /// other use of the table.
+    ///
+    /// # Errors
+    ///
+    /// The write failed, with the file named; the file before it is still in place
+    /// unless only the directory's fsync failed.
+    pub(crate) fn write(&self, snapshot: Snapshot) -> Result<(), String> {
+        // Nothing panics while holding the lock; take the number as it is if it did.
+        let mut written = self.written.lock().unwrap_or_else(|e| e.into_inner());
+        if snapshot.number <= *written {
+            return Ok(());
+        }
+        write_atomically(&self.file, snapshot.text.as_bytes())
+            .map_err(|(e, _)| format!("cannot write {}: {e}", self.file.display()))?;
+        *written = snapshot.number;
+        Ok(())
+    }
+
+    fn save(&self, declared: &HashMap<String, Declared>) -> Result<(), String> {
+        self.write(self.snapshot(declared))
     }
 }
 
@@ -129,9 +171,7 @@ fn open(
     dir: &Path,
     queue_exists: impl Fn(&str) -> bool,
 ) -> Result<(QueueFile, HashMap<String, Declared>), String> {
-    let file = QueueFile {
-        file: dir.join(FILE),
-    };
+    let file = QueueFile::new(dir.join(FILE));
     let text = match fs::read_to_string(&file.file) {
         Ok(text) => text,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok((file, HashMap::new())),

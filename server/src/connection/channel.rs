@@ -80,12 +80,20 @@ pub(crate) struct Channel {
     pub(super) reply: Option<Queue>,
 }
 
+impl Channel {
+    /// Deliveries not settled yet: unacked, or settled in a transaction not yet committed
+    /// (a rollback gives them back), as RabbitMQ's channel-wide prefetch counts them.
+    fn unsettled(&self) -> usize {
+        self.unacked.len() + self.tx.as_ref().map_or(0, Tx::held_deliveries)
+    }
+}
+
 /// What a channel delivery tag stands for.
 pub(crate) struct Unacked {
     queue: Queue,
     tag: DeliveryTag,
     /// The number of the subscription it came from.
-    consumer: u64,
+    pub(super) consumer: u64,
 }
 
 /// A broker consumer that takes no more deliveries, kept until the deliveries it made on
@@ -477,9 +485,10 @@ impl Connection {
                 true
             };
             if kept && durable {
-                self.settings.keep_durable_queues(&flags);
+                self.settings.keep_durable_queues(flags);
+            } else {
+                drop(flags);
             }
-            drop(flags);
             if message_ttl.is_some() {
                 // Every publish is stamped with its arrival from now on.
                 (self.settings.message_ttl_used).store(true, std::sync::atomic::Ordering::Relaxed);
@@ -745,9 +754,13 @@ impl Connection {
         let Some(state) = self.channels.get_mut(&ch) else {
             return;
         };
+        // Deliveries whose settle a transaction holds are still the consumer's until the
+        // commit (a rollback gives them back to the channel).
+        let held = state.tx.as_ref().map_or(0, |tx| tx.held_of(number));
         let outstanding = (state.unacked.values())
             .filter(|u| u.consumer == number)
-            .count();
+            .count()
+            + held;
         if outstanding == 0 {
             consumer.cancel();
             return;
@@ -1091,11 +1104,16 @@ impl Connection {
             let text = "basic.recover with requeue=false is not supported (nor by RabbitMQ)";
             return Err(Fault::connection(code::NOT_IMPLEMENTED, text).for_method(m));
         }
-        self.settle(ch, 0, true, self::requeue(true), m)
+        // At once, outside any transaction, as RabbitMQ requeues: not held to a commit.
+        let state = self.channels.get_mut(&ch).expect("checked by the caller");
+        let taken = std::mem::take(&mut state.unacked).into_iter().collect();
+        self.settle_taken(ch, taken, self::requeue(true));
+        Ok(())
     }
 
     /// `basic.ack`/`nack`/`reject` of one channel tag, or of every unsettled one up to it
-    /// (`multiple`; tag 0 with `multiple` means all of them).
+    /// (`multiple`; tag 0 with `multiple` means all of them). A transactional channel holds
+    /// it until its commit.
     fn settle(
         &mut self,
         ch: u16,
@@ -1151,7 +1169,7 @@ impl Connection {
         ) in taken
         {
             if let Some(stopped) = state.stopped.iter_mut().find(|s| s.number == consumer) {
-                stopped.outstanding -= 1;
+                stopped.outstanding = stopped.outstanding.saturating_sub(1);
                 // What a client hands back with `requeue` after cancelling, it never gave
                 // its application (a delivery in flight when it cancelled, which pika
                 // hands back as it arrives): a release, which costs no attempt.
@@ -1190,7 +1208,7 @@ impl Connection {
             !state.paused
                 && (sub.no_ack
                     || state.global_prefetch == 0
-                    || state.unacked.len() < usize::from(state.global_prefetch))
+                    || state.unsettled() < usize::from(state.global_prefetch))
         })
     }
 

@@ -2622,3 +2622,90 @@ fn a_commit_to_a_full_queue_drops_what_does_not_fit_and_a_transaction_is_bounded
     assert_eq!(code, Some(406));
     assert_eq!(c.stats("tx.big").ready, 0, "nothing was committed");
 }
+
+#[test]
+fn a_cancel_keeps_the_leases_whose_settles_a_transaction_holds() {
+    use amq_protocol::protocol::tx;
+    let mut c = Client::open();
+    let select = tx_method(tx::AMQPMethod::Select(tx::Select {}));
+    let commit = tx_method(tx::AMQPMethod::Commit(tx::Commit {}));
+    let commit_ok = tx_method(tx::AMQPMethod::CommitOk(tx::CommitOk {}));
+    // One ack held before the cancel and one after; then both held before it.
+    let cases = [("tx.cancel.some", 1), ("tx.cancel.all", 2)];
+    let mut consumers = Vec::new();
+    for (queue, _) in cases {
+        c.declare(queue);
+        c.publish(queue, b"a");
+        c.publish(queue, b"b");
+        let out = c.consume(queue, false);
+        let tags: Vec<u64> = deliveries(&out).iter().map(|d| d.0).collect();
+        assert_eq!(tags.len(), 2);
+        consumers.push((consumer_tag(&out), tags));
+    }
+    c.feed(&[select]);
+    for ((queue, acks_before), (consumer, tags)) in cases.into_iter().zip(consumers) {
+        for &tag in &tags[..acks_before] {
+            assert!(c.feed(&[ack(tag, false)]).is_empty());
+        }
+        c.feed(&[cancel(&consumer)]);
+        for &tag in &tags[acks_before..] {
+            assert!(c.feed(&[ack(tag, false)]).is_empty());
+        }
+        // The leases stayed the channel's: both acks count, nothing comes back.
+        assert_eq!(
+            c.feed(std::slice::from_ref(&commit)),
+            std::slice::from_ref(&commit_ok)
+        );
+        let stats = c.stats(queue);
+        assert_eq!(
+            (stats.acked, stats.leased, stats.ready),
+            (2, 0, 0),
+            "{queue}"
+        );
+    }
+}
+
+#[test]
+fn basic_recover_on_a_transactional_channel_requeues_at_once() {
+    use amq_protocol::protocol::tx;
+    let mut c = Client::open();
+    c.declare("tx.recover");
+    c.publish("tx.recover", b"again");
+    c.feed(&[get("tx.recover", false)]);
+    c.feed(&[tx_method(tx::AMQPMethod::Select(tx::Select {}))]);
+    let recover = basic::AMQPMethod::Recover(basic::Recover { requeue: true });
+    c.feed(&[basic_method(1, recover)]);
+    let stats = c.stats("tx.recover");
+    assert_eq!((stats.ready, stats.leased), (1, 0), "not held to a commit");
+    // A rollback does not take it back.
+    c.feed(&[tx_method(tx::AMQPMethod::Rollback(tx::Rollback {}))]);
+    assert_eq!(c.stats("tx.recover").ready, 1);
+}
+
+#[test]
+fn commit_ok_waits_for_the_answers_of_the_committed_puts() {
+    use amq_protocol::protocol::tx;
+    let mut c = Client::open();
+    // A bounded queue: its puts are awaited, as a durable queue's are.
+    c.declare_rejecting_over("tx.awaited", 10);
+    c.feed(&[tx_method(tx::AMQPMethod::Select(tx::Select {}))]);
+    c.publish("tx.awaited", b"one");
+    let commit = encode(&[tx_method(tx::AMQPMethod::Commit(tx::Commit {}))]);
+    c.conn.handle_input(&commit);
+    assert!(c.conn.awaits_answers(), "the put went out awaited");
+    let mut out = Vec::new();
+    c.conn.take_output(&mut out);
+    assert!(
+        decode(&out).is_empty(),
+        "no commit-ok before the put is answered"
+    );
+    // The answer comes from the shard's thread.
+    while c.conn.awaits_answers() {
+        c.conn.try_answers();
+        std::thread::yield_now();
+    }
+    c.conn.take_output(&mut out);
+    let commit_ok = tx_method(tx::AMQPMethod::CommitOk(tx::CommitOk {}));
+    assert_eq!(decode(&out), [commit_ok]);
+    assert_eq!(c.stats("tx.awaited").ready, 1);
+}

@@ -35,8 +35,32 @@ pub(crate) struct Tx {
     /// Each settle since: the deliveries it took from the channel's unacked ones (with
     /// their channel tags, for a rollback) and what it does to them.
     settles: Vec<(Vec<(u64, Unacked)>, Settle)>,
-    /// What `publishes` hold (see [`bytes_held`]).
+    /// What `publishes` hold (see [`Tx::cost`]).
     bytes: usize,
+    /// The deliveries in `settles`.
+    deliveries: usize,
+}
+
+impl Tx {
+    /// The deliveries whose settles it holds.
+    pub(super) fn held_deliveries(&self) -> usize {
+        self.deliveries
+    }
+
+    /// The deliveries of the consumer numbered `consumer` whose settles it holds.
+    pub(super) fn held_of(&self, consumer: u64) -> usize {
+        (self.settles.iter())
+            .flat_map(|(taken, _)| taken)
+            .filter(|(_, u)| u.consumer == consumer)
+            .count()
+    }
+
+    /// What holding `message` for `queues` costs: its body and bookkeeping, and a queue
+    /// handle and a copy's bookkeeping for each queue it goes to.
+    fn cost(queues: &[Queue], message: &Message) -> usize {
+        let per_copy = std::mem::size_of::<Queue>() + std::mem::size_of::<Message>();
+        bytes_held(std::slice::from_ref(message)) + queues.len() * per_copy
+    }
 }
 
 impl Connection {
@@ -99,7 +123,7 @@ impl Connection {
         queues: Vec<Queue>,
         message: Message,
     ) -> Result<(), Fault> {
-        let bytes = bytes_held(std::slice::from_ref(&message));
+        let bytes = Tx::cost(&queues, &message);
         let held: usize = (self.channels.values())
             .filter_map(|c| c.tx.as_ref())
             .map(|t| t.bytes)
@@ -134,6 +158,7 @@ impl Connection {
         let state = self.channels.get_mut(&ch)?;
         match state.tx.as_mut() {
             Some(held) => {
+                held.deliveries += taken.len();
                 held.settles.push((taken, how));
                 None
             }

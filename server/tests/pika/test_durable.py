@@ -5,6 +5,7 @@ confirms, kills the server with SIGKILL or stops it with SIGTERM, starts it agai
 data dir and checks what a consumer gets.
 """
 
+import json
 import os
 import re
 import signal
@@ -197,6 +198,10 @@ def test_a_durable_queue_comes_back_as_it_was_declared(data_dir):
         ch.queue_declare(queue="short-lived", durable=True, arguments={"x-expires": 500})
         ch.queue_declare(queue="deleted", durable=True, arguments={"x-message-ttl": 5})
         ch.queue_delete(queue="deleted")
+        # Kept before each declare and delete is answered.
+        kept = {q["name"] for q in json.loads((data_dir / "leasemqd-queues.json").read_text())[
+            "queues"]}
+        assert kept == {"timed", "parked", "failing", "short-lived"}
     finally:
         server.kill()
 
