@@ -475,7 +475,8 @@ impl Connection {
             // A new queue's flags replace whatever a queue of that name left behind; an
             // existing queue keeps the first it was declared with here.
             let mut flags = self.settings.declared.lock().expect("never poisoned");
-            let durable = declared.durable && self.settings.durable;
+            // Kept on disk (with a data dir) when a durable queue's flags are new here.
+            let durable = declared.durable;
             let kept = if existed {
                 let known = flags.contains_key(name);
                 flags.entry(name.to_string()).or_insert(declared);
@@ -1145,8 +1146,9 @@ impl Connection {
             }
         };
         // A transactional channel makes it at its commit (`tx.rs`).
-        if let Some(taken) = self.hold_settle(ch, taken, how) {
-            self.settle_taken(ch, taken, how);
+        match state.tx.as_mut() {
+            Some(held) => held.hold_settle(taken, how),
+            None => self.settle_taken(ch, taken, how),
         }
         Ok(())
     }

@@ -510,11 +510,8 @@ impl Connection {
                 Err(Error::QueueFull | Error::Storage(_) | Error::QueueClosed) if state.confirm => {
                     state.refused.extend(&awaited.numbers);
                 }
-                // Dropped from a commit, as without a transaction; a failed log fails it.
-                Err(Error::QueueFull | Error::QueueClosed) if state.tx.is_some() => {
-                    state.refused.extend(&awaited.numbers);
-                }
-                // Dropped without confirms, as RabbitMQ drops what it cannot take.
+                // Dropped without confirms (a commit's puts too, whose commit is answered all
+                // the same), as RabbitMQ drops what it cannot take.
                 Err(Error::QueueFull | Error::QueueClosed) => {}
                 Err(e) => faults.push(broker_fault(ch, &e, &publish_method())),
             }

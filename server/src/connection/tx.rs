@@ -37,14 +37,18 @@ pub(crate) struct Tx {
     settles: Vec<(Vec<(u64, Unacked)>, Settle)>,
     /// What `publishes` hold (see [`Tx::cost`]).
     bytes: usize,
-    /// The deliveries in `settles`.
-    deliveries: usize,
 }
 
 impl Tx {
+    /// Holds a settle of `taken` (deliveries taken from the channel's unacked ones) until
+    /// the commit.
+    pub(super) fn hold_settle(&mut self, taken: Vec<(u64, Unacked)>, how: Settle) {
+        self.settles.push((taken, how));
+    }
+
     /// The deliveries whose settles it holds.
     pub(super) fn held_deliveries(&self) -> usize {
-        self.deliveries
+        self.settles.iter().map(|(taken, _)| taken.len()).sum()
     }
 
     /// The deliveries of the consumer numbered `consumer` whose settles it holds.
@@ -145,24 +149,5 @@ impl Connection {
         held.bytes += bytes;
         held.publishes.push((queues, message));
         Ok(())
-    }
-
-    /// Holds a settle of `taken` on transactional channel `ch` until its commit; gives
-    /// them back where the channel is not transactional.
-    pub(super) fn hold_settle(
-        &mut self,
-        ch: u16,
-        taken: Vec<(u64, Unacked)>,
-        how: Settle,
-    ) -> Option<Vec<(u64, Unacked)>> {
-        let state = self.channels.get_mut(&ch)?;
-        match state.tx.as_mut() {
-            Some(held) => {
-                held.deliveries += taken.len();
-                held.settles.push((taken, how));
-                None
-            }
-            None => Some(taken),
-        }
     }
 }
