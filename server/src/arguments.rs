@@ -14,8 +14,8 @@
 //! durable, as in RabbitMQ); `x-expires` (milliseconds a queue may go unused before it is
 //! deleted: not part of the config, read by [`expires`] for `expiry.rs`); `x-message-ttl`
 //! (milliseconds a message may wait before it expires: not part of the config either, read
-//! by [`message_ttl`]; with `x-dead-letter-exchange` a 406, as expired messages are dropped
-//! and not dead-lettered here). Anything else is refused, never ignored: an argument or value RabbitMQ serves
+//! by [`message_ttl`] for `message_expiry.rs`; with `x-dead-letter-exchange`, expired
+//! messages are dead-lettered). Anything else is refused, never ignored: an argument or value RabbitMQ serves
 //! with 540 (not implemented, the connection closes), a value RabbitMQ does not know
 //! either with 406 (the channel closes), as RabbitMQ would.
 
@@ -124,12 +124,6 @@ pub fn queue_config(
                 format!("PRECONDITION_FAILED - invalid arg 'x-overflow': '{other}' is not one of drop-head, reject-publish, reject-publish-dlx"),
             ))
         }
-    }
-    if dead_letter_exchange.is_some() && args.contains_key("x-message-ttl") {
-        return Err(refused(
-            406,
-            "PRECONDITION_FAILED - x-message-ttl with x-dead-letter-exchange is not supported: leasemqd drops an expired message when a consumer or basic.get reaches it, and does not dead-letter it".into(),
-        ));
     }
     // The declare makes the queue's holding queue its dead-letter queue.
     match (dead_letter_exchange, dead_letter_key) {
@@ -477,7 +471,7 @@ mod tests {
     }
 
     #[test]
-    fn message_ttl_is_checked_as_rabbitmq_checks_it_and_not_served_with_dead_lettering() {
+    fn message_ttl_is_checked_as_rabbitmq_checks_it_and_served_with_dead_lettering() {
         let ttl = |value: AMQPValue| args(&[("x-message-ttl", value)]);
         for ok in [AMQPValue::LongInt(60_000), AMQPValue::ShortShortUInt(0)] {
             assert!(queue_config(&ttl(ok.clone()), QueueConfig::default()).is_ok());
@@ -505,12 +499,9 @@ mod tests {
             "x-dead-letter-exchange".into(),
             AMQPValue::LongString("".into()),
         );
-        let refused = queue_config(&with_dlx, QueueConfig::default()).unwrap_err();
-        assert_eq!(refused.code, 406);
         assert!(
-            refused.text.contains("does not dead-letter"),
-            "{}",
-            refused.text
+            queue_config(&with_dlx, QueueConfig::default()).is_ok(),
+            "expired messages are dead-lettered"
         );
     }
 }

@@ -43,6 +43,7 @@ use crate::dead_letter::{self, DeadLetters};
 use crate::durable_queues::QueueFile;
 use crate::exchange::{Exchanges, Refusal};
 use crate::expiry::Expiring;
+use crate::message_expiry::MessageExpiry;
 use crate::metrics::Metrics;
 use crate::wire::{self, Next, Output};
 use channel::Channel;
@@ -98,6 +99,8 @@ pub struct Settings {
     pub expiring: Arc<Expiring>,
     /// The queues that dead-letter through an exchange (`dead_letter.rs`).
     pub dead_letters: Arc<DeadLetters>,
+    /// The queues whose messages expire at the head (`message_expiry.rs`).
+    pub message_expiry: Arc<MessageExpiry>,
     /// When messages arrive and expire (message TTL).
     pub clock: WallClock,
     /// Set once a queue is declared with `x-message-ttl`: from then on every publish is
@@ -130,6 +133,7 @@ impl Default for Settings {
             exchanges: Arc::default(),
             expiring: Arc::default(),
             dead_letters: Arc::default(),
+            message_expiry: Arc::default(),
             clock: WallClock::default(),
             message_ttl_used: Arc::default(),
             metrics: Arc::default(),
@@ -187,6 +191,7 @@ impl Settings {
             drop(declared);
         }
         self.expiring.forget_closed(name);
+        self.message_expiry.forget_closed(name);
         let dead_letters = self.dead_letters.forget(queue);
         let mut exchanges = self.exchanges.lock().expect("never poisoned");
         if let Err(Refusal::Storage(why)) = exchanges.unbind_queue(name) {

@@ -36,7 +36,7 @@ use amq_protocol::protocol::basic::{gen_properties, parse_properties};
 use amq_protocol::protocol::BasicProperties;
 use amq_protocol::types::{AMQPValue, FieldTable, LongString, ShortString};
 use bytes::Bytes;
-use leasemq::{DeathReason, DeathRecord, Envelope};
+use leasemq::{DeathReason, Envelope};
 
 use crate::names;
 
@@ -237,6 +237,11 @@ pub fn stamp(stored: &mut Vec<u8>, at: u64, own_ttl: bool) {
         stored.copy_within(1..len, 1 + STAMP);
         stored[1..1 + STAMP].copy_from_slice(&at.to_be_bytes());
     }
+}
+
+/// Whether the message in `body` was stamped as having an `expiration` of its own.
+pub fn has_own_ttl(body: &[u8]) -> bool {
+    body.first().is_some_and(|format| format & OWN_TTL != 0)
 }
 
 /// When the message in `body` arrived, in milliseconds since the Unix epoch, if it was
@@ -506,10 +511,17 @@ pub fn delivered(envelope: &Envelope, queue: &str) -> Delivered {
         Some(death) => {
             // Dead-lettered through the default exchange to this queue, its name the key.
             let (exchange, routing_key) = default_route();
-            let (died_from, keys) = original_route(&stored, death);
+            let (died_from, keys) = original_route(&stored, &death.queue);
+            let reason = reason_text(&death.reason);
+            let died = Died {
+                queue: &death.queue,
+                reason,
+                exchange: &died_from,
+                keys: &keys,
+            };
             Delivered {
                 // Delivered straight from a dead-letter queue: when it died is not known.
-                properties: with_death(stored.properties, death, &died_from, &keys, None),
+                properties: with_death(stored.properties, &died, None),
                 exchange,
                 routing_key,
                 payload: stored.payload,
@@ -527,11 +539,12 @@ pub fn delivered(envelope: &Envelope, queue: &str) -> Delivered {
     }
 }
 
-/// The exchange a dead letter was last published to (or routed through to the queue it
-/// died in) and its routing keys with its `CC` keys, as RabbitMQ's `x-death` records
-/// them: a publish through the default exchange had the queue's name as its key.
-fn original_route(stored: &Stored, death: &DeathRecord) -> (String, Vec<String>) {
-    let queue = || names::amqp(&death.queue).into_owned();
+/// The exchange a dead letter was last published to (or routed through to `queue`, the
+/// broker name of the queue it died in) and its routing keys with its `CC` keys, as
+/// RabbitMQ's `x-death` records them: a publish through the default exchange had the
+/// queue's name as its key.
+fn original_route(stored: &Stored, queue: &str) -> (String, Vec<String>) {
+    let queue = || names::amqp(queue).into_owned();
     let (exchange, key) = (stored.route.clone()).unwrap_or_else(|| (String::new(), queue()));
     let mut keys = vec![key];
     if let Ok(Some(routes)) = sender_routes(&stored.properties) {
@@ -541,19 +554,29 @@ fn original_route(stored: &Stored, death: &DeathRecord) -> (String, Vec<String>)
     (exchange, keys)
 }
 
+/// One death of a message, as its `x-death` record tells it.
+struct Died<'a> {
+    /// The broker name of the queue it died in.
+    queue: &'a str,
+    /// Why: `rejected`, `delivery_limit` or [`EXPIRED`].
+    reason: &'static str,
+    /// The exchange it was published to, and its routing keys ([`original_route`]).
+    exchange: &'a str,
+    keys: &'a [String],
+}
+
 /// `properties` with RabbitMQ's record of one more death: an `x-death` entry per queue and
 /// reason, the latest first, each counting its deaths and with the `time` (seconds since
-/// the Unix epoch) of its first, where `died` gives it, and the `x-first-death-…` headers
+/// the Unix epoch) of its first, where `time` gives it, and the `x-first-death-…` headers
 /// of the first one.
-fn with_death(
-    properties: BasicProperties,
-    death: &DeathRecord,
-    exchange: &str,
-    keys: &[String],
-    died: Option<u64>,
-) -> BasicProperties {
-    let reason = reason_text(&death.reason);
-    let queue = names::amqp(&death.queue);
+fn with_death(properties: BasicProperties, died: &Died<'_>, time: Option<u64>) -> BasicProperties {
+    let Died {
+        queue,
+        reason,
+        exchange,
+        keys,
+    } = *died;
+    let queue = names::amqp(queue);
     let text = |s: &str| AMQPValue::LongString(LongString::from(s));
     let mut headers = properties.headers().clone().unwrap_or_default();
     let mut deaths = match headers.inner().get("x-death") {
@@ -590,7 +613,7 @@ fn with_death(
             record.insert("exchange".into(), text(exchange));
             let keys = keys.iter().map(|key| text(key)).collect::<Vec<_>>();
             record.insert("routing-keys".into(), AMQPValue::FieldArray(keys.into()));
-            if let Some(seconds) = died {
+            if let Some(seconds) = time {
                 record.insert("time".into(), AMQPValue::Timestamp(seconds));
             }
             record
@@ -605,6 +628,9 @@ fn with_death(
     }
     properties.with_headers(headers)
 }
+
+/// The `x-death` reason of a message that expired (message TTL).
+pub const EXPIRED: &str = "expired";
 
 /// What RabbitMQ's `x-death` records call `reason`.
 fn reason_text(reason: &DeathReason) -> &'static str {
@@ -623,9 +649,8 @@ pub struct DeadLetter {
     pub body: Bytes,
     /// The routing keys it is routed with.
     pub keys: Vec<String>,
-    /// Why it died this time (`x-death`'s reason); `None` for a message put in a holding
-    /// queue other than by dying.
-    reason: Option<&'static str>,
+    /// Why it died this time (`x-death`'s reason).
+    reason: &'static str,
     /// Its `x-death` records, latest first: (queue, reason).
     deaths: Vec<(String, String)>,
 }
@@ -635,7 +660,7 @@ impl DeadLetter {
     /// `queue` before and no death since (that one included) was a reject, so nothing
     /// but the broker itself would ever end the loop. A reject now is never a cycle.
     pub fn cycles_to(&self, queue: &str) -> bool {
-        if self.reason.is_none_or(|reason| reason == "rejected") {
+        if self.reason == "rejected" {
             return false;
         }
         let Some(at) = self.deaths.iter().position(|(q, _)| q == queue) else {
@@ -665,14 +690,18 @@ fn death_list(properties: &BasicProperties) -> Vec<(String, String)> {
         .collect()
 }
 
-/// `envelope`, a message that died in `queue`, on its way to `exchange` with `routing_key`
+/// `envelope`, a message that died, on its way to `exchange` with `routing_key`
 /// (`x-dead-letter-routing-key`; without one, it keeps its own keys, `CC` ones too),
 /// stamped as arriving `now` (milliseconds since the Unix epoch: a dead-letter queue's
-/// message TTL counts from then). As RabbitMQ, its `expiration` is taken out and kept as
-/// the `original-expiration` of its `x-death` record. `None` if its properties cannot be
+/// message TTL counts from then). A dead letter of the broker's says where and why it died;
+/// a message with no death record was put in the holding queue by the server as it expired
+/// in `holding_for`, the broker name of the queue whose dead letters the holding queue
+/// holds (`message_expiry.rs`). As RabbitMQ, its `expiration` is taken out and kept as the
+/// `original-expiration` of its `x-death` record. `None` if its properties cannot be
 /// written back (a value over its wire limit).
 pub fn dead_letter(
     envelope: &Envelope,
+    holding_for: &str,
     exchange: &str,
     routing_key: Option<&str>,
     now: u64,
@@ -682,33 +711,27 @@ pub fn dead_letter(
         route: None,
         payload: envelope.body.clone(),
     });
-    let (properties, keys) = match &envelope.death {
-        Some(death) => {
-            let (died_from, keys) = original_route(&stored, death);
-            let expiration = stored.properties.expiration().clone();
-            let died = Some(now / 1000);
-            let mut properties = with_death(stored.properties, death, &died_from, &keys, died);
-            if let Some(expiration) = expiration {
-                properties = with_original_expiration(without_expiration(properties), expiration);
-            }
-            (properties, keys)
-        }
-        // Put there other than by dying: routed with the key it came with.
-        None => {
-            let key = stored
-                .route
-                .as_ref()
-                .map(|(_, key)| key.clone())
-                .unwrap_or_default();
-            (stored.properties, vec![key])
-        }
+    let (queue, reason) = match &envelope.death {
+        Some(death) => (death.queue.as_str(), reason_text(&death.reason)),
+        None => (holding_for, EXPIRED),
     };
+    let (died_from, keys) = original_route(&stored, queue);
+    let expiration = stored.properties.expiration().clone();
+    let died = Died {
+        queue,
+        reason,
+        exchange: &died_from,
+        keys: &keys,
+    };
+    let mut properties = with_death(stored.properties, &died, Some(now / 1000));
+    if let Some(expiration) = expiration {
+        properties = with_original_expiration(without_expiration(properties), expiration);
+    }
     let (properties, keys) = match routing_key {
         // RabbitMQ takes `CC` out of a dead letter given a routing key of its own.
         Some(key) => (without_header(properties, "CC"), vec![key.to_string()]),
         None => (properties, keys),
     };
-    let reason = (envelope.death.as_ref()).map(|death| reason_text(&death.reason));
     let deaths = death_list(&properties);
     let encoded = encode_properties(&properties)?;
     let mut body = stored_start_keeping_key(&encoded, exchange, &keys[0], stored.payload.len())?;
@@ -742,6 +765,7 @@ fn decode_stored(body: &Bytes) -> Option<Stored> {
 mod tests {
     use super::*;
     use amq_protocol::types::FieldArray;
+    use leasemq::DeathRecord;
 
     #[test]
     fn cc_and_bcc_add_routing_keys_and_bcc_is_taken_out() {
@@ -879,7 +903,7 @@ mod tests {
             death: Some(death.clone()),
         };
         // With a dead-letter routing key: routed with it alone.
-        let letter = dead_letter(&envelope, "dlx", Some("failed"), 5_000).unwrap();
+        let letter = dead_letter(&envelope, "jobs", "dlx", Some("failed"), 5_000).unwrap();
         assert_eq!(letter.keys, ["failed"]);
         assert_eq!(
             arrival(&letter.body),
@@ -927,7 +951,7 @@ mod tests {
             Some(&text("shop"))
         );
         // Without one: its own keys, CC too.
-        let letter = dead_letter(&envelope, "dlx", None, 5_000).unwrap();
+        let letter = dead_letter(&envelope, "jobs", "dlx", None, 5_000).unwrap();
         assert_eq!(letter.keys, ["order.paid", "audit"]);
         // Dead again in the same queue for the same reason: that record counts two, and
         // comes first; the first death's headers stay.
@@ -936,7 +960,7 @@ mod tests {
             death: Some(death),
             ..envelope.clone()
         };
-        let twice = dead_letter(&again, "dlx", None, 6_000).unwrap();
+        let twice = dead_letter(&again, "jobs", "dlx", None, 6_000).unwrap();
         let d = delivered(
             &Envelope {
                 body: twice.body,
@@ -1006,6 +1030,7 @@ mod tests {
         };
         let letter = dead_letter(
             &died("jobs", DeathReason::MaxDeliveries),
+            "jobs",
             "dlx",
             Some("k"),
             0,
@@ -1035,7 +1060,8 @@ mod tests {
         // Back to `jobs` with no reject on the way: a cycle RabbitMQ drops.
         assert!(letter.cycles_to("jobs"));
         assert!(!letter.cycles_to("elsewhere"));
-        let rejected = dead_letter(&died("jobs", DeathReason::Rejected), "dlx", None, 0).unwrap();
+        let rejected =
+            dead_letter(&died("jobs", DeathReason::Rejected), "jobs", "dlx", None, 0).unwrap();
         assert!(!rejected.cycles_to("jobs"), "a reject ends any cycle");
         let kept = Envelope {
             body: rejected.body,
@@ -1047,6 +1073,49 @@ mod tests {
             headers_of(&properties).contains_key("CC"),
             "its own keys: CC stays"
         );
+    }
+
+    #[test]
+    fn a_message_with_no_death_record_expired_in_the_queue_the_holding_queue_is_for() {
+        let properties = BasicProperties::default().with_expiration("250".into());
+        let mut body = encode_routed(&properties, "shop", "order.paid", b"pay")
+            .unwrap()
+            .to_vec();
+        stamp(&mut body, 1_000, true);
+        let expired = Envelope {
+            id: "m".into(),
+            body: Bytes::from(body),
+            attempt: 1,
+            death: None,
+        };
+        let letter = dead_letter(&expired, "delayed", "dlx", None, 7_000).unwrap();
+        assert_eq!(letter.keys, ["order.paid"], "its own key");
+        assert_eq!(
+            arrival(&letter.body),
+            Some(7_000),
+            "its TTL counts from now"
+        );
+        let envelope = Envelope {
+            body: letter.body.clone(),
+            ..expired.clone()
+        };
+        let d = delivered(&envelope, "next");
+        let text = |s: &str| AMQPValue::LongString(s.into());
+        assert_eq!(d.properties.expiration(), &None, "taken out");
+        let records = death_records(&d.properties);
+        assert_eq!(records.len(), 1);
+        let record = records[0].inner();
+        assert_eq!(record.get("reason"), Some(&text("expired")));
+        assert_eq!(record.get("queue"), Some(&text("delayed")));
+        assert_eq!(record.get("exchange"), Some(&text("shop")));
+        assert_eq!(record.get("count"), Some(&AMQPValue::LongLongInt(1)));
+        assert_eq!(record.get("time"), Some(&AMQPValue::Timestamp(7)));
+        assert_eq!(record.get("original-expiration"), Some(&text("250")));
+        let first = headers_of(&d.properties);
+        assert_eq!(first.get("x-first-death-reason"), Some(&text("expired")));
+        // Expired in `delayed` again with no reject since: a cycle RabbitMQ drops.
+        assert!(letter.cycles_to("delayed"));
+        assert!(!letter.cycles_to("work"));
     }
 
     #[test]

@@ -14,6 +14,10 @@
 //! routes nowhere, or that a queue refuses (full), is dropped and logged, as RabbitMQ
 //! drops it.
 //!
+//! The broker's dead letters are rejects and delivery limits (`DeathReason`). A message
+//! whose TTL runs out is put in the holding queue by the server itself
+//! (`message_expiry.rs`), with no death record: that is how its task tells an expiry.
+//!
 //! Holding queues are the server's: no client reaches one by name (`Connection::queue`).
 //! When its queue is deleted, its task sends on what it still holds, then deletes it (a
 //! queue of the name declared again meanwhile keeps it, and the task). One is durable
@@ -24,7 +28,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use leasemq::{Broker, ConsumerConfig, Delivery, Error, Message, Queue};
+use leasemq::{Broker, ConsumerConfig, Delivery, Error, Message, Queue, Settle};
 use tokio::sync::Notify;
 use tokio::task::JoinSet;
 
@@ -263,81 +267,140 @@ async fn forward_all(
         let Some(delivery) = delivery else {
             break;
         };
+        // With those already in hand: sent on together, their puts batched per queue.
+        let mut letters = vec![delivery];
+        while letters.len() < PREFETCH as usize {
+            match consumer.try_recv() {
+                Ok(Some(delivery)) => letters.push(delivery),
+                _ => break,
+            }
+        }
         let Some(route) = settings.dead_letters.route(queue, task) else {
             break;
         };
-        match send_on(settings, &broker, &mut queues, &delivery, &route).await {
+        match send_on(settings, &broker, &mut queues, queue, &letters, &route).await {
             Sent::Done => {
-                holding.ack_async(delivery.tag()).await;
+                let acks: Vec<_> = letters.iter().map(|d| (d.tag(), Settle::Ack)).collect();
+                holding.settle_batch_async(&acks).await;
             }
-            // Its lease ends with the consumer: the letter stays in the holding queue.
+            // Their leases end with the consumer: the letters stay in the holding queue.
             Sent::Stopped => break,
         }
     }
 }
 
-/// Routes one dead letter through `route` and puts a copy to each queue it reaches (their
-/// handles kept in `queues`). As RabbitMQ, it is dropped where it would come back to a
-/// queue it died in with no reject on the way (a cycle nothing would end), where its
-/// exchange routes it nowhere, and where a queue refuses it (full, gone, too large once
-/// its `x-death` record is added). Each copy is a new message to the broker, not a
-/// duplicate of one its queue holds.
+/// Routes dead letters through `route` and puts a copy of each to each queue it reaches
+/// (their handles kept in `queues`): the copies to one queue as one put batch, in order,
+/// or one at a time to a queue with `x-max-length`, which may take some and refuse
+/// others. As RabbitMQ, a letter is dropped where it would come back to a queue it died in
+/// with no reject on the way (a cycle nothing would end), where its exchange routes it
+/// nowhere, and where a queue refuses it (full, gone, too large once its `x-death` record
+/// is added). Each copy is a new message to the broker, not a duplicate of one its queue
+/// holds.
 async fn send_on(
     settings: &Settings,
     broker: &Broker,
     queues: &mut HashMap<String, Queue>,
-    delivery: &Delivery,
+    holding_for: &str,
+    letters: &[Delivery],
     route: &Route,
 ) -> Sent {
-    let envelope = delivery.envelope();
     let exchange = route.exchange.as_str();
     let now = settings.clock.now_ms();
-    let Some(letter) = content::dead_letter(envelope, exchange, route.routing_key.as_deref(), now)
-    else {
-        settings.metrics.dead_letters_dropped.inc();
-        tracing::warn!(
-            exchange,
-            "a dead letter whose properties cannot be written again is dropped"
-        );
-        return Sent::Done;
-    };
-    let names = {
-        let keys: Vec<&str> = letter.keys.iter().map(String::as_str).collect();
-        let exchanges = settings.exchanges.lock().expect("never poisoned");
-        exchanges.route_keys(exchange, &keys, || content::stored_headers(&letter.body))
-    };
-    let names = names.unwrap_or_default();
-    let mut put = 0;
-    for name in &names {
-        // A holding queue takes only its own queue's dead letters.
-        if is_holding(name) {
-            continue;
-        }
-        if letter.cycles_to(&names::amqp(name)) {
-            tracing::debug!(queue = %name, "a dead letter in a cycle with no reject is dropped");
-            continue;
-        }
-        let cached = queues.get(name).filter(|q| !q.is_closed()).cloned();
-        let Some(target) = cached.or_else(|| broker.queue(name)) else {
+    let key = route.routing_key.as_deref();
+    // Per queue reached, in the order first reached: its copies, each with its letter's
+    // index in `letters`.
+    let mut batches: Vec<(Queue, Vec<Message>, Vec<usize>)> = Vec::new();
+    // Per letter: queues it reached, and copies taken.
+    let mut reached = vec![(0, 0); letters.len()];
+    for (i, delivery) in letters.iter().enumerate() {
+        let envelope = delivery.envelope();
+        let Some(letter) = content::dead_letter(envelope, holding_for, exchange, key, now) else {
+            tracing::warn!(
+                exchange,
+                "a dead letter whose properties cannot be written again is dropped"
+            );
             continue;
         };
-        queues.insert(name.clone(), target.clone());
-        match target.put_async(Message::new(letter.body.clone())).await {
-            Ok(_) => put += 1,
-            Err(e @ Error::ShutDown) => {
-                tracing::debug!(queue = %name, exchange, error = %e, "dead letters wait in their holding queue");
-                return Sent::Stopped;
+        let names = {
+            let keys: Vec<&str> = letter.keys.iter().map(String::as_str).collect();
+            let exchanges = settings.exchanges.lock().expect("never poisoned");
+            exchanges.route_keys(exchange, &keys, || content::stored_headers(&letter.body))
+        };
+        for name in names.unwrap_or_default() {
+            if is_holding(&name) {
+                continue;
             }
-            Err(e) => {
-                tracing::warn!(queue = %name, exchange, error = %e, "a dead letter was refused");
+            if letter.cycles_to(&names::amqp(&name)) {
+                tracing::debug!(queue = %name, "a dead letter in a cycle with no reject is dropped");
+                continue;
             }
+            let cached = queues.get(&name).filter(|q| !q.is_closed()).cloned();
+            let Some(target) = cached.or_else(|| broker.queue(&name)) else {
+                continue;
+            };
+            queues.insert(name.clone(), target.clone());
+            let copy = Message::new(letter.body.clone());
+            match batches.iter_mut().find(|(q, _, _)| q.name() == name) {
+                Some((_, copies, of)) => {
+                    copies.push(copy);
+                    of.push(i);
+                }
+                None => batches.push((target, vec![copy], vec![i])),
+            }
+            reached[i].0 += 1;
         }
     }
-    if put == 0 {
-        settings.metrics.dead_letters_dropped.inc();
-        tracing::debug!(exchange, "a dead letter that reached no queue is dropped");
+    for (target, copies, of) in batches {
+        let name = target.name();
+        let taken: Vec<bool> = if target.config().max_length.is_none() {
+            let count = copies.len();
+            match target.put_batch_async(copies).await {
+                Ok(_) => vec![true; count],
+                Err(e) => {
+                    if e == Error::ShutDown {
+                        tracing::debug!(queue = %name, exchange, "dead letters wait in their holding queue");
+                        return Sent::Stopped;
+                    }
+                    tracing::warn!(queue = %name, exchange, error = %e, "dead letters were refused");
+                    vec![false; count]
+                }
+            }
+        } else {
+            let mut taken = Vec::with_capacity(copies.len());
+            for copy in copies {
+                match target.put_async(copy).await {
+                    Ok(_) => taken.push(true),
+                    Err(Error::ShutDown) => return Sent::Stopped,
+                    Err(e) => {
+                        tracing::warn!(queue = %name, exchange, error = %e, "a dead letter was refused");
+                        taken.push(false);
+                    }
+                }
+            }
+            taken
+        };
+        if taken.contains(&true) {
+            // Their message TTL counts from now: the queue's head is looked at in time.
+            settings.message_expiry.published(name, false);
+        }
+        for (&i, ok) in of.iter().zip(taken) {
+            reached[i].1 += usize::from(ok);
+        }
     }
-    // Handles of queues deleted since are dropped once there are many.
+    for &(_, taken) in &reached {
+        if taken == 0 {
+            settings.metrics.dead_letters_dropped.inc();
+        }
+    }
+    let nowhere = reached.iter().filter(|(queues, _)| *queues == 0).count();
+    if nowhere > 0 {
+        tracing::debug!(
+            exchange,
+            count = nowhere,
+            "dead letters that reached no queue are dropped"
+        );
+    }
     if queues.len() > 64 {
         queues.retain(|_, q| !q.is_closed());
     }

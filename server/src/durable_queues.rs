@@ -31,6 +31,7 @@ use serde::{Deserialize, Serialize};
 use crate::connection::Declared;
 use crate::dead_letter::{self, Route};
 use crate::exchange::write_atomically;
+use crate::message_expiry;
 use crate::Settings;
 
 /// The file, in the data dir, that keeps what durable queues were declared with.
@@ -223,6 +224,10 @@ pub fn restore(dir: &Path, settings: &mut Settings, broker: &Broker) -> Result<(
         }
         if declared.message_ttl.is_some() {
             settings.message_ttl_used.store(true, Ordering::Relaxed);
+        }
+        if declared.message_ttl.is_some() || message_expiry::dead_letters(&queue) {
+            // Its messages that expired while the server was down go first.
+            (settings.message_expiry).watch(&queue, declared.message_ttl);
         }
         if let Some(ms) = declared.expires {
             settings

@@ -45,6 +45,9 @@ pub async fn accept_loop(listener: TcpListener, broker: Broker, settings: Arc<Se
     // The tasks that send dead letters on through exchanges, as long as it accepts too.
     let dead_letters = tokio::spawn(crate::dead_letter::run(settings.clone(), broker.clone()));
     let _dead_letters = AbortOnDrop(dead_letters);
+    // Message TTL at the heads of queues, and expired messages dead-lettered.
+    let expiry = tokio::spawn(crate::message_expiry::run(settings.clone(), broker.clone()));
+    let _message_expiry = AbortOnDrop(expiry);
     let ids = AtomicU64::new(0);
     loop {
         let (stream, peer) = match listener.accept().await {

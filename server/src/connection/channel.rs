@@ -25,6 +25,7 @@ use super::tx::Tx;
 use super::{code, method_name, reply_text, reply_to, Connection, Declared, Fault, Subscription};
 use crate::content::PropertiesSeen;
 use crate::exchange::{HeadersBinding, Kind, Refusal, Shape};
+use crate::message_expiry;
 use crate::wire::{GenFailed, Output};
 use crate::{arguments, content, dead_letter, names, wire};
 
@@ -494,6 +495,10 @@ impl Connection {
                 // Every publish is stamped with its arrival from now on.
                 (self.settings.message_ttl_used).store(true, std::sync::atomic::Ordering::Relaxed);
             }
+            if message_ttl.is_some() || message_expiry::dead_letters(&q) {
+                // Its messages expire at the head, dead-lettered if it has an exchange for it.
+                self.settings.message_expiry.watch(&q, message_ttl);
+            }
             if let Some(ms) = expires {
                 // Set anew: a redeclare is a use.
                 (self.settings.expiring).set(&q, Duration::from_millis(ms.into()));
@@ -812,8 +817,12 @@ impl Connection {
             if !self.expired(ttl, delivery.envelope()) {
                 break Some(delivery);
             }
-            delivery.ack();
-            self.settings.metrics.ttl_expired.inc();
+            // Dead-lettered or dropped; either way its ack lets the next one in.
+            let settings = &self.settings;
+            if !message_expiry::expire(settings, &self.broker, &queue, &delivery) {
+                delivery.release();
+                break None;
+            }
             dropped += 1;
             // A long run of expired messages is dropped over several gets.
             if dropped == GET_DROPS_AT_MOST {
@@ -1224,9 +1233,16 @@ impl Connection {
             return;
         }
         if self.expired(sub.message_ttl, delivery.envelope()) {
-            // Dropped as RabbitMQ drops it at the head of its queue: acked with the
-            // automatic acknowledgements, unsent.
-            self.drop_expired(index, &delivery);
+            // Never sent, as RabbitMQ expires it at the head of its queue: dead-lettered
+            // where the queue has an exchange for it, else dropped (acked with the automatic
+            // acknowledgements).
+            let queue = &self.subscriptions[index].queue;
+            if message_expiry::dead_letters(queue) {
+                let queue = queue.clone();
+                self.settings.message_expiry.hand_over(queue, delivery);
+            } else {
+                self.drop_expired(index, &delivery);
+            }
             return;
         }
         let sub = &self.subscriptions[index];

@@ -13,7 +13,7 @@ use amq_protocol::protocol::{
     basic, channel, connection, exchange, queue, AMQPClass, BasicProperties,
 };
 use amq_protocol::types::{AMQPValue, FieldTable};
-use leasemq::Broker;
+use leasemq::{Broker, ConsumerConfig};
 
 use super::{Connection, Settings};
 
@@ -2503,6 +2503,193 @@ fn expired_messages_at_the_head_do_not_hold_a_prefetch_of_one() {
     }
     assert_eq!(bodies, [b"fresh".to_vec()]);
     assert_eq!(c.stats("ttl").acked, 3);
+}
+
+impl Client {
+    /// Declares `queue` with `arguments`.
+    fn declare_with(&mut self, queue: &str, arguments: &[(&str, AMQPValue)]) -> Vec<AMQPFrame> {
+        let mut table = FieldTable::default();
+        for (key, value) in arguments {
+            table.insert((*key).into(), value.clone());
+        }
+        let declare = queue::Declare {
+            queue: queue.into(),
+            arguments: table,
+            ..queue::Declare::default()
+        };
+        self.feed(&[queue_method(queue::AMQPMethod::Declare(declare))])
+    }
+
+    /// Does what the server's message-expiry task does at `now` (`message_expiry::run`),
+    /// with the server's clock set to `now`: dead-letters the deliveries handed over, and
+    /// looks at the heads of the queues due. Returns the names looked at, and the next
+    /// deadline.
+    fn expire_at(
+        &mut self,
+        now: u64,
+        clock: &std::sync::atomic::AtomicU64,
+    ) -> (Vec<String>, Option<u64>) {
+        use crate::message_expiry::{expire, look_at_head};
+        clock.store(now, Ordering::Relaxed);
+        let settings = self.conn.settings.clone();
+        let expiry = &settings.message_expiry;
+        let (due, _) = expiry.due(now);
+        for (queue, delivery) in due.handed {
+            assert!(expire(&settings, &self.broker, &queue, &delivery));
+        }
+        let mut looked = Vec::new();
+        for (queue, ttl) in due.queues {
+            let next = look_at_head(&settings, &self.broker, &queue, ttl);
+            expiry.looked(&queue, next);
+            looked.push(queue.name().to_string());
+        }
+        (looked, expiry.due(now).1)
+    }
+}
+
+#[test]
+fn a_queue_nobody_consumes_dead_letters_each_message_as_its_ttl_runs_out_at_the_head() {
+    let (clock, now) = crate::WallClock::manual(1_000_000);
+    let mut c = Client::open_with(Settings {
+        clock,
+        ..Settings::default()
+    });
+    c.declare("work");
+    let text = |s: &str| AMQPValue::LongString(s.into());
+    c.declare_with(
+        "delay",
+        &[
+            ("x-message-ttl", AMQPValue::LongInt(1_000)),
+            ("x-dead-letter-exchange", text("")),
+            ("x-dead-letter-routing-key", text("work")),
+        ],
+    );
+    let holding = crate::dead_letter::holding_name("delay");
+    // Watched from its declare: looked at once, and found empty.
+    assert_eq!(
+        c.expire_at(1_000_000, &now),
+        (vec!["delay".to_string()], None)
+    );
+    c.publish("delay", b"first");
+    c.publish("delay", b"second");
+    now.store(1_000_400, Ordering::Relaxed);
+    for body in [&b"third"[..], b"fourth", b"fifth"] {
+        c.publish("delay", body);
+    }
+    // The publishes poked it: its head has 1 000 ms left, so it is handed back unseen
+    // and looked at again when that is up (it expires once the clock is past it).
+    assert_eq!(
+        c.expire_at(1_000_500, &now),
+        (vec!["delay".to_string()], Some(1_001_001))
+    );
+    assert_eq!(c.stats("delay").ready, 5);
+    assert_eq!(c.expire_at(1_001_000, &now), (vec![], Some(1_001_001)));
+    // Both first messages go to the holding queue, with no death record (an expiry),
+    // and the third is due next. (The first was taken alone; the next four together,
+    // and the three with time left handed back in their order.)
+    assert_eq!(
+        c.expire_at(1_001_001, &now),
+        (vec!["delay".to_string()], Some(1_001_401))
+    );
+    let stats = c.stats("delay");
+    assert_eq!((stats.ready, stats.acked), (3, 2));
+    assert_eq!(c.stats(&holding).ready, 2);
+    assert_eq!(c.conn.metrics().ttl_expired.get(), 2);
+    // Those were never delivered: handed back unseen, none is a redelivery.
+    let out = c.consume("delay", false);
+    assert_eq!(
+        deliveries(&out),
+        [
+            (1, false, b"third".to_vec()),
+            (2, false, b"fourth".to_vec()),
+            (3, false, b"fifth".to_vec())
+        ]
+    );
+    c.feed(&[ack(3, true)]);
+    // Looked at when the third was due, found holding nothing, and disarmed.
+    let delay = || vec!["delay".to_string()];
+    assert_eq!(c.expire_at(1_001_401, &now), (delay(), None));
+    assert_eq!(c.expire_at(1_001_402, &now), (vec![], None));
+    // A publish arms it again. Its message is leased to the consumer, which may hand it
+    // back with no publish (a lease that runs out): looked at again a second later.
+    c.publish("delay", b"fourth");
+    assert_eq!(c.stats("delay").leased, 1);
+    assert_eq!(c.expire_at(1_001_500, &now), (delay(), Some(1_002_500)));
+    // The holding queue's dead letters are the messages as they were stored, with no
+    // death record: what its task reads as an expiry in `delay`.
+    let held = c.broker.queue(&holding).unwrap();
+    let held = held
+        .consume("test", ConsumerConfig { prefetch: 10 })
+        .unwrap();
+    for body in [&b"first"[..], b"second"] {
+        let letter = held.try_recv().unwrap().expect("held");
+        assert_eq!(letter.envelope().death, None);
+        let delivered = crate::content::delivered(letter.envelope(), "delay");
+        assert_eq!(&delivered.payload[..], body);
+    }
+}
+
+#[test]
+fn a_queue_with_a_ttl_and_no_consumer_drops_what_expires_at_its_head() {
+    let (mut c, now) = Client::with_ttl_queue("ttl", 1_000);
+    c.publish("ttl", b"old");
+    c.publish("ttl", b"older");
+    let ttl = || vec!["ttl".to_string()];
+    assert_eq!(c.expire_at(1_000_000, &now), (ttl(), Some(1_001_001)));
+    assert_eq!(c.expire_at(1_001_001, &now), (ttl(), None));
+    let stats = c.stats("ttl");
+    assert_eq!((stats.ready, stats.acked), (0, 2));
+    assert_eq!(c.conn.metrics().ttl_expired.get(), 2);
+}
+
+#[test]
+fn an_expired_message_met_by_a_get_or_a_consumer_is_dead_lettered_where_the_queue_says() {
+    let (clock, now) = crate::WallClock::manual(1_000_000);
+    let mut c = Client::open_with(Settings {
+        clock,
+        ..Settings::default()
+    });
+    let text = |s: &str| AMQPValue::LongString(s.into());
+    c.declare_with("jobs", &[("x-dead-letter-exchange", text("amq.fanout"))]);
+    let holding = crate::dead_letter::holding_name("jobs");
+    let expiring = |body: &[u8]| {
+        let properties = BasicProperties::default().with_expiration("100".into());
+        Client::publish_frames("jobs", properties, body)
+    };
+    let jobs = || vec!["jobs".to_string()];
+    assert_eq!(c.expire_at(1_000_000, &now), (jobs(), None));
+    // With no TTL of its own, the queue is armed only by a message with one.
+    c.publish("jobs", b"plain");
+    assert_eq!(c.expire_at(1_000_000, &now), (vec![], None));
+    c.feed(&expiring(b"by get"));
+    // That one arms it; its head never expires, so the one behind waits (as in RabbitMQ)
+    // and the queue is disarmed.
+    assert_eq!(c.expire_at(1_000_000, &now), (jobs(), None));
+    assert_eq!(c.expire_at(1_000_500, &now), (vec![], None));
+    now.store(1_000_200, Ordering::Relaxed);
+    let out = c.feed(&[get("jobs", false)]);
+    assert_eq!(delivered_bodies(&out), [b"plain".to_vec()]);
+    c.feed(&[ack(1, false)]);
+    let out = c.feed(&[get("jobs", false)]);
+    assert!(delivered_bodies(&out).is_empty(), "{out:?}");
+    assert_eq!(c.stats(&holding).ready, 1, "put there by the get");
+    // A consumer's expired deliveries are handed over, never sent.
+    c.feed(&expiring(b"by consumer 1"));
+    c.feed(&expiring(b"by consumer 2"));
+    c.publish("jobs", b"kept");
+    now.store(1_000_400, Ordering::Relaxed);
+    let out = c.consume("jobs", false);
+    assert_eq!(delivered_bodies(&out), [b"kept".to_vec()]);
+    assert_eq!(c.stats("jobs").leased, 3);
+    c.expire_at(1_000_400, &now);
+    assert_eq!(c.stats(&holding).ready, 3);
+    let stats = c.stats("jobs");
+    assert_eq!(
+        (stats.leased, stats.acked),
+        (1, 4),
+        "three expired, one acked"
+    );
+    assert_eq!(c.conn.metrics().ttl_expired.get(), 3);
 }
 
 fn tx_method(m: amq_protocol::protocol::tx::AMQPMethod) -> AMQPFrame {

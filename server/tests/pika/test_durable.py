@@ -10,6 +10,7 @@ import os
 import re
 import signal
 import subprocess
+import time
 
 import pika
 import pytest
@@ -229,6 +230,41 @@ def test_a_durable_queue_comes_back_as_it_was_declared(data_dir):
         # A queue deleted before the kill is not brought back by its old declaration.
         ch = server.connection.channel()
         ch.queue_declare(queue="deleted", durable=True)
+    finally:
+        server.stop()
+
+
+def test_a_durable_delay_queue_sends_on_what_expired_while_the_server_was_down(data_dir):
+    """A delay queue (x-message-ttl and a dead-letter exchange, no consumer) keeps its
+    messages across a kill; once the server is back, those whose time ran out meanwhile go
+    on to their queue with no client declaring or reaching the delay queue."""
+    server = Server(data_dir)
+    try:
+        ch = server.channel()
+        ch.confirm_delivery()
+        ch.queue_declare(queue="due", durable=True)
+        ch.queue_declare(queue="later", durable=True, arguments={
+            "x-message-ttl": 300, "x-dead-letter-exchange": "",
+            "x-dead-letter-routing-key": "due"})
+        for i in range(5):
+            ch.basic_publish(exchange="", routing_key="later", body=f"job {i}".encode(),
+                             properties=pika.BasicProperties(delivery_mode=2))
+    finally:
+        server.kill()
+    # Down for longer than the TTL.
+    time.sleep(0.5)
+
+    server = Server(data_dir)
+    try:
+        ch = server.channel()
+        assert count_within(ch, "due", 5) == 5
+        assert ch.queue_declare(queue="later", passive=True).method.message_count == 0
+        bodies = []
+        for _ in range(5):
+            _, props, body = ch.basic_get(queue="due", auto_ack=True)
+            assert props.headers["x-death"][0]["reason"] == "expired"
+            bodies.append(body)
+        assert bodies == [f"job {i}".encode() for i in range(5)]
     finally:
         server.stop()
 

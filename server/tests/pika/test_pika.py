@@ -489,17 +489,85 @@ def test_a_dead_letter_loses_its_expiration_to_its_x_death_record():
 
 
 @leasemq_only(
-    "RabbitMQ dead-letters expired messages and heads dropped by x-max-length; leasemqd"
-    " drops them, so it refuses a dead-letter exchange with either"
+    "RabbitMQ dead-letters heads dropped by x-max-length; leasemqd drops them, so it"
+    " refuses a dead-letter exchange with drop-head"
 )
-@pytest.mark.parametrize("arguments, says", [
-    ({"x-message-ttl": 60000, "x-dead-letter-exchange": ""}, "does not dead-letter"),
-    ({"x-max-length": 3, "x-dead-letter-exchange": ""}, "x-overflow=reject-publish"),
-])
-def test_what_would_be_dropped_unlettered_refuses_a_dead_letter_exchange(arguments, says):
+def test_drop_head_refuses_a_dead_letter_exchange():
+    arguments = {"x-max-length": 3, "x-dead-letter-exchange": ""}
     refused = declare_refused("would-drop", arguments)
     assert refused.reply_code == 406
-    assert says in refused.reply_text
+    assert "x-overflow=reject-publish" in refused.reply_text
+
+
+def test_a_delay_queue_nobody_consumes_dead_letters_each_message_as_its_ttl_runs_out():
+    """RabbitMQ's delay-queue pattern: a queue with x-message-ttl and a dead-letter
+    exchange, and no consumer; a message's own expiration does the same."""
+    conn = connect()
+    ch = conn.channel()
+    work = fresh_queue(ch, "work")
+    suffix = uuid.uuid4().hex[:8]
+    delay, timed = f"delay-{suffix}", f"timed-{suffix}"
+    to_work = {"x-dead-letter-exchange": "", "x-dead-letter-routing-key": work}
+    ch.queue_declare(queue=delay, arguments={"x-message-ttl": 300, **to_work})
+    ch.queue_declare(queue=timed, arguments=to_work)
+    ch.confirm_delivery()
+    ch.basic_publish(exchange="", routing_key=delay, body=b"later",
+                     properties=pika.BasicProperties(headers={"job": 7}))
+    ch.basic_publish(exchange="", routing_key=timed, body=b"own",
+                     properties=pika.BasicProperties(expiration="200"))
+    ch.basic_publish(exchange="", routing_key=timed, body=b"never")
+    assert ch.basic_get(queue=work)[0] is None, "not before its time"
+    assert ch.queue_declare(queue=delay, passive=True).method.message_count == 1
+    got = {}
+    for _ in range(2):
+        _, props, body = get_soon(conn, ch, work, auto_ack=True)
+        got[body] = props
+    assert set(got) == {b"later", b"own"}
+    later, own = got[b"later"], got[b"own"]
+    assert later.headers["job"] == 7
+    death = later.headers["x-death"][0]
+    assert death["reason"] == "expired"
+    assert death["queue"] == delay
+    assert death["count"] == 1
+    assert death["exchange"] == ""
+    assert death["routing-keys"] == [delay]
+    assert later.headers["x-first-death-reason"] == "expired"
+    assert own.expiration is None
+    assert own.headers["x-death"][0]["original-expiration"] == "200"
+    assert own.headers["x-death"][0]["queue"] == timed
+    assert ch.queue_declare(queue=delay, passive=True).method.message_count == 0
+    assert drain(ch, timed) == ["never"]
+    for queue in (work, delay, timed):
+        ch.queue_delete(queue)
+    conn.close()
+
+
+def test_a_retry_loop_through_a_delay_queue_brings_a_rejected_message_back():
+    """A work queue dead-letters its rejects to a delay queue, which dead-letters them
+    back as they expire: the loop RabbitMQ users build retries with."""
+    conn = connect()
+    ch = conn.channel()
+    suffix = uuid.uuid4().hex[:8]
+    work, retry = f"work-{suffix}", f"retry-{suffix}"
+    ch.queue_declare(queue=work, arguments={
+        "x-dead-letter-exchange": "", "x-dead-letter-routing-key": retry})
+    ch.queue_declare(queue=retry, arguments={
+        "x-message-ttl": 100, "x-dead-letter-exchange": "", "x-dead-letter-routing-key": work})
+    ch.basic_publish(exchange="", routing_key=work, body=b"flaky")
+    for attempt in (1, 2):
+        method, props, _ = get_soon(conn, ch, work)
+        deaths = (props.headers or {}).get("x-death", [])
+        assert [d["count"] for d in deaths] == [attempt - 1] * (2 if attempt > 1 else 0)
+        ch.basic_reject(method.delivery_tag, requeue=False)
+    method, props, body = get_soon(conn, ch, work)
+    assert body == b"flaky"
+    reasons = {d["queue"]: (d["reason"], d["count"]) for d in props.headers["x-death"]}
+    assert reasons == {work: ("rejected", 2), retry: ("expired", 2)}
+    assert props.headers["x-first-death-reason"] == "rejected"
+    ch.basic_ack(method.delivery_tag)
+    for queue in (work, retry):
+        ch.queue_delete(queue)
+    conn.close()
 
 
 def test_a_full_queue_with_reject_publish_nacks_the_publish():

@@ -1,0 +1,476 @@
+//! Message TTL at the head of a queue, as RabbitMQ expires messages.
+//!
+//! A message whose time is up (`x-message-ttl`, or its own `expiration`, the shorter of
+//! the two) leaves its queue once it is at the head, whether or not anyone consumes the
+//! queue: dropped or, on a queue with a dead-letter exchange, dead-lettered with the
+//! reason `expired`. That is RabbitMQ's delay-queue pattern: a queue nobody consumes, whose
+//! messages move on through its dead-letter exchange as their time runs out. As in
+//! RabbitMQ only the head is looked at, so a message behind one that expires later waits
+//! for it. A consumer or `basic.get` that reaches a message past its time never delivers
+//! it either (`connection/channel.rs`); on a queue with a dead-letter exchange the
+//! consumer's connection hands such a delivery here ([`MessageExpiry::hand_over`]).
+//!
+//! Watched are the queues with `x-message-ttl` and those that dead-letter through an
+//! exchange. Connections read no clock: after a batch of publishes that may expire
+//! (every publish to a queue with `x-message-ttl`, one with an `expiration` to any other)
+//! they poke the queue ([`MessageExpiry::published`]), which arms it unless it is armed
+//! already, so a busy queue costs one lookup per batch. One task per server ([`run`]) looks
+//! at the head of each armed queue when it is poked and when its time comes:
+//! - a head past its time goes (dropped, or put in the holding queue and then acked), and
+//!   the next head is looked at;
+//! - a head with time left is handed back unseen (`release`: no attempt counted), and the
+//!   queue is looked at again when that head is due;
+//! - a head that never expires (on a queue with no `x-message-ttl`) is handed back too, and
+//!   the queue disarmed: what is behind it waits for it, and a publish that may expire
+//!   arms the queue again;
+//! - nothing ready: the queue is disarmed. On a queue with `x-message-ttl` that has
+//!   messages leased or delayed, it is looked at again after [`RECHECK`] instead, since
+//!   those come back with no publish (a requeue, a lease that ran out).
+//!
+//! Each look that hands a head back counts in the queue's `delivered` and `released`.
+//!
+//! Dead-lettering an expired message is a put to the holding queue, then an ack: a crash
+//! in between dead-letters it again after the restart (dead letters go on at least once,
+//! `dead_letter.rs`).
+//!
+//! [`MessageExpiry`] takes the time as an argument, and the look at a head
+//! ([`look_at_head`]) reads the server's [`WallClock`](crate::WallClock), so tests drive
+//! both by hand.
+
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use leasemq::{Broker, ConsumerConfig, Delivery, Message, Queue, Settle};
+use tokio::sync::Notify;
+
+use crate::content::{self, PropertiesSeen};
+use crate::{dead_letter, Settings};
+
+/// How long after a look a queue is looked at again when nothing there had a time to wait
+/// for: its head never expires, or what it holds is leased or delayed. In milliseconds.
+pub const RECHECK: u64 = 1_000;
+
+/// At most this many messages expire in one look, so that a long run of them does not
+/// keep the task's thread from the other queues.
+const AT_MOST_PER_LOOK: usize = 4_096;
+
+/// The most messages a look takes from a head at once.
+const MOST_TAKEN_AT_ONCE: u32 = 256;
+
+/// The name of the consumer a look at a head makes.
+const CONSUMER: &str = "leasemqd-message-ttl";
+
+/// The queues whose messages expire at the head, shared by every connection of a server.
+#[derive(Debug, Default)]
+pub struct MessageExpiry {
+    /// How many queues are watched: while none is, a publish takes no lock.
+    watched: AtomicUsize,
+    state: Mutex<State>,
+    /// Wakes [`run`] when a queue was poked or a delivery handed over.
+    wake: Notify,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    queues: HashMap<String, Watched>,
+    /// Queues to look at as soon as the task runs: newly watched, or poked by a publish.
+    poked: Vec<String>,
+    /// Expired deliveries that consumers met, to be dead-lettered.
+    handed: Vec<(Queue, Delivery)>,
+    /// When a queue's head is looked at next (milliseconds since the Unix epoch),
+    /// earliest first; one per queue at most.
+    deadlines: BTreeSet<(u64, String)>,
+}
+
+#[derive(Debug)]
+struct Watched {
+    queue: Queue,
+    /// Its `x-message-ttl`, in milliseconds.
+    ttl: Option<u64>,
+    /// It will be looked at: poked, given a deadline, or being looked at now. A publish
+    /// pokes only a queue that is not.
+    armed: bool,
+    /// Its entry in `deadlines`.
+    deadline: Option<u64>,
+}
+
+/// What a look at a queue's head found: when to look again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Next {
+    /// At this time (milliseconds since the Unix epoch), or a publish's poke if sooner.
+    At(u64),
+    /// When a publish pokes it: the queue holds nothing.
+    Poked,
+    /// Never: the queue is gone.
+    Gone,
+}
+
+/// What is due at a time: the queues to look at, each with its `x-message-ttl`, and the
+/// deliveries handed over.
+#[derive(Debug, Default)]
+pub struct Due {
+    /// The queues whose heads to look at, each with its `x-message-ttl`.
+    pub queues: Vec<(Queue, Option<u64>)>,
+    /// The deliveries to dead-letter ([`expire`]), each with its queue.
+    pub handed: Vec<(Queue, Delivery)>,
+}
+
+impl MessageExpiry {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Watches `queue`, whose `x-message-ttl` is `ttl`: its head is looked at soon. A
+    /// queue watched already keeps its state (a redeclare is no publish).
+    pub fn watch(&self, queue: &Queue, ttl: Option<u64>) {
+        let mut state = self.lock();
+        let name = queue.name();
+        if (state.queues.get(name)).is_some_and(|w| !w.queue.is_closed()) {
+            return;
+        }
+        state.remove(name);
+        let watched = Watched {
+            queue: queue.clone(),
+            ttl,
+            armed: true,
+            deadline: None,
+        };
+        state.queues.insert(name.to_string(), watched);
+        state.poked.push(name.to_string());
+        self.recount(&state);
+        drop(state);
+        self.wake.notify_one();
+    }
+
+    /// Forgets the queue called `name` if the one watched by that name is closed (it was
+    /// deleted; one declared since under the name stays).
+    pub fn forget_closed(&self, name: &str) {
+        if !self.is_watching() {
+            return;
+        }
+        let mut state = self.lock();
+        if (state.queues.get(name)).is_some_and(|w| w.queue.is_closed()) {
+            state.remove(name);
+            self.recount(&state);
+        }
+    }
+
+    /// Whether any queue is watched: a publish with none need not ask [`published`].
+    ///
+    /// [`published`]: MessageExpiry::published
+    pub fn is_watching(&self) -> bool {
+        self.watched.load(Ordering::Relaxed) > 0
+    }
+
+    /// Messages were put to the queue called `name` (the put sent to its shard before this
+    /// call), some with an `expiration` of their own if `own_ttl`: arms the queue if it is
+    /// watched and they may expire there.
+    pub fn published(&self, name: &str, own_ttl: bool) {
+        if !self.is_watching() {
+            return;
+        }
+        let mut state = self.lock();
+        let Some(watched) = state.queues.get_mut(name) else {
+            return;
+        };
+        if watched.armed || !(own_ttl || watched.ttl.is_some()) {
+            return;
+        }
+        watched.armed = true;
+        state.poked.push(name.to_string());
+        drop(state);
+        self.wake.notify_one();
+    }
+
+    /// Hands over `delivery` of `queue`, which a consumer found past its time on a queue
+    /// with a dead-letter exchange: [`run`] dead-letters it.
+    pub fn hand_over(&self, queue: Queue, delivery: Delivery) {
+        self.lock().handed.push((queue, delivery));
+        self.wake.notify_one();
+    }
+
+    /// What is due at `now`, and when the next deadline is. The queues handed out stay
+    /// armed until [`looked`](MessageExpiry::looked) says what was found.
+    pub fn due(&self, now: u64) -> (Due, Option<u64>) {
+        let mut state = self.lock();
+        let mut names: Vec<String> = std::mem::take(&mut state.poked);
+        while let Some((at, name)) = state.deadlines.first().cloned() {
+            if at > now {
+                break;
+            }
+            state.deadlines.pop_first();
+            names.push(name);
+        }
+        let mut due = Due {
+            handed: std::mem::take(&mut state.handed),
+            ..Due::default()
+        };
+        let mut seen = HashSet::new();
+        for name in names {
+            if !seen.insert(name.clone()) {
+                continue;
+            }
+            let Some(watched) = state.queues.get(&name) else {
+                continue;
+            };
+            if watched.queue.is_closed() {
+                state.remove(&name);
+                continue;
+            }
+            let (queue, ttl) = (watched.queue.clone(), watched.ttl);
+            state.disarm(&name);
+            let watched = state.queues.get_mut(&name).expect("just seen");
+            watched.armed = true;
+            due.queues.push((queue, ttl));
+        }
+        self.recount(&state);
+        let next = state.deadlines.first().map(|(at, _)| *at);
+        (due, next)
+    }
+
+    /// Disarms `queue` just before a look at it finds it holds nothing: a publish from
+    /// then on pokes it.
+    fn disarm(&self, queue: &Queue) {
+        let mut state = self.lock();
+        if queue.is_closed() {
+            return;
+        }
+        state.disarm(queue.name());
+    }
+
+    /// What a look at `queue`'s head found ([`look_at_head`]).
+    pub fn looked(&self, queue: &Queue, next: Next) {
+        let mut state = self.lock();
+        let name = queue.name();
+        match next {
+            _ if queue.is_closed() => {
+                if (state.queues.get(name)).is_some_and(|w| w.queue.is_closed()) {
+                    state.remove(name);
+                }
+            }
+            Next::Gone => {}
+            Next::Poked => {}
+            Next::At(at) => {
+                let Some(watched) = state.queues.get_mut(name) else {
+                    return;
+                };
+                watched.armed = true;
+                if watched.deadline.is_some_and(|d| d <= at) {
+                    return;
+                }
+                let earlier = watched.deadline.replace(at);
+                if let Some(earlier) = earlier {
+                    state.deadlines.remove(&(earlier, name.to_string()));
+                }
+                state.deadlines.insert((at, name.to_string()));
+            }
+        }
+        self.recount(&state);
+    }
+
+    fn recount(&self, state: &State) {
+        self.watched.store(state.queues.len(), Ordering::Relaxed);
+    }
+}
+
+impl State {
+    /// Takes the queue called `name` out of `deadlines`, and marks it not armed.
+    fn disarm(&mut self, name: &str) {
+        let Some(watched) = self.queues.get_mut(name) else {
+            return;
+        };
+        watched.armed = false;
+        if let Some(at) = watched.deadline.take() {
+            self.deadlines.remove(&(at, name.to_string()));
+        }
+    }
+
+    fn remove(&mut self, name: &str) {
+        self.disarm(name);
+        self.queues.remove(name);
+    }
+}
+
+/// The holding queue of `queue`'s dead letters, if it dead-letters through an exchange
+/// (`dead_letter.rs`).
+fn holding_queue(broker: &Broker, queue: &Queue) -> Option<Queue> {
+    let name = queue.config().dead_letter.as_deref()?;
+    broker.queue(name).filter(|_| dead_letter::is_holding(name))
+}
+
+/// Whether a delivery from `queue` that is past its time is to be handed over
+/// ([`MessageExpiry::hand_over`]) rather than dropped: the queue dead-letters through an
+/// exchange.
+pub fn dead_letters(queue: &Queue) -> bool {
+    (queue.config().dead_letter.as_deref()).is_some_and(dead_letter::is_holding)
+}
+
+/// Expires `delivery`, a message of `queue` past its time: put in the queue's holding
+/// queue if it has one, then acked. `false` if the holding queue refused it; the caller
+/// hands the delivery back.
+pub fn expire(settings: &Settings, broker: &Broker, queue: &Queue, delivery: &Delivery) -> bool {
+    expire_all(settings, broker, queue, std::slice::from_ref(delivery))
+}
+
+/// [`expire`] for deliveries of one queue, each past its time: one put of them all to the
+/// holding queue, then one settle batch.
+fn expire_all(settings: &Settings, broker: &Broker, queue: &Queue, expired: &[Delivery]) -> bool {
+    if let Some(holding) = holding_queue(broker, queue) {
+        // No death record: that is how the holding queue's task tells an expiry.
+        let letters = (expired.iter())
+            .map(|d| Message::new(d.envelope().body.clone()))
+            .collect();
+        if let Err(e) = holding.put_batch(letters) {
+            tracing::warn!(queue = queue.name(), error = %e, "expired messages cannot be dead-lettered; they stay");
+            return false;
+        }
+    }
+    let acks: Vec<_> = expired.iter().map(|d| (d.tag(), Settle::Ack)).collect();
+    queue.settle_batch(&acks);
+    settings.metrics.ttl_expired.inc_by(expired.len() as u64);
+    true
+}
+
+/// Looks at the head of `queue`, whose `x-message-ttl` is `ttl`, as the module's
+/// introduction says, and returns when to look next. Blocking: broker calls, and a put to
+/// a durable holding queue waits for the disk.
+///
+/// The head is taken through a consumer of prefetch 1; while every message taken has
+/// expired, the next consumer takes four times as many at once (up to
+/// [`MOST_TAKEN_AT_ONCE`]), so that a long run of expired messages goes in batches and a
+/// look at a head with time left hands back one message, or a few.
+pub fn look_at_head(settings: &Settings, broker: &Broker, queue: &Queue, ttl: Option<u64>) -> Next {
+    let mut seen = PropertiesSeen::default();
+    let (mut prefetch, mut expired) = (1, 0);
+    loop {
+        // The consume call is a barrier: the first `prefetch` ready messages, if any, are
+        // in the consumer now.
+        let consumer = match queue.consume(CONSUMER, ConsumerConfig { prefetch }) {
+            Ok(consumer) => consumer,
+            Err(_) if queue.is_closed() => return Next::Gone,
+            Err(e) => {
+                tracing::warn!(queue = queue.name(), error = %e, "message TTL: the head cannot be taken");
+                return Next::At(settings.clock.now_ms() + RECHECK);
+            }
+        };
+        let mut taken = Vec::new();
+        while let Ok(Some(delivery)) = consumer.try_recv() {
+            taken.push(delivery);
+        }
+        if taken.is_empty() {
+            consumer.cancel();
+            return nothing_ready(settings, queue, ttl);
+        }
+        // No more for it: the credit each settle below gives back would bring the next
+        // message in, and a message handed back straight in again.
+        consumer.stop();
+        let now = settings.clock.now_ms();
+        let due = |d: &Delivery, seen: &mut PropertiesSeen| {
+            content::expires_at(&d.envelope().body, ttl, seen)
+        };
+        let past = (taken.iter())
+            .take_while(|d| due(d, &mut seen).is_some_and(|at| now > at))
+            .count();
+        let rest = taken.split_off(past);
+        if !taken.is_empty() && !expire_all(settings, broker, queue, &taken) {
+            hand_back(queue, &taken, &rest);
+            consumer.cancel();
+            return Next::At(now + RECHECK);
+        }
+        expired += taken.len();
+        if let Some(head) = rest.first() {
+            let next = match due(head, &mut seen) {
+                // It expires once the clock is past that time.
+                Some(at) => Next::At(at + 1),
+                // Only a queue with no TTL of its own has such messages: the head stays
+                // until a consumer takes it, and a publish with an `expiration` arms the
+                // queue again (disarmed before the head is back, so that none is missed).
+                None => {
+                    settings.message_expiry.disarm(queue);
+                    Next::Poked
+                }
+            };
+            hand_back(queue, &[], &rest);
+            consumer.cancel();
+            return next;
+        }
+        consumer.cancel();
+        if expired >= AT_MOST_PER_LOOK {
+            return Next::At(now);
+        }
+        if taken.len() == prefetch as usize {
+            prefetch = (prefetch * 4).min(MOST_TAKEN_AT_ONCE);
+        }
+    }
+}
+
+/// Hands back unseen what a look took and did not expire, `first` then `rest`, to the
+/// front of `queue` in the order they were taken: released last one first.
+fn hand_back(queue: &Queue, first: &[Delivery], rest: &[Delivery]) {
+    let releases: Vec<_> = (first.iter().chain(rest).rev())
+        .map(|d| (d.tag(), Settle::Release))
+        .collect();
+    queue.settle_batch(&releases);
+}
+
+/// What a look that found nothing ready in `queue` says: looked at again soon if messages
+/// were put meanwhile; on a queue with `x-message-ttl`, after [`RECHECK`] while messages are
+/// out that may come back with no publish (a requeue, a lease that ran out); else when a
+/// publish pokes it.
+fn nothing_ready(settings: &Settings, queue: &Queue, ttl: Option<u64>) -> Next {
+    // Disarmed first, so that a publish from now on pokes it; what was put before is in
+    // the counts.
+    settings.message_expiry.disarm(queue);
+    let stats = queue.stats();
+    let now = settings.clock.now_ms();
+    if stats.ready > 0 {
+        // A moment later, so that a queue whose ready messages a look cannot take is no
+        // busy loop.
+        Next::At(now + 1)
+    } else if stats.leased + stats.delayed > 0 && ttl.is_some() {
+        Next::At(now + RECHECK)
+    } else {
+        Next::Poked
+    }
+}
+
+/// Expires the server's messages at the heads of their queues, and dead-letters those
+/// that consumers met past their time; runs until dropped.
+pub async fn run(settings: Arc<Settings>, broker: Broker) {
+    let expiry = settings.message_expiry.clone();
+    loop {
+        // Listening before looking, so that a poke made meanwhile is not missed.
+        let woken = expiry.wake.notified();
+        let now = settings.clock.now_ms();
+        let (due, next) = expiry.due(now);
+        if !due.queues.is_empty() || !due.handed.is_empty() {
+            let (settings, broker) = (settings.clone(), broker.clone());
+            // Broker calls that may wait for the disk: off the runtime's workers.
+            let looked = tokio::task::spawn_blocking(move || {
+                for (queue, delivery) in due.handed {
+                    if !expire(&settings, &broker, &queue, &delivery) {
+                        delivery.release();
+                    }
+                }
+                for (queue, ttl) in due.queues {
+                    let next = look_at_head(&settings, &broker, &queue, ttl);
+                    settings.message_expiry.looked(&queue, next);
+                }
+            });
+            let _ = looked.await;
+            continue;
+        }
+        match next {
+            Some(at) => {
+                let wait = Duration::from_millis(at.saturating_sub(now));
+                tokio::select! {
+                    () = tokio::time::sleep(wait) => {}
+                    () = woken => {}
+                }
+            }
+            None => woken.await,
+        }
+    }
+}
