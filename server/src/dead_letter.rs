@@ -353,15 +353,21 @@ async fn send_on(
     }
     for (target, copies, of) in batches {
         let name = target.name();
-        let taken: Vec<bool> = if target.config().max_length.is_none() {
+        // A batch is taken or refused whole: copies to a queue with `x-max-length`, which
+        // may take some and refuse others, and any run with a letter grown too large
+        // with its `x-death` record, go one at a time.
+        let max = target.config().max_body_bytes;
+        let whole = target.config().max_length.is_none()
+            && copies.iter().all(|copy| copy.body().len() <= max);
+        let taken = if whole {
             let count = copies.len();
             match target.put_batch_async(copies).await {
                 Ok(_) => vec![true; count],
+                Err(Error::ShutDown) => {
+                    tracing::debug!(queue = %name, exchange, "dead letters wait in their holding queue");
+                    return Sent::Stopped;
+                }
                 Err(e) => {
-                    if e == Error::ShutDown {
-                        tracing::debug!(queue = %name, exchange, "dead letters wait in their holding queue");
-                        return Sent::Stopped;
-                    }
                     tracing::warn!(queue = %name, exchange, error = %e, "dead letters were refused");
                     vec![false; count]
                 }
@@ -382,7 +388,7 @@ async fn send_on(
         };
         if taken.contains(&true) {
             // Their message TTL counts from now: the queue's head is looked at in time.
-            settings.message_expiry.published(name, false);
+            settings.message_expiry.published(&target, false);
         }
         for (&i, ok) in of.iter().zip(taken) {
             reached[i].1 += usize::from(ok);
@@ -453,6 +459,62 @@ mod tests {
         drop(worker);
         assert!(queue.close());
         assert!(settings.dead_letters.forget(queue));
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_letter_too_large_for_its_queue_is_dropped_alone_from_the_batch_it_came_in() {
+        let broker = Broker::builder().shards(1).build().unwrap();
+        let settings = Arc::new(Settings::default());
+        let config = QueueConfig {
+            max_body_bytes: 600,
+            ..QueueConfig::default()
+        };
+        let small = broker.declare_queue("small", config).unwrap();
+        let declare = || {
+            let holding = broker.declare_queue(&holding_name("src"), QueueConfig::default());
+            let config = QueueConfig {
+                dead_letter: Some(holding_name("src")),
+                ..QueueConfig::default()
+            };
+            Ok::<_, leasemq::Error>((broker.declare_queue("src", config)?, holding?))
+        };
+        let route = Route {
+            exchange: String::new(),
+            routing_key: Some("small".into()),
+        };
+        let src = settings
+            .dead_letters
+            .declare("src", route, declare)
+            .unwrap();
+        let holding = broker.queue(&holding_name("src")).unwrap();
+        // All three in the holding queue before its task starts: taken as one batch.
+        let payloads: [&[u8]; 3] = [b"a", &[b'x'; 590], b"b"];
+        for payload in payloads {
+            let body = content::encode(&BasicProperties::default(), payload).unwrap();
+            src.put(Message::new(body)).unwrap();
+        }
+        let worker = src.consume("worker", ConsumerConfig::default()).unwrap();
+        let mut settles = Vec::new();
+        while let Some(d) = worker.try_recv().unwrap() {
+            settles.push((d.tag(), leasemq::Settle::Reject));
+        }
+        assert_eq!(src.settle_batch(&settles), [true; 3]);
+        assert_eq!(holding.stats().ready, 3);
+        let task = tokio::spawn(run(settings.clone(), broker.clone()));
+        acked(&holding, 3).await;
+        let mut reader = small.consume("reader", ConsumerConfig::default()).unwrap();
+        for payload in [b"a", b"b"] {
+            let got = next(&mut reader).await;
+            let out = content::delivered(got.envelope(), "small");
+            assert_eq!(&out.payload[..], payload);
+        }
+        assert_eq!(
+            small.stats().enqueued,
+            2,
+            "the one too large once its x-death is added"
+        );
+        assert_eq!(settings.metrics.dead_letters_dropped.get(), 1);
+        task.abort();
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -10,28 +10,33 @@
 //! it either (`connection/channel.rs`); on a queue with a dead-letter exchange the
 //! consumer's connection hands such a delivery here ([`MessageExpiry::hand_over`]).
 //!
-//! Watched are the queues with `x-message-ttl` and those that dead-letter through an
-//! exchange. Connections read no clock: after a batch of publishes that may expire
-//! (every publish to a queue with `x-message-ttl`, one with an `expiration` to any other)
-//! they poke the queue ([`MessageExpiry::published`]), which arms it unless it is armed
-//! already, so a busy queue costs one lookup per batch. One task per server ([`run`]) looks
-//! at the head of each armed queue when it is poked and when its time comes:
-//! - a head past its time goes (dropped, or put in the holding queue and then acked), and
-//!   the next head is looked at;
+//! Watched are the queues with `x-message-ttl`, those that dead-letter through an
+//! exchange, and any queue a message with an `expiration` is published to. Connections
+//! read no clock: after a batch of publishes that may expire (every publish to a queue with
+//! `x-message-ttl`, one with an `expiration` to any queue) they poke the queue
+//! ([`MessageExpiry::published`]), which arms it unless it is armed already, so a busy
+//! queue costs one lookup per batch. One task per server ([`run`]) looks at the head of
+//! each armed queue when it is poked and when its time comes:
+//! - a queue with a consumer is not looked at, only looked at again after [`RECHECK`]:
+//!   its consumers meet what expires as they reach it, and a look would take a message
+//!   from under them (one of theirs could overtake it meanwhile);
+//! - a head past its time goes (dropped, or dead-lettered), and the next head is looked at;
 //! - a head with time left is handed back unseen (`release`: no attempt counted), and the
 //!   queue is looked at again when that head is due;
-//! - a head that never expires (on a queue with no `x-message-ttl`) is handed back too, and
-//!   the queue disarmed: what is behind it waits for it, and a publish that may expire
-//!   arms the queue again;
-//! - nothing ready: the queue is disarmed. On a queue with `x-message-ttl` that has
-//!   messages leased or delayed, it is looked at again after [`RECHECK`] instead, since
-//!   those come back with no publish (a requeue, a lease that ran out).
+//! - a head that never expires (on a queue with no `x-message-ttl`) is handed back too:
+//!   what is behind it waits for it. The queue is looked at again after [`RECHECK`] if
+//!   messages with an `expiration` of their own were ever published to it, else disarmed;
+//! - nothing ready: the queue is disarmed, or, where messages may expire and some are
+//!   leased or delayed, looked at again after [`RECHECK`], since those come back with no
+//!   publish (a requeue, a lease that ran out).
 //!
 //! Each look that hands a head back counts in the queue's `delivered` and `released`.
 //!
-//! Dead-lettering an expired message is a put to the holding queue, then an ack: a crash
-//! in between dead-letters it again after the restart (dead letters go on at least once,
-//! `dead_letter.rs`).
+//! Dead-lettering an expired message of a durable queue is a put to the holding queue,
+//! then an ack: a crash in between dead-letters it again after the restart (dead letters
+//! go on at least once, `dead_letter.rs`). On a queue in memory the ack comes first, and
+//! only a message whose ack took is put: one its consumer's end returned to the queue
+//! meanwhile stays there, to expire again, rather than be dead-lettered twice.
 //!
 //! [`MessageExpiry`] takes the time as an argument, and the look at a head
 //! ([`look_at_head`]) reads the server's [`WallClock`](crate::WallClock), so tests drive
@@ -79,6 +84,10 @@ struct State {
     poked: Vec<String>,
     /// Expired deliveries that consumers met, to be dead-lettered.
     handed: Vec<(Queue, Delivery)>,
+    /// Handed deliveries whose holding queue refused them, tried again at a time
+    /// (milliseconds since the Unix epoch). Kept, not released: a consumer would take
+    /// one straight back and hand it over again.
+    retry: Vec<(u64, Queue, Delivery)>,
     /// When a queue's head is looked at next (milliseconds since the Unix epoch),
     /// earliest first; one per queue at most.
     deadlines: BTreeSet<(u64, String)>,
@@ -89,6 +98,8 @@ struct Watched {
     queue: Queue,
     /// Its `x-message-ttl`, in milliseconds.
     ttl: Option<u64>,
+    /// A message with an `expiration` of its own was published to it.
+    own_ttl: bool,
     /// It will be looked at: poked, given a deadline, or being looked at now. A publish
     /// pokes only a queue that is not.
     armed: bool,
@@ -107,12 +118,22 @@ pub enum Next {
     Gone,
 }
 
-/// What is due at a time: the queues to look at, each with its `x-message-ttl`, and the
-/// deliveries handed over.
+/// A queue whose head is to be looked at ([`look_at_head`]).
+#[derive(Debug)]
+pub struct Look {
+    /// The queue.
+    pub queue: Queue,
+    /// Its `x-message-ttl`, in milliseconds.
+    pub ttl: Option<u64>,
+    /// Whether messages with an `expiration` of their own were published to it.
+    pub own_ttl: bool,
+}
+
+/// What is due at a time: the queues to look at, and the deliveries handed over.
 #[derive(Debug, Default)]
 pub struct Due {
-    /// The queues whose heads to look at, each with its `x-message-ttl`.
-    pub queues: Vec<(Queue, Option<u64>)>,
+    /// The queues whose heads to look at.
+    pub queues: Vec<Look>,
     /// The deliveries to dead-letter ([`expire`]), each with its queue.
     pub handed: Vec<(Queue, Delivery)>,
 }
@@ -130,15 +151,7 @@ impl MessageExpiry {
         if (state.queues.get(name)).is_some_and(|w| !w.queue.is_closed()) {
             return;
         }
-        state.remove(name);
-        let watched = Watched {
-            queue: queue.clone(),
-            ttl,
-            armed: true,
-            deadline: None,
-        };
-        state.queues.insert(name.to_string(), watched);
-        state.poked.push(name.to_string());
+        state.insert(queue, ttl, false);
         self.recount(&state);
         drop(state);
         self.wake.notify_one();
@@ -164,22 +177,30 @@ impl MessageExpiry {
         self.watched.load(Ordering::Relaxed) > 0
     }
 
-    /// Messages were put to the queue called `name` (the put sent to its shard before this
-    /// call), some with an `expiration` of their own if `own_ttl`: arms the queue if it is
-    /// watched and they may expire there.
-    pub fn published(&self, name: &str, own_ttl: bool) {
-        if !self.is_watching() {
+    /// Messages were put to `queue` (the put sent to its shard before this call), some
+    /// with an `expiration` of their own if `own_ttl`: arms the queue if they may expire
+    /// there, watching it from now on if it was not (it has no `x-message-ttl` then).
+    pub fn published(&self, queue: &Queue, own_ttl: bool) {
+        if !own_ttl && !self.is_watching() {
             return;
         }
         let mut state = self.lock();
-        let Some(watched) = state.queues.get_mut(name) else {
-            return;
-        };
-        if watched.armed || !(own_ttl || watched.ttl.is_some()) {
-            return;
+        let name = queue.name();
+        match state.queues.get_mut(name) {
+            Some(watched) if !watched.queue.is_closed() => {
+                watched.own_ttl |= own_ttl;
+                if watched.armed || !(own_ttl || watched.ttl.is_some()) {
+                    return;
+                }
+                watched.armed = true;
+                state.poked.push(name.to_string());
+            }
+            _ if own_ttl => {
+                state.insert(queue, None, true);
+                self.recount(&state);
+            }
+            _ => return,
         }
-        watched.armed = true;
-        state.poked.push(name.to_string());
         drop(state);
         self.wake.notify_one();
     }
@@ -188,6 +209,26 @@ impl MessageExpiry {
     /// with a dead-letter exchange: [`run`] dead-letters it.
     pub fn hand_over(&self, queue: Queue, delivery: Delivery) {
         self.lock().handed.push((queue, delivery));
+        self.wake.notify_one();
+    }
+
+    /// Keeps `delivery` of `queue`, handed over and refused by the holding queue, to be
+    /// tried again at `at`.
+    pub fn retry_at(&self, at: u64, queue: Queue, delivery: Delivery) {
+        self.lock().retry.push((at, queue, delivery));
+    }
+
+    /// Arms every watched queue, to be looked at soon: what a look that failed midway had
+    /// left armed with no deadline.
+    pub fn poke_all(&self) {
+        let mut state = self.lock();
+        let names: Vec<String> = state.queues.keys().cloned().collect();
+        for name in names {
+            state.disarm(&name);
+            state.queues.get_mut(&name).expect("just listed").armed = true;
+            state.poked.push(name);
+        }
+        drop(state);
         self.wake.notify_one();
     }
 
@@ -207,6 +248,10 @@ impl MessageExpiry {
             handed: std::mem::take(&mut state.handed),
             ..Due::default()
         };
+        let (retried, waiting) = (std::mem::take(&mut state.retry).into_iter())
+            .partition::<Vec<_>, _>(|(at, _, _)| *at <= now);
+        state.retry = waiting;
+        (due.handed).extend(retried.into_iter().map(|(_, queue, d)| (queue, d)));
         let mut seen = HashSet::new();
         for name in names {
             if !seen.insert(name.clone()) {
@@ -219,15 +264,20 @@ impl MessageExpiry {
                 state.remove(&name);
                 continue;
             }
-            let (queue, ttl) = (watched.queue.clone(), watched.ttl);
+            let look = Look {
+                queue: watched.queue.clone(),
+                ttl: watched.ttl,
+                own_ttl: watched.own_ttl,
+            };
             state.disarm(&name);
             let watched = state.queues.get_mut(&name).expect("just seen");
             watched.armed = true;
-            due.queues.push((queue, ttl));
+            due.queues.push(look);
         }
         self.recount(&state);
         let next = state.deadlines.first().map(|(at, _)| *at);
-        (due, next)
+        let retry = state.retry.iter().map(|(at, _, _)| *at).min();
+        (due, next.into_iter().chain(retry).min())
     }
 
     /// Disarms `queue` just before a look at it finds it holds nothing: a publish from
@@ -276,6 +326,21 @@ impl MessageExpiry {
 }
 
 impl State {
+    /// Watches `queue` afresh (in place of a closed queue of its name), armed and poked.
+    fn insert(&mut self, queue: &Queue, ttl: Option<u64>, own_ttl: bool) {
+        let name = queue.name();
+        self.remove(name);
+        let watched = Watched {
+            queue: queue.clone(),
+            ttl,
+            own_ttl,
+            armed: true,
+            deadline: None,
+        };
+        self.queues.insert(name.to_string(), watched);
+        self.poked.push(name.to_string());
+    }
+
     /// Takes the queue called `name` out of `deadlines`, and marks it not armed.
     fn disarm(&mut self, name: &str) {
         let Some(watched) = self.queues.get_mut(name) else {
@@ -314,22 +379,48 @@ pub fn expire(settings: &Settings, broker: &Broker, queue: &Queue, delivery: &De
     expire_all(settings, broker, queue, std::slice::from_ref(delivery))
 }
 
-/// [`expire`] for deliveries of one queue, each past its time: one put of them all to the
-/// holding queue, then one settle batch.
+/// [`expire`] for deliveries of one queue, each past its time, with one put batch to the
+/// holding queue and one settle batch: on a durable queue put first and acked after (see
+/// the module's introduction), on one in memory acked first.
 fn expire_all(settings: &Settings, broker: &Broker, queue: &Queue, expired: &[Delivery]) -> bool {
-    if let Some(holding) = holding_queue(broker, queue) {
-        // No death record: that is how the holding queue's task tells an expiry.
-        let letters = (expired.iter())
-            .map(|d| Message::new(d.envelope().body.clone()))
-            .collect();
-        if let Err(e) = holding.put_batch(letters) {
-            tracing::warn!(queue = queue.name(), error = %e, "expired messages cannot be dead-lettered; they stay");
-            return false;
-        }
-    }
     let acks: Vec<_> = expired.iter().map(|d| (d.tag(), Settle::Ack)).collect();
-    queue.settle_batch(&acks);
-    settings.metrics.ttl_expired.inc_by(expired.len() as u64);
+    let letter = |d: &Delivery| Message::new(d.envelope().body.clone());
+    let acked = match holding_queue(broker, queue) {
+        // No death record: that is how the holding queue's task tells an expiry.
+        Some(holding) if queue.is_durable() => {
+            if let Err(e) = holding.put_batch(expired.iter().map(letter).collect()) {
+                tracing::warn!(queue = queue.name(), error = %e, "expired messages cannot be dead-lettered; they stay");
+                return false;
+            }
+            queue
+                .settle_batch(&acks)
+                .into_iter()
+                .filter(|&ok| ok)
+                .count()
+        }
+        Some(holding) => {
+            let took = queue.settle_batch(&acks);
+            let letters: Vec<_> = (expired.iter().zip(&took))
+                .filter(|(_, &ok)| ok)
+                .map(|(d, _)| letter(d))
+                .collect();
+            let count = letters.len();
+            if count > 0 {
+                if let Err(e) = holding.put_batch(letters) {
+                    // Gone with its queue, or the broker stops: as when a dead letter is
+                    // routed nowhere.
+                    tracing::warn!(queue = queue.name(), error = %e, "expired messages were not dead-lettered");
+                }
+            }
+            count
+        }
+        None => queue
+            .settle_batch(&acks)
+            .into_iter()
+            .filter(|&ok| ok)
+            .count(),
+    };
+    settings.metrics.ttl_expired.inc_by(acked as u64);
     true
 }
 
@@ -341,7 +432,15 @@ fn expire_all(settings: &Settings, broker: &Broker, queue: &Queue, expired: &[De
 /// expired, the next consumer takes four times as many at once (up to
 /// [`MOST_TAKEN_AT_ONCE`]), so that a long run of expired messages goes in batches and a
 /// look at a head with time left hands back one message, or a few.
-pub fn look_at_head(settings: &Settings, broker: &Broker, queue: &Queue, ttl: Option<u64>) -> Next {
+pub fn look_at_head(settings: &Settings, broker: &Broker, look: &Look) -> Next {
+    let Look {
+        ref queue,
+        ttl,
+        own_ttl,
+    } = *look;
+    if settings.consumers.is_consumed(queue.name()) {
+        return Next::At(settings.clock.now_ms() + RECHECK);
+    }
     let mut seen = PropertiesSeen::default();
     let (mut prefetch, mut expired) = (1, 0);
     loop {
@@ -361,7 +460,7 @@ pub fn look_at_head(settings: &Settings, broker: &Broker, queue: &Queue, ttl: Op
         }
         if taken.is_empty() {
             consumer.cancel();
-            return nothing_ready(settings, queue, ttl);
+            return nothing_ready(settings, look);
         }
         // No more for it: the credit each settle below gives back would bring the next
         // message in, and a message handed back straight in again.
@@ -384,8 +483,10 @@ pub fn look_at_head(settings: &Settings, broker: &Broker, queue: &Queue, ttl: Op
             let next = match due(head, &mut seen) {
                 // It expires once the clock is past that time.
                 Some(at) => Next::At(at + 1),
-                // Only a queue with no TTL of its own has such messages: the head stays
-                // until a consumer takes it, and a publish with an `expiration` arms the
+                // Only a queue with no `x-message-ttl` has such messages: the head stays
+                // until a consumer takes it.
+                None if own_ttl => Next::At(now + RECHECK),
+                // Nothing behind it can expire; a publish with an `expiration` arms the
                 // queue again (disarmed before the head is back, so that none is missed).
                 None => {
                     settings.message_expiry.disarm(queue);
@@ -415,11 +516,11 @@ fn hand_back(queue: &Queue, first: &[Delivery], rest: &[Delivery]) {
     queue.settle_batch(&releases);
 }
 
-/// What a look that found nothing ready in `queue` says: looked at again soon if messages
-/// were put meanwhile; on a queue with `x-message-ttl`, after [`RECHECK`] while messages are
-/// out that may come back with no publish (a requeue, a lease that ran out); else when a
-/// publish pokes it.
-fn nothing_ready(settings: &Settings, queue: &Queue, ttl: Option<u64>) -> Next {
+/// What a look that found nothing ready says: looked at again soon if messages were put
+/// meanwhile; where messages may expire, after [`RECHECK`] while some are out that may come
+/// back with no publish (a requeue, a lease that ran out); else when a publish pokes it.
+fn nothing_ready(settings: &Settings, look: &Look) -> Next {
+    let queue = &look.queue;
     // Disarmed first, so that a publish from now on pokes it; what was put before is in
     // the counts.
     settings.message_expiry.disarm(queue);
@@ -429,7 +530,7 @@ fn nothing_ready(settings: &Settings, queue: &Queue, ttl: Option<u64>) -> Next {
         // A moment later, so that a queue whose ready messages a look cannot take is no
         // busy loop.
         Next::At(now + 1)
-    } else if stats.leased + stats.delayed > 0 && ttl.is_some() {
+    } else if stats.leased + stats.delayed > 0 && (look.ttl.is_some() || look.own_ttl) {
         Next::At(now + RECHECK)
     } else {
         Next::Poked
@@ -449,17 +550,21 @@ pub async fn run(settings: Arc<Settings>, broker: Broker) {
             let (settings, broker) = (settings.clone(), broker.clone());
             // Broker calls that may wait for the disk: off the runtime's workers.
             let looked = tokio::task::spawn_blocking(move || {
+                let expiry = &settings.message_expiry;
                 for (queue, delivery) in due.handed {
                     if !expire(&settings, &broker, &queue, &delivery) {
-                        delivery.release();
+                        expiry.retry_at(now + RECHECK, queue, delivery);
                     }
                 }
-                for (queue, ttl) in due.queues {
-                    let next = look_at_head(&settings, &broker, &queue, ttl);
-                    settings.message_expiry.looked(&queue, next);
+                for look in due.queues {
+                    let next = look_at_head(&settings, &broker, &look);
+                    expiry.looked(&look.queue, next);
                 }
             });
-            let _ = looked.await;
+            if let Err(e) = looked.await {
+                tracing::error!(error = %e, "message TTL: a look failed; every queue is looked at again");
+                expiry.poke_all();
+            }
             continue;
         }
         match next {

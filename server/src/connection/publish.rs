@@ -406,13 +406,13 @@ impl Connection {
     /// `put_batch` waited for, which is quick. A queue deleted since the publish was routed
     /// drops it, as a publish nothing routes is dropped (a confirming channel nacks it).
     fn put(&mut self, ch: u16, queue: &Queue, messages: Vec<Message>, numbers: Vec<u64>) {
-        if !self.settings.message_expiry.is_watching() {
+        let own_ttl = messages.iter().any(|m| content::has_own_ttl(m.body()));
+        if !own_ttl && !self.settings.message_expiry.is_watching() {
             return self.put_now(ch, queue, messages, numbers);
         }
-        let own_ttl = messages.iter().any(|m| content::has_own_ttl(m.body()));
         self.put_now(ch, queue, messages, numbers);
         // After the put went to the shard: a look at the head made from here on sees it.
-        (self.settings.message_expiry).published(queue.name(), own_ttl);
+        (self.settings.message_expiry).published(queue, own_ttl);
     }
 
     /// [`put`](Connection::put), without a word to `message_expiry.rs`.

@@ -2538,10 +2538,10 @@ impl Client {
             assert!(expire(&settings, &self.broker, &queue, &delivery));
         }
         let mut looked = Vec::new();
-        for (queue, ttl) in due.queues {
-            let next = look_at_head(&settings, &self.broker, &queue, ttl);
-            expiry.looked(&queue, next);
-            looked.push(queue.name().to_string());
+        for look in due.queues {
+            let next = look_at_head(&settings, &self.broker, &look);
+            expiry.looked(&look.queue, next);
+            looked.push(look.queue.name().to_string());
         }
         (looked, expiry.due(now).1)
     }
@@ -2597,6 +2597,7 @@ fn a_queue_nobody_consumes_dead_letters_each_message_as_its_ttl_runs_out_at_the_
     assert_eq!(c.conn.metrics().ttl_expired.get(), 2);
     // Those were never delivered: handed back unseen, none is a redelivery.
     let out = c.consume("delay", false);
+    let tag = consumer_tag(&out);
     assert_eq!(
         deliveries(&out),
         [
@@ -2606,15 +2607,16 @@ fn a_queue_nobody_consumes_dead_letters_each_message_as_its_ttl_runs_out_at_the_
         ]
     );
     c.feed(&[ack(3, true)]);
-    // Looked at when the third was due, found holding nothing, and disarmed.
+    // While it has a consumer, a look leaves it to that consumer: looked at again later.
     let delay = || vec!["delay".to_string()];
-    assert_eq!(c.expire_at(1_001_401, &now), (delay(), None));
-    assert_eq!(c.expire_at(1_001_402, &now), (vec![], None));
-    // A publish arms it again. Its message is leased to the consumer, which may hand it
-    // back with no publish (a lease that runs out): looked at again a second later.
+    assert_eq!(c.expire_at(1_001_401, &now), (delay(), Some(1_002_401)));
+    // Found holding nothing once the consumer went, and disarmed.
+    c.feed(&[cancel(&tag)]);
+    assert_eq!(c.expire_at(1_002_401, &now), (delay(), None));
+    assert_eq!(c.expire_at(1_002_402, &now), (vec![], None));
+    // A publish arms it again (stamped 1 002 402, the clock's last setting).
     c.publish("delay", b"fourth");
-    assert_eq!(c.stats("delay").leased, 1);
-    assert_eq!(c.expire_at(1_001_500, &now), (delay(), Some(1_002_500)));
+    assert_eq!(c.expire_at(1_002_500, &now), (delay(), Some(1_003_403)));
     // The holding queue's dead letters are the messages as they were stored, with no
     // death record: what its task reads as an expiry in `delay`.
     let held = c.broker.queue(&holding).unwrap();
@@ -2662,10 +2664,10 @@ fn an_expired_message_met_by_a_get_or_a_consumer_is_dead_lettered_where_the_queu
     c.publish("jobs", b"plain");
     assert_eq!(c.expire_at(1_000_000, &now), (vec![], None));
     c.feed(&expiring(b"by get"));
-    // That one arms it; its head never expires, so the one behind waits (as in RabbitMQ)
-    // and the queue is disarmed.
-    assert_eq!(c.expire_at(1_000_000, &now), (jobs(), None));
-    assert_eq!(c.expire_at(1_000_500, &now), (vec![], None));
+    // That one arms it; its head never expires, so the one behind waits (as in RabbitMQ),
+    // and the queue is looked at again a second later.
+    assert_eq!(c.expire_at(1_000_000, &now), (jobs(), Some(1_001_000)));
+    assert_eq!(c.expire_at(1_000_500, &now), (vec![], Some(1_001_000)));
     now.store(1_000_200, Ordering::Relaxed);
     let out = c.feed(&[get("jobs", false)]);
     assert_eq!(delivered_bodies(&out), [b"plain".to_vec()]);
@@ -2690,6 +2692,73 @@ fn an_expired_message_met_by_a_get_or_a_consumer_is_dead_lettered_where_the_queu
         "three expired, one acked"
     );
     assert_eq!(c.conn.metrics().ttl_expired.get(), 3);
+}
+
+#[test]
+fn a_message_with_its_own_expiration_leaves_any_queue_at_the_head() {
+    let (clock, now) = crate::WallClock::manual(1_000_000);
+    let mut c = Client::open_with(Settings {
+        clock,
+        ..Settings::default()
+    });
+    c.declare("plain");
+    c.publish("plain", b"kept");
+    assert_eq!(c.expire_at(1_000_000, &now), (vec![], None), "not watched");
+    let properties = BasicProperties::default().with_expiration("100".into());
+    c.feed(&Client::publish_frames("plain", properties, b"short"));
+    // Watched from that publish on. Its head never expires, and the one behind waits for
+    // it; messages with their own expiration were published, so it is looked at again.
+    let plain = || vec!["plain".to_string()];
+    assert_eq!(c.expire_at(1_000_200, &now), (plain(), Some(1_001_200)));
+    let out = c.feed(&[get("plain", true)]);
+    assert_eq!(delivered_bodies(&out), [b"kept".to_vec()]);
+    assert_eq!(c.expire_at(1_001_200, &now), (plain(), None));
+    let stats = c.stats("plain");
+    assert_eq!((stats.ready, stats.acked), (0, 2), "dropped at the head");
+}
+
+#[test]
+fn a_watched_queue_with_a_consumer_is_left_to_it() {
+    let (mut c, now) = Client::with_ttl_queue("ttl", 1_000);
+    c.prefetch(1);
+    c.publish("ttl", b"in hand");
+    c.consume("ttl", false);
+    c.publish("ttl", b"waiting");
+    let ttl = || vec!["ttl".to_string()];
+    // Past its time, but a look would take it from under the consumer.
+    assert_eq!(c.expire_at(1_002_000, &now), (ttl(), Some(1_003_000)));
+    let stats = c.stats("ttl");
+    assert_eq!((stats.ready, stats.delivered), (1, 1), "untouched");
+    // The consumer meets it when it reaches it, and drops it.
+    c.feed(&[ack(1, false)]);
+    assert_eq!(c.stats("ttl").acked, 2);
+}
+
+#[test]
+fn an_expired_delivery_returned_before_it_is_dead_lettered_is_dead_lettered_once() {
+    let (clock, now) = crate::WallClock::manual(1_000_000);
+    let mut c = Client::open_with(Settings {
+        clock,
+        ..Settings::default()
+    });
+    let text = |s: &str| AMQPValue::LongString(s.into());
+    c.declare_with("jobs", &[("x-dead-letter-exchange", text("amq.fanout"))]);
+    let holding = crate::dead_letter::holding_name("jobs");
+    let properties = BasicProperties::default().with_expiration("100".into());
+    c.feed(&Client::publish_frames("jobs", properties, b"late"));
+    now.store(1_000_200, Ordering::Relaxed);
+    // The consumer meets it expired and hands it over; its cancel returns it (as after a
+    // lease that ran out) before the handed delivery is dead-lettered.
+    let tag = consumer_tag(&c.consume("jobs", false));
+    c.feed(&[cancel(&tag)]);
+    assert_eq!(c.stats("jobs").ready, 1);
+    // The handed delivery's ack does not take, so it is not dead-lettered; the message,
+    // back at the head of a queue nobody consumes, is: once.
+    c.expire_at(1_000_200, &now);
+    assert_eq!(c.stats(&holding).ready, 1);
+    assert_eq!(c.stats("jobs").ready, 0);
+    c.expire_at(1_001_200, &now);
+    assert_eq!(c.stats(&holding).ready, 1);
 }
 
 fn tx_method(m: amq_protocol::protocol::tx::AMQPMethod) -> AMQPFrame {
