@@ -2337,14 +2337,27 @@ fn delivered_bodies(out: &[AMQPFrame]) -> Vec<Vec<u8>> {
 }
 
 impl Client {
-    /// A client whose server's clock is moved by hand (from 1 000 000 ms), with queue
-    /// `queue` declared with an `x-message-ttl` of `ttl_ms`.
-    fn with_ttl_queue(queue: &str, ttl_ms: i32) -> (Client, Arc<std::sync::atomic::AtomicU64>) {
+    /// A client whose server's clock is moved by hand, from 1 000 000 ms.
+    fn with_clock() -> (Client, Arc<std::sync::atomic::AtomicU64>) {
         let (clock, now) = crate::WallClock::manual(1_000_000);
-        let mut c = Client::open_with(Settings {
+        let c = Client::open_with(Settings {
             clock,
             ..Settings::default()
         });
+        (c, now)
+    }
+
+    /// Declares `queue` dead-lettering through `amq.fanout`; the name of its holding queue.
+    fn declare_dead_lettering(&mut self, queue: &str) -> String {
+        let fanout = AMQPValue::LongString("amq.fanout".into());
+        self.declare_with(queue, &[("x-dead-letter-exchange", fanout)]);
+        crate::dead_letter::holding_name(queue)
+    }
+
+    /// [`Client::with_clock`], with queue `queue` declared with an `x-message-ttl` of
+    /// `ttl_ms`.
+    fn with_ttl_queue(queue: &str, ttl_ms: i32) -> (Client, Arc<std::sync::atomic::AtomicU64>) {
+        let (mut c, now) = Client::with_clock();
         let mut arguments = FieldTable::default();
         arguments.insert("x-message-ttl".into(), AMQPValue::LongInt(ttl_ms));
         let declare = queue::Declare {
@@ -2549,11 +2562,7 @@ impl Client {
 
 #[test]
 fn a_queue_nobody_consumes_dead_letters_each_message_as_its_ttl_runs_out_at_the_head() {
-    let (clock, now) = crate::WallClock::manual(1_000_000);
-    let mut c = Client::open_with(Settings {
-        clock,
-        ..Settings::default()
-    });
+    let (mut c, now) = Client::with_clock();
     c.declare("work");
     let text = |s: &str| AMQPValue::LongString(s.into());
     c.declare_with(
@@ -2646,14 +2655,8 @@ fn a_queue_with_a_ttl_and_no_consumer_drops_what_expires_at_its_head() {
 
 #[test]
 fn an_expired_message_met_by_a_get_or_a_consumer_is_dead_lettered_where_the_queue_says() {
-    let (clock, now) = crate::WallClock::manual(1_000_000);
-    let mut c = Client::open_with(Settings {
-        clock,
-        ..Settings::default()
-    });
-    let text = |s: &str| AMQPValue::LongString(s.into());
-    c.declare_with("jobs", &[("x-dead-letter-exchange", text("amq.fanout"))]);
-    let holding = crate::dead_letter::holding_name("jobs");
+    let (mut c, now) = Client::with_clock();
+    let holding = c.declare_dead_lettering("jobs");
     let expiring = |body: &[u8]| {
         let properties = BasicProperties::default().with_expiration("100".into());
         Client::publish_frames("jobs", properties, body)
@@ -2696,11 +2699,7 @@ fn an_expired_message_met_by_a_get_or_a_consumer_is_dead_lettered_where_the_queu
 
 #[test]
 fn a_message_with_its_own_expiration_leaves_any_queue_at_the_head() {
-    let (clock, now) = crate::WallClock::manual(1_000_000);
-    let mut c = Client::open_with(Settings {
-        clock,
-        ..Settings::default()
-    });
+    let (mut c, now) = Client::with_clock();
     c.declare("plain");
     c.publish("plain", b"kept");
     assert_eq!(c.expire_at(1_000_000, &now), (vec![], None), "not watched");
@@ -2736,14 +2735,8 @@ fn a_watched_queue_with_a_consumer_is_left_to_it() {
 
 #[test]
 fn an_expired_delivery_returned_before_it_is_dead_lettered_is_dead_lettered_once() {
-    let (clock, now) = crate::WallClock::manual(1_000_000);
-    let mut c = Client::open_with(Settings {
-        clock,
-        ..Settings::default()
-    });
-    let text = |s: &str| AMQPValue::LongString(s.into());
-    c.declare_with("jobs", &[("x-dead-letter-exchange", text("amq.fanout"))]);
-    let holding = crate::dead_letter::holding_name("jobs");
+    let (mut c, now) = Client::with_clock();
+    let holding = c.declare_dead_lettering("jobs");
     let properties = BasicProperties::default().with_expiration("100".into());
     c.feed(&Client::publish_frames("jobs", properties, b"late"));
     now.store(1_000_200, Ordering::Relaxed);
