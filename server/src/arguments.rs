@@ -15,7 +15,9 @@
 //! deleted: not part of the config, read by [`expires`] for `expiry.rs`); `x-message-ttl`
 //! (milliseconds a message may wait before it expires: not part of the config either, read
 //! by [`message_ttl`] for `message_expiry.rs`; with `x-dead-letter-exchange`, expired
-//! messages are dead-lettered). Anything else is refused, never ignored: an argument or value RabbitMQ serves
+//! messages are dead-lettered); `x-queue-mode` and `x-queue-version` (hints on how
+//! RabbitMQ keeps a classic queue's messages: checked and kept, see [`StorageHints`]).
+//! Anything else is refused, never ignored: an argument or value RabbitMQ serves
 //! with 540 (not implemented, the connection closes), a value RabbitMQ does not know
 //! either with 406 (the channel closes), as RabbitMQ would.
 
@@ -91,6 +93,12 @@ pub fn queue_config(
             }
             "x-message-ttl" => {
                 message_ttl_value(value)?;
+            }
+            "x-queue-mode" => {
+                queue_mode_value(value)?;
+            }
+            "x-queue-version" => {
+                queue_version_value(value)?;
             }
             other => {
                 let text = format!("queue argument '{other}' is not supported by leasemqd yet");
@@ -178,6 +186,62 @@ fn message_ttl_value(value: &AMQPValue) -> Result<u64, Refused> {
         n if n < 0 => Err(invalid(format!("{{value_negative,{n}}}"))),
         n if n > MAX_MESSAGE_TTL => Err(invalid(format!("{{value_too_large,{n}}}"))),
         n => Ok(u64::try_from(n).expect("checked above")),
+    }
+}
+
+/// RabbitMQ's hints on how a classic queue keeps its messages: `x-queue-mode` (`default`
+/// or `lazy`) and `x-queue-version` (1 or 2). They change nothing here (a queue keeps its
+/// messages in memory, and a durable one on disk as well, whatever they say), and are
+/// kept so that a redeclare is compared as RabbitMQ compares them.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StorageHints {
+    /// `x-queue-mode`.
+    pub mode: Option<String>,
+    /// `x-queue-version`.
+    pub version: Option<u8>,
+}
+
+/// The declare's [`StorageHints`].
+///
+/// # Errors
+///
+/// RabbitMQ's 406 for a mode or version it does not know.
+pub fn storage_hints(arguments: &FieldTable) -> Result<StorageHints, Refused> {
+    let args = arguments.inner();
+    Ok(StorageHints {
+        mode: args.get("x-queue-mode").map(queue_mode_value).transpose()?,
+        version: (args.get("x-queue-version"))
+            .map(queue_version_value)
+            .transpose()?,
+    })
+}
+
+fn queue_mode_value(value: &AMQPValue) -> Result<String, Refused> {
+    let mode = string("x-queue-mode", value)?;
+    match mode.as_str() {
+        "default" | "lazy" => Ok(mode),
+        other => Err(refused(
+            406,
+            format!("PRECONDITION_FAILED - invalid arg 'x-queue-mode': \"unsupported queue mode '{other}'\""),
+        )),
+    }
+}
+
+fn queue_version_value(value: &AMQPValue) -> Result<u8, Refused> {
+    match signed(value) {
+        Some(1) => Ok(1),
+        Some(2) => Ok(2),
+        Some(other) => Err(refused(
+            406,
+            format!("PRECONDITION_FAILED - invalid arg 'x-queue-version': \"unsupported queue version '{other}'\""),
+        )),
+        None => Err(refused(
+            406,
+            format!(
+                "PRECONDITION_FAILED - invalid arg 'x-queue-version': {{unacceptable_type,{}}}",
+                type_name(value)
+            ),
+        )),
     }
 }
 
@@ -467,6 +531,44 @@ mod tests {
             assert_eq!(refused.code, 406);
             assert!(refused.text.ends_with(why), "{}", refused.text);
             assert_eq!(refusal_code(&table), 406, "the declare refuses it too");
+        }
+    }
+
+    #[test]
+    fn queue_mode_and_version_are_hints_checked_as_rabbitmq_checks_them() {
+        let hints = args(&[
+            ("x-queue-mode", AMQPValue::LongString("lazy".into())),
+            ("x-queue-version", AMQPValue::ShortShortUInt(2)),
+        ]);
+        assert!(queue_config(&hints, QueueConfig::default()).is_ok());
+        let expected = StorageHints {
+            mode: Some("lazy".into()),
+            version: Some(2),
+        };
+        assert_eq!(storage_hints(&hints), Ok(expected));
+        assert_eq!(
+            storage_hints(&FieldTable::default()),
+            Ok(StorageHints::default())
+        );
+        for (bad, why) in [
+            (
+                ("x-queue-mode", AMQPValue::LongString("eager".into())),
+                "unsupported queue mode 'eager'",
+            ),
+            (
+                ("x-queue-version", AMQPValue::LongInt(3)),
+                "unsupported queue version '3'",
+            ),
+            (
+                ("x-queue-version", AMQPValue::LongString("2".into())),
+                "unacceptable_type,longstr",
+            ),
+        ] {
+            let bad = args(&[bad]);
+            let refused = storage_hints(&bad).unwrap_err();
+            assert_eq!(refused.code, 406);
+            assert!(refused.text.contains(why), "{}", refused.text);
+            assert_eq!(refusal_code(&bad), 406, "the declare refuses it too");
         }
     }
 

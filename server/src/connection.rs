@@ -38,6 +38,7 @@ use amq_protocol::protocol::{basic, connection, AMQPClass};
 use amq_protocol::types::{AMQPValue, FieldTable, ShortString};
 use leasemq::{Broker, Consumer, Delivery, DeliveryTag, Queue, Settle};
 
+use crate::arguments;
 use crate::content::{self, PropertiesSeen};
 use crate::dead_letter::{self, DeadLetters};
 use crate::durable_queues::QueueFile;
@@ -259,6 +260,8 @@ pub struct Declared {
     pub dead_letter: Option<dead_letter::Route>,
     /// `x-message-ttl`, in milliseconds.
     pub message_ttl: Option<u64>,
+    /// `x-queue-mode` and `x-queue-version`.
+    pub hints: arguments::StorageHints,
 }
 
 impl Declared {
@@ -314,6 +317,26 @@ impl Declared {
         .or_else(|| {
             let key = |d: &Declared| d.dead_letter.as_ref().and_then(|r| r.routing_key.clone());
             differs_text("x-dead-letter-routing-key", key(self), key(other))
+        })
+        .or_else(|| {
+            differs_text(
+                "x-queue-mode",
+                self.hints.mode.clone(),
+                other.hints.mode.clone(),
+            )
+        })
+        .or_else(|| match (self.hints.version, other.hints.version) {
+            (Some(ours), Some(theirs)) => {
+                differs("x-queue-version", ours.to_string(), theirs.to_string())
+            }
+            (ours, theirs) if ours != theirs => {
+                let word = |v: Option<u8>| match v {
+                    Some(v) => format!("the value '{v}' of type 'signedint'"),
+                    None => "none".into(),
+                };
+                Some(("x-queue-version", word(theirs), word(ours)))
+            }
+            _ => None,
         })
     }
 }

@@ -28,6 +28,7 @@ use std::time::Duration;
 use leasemq::Broker;
 use serde::{Deserialize, Serialize};
 
+use crate::arguments::StorageHints;
 use crate::connection::Declared;
 use crate::dead_letter::{self, Route};
 use crate::exchange::write_atomically;
@@ -60,6 +61,10 @@ struct StoredQueue {
     dead_letter_exchange: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     dead_letter_routing_key: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    queue_mode: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    queue_version: Option<u8>,
 }
 
 impl StoredQueue {
@@ -72,6 +77,8 @@ impl StoredQueue {
             message_ttl: d.message_ttl,
             dead_letter_exchange: d.dead_letter.as_ref().map(|r| r.exchange.clone()),
             dead_letter_routing_key: d.dead_letter.as_ref().and_then(|r| r.routing_key.clone()),
+            queue_mode: d.hints.mode.clone(),
+            queue_version: d.hints.version,
         }
     }
 
@@ -87,6 +94,10 @@ impl StoredQueue {
                 routing_key: self.dead_letter_routing_key.clone(),
             }),
             message_ttl: self.message_ttl,
+            hints: StorageHints {
+                mode: self.queue_mode.clone(),
+                version: self.queue_version,
+            },
         }
     }
 }
@@ -259,6 +270,10 @@ mod tests {
             expires: Some(60_000),
             dead_letter: route,
             message_ttl: ttl,
+            hints: StorageHints {
+                mode: Some("lazy".into()),
+                version: Some(2),
+            },
         }
     }
 

@@ -404,6 +404,10 @@ impl Connection {
                 Ok(ttl) => ttl,
                 Err(refused) => return Err(Fault::channel(ch, refused.code, refused.text, &m)),
             };
+            let hints = match arguments::storage_hints(&declare.arguments) {
+                Ok(hints) => hints,
+                Err(refused) => return Err(Fault::channel(ch, refused.code, refused.text, &m)),
+            };
             let declared = Declared {
                 durable: declare.durable && !declare.exclusive,
                 exclusive: declare.exclusive,
@@ -412,6 +416,7 @@ impl Connection {
                 expires,
                 dead_letter: arguments::dead_letter_route(&declare.arguments),
                 message_ttl,
+                hints,
             };
             if existed {
                 self.check_equivalent(ch, name, &declared, &m)?;

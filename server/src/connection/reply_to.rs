@@ -68,6 +68,7 @@ impl Connection {
             expires: None,
             dead_letter: None,
             message_ttl: None,
+            hints: Default::default(),
         };
         (self.settings.declared.lock().expect("never poisoned")).insert(name.clone(), declared);
         self.queues.insert(name, queue.clone());

@@ -1461,3 +1461,37 @@ def test_tx_and_confirms_do_not_mix_and_commit_needs_tx_select():
         assert err.value.reply_code == 406
         assert text in err.value.reply_text
     conn.close()
+
+
+def test_queue_mode_and_version_are_taken_and_compared_on_a_redeclare():
+    """RabbitMQ's hints on how a classic queue keeps its messages: taken (they change
+    nothing in leasemqd), checked, and a redeclare must repeat them."""
+    conn = connect()
+    ch = conn.channel()
+    queue = f"lazy-{uuid.uuid4().hex[:8]}"
+    hints = {"x-queue-mode": "lazy", "x-queue-version": 2}
+    ch.queue_declare(queue=queue, arguments=hints)
+    ch.queue_declare(queue=queue, arguments=hints)
+    ch.basic_publish(exchange="", routing_key=queue, body=b"kept")
+    for other, text in [
+        ({"x-queue-mode": "default", "x-queue-version": 2},
+         "inequivalent arg 'x-queue-mode' for queue"),
+        ({"x-queue-version": 2}, "inequivalent arg 'x-queue-mode' for queue"),
+        ({"x-queue-mode": "lazy", "x-queue-version": 1},
+         "inequivalent arg 'x-queue-version' for queue"),
+    ]:
+        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as err:
+            ch.queue_declare(queue=queue, arguments=other)
+        assert err.value.reply_code == 406
+        assert text in err.value.reply_text
+        ch = conn.channel()
+    assert drain(ch, queue) == ["kept"]
+    for bad, text in [
+        ({"x-queue-mode": "eager"}, "unsupported queue mode 'eager'"),
+        ({"x-queue-version": 3}, "unsupported queue version '3'"),
+    ]:
+        refused = declare_refused(f"bad-{uuid.uuid4().hex[:8]}", bad)
+        assert refused.reply_code == 406
+        assert text in refused.reply_text
+    ch.queue_delete(queue)
+    conn.close()
