@@ -91,6 +91,9 @@ struct State {
     /// When a queue's head is looked at next (milliseconds since the Unix epoch),
     /// earliest first; one per queue at most.
     deadlines: BTreeSet<(u64, String)>,
+    /// How many queues are watched when closed ones are next swept out (a queue deleted
+    /// other than through `Settings::forget`, a reply-to queue, leaves its entry).
+    sweep_at: usize,
 }
 
 #[derive(Debug)]
@@ -330,6 +333,11 @@ impl State {
     fn insert(&mut self, queue: &Queue, ttl: Option<u64>, own_ttl: bool) {
         let name = queue.name();
         self.remove(name);
+        if self.queues.len() >= self.sweep_at {
+            // A closed queue's deadline, if it has one, is passed over when it comes.
+            self.queues.retain(|_, watched| !watched.queue.is_closed());
+            self.sweep_at = (2 * self.queues.len()).max(64);
+        }
         let watched = Watched {
             queue: queue.clone(),
             ttl,
@@ -577,5 +585,36 @@ pub async fn run(settings: Arc<Settings>, broker: Broker) {
             }
             None => woken.await,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use leasemq::QueueConfig;
+
+    use super::*;
+
+    #[test]
+    fn queues_closed_behind_its_back_are_swept_out_as_more_are_watched() {
+        let broker = Broker::builder().shards(1).build().unwrap();
+        let expiry = MessageExpiry::default();
+        let declare = |name: &str| broker.declare_queue(name, QueueConfig::default()).unwrap();
+        let queues: Vec<Queue> = (0..64).map(|i| declare(&format!("q{i}"))).collect();
+        for queue in &queues {
+            // A message with an `expiration` of its own watches the queue it went to.
+            expiry.published(queue, true);
+        }
+        assert_eq!(expiry.watched.load(Ordering::Relaxed), 64);
+        for queue in &queues[..60] {
+            assert!(queue.close());
+        }
+        expiry.published(&declare("more"), true);
+        assert_eq!(
+            expiry.watched.load(Ordering::Relaxed),
+            5,
+            "the closed ones went"
+        );
+        let (due, _) = expiry.due(0);
+        assert_eq!(due.queues.len(), 5, "each open one looked at once");
     }
 }
