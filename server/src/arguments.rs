@@ -16,7 +16,9 @@
 //! (milliseconds a message may wait before it expires: not part of the config either, read
 //! by [`message_ttl`] for `message_expiry.rs`; with `x-dead-letter-exchange`, expired
 //! messages are dead-lettered); `x-queue-mode` and `x-queue-version` (hints on how
-//! RabbitMQ keeps a classic queue's messages: checked and kept, see [`StorageHints`]).
+//! RabbitMQ keeps a classic queue's messages: checked and kept, see [`StorageHints`]);
+//! `x-single-active-consumer` (read by [`single_active_consumer`]: the server gives the
+//! queue's messages to one consumer at a time, `connection/consumers.rs`).
 //! Anything else is refused, never ignored: an argument or value RabbitMQ serves
 //! with 540 (not implemented, the connection closes), a value RabbitMQ does not know
 //! either with 406 (the channel closes), as RabbitMQ would.
@@ -96,6 +98,9 @@ pub fn queue_config(
             }
             "x-queue-mode" => {
                 queue_mode_value(value)?;
+            }
+            "x-single-active-consumer" => {
+                single_active_value(value)?;
             }
             "x-queue-version" => {
                 queue_version_value(value)?;
@@ -186,6 +191,30 @@ fn message_ttl_value(value: &AMQPValue) -> Result<u64, Refused> {
         n if n < 0 => Err(invalid(format!("{{value_negative,{n}}}"))),
         n if n > MAX_MESSAGE_TTL => Err(invalid(format!("{{value_too_large,{n}}}"))),
         n => Ok(u64::try_from(n).expect("checked above")),
+    }
+}
+
+/// The declare's `x-single-active-consumer`: one consumer of the queue at a time gets its
+/// messages, the others waiting their turn in the order they came (`None` without it).
+///
+/// # Errors
+///
+/// RabbitMQ's 406 for a value that is not a boolean.
+pub fn single_active_consumer(arguments: &FieldTable) -> Result<Option<bool>, Refused> {
+    let value = arguments.inner().get("x-single-active-consumer");
+    value.map(single_active_value).transpose()
+}
+
+fn single_active_value(value: &AMQPValue) -> Result<bool, Refused> {
+    match value {
+        AMQPValue::Boolean(b) => Ok(*b),
+        other => Err(refused(
+            406,
+            format!(
+                "PRECONDITION_FAILED - invalid arg 'x-single-active-consumer': {{unacceptable_type,{}}}",
+                type_name(other)
+            ),
+        )),
     }
 }
 
@@ -532,6 +561,25 @@ mod tests {
             assert!(refused.text.ends_with(why), "{}", refused.text);
             assert_eq!(refusal_code(&table), 406, "the declare refuses it too");
         }
+    }
+
+    #[test]
+    fn single_active_consumer_is_a_boolean() {
+        let sac = |value: AMQPValue| args(&[("x-single-active-consumer", value)]);
+        assert_eq!(
+            single_active_consumer(&sac(AMQPValue::Boolean(true))),
+            Ok(Some(true))
+        );
+        assert_eq!(single_active_consumer(&FieldTable::default()), Ok(None));
+        let yes = sac(AMQPValue::LongString("yes".into()));
+        let refused = single_active_consumer(&yes).unwrap_err();
+        assert_eq!(refused.code, 406);
+        assert!(
+            refused.text.contains("unacceptable_type,longstr"),
+            "{}",
+            refused.text
+        );
+        assert_eq!(refusal_code(&yes), 406, "the declare refuses it too");
     }
 
     #[test]

@@ -262,6 +262,15 @@ pub struct Declared {
     pub message_ttl: Option<u64>,
     /// `x-queue-mode` and `x-queue-version`.
     pub hints: arguments::StorageHints,
+    /// `x-single-active-consumer`, if the declare gave it.
+    pub single_active: Option<bool>,
+}
+
+impl Declared {
+    /// Whether the queue gives its messages to one consumer at a time.
+    pub fn is_single_active(&self) -> bool {
+        self.single_active == Some(true)
+    }
 }
 
 impl Declared {
@@ -324,6 +333,21 @@ impl Declared {
                 self.hints.mode.clone(),
                 other.hints.mode.clone(),
             )
+        })
+        .or_else(|| match (self.single_active, other.single_active) {
+            (Some(ours), Some(theirs)) => differs(
+                "x-single-active-consumer",
+                ours.to_string(),
+                theirs.to_string(),
+            ),
+            (ours, theirs) if ours != theirs => {
+                let word = |v: Option<bool>| match v {
+                    Some(v) => format!("the value '{v}' of type 'bool'"),
+                    None => "none".into(),
+                };
+                Some(("x-single-active-consumer", word(theirs), word(ours)))
+            }
+            _ => None,
         })
         .or_else(|| match (self.hints.version, other.hints.version) {
             (Some(ours), Some(theirs)) => {
@@ -450,10 +474,22 @@ struct Subscription {
     number: u64,
     tag: ShortString,
     queue: Queue,
-    consumer: Consumer,
+    /// Its broker consumer; `None` while it waits its turn on a queue with a single
+    /// active consumer.
+    consumer: Option<Consumer>,
+    /// What it waits for, and the broker consumer it makes then.
+    waiting: Option<Waiting>,
     no_ack: bool,
     /// Its place among its queue's consumers, given back as the subscription ends.
     _claim: consumers::Claim,
+}
+
+/// A subscription waiting its turn (`x-single-active-consumer`): the broker consumer it
+/// makes when the turn comes.
+struct Waiting {
+    turn: Arc<consumers::Turn>,
+    name: String,
+    config: leasemq::ConsumerConfig,
 }
 
 /// An ahash state with keys drawn from the standard library's randomly keyed hasher, so
@@ -732,13 +768,33 @@ impl Connection {
         let n = self.subscriptions.len();
         for step in 0..n {
             let i = (self.rotor + step) % n;
+            let sub = &mut self.subscriptions[i];
+            if let Some(waiting) = &sub.waiting {
+                if !waiting.turn.has_come(cx) {
+                    continue;
+                }
+                // Its turn: it consumes from now on; a queue gone meanwhile ends it as a
+                // deleted queue ends any consumer.
+                match sub.queue.consume(&waiting.name, waiting.config.clone()) {
+                    Ok(consumer) => {
+                        sub.consumer = Some(consumer);
+                        sub.waiting = None;
+                    }
+                    Err(_) => {
+                        self.rotor = (i + 1) % n;
+                        return Poll::Ready((i, None));
+                    }
+                }
+            }
             // A paused or full channel is looked at again after the next input, which is
             // what can change that.
             if !self.may_deliver(i) {
                 continue;
             }
-            let next = pin!(self.subscriptions[i].consumer.next());
-            if let Poll::Ready(d) = next.poll(cx) {
+            let Some(consumer) = self.subscriptions[i].consumer.as_mut() else {
+                continue;
+            };
+            if let Poll::Ready(d) = pin!(consumer.next()).poll(cx) {
                 self.rotor = (i + 1) % n;
                 return Poll::Ready((i, d));
             }
@@ -1124,7 +1180,9 @@ impl Connection {
         while i < self.subscriptions.len() {
             if channel.is_none_or(|c| self.subscriptions[i].channel == c) {
                 let sub = self.subscriptions.swap_remove(i);
-                sub.consumer.cancel();
+                if let Some(consumer) = sub.consumer {
+                    consumer.cancel();
+                }
                 queues.push(sub.queue);
             } else {
                 i += 1;

@@ -65,6 +65,8 @@ struct StoredQueue {
     queue_mode: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     queue_version: Option<u8>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    single_active_consumer: Option<bool>,
 }
 
 impl StoredQueue {
@@ -79,6 +81,7 @@ impl StoredQueue {
             dead_letter_routing_key: d.dead_letter.as_ref().and_then(|r| r.routing_key.clone()),
             queue_mode: d.hints.mode.clone(),
             queue_version: d.hints.version,
+            single_active_consumer: d.single_active,
         }
     }
 
@@ -98,6 +101,7 @@ impl StoredQueue {
                 mode: self.queue_mode.clone(),
                 version: self.queue_version,
             },
+            single_active: self.single_active_consumer,
         }
     }
 }
@@ -274,6 +278,7 @@ mod tests {
                 mode: Some("lazy".into()),
                 version: Some(2),
             },
+            single_active: Some(true),
         }
     }
 

@@ -22,7 +22,9 @@ use leasemq::{
 
 use super::publish::{Incoming, Pending};
 use super::tx::Tx;
-use super::{code, method_name, reply_text, reply_to, Connection, Declared, Fault, Subscription};
+use super::{
+    code, method_name, reply_text, reply_to, Connection, Declared, Fault, Subscription, Waiting,
+};
 use crate::content::PropertiesSeen;
 use crate::exchange::{HeadersBinding, Kind, Refusal, Shape};
 use crate::message_expiry;
@@ -408,6 +410,10 @@ impl Connection {
                 Ok(hints) => hints,
                 Err(refused) => return Err(Fault::channel(ch, refused.code, refused.text, &m)),
             };
+            let single_active = match arguments::single_active_consumer(&declare.arguments) {
+                Ok(single_active) => single_active,
+                Err(refused) => return Err(Fault::channel(ch, refused.code, refused.text, &m)),
+            };
             let declared = Declared {
                 durable: declare.durable && !declare.exclusive,
                 exclusive: declare.exclusive,
@@ -417,6 +423,7 @@ impl Connection {
                 dead_letter: arguments::dead_letter_route(&declare.arguments),
                 message_ttl,
                 hints,
+                single_active,
             };
             if existed {
                 self.check_equivalent(ch, name, &declared, &m)?;
@@ -520,7 +527,9 @@ impl Connection {
         let ok = queue::DeclareOk {
             queue: ShortString::from(names::amqp(name).into_owned()),
             message_count: u32::try_from(stats.ready).unwrap_or(u32::MAX),
-            consumer_count: u32::try_from(stats.consumers).unwrap_or(u32::MAX),
+            // Those waiting their turn count too, as in RabbitMQ.
+            consumer_count: u32::try_from(stats.consumers + self.settings.consumers.waiting(name))
+                .unwrap_or(u32::MAX),
         };
         self.send(ch, AMQPClass::Queue(queue::AMQPMethod::DeclareOk(ok)));
         Ok(())
@@ -680,11 +689,13 @@ impl Connection {
             let text = format!("NOT_ALLOWED - attempt to reuse consumer tag '{tag}'");
             return Err(Fault::connection(code::NOT_ALLOWED, text).for_method(&m));
         }
-        // RabbitMQ's rule for `exclusive` (see `consumers.rs`), across every connection.
-        let Some(claim) = self
-            .settings
-            .consumers
-            .claim(queue.name(), consume.exclusive)
+        // RabbitMQ's rule for `exclusive` (see `consumers.rs`), across every connection,
+        // and the turns of a single active consumer.
+        let single_active = (self.settings.declared.lock().expect("never poisoned"))
+            .get(queue.name())
+            .is_some_and(Declared::is_single_active);
+        let Some((claim, turn)) =
+            (self.settings.consumers).claim(queue.name(), consume.exclusive, single_active)
         else {
             let text = format!(
                 "ACCESS_REFUSED - queue '{}' in vhost '/' in exclusive use",
@@ -708,9 +719,14 @@ impl Connection {
         let config = ConsumerConfig {
             prefetch: u32::from(prefetch),
         };
-        let consumer = queue
-            .consume(&name, config)
-            .map_err(|e| broker_fault(ch, &e, &m))?;
+        // One that waits its turn makes its broker consumer when the turn comes.
+        let (consumer, waiting) = match turn {
+            None => {
+                let consumer = queue.consume(&name, config);
+                (Some(consumer.map_err(|e| broker_fault(ch, &e, &m))?), None)
+            }
+            Some(turn) => (None, Some(Waiting { turn, name, config })),
+        };
         state.consumer_tags.push(tag.clone());
         if !consume.nowait {
             let ok = basic::ConsumeOk {
@@ -725,6 +741,7 @@ impl Connection {
             tag,
             queue,
             consumer,
+            waiting,
             no_ack: consume.no_ack,
             _claim: claim,
         });
@@ -748,7 +765,9 @@ impl Connection {
                 queue,
                 ..
             } = self.subscriptions.swap_remove(i);
-            self.keep_leases(ch, number, consumer);
+            if let Some(consumer) = consumer {
+                self.keep_leases(ch, number, consumer);
+            }
             self.auto_delete(&queue);
         }
         self.forget_consumer_tag(ch, &cancel.consumer_tag);

@@ -69,6 +69,7 @@ impl Connection {
             dead_letter: None,
             message_ttl: None,
             hints: Default::default(),
+            single_active: None,
         };
         (self.settings.declared.lock().expect("never poisoned")).insert(name.clone(), declared);
         self.queues.insert(name, queue.clone());

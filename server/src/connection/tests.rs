@@ -2754,6 +2754,61 @@ fn an_expired_delivery_returned_before_it_is_dead_lettered_is_dead_lettered_once
     assert_eq!(c.stats(&holding).ready, 1);
 }
 
+#[test]
+fn a_single_active_consumer_has_the_queue_until_it_goes_then_the_next_in_line() {
+    let mut c = Client::open();
+    let sac = [("x-single-active-consumer", AMQPValue::Boolean(true))];
+    c.declare_with("sac", &sac);
+    let mut second = c.another(2);
+    let mut third = c.another(3);
+    c.consume("sac", false);
+    second.consume("sac", false);
+    let third_tag = consumer_tag(&third.consume("sac", false));
+    for body in [&b"1"[..], b"2", b"3"] {
+        second.publish("sac", body);
+    }
+    let bodies = |out: &[AMQPFrame]| delivered_bodies(out);
+    assert_eq!(
+        bodies(&c.feed(&[])),
+        [b"1".to_vec(), b"2".to_vec(), b"3".to_vec()]
+    );
+    assert!(bodies(&second.feed(&[])).is_empty(), "waits its turn");
+    assert!(bodies(&third.feed(&[])).is_empty());
+    // Each counts, the waiting ones too.
+    let passive = queue::Declare {
+        queue: "sac".into(),
+        passive: true,
+        ..queue::Declare::default()
+    };
+    let out = c.feed(&[queue_method(queue::AMQPMethod::Declare(passive))]);
+    let AMQPFrame::Method(1, AMQPClass::Queue(queue::AMQPMethod::DeclareOk(ok))) = &out[0] else {
+        panic!("{out:?}");
+    };
+    assert_eq!(ok.consumer_count, 3);
+    // One waiting that goes leaves the line; the active one's channel closes with its
+    // deliveries unacked: they come back, and the next in line gets them, redelivered.
+    third.feed(&[cancel(&third_tag)]);
+    c.feed(&[ack(1, false)]);
+    let close = channel::Close {
+        reply_code: 200,
+        reply_text: "bye".into(),
+        class_id: 0,
+        method_id: 0,
+    };
+    c.feed(&[method(
+        1,
+        AMQPClass::Channel(channel::AMQPMethod::Close(close)),
+    )]);
+    let out = second.feed(&[]);
+    assert_eq!(
+        deliveries(&out),
+        [(1, true, b"2".to_vec()), (2, true, b"3".to_vec())]
+    );
+    // A redeclare must say the same.
+    let out = c.another(4).declare_with("sac", &[]);
+    assert_eq!(channel_close_code(&out), Some(406));
+}
+
 fn tx_method(m: amq_protocol::protocol::tx::AMQPMethod) -> AMQPFrame {
     method(1, AMQPClass::Tx(m))
 }

@@ -1495,3 +1495,43 @@ def test_queue_mode_and_version_are_taken_and_compared_on_a_redeclare():
         assert text in refused.reply_text
     ch.queue_delete(queue)
     conn.close()
+
+
+def pump(conns, until, seconds=5):
+    """Runs the connections' I/O until `until()` holds, for up to `seconds`."""
+    for _ in range(seconds * 20):
+        for conn in conns:
+            conn.process_data_events(time_limit=0.025)
+        if until():
+            return
+    raise AssertionError(f"not within {seconds} s")
+
+
+def test_a_single_active_consumer_has_the_queue_until_it_goes():
+    """x-single-active-consumer: the first consumer gets every message; the next in line
+    gets them once it goes, those it left unacked redelivered."""
+    first, second, publisher = connect(), connect(), connect()
+    queue = f"sac-{uuid.uuid4().hex[:8]}"
+    ch = publisher.channel()
+    ch.queue_declare(queue=queue, arguments={"x-single-active-consumer": True})
+    got = {1: [], 2: []}
+    for n, conn in ((1, first), (2, second)):
+        conn.channel().basic_consume(
+            queue, lambda _ch, m, _p, body, n=n: got[n].append((body, m.redelivered)))
+    ch.confirm_delivery()
+    for i in range(3):
+        ch.basic_publish(exchange="", routing_key=queue, body=str(i).encode())
+    pump([first, second], lambda: len(got[1]) == 3)
+    second.process_data_events(time_limit=0.2)
+    assert got[2] == [], "waits its turn"
+    assert ch.queue_declare(queue=queue, passive=True).method.consumer_count == 2
+    first.close()
+    pump([second], lambda: len(got[2]) == 3)
+    assert got[2] == [(b"0", True), (b"1", True), (b"2", True)]
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as err:
+        ch.queue_declare(queue=queue)
+    assert err.value.reply_code == 406
+    assert "inequivalent arg 'x-single-active-consumer'" in err.value.reply_text
+    second.close()
+    publisher.channel().queue_delete(queue)
+    publisher.close()
