@@ -774,8 +774,19 @@ impl Connection {
                     continue;
                 }
                 // Its turn: it consumes from now on; a queue gone meanwhile ends it as a
-                // deleted queue ends any consumer.
-                match sub.queue.consume(&waiting.name, waiting.config.clone()) {
+                // deleted queue ends any consumer. On a durable queue the consume waits
+                // for the deliveries it starts to be on disk: off the worker's other tasks
+                // then, as a read with such a call is (`serve.rs`).
+                let consume = || sub.queue.consume(&waiting.name, waiting.config.clone());
+                let multi_thread = tokio::runtime::Handle::try_current().is_ok_and(|h| {
+                    h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread
+                });
+                let consumed = if multi_thread && sub.queue.is_durable() {
+                    tokio::task::block_in_place(consume)
+                } else {
+                    consume()
+                };
+                match consumed {
                     Ok(consumer) => {
                         sub.consumer = Some(consumer);
                         sub.waiting = None;

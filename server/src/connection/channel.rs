@@ -528,8 +528,12 @@ impl Connection {
             queue: ShortString::from(names::amqp(name).into_owned()),
             message_count: u32::try_from(stats.ready).unwrap_or(u32::MAX),
             // Those waiting their turn count too, as in RabbitMQ.
-            consumer_count: u32::try_from(stats.consumers + self.settings.consumers.waiting(name))
-                .unwrap_or(u32::MAX),
+            consumer_count: u32::try_from(
+                stats
+                    .consumers
+                    .max(self.settings.consumers.consumer_count(name)),
+            )
+            .unwrap_or(u32::MAX),
         };
         self.send(ch, AMQPClass::Queue(queue::AMQPMethod::DeclareOk(ok)));
         Ok(())
@@ -763,11 +767,15 @@ impl Connection {
                 number,
                 consumer,
                 queue,
+                _claim: claim,
                 ..
             } = self.subscriptions.swap_remove(i);
             if let Some(consumer) = consumer {
                 self.keep_leases(ch, number, consumer);
             }
+            // Its place goes once its broker consumer is stopped: the next in line on a
+            // queue with a single active consumer must not share a delivery round with it.
+            drop(claim);
             self.auto_delete(&queue);
         }
         self.forget_consumer_tag(ch, &cancel.consumer_tag);
@@ -943,7 +951,9 @@ impl Connection {
         };
         if let Some(queue) = queue {
             let stats = queue.stats();
-            if delete.if_unused && stats.consumers > 0 {
+            // Consumers waiting their turn (`x-single-active-consumer`) count too.
+            let consumed = stats.consumers > 0 || self.settings.consumers.is_consumed(name);
+            if delete.if_unused && consumed {
                 let name = names::amqp(name);
                 let text = format!("PRECONDITION_FAILED - queue '{name}' in vhost '/' in use");
                 return Err(Fault::channel(ch, code::PRECONDITION_FAILED, text, &m));

@@ -143,11 +143,14 @@ impl QueueConsumers {
     }
 
     /// How many consumers of `queue` wait their turn (`x-single-active-consumer`).
-    pub(crate) fn waiting(&self, queue: &str) -> usize {
-        self.lock()
-            .by_queue
-            .get(queue)
-            .map_or(0, |e| e.waiting.len())
+    #[cfg(test)]
+    fn waiting(&self, queue: &str) -> usize {
+        (self.lock().by_queue.get(queue)).map_or(0, |e| e.waiting.len())
+    }
+
+    /// How many AMQP consumers `queue` has, those waiting their turn too.
+    pub(crate) fn consumer_count(&self, queue: &str) -> usize {
+        (self.lock().by_queue.get(queue)).map_or(0, |e| e.count)
     }
 
     /// Whether `queue` has a consumer on any connection.

@@ -2799,6 +2799,14 @@ fn a_single_active_consumer_has_the_queue_until_it_goes_then_the_next_in_line() 
         1,
         AMQPClass::Channel(channel::AMQPMethod::Close(close)),
     )]);
+    // Its turn has come, its broker consumer not made yet: the queue is still in use.
+    let delete = queue::Delete {
+        queue: "sac".into(),
+        if_unused: true,
+        ..queue::Delete::default()
+    };
+    let out = third.feed(&[queue_method(queue::AMQPMethod::Delete(delete))]);
+    assert_eq!(channel_close_code(&out), Some(406));
     let out = second.feed(&[]);
     assert_eq!(
         deliveries(&out),
