@@ -282,10 +282,6 @@ impl Declared {
         let differs = |arg, ours: String, theirs: String| {
             (ours != theirs).then(|| (arg, format!("'{theirs}'"), format!("'{ours}'")))
         };
-        let expires = |d: &Declared| match d.expires {
-            Some(ms) => format!("the value '{ms}' of type 'signedint'"),
-            None => "none".into(),
-        };
         differs(
             "durable",
             self.durable.to_string(),
@@ -299,25 +295,10 @@ impl Declared {
             )
         })
         .or_else(|| differs("x-queue-type", kind(self).into(), kind(other).into()))
-        .or_else(|| match (self.expires, other.expires) {
-            (Some(ours), Some(theirs)) => {
-                differs("x-expires", ours.to_string(), theirs.to_string())
-            }
-            (ours, theirs) if ours != theirs => Some(("x-expires", expires(other), expires(self))),
-            _ => None,
-        })
-        .or_else(|| match (self.message_ttl, other.message_ttl) {
-            (Some(ours), Some(theirs)) => {
-                differs("x-message-ttl", ours.to_string(), theirs.to_string())
-            }
-            (ours, theirs) if ours != theirs => {
-                let word = |ttl: Option<u64>| match ttl {
-                    Some(ms) => format!("the value '{ms}' of type 'signedint'"),
-                    None => "none".into(),
-                };
-                Some(("x-message-ttl", word(theirs), word(ours)))
-            }
-            _ => None,
+        .or_else(|| differs_value("x-expires", "signedint", self.expires, other.expires))
+        .or_else(|| {
+            let (ours, theirs) = (self.message_ttl, other.message_ttl);
+            differs_value("x-message-ttl", "signedint", ours, theirs)
         })
         .or_else(|| {
             let exchange = |d: &Declared| d.dead_letter.as_ref().map(|r| r.exchange.clone());
@@ -328,39 +309,16 @@ impl Declared {
             differs_text("x-dead-letter-routing-key", key(self), key(other))
         })
         .or_else(|| {
-            differs_text(
-                "x-queue-mode",
-                self.hints.mode.clone(),
-                other.hints.mode.clone(),
-            )
+            let mode = |d: &Declared| d.hints.mode.clone();
+            differs_text("x-queue-mode", mode(self), mode(other))
         })
-        .or_else(|| match (self.single_active, other.single_active) {
-            (Some(ours), Some(theirs)) => differs(
-                "x-single-active-consumer",
-                ours.to_string(),
-                theirs.to_string(),
-            ),
-            (ours, theirs) if ours != theirs => {
-                let word = |v: Option<bool>| match v {
-                    Some(v) => format!("the value '{v}' of type 'bool'"),
-                    None => "none".into(),
-                };
-                Some(("x-single-active-consumer", word(theirs), word(ours)))
-            }
-            _ => None,
+        .or_else(|| {
+            let (ours, theirs) = (self.single_active, other.single_active);
+            differs_value("x-single-active-consumer", "bool", ours, theirs)
         })
-        .or_else(|| match (self.hints.version, other.hints.version) {
-            (Some(ours), Some(theirs)) => {
-                differs("x-queue-version", ours.to_string(), theirs.to_string())
-            }
-            (ours, theirs) if ours != theirs => {
-                let word = |v: Option<u8>| match v {
-                    Some(v) => format!("the value '{v}' of type 'signedint'"),
-                    None => "none".into(),
-                };
-                Some(("x-queue-version", word(theirs), word(ours)))
-            }
-            _ => None,
+        .or_else(|| {
+            let (ours, theirs) = (self.hints.version, other.hints.version);
+            differs_value("x-queue-version", "signedint", ours, theirs)
         })
     }
 }
@@ -372,14 +330,24 @@ fn differs_text(
     ours: Option<String>,
     theirs: Option<String>,
 ) -> Option<(&'static str, String, String)> {
-    let word = |value: &Option<String>, of_type: bool| match value {
+    differs_value(arg, "longstr", ours, theirs)
+}
+
+/// An argument `arg` that differs, ours and theirs, as [`Declared::inequivalent`] answers
+/// it: RabbitMQ names a value's type (`of_type`) only where the other is missing.
+fn differs_value<T: PartialEq + std::fmt::Display>(
+    arg: &'static str,
+    of_type: &str,
+    ours: Option<T>,
+    theirs: Option<T>,
+) -> Option<(&'static str, String, String)> {
+    let typed = ours.is_none() || theirs.is_none();
+    let word = |value: &Option<T>| match value {
         None => "none".to_string(),
-        Some(v) if of_type => format!("the value '{v}' of type 'longstr'"),
+        Some(v) if typed => format!("the value '{v}' of type '{of_type}'"),
         Some(v) => format!("'{v}'"),
     };
-    // RabbitMQ names the type of a value only where the other is missing.
-    let typed = ours.is_none() || theirs.is_none();
-    (ours != theirs).then(|| (arg, word(&theirs, typed), word(&ours, typed)))
+    (ours != theirs).then(|| (arg, word(&theirs), word(&ours)))
 }
 
 /// Where the connection is in its life.

@@ -397,23 +397,14 @@ impl Connection {
             };
             let existing = self.broker.queue(name);
             let existed = existing.is_some();
+            let refuse =
+                |refused: arguments::Refused| Fault::channel(ch, refused.code, refused.text, &m);
+            let args = &declare.arguments;
+            let expires = arguments::expires(args).map_err(refuse)?;
+            let message_ttl = arguments::message_ttl(args).map_err(refuse)?;
+            let hints = arguments::storage_hints(args).map_err(refuse)?;
+            let single_active = arguments::single_active_consumer(args).map_err(refuse)?;
             // As RabbitMQ compares it: an exclusive queue is never durable.
-            let expires = match arguments::expires(&declare.arguments) {
-                Ok(expires) => expires,
-                Err(refused) => return Err(Fault::channel(ch, refused.code, refused.text, &m)),
-            };
-            let message_ttl = match arguments::message_ttl(&declare.arguments) {
-                Ok(ttl) => ttl,
-                Err(refused) => return Err(Fault::channel(ch, refused.code, refused.text, &m)),
-            };
-            let hints = match arguments::storage_hints(&declare.arguments) {
-                Ok(hints) => hints,
-                Err(refused) => return Err(Fault::channel(ch, refused.code, refused.text, &m)),
-            };
-            let single_active = match arguments::single_active_consumer(&declare.arguments) {
-                Ok(single_active) => single_active,
-                Err(refused) => return Err(Fault::channel(ch, refused.code, refused.text, &m)),
-            };
             let declared = Declared {
                 durable: declare.durable && !declare.exclusive,
                 exclusive: declare.exclusive,

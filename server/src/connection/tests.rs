@@ -500,16 +500,7 @@ fn closing_the_channel_returns_unacked_deliveries_redelivered() {
         b"half done",
     ));
     c.consume("crash", false);
-    let close = channel::Close {
-        reply_code: 200,
-        reply_text: "bye".into(),
-        class_id: 0,
-        method_id: 0,
-    };
-    let out = c.feed(&[method(
-        1,
-        AMQPClass::Channel(channel::AMQPMethod::Close(close)),
-    )]);
+    let out = c.feed(&[close_channel()]);
     assert_eq!(
         out,
         [method(
@@ -950,16 +941,7 @@ fn after_basic_cancel_a_requeue_is_a_release_and_the_channel_close_returns_the_r
     c.feed(&[cancel(&tag), nack(1, true)]);
     let stats = c.stats("handback");
     assert_eq!((stats.released, stats.nacked, stats.leased), (1, 0, 1));
-    let close = channel::Close {
-        reply_code: 200,
-        reply_text: "bye".into(),
-        class_id: 0,
-        method_id: 0,
-    };
-    c.feed(&[method(
-        1,
-        AMQPClass::Channel(channel::AMQPMethod::Close(close)),
-    )]);
+    c.feed(&[close_channel()]);
     c.feed(&[method(
         1,
         AMQPClass::Channel(channel::AMQPMethod::Open(channel::Open {})),
@@ -1469,15 +1451,6 @@ fn answers_in_flight_go_nowhere_once_their_channel_or_connection_closed() {
                 nowait: false,
             })),
         )
-    };
-    let close_channel = || {
-        let close = channel::Close {
-            reply_code: 200,
-            reply_text: "bye".into(),
-            class_id: 0,
-            method_id: 0,
-        };
-        method(1, AMQPClass::Channel(channel::AMQPMethod::Close(close)))
     };
     let mut c = Client::open();
     c.declare("inflight");
@@ -2789,16 +2762,7 @@ fn a_single_active_consumer_has_the_queue_until_it_goes_then_the_next_in_line() 
     // deliveries unacked: they come back, and the next in line gets them, redelivered.
     third.feed(&[cancel(&third_tag)]);
     c.feed(&[ack(1, false)]);
-    let close = channel::Close {
-        reply_code: 200,
-        reply_text: "bye".into(),
-        class_id: 0,
-        method_id: 0,
-    };
-    c.feed(&[method(
-        1,
-        AMQPClass::Channel(channel::AMQPMethod::Close(close)),
-    )]);
+    c.feed(&[close_channel()]);
     // Its turn has come, its broker consumer not made yet: the queue is still in use.
     let delete = queue::Delete {
         queue: "sac".into(),
@@ -2815,6 +2779,17 @@ fn a_single_active_consumer_has_the_queue_until_it_goes_then_the_next_in_line() 
     // A redeclare must say the same.
     let out = c.another(4).declare_with("sac", &[]);
     assert_eq!(channel_close_code(&out), Some(406));
+}
+
+/// `channel.close` of channel 1 by the client, 200.
+fn close_channel() -> AMQPFrame {
+    let close = channel::Close {
+        reply_code: 200,
+        reply_text: "bye".into(),
+        class_id: 0,
+        method_id: 0,
+    };
+    method(1, AMQPClass::Channel(channel::AMQPMethod::Close(close)))
 }
 
 fn tx_method(m: amq_protocol::protocol::tx::AMQPMethod) -> AMQPFrame {
