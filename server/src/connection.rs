@@ -271,9 +271,7 @@ impl Declared {
     pub fn is_single_active(&self) -> bool {
         self.single_active == Some(true)
     }
-}
 
-impl Declared {
     /// The first flag or argument `other` differs in, as RabbitMQ's 406 names it: its
     /// name, then `other`'s value and this one's as the 406 words them (`exclusive` is a
     /// 405, checked apart).
@@ -458,6 +456,14 @@ struct Waiting {
     turn: Arc<consumers::Turn>,
     name: String,
     config: leasemq::ConsumerConfig,
+}
+
+/// Whether this thread is a worker of a multi-threaded tokio runtime, where a broker call
+/// that may wait for the disk goes under `block_in_place` (which moves the worker's other
+/// tasks away, at the cost of a thread hand-off).
+pub(crate) fn may_block_in_place() -> bool {
+    tokio::runtime::Handle::try_current()
+        .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread)
 }
 
 /// An ahash state with keys drawn from the standard library's randomly keyed hasher, so
@@ -746,10 +752,7 @@ impl Connection {
                 // for the deliveries it starts to be on disk: off the worker's other tasks
                 // then, as a read with such a call is (`serve.rs`).
                 let consume = || sub.queue.consume(&waiting.name, waiting.config.clone());
-                let multi_thread = tokio::runtime::Handle::try_current().is_ok_and(|h| {
-                    h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread
-                });
-                let consumed = if multi_thread && sub.queue.is_durable() {
+                let consumed = if sub.queue.is_durable() && may_block_in_place() {
                     tokio::task::block_in_place(consume)
                 } else {
                     consume()

@@ -328,6 +328,7 @@ async fn send_on(
             exchanges.route_keys(exchange, &keys, || content::stored_headers(&letter.body))
         };
         for name in names.unwrap_or_default() {
+            // A holding queue takes only its own queue's dead letters.
             if is_holding(&name) {
                 continue;
             }

@@ -115,10 +115,9 @@ struct Watched {
 pub enum Next {
     /// At this time (milliseconds since the Unix epoch), or a publish's poke if sooner.
     At(u64),
-    /// When a publish pokes it: the queue holds nothing.
+    /// When a publish pokes it: the queue holds nothing (or is gone, and
+    /// [`looked`](MessageExpiry::looked) forgets it).
     Poked,
-    /// Never: the queue is gone.
-    Gone,
 }
 
 /// A queue whose head is to be looked at ([`look_at_head`]).
@@ -303,7 +302,6 @@ impl MessageExpiry {
                     state.remove(name);
                 }
             }
-            Next::Gone => {}
             Next::Poked => {}
             Next::At(at) => {
                 let Some(watched) = state.queues.get_mut(name) else {
@@ -391,43 +389,32 @@ pub fn expire(settings: &Settings, broker: &Broker, queue: &Queue, delivery: &De
 /// holding queue and one settle batch: on a durable queue put first and acked after (see
 /// the module's introduction), on one in memory acked first.
 fn expire_all(settings: &Settings, broker: &Broker, queue: &Queue, expired: &[Delivery]) -> bool {
-    let acks: Vec<_> = expired.iter().map(|d| (d.tag(), Settle::Ack)).collect();
+    // No death record: that is how the holding queue's task tells an expiry.
     let letter = |d: &Delivery| Message::new(d.envelope().body.clone());
-    let acked = match holding_queue(broker, queue) {
-        // No death record: that is how the holding queue's task tells an expiry.
-        Some(holding) if queue.is_durable() => {
-            if let Err(e) = holding.put_batch(expired.iter().map(letter).collect()) {
-                tracing::warn!(queue = queue.name(), error = %e, "expired messages cannot be dead-lettered; they stay");
-                return false;
-            }
-            queue
-                .settle_batch(&acks)
-                .into_iter()
-                .filter(|&ok| ok)
-                .count()
+    let holding = holding_queue(broker, queue);
+    let durable = queue.is_durable();
+    if let Some(holding) = holding.as_ref().filter(|_| durable) {
+        if let Err(e) = holding.put_batch(expired.iter().map(letter).collect()) {
+            tracing::warn!(queue = queue.name(), error = %e, "expired messages cannot be dead-lettered; they stay");
+            return false;
         }
-        Some(holding) => {
-            let took = queue.settle_batch(&acks);
-            let letters: Vec<_> = (expired.iter().zip(&took))
-                .filter(|(_, &ok)| ok)
-                .map(|(d, _)| letter(d))
-                .collect();
-            let count = letters.len();
-            if count > 0 {
-                if let Err(e) = holding.put_batch(letters) {
-                    // Gone with its queue, or the broker stops: as when a dead letter is
-                    // routed nowhere.
-                    tracing::warn!(queue = queue.name(), error = %e, "expired messages were not dead-lettered");
-                }
+    }
+    let acks: Vec<_> = expired.iter().map(|d| (d.tag(), Settle::Ack)).collect();
+    let took = queue.settle_batch(&acks);
+    if let Some(holding) = holding.filter(|_| !durable) {
+        let letters: Vec<_> = (expired.iter().zip(&took))
+            .filter(|(_, &ok)| ok)
+            .map(|(d, _)| letter(d))
+            .collect();
+        if !letters.is_empty() {
+            if let Err(e) = holding.put_batch(letters) {
+                // Gone with its queue, or the broker stops: as when a dead letter is
+                // routed nowhere.
+                tracing::warn!(queue = queue.name(), error = %e, "expired messages were not dead-lettered");
             }
-            count
         }
-        None => queue
-            .settle_batch(&acks)
-            .into_iter()
-            .filter(|&ok| ok)
-            .count(),
-    };
+    }
+    let acked = took.iter().filter(|&&ok| ok).count();
     settings.metrics.ttl_expired.inc_by(acked as u64);
     true
 }
@@ -456,7 +443,7 @@ pub fn look_at_head(settings: &Settings, broker: &Broker, look: &Look) -> Next {
         // in the consumer now.
         let consumer = match queue.consume(CONSUMER, ConsumerConfig { prefetch }) {
             Ok(consumer) => consumer,
-            Err(_) if queue.is_closed() => return Next::Gone,
+            Err(_) if queue.is_closed() => return Next::Poked,
             Err(e) => {
                 tracing::warn!(queue = queue.name(), error = %e, "message TTL: the head cannot be taken");
                 return Next::At(settings.clock.now_ms() + RECHECK);

@@ -14,6 +14,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::time::{sleep_until, Instant};
 
+use crate::connection::may_block_in_place;
 use crate::metrics::Metrics;
 use crate::{Connection, Settings};
 
@@ -213,9 +214,7 @@ async fn drive(
                 // The broker calls block; with durable queues some wait for an fsync, a
                 // fraction of a millisecond or more: the runtime then moves this worker's
                 // other tasks away (which costs a thread hand-off, so only then).
-                let multi_thread = tokio::runtime::Handle::current().runtime_flavor()
-                    == tokio::runtime::RuntimeFlavor::MultiThread;
-                let used = if multi_thread && conn.may_wait_for_disk(&input) {
+                let used = if conn.may_wait_for_disk(&input) && may_block_in_place() {
                     tokio::task::block_in_place(|| conn.handle_input(&input))
                 } else {
                     conn.handle_input(&input)

@@ -112,11 +112,9 @@ impl QueueConsumers {
             };
             table.by_queue.insert(queue.to_string(), entry);
         }
+        // A new entry (no consumer, not exclusive) refuses nothing.
         let entry = table.by_queue.get_mut(queue).expect("just made");
         if entry.exclusive || (exclusive && entry.count > 0) {
-            if entry.count == 0 {
-                table.by_queue.remove(queue);
-            }
             return None;
         }
         entry.count += 1;
