@@ -181,3 +181,101 @@ fn commands_from_one_thread_reach_the_queue_in_order() {
     }
     nothing(&a);
 }
+
+/// With `max_priority`, the ready messages go highest priority first; within a priority,
+/// returned before fresh, each in its usual order; a priority above the maximum counts as
+/// the maximum, and a queue without priorities ignores them.
+#[test]
+fn priorities_go_first_and_keep_the_usual_order_within_a_level() {
+    let broker = broker();
+    let config = QueueConfig {
+        max_priority: Some(2),
+        ..QueueConfig::default()
+    };
+    let q = queue_with(&broker, "dispatch.priority", config);
+    let with = |id: &str, priority: u8| {
+        q.put(msg(id).with_priority(priority)).unwrap();
+    };
+    with("low-1", 0);
+    with("mid-1", 1);
+    with("top-1", 2);
+    with("low-2", 0);
+    with("over-1", 9); // counts as 2, after top-1
+    with("mid-2", 1);
+    let a = q.consume("a", prefetch(2)).unwrap();
+    assert_eq!(seen(&a), s("top-1", 1, 1));
+    let over = next(&a);
+    assert_eq!(over.envelope().id, "over-1");
+    // Back among the returned of its own level, ahead of nothing fresh at a higher one.
+    assert!(over.nack_with_delay(secs(0)));
+    assert_eq!(seen(&a), s("over-1", 3, 2));
+    assert!(q.ack(DeliveryTag(1)));
+    assert!(q.ack(DeliveryTag(3)));
+    assert_eq!(seen(&a), s("mid-1", 4, 1));
+    assert_eq!(seen(&a), s("mid-2", 5, 1));
+    // A released low-priority message goes first among the low ones only.
+    assert!(q.ack(DeliveryTag(4)));
+    assert_eq!(seen(&a), s("low-1", 6, 1));
+    with("mid-3", 1);
+    assert!(q.release(DeliveryTag(6)));
+    assert!(q.ack(DeliveryTag(5)));
+    assert_eq!(seen(&a), s("mid-3", 7, 1));
+    assert_eq!(seen(&a), s("low-1", 8, 1));
+    assert!(q.ack(DeliveryTag(7)));
+    assert_eq!(seen(&a), s("low-2", 9, 1));
+    nothing(&a);
+
+    let fifo = plain(&broker, "dispatch.no-priority");
+    fifo.put(msg("first").with_priority(0)).unwrap();
+    fifo.put(msg("second").with_priority(9)).unwrap();
+    let b = fifo.consume("b", prefetch(2)).unwrap();
+    assert_eq!(seen(&b), s("first", 1, 1));
+    assert_eq!(seen(&b), s("second", 2, 1));
+}
+
+/// A drop-head queue with priorities drops the message dispatch would hand out next (the
+/// highest priority's first, as RabbitMQ's priority queues drop), and a dead letter keeps
+/// its priority in a dead-letter queue that has priorities.
+#[test]
+fn drop_head_and_dead_letters_follow_priorities() {
+    let broker = broker();
+    let capped = queue_with(
+        &broker,
+        "dispatch.priority-capped",
+        QueueConfig {
+            max_priority: Some(1),
+            max_length: Some(2),
+            overflow: leasemq::Overflow::DropHead,
+            ..QueueConfig::default()
+        },
+    );
+    capped.put(msg("low").with_priority(0)).unwrap();
+    capped.put(msg("high").with_priority(1)).unwrap();
+    capped.put(msg("new").with_priority(0)).unwrap();
+    assert_stats!(capped, { ready: 2, dropped: 1 });
+    // Room is made before the message joins: one above every waiting one stays.
+    capped.put(msg("top").with_priority(1)).unwrap();
+    assert_stats!(capped, { ready: 2, dropped: 2 });
+    let a = capped.consume("a", prefetch(2)).unwrap();
+    assert_eq!(seen(&a), s("top", 1, 1));
+    assert_eq!(seen(&a), s("new", 2, 1));
+
+    let priorities = QueueConfig {
+        max_priority: Some(5),
+        ..QueueConfig::default()
+    };
+    let (src, dlq) = dead_letter_pair_with(
+        &broker,
+        "dispatch.priority-src",
+        QueueConfig::default(),
+        "dispatch.priority-dlq",
+        priorities,
+    );
+    dlq.put(msg("waiting").with_priority(1)).unwrap();
+    src.put(msg("urgent").with_priority(4)).unwrap();
+    let c = src.consume("c", prefetch(1)).unwrap();
+    assert!(next(&c).reject());
+    let d = dlq.consume("d", prefetch(2)).unwrap();
+    assert_eq!(seen(&d).0, "urgent");
+    assert_eq!(seen(&d).0, "waiting");
+}

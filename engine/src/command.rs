@@ -150,6 +150,8 @@ pub struct DeadLetter {
     pub id: MsgId,
     /// The message's body.
     pub body: Bytes,
+    /// Its priority, kept in the dead-letter queue.
+    pub priority: u8,
     /// Where and why it died.
     pub death: DeathRecord,
 }

@@ -89,6 +89,8 @@ pub enum Change {
         body: Bytes,
         /// Deliveries so far.
         attempt: u32,
+        /// Its priority as put (`Message::with_priority`).
+        priority: u8,
         /// Log time it becomes ready; `None` when it is ready now.
         ready_at: Option<u64>,
         /// Log time its id's dedup window ends; `None` without a window.
@@ -182,6 +184,10 @@ const DELIVERED: u8 = 6;
 const RETURNED: u8 = 7;
 const REMOVED: u8 = 8;
 const WINDOWED: u8 = 9;
+/// `ENQUEUED` with a priority byte before the body: a message of priority 0 is written
+/// as `ENQUEUED`, as before priorities existed, and a build from then refuses this kind
+/// rather than lose the priority.
+const ENQUEUED_WITH_PRIORITY: u8 = 10;
 
 impl Change {
     /// Appends the change's bytes to `buf`. A batch is [`FORMAT`] followed by changes;
@@ -227,11 +233,16 @@ impl Change {
                 id,
                 body,
                 attempt,
+                priority,
                 ready_at,
                 dedup_until,
                 death,
             } => {
-                buf.push(ENQUEUED);
+                buf.push(if *priority == 0 {
+                    ENQUEUED
+                } else {
+                    ENQUEUED_WITH_PRIORITY
+                });
                 put_u32(buf, *queue);
                 put_u64(buf, *seq);
                 match id {
@@ -258,6 +269,9 @@ impl Change {
                         });
                         put_u32(buf, death.attempts);
                     }
+                }
+                if *priority != 0 {
+                    buf.push(*priority);
                 }
                 put_bytes(buf, body);
             }
@@ -436,7 +450,7 @@ impl Reader {
             .map(|n| usize::try_from(n).unwrap_or(usize::MAX));
         let max_body_bytes = usize::try_from(self.u64()?).unwrap_or(usize::MAX);
         let flags = self.u8()?;
-        if flags > 0b11 {
+        if flags > 0b111 {
             return Err(self.error(format!("queue flags {flags:#04x}")));
         }
         let durable = flags & 1 != 0;
@@ -444,6 +458,11 @@ impl Reader {
             Overflow::DropHead
         } else {
             Overflow::RejectPublish
+        };
+        let max_priority = if flags & 0b100 != 0 {
+            Some(self.u8()?)
+        } else {
+            None
         };
         Ok(QueueConfig {
             ack_timeout,
@@ -456,6 +475,7 @@ impl Reader {
             overflow,
             max_body_bytes,
             durable,
+            max_priority,
         })
     }
 
@@ -478,7 +498,7 @@ impl Reader {
                 queue: self.u32()?,
                 next: self.u64()?,
             },
-            ENQUEUED => {
+            ENQUEUED | ENQUEUED_WITH_PRIORITY => {
                 let queue = self.u32()?;
                 let seq = self.u64()?;
                 let id = if self.flag()? {
@@ -505,6 +525,11 @@ impl Reader {
                 } else {
                     None
                 };
+                let priority = if kind == ENQUEUED_WITH_PRIORITY {
+                    self.u8()?
+                } else {
+                    0
+                };
                 let body = self.bytes()?;
                 Change::Enqueued {
                     queue,
@@ -512,6 +537,7 @@ impl Reader {
                     id,
                     body,
                     attempt,
+                    priority,
                     ready_at,
                     dedup_until,
                     death,
@@ -606,11 +632,16 @@ fn put_config(buf: &mut Vec<u8>, c: &QueueConfig) {
     put_duration(buf, c.dedup_window);
     put_opt_u64(buf, c.max_length.map(|n| n as u64));
     put_u64(buf, c.max_body_bytes as u64);
-    // One byte of flags: bit 0 durable, bit 1 `Overflow::DropHead`. A log written before
-    // `overflow` existed has 0 or 1 here, which reads as `RejectPublish`; a build from
-    // then refuses a drop-head queue's byte rather than misread it.
+    // One byte of flags: bit 0 durable, bit 1 `Overflow::DropHead`, bit 2 a `max_priority`
+    // byte follows. A log written before `overflow` existed has 0 or 1 here, which reads
+    // as `RejectPublish`; one from before `max_priority`, at most 0b11, as no priorities.
+    // A build from before either refuses the byte rather than misread the queue.
     let drop_head = c.overflow == Overflow::DropHead;
-    buf.push(u8::from(c.durable) | u8::from(drop_head) << 1);
+    let priorities = c.max_priority.is_some();
+    buf.push(u8::from(c.durable) | u8::from(drop_head) << 1 | u8::from(priorities) << 2);
+    if let Some(max) = c.max_priority {
+        buf.push(max);
+    }
 }
 
 #[cfg(test)]
@@ -634,6 +665,7 @@ mod tests {
             overflow: Overflow::DropHead,
             max_body_bytes: 77,
             durable: true,
+            max_priority: Some(9),
         };
         vec![
             Change::Clock { now: 123_456 },
@@ -660,6 +692,7 @@ mod tests {
                 id: MsgId::Auto(MsgId::auto_number(1, 8)),
                 body: Bytes::from_static(b"body"),
                 attempt: 0,
+                priority: 0,
                 ready_at: None,
                 dedup_until: None,
                 death: None,
@@ -670,6 +703,7 @@ mod tests {
                 id: MsgId::Given("book-1".into()),
                 body: Bytes::new(),
                 attempt: 2,
+                priority: 200,
                 ready_at: Some(1_000),
                 dedup_until: Some(2_000),
                 death: Some(Box::new(DeathRecord {
@@ -759,8 +793,28 @@ mod tests {
         assert_eq!(decode(&old).unwrap(), [declared(Overflow::RejectPublish)]);
         let mut bytes = encode(&[declared(Overflow::DropHead)]);
         assert_eq!(bytes.last(), Some(&0b11));
-        *bytes.last_mut().unwrap() = 0b100;
+        *bytes.last_mut().unwrap() = 0b1000;
         assert!(decode(&bytes).unwrap_err().what.contains("queue flags"));
+    }
+
+    #[test]
+    fn a_message_of_priority_zero_is_written_as_before_priorities() {
+        let enqueued = |priority| Change::Enqueued {
+            queue: 1,
+            seq: 2,
+            id: MsgId::Given("a".into()),
+            body: Bytes::from_static(b"b"),
+            attempt: 0,
+            priority,
+            ready_at: None,
+            dedup_until: None,
+            death: None,
+        };
+        let plain = encode(&[enqueued(0)]);
+        let ranked = encode(&[enqueued(3)]);
+        assert_eq!((plain[1], ranked[1]), (ENQUEUED, ENQUEUED_WITH_PRIORITY));
+        assert_eq!(ranked.len(), plain.len() + 1, "one byte more");
+        assert_eq!(decode(&ranked).unwrap(), [enqueued(3)]);
     }
 
     #[test]

@@ -1,7 +1,6 @@
 //! One queue's state and operations: messages, the ready lists, the lease table, consumers'
 //! round robin, dedup and retry.
 
-use crate::deque::ChunkedDeque;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -15,9 +14,11 @@ use crate::command::{
 };
 use crate::durable::Change;
 mod consumers;
+mod ready;
 mod restore;
 mod tags;
 
+use ready::ReadyLists;
 use tags::Tags;
 
 use crate::leases::{Lease, LeaseTable};
@@ -123,6 +124,10 @@ struct Msg {
     body: Bytes,
     /// Deliveries so far.
     attempt: u32,
+    /// As put, so that a dead letter keeps it (the queue's `max_priority` caps only its
+    /// place in the ready lists); 0 in a queue with neither priorities nor a dead-letter
+    /// queue.
+    priority: u8,
     death: Option<Box<DeathRecord>>,
     state: MsgState,
 }
@@ -162,9 +167,7 @@ pub(crate) struct QueueState {
     max_lease_ticks: Option<Tick>,
     dedup_ticks: Tick,
     msgs: ChunkSlab<Msg>,
-    /// Messages that came back, in the order they became ready again; delivered first.
-    returned: ChunkedDeque<u32>,
-    fresh: ChunkedDeque<u32>,
+    ready: ReadyLists,
     delayed: usize,
     leases: LeaseTable,
     /// Consumer slots in registration order.
@@ -196,6 +199,7 @@ struct Dying {
     id: MsgId,
     body: Bytes,
     attempt: u32,
+    priority: u8,
     death: Option<Box<DeathRecord>>,
 }
 
@@ -208,10 +212,9 @@ impl QueueState {
             ack_ticks: tick.ticks(config.ack_timeout),
             max_lease_ticks: config.max_lease.map(|d| tick.ticks(d)),
             dedup_ticks: tick.ticks(config.dedup_window),
+            ready: ReadyLists::new(config.max_priority),
             config,
             msgs: ChunkSlab::new(),
-            returned: ChunkedDeque::new(),
-            fresh: ChunkedDeque::new(),
             delayed: 0,
             leases: LeaseTable::new(1),
             consumers: Vec::new(),
@@ -234,7 +237,7 @@ impl QueueState {
 
     pub fn stats(&self) -> QueueStats {
         QueueStats {
-            ready: self.returned.len() + self.fresh.len(),
+            ready: self.ready.len(),
             delayed: self.delayed,
             leased: self.leases.len(),
             consumers: self.consumers.len() - self.stopped,
@@ -272,7 +275,7 @@ impl QueueState {
         // them message by message: with `DropHead`, each message that finds the queue full
         // drops the ready head then, which may be one of the batch's own.
         let mut counted = self.counted_for_max_length();
-        let mut ready = self.returned.len() + self.fresh.len();
+        let mut ready = self.ready.len();
         for message in &messages {
             validate::message(message, self.config.max_body_bytes)?;
             self.watch_auto_shaped(message.id.as_deref());
@@ -385,7 +388,7 @@ impl QueueState {
     fn counted_for_max_length(&self) -> usize {
         match self.config.overflow {
             Overflow::RejectPublish => self.msgs.len(),
-            Overflow::DropHead => self.returned.len() + self.fresh.len() + self.delayed,
+            Overflow::DropHead => self.ready.len() + self.delayed,
         }
     }
 
@@ -396,7 +399,7 @@ impl QueueState {
         if self.config.overflow != Overflow::DropHead {
             return false;
         }
-        let Some(msg) = self.returned.pop_front().or_else(|| self.fresh.pop_front()) else {
+        let Some(msg) = self.ready.pop_front() else {
             return false;
         };
         let m = self.remove_message(msg);
@@ -407,11 +410,11 @@ impl QueueState {
 
     fn enqueue_message(&mut self, ctx: &mut Ctx, message: Message, reserved: &[u64]) {
         let id = match message.id {
-            Some(id) => MsgId::Given(id.into()),
+            Some(id) => MsgId::Given(id),
             None => self.next_auto_id(ctx, reserved),
         };
         let delay = ctx.tick.ticks(message.delay);
-        self.enqueue(ctx, id, message.body, delay, None);
+        self.enqueue(ctx, id, message.body, message.priority, delay, None);
     }
 
     /// Adds a message that passed every check. Broker-assigned ids stay out of the dedup
@@ -421,9 +424,14 @@ impl QueueState {
         ctx: &mut Ctx,
         id: MsgId,
         body: Bytes,
+        priority: u8,
         delay: Tick,
         death: Option<Box<DeathRecord>>,
     ) {
+        // Only a queue with priorities, or a dead letter into one, can tell a priority; a
+        // queue with neither keeps 0, so that its log has no priorities it never uses.
+        let kept = self.config.max_priority.is_some() || self.dead_letter.is_some();
+        let priority = if kept { priority } else { 0 };
         if let MsgId::Given(given) = &id {
             let window = (self.dedup_ticks > 0).then(|| {
                 ctx.wheel.insert(
@@ -457,12 +465,13 @@ impl QueueState {
             id,
             body,
             attempt: 0,
+            priority,
             death,
             state: MsgState::Ready,
         }) as u32;
         self.stats.enqueued += 1;
         let ready_at = if delay == 0 {
-            self.fresh.push_back(msg);
+            self.ready.push_fresh(msg, priority);
             None
         } else {
             let at = ctx.after(delay);
@@ -484,6 +493,7 @@ impl QueueState {
             id: m.id.clone(),
             body: m.body.clone(),
             attempt: m.attempt,
+            priority: m.priority,
             ready_at: ready_at.map(|at| ctx.log_time(at)),
             dedup_until,
             death: m.death.clone(),
@@ -528,7 +538,7 @@ impl QueueState {
             return false;
         }
         let death = Some(Box::new(letter.death));
-        self.enqueue(ctx, letter.id, letter.body, 0, death);
+        self.enqueue(ctx, letter.id, letter.body, letter.priority, 0, death);
         self.dispatch(ctx);
         true
     }
@@ -538,7 +548,7 @@ impl QueueState {
     /// Hands ready messages to consumers with credit, round robin in registration order.
     pub fn dispatch(&mut self, ctx: &mut Ctx) {
         while self.with_credit > 0 {
-            let Some(msg) = self.returned.pop_front().or_else(|| self.fresh.pop_front()) else {
+            let Some(msg) = self.ready.pop_front() else {
                 return;
             };
             let slot = self.next_consumer(ctx.consumers);
@@ -788,7 +798,7 @@ impl QueueState {
         // leased is ready at once with its attempt kept, which is what they did.
         let ready_at = match how {
             Return::Expired | Return::Nacked(0) => {
-                self.returned.push_back(msg);
+                self.ready.push_returned(msg, m.priority);
                 return;
             }
             Return::Nacked(delay) => {
@@ -798,7 +808,7 @@ impl QueueState {
             }
             Return::Released => {
                 m.attempt -= 1;
-                self.returned.push_front(msg);
+                self.ready.push_released(msg, m.priority);
                 None
             }
         };
@@ -862,6 +872,7 @@ impl QueueState {
                 id: m.id.clone(),
                 body: m.body.clone(),
                 attempt: m.attempt,
+                priority: m.priority,
                 death: m.death,
             };
             self.dying.insert(m.seq, dying);
@@ -877,6 +888,7 @@ impl QueueState {
             },
             id: m.id,
             body: m.body,
+            priority: m.priority,
             death: DeathRecord {
                 queue: self.name.to_string(),
                 reason,
@@ -932,9 +944,9 @@ impl QueueState {
                 m.state = MsgState::Ready;
                 self.delayed -= 1;
                 if m.attempt == 0 {
-                    self.fresh.push_back(msg);
+                    self.ready.push_fresh(msg, m.priority);
                 } else {
-                    self.returned.push_back(msg);
+                    self.ready.push_returned(msg, m.priority);
                 }
                 self.dispatch(ctx);
             }

@@ -134,6 +134,7 @@ impl Shard {
                 id,
                 body,
                 attempt,
+                priority,
                 ready_at,
                 dedup_until,
                 death,
@@ -154,7 +155,7 @@ impl Shard {
                     r.windows.insert((queue, given.clone()), until);
                 }
                 let q = &mut self.queues[idx as usize];
-                let slot = q.restore_enqueue(seq, id, body, attempt, death)?;
+                let slot = q.restore_enqueue(seq, id, body, attempt, priority, death)?;
                 r.msgs.insert(seq, (idx, slot));
                 if let Some(at) = ready_at {
                     r.ready_at.insert(seq, at);

@@ -191,6 +191,9 @@ impl Input<'_> {
         if set(11) {
             c.durable = true;
         }
+        if set(12) {
+            c.max_priority = Some(self.below(256) as u8);
+        }
         c
     }
 
@@ -239,6 +242,9 @@ impl Input<'_> {
         }
         if !delay.is_zero() {
             message = message.with_delay(delay);
+        }
+        if self.below(4) == 0 {
+            message = message.with_priority(self.below(256) as u8);
         }
         let facts = MsgFacts {
             id,

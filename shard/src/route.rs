@@ -351,6 +351,7 @@ mod tests {
             },
             id: MsgId::Given(id.into()),
             body: bytes::Bytes::from_static(b"x"),
+            priority: 0,
             death: DeathRecord {
                 queue: "src".into(),
                 reason: DeathReason::Rejected,

@@ -98,8 +98,8 @@ impl QueueState {
     /// Removes every message that is not leased (ready and delayed); returns how many.
     /// Leased ones stay, and so does the dedup window of each id removed.
     pub fn purge(&mut self, ctx: &mut Ctx) -> usize {
-        let mut gone = Vec::with_capacity(self.returned.len() + self.fresh.len() + self.delayed);
-        while let Some(msg) = self.returned.pop_front().or_else(|| self.fresh.pop_front()) {
+        let mut gone = Vec::with_capacity(self.ready.len() + self.delayed);
+        while let Some(msg) = self.ready.pop_front() {
             gone.push(msg);
         }
         if self.delayed > 0 {
@@ -182,7 +182,21 @@ impl QueueState {
                 );
             }
         }
-        assert_eq!(ready, self.returned.len() + self.fresh.len(), "ready lists");
+        assert_eq!(ready, self.ready.len(), "ready lists");
+        self.ready.check_invariants();
+        for (level, msg) in self.ready.iter() {
+            let m = &self.msgs[msg as usize];
+            assert_eq!(
+                m.state,
+                MsgState::Ready,
+                "a ready list holds a ready message"
+            );
+            assert_eq!(
+                level,
+                self.ready.level_of(m.priority),
+                "its priority's level"
+            );
+        }
         assert_eq!(delayed, self.delayed, "delayed count");
         assert_eq!(leased, self.leases.len(), "lease table");
         self.leases.check_invariants();

@@ -24,6 +24,7 @@ impl QueueState {
         id: MsgId,
         body: Bytes,
         attempt: u32,
+        priority: u8,
         death: Option<Box<DeathRecord>>,
     ) -> Result<u32, RestoreError> {
         match &id {
@@ -52,6 +53,7 @@ impl QueueState {
             id,
             body,
             attempt,
+            priority,
             death,
             state: MsgState::Ready,
         });
@@ -105,13 +107,15 @@ impl QueueState {
                 if spent(self.msgs[slot as usize].attempt) {
                     poisoned.push(slot);
                 } else {
-                    self.returned.push_back(slot);
+                    self.ready
+                        .push_returned(slot, self.msgs[slot as usize].priority);
                 }
             }
         }
         for &(_, slot, returned) in &ready {
             if !returned {
-                self.fresh.push_back(slot);
+                self.ready
+                    .push_fresh(slot, self.msgs[slot as usize].priority);
             }
         }
         for (id, until) in windows {
@@ -163,6 +167,7 @@ impl QueueState {
                 id: m.id.clone(),
                 body: m.body.clone(),
                 attempt: m.attempt,
+                priority: m.priority,
                 ready_at,
                 dedup_until: self.window_end(wheel, &m.id).map(&log_time),
                 death: m.death.clone(),
@@ -178,6 +183,7 @@ impl QueueState {
                 id: d.id.clone(),
                 body: d.body.clone(),
                 attempt: d.attempt,
+                priority: d.priority,
                 ready_at: None,
                 dedup_until: self.window_end(wheel, &d.id).map(&log_time),
                 death: d.death.clone(),

@@ -131,13 +131,13 @@ impl Model {
     /// ones first, as dispatch takes them) is dropped and counted. False where the queue
     /// refuses instead, or has nothing ready.
     fn drop_head(&mut self, q: usize) -> bool {
-        let queue = &mut self.queues[q];
-        if queue.config.overflow != Overflow::DropHead {
+        if self.queues[q].config.overflow != Overflow::DropHead {
             return false;
         }
-        let Some(msg) = (queue.returned.pop_front()).or_else(|| queue.fresh.pop_front()) else {
+        let Some(msg) = self.take_head(q) else {
             return false;
         };
+        let queue = &mut self.queues[q];
         queue.msgs.remove(&msg).expect("live");
         queue.counters.dropped += 1;
         self.coverage.heads_dropped += 1;
@@ -154,7 +154,15 @@ impl Model {
         }
     }
 
-    fn enqueue(&mut self, q: usize, id: Id, body: String, delay: Tick, death: Option<DeathRecord>) {
+    fn enqueue(
+        &mut self,
+        q: usize,
+        id: Id,
+        body: String,
+        priority: u8,
+        delay: Tick,
+        death: Option<DeathRecord>,
+    ) {
         let seq = self.seq();
         let now = self.now;
         let msg = self.next_msg;
@@ -179,6 +187,7 @@ impl Model {
             id,
             body,
             attempt: 0,
+            priority,
             death,
             state,
         };
@@ -200,7 +209,8 @@ impl Model {
             return Err(Error::QueueFull);
         }
         let id = self.new_id(spec);
-        self.enqueue(q, id, spec.body.clone(), self.tick.of(spec.delay), None);
+        let delay = self.tick.of(spec.delay);
+        self.enqueue(q, id, spec.body.clone(), spec.priority, delay, None);
         self.dispatch(q);
         Ok(PutOutcome::Enqueued)
     }
@@ -244,7 +254,8 @@ impl Model {
                         assert!(self.drop_head(q), "the check above left a ready head");
                     }
                     let id = self.new_id(spec);
-                    self.enqueue(q, id, spec.body.clone(), self.tick.of(spec.delay), None);
+                    let delay = self.tick.of(spec.delay);
+                    self.enqueue(q, id, spec.body.clone(), spec.priority, delay, None);
                 }
                 PutOutcome::Duplicate => self.queues[q].counters.duplicates += 1,
             }
@@ -488,7 +499,7 @@ impl Model {
             return false;
         }
         let (id, body, death) = (letter.id.clone(), letter.body.clone(), letter.death.clone());
-        self.enqueue(q, id, body, 0, Some(death));
+        self.enqueue(q, id, body, letter.priority, 0, Some(death));
         self.dispatch(q);
         true
     }

@@ -106,7 +106,8 @@ impl Coverage {
         }
         add!(runs cut_short steps delivered redelivered expired nacked released rejected
              duplicates stale dead_lettered dropped dead_letters_delivered touch_refused
-             queue_full unread_released closes stopped_with_leases purged heads_dropped);
+             queue_full unread_released closes stopped_with_leases purged heads_dropped
+             priority_overtakes);
     }
 }
 
@@ -184,6 +185,10 @@ fn shard_agrees_with_the_model_on_random_runs() {
             ),
             ("messages purged", c.purged),
             ("heads dropped by DropHead", c.heads_dropped),
+            (
+                "messages taken ahead for their priority",
+                c.priority_overtakes,
+            ),
         ] {
             assert!(n > 0, "no run reached {what}: {c:?}");
         }

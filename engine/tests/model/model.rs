@@ -34,6 +34,8 @@ pub(crate) struct Msg {
     pub(crate) body: String,
     /// Deliveries so far.
     pub(crate) attempt: u32,
+    /// As put; a dead letter keeps it.
+    pub(crate) priority: u8,
     pub(crate) death: Option<DeathRecord>,
     pub(crate) state: State,
 }
@@ -101,6 +103,7 @@ pub(crate) struct Letter {
     pub(crate) origin: usize,
     pub(crate) id: Id,
     pub(crate) body: String,
+    pub(crate) priority: u8,
     pub(crate) death: DeathRecord,
 }
 
@@ -172,6 +175,8 @@ pub(crate) struct Coverage {
     pub(crate) stopped_with_leases: u64,
     pub(crate) purged: u64,
     pub(crate) heads_dropped: u64,
+    /// Ready messages taken ahead of the first in line for their higher priority.
+    pub(crate) priority_overtakes: u64,
 }
 
 #[derive(Clone)]
@@ -427,6 +432,7 @@ impl Model {
                 origin: q,
                 id: m.id,
                 body: m.body,
+                priority: m.priority,
                 death: DeathRecord {
                     queue: queue.name.clone(),
                     reason,
@@ -462,12 +468,32 @@ impl Model {
             let Some(consumer) = self.next_consumer(q) else {
                 return;
             };
-            let queue = &mut self.queues[q];
-            let msg = (queue.returned.pop_front())
-                .or_else(|| queue.fresh.pop_front())
-                .expect("a ready message");
+            let msg = self.take_head(q).expect("a ready message");
             self.deliver(q, msg, consumer);
         }
+    }
+
+    /// Takes the ready message that dispatch (or a drop-head) takes next: of the highest
+    /// priority level waiting, the first returned one, else the first fresh one. A
+    /// message's level is its priority, at most the queue's `max_priority`; in a queue
+    /// without priorities every level is 0, which leaves returned then fresh.
+    pub(crate) fn take_head(&mut self, q: usize) -> Option<u64> {
+        let queue = &mut self.queues[q];
+        let max = queue.config.max_priority.unwrap_or(0);
+        let level = |msg: &u64| queue.msgs[msg].priority.min(max);
+        let top = queue.returned.iter().chain(&queue.fresh).map(level).max()?;
+        let first = *queue.returned.front().or(queue.fresh.front())?;
+        let msg = match queue.returned.iter().position(|m| level(m) == top) {
+            Some(i) => queue.returned.remove(i),
+            None => {
+                let i = queue.fresh.iter().position(|m| level(m) == top);
+                queue
+                    .fresh
+                    .remove(i.expect("the top level has a ready message"))
+            }
+        }?;
+        self.coverage.priority_overtakes += u64::from(msg != first);
+        Some(msg)
     }
 
     fn deliver(&mut self, q: usize, msg: u64, consumer: usize) {

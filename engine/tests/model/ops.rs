@@ -25,6 +25,7 @@ pub(crate) struct MessageSpec {
     pub(crate) body: String,
     id: IdSpec,
     pub(crate) delay: Duration,
+    pub(crate) priority: u8,
 }
 
 impl MessageSpec {
@@ -39,7 +40,9 @@ impl MessageSpec {
     }
 
     pub(crate) fn message(&self) -> Message {
-        let message = Message::new(self.body.clone()).with_delay(self.delay);
+        let message = (Message::new(self.body.clone()))
+            .with_delay(self.delay)
+            .with_priority(self.priority);
         match self.id() {
             Some(id) => message.with_id(id),
             None => message,
@@ -353,6 +356,7 @@ impl Harness {
                 QueueConfig::default().max_body_bytes
             },
             durable: false,
+            max_priority: rng.one_in(3).then(|| rng.pick(&[0, 1, 3])),
         };
         if rng.one_in(25) {
             match rng.below(7) {
@@ -392,7 +396,18 @@ impl Harness {
             46 => SEVEN_DAYS,
             _ => SEVEN_DAYS + Duration::from_nanos(1),
         };
-        MessageSpec { body, id, delay }
+        // Mostly within the small maximums declared, sometimes above every one.
+        let priority = match rng.below(10) {
+            0..=4 => 0,
+            5..=8 => rng.range(1, 3) as u8,
+            _ => rng.pick(&[4, 255]),
+        };
+        MessageSpec {
+            body,
+            id,
+            delay,
+            priority,
+        }
     }
 
     fn gen_consume(&mut self) -> Op {
