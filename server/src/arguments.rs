@@ -18,10 +18,14 @@
 //! messages are dead-lettered); `x-queue-mode` and `x-queue-version` (hints on how
 //! RabbitMQ keeps a classic queue's messages: checked and kept, see [`StorageHints`]);
 //! `x-single-active-consumer` (read by [`single_active_consumer`]: the server gives the
-//! queue's messages to one consumer at a time, `connection/consumers.rs`).
+//! queue's messages to one consumer at a time, `connection/consumers.rs`);
+//! `x-max-priority` (the queue's `max_priority`: its ready messages go out highest
+//! `priority` first, as in RabbitMQ's priority queues).
 //! Anything else is refused, never ignored: an argument or value RabbitMQ serves
 //! with 540 (not implemented, the connection closes), a value RabbitMQ does not know
-//! either with 406 (the channel closes), as RabbitMQ would.
+//! either with 406 (the channel closes), as RabbitMQ would. A value RabbitMQ checks and
+//! refuses is refused with its text, `invalid arg 'KEY' for queue 'NAME' in vhost '/': WHY`,
+//! the declare naming its queue ([`Refused::for_queue`]).
 
 use std::time::Duration;
 
@@ -37,10 +41,43 @@ pub struct Refused {
     pub code: u16,
     /// What to change.
     pub text: String,
+    /// Where in `text` [`Refused::for_queue`] names the queue: after the argument, in
+    /// RabbitMQ's text for a value it does not take ([`invalid_arg`]).
+    queue_at: Option<usize>,
+}
+
+impl Refused {
+    /// The refusal as the declare of the queue `shown` (its name as the client knows it)
+    /// answers it: RabbitMQ's text for a value it does not take names the queue,
+    /// `invalid arg 'x-max-priority' for queue 'jobs' in vhost '/': {max_value_exceeded,256}`.
+    #[must_use]
+    pub fn for_queue(mut self, shown: &str) -> Refused {
+        if let Some(at) = self.queue_at.take() {
+            let queue = format!(" for queue '{shown}' in vhost '/'");
+            self.text.insert_str(at, &queue);
+        }
+        self
+    }
 }
 
 fn refused(code: u16, text: String) -> Refused {
-    Refused { code, text }
+    Refused {
+        code,
+        text,
+        queue_at: None,
+    }
+}
+
+/// RabbitMQ's 406 for a value of argument `key` that it does not take, `why` worded as
+/// RabbitMQ words it (its `rabbit_amqqueue:check_arguments`); the declare names the
+/// queue in it ([`Refused::for_queue`]).
+fn invalid_arg(key: &str, why: impl std::fmt::Display) -> Refused {
+    let head = format!("PRECONDITION_FAILED - invalid arg '{key}'");
+    Refused {
+        code: 406,
+        queue_at: Some(head.len()),
+        text: format!("{head}: {why}"),
+    }
 }
 
 /// `config` with the declare's arguments applied.
@@ -62,18 +99,18 @@ pub fn queue_config(
             "x-dead-letter-exchange" => dead_letter_exchange = Some(string(key.as_str(), value)?),
             "x-dead-letter-routing-key" => dead_letter_key = Some(string(key.as_str(), value)?),
             "x-consumer-timeout" => {
-                let ms = integer(key.as_str(), value)?;
+                let ms = non_negative(key.as_str(), value)?;
                 config.ack_timeout = Duration::from_millis(ms);
             }
             "x-delivery-limit" => {
-                let limit = integer(key.as_str(), value)?;
+                let limit = non_negative(key.as_str(), value)?;
                 let deliveries = u32::try_from(limit.saturating_add(1)).map_err(|_| {
                     refused(406, format!("PRECONDITION_FAILED - {key} is too large"))
                 })?;
                 config.max_deliveries = Some(deliveries);
             }
             "x-max-length" => {
-                let n = integer(key.as_str(), value)?;
+                let n = non_negative(key.as_str(), value)?;
                 config.max_length = Some(usize::try_from(n).unwrap_or(usize::MAX));
             }
             "x-overflow" => overflow = Some(string(key.as_str(), value)?),
@@ -86,8 +123,8 @@ pub fn queue_config(
                 }
                 // Not a queue type at all: the client's mistake, as RabbitMQ's 406.
                 other => {
-                    let text = format!("PRECONDITION_FAILED - invalid arg 'x-queue-type': unknown queue type '{other}' (classic, quorum or stream)");
-                    return Err(refused(406, text));
+                    let why = format!("unknown queue type '{other}' (classic, quorum or stream)");
+                    return Err(invalid_arg(key.as_str(), why));
                 }
             },
             "x-expires" => {
@@ -105,6 +142,7 @@ pub fn queue_config(
             "x-queue-version" => {
                 queue_version_value(value)?;
             }
+            "x-max-priority" => config.max_priority = Some(max_priority_value(value)?),
             other => {
                 let text = format!("queue argument '{other}' is not supported by leasemqd yet");
                 return Err(refused(540, text));
@@ -132,9 +170,9 @@ pub fn queue_config(
         }
         // Not an overflow behaviour at all: the client's mistake, as RabbitMQ's 406.
         (_, Some(other)) => {
-            return Err(refused(
-                406,
-                format!("PRECONDITION_FAILED - invalid arg 'x-overflow': '{other}' is not one of drop-head, reject-publish, reject-publish-dlx"),
+            return Err(invalid_arg(
+                "x-overflow",
+                format!("'{other}' is not one of drop-head, reject-publish, reject-publish-dlx"),
             ))
         }
     }
@@ -176,22 +214,24 @@ pub fn message_ttl(arguments: &FieldTable) -> Result<Option<u64>, Refused> {
 }
 
 /// The longest `x-message-ttl` taken, in milliseconds: far past any deployment.
-const MAX_MESSAGE_TTL: i128 = 1 << 48;
+const MAX_MESSAGE_TTL: u64 = 1 << 48;
 
 fn message_ttl_value(value: &AMQPValue) -> Result<u64, Refused> {
-    let invalid = |why: String| {
-        refused(
-            406,
-            format!("PRECONDITION_FAILED - invalid arg 'x-message-ttl': {why}"),
-        )
-    };
-    let n = signed(value)
-        .ok_or_else(|| invalid(format!("\"expected integer, got {}\"", type_name(value))))?;
-    match n {
-        n if n < 0 => Err(invalid(format!("{{value_negative,{n}}}"))),
-        n if n > MAX_MESSAGE_TTL => Err(invalid(format!("{{value_too_large,{n}}}"))),
-        n => Ok(u64::try_from(n).expect("checked above")),
+    match non_negative("x-message-ttl", value)? {
+        n if n > MAX_MESSAGE_TTL => Err(invalid_arg(
+            "x-message-ttl",
+            format!("{{value_too_large,{n}}}"),
+        )),
+        n => Ok(n),
     }
+}
+
+/// `x-max-priority`, the queue's highest priority level: from 0 (one level) to 255, as
+/// RabbitMQ takes it (its `MAX_SUPPORTED_PRIORITY`; a message's `priority` is an octet).
+fn max_priority_value(value: &AMQPValue) -> Result<u8, Refused> {
+    let n = non_negative("x-max-priority", value)?;
+    u8::try_from(n)
+        .map_err(|_| invalid_arg("x-max-priority", format!("{{max_value_exceeded,{n}}}")))
 }
 
 /// The declare's `x-single-active-consumer`: one consumer of the queue at a time gets its
@@ -208,12 +248,9 @@ pub fn single_active_consumer(arguments: &FieldTable) -> Result<Option<bool>, Re
 fn single_active_value(value: &AMQPValue) -> Result<bool, Refused> {
     match value {
         AMQPValue::Boolean(b) => Ok(*b),
-        other => Err(refused(
-            406,
-            format!(
-                "PRECONDITION_FAILED - invalid arg 'x-single-active-consumer': {{unacceptable_type,{}}}",
-                type_name(other)
-            ),
+        other => Err(invalid_arg(
+            "x-single-active-consumer",
+            format!("{{unacceptable_type,{}}}", type_name(other)),
         )),
     }
 }
@@ -249,27 +286,20 @@ fn queue_mode_value(value: &AMQPValue) -> Result<String, Refused> {
     let mode = string("x-queue-mode", value)?;
     match mode.as_str() {
         "default" | "lazy" => Ok(mode),
-        other => Err(refused(
-            406,
-            format!("PRECONDITION_FAILED - invalid arg 'x-queue-mode': \"unsupported queue mode '{other}'\""),
+        other => Err(invalid_arg(
+            "x-queue-mode",
+            format!("\"unsupported queue mode '{other}'\""),
         )),
     }
 }
 
 fn queue_version_value(value: &AMQPValue) -> Result<u8, Refused> {
-    match signed(value) {
-        Some(1) => Ok(1),
-        Some(2) => Ok(2),
-        Some(other) => Err(refused(
-            406,
-            format!("PRECONDITION_FAILED - invalid arg 'x-queue-version': \"unsupported queue version '{other}'\""),
-        )),
-        None => Err(refused(
-            406,
-            format!(
-                "PRECONDITION_FAILED - invalid arg 'x-queue-version': {{unacceptable_type,{}}}",
-                type_name(value)
-            ),
+    match non_negative("x-queue-version", value)? {
+        1 => Ok(1),
+        2 => Ok(2),
+        other => Err(invalid_arg(
+            "x-queue-version",
+            format!("\"unsupported queue version '{other}'\""),
         )),
     }
 }
@@ -286,19 +316,29 @@ pub fn expires(arguments: &FieldTable) -> Result<Option<u32>, Refused> {
 }
 
 fn expires_value(value: &AMQPValue) -> Result<u32, Refused> {
-    let invalid = |why: String| {
-        refused(
-            406,
-            format!("PRECONDITION_FAILED - invalid arg 'x-expires': {why}"),
-        )
-    };
-    let n = signed(value)
-        .ok_or_else(|| invalid(format!("expected integer, got {}", type_name(value))))?;
-    match n {
+    let invalid = |why: String| invalid_arg("x-expires", why);
+    match integer_arg("x-expires", value)? {
         0 => Err(invalid("{value_zero,0}".into())),
         n if n < 0 => Err(invalid(format!("{{value_negative,{n}}}"))),
         n => u32::try_from(n).map_err(|_| invalid(format!("{{value_too_large,{n}}}"))),
     }
+}
+
+/// Argument `key`'s value, an integer of any width, as RabbitMQ's `check_int_arg` takes it.
+fn integer_arg(key: &str, value: &AMQPValue) -> Result<i128, Refused> {
+    signed(value).ok_or_else(|| {
+        invalid_arg(
+            key,
+            format!("\"expected integer, got {}\"", type_name(value)),
+        )
+    })
+}
+
+/// Argument `key`'s value, a non-negative integer of any width, as RabbitMQ's
+/// `check_non_neg_int_arg` takes it.
+fn non_negative(key: &str, value: &AMQPValue) -> Result<u64, Refused> {
+    let n = integer_arg(key, value)?;
+    u64::try_from(n).map_err(|_| invalid_arg(key, format!("{{value_negative,{n}}}")))
 }
 
 /// An integer of any width, as RabbitMQ compares them.
@@ -349,21 +389,6 @@ fn string(key: &str, value: &AMQPValue) -> Result<String, Refused> {
             format!("PRECONDITION_FAILED - {key} must be a string, not {other:?}"),
         )),
     }
-}
-
-fn integer(key: &str, value: &AMQPValue) -> Result<u64, Refused> {
-    let Some(n) = signed(value) else {
-        return Err(refused(
-            406,
-            format!("PRECONDITION_FAILED - {key} must be an integer"),
-        ));
-    };
-    u64::try_from(n).map_err(|_| {
-        refused(
-            406,
-            format!("PRECONDITION_FAILED - {key} must not be negative"),
-        )
-    })
 }
 
 #[cfg(test)]
@@ -552,7 +577,7 @@ mod tests {
             ),
             (
                 AMQPValue::LongString("100".into()),
-                "expected integer, got longstr",
+                "\"expected integer, got longstr\"",
             ),
         ] {
             let table = args(&[("x-expires", value)]);
@@ -609,7 +634,7 @@ mod tests {
             ),
             (
                 ("x-queue-version", AMQPValue::LongString("2".into())),
-                "unacceptable_type,longstr",
+                "\"expected integer, got longstr\"",
             ),
         ] {
             let bad = args(&[bad]);
@@ -653,5 +678,61 @@ mod tests {
             queue_config(&with_dlx, QueueConfig::default()).is_ok(),
             "expired messages are dead-lettered"
         );
+    }
+
+    #[test]
+    fn max_priority_takes_0_to_255_of_any_integer_type_as_rabbitmq_does() {
+        let priority = |value: AMQPValue| args(&[("x-max-priority", value)]);
+        for (value, max) in [
+            (AMQPValue::ShortShortUInt(0), 0),
+            (AMQPValue::LongInt(10), 10),
+            (AMQPValue::ShortInt(255), 255),
+            (AMQPValue::LongLongInt(7), 7),
+        ] {
+            let config = queue_config(&priority(value), QueueConfig::default()).unwrap();
+            assert_eq!(config.max_priority, Some(max));
+        }
+        let none = queue_config(&FieldTable::default(), QueueConfig::default()).unwrap();
+        assert_eq!(
+            none.max_priority, None,
+            "no priorities without the argument"
+        );
+        for (value, why) in [
+            (AMQPValue::LongInt(256), "{max_value_exceeded,256}"),
+            (
+                AMQPValue::LongLongInt(1 << 40),
+                "{max_value_exceeded,1099511627776}",
+            ),
+            (AMQPValue::LongInt(-1), "{value_negative,-1}"),
+            (
+                AMQPValue::LongString("5".into()),
+                "\"expected integer, got longstr\"",
+            ),
+            (AMQPValue::Boolean(true), "\"expected integer, got bool\""),
+        ] {
+            let refused = queue_config(&priority(value), QueueConfig::default()).unwrap_err();
+            assert_eq!(refused.code, 406);
+            let expected = format!("PRECONDITION_FAILED - invalid arg 'x-max-priority': {why}");
+            assert_eq!(refused.text, expected);
+        }
+    }
+
+    #[test]
+    fn the_declare_names_its_queue_in_rabbitmqs_text_for_a_value_it_does_not_take() {
+        let table = args(&[("x-max-priority", AMQPValue::LongInt(256))]);
+        let refused = queue_config(&table, QueueConfig::default()).unwrap_err();
+        assert_eq!(
+            refused.for_queue("jobs").text,
+            "PRECONDITION_FAILED - invalid arg 'x-max-priority' for queue 'jobs' in vhost '/': {max_value_exceeded,256}"
+        );
+        let table = args(&[("x-message-ttl", AMQPValue::LongInt(-1))]);
+        assert_eq!(
+            queue_config(&table, QueueConfig::default()).unwrap_err().for_queue("jobs").text,
+            "PRECONDITION_FAILED - invalid arg 'x-message-ttl' for queue 'jobs' in vhost '/': {value_negative,-1}"
+        );
+        // Texts of leasemqd's own are left as they are.
+        let table = args(&[("x-max-length-bytes", AMQPValue::LongInt(10))]);
+        let refused = queue_config(&table, QueueConfig::default()).unwrap_err();
+        assert_eq!(refused.clone().for_queue("jobs"), refused);
     }
 }

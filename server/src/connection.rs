@@ -264,6 +264,8 @@ pub struct Declared {
     pub hints: arguments::StorageHints,
     /// `x-single-active-consumer`, if the declare gave it.
     pub single_active: Option<bool>,
+    /// `x-max-priority` (the queue's `max_priority`).
+    pub max_priority: Option<u8>,
 }
 
 impl Declared {
@@ -305,6 +307,10 @@ impl Declared {
         .or_else(|| {
             let key = |d: &Declared| d.dead_letter.as_ref().and_then(|r| r.routing_key.clone());
             differs_text("x-dead-letter-routing-key", key(self), key(other))
+        })
+        .or_else(|| {
+            let (ours, theirs) = (self.max_priority, other.max_priority);
+            differs_value("x-max-priority", "signedint", ours, theirs)
         })
         .or_else(|| {
             let mode = |d: &Declared| d.hints.mode.clone();
@@ -924,7 +930,8 @@ impl Connection {
         };
         let cc = routes.map(|r| r.keys).unwrap_or_default();
         let stamp = stamp.then_some(own_ttl);
-        if let Err(fault) = self.handle_header(header, id, cc, stamp, refused) {
+        let priority = *properties.priority();
+        if let Err(fault) = self.handle_header(header, id, priority, cc, stamp, refused) {
             self.fail(fault);
         }
         Ok(())

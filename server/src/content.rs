@@ -36,7 +36,7 @@ use amq_protocol::protocol::basic::{gen_properties, parse_properties};
 use amq_protocol::protocol::BasicProperties;
 use amq_protocol::types::{AMQPValue, FieldTable, LongString, ShortString};
 use bytes::Bytes;
-use leasemq::{DeathReason, Envelope};
+use leasemq::{DeathReason, Envelope, Message};
 
 use crate::names;
 
@@ -389,6 +389,22 @@ fn split(body: &[u8]) -> Option<Parts<'_>> {
         route,
         payload_start: end,
     })
+}
+
+/// The leasemq message that carries `body`, a body in the stored layout: with its
+/// properties' `priority` (parsed by `seen`), by which a queue declared with
+/// `x-max-priority` delivers it; none counts as 0, as in RabbitMQ, and so does a body
+/// not in the layout. A dead letter and a message that expired are made here; a publish,
+/// whose content header has just been parsed, takes its priority from there.
+pub fn message(body: Bytes, seen: &mut PropertiesSeen) -> Message {
+    let priority = (split(&body))
+        .and_then(|parts| seen.check(parts.properties))
+        .and_then(|properties| *properties.priority());
+    let message = Message::new(body);
+    match priority {
+        Some(priority) => message.with_priority(priority),
+        None => message,
+    }
 }
 
 /// Splits a stored body into its properties and payload (sharing the body's memory).

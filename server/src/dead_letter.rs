@@ -313,6 +313,7 @@ async fn send_on(
     let mut batches: Vec<(Queue, Vec<Message>, Vec<usize>)> = Vec::new();
     // Per letter: queues it reached, and copies taken.
     let mut reached = vec![(0, 0); letters.len()];
+    let mut seen = content::PropertiesSeen::default();
     for (i, delivery) in letters.iter().enumerate() {
         let envelope = delivery.envelope();
         let Some(letter) = content::dead_letter(envelope, holding_for, exchange, key, now) else {
@@ -322,6 +323,8 @@ async fn send_on(
             );
             continue;
         };
+        // Each copy a new message, with its priority (`x-max-priority`).
+        let message = content::message(letter.body.clone(), &mut seen);
         let names = {
             let keys: Vec<&str> = letter.keys.iter().map(String::as_str).collect();
             let exchanges = settings.exchanges.lock().expect("never poisoned");
@@ -341,7 +344,7 @@ async fn send_on(
                 continue;
             };
             queues.insert(name.clone(), target.clone());
-            let copy = Message::new(letter.body.clone());
+            let copy = message.clone();
             match batches.iter_mut().find(|(q, _, _)| q.name() == name) {
                 Some((_, copies, of)) => {
                     copies.push(copy);
@@ -634,6 +637,61 @@ mod tests {
         }
         assert!(!holding.is_closed());
         assert_eq!(failures.stats().enqueued, 2 + 2 * n as u64);
+        task.abort();
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_dead_letter_keeps_its_priority_in_the_queue_it_goes_to() {
+        let broker = Broker::builder().shards(1).build().unwrap();
+        let settings = Arc::new(Settings::default());
+        let config = QueueConfig {
+            max_priority: Some(5),
+            ..QueueConfig::default()
+        };
+        let urgent = broker.declare_queue("urgent", config).unwrap();
+        let declare = || {
+            let holding = broker.declare_queue(&holding_name("src"), QueueConfig::default());
+            let config = QueueConfig {
+                dead_letter: Some(holding_name("src")),
+                ..QueueConfig::default()
+            };
+            Ok::<_, leasemq::Error>((broker.declare_queue("src", config)?, holding?))
+        };
+        let route = Route {
+            exchange: String::new(),
+            routing_key: Some("urgent".into()),
+        };
+        let src = (settings.dead_letters)
+            .declare("src", route, declare)
+            .unwrap();
+        let holding = broker.queue(&holding_name("src")).unwrap();
+        for (payload, priority) in [("none", None), ("7", Some(7)), ("2", Some(2))] {
+            let mut properties = BasicProperties::default();
+            if let Some(p) = priority {
+                properties = properties.with_priority(p);
+            }
+            let body = content::encode(&properties, payload.as_bytes()).unwrap();
+            src.put(Message::new(body)).unwrap();
+        }
+        let worker = src.consume("worker", ConsumerConfig::default()).unwrap();
+        let mut settles = Vec::new();
+        while let Some(d) = worker.try_recv().unwrap() {
+            settles.push((d.tag(), leasemq::Settle::Reject));
+        }
+        assert_eq!(src.settle_batch(&settles), [true; 3]);
+        let task = tokio::spawn(run(settings.clone(), broker.clone()));
+        // All three are in `urgent` before the last is taken from the holding queue.
+        acked(&holding, 3).await;
+        let mut reader = urgent.consume("reader", ConsumerConfig::default()).unwrap();
+        let mut got = Vec::new();
+        for _ in 0..3 {
+            let delivery = next(&mut reader).await;
+            let out = content::delivered(delivery.envelope(), "urgent");
+            got.push((out.properties.priority().to_owned(), out.payload.to_vec()));
+        }
+        let expected = [(Some(7), "7"), (Some(2), "2"), (None, "none")];
+        let expected = expected.map(|(p, body)| (p, body.as_bytes().to_vec()));
+        assert_eq!(got, expected, "highest first, each with its priority");
         task.abort();
     }
 }

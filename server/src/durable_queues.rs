@@ -2,11 +2,12 @@
 //!
 //! The broker keeps a durable queue's [`leasemq::QueueConfig`] and messages in its data
 //! dir. What else RabbitMQ keeps of a durable queue, the server holds: its `auto_delete`
-//! flag, `x-queue-type`, `x-expires`, `x-message-ttl` and where its dead letters go
-//! (`x-dead-letter-exchange`, `x-dead-letter-routing-key`). With a data dir, those of every
-//! durable queue are kept in [`FILE`] there, written (to a temporary file, fsynced,
-//! renamed over the old one, the directory fsynced) each time a durable queue is declared
-//! anew or deleted, before the declare is answered. A restart reads the file back
+//! flag, `x-queue-type`, `x-expires`, `x-message-ttl`, `x-queue-mode`, `x-queue-version`,
+//! `x-single-active-consumer`, `x-max-priority` (which the broker's config keeps too) and
+//! where its dead letters go (`x-dead-letter-exchange`, `x-dead-letter-routing-key`).
+//! With a data dir, those of every durable queue are kept in [`FILE`] there, written (to a
+//! temporary file, fsynced, renamed over the old one, the directory fsynced) each time a
+//! durable queue is declared anew or deleted, before the declare is answered. A restart reads the file back
 //! ([`restore`]) for the queues the broker brought back, so that each is as it was
 //! declared before any client declares it again: a redeclare is checked against it, its
 //! dead letters go on through their exchange, its messages expire, and it expires itself.
@@ -67,6 +68,8 @@ struct StoredQueue {
     queue_version: Option<u8>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     single_active_consumer: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    max_priority: Option<u8>,
 }
 
 impl StoredQueue {
@@ -82,6 +85,7 @@ impl StoredQueue {
             queue_mode: d.hints.mode.clone(),
             queue_version: d.hints.version,
             single_active_consumer: d.single_active,
+            max_priority: d.max_priority,
         }
     }
 
@@ -102,6 +106,7 @@ impl StoredQueue {
                 version: self.queue_version,
             },
             single_active: self.single_active_consumer,
+            max_priority: self.max_priority,
         }
     }
 }
@@ -279,6 +284,7 @@ mod tests {
                 version: Some(2),
             },
             single_active: Some(true),
+            max_priority: Some(9),
         }
     }
 
@@ -318,5 +324,18 @@ mod tests {
         assert!(open(dir.path(), |_| true)
             .unwrap_err()
             .contains("version 2"));
+    }
+
+    #[test]
+    fn a_file_from_before_an_argument_was_kept_reads_without_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let older = r#"{"version": 1, "queues": [
+            {"name": "jobs", "auto_delete": false, "quorum": false, "message_ttl": 500}
+        ]}"#;
+        fs::write(dir.path().join(FILE), older).unwrap();
+        let (_, back) = open(dir.path(), |_| true).unwrap();
+        let jobs = &back["jobs"];
+        assert_eq!(jobs.message_ttl, Some(500));
+        assert_eq!((jobs.max_priority, jobs.single_active), (None, None));
     }
 }

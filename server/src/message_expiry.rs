@@ -47,7 +47,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use leasemq::{Broker, ConsumerConfig, Delivery, Message, Queue, Settle};
+use leasemq::{Broker, ConsumerConfig, Delivery, Queue, Settle};
 use tokio::sync::Notify;
 
 use crate::content::{self, PropertiesSeen};
@@ -390,11 +390,12 @@ pub fn expire(settings: &Settings, broker: &Broker, queue: &Queue, delivery: &De
 /// the module's introduction), on one in memory acked first.
 fn expire_all(settings: &Settings, broker: &Broker, queue: &Queue, expired: &[Delivery]) -> bool {
     // No death record: that is how the holding queue's task tells an expiry.
-    let letter = |d: &Delivery| Message::new(d.envelope().body.clone());
+    let mut seen = PropertiesSeen::default();
+    let mut letter = |d: &Delivery| content::message(d.envelope().body.clone(), &mut seen);
     let holding = holding_queue(broker, queue);
     let durable = queue.is_durable();
     if let Some(holding) = holding.as_ref().filter(|_| durable) {
-        if let Err(e) = holding.put_batch(expired.iter().map(letter).collect()) {
+        if let Err(e) = holding.put_batch(expired.iter().map(&mut letter).collect()) {
             tracing::warn!(queue = queue.name(), error = %e, "expired messages cannot be dead-lettered; they stay");
             return false;
         }

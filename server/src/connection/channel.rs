@@ -366,6 +366,17 @@ impl Connection {
             );
             return Err(Fault::channel(ch, code::PRECONDITION_FAILED, text, &m));
         }
+        // RabbitMQ's quorum queues refuse a classic queue's priorities and storage hints.
+        let classic_only = ["x-max-priority", "x-queue-mode", "x-queue-version"];
+        let classic = classic_only
+            .iter()
+            .find(|k| declare.arguments.inner().contains_key(**k));
+        if let (true, Some(key), false) = (quorum, classic, declare.passive) {
+            let text = format!(
+                "PRECONDITION_FAILED - invalid arg '{key}' for queue '{shown}' in vhost '/' of queue type rabbit_quorum_queue"
+            );
+            return Err(Fault::channel(ch, code::PRECONDITION_FAILED, text, &m));
+        }
         let queue = if declare.passive {
             match self.queue(name) {
                 Some(q) => {
@@ -388,17 +399,20 @@ impl Connection {
                 durable: declare.durable && self.settings.durable && !declare.exclusive,
                 ..QueueConfig::default()
             };
+            // RabbitMQ's text for a value it does not take names the queue.
+            let refuse = |refused: arguments::Refused| {
+                let refused = refused.for_queue(&shown);
+                Fault::channel(ch, refused.code, refused.text, &m)
+            };
             let mut config = match arguments::queue_config(&declare.arguments, base) {
                 Ok(config) => config,
                 Err(refused) if refused.code == code::NOT_IMPLEMENTED => {
                     return Err(Fault::connection(refused.code, refused.text).for_method(&m));
                 }
-                Err(refused) => return Err(Fault::channel(ch, refused.code, refused.text, &m)),
+                Err(refused) => return Err(refuse(refused)),
             };
             let existing = self.broker.queue(name);
             let existed = existing.is_some();
-            let refuse =
-                |refused: arguments::Refused| Fault::channel(ch, refused.code, refused.text, &m);
             let args = &declare.arguments;
             let expires = arguments::expires(args).map_err(refuse)?;
             let message_ttl = arguments::message_ttl(args).map_err(refuse)?;
@@ -415,6 +429,7 @@ impl Connection {
                 message_ttl,
                 hints,
                 single_active,
+                max_priority: config.max_priority,
             };
             if existed {
                 self.check_equivalent(ch, name, &declared, &m)?;

@@ -75,6 +75,8 @@ pub(super) struct Content {
     size: u64,
     /// The `message-id` among its properties.
     message_id: Option<String>,
+    /// The `priority` among them.
+    priority: Option<u8>,
     /// The body as the queue will store it (`content::stored_start`): the properties and
     /// route, then the payload appended frame by frame.
     stored: Vec<u8>,
@@ -93,7 +95,12 @@ fn into_message(content: Content) -> Message {
     if stored.capacity() - stored.len() > stored.len() / 8 {
         stored.shrink_to_fit();
     }
-    let message = Message::new(Bytes::from(stored));
+    // A `priority` orders the message in a queue with `x-max-priority`; none counts as 0,
+    // as in RabbitMQ (`content::message` reads it back from a stored body).
+    let mut message = Message::new(Bytes::from(stored));
+    if let Some(priority) = content.priority {
+        message = message.with_priority(priority);
+    }
     // `message-id` is the dedup id (contract §3 Deduplication); one the broker could not
     // take as an id (empty, over 1 024 bytes) is kept in the properties only.
     match content.message_id {
@@ -126,6 +133,7 @@ impl Connection {
         &mut self,
         header: wire::Header<'_>,
         message_id: Option<String>,
+        priority: Option<u8>,
         cc: Vec<String>,
         stamp: Option<bool>,
         refused: Option<String>,
@@ -202,6 +210,7 @@ impl Connection {
         incoming.content = Some(Content {
             size: header.body_size,
             message_id,
+            priority,
             payload_start: stored.len(),
             stored,
             cc,

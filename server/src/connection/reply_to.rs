@@ -70,6 +70,7 @@ impl Connection {
             message_ttl: None,
             hints: Default::default(),
             single_active: None,
+            max_priority: None,
         };
         (self.settings.declared.lock().expect("never poisoned")).insert(name.clone(), declared);
         self.queues.insert(name, queue.clone());

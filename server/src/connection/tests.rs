@@ -257,9 +257,14 @@ fn deliveries(out: &[AMQPFrame]) -> Vec<(u64, bool, Vec<u8>)> {
 }
 
 fn channel_close_code(out: &[AMQPFrame]) -> Option<u16> {
+    channel_close(out).map(|(code, _)| code)
+}
+
+/// The reply code and text of the `channel.close` in `out`.
+fn channel_close(out: &[AMQPFrame]) -> Option<(u16, String)> {
     out.iter().find_map(|f| match f {
         AMQPFrame::Method(_, AMQPClass::Channel(channel::AMQPMethod::Close(c))) => {
-            Some(c.reply_code)
+            Some((c.reply_code, c.reply_text.as_str().to_string()))
         }
         _ => None,
     })
@@ -2995,4 +3000,111 @@ fn commit_ok_waits_for_the_answers_of_the_committed_puts() {
     let commit_ok = tx_method(tx::AMQPMethod::CommitOk(tx::CommitOk {}));
     assert_eq!(decode(&out), [commit_ok]);
     assert_eq!(c.stats("tx.awaited").ready, 1);
+}
+
+/// The bodies of the deliveries and `get-ok`s in `out`, in order, as text.
+fn delivered_texts(out: &[AMQPFrame]) -> Vec<String> {
+    (delivered_bodies(out).into_iter())
+        .map(|body| String::from_utf8(body).expect("text"))
+        .collect()
+}
+
+#[test]
+fn a_priority_queue_delivers_its_highest_level_first_and_in_order_within_a_level() {
+    let mut c = Client::open();
+    let out = c.declare_with("prio", &[("x-max-priority", AMQPValue::ShortShortUInt(5))]);
+    assert_eq!(channel_close(&out), None);
+    // Published with no consumer: every one waits, and each level keeps its order.
+    let publish = |c: &mut Client, body: &str, priority: Option<u8>| {
+        let mut properties = BasicProperties::default();
+        if let Some(p) = priority {
+            properties = properties.with_priority(p);
+        }
+        c.feed(&Client::publish_frames("prio", properties, body.as_bytes()));
+    };
+    for (body, priority) in [
+        ("none 1", None),
+        ("3 a", Some(3)),
+        ("9", Some(9)),
+        ("5", Some(5)),
+        ("3 b", Some(3)),
+        ("0", Some(0)),
+        ("255", Some(255)),
+        ("none 2", None),
+    ] {
+        publish(&mut c, body, priority);
+    }
+    // Above the maximum counts as the maximum; no priority as 0.
+    let out = c.feed(&[get("prio", false)]);
+    assert_eq!(delivered_texts(&out), ["9"]);
+    assert_eq!(
+        *first_properties(&out).priority(),
+        Some(9),
+        "delivered with its priority as published"
+    );
+    // A requeued message goes back to its level, ahead of the lower ones.
+    c.feed(&[nack(1, true)]);
+    let out = c.feed(&[get("prio", true)]);
+    assert_eq!(delivered_texts(&out), ["9"]);
+    assert_eq!(delivered_texts(&c.feed(&[get("prio", true)])), ["5"]);
+    // The rest through a consumer with a prefetch of 2: a message published while it
+    // holds two goes ahead of the lower ones still waiting.
+    c.prefetch(2);
+    let out = c.consume("prio", false);
+    assert_eq!(delivered_texts(&out), ["255", "3 a"]);
+    publish(&mut c, "4", Some(4));
+    let mut got = Vec::new();
+    let mut tags = deliveries(&out);
+    while let Some(&(last, _, _)) = tags.last() {
+        let out = c.feed(&[ack(last, true)]);
+        got.extend(delivered_texts(&out));
+        tags = deliveries(&out);
+    }
+    assert_eq!(got, ["4", "3 b", "none 1", "0", "none 2"]);
+    assert_eq!(c.stats("prio").acked, 9);
+}
+
+#[test]
+fn x_max_priority_is_refused_past_255_and_a_redeclare_must_repeat_it() {
+    let mut c = Client::open();
+    for (value, why) in [
+        (AMQPValue::LongInt(256), "{max_value_exceeded,256}"),
+        (AMQPValue::LongInt(-1), "{value_negative,-1}"),
+        (
+            AMQPValue::LongString("5".into()),
+            "\"expected integer, got longstr\"",
+        ),
+    ] {
+        let out = c.declare_with("prio.bad", &[("x-max-priority", value)]);
+        let expected = format!(
+            "PRECONDITION_FAILED - invalid arg 'x-max-priority' for queue 'prio.bad' in vhost '/': {why}"
+        );
+        assert_eq!(channel_close(&out), Some((406, expected)));
+        c.reopen();
+    }
+    assert!(c.broker.queue("prio.bad").is_none());
+    // 0 is one level; any integer type says the same.
+    let out = c.declare_with(
+        "prio.one",
+        &[("x-max-priority", AMQPValue::ShortShortUInt(0))],
+    );
+    assert_eq!(channel_close(&out), None);
+    let max = |value| [("x-max-priority", value)];
+    c.declare_with("prio.eq", &max(AMQPValue::LongInt(10)));
+    let out = c.declare_with("prio.eq", &max(AMQPValue::ShortShortUInt(10)));
+    assert_eq!(channel_close(&out), None, "the same value, another width");
+    let head =
+        "PRECONDITION_FAILED - inequivalent arg 'x-max-priority' for queue 'prio.eq' in vhost '/'";
+    let out = c.declare_with("prio.eq", &max(AMQPValue::LongInt(4)));
+    let text = format!("{head}: received '4' but current is '10'");
+    assert_eq!(channel_close(&out), Some((406, text)));
+    c.reopen();
+    let out = c.declare_with("prio.eq", &[]);
+    let text = format!("{head}: received none but current is the value '10' of type 'signedint'");
+    assert_eq!(channel_close(&out), Some((406, text)));
+    c.reopen();
+    c.declare_with("prio.plain", &[]);
+    let out = c.declare_with("prio.plain", &max(AMQPValue::LongInt(10)));
+    let code = channel_close_code(&out);
+    assert_eq!(code, Some(406), "a queue without priorities stays so");
 }

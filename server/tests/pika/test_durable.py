@@ -269,6 +269,38 @@ def test_a_durable_delay_queue_sends_on_what_expired_while_the_server_was_down(d
         server.stop()
 
 
+def test_a_durable_priority_queue_comes_back_with_its_levels(data_dir):
+    """A durable queue declared with x-max-priority keeps the argument and each message's
+    priority across a kill: a redeclare without it is refused, and what was published
+    before comes out highest priority first."""
+    server = Server(data_dir)
+    try:
+        ch = server.channel()
+        ch.confirm_delivery()
+        ch.queue_declare(queue="ranked", durable=True, arguments={"x-max-priority": 3})
+        for body, priority in [("low", None), ("high", 3), ("mid", 2), ("over", 200)]:
+            ch.basic_publish(exchange="", routing_key="ranked", body=body.encode(),
+                             properties=pika.BasicProperties(priority=priority))
+    finally:
+        server.kill()
+
+    server = Server(data_dir)
+    try:
+        ch = server.channel()
+        closed = refused(ch.queue_declare, queue="ranked", durable=True)
+        assert closed.reply_code == 406
+        assert "inequivalent arg 'x-max-priority'" in closed.reply_text
+        ch = server.connection.channel()
+        ch.queue_declare(queue="ranked", durable=True, arguments={"x-max-priority": 3})
+        bodies = []
+        for _ in range(4):
+            _, props, body = ch.basic_get(queue="ranked", auto_ack=True)
+            bodies.append((body.decode(), props.priority))
+        assert bodies == [("high", 3), ("over", 200), ("mid", 2), ("low", None)]
+    finally:
+        server.stop()
+
+
 def test_durable_exchanges_and_bindings_of_durable_queues_survive_a_kill(data_dir):
     """As in RabbitMQ: a durable exchange, and its bindings to durable queues, come back."""
     server = Server(data_dir)

@@ -1489,12 +1489,29 @@ def test_queue_mode_and_version_are_taken_and_compared_on_a_redeclare():
     for bad, text in [
         ({"x-queue-mode": "eager"}, "unsupported queue mode 'eager'"),
         ({"x-queue-version": 3}, "unsupported queue version '3'"),
+        ({"x-queue-version": -1}, "': {value_negative,-1}"),
     ]:
         refused = declare_refused(f"bad-{uuid.uuid4().hex[:8]}", bad)
         assert refused.reply_code == 406
         assert text in refused.reply_text
     ch.queue_delete(queue)
     conn.close()
+
+
+def test_a_quorum_queue_refuses_a_classic_queues_priorities_and_storage_hints():
+    """x-max-priority, x-queue-mode and x-queue-version are a classic queue's: a quorum
+    queue refuses each with RabbitMQ's 406."""
+    for key, value in [("x-max-priority", 5), ("x-queue-mode", "lazy"), ("x-queue-version", 2)]:
+        queue = f"quorum-{uuid.uuid4().hex[:8]}"
+        conn = connect()
+        ch = conn.channel()
+        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as err:
+            ch.queue_declare(queue=queue, durable=True,
+                             arguments={"x-queue-type": "quorum", key: value})
+        conn.close()
+        assert (err.value.reply_code, err.value.reply_text) == (
+            406, f"PRECONDITION_FAILED - invalid arg '{key}' for queue '{queue}' "
+                 "in vhost '/' of queue type rabbit_quorum_queue")
 
 
 def pump(conns, until, seconds=5):
@@ -1535,3 +1552,94 @@ def test_a_single_active_consumer_has_the_queue_until_it_goes():
     second.close()
     publisher.channel().queue_delete(queue)
     publisher.close()
+
+
+# Published to a queue declared with x-max-priority 5: (body, priority), and the order a
+# consumer gets them in: highest level first (9 and 255 count as 5, none as 0), in publish
+# order within a level.
+PRIORITIES = [("none 1", None), ("3 a", 3), ("9", 9), ("5", 5), ("3 b", 3), ("0", 0),
+              ("255", 255), ("none 2", None)]
+BY_PRIORITY = ["9", "5", "255", "3 a", "3 b", "none 1", "0", "none 2"]
+
+
+def priority_queue(ch):
+    """A fresh queue with x-max-priority 5, PRIORITIES published to it with confirms."""
+    queue = f"prio-{uuid.uuid4().hex[:8]}"
+    ch.queue_declare(queue=queue, arguments={"x-max-priority": 5})
+    ch.confirm_delivery()
+    for body, priority in PRIORITIES:
+        ch.basic_publish(exchange="", routing_key=queue, body=body.encode(),
+                         properties=pika.BasicProperties(priority=priority))
+    return queue
+
+
+def test_a_priority_queue_gives_basic_get_its_highest_level_first():
+    """x-max-priority: basic_get takes the highest priority first, FIFO within a level; a
+    requeued message goes back to its level; the priority is delivered as published."""
+    conn = connect()
+    ch = conn.channel()
+    queue = priority_queue(ch)
+    method, properties, body = ch.basic_get(queue=queue)
+    assert (body, properties.priority) == (b"9", 9)
+    ch.basic_nack(method.delivery_tag, requeue=True)
+    method, _, body = ch.basic_get(queue=queue, auto_ack=True)
+    assert (body, method.redelivered) == (b"9", True)
+    assert drain(ch, queue) == BY_PRIORITY[1:]
+    ch.queue_delete(queue)
+    conn.close()
+
+
+def test_a_priority_queue_orders_what_waits_behind_a_consumers_prefetch():
+    """x-max-priority with a consumer of prefetch 2: it gets the highest levels first, and
+    a message published while it holds two goes ahead of the lower ones still waiting."""
+    conn = connect()
+    ch = conn.channel()
+    queue = priority_queue(ch)
+    got = []
+    consumer = conn.channel()
+    consumer.basic_qos(prefetch_count=2)
+    consumer.basic_consume(queue, lambda _ch, m, _p, body: got.append((m.delivery_tag, body)))
+    pump([conn], lambda: len(got) == 2)
+    conn.process_data_events(time_limit=0.1)
+    assert [body for _, body in got] == [b"9", b"5"], "no more than the prefetch"
+    ch.basic_publish(exchange="", routing_key=queue, body=b"4",
+                     properties=pika.BasicProperties(priority=4))
+    acked = 0
+    while acked < len(PRIORITIES) + 1:
+        pump([conn], lambda: len(got) > acked)
+        consumer.basic_ack(got[-1][0], multiple=True)
+        acked = len(got)
+    assert [body.decode() for _, body in got] == BY_PRIORITY[:3] + ["4"] + BY_PRIORITY[3:]
+    ch.queue_delete(queue)
+    conn.close()
+
+
+def test_x_max_priority_is_checked_and_a_redeclare_must_repeat_it():
+    """x-max-priority takes 0 to 255, RabbitMQ's 406 otherwise; a redeclare must say the
+    same (any integer type)."""
+    for value, why in [(256, "{max_value_exceeded,256}"), (-1, "{value_negative,-1}"),
+                       ("5", '"expected integer, got longstr"')]:
+        queue = f"prio-bad-{uuid.uuid4().hex[:8]}"
+        refused = declare_refused(queue, {"x-max-priority": value})
+        assert refused.reply_code == 406
+        assert refused.reply_text == (
+            f"PRECONDITION_FAILED - invalid arg 'x-max-priority' for queue '{queue}' "
+            f"in vhost '/': {why}")
+    conn = connect()
+    ch = conn.channel()
+    queue = f"prio-{uuid.uuid4().hex[:8]}"
+    ch.queue_declare(queue=queue, arguments={"x-max-priority": 0})
+    ch.queue_delete(queue)
+    ch.queue_declare(queue=queue, arguments={"x-max-priority": 10})
+    ch.queue_declare(queue=queue, arguments={"x-max-priority": 10})
+    head = f"PRECONDITION_FAILED - inequivalent arg 'x-max-priority' for queue '{queue}' in vhost '/'"
+    for other, text in [
+        ({"x-max-priority": 4}, f"{head}: received '4' but current is '10'"),
+        ({}, f"{head}: received none but current is the value '10' of type 'signedint'"),
+    ]:
+        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as err:
+            ch.queue_declare(queue=queue, arguments=other)
+        assert (err.value.reply_code, err.value.reply_text) == (406, text)
+        ch = conn.channel()
+    ch.queue_delete(queue)
+    conn.close()
