@@ -234,8 +234,9 @@ fn priorities_go_first_and_keep_the_usual_order_within_a_level() {
 }
 
 /// A drop-head queue with priorities drops the message dispatch would hand out next (the
-/// highest priority's first, as RabbitMQ's priority queues drop), and a dead letter keeps
-/// its priority in a dead-letter queue that has priorities.
+/// first of the highest priority waiting) before the new one joins, so a new message of a
+/// priority above every waiting one stays (RabbitMQ drops that one itself); a dead letter
+/// keeps its priority in a dead-letter queue that has priorities.
 #[test]
 fn drop_head_and_dead_letters_follow_priorities() {
     let broker = broker();

@@ -428,6 +428,27 @@ mod tests {
     use super::*;
     use crate::exchange::Kind;
 
+    /// A queue "src" whose dead letters go through its holding queue to the queue
+    /// `target` by the default exchange; returns it and its holding queue.
+    fn source_into(broker: &Broker, settings: &Settings, target: &str) -> (Queue, Queue) {
+        let declare = || {
+            let holding = broker.declare_queue(&holding_name("src"), QueueConfig::default());
+            let config = QueueConfig {
+                dead_letter: Some(holding_name("src")),
+                ..QueueConfig::default()
+            };
+            Ok::<_, leasemq::Error>((broker.declare_queue("src", config)?, holding?))
+        };
+        let route = Route {
+            exchange: String::new(),
+            routing_key: Some(target.into()),
+        };
+        let src = (settings.dead_letters)
+            .declare("src", route, declare)
+            .unwrap();
+        (src, broker.queue(&holding_name("src")).unwrap())
+    }
+
     /// The next delivery of `consumer`, which must come within 10 s.
     async fn next(consumer: &mut Consumer) -> Delivery {
         let next = tokio::time::timeout(Duration::from_secs(10), consumer.next());
@@ -474,23 +495,7 @@ mod tests {
             ..QueueConfig::default()
         };
         let small = broker.declare_queue("small", config).unwrap();
-        let declare = || {
-            let holding = broker.declare_queue(&holding_name("src"), QueueConfig::default());
-            let config = QueueConfig {
-                dead_letter: Some(holding_name("src")),
-                ..QueueConfig::default()
-            };
-            Ok::<_, leasemq::Error>((broker.declare_queue("src", config)?, holding?))
-        };
-        let route = Route {
-            exchange: String::new(),
-            routing_key: Some("small".into()),
-        };
-        let src = settings
-            .dead_letters
-            .declare("src", route, declare)
-            .unwrap();
-        let holding = broker.queue(&holding_name("src")).unwrap();
+        let (src, holding) = source_into(&broker, &settings, "small");
         // All three in the holding queue before its task starts: taken as one batch.
         let payloads: [&[u8]; 3] = [b"a", &[b'x'; 590], b"b"];
         for payload in payloads {
@@ -649,22 +654,7 @@ mod tests {
             ..QueueConfig::default()
         };
         let urgent = broker.declare_queue("urgent", config).unwrap();
-        let declare = || {
-            let holding = broker.declare_queue(&holding_name("src"), QueueConfig::default());
-            let config = QueueConfig {
-                dead_letter: Some(holding_name("src")),
-                ..QueueConfig::default()
-            };
-            Ok::<_, leasemq::Error>((broker.declare_queue("src", config)?, holding?))
-        };
-        let route = Route {
-            exchange: String::new(),
-            routing_key: Some("urgent".into()),
-        };
-        let src = (settings.dead_letters)
-            .declare("src", route, declare)
-            .unwrap();
-        let holding = broker.queue(&holding_name("src")).unwrap();
+        let (src, holding) = source_into(&broker, &settings, "urgent");
         for (payload, priority) in [("none", None), ("7", Some(7)), ("2", Some(2))] {
             let mut properties = BasicProperties::default();
             if let Some(p) = priority {
