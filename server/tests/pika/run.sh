@@ -30,7 +30,9 @@ if [ -n "${AMQP_URL:-}" ]; then
         "$here/test_clients.py" "$@"
 fi
 
-cargo build --locked -p leasemq-server --bin leasemqd
+# The test profile, as `cargo test` builds the workspace: after a test run only the server
+# crate itself is built again, and the server runs optimised.
+cargo build --locked --profile test -p leasemq-server --bin leasemqd
 log="$(mktemp)"
 target/debug/leasemqd --listen 127.0.0.1:0 --shards 2 >"$log" 2>&1 &
 server=$!
