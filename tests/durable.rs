@@ -616,3 +616,36 @@ fn priorities_survive_a_restart() {
     assert_eq!(got, want);
     broker.shutdown();
 }
+
+/// In a priority queue after a restart, a message whose delay ends then joins its own
+/// level, ahead of a message of a lower level that was leased at the shutdown.
+#[test]
+fn a_delayed_message_of_a_priority_queue_comes_back_at_its_level() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = QueueConfig {
+        max_priority: Some(2),
+        ..durable()
+    };
+    {
+        let broker = open(dir.path());
+        let q = broker.declare_queue("ranked", config).unwrap();
+        let later = Message::new("later").with_id("later").with_priority(2);
+        q.put(later.with_delay(secs(30))).unwrap();
+        for (id, priority) in [("low", 0), ("mid", 1)] {
+            q.put(Message::new(id).with_id(id).with_priority(priority))
+                .unwrap();
+        }
+        let c = q.consume("c", ConsumerConfig { prefetch: 1 }).unwrap();
+        assert_eq!(c.try_recv().unwrap().unwrap().envelope().id, "mid");
+        broker.shutdown();
+    }
+    let broker = open(dir.path());
+    broker.advance(secs(30)).unwrap();
+    let got: Vec<(String, u32)> = drain(&broker, "ranked")
+        .into_iter()
+        .map(|(id, _, attempt, _)| (id, attempt))
+        .collect();
+    let want = [("later", 1), ("mid", 2), ("low", 1)];
+    assert_eq!(got, want.map(|(id, attempt)| (id.to_string(), attempt)));
+    broker.shutdown();
+}
