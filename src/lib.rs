@@ -104,6 +104,31 @@
 //! # Ok(()) }
 //! ```
 //!
+//! # Priorities
+//!
+//! A queue declared with [`QueueConfig::max_priority`] hands out its ready messages highest
+//! [`Message::with_priority`] first, in the usual order within a priority (RabbitMQ's
+//! `x-max-priority`); a priority above the maximum counts as the maximum:
+//!
+//! ```
+//! use leasemq::{Broker, ConsumerConfig, Message, QueueConfig};
+//!
+//! # fn main() -> Result<(), leasemq::Error> {
+//! let broker = Broker::builder().shards(1).build()?;
+//! let config = QueueConfig { max_priority: Some(5), ..QueueConfig::default() };
+//! let tickets = broker.declare_queue("tickets", config)?;
+//! tickets.put(Message::new("routine").with_id("t-1"))?;
+//! tickets.put(Message::new("outage").with_id("t-2").with_priority(9))?;
+//! tickets.put(Message::new("bug").with_id("t-3").with_priority(2))?;
+//! let desk = tickets.consume("desk", ConsumerConfig { prefetch: 3 })?;
+//! let mut order = Vec::new();
+//! for _ in 0..3 {
+//!     order.push(desk.recv()?.envelope().id.clone());
+//! }
+//! assert_eq!(order, ["t-2", "t-3", "t-1"]);
+//! # Ok(()) }
+//! ```
+//!
 //! # Throughput: batches
 //!
 //! Every call is one round trip to the queue's shard thread. For throughput, put many

@@ -428,8 +428,9 @@ impl QueueState {
         delay: Tick,
         death: Option<Box<DeathRecord>>,
     ) {
-        // Only a queue with priorities, or a dead letter into one, can tell a priority; a
-        // queue with neither keeps 0, so that its log has no priorities it never uses.
+        // Only a queue with priorities, or one whose dead letters may go into such a queue,
+        // can tell a message's priority; any other keeps 0, so that its log holds no
+        // priorities it never uses.
         let kept = self.config.max_priority.is_some() || self.dead_letter.is_some();
         let priority = if kept { priority } else { 0 };
         if let MsgId::Given(given) = &id {
