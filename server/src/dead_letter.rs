@@ -449,6 +449,17 @@ mod tests {
         (src, broker.queue(&holding_name("src")).unwrap())
     }
 
+    /// Takes the `n` messages waiting in `src` and rejects them in one batch, so that
+    /// they go to its holding queue together.
+    fn reject_all(src: &Queue, n: usize) {
+        let worker = src.consume("worker", ConsumerConfig::default()).unwrap();
+        let mut settles = Vec::new();
+        while let Some(d) = worker.try_recv().unwrap() {
+            settles.push((d.tag(), leasemq::Settle::Reject));
+        }
+        assert_eq!(src.settle_batch(&settles), vec![true; n]);
+    }
+
     /// The next delivery of `consumer`, which must come within 10 s.
     async fn next(consumer: &mut Consumer) -> Delivery {
         let next = tokio::time::timeout(Duration::from_secs(10), consumer.next());
@@ -502,12 +513,7 @@ mod tests {
             let body = content::encode(&BasicProperties::default(), payload).unwrap();
             src.put(Message::new(body)).unwrap();
         }
-        let worker = src.consume("worker", ConsumerConfig::default()).unwrap();
-        let mut settles = Vec::new();
-        while let Some(d) = worker.try_recv().unwrap() {
-            settles.push((d.tag(), leasemq::Settle::Reject));
-        }
-        assert_eq!(src.settle_batch(&settles), [true; 3]);
+        reject_all(&src, 3);
         assert_eq!(holding.stats().ready, 3);
         let task = tokio::spawn(run(settings.clone(), broker.clone()));
         acked(&holding, 3).await;
@@ -663,12 +669,7 @@ mod tests {
             let body = content::encode(&properties, payload.as_bytes()).unwrap();
             src.put(Message::new(body)).unwrap();
         }
-        let worker = src.consume("worker", ConsumerConfig::default()).unwrap();
-        let mut settles = Vec::new();
-        while let Some(d) = worker.try_recv().unwrap() {
-            settles.push((d.tag(), leasemq::Settle::Reject));
-        }
-        assert_eq!(src.settle_batch(&settles), [true; 3]);
+        reject_all(&src, 3);
         let task = tokio::spawn(run(settings.clone(), broker.clone()));
         // All three are in `urgent` before the last is taken from the holding queue.
         acked(&holding, 3).await;
