@@ -129,6 +129,11 @@
 //! # Ok(()) }
 //! ```
 //!
+//! Consumers have priorities too ([`Queue::consume_with_priority`], RabbitMQ's consumer
+//! `x-priority`): a queue's messages go to its consumers of the highest priority that have
+//! credit, and to a lower one only while every higher one is at its prefetch, e.g. a
+//! local worker first and a remote one for the overflow.
+//!
 //! # Throughput: batches
 //!
 //! Every call is one round trip to the queue's shard thread. For throughput, put many

@@ -1,5 +1,5 @@
-//! Contract §3 Dispatch: round robin in registration order, credit, and returned messages
-//! before fresh ones in the order they became ready again.
+//! Contract §3 Dispatch: round robin in registration order, credit, consumer priorities,
+//! and returned messages before fresh ones in the order they became ready again.
 
 use leasemq::{DeliveryTag, QueueConfig, RetryPolicy};
 
@@ -65,6 +65,46 @@ fn round_robin_skips_consumers_without_credit_and_resumes_after_the_last_receive
     assert_eq!(seen(&b), s("m7", 7, 1));
     nothing(&a);
     nothing(&c);
+}
+
+/// Consumer priorities (AMQP's `x-priority`): deliveries go to the consumers with credit of
+/// the highest priority, round robin among them; a lower one gets only what the higher ones
+/// have no credit for, whatever the order they registered in.
+#[test]
+fn consumers_of_the_highest_priority_with_credit_come_first() {
+    let broker = broker();
+    let q = plain(&broker, "dispatch.consumer-priority");
+    let low = q.consume_with_priority("low", prefetch(10), -3).unwrap();
+    let mid = q.consume("mid", prefetch(2)).unwrap();
+    let hi1 = q.consume_with_priority("hi1", prefetch(2), 5).unwrap();
+    let hi2 = q.consume_with_priority("hi2", prefetch(1), 5).unwrap();
+    for i in 1..=7 {
+        put(&q, &format!("m{i}"));
+    }
+    assert_eq!(seen(&hi1), s("m1", 1, 1));
+    assert_eq!(seen(&hi2), s("m2", 2, 1));
+    assert_eq!(seen(&hi1), s("m3", 3, 1));
+    assert_eq!(seen(&mid), s("m4", 4, 1));
+    assert_eq!(seen(&mid), s("m5", 5, 1));
+    assert_eq!(seen(&low), s("m6", 6, 1));
+    assert_eq!(seen(&low), s("m7", 7, 1));
+    // Credit coming back to a higher one takes the next message from the lower ones.
+    assert!(q.ack(DeliveryTag(2)));
+    put(&q, "m8");
+    assert_eq!(seen(&hi2), s("m8", 8, 1));
+    // A consumer of a new highest priority comes first at once.
+    let top = q.consume_with_priority("top", prefetch(1), 9).unwrap();
+    put(&q, "m9");
+    assert_eq!(seen(&top), s("m9", 9, 1));
+    put(&q, "m10");
+    assert_eq!(seen(&low), s("m10", 10, 1));
+    for consumer in [&low, &mid, &hi1, &hi2, &top] {
+        nothing(consumer);
+    }
+    // A cancelled consumer's leases come back, to the highest priority with credit.
+    hi1.cancel();
+    assert_eq!(seen(&low), s("m1", 11, 2));
+    assert_eq!(seen(&low), s("m3", 12, 2));
 }
 
 #[test]

@@ -149,6 +149,7 @@ pub mod engine {
             queue,
             name: name.into(),
             config: ConsumerConfig { prefetch },
+            priority: 0,
         };
         shard.handle(NOW, consume, out);
         let Some(Reply::Consumed(Ok(key))) = out.reply.take() else {

@@ -220,6 +220,9 @@ pub enum Command {
         name: String,
         /// Its prefetch.
         config: ConsumerConfig,
+        /// Its priority (contract §3 Dispatch): a queue's ready messages go to those of its
+        /// consumers with credit that have the highest priority. 0 is the default.
+        priority: i32,
     },
     /// → [`Reply::Count`].
     AckUpTo {

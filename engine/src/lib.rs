@@ -234,7 +234,10 @@ impl Shard {
                 queue,
                 name,
                 config,
-            } => Some(Reply::Consumed(self.consume(queue, name, config, out))),
+                priority,
+            } => Some(Reply::Consumed(
+                self.consume(queue, name, config, priority, out),
+            )),
             Command::AckUpTo { consumer, tag } => {
                 let acked = match self.live_consumer(consumer) {
                     Some(queue) => {
@@ -430,6 +433,7 @@ impl Shard {
         queue: QueueKey,
         name: String,
         config: ConsumerConfig,
+        priority: i32,
         out: &mut Effects,
     ) -> Result<ConsumerKey, Error> {
         let idx = self.live(queue).ok_or(Error::QueueClosed)?;
@@ -439,9 +443,13 @@ impl Shard {
             return Err(Error::DuplicateConsumer);
         }
         let gen = self.bump_gen();
-        let slot = self
-            .consumers
-            .insert(ConsumerState::new(queue.idx, gen, name, config.prefetch));
+        let slot = self.consumers.insert(ConsumerState::new(
+            queue.idx,
+            gen,
+            name,
+            config.prefetch,
+            priority,
+        ));
         let slot = u32::try_from(slot).expect("fewer than 2^32 consumers");
         let (queues, mut ctx) = ctx!(self, out);
         queues[idx].add_consumer(&mut ctx, slot, &config);

@@ -65,6 +65,8 @@ pub(crate) struct ConsumerState {
     pub tags: Tags,
     /// Stopped: gets no more deliveries, keeps its leases until they are settled or it ends.
     pub stopped: bool,
+    /// Dispatch serves the queue's consumers of the highest priority with credit first.
+    pub priority: i32,
 }
 
 impl Ctx<'_> {
@@ -75,7 +77,7 @@ impl Ctx<'_> {
 }
 
 impl ConsumerState {
-    pub fn new(queue: u32, gen: u32, name: String, prefetch: u32) -> ConsumerState {
+    pub fn new(queue: u32, gen: u32, name: String, prefetch: u32, priority: i32) -> ConsumerState {
         ConsumerState {
             queue,
             gen,
@@ -84,6 +86,7 @@ impl ConsumerState {
             held: 0,
             tags: Tags::default(),
             stopped: false,
+            priority,
         }
     }
 
@@ -170,12 +173,17 @@ pub(crate) struct QueueState {
     ready: ReadyLists,
     delayed: usize,
     leases: LeaseTable,
-    /// Consumer slots in registration order.
+    /// Consumer slots, highest priority first, in registration order within a priority.
     consumers: Vec<u32>,
+    /// Whether their priorities differ; while they do not, dispatch is a plain round robin.
+    prioritized: bool,
     /// How many of them are stopped.
     stopped: usize,
     /// Where the round robin looks first: just after the consumer that got the last delivery.
     rr: usize,
+    /// That consumer's priority: the round robin goes on from `rr` only among consumers of
+    /// the same priority, and starts at the first of them otherwise.
+    last_priority: i32,
     with_credit: usize,
     dedup: Map<Arc<str>, DedupEntry>,
     /// The broker ids live in this queue, kept only once a caller has given this queue an
@@ -218,8 +226,10 @@ impl QueueState {
             delayed: 0,
             leases: LeaseTable::new(1),
             consumers: Vec::new(),
+            prioritized: false,
             stopped: 0,
             rr: 0,
+            last_priority: 0,
             with_credit: 0,
             dedup: Map::with_hasher(fixed_state()),
             auto_live: None,
@@ -557,17 +567,48 @@ impl QueueState {
         }
     }
 
+    /// Round robin over the consumers with credit of the highest priority among them, in
+    /// registration order, starting after the consumer served last when it was of that
+    /// priority (even if it has gone since) and at the first of them otherwise.
     fn next_consumer(&mut self, consumers: &Slab<ConsumerState>) -> u32 {
-        let n = self.consumers.len();
-        let start = if self.rr >= n { 0 } else { self.rr };
-        for pos in (start..n).chain(0..start) {
+        let (lo, hi) = if self.prioritized {
+            self.top_with_credit(consumers)
+        } else {
+            (0, self.consumers.len())
+        };
+        let top = consumers[self.consumers[lo] as usize].priority;
+        let start = if (lo..hi).contains(&self.rr) && self.last_priority == top {
+            self.rr
+        } else {
+            lo
+        };
+        for pos in (start..hi).chain(lo..start) {
             let slot = self.consumers[pos];
             if consumers[slot as usize].has_credit() {
                 self.rr = pos + 1;
+                self.last_priority = top;
                 return slot;
             }
         }
         unreachable!("with_credit > 0 but no consumer has credit")
+    }
+
+    /// The positions of the consumers whose priority is the highest of those with credit
+    /// (they are next to each other: the list is sorted by priority).
+    fn top_with_credit(&self, consumers: &Slab<ConsumerState>) -> (usize, usize) {
+        let priority = |pos: usize| consumers[self.consumers[pos] as usize].priority;
+        let first = (0..self.consumers.len())
+            .find(|&pos| consumers[self.consumers[pos] as usize].has_credit())
+            .expect("with_credit > 0 but no consumer has credit");
+        let top = priority(first);
+        let lo = (0..first)
+            .rev()
+            .find(|&pos| priority(pos) != top)
+            .map_or(0, |pos| pos + 1);
+        let hi = (first..self.consumers.len())
+            .find(|&pos| priority(pos) != top)
+            .unwrap_or(self.consumers.len());
+        (lo, hi)
     }
 
     fn deliver(&mut self, ctx: &mut Ctx, msg: u32, slot: u32) {

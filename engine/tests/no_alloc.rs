@@ -67,6 +67,7 @@ fn cycles(settle: Settle, outstanding: u64, cycles: u64) -> u64 {
             queue,
             name: "c".into(),
             config: consumer,
+            priority: 0,
         },
         &mut out,
     );

@@ -33,6 +33,7 @@ fn expiry_tick(shard: Shard) -> u64 {
             queue,
             name: "c".into(),
             config,
+            priority: 0,
         },
         &mut out,
     );

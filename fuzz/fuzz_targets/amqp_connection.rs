@@ -85,7 +85,11 @@ fuzz_target!(|data: &[u8]| {
     };
     let settings = Arc::new(Settings::default());
     let mut conn = Connection::new(broker().clone(), settings, 1, true);
-    let mut input = if mode % 2 == 1 { handshake() } else { Vec::new() };
+    let mut input = if mode % 2 == 1 {
+        handshake()
+    } else {
+        Vec::new()
+    };
     let mut pieces = rest;
     // Pieces: a length byte, then that many bytes (or what is left).
     while let Some((&len, tail)) = pieces.split_first() {

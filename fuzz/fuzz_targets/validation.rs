@@ -1,6 +1,6 @@
 //! The limits of contract §3 through the public API: arbitrary bytes become a sequence of
-//! `declare_queue`, `consume`, `put`, `put_batch`, `close` and `queue` calls on a 2-shard
-//! broker with a manual clock, with names, configs and messages at and past every limit
+//! `declare_queue`, `consume_with_priority`, `put`, `put_batch`, `close` and `queue` calls
+//! on a 2-shard broker with a manual clock, with names, configs and messages at and past every limit
 //! (zero and huge durations, NaN, infinite and negative multipliers and jitter, prefetch 0
 //! and huge, bodies around `max_body_bytes`, ids of 0, 1 024 and 1 025 bytes, dead letters to
 //! queues that do or do not exist). A reference written from the contract (`docs/contract.md`) says what each call
@@ -456,10 +456,13 @@ impl World {
         }
     }
 
-    fn consume(&mut self, handle: usize, name: String, prefetch: u32) {
+    fn consume(&mut self, handle: usize, name: String, prefetch: u32, priority: i32) {
         let (queue, q) = &self.handles[handle];
         let model = &self.queues[*q];
-        let call = format!("{}.consume({name:?}, prefetch {prefetch})", model.name);
+        let call = format!(
+            "{}.consume_with_priority({name:?}, prefetch {prefetch}, {priority})",
+            model.name
+        );
         let mut allowed = Allowed::default();
         if model.closed {
             allowed.add(Error::QueueClosed);
@@ -473,7 +476,7 @@ impl World {
         if model.consumers.contains(&name) {
             allowed.add(Error::DuplicateConsumer);
         }
-        let got = queue.consume(&name, ConsumerConfig { prefetch });
+        let got = queue.consume_with_priority(&name, ConsumerConfig { prefetch }, priority);
         allowed.check(&call, &got);
         if let Ok(consumer) = got {
             self.queues[*q].consumers.insert(name);
@@ -636,7 +639,9 @@ fuzz_target!(|data: &[u8]| {
             1 => {
                 let name = input.consumer_name();
                 let prefetch = input.prefetch();
-                world.consume(handle, name, prefetch);
+                // Any priority is valid; a few values keep the consumers mixed.
+                let priority = input.below(4) as i32 - 1;
+                world.consume(handle, name, prefetch, priority);
             }
             2 => {
                 let (message, facts) = input.message();

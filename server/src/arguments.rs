@@ -245,6 +245,39 @@ pub fn single_active_consumer(arguments: &FieldTable) -> Result<Option<bool>, Re
     value.map(single_active_value).transpose()
 }
 
+/// The consumer priority a `basic.consume`'s arguments ask for, checked as RabbitMQ checks
+/// them (its `check_consume_arguments`): `x-priority`, an integer of any width (0 without
+/// one; one beyond 32 bits counts as the nearest 32-bit value), and
+/// `x-cancel-on-ha-failover`, a boolean that asks to hear of a mirrored queue's failover (a
+/// leasemqd queue has no mirrors, so there is nothing to tell).
+///
+/// # Errors
+///
+/// RabbitMQ's 406 for a value of either that it refuses; 540 for any other argument,
+/// which is refused rather than ignored.
+pub fn consumer_priority(arguments: &FieldTable) -> Result<i32, Refused> {
+    let mut priority = 0;
+    for (key, value) in arguments.inner() {
+        match key.as_str() {
+            "x-priority" => {
+                let n = integer_arg("x-priority", value)?;
+                priority = n.clamp(i32::MIN.into(), i32::MAX.into()) as i32;
+            }
+            "x-cancel-on-ha-failover" => {
+                if !matches!(value, AMQPValue::Boolean(_)) {
+                    let why = format!("{{unacceptable_type,{}}}", type_name(value));
+                    return Err(invalid_arg("x-cancel-on-ha-failover", why));
+                }
+            }
+            other => {
+                let text = format!("consumer argument '{other}' is not supported by leasemqd yet");
+                return Err(refused(540, text));
+            }
+        }
+    }
+    Ok(priority)
+}
+
 fn single_active_value(value: &AMQPValue) -> Result<bool, Refused> {
     match value {
         AMQPValue::Boolean(b) => Ok(*b),

@@ -462,6 +462,7 @@ struct Waiting {
     turn: Arc<consumers::Turn>,
     name: String,
     config: leasemq::ConsumerConfig,
+    priority: i32,
 }
 
 /// Whether this thread is a worker of a multi-threaded tokio runtime, where a broker call
@@ -757,7 +758,10 @@ impl Connection {
                 // deleted queue ends any consumer. On a durable queue the consume waits
                 // for the deliveries it starts to be on disk: off the worker's other tasks
                 // then, as a read with such a call is (`serve.rs`).
-                let consume = || sub.queue.consume(&waiting.name, waiting.config.clone());
+                let consume = || {
+                    let config = waiting.config.clone();
+                    (sub.queue).consume_with_priority(&waiting.name, config, waiting.priority)
+                };
                 let consumed = if sub.queue.is_durable() && may_block_in_place() {
                     tokio::task::block_in_place(consume)
                 } else {

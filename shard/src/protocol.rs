@@ -258,6 +258,7 @@ pub(crate) enum Request {
         queue: QueueKey,
         name: String,
         config: ConsumerConfig,
+        priority: i32,
         sink: Sink,
         reply: ReplyTo,
     },

@@ -464,7 +464,8 @@ impl Queue {
 
     // ----- consumers, stats, close ---------------------------------------------------------
 
-    /// Registers a consumer, last in the queue's round robin (contract §3 `consume`). Deliveries
+    /// Registers a consumer of priority 0, last in the queue's round robin among those of
+    /// its priority (contract §3 `consume`). Deliveries
     /// start at once, up to its prefetch: what is ready is in its channel when this returns.
     ///
     /// # Errors
@@ -493,6 +494,41 @@ impl Queue {
     /// # Ok::<(), leasemq::Error>(())
     /// ```
     pub fn consume(&self, name: &str, config: ConsumerConfig) -> Result<Consumer, Error> {
+        self.consume_with_priority(name, config, 0)
+    }
+
+    /// [`consume`](Queue::consume) with a consumer priority (contract §3 Dispatch, AMQP's
+    /// `x-priority`): the queue hands its ready messages to the consumers of the highest
+    /// priority that have credit, round robin among them, and to a lower one only while
+    /// every higher one is full (its prefetch reached) or stopped. A consumer made with
+    /// [`consume`](Queue::consume) has priority 0; priorities may be negative.
+    ///
+    /// # Errors
+    ///
+    /// As [`consume`](Queue::consume).
+    ///
+    /// ```
+    /// # mod leasemq { pub use leasemq_engine::*; pub use leasemq_shard::*; }
+    /// use leasemq::{Broker, ConsumerConfig, Message, QueueConfig};
+    ///
+    /// let broker = Broker::builder().manual_clock().build()?;
+    /// let jobs = broker.declare_queue("jobs", QueueConfig::default())?;
+    /// let spare = jobs.consume_with_priority("spare", ConsumerConfig::default(), -1)?;
+    /// let main = jobs.consume_with_priority("main", ConsumerConfig { prefetch: 2 }, 5)?;
+    /// jobs.put_batch(vec![Message::new("a"), Message::new("b"), Message::new("c")])?;
+    ///
+    /// // `main` takes what its prefetch allows; only the overflow goes to `spare`.
+    /// assert_eq!(main.try_recv()?.unwrap().envelope().body, "a");
+    /// assert_eq!(main.try_recv()?.unwrap().envelope().body, "b");
+    /// assert_eq!(spare.try_recv()?.unwrap().envelope().body, "c");
+    /// # Ok::<(), leasemq::Error>(())
+    /// ```
+    pub fn consume_with_priority(
+        &self,
+        name: &str,
+        config: ConsumerConfig,
+        priority: i32,
+    ) -> Result<Consumer, Error> {
         if self.inner.broker.is_shut_down() {
             return Err(Error::ShutDown);
         }
@@ -515,6 +551,7 @@ impl Queue {
                 queue,
                 name: name.to_string(),
                 config,
+                priority,
                 sink,
                 reply,
             }

@@ -438,6 +438,7 @@ impl ShardThread {
                 queue,
                 name,
                 config,
+                priority,
                 sink,
                 reply,
             } => {
@@ -447,6 +448,7 @@ impl ShardThread {
                     queue,
                     name,
                     config,
+                    priority,
                 };
                 self.engine.handle(now, cmd, &mut self.out);
                 let reply_value = self.take_reply();

@@ -327,6 +327,7 @@ impl World {
             queue: key,
             name,
             config: ConsumerConfig { prefetch },
+            priority: 0,
         };
         if let Some(Reply::Consumed(Ok(key))) = self.call(shard, Some(cmd))? {
             let c = self

@@ -15,11 +15,31 @@ impl QueueState {
             .any(|&slot| consumers[slot as usize].name == name)
     }
 
+    /// Lists a new consumer after those of its priority and above, and hands it what is
+    /// ready.
     pub fn add_consumer(&mut self, ctx: &mut Ctx, slot: u32, config: &ConsumerConfig) {
         debug_assert!(config.prefetch > 0);
-        self.consumers.push(slot);
+        let priority = ctx.consumers[slot as usize].priority;
+        let pos = self
+            .consumers
+            .partition_point(|&s| ctx.consumers[s as usize].priority >= priority);
+        self.consumers.insert(pos, slot);
+        if pos < self.rr {
+            self.rr += 1;
+        }
+        self.prioritized = self.priorities_differ(ctx.consumers);
         self.with_credit += 1;
         self.dispatch(ctx);
+    }
+
+    /// Whether the first and last consumers (the highest and lowest priority) differ.
+    fn priorities_differ(&self, consumers: &Slab<ConsumerState>) -> bool {
+        match (self.consumers.first(), self.consumers.last()) {
+            (Some(&a), Some(&b)) => {
+                consumers[a as usize].priority != consumers[b as usize].priority
+            }
+            _ => false,
+        }
     }
 
     /// Ends a consumer: its unread deliveries are released (no attempt spent), the ones it
@@ -46,6 +66,7 @@ impl QueueState {
             self.rr -= 1;
         }
         let consumer = ctx.consumers.remove(slot as usize);
+        self.prioritized = self.priorities_differ(ctx.consumers);
         if consumer.has_credit() {
             self.with_credit -= 1;
         }
@@ -200,6 +221,18 @@ impl QueueState {
         assert_eq!(delayed, self.delayed, "delayed count");
         assert_eq!(leased, self.leases.len(), "lease table");
         self.leases.check_invariants();
+        let priorities: Vec<i32> = (self.consumers.iter())
+            .map(|&slot| consumers[slot as usize].priority)
+            .collect();
+        assert!(
+            priorities.is_sorted_by(|a, b| a >= b),
+            "consumers listed by priority, highest first"
+        );
+        assert_eq!(
+            self.prioritized,
+            priorities.first() != priorities.last(),
+            "prioritized when priorities differ"
+        );
         let mut credit = 0;
         let mut held_total = 0;
         for &slot in &self.consumers {

@@ -28,7 +28,8 @@ impl Model {
                 queue,
                 name,
                 prefetch,
-            } => Answer::Consumed(self.consume(*queue, name, *prefetch)),
+                priority,
+            } => Answer::Consumed(self.consume(*queue, name, *prefetch, *priority)),
             Op::Cancel { consumer, unread } => {
                 self.cancel(*consumer, unread);
                 Answer::Silent
@@ -264,7 +265,13 @@ impl Model {
         Ok(outcomes)
     }
 
-    fn consume(&mut self, q: usize, name: &str, prefetch: u32) -> Result<usize, Error> {
+    fn consume(
+        &mut self,
+        q: usize,
+        name: &str,
+        prefetch: u32,
+        priority: i32,
+    ) -> Result<usize, Error> {
         if !self.queues[q].open {
             return Err(Error::QueueClosed);
         }
@@ -282,6 +289,7 @@ impl Model {
             queue: q,
             name: name.to_string(),
             prefetch,
+            priority,
             open: true,
             stopped: false,
             tags: Vec::new(),

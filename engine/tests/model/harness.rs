@@ -150,12 +150,14 @@ impl Harness {
                 queue: q,
                 name,
                 prefetch,
+                priority,
             } => Command::Consume {
                 queue: queue(q),
                 name: name.clone(),
                 config: ConsumerConfig {
                     prefetch: *prefetch,
                 },
+                priority: *priority,
             },
             Op::Cancel {
                 consumer: c,

@@ -107,7 +107,7 @@ impl Coverage {
         add!(runs cut_short steps delivered redelivered expired nacked released rejected
              duplicates stale dead_lettered dropped dead_letters_delivered touch_refused
              queue_full unread_released closes stopped_with_leases purged heads_dropped
-             priority_overtakes);
+             priority_overtakes consumers_passed_over);
     }
 }
 
@@ -188,6 +188,10 @@ fn shard_agrees_with_the_model_on_random_runs() {
             (
                 "messages taken ahead for their priority",
                 c.priority_overtakes,
+            ),
+            (
+                "consumers passed over for a higher priority",
+                c.consumers_passed_over,
             ),
         ] {
             assert!(n > 0, "no run reached {what}: {c:?}");

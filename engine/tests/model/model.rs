@@ -80,6 +80,8 @@ pub(crate) struct ModelConsumer {
     pub(crate) queue: usize,
     pub(crate) name: String,
     pub(crate) prefetch: u32,
+    /// Dispatch serves the highest priority among the consumers with credit.
+    pub(crate) priority: i32,
     pub(crate) open: bool,
     /// Stopped: no more deliveries; its leases stay until settled, expired or cancelled.
     pub(crate) stopped: bool,
@@ -177,6 +179,8 @@ pub(crate) struct Coverage {
     pub(crate) heads_dropped: u64,
     /// Ready messages taken ahead of the first in line for their higher priority.
     pub(crate) priority_overtakes: u64,
+    /// Deliveries that passed over a consumer with credit of a lower priority.
+    pub(crate) consumers_passed_over: u64,
 }
 
 #[derive(Clone)]
@@ -448,15 +452,30 @@ impl Model {
         leases.filter(|l| l.consumer == consumer).count()
     }
 
-    /// Round robin in registration order, starting after the consumer served last.
-    fn next_consumer(&self, q: usize) -> Option<usize> {
+    /// Of the consumers with credit, those of the highest priority among them; round robin
+    /// over those in registration order, starting after the consumer served last when it
+    /// was of that priority, else at the first.
+    fn next_consumer(&mut self, q: usize) -> Option<usize> {
         let queue = &self.queues[q];
         let with_credit: Vec<usize> = (queue.consumers.iter().copied())
             .filter(|&c| !self.consumers[c].stopped)
             .filter(|&c| self.held(q, c) < self.consumers[c].prefetch as usize)
             .collect();
-        let after = |c: usize| queue.last_served.is_none_or(|last| c > last);
-        (with_credit.iter().copied().find(|&c| after(c))).or(with_credit.first().copied())
+        let top = with_credit
+            .iter()
+            .map(|&c| self.consumers[c].priority)
+            .max()?;
+        let priority = |c: usize| self.consumers[c].priority;
+        let (tops, lower): (Vec<usize>, Vec<usize>) =
+            with_credit.iter().partition(|&&c| priority(c) == top);
+        let after = |c: usize| {
+            queue
+                .last_served
+                .is_none_or(|last| priority(last) != top || c > last)
+        };
+        let next = (tops.iter().copied().find(|&c| after(c))).or(tops.first().copied());
+        self.coverage.consumers_passed_over += u64::from(!lower.is_empty());
+        next
     }
 
     pub(crate) fn dispatch(&mut self, q: usize) {

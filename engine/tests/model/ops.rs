@@ -72,6 +72,7 @@ pub(crate) enum Op {
         queue: usize,
         name: String,
         prefetch: u32,
+        priority: i32,
     },
     /// `unread`: the consumer's latest deliveries, still in its channel.
     Cancel {
@@ -425,10 +426,17 @@ impl Harness {
                 rng.range(1, 4) as u32,
             ),
         };
+        // A third of the consumers get a priority, so that queues mix them.
+        let priority = if rng.one_in(3) {
+            rng.below(3) as i32 - 1
+        } else {
+            0
+        };
         Op::Consume {
             queue,
             name,
             prefetch,
+            priority,
         }
     }
 

@@ -666,18 +666,25 @@ impl Connection {
 
     fn consume(&mut self, ch: u16, consume: basic::Consume) -> Result<(), Fault> {
         let m = AMQPClass::Basic(basic::AMQPMethod::Consume(consume.clone()));
-        // `x-cancel-on-ha-failover` asks to be told when a mirrored queue fails over; a
-        // leasemqd queue has no mirrors, so there is nothing to tell, and the argument
-        // is served as it stands. Any other is refused, never ignored.
-        let unserved = (consume.arguments.inner().keys())
-            .find(|arg| arg.as_str() != "x-cancel-on-ha-failover");
-        if let Some(arg) = unserved {
-            let text = format!("consumer argument '{arg}' is not supported by leasemqd yet");
-            return Err(Fault::connection(code::NOT_IMPLEMENTED, text).for_method(&m));
-        }
         let queue = match consume.queue.as_str() {
             reply_to::REPLY_TO => self.reply_queue(ch, &consume, &m)?,
             name => self.named_queue(ch, name, &m)?,
+        };
+        // As in RabbitMQ, the arguments are checked once the queue is found, and a 406
+        // names it.
+        let priority = match arguments::consumer_priority(&consume.arguments) {
+            Ok(priority) => priority,
+            Err(refused) if refused.code == code::NOT_IMPLEMENTED => {
+                return Err(Fault::connection(refused.code, refused.text).for_method(&m));
+            }
+            Err(refused) => {
+                let shown = match consume.queue.as_str() {
+                    reply_to::REPLY_TO => reply_to::REPLY_TO.to_string(),
+                    _ => names::amqp(queue.name()).to_string(),
+                };
+                let refused = refused.for_queue(&shown);
+                return Err(Fault::channel(ch, refused.code, refused.text, &m));
+            }
         };
         self.settings.expiring.touch(queue.name());
         self.next_consumer += 1;
@@ -732,10 +739,18 @@ impl Connection {
         // One that waits its turn makes its broker consumer when the turn comes.
         let (consumer, waiting) = match turn {
             None => {
-                let consumer = queue.consume(&name, config);
+                let consumer = queue.consume_with_priority(&name, config, priority);
                 (Some(consumer.map_err(|e| broker_fault(ch, &e, &m))?), None)
             }
-            Some(turn) => (None, Some(Waiting { turn, name, config })),
+            Some(turn) => (
+                None,
+                Some(Waiting {
+                    turn,
+                    name,
+                    config,
+                    priority,
+                }),
+            ),
         };
         state.consumer_tags.push(tag.clone());
         if !consume.nowait {

@@ -3108,3 +3108,115 @@ fn x_max_priority_is_refused_past_255_and_a_redeclare_must_repeat_it() {
     let code = channel_close_code(&out);
     assert_eq!(code, Some(406), "a queue without priorities stays so");
 }
+
+impl Client {
+    /// `basic.consume` on channel 1 with `arguments`; the frames it answered.
+    fn consume_with(&mut self, queue: &str, arguments: &[(&str, AMQPValue)]) -> Vec<AMQPFrame> {
+        let mut table = FieldTable::default();
+        for (key, value) in arguments {
+            table.insert((*key).into(), value.clone());
+        }
+        let consume = basic::Consume {
+            queue: queue.into(),
+            arguments: table,
+            ..basic::Consume::default()
+        };
+        self.feed(&[basic_method(1, basic::AMQPMethod::Consume(consume))])
+    }
+}
+
+/// The consumer tag and body of each `basic.deliver` in `out`.
+fn deliveries_by_consumer(out: &[AMQPFrame]) -> Vec<(String, String)> {
+    let mut found: Vec<(String, String)> = Vec::new();
+    for frame in out {
+        match frame {
+            AMQPFrame::Method(1, AMQPClass::Basic(basic::AMQPMethod::Deliver(d))) => {
+                found.push((d.consumer_tag.to_string(), String::new()));
+            }
+            AMQPFrame::Body(1, body) => {
+                let text = std::str::from_utf8(body).expect("a text body");
+                found.last_mut().expect("a deliver first").1.push_str(text);
+            }
+            _ => {}
+        }
+    }
+    found
+}
+
+#[test]
+fn x_priority_serves_the_highest_consumer_with_room_first() {
+    let mut c = Client::open();
+    c.declare("cprio");
+    c.prefetch(1);
+    let low =
+        consumer_tag(&c.consume_with("cprio", &[("x-priority", AMQPValue::ShortShortInt(-2))]));
+    let plain = consumer_tag(&c.consume_with("cprio", &[]));
+    let high =
+        consumer_tag(&c.consume_with("cprio", &[("x-priority", AMQPValue::LongLongInt(10))]));
+    let mut out = Vec::new();
+    for body in ["a", "b", "c", "d"] {
+        out.extend(c.feed(&Client::publish_frames(
+            "cprio",
+            BasicProperties::default(),
+            body.as_bytes(),
+        )));
+    }
+    let expected = [(&high, "a"), (&plain, "b"), (&low, "c")];
+    let expected: Vec<(String, String)> = expected
+        .iter()
+        .map(|(t, b)| ((*t).clone(), b.to_string()))
+        .collect();
+    assert_eq!(deliveries_by_consumer(&out), expected, "d waits for room");
+    // The high one's ack makes room there first.
+    let out = c.feed(&[ack(1, false)]);
+    assert_eq!(deliveries_by_consumer(&out), [(high, "d".to_string())]);
+}
+
+#[test]
+fn consumer_arguments_are_checked_as_rabbitmq_checks_them() {
+    let mut c = Client::open();
+    c.declare("cargs");
+    for (key, value, why) in [
+        (
+            "x-priority",
+            AMQPValue::LongString("5".into()),
+            "\"expected integer, got longstr\"",
+        ),
+        (
+            "x-priority",
+            AMQPValue::Boolean(true),
+            "\"expected integer, got bool\"",
+        ),
+        (
+            "x-cancel-on-ha-failover",
+            AMQPValue::LongInt(1),
+            "{unacceptable_type,signedint}",
+        ),
+    ] {
+        let out = c.consume_with("cargs", &[(key, value)]);
+        let text = format!(
+            "PRECONDITION_FAILED - invalid arg '{key}' for queue 'cargs' in vhost '/': {why}"
+        );
+        assert_eq!(channel_close(&out), Some((406, text)));
+        c.reopen();
+    }
+    assert_eq!(
+        c.stats("cargs").consumers,
+        0,
+        "a refused consume registers nothing"
+    );
+    let served = [
+        ("x-cancel-on-ha-failover", AMQPValue::Boolean(true)),
+        ("x-priority", AMQPValue::LongLongInt(1 << 40)),
+    ];
+    let out = c.consume_with("cargs", &served);
+    assert_eq!(channel_close(&out), None);
+    consumer_tag(&out);
+    // A missing queue is a 404 before its arguments are looked at.
+    let out = c.consume_with("nowhere", &[("x-priority", AMQPValue::Boolean(true))]);
+    assert_eq!(channel_close_code(&out), Some(404));
+    c.reopen();
+    // Any other argument is refused, not ignored.
+    let out = c.consume_with("cargs", &[("x-stream-offset", AMQPValue::LongInt(0))]);
+    assert_eq!(connection_close_code(&out), Some(540));
+}

@@ -1643,3 +1643,54 @@ def test_x_max_priority_is_checked_and_a_redeclare_must_repeat_it():
         ch = conn.channel()
     ch.queue_delete(queue)
     conn.close()
+
+
+def test_x_priority_consumers_come_first_while_they_have_room():
+    """Consumer priorities (x-priority): a message goes to the consumer of the highest
+    priority whose prefetch has room, to a lower one only past that; an ack makes room."""
+    conn = connect()
+    ch = conn.channel()
+    queue = f"cprio-{uuid.uuid4().hex[:8]}"
+    ch.queue_declare(queue=queue)
+    consumer = conn.channel()
+    consumer.basic_qos(prefetch_count=1)
+    got = []
+
+    def on(name):
+        return lambda _ch, m, _p, body: got.append((name, m.delivery_tag, body.decode()))
+
+    consumer.basic_consume(queue, on("low"), arguments={"x-priority": -1})
+    consumer.basic_consume(queue, on("plain"))
+    consumer.basic_consume(queue, on("high"), arguments={"x-priority": 10})
+    for body in "abcd":
+        ch.basic_publish(exchange="", routing_key=queue, body=body.encode())
+    pump([conn], lambda: len(got) == 3)
+    conn.process_data_events(time_limit=0.1)
+    # Who got what; the order the deliveries of several consumers arrive in is not fixed.
+    assert {name: body for name, _, body in got} == {"high": "a", "plain": "b", "low": "c"}
+    consumer.basic_ack(next(tag for name, tag, _ in got if name == "high"))
+    pump([conn], lambda: len(got) == 4)
+    assert (got[3][0], got[3][2]) == ("high", "d")
+    ch.queue_delete(queue)
+    conn.close()
+
+
+def test_consumer_arguments_are_checked_as_rabbitmq_checks_them():
+    """x-priority takes an integer, x-cancel-on-ha-failover a boolean: RabbitMQ's 406
+    otherwise, naming the queue."""
+    conn = connect()
+    ch = conn.channel()
+    queue = f"cargs-{uuid.uuid4().hex[:8]}"
+    ch.queue_declare(queue=queue)
+    for key, value, why in [("x-priority", "5", '"expected integer, got longstr"'),
+                            ("x-priority", True, '"expected integer, got bool"'),
+                            ("x-cancel-on-ha-failover", 1, "{unacceptable_type,signedint}")]:
+        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as err:
+            ch.basic_consume(queue, lambda *_: None, arguments={key: value})
+        assert (err.value.reply_code, err.value.reply_text) == (
+            406, f"PRECONDITION_FAILED - invalid arg '{key}' for queue '{queue}' in vhost '/': {why}")
+        ch = conn.channel()
+    ch.basic_consume(queue, lambda *_: None,
+                     arguments={"x-priority": 2**40, "x-cancel-on-ha-failover": True})
+    ch.queue_delete(queue)
+    conn.close()

@@ -62,6 +62,7 @@ impl Ledger {
                 queue,
                 name,
                 config,
+                ..
             } => Reply::Consumed(self.consume(obs, now, *queue, name, config)?),
             Command::AckUpTo { consumer, tag } => {
                 Reply::Count(self.ack_up_to(obs, now, *consumer, *tag)?)
