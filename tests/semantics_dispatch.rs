@@ -107,6 +107,41 @@ fn consumers_of_the_highest_priority_with_credit_come_first() {
     assert_eq!(seen(&low), s("m3", 12, 2));
 }
 
+/// Each priority keeps its own round robin: deliveries to a higher consumer in between do
+/// not send the lower ones' turn back to their first.
+#[test]
+fn each_consumer_priority_keeps_its_own_round_robin() {
+    let broker = broker();
+    let q = plain(&broker, "dispatch.priority-turns");
+    let hi = q.consume_with_priority("hi", prefetch(1), 5).unwrap();
+    let a = q.consume("a", prefetch(10)).unwrap();
+    let b = q.consume("b", prefetch(10)).unwrap();
+    put(&q, "m1");
+    put(&q, "m2");
+    assert_eq!(seen(&hi), s("m1", 1, 1));
+    assert_eq!(seen(&a), s("m2", 2, 1));
+    assert!(q.ack(DeliveryTag(1)));
+    put(&q, "m3");
+    put(&q, "m4");
+    assert_eq!(seen(&hi), s("m3", 3, 1));
+    assert_eq!(seen(&b), s("m4", 4, 1));
+    assert!(q.ack(DeliveryTag(3)));
+    put(&q, "m5");
+    put(&q, "m6");
+    assert_eq!(seen(&hi), s("m5", 5, 1));
+    assert_eq!(seen(&a), s("m6", 6, 1));
+    // A higher consumer that comes and goes without a delivery leaves the turn as it was.
+    assert!(q.ack(DeliveryTag(5)));
+    hi.cancel();
+    let h2 = q.consume_with_priority("h2", prefetch(1), 9).unwrap();
+    h2.cancel();
+    put(&q, "m7");
+    assert_eq!(seen(&b), s("m7", 7, 1));
+    for consumer in [&a, &b] {
+        nothing(consumer);
+    }
+}
+
 #[test]
 fn consume_delivers_the_waiting_messages_before_it_returns() {
     let broker = broker();

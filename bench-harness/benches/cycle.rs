@@ -7,7 +7,9 @@
 //! and acks the oldest outstanding tag, so the lease table stays at 100 000. The batched
 //! variant does the same 64 messages at a time: one `put_batch`, then the 64 oldest
 //! tags settled with one `AckUpTo` per consumer (or one `SettleBatch`). Time stands still
-//! (leases last 30 s), so no lease expires and the wheel only inserts and cancels.
+//! (leases last 30 s), so no lease expires and the wheel only inserts and cancels. The
+//! single cycle runs once more with the two consumers at different priorities, so that
+//! each delivery first finds the highest priority with credit.
 
 use std::collections::VecDeque;
 use std::hint::black_box;
@@ -39,15 +41,21 @@ struct EngineCycle {
 }
 
 impl EngineCycle {
-    /// Holding [`OUTSTANDING`] leases.
+    /// Holding [`OUTSTANDING`] leases, with consumers of priority 0.
     fn new() -> EngineCycle {
+        EngineCycle::with_priorities([0; CONSUMERS])
+    }
+
+    /// Holding [`OUTSTANDING`] leases, with consumers of these priorities.
+    fn with_priorities(priorities: [i32; CONSUMERS]) -> EngineCycle {
         let mut shard = Shard::new(0, Duration::from_millis(1));
         let mut out = Effects::new();
         let queue = engine::declare(&mut shard, &mut out, "cycle");
-        let consumers = (0..CONSUMERS)
-            .map(|i| {
+        let consumers = (priorities.iter().enumerate())
+            .map(|(i, &priority)| {
                 let name = format!("consumer-{i}");
-                engine::consume(&mut shard, &mut out, queue, &name, MAX_PREFETCH)
+                let (shard, out) = (&mut shard, &mut out);
+                engine::consume_with_priority(shard, out, queue, &name, MAX_PREFETCH, priority)
             })
             .collect();
         let mut cycle = EngineCycle {
@@ -240,6 +248,11 @@ fn single(c: &mut Criterion) {
     configure(&mut group, 1);
     let mut engine = EngineCycle::new();
     group.bench_function("leasemq_engine", |b| b.iter(|| engine.cycle()));
+    drop(engine);
+    let mut engine = EngineCycle::with_priorities([1, 0]);
+    group.bench_function("leasemq_engine_consumer_priorities", |b| {
+        b.iter(|| engine.cycle())
+    });
     drop(engine);
     let mut baseline = BaselineCycle::new();
     group.bench_function("mutex_baseline", |b| b.iter(|| baseline.cycle()));

@@ -145,11 +145,23 @@ pub mod engine {
         name: &str,
         prefetch: u32,
     ) -> ConsumerKey {
+        consume_with_priority(shard, out, queue, name, prefetch, 0)
+    }
+
+    /// [`consume`] with a consumer priority.
+    pub fn consume_with_priority(
+        shard: &mut Shard,
+        out: &mut Effects,
+        queue: QueueKey,
+        name: &str,
+        prefetch: u32,
+        priority: i32,
+    ) -> ConsumerKey {
         let consume = Command::Consume {
             queue,
             name: name.into(),
             config: ConsumerConfig { prefetch },
-            priority: 0,
+            priority,
         };
         shard.handle(NOW, consume, out);
         let Some(Reply::Consumed(Ok(key))) = out.reply.take() else {

@@ -67,6 +67,8 @@ pub(crate) struct ConsumerState {
     pub stopped: bool,
     /// Dispatch serves the queue's consumers of the highest priority with credit first.
     pub priority: i32,
+    /// Its place in its queue's registration order (set when the queue lists it).
+    pub order: u64,
 }
 
 impl Ctx<'_> {
@@ -87,6 +89,7 @@ impl ConsumerState {
             tags: Tags::default(),
             stopped: false,
             priority,
+            order: 0,
         }
     }
 
@@ -179,11 +182,12 @@ pub(crate) struct QueueState {
     prioritized: bool,
     /// How many of them are stopped.
     stopped: usize,
-    /// Where the round robin looks first: just after the consumer that got the last delivery.
-    rr: usize,
-    /// That consumer's priority: the round robin goes on from `rr` only among consumers of
-    /// the same priority, and starts at the first of them otherwise.
-    last_priority: i32,
+    /// The `order` the next consumer listed gets.
+    next_order: u64,
+    /// For each priority some listed consumer has: the `order` of the consumer of that
+    /// priority that got its latest delivery (it may have gone since), where the round
+    /// robin among them goes on. One entry in a queue without consumer priorities.
+    last_served: Vec<(i32, u64)>,
     with_credit: usize,
     dedup: Map<Arc<str>, DedupEntry>,
     /// The broker ids live in this queue, kept only once a caller has given this queue an
@@ -228,8 +232,8 @@ impl QueueState {
             consumers: Vec::new(),
             prioritized: false,
             stopped: 0,
-            rr: 0,
-            last_priority: 0,
+            next_order: 0,
+            last_served: Vec::new(),
             with_credit: 0,
             dedup: Map::with_hasher(fixed_state()),
             auto_live: None,
@@ -556,7 +560,8 @@ impl QueueState {
 
     // ----- dispatch ------------------------------------------------------------------------
 
-    /// Hands ready messages to consumers with credit, round robin in registration order.
+    /// Hands ready messages to consumers with credit: the highest priority first, round robin
+    /// in registration order within a priority (`next_consumer`).
     pub fn dispatch(&mut self, ctx: &mut Ctx) {
         while self.with_credit > 0 {
             let Some(msg) = self.ready.pop_front() else {
@@ -568,8 +573,8 @@ impl QueueState {
     }
 
     /// Round robin over the consumers with credit of the highest priority among them, in
-    /// registration order, starting after the consumer served last when it was of that
-    /// priority (even if it has gone since) and at the first of them otherwise.
+    /// registration order, starting after the consumer of that priority that got the
+    /// latest delivery among them (even if it has gone since).
     fn next_consumer(&mut self, consumers: &Slab<ConsumerState>) -> u32 {
         let (lo, hi) = if self.prioritized {
             self.top_with_credit(consumers)
@@ -577,16 +582,20 @@ impl QueueState {
             (0, self.consumers.len())
         };
         let top = consumers[self.consumers[lo] as usize].priority;
-        let start = if (lo..hi).contains(&self.rr) && self.last_priority == top {
-            self.rr
-        } else {
-            lo
-        };
+        let last = self.last_served.iter_mut().find(|(p, _)| *p == top);
+        // Within a priority the list is in registration order.
+        let start = last.as_ref().map_or(lo, |(_, served)| {
+            let group = &self.consumers[lo..hi];
+            lo + group.partition_point(|&s| consumers[s as usize].order <= *served)
+        });
         for pos in (start..hi).chain(lo..start) {
             let slot = self.consumers[pos];
-            if consumers[slot as usize].has_credit() {
-                self.rr = pos + 1;
-                self.last_priority = top;
+            let consumer = &consumers[slot as usize];
+            if consumer.has_credit() {
+                match last {
+                    Some((_, served)) => *served = consumer.order,
+                    None => self.last_served.push((top, consumer.order)),
+                }
                 return slot;
             }
         }

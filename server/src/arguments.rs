@@ -1,4 +1,5 @@
-//! `queue.declare` arguments (RabbitMQ's `x-` arguments) read into a [`QueueConfig`].
+//! `queue.declare` arguments (RabbitMQ's `x-` arguments) read into a [`QueueConfig`], and
+//! `basic.consume`'s (`x-priority`, [`consumer_priority`]).
 //!
 //! Served: `x-dead-letter-exchange` with `x-dead-letter-routing-key` or without (then a
 //! dead letter keeps its own keys), read by [`dead_letter_route`]: the declare makes the
@@ -256,24 +257,26 @@ pub fn single_active_consumer(arguments: &FieldTable) -> Result<Option<bool>, Re
 /// RabbitMQ's 406 for a value of either that it refuses; 540 for any other argument,
 /// which is refused rather than ignored.
 pub fn consumer_priority(arguments: &FieldTable) -> Result<i32, Refused> {
-    let mut priority = 0;
-    for (key, value) in arguments.inner() {
-        match key.as_str() {
-            "x-priority" => {
-                let n = integer_arg("x-priority", value)?;
-                priority = n.clamp(i32::MIN.into(), i32::MAX.into()) as i32;
-            }
-            "x-cancel-on-ha-failover" => {
-                if !matches!(value, AMQPValue::Boolean(_)) {
-                    let why = format!("{{unacceptable_type,{}}}", type_name(value));
-                    return Err(invalid_arg("x-cancel-on-ha-failover", why));
-                }
-            }
-            other => {
-                let text = format!("consumer argument '{other}' is not supported by leasemqd yet");
-                return Err(refused(540, text));
-            }
+    // RabbitMQ's order: `x-priority`, then `x-cancel-on-ha-failover`; then what is not
+    // served, whatever the keys' order.
+    let table = arguments.inner();
+    let priority = match table.get("x-priority") {
+        Some(value) => {
+            let n = integer_arg("x-priority", value)?;
+            n.clamp(i32::MIN.into(), i32::MAX.into()) as i32
         }
+        None => 0,
+    };
+    if let Some(value) = table.get("x-cancel-on-ha-failover") {
+        if !matches!(value, AMQPValue::Boolean(_)) {
+            let why = format!("{{unacceptable_type,{}}}", type_name(value));
+            return Err(invalid_arg("x-cancel-on-ha-failover", why));
+        }
+    }
+    let served = ["x-priority", "x-cancel-on-ha-failover"];
+    if let Some(other) = table.keys().find(|k| !served.contains(&k.as_str())) {
+        let text = format!("consumer argument '{other}' is not supported by leasemqd yet");
+        return Err(refused(540, text));
     }
     Ok(priority)
 }

@@ -19,14 +19,14 @@ impl QueueState {
     /// ready.
     pub fn add_consumer(&mut self, ctx: &mut Ctx, slot: u32, config: &ConsumerConfig) {
         debug_assert!(config.prefetch > 0);
-        let priority = ctx.consumers[slot as usize].priority;
+        let consumer = &mut ctx.consumers[slot as usize];
+        consumer.order = self.next_order;
+        self.next_order += 1;
+        let priority = consumer.priority;
         let pos = self
             .consumers
             .partition_point(|&s| ctx.consumers[s as usize].priority >= priority);
         self.consumers.insert(pos, slot);
-        if pos < self.rr {
-            self.rr += 1;
-        }
         self.prioritized = self.priorities_differ(ctx.consumers);
         self.with_credit += 1;
         self.dispatch(ctx);
@@ -62,11 +62,17 @@ impl QueueState {
             self.stopped -= 1;
         }
         self.consumers.remove(pos);
-        if pos < self.rr {
-            self.rr -= 1;
-        }
         let consumer = ctx.consumers.remove(slot as usize);
         self.prioritized = self.priorities_differ(ctx.consumers);
+        // The round robin of a priority no consumer has any more is forgotten: one
+        // registered later starts it afresh, after every consumer gone.
+        let listed = |p: usize| {
+            (self.consumers.get(p))
+                .is_some_and(|&s| ctx.consumers[s as usize].priority == consumer.priority)
+        };
+        if !listed(pos) && (pos == 0 || !listed(pos - 1)) {
+            self.last_served.retain(|&(p, _)| p != consumer.priority);
+        }
         if consumer.has_credit() {
             self.with_credit -= 1;
         }
@@ -232,6 +238,21 @@ impl QueueState {
             self.prioritized,
             priorities.first() != priorities.last(),
             "prioritized when priorities differ"
+        );
+        for &(priority, served) in &self.last_served {
+            assert!(
+                priorities.contains(&priority),
+                "a round robin kept only for a priority listed"
+            );
+            assert!(served < self.next_order, "served one that was listed");
+        }
+        let orders = (self.consumers.iter()).map(|&slot| {
+            let c = &consumers[slot as usize];
+            (c.priority, std::cmp::Reverse(c.order))
+        });
+        assert!(
+            orders.collect::<Vec<_>>().is_sorted_by(|a, b| a > b),
+            "registration order within a priority"
         );
         let mut credit = 0;
         let mut held_total = 0;

@@ -80,7 +80,7 @@ impl Model {
             leases: BTreeMap::new(),
             next_tag: 1,
             consumers: Vec::new(),
-            last_served: None,
+            last_served: BTreeMap::new(),
             windows: BTreeMap::new(),
             counters: QueueStats::default(),
         });

@@ -67,8 +67,9 @@ pub(crate) struct ModelQueue {
     pub(crate) next_tag: u64,
     /// In registration order (consumer numbers grow with registration).
     pub(crate) consumers: Vec<usize>,
-    /// The consumer that got the previous delivery.
-    pub(crate) last_served: Option<usize>,
+    /// For each consumer priority, the consumer of that priority that got the latest
+    /// delivery among them.
+    pub(crate) last_served: BTreeMap<i32, usize>,
     /// Given id → end of its dedup window.
     pub(crate) windows: BTreeMap<String, Tick>,
     /// Counters; the gauges are computed.
@@ -453,8 +454,8 @@ impl Model {
     }
 
     /// Of the consumers with credit, those of the highest priority among them; round robin
-    /// over those in registration order, starting after the consumer served last when it
-    /// was of that priority, else at the first.
+    /// over those in registration order, starting after the consumer of that priority
+    /// served last (gone or not).
     fn next_consumer(&mut self, q: usize) -> Option<usize> {
         let queue = &self.queues[q];
         let with_credit: Vec<usize> = (queue.consumers.iter().copied())
@@ -468,11 +469,7 @@ impl Model {
         let priority = |c: usize| self.consumers[c].priority;
         let (tops, lower): (Vec<usize>, Vec<usize>) =
             with_credit.iter().partition(|&&c| priority(c) == top);
-        let after = |c: usize| {
-            queue
-                .last_served
-                .is_none_or(|last| priority(last) != top || c > last)
-        };
+        let after = |c: usize| queue.last_served.get(&top).is_none_or(|&last| c > last);
         let next = (tops.iter().copied().find(|&c| after(c))).or(tops.first().copied());
         self.coverage.consumers_passed_over += u64::from(!lower.is_empty());
         next
@@ -542,7 +539,8 @@ impl Model {
             prev_deadline: None,
         };
         queue.leases.insert(tag, lease);
-        queue.last_served = Some(consumer);
+        let priority = self.consumers[consumer].priority;
+        queue.last_served.insert(priority, consumer);
         queue.counters.delivered += 1;
         self.consumers[consumer].tags.push(tag);
         self.coverage.delivered += 1;

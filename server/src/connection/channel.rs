@@ -666,24 +666,34 @@ impl Connection {
 
     fn consume(&mut self, ch: u16, consume: basic::Consume) -> Result<(), Fault> {
         let m = AMQPClass::Basic(basic::AMQPMethod::Consume(consume.clone()));
-        let queue = match consume.queue.as_str() {
-            reply_to::REPLY_TO => self.reply_queue(ch, &consume, &m)?,
-            name => self.named_queue(ch, name, &m)?,
-        };
-        // As in RabbitMQ, the arguments are checked once the queue is found, and a 406
-        // names it.
-        let priority = match arguments::consumer_priority(&consume.arguments) {
-            Ok(priority) => priority,
-            Err(refused) if refused.code == code::NOT_IMPLEMENTED => {
-                return Err(Fault::connection(refused.code, refused.text).for_method(&m));
+        // As in RabbitMQ, a tag in use on the channel is refused before anything else.
+        let channel = self.channels.get(&ch).expect("checked by the caller");
+        if channel.consumer_tags.contains(&consume.consumer_tag) {
+            let tag = &consume.consumer_tag;
+            let text = format!("NOT_ALLOWED - attempt to reuse consumer tag '{tag}'");
+            return Err(Fault::connection(code::NOT_ALLOWED, text).for_method(&m));
+        }
+        // The arguments are looked at once the queue is found (a missing one is a 404
+        // first), and a 406 names the queue, as in RabbitMQ; a reply-to queue is made only
+        // once they pass.
+        let checked = arguments::consumer_priority(&consume.arguments);
+        let refuse = |refused: arguments::Refused, shown: &str| {
+            if refused.code == code::NOT_IMPLEMENTED {
+                Fault::connection(refused.code, refused.text).for_method(&m)
+            } else {
+                let refused = refused.for_queue(shown);
+                Fault::channel(ch, refused.code, refused.text, &m)
             }
-            Err(refused) => {
-                let shown = match consume.queue.as_str() {
-                    reply_to::REPLY_TO => reply_to::REPLY_TO.to_string(),
-                    _ => names::amqp(queue.name()).to_string(),
-                };
-                let refused = refused.for_queue(&shown);
-                return Err(Fault::channel(ch, refused.code, refused.text, &m));
+        };
+        let (queue, priority) = match consume.queue.as_str() {
+            reply_to::REPLY_TO => {
+                let priority = checked.map_err(|r| refuse(r, reply_to::REPLY_TO))?;
+                (self.reply_queue(ch, &consume, &m)?, priority)
+            }
+            name => {
+                let queue = self.named_queue(ch, name, &m)?;
+                let priority = checked.map_err(|r| refuse(r, &names::amqp(queue.name())))?;
+                (queue, priority)
             }
         };
         self.settings.expiring.touch(queue.name());
@@ -702,10 +712,6 @@ impl Connection {
             },
             _ => consume.consumer_tag.clone(),
         };
-        if channel.consumer_tags.contains(&tag) {
-            let text = format!("NOT_ALLOWED - attempt to reuse consumer tag '{tag}'");
-            return Err(Fault::connection(code::NOT_ALLOWED, text).for_method(&m));
-        }
         // RabbitMQ's rule for `exclusive` (see `consumers.rs`), across every connection,
         // and the turns of a single active consumer.
         let single_active = (self.settings.declared.lock().expect("never poisoned"))

@@ -3205,18 +3205,70 @@ fn consumer_arguments_are_checked_as_rabbitmq_checks_them() {
         0,
         "a refused consume registers nothing"
     );
+    // Both wrong: x-priority is the one named, as RabbitMQ checks it first; an argument
+    // not served, whatever its name, counts only after them.
+    let both = [
+        ("x-cancel-on-ha-failover", AMQPValue::LongInt(1)),
+        ("x-priority", AMQPValue::Boolean(true)),
+        ("a-first-key", AMQPValue::LongInt(0)),
+    ];
+    let out = c.consume_with("cargs", &both);
+    let (code, text) = channel_close(&out).expect("a channel error");
+    assert_eq!(code, 406);
+    assert!(text.contains("'x-priority'"), "{text}");
+    c.reopen();
+    // Beyond 32 bits a priority counts as the nearest 32-bit one: above 1, not wrapped.
+    c.prefetch(1);
+    let one = consumer_tag(&c.consume_with("cargs", &[("x-priority", AMQPValue::LongInt(1))]));
     let served = [
         ("x-cancel-on-ha-failover", AMQPValue::Boolean(true)),
         ("x-priority", AMQPValue::LongLongInt(1 << 40)),
     ];
     let out = c.consume_with("cargs", &served);
     assert_eq!(channel_close(&out), None);
-    consumer_tag(&out);
+    let huge = consumer_tag(&out);
+    let out = c.feed(&Client::publish_frames(
+        "cargs",
+        BasicProperties::default(),
+        b"a",
+    ));
+    assert_eq!(deliveries_by_consumer(&out), [(huge, "a".to_string())]);
+    let out = c.feed(&Client::publish_frames(
+        "cargs",
+        BasicProperties::default(),
+        b"b",
+    ));
+    assert_eq!(deliveries_by_consumer(&out), [(one, "b".to_string())]);
     // A missing queue is a 404 before its arguments are looked at.
     let out = c.consume_with("nowhere", &[("x-priority", AMQPValue::Boolean(true))]);
     assert_eq!(channel_close_code(&out), Some(404));
     c.reopen();
+    // The reply-to pseudo-queue: refused before its queue is made, so none is left.
+    let queues = c.broker.queue_names().len();
+    let bad = [("x-priority", AMQPValue::Boolean(true))];
+    let out = c.consume_with("amq.rabbitmq.reply-to", &bad);
+    let text = "PRECONDITION_FAILED - invalid arg 'x-priority' for queue 'amq.rabbitmq.reply-to' \
+                in vhost '/': \"expected integer, got bool\"";
+    assert_eq!(channel_close(&out), Some((406, text.to_string())));
+    assert_eq!(c.broker.queue_names().len(), queues, "no reply queue made");
+    c.reopen();
     // Any other argument is refused, not ignored.
     let out = c.consume_with("cargs", &[("x-stream-offset", AMQPValue::LongInt(0))]);
     assert_eq!(connection_close_code(&out), Some(540));
+}
+
+#[test]
+fn a_reused_consumer_tag_is_530_before_the_arguments_are_looked_at() {
+    let mut c = Client::open();
+    c.declare("ctag");
+    let consume = basic::Consume {
+        queue: "ctag".into(),
+        consumer_tag: "mine".into(),
+        ..basic::Consume::default()
+    };
+    c.feed(&[basic_method(1, basic::AMQPMethod::Consume(consume.clone()))]);
+    let mut again = consume;
+    (again.arguments).insert("x-priority".into(), AMQPValue::Boolean(true));
+    let out = c.feed(&[basic_method(1, basic::AMQPMethod::Consume(again))]);
+    assert_eq!(connection_close_code(&out), Some(530));
 }

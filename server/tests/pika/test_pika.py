@@ -1694,3 +1694,32 @@ def test_consumer_arguments_are_checked_as_rabbitmq_checks_them():
                      arguments={"x-priority": 2**40, "x-cancel-on-ha-failover": True})
     ch.queue_delete(queue)
     conn.close()
+
+
+def test_each_consumer_priority_keeps_its_own_round_robin():
+    """Deliveries to a higher-priority consumer in between do not send the lower ones'
+    turn back to their first."""
+    conn = connect()
+    ch = conn.channel()
+    queue = f"cturn-{uuid.uuid4().hex[:8]}"
+    ch.queue_declare(queue=queue)
+    high, low = conn.channel(), conn.channel()
+    high.basic_qos(prefetch_count=1)
+    got = []
+
+    def on(name):
+        return lambda _ch, m, _p, body: got.append((name, m.delivery_tag, body.decode()))
+
+    high.basic_consume(queue, on("high"), arguments={"x-priority": 5})
+    low.basic_consume(queue, on("a"))
+    low.basic_consume(queue, on("b"))
+    for round_ in range(3):
+        for body in (f"{round_}-1", f"{round_}-2"):
+            # Published on the channel that acked: RabbitMQ takes the ack first.
+            high.basic_publish(exchange="", routing_key=queue, body=body.encode())
+        pump([conn], lambda: len(got) == 2 * (round_ + 1))
+        high.basic_ack(next(tag for name, tag, body in got if body == f"{round_}-1"))
+    assert {(name, body) for name, _, body in got} == {
+        ("high", "0-1"), ("a", "0-2"), ("high", "1-1"), ("b", "1-2"), ("high", "2-1"), ("a", "2-2")}
+    ch.queue_delete(queue)
+    conn.close()
