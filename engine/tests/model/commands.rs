@@ -81,6 +81,7 @@ impl Model {
             next_tag: 1,
             consumers: Vec::new(),
             last_served: BTreeMap::new(),
+            latest: None,
             windows: BTreeMap::new(),
             counters: QueueStats::default(),
         });

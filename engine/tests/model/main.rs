@@ -107,7 +107,8 @@ impl Coverage {
         add!(runs cut_short steps delivered redelivered expired nacked released rejected
              duplicates stale dead_lettered dropped dead_letters_delivered touch_refused
              queue_full unread_released closes stopped_with_leases purged heads_dropped
-             priority_overtakes consumers_passed_over);
+             priority_overtakes consumers_passed_over turns_after_a_gone_consumer
+             turns_kept_across_priorities);
     }
 }
 
@@ -192,6 +193,14 @@ fn shard_agrees_with_the_model_on_random_runs() {
             (
                 "consumers passed over for a higher priority",
                 c.consumers_passed_over,
+            ),
+            (
+                "round robins going on after a consumer gone",
+                c.turns_after_a_gone_consumer,
+            ),
+            (
+                "round robins kept across another priority's delivery",
+                c.turns_kept_across_priorities,
             ),
         ] {
             assert!(n > 0, "no run reached {what}: {c:?}");

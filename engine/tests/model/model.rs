@@ -70,6 +70,8 @@ pub(crate) struct ModelQueue {
     /// For each consumer priority, the consumer of that priority that got the latest
     /// delivery among them.
     pub(crate) last_served: BTreeMap<i32, usize>,
+    /// The consumer that got the queue's latest delivery (for coverage only).
+    pub(crate) latest: Option<usize>,
     /// Given id → end of its dedup window.
     pub(crate) windows: BTreeMap<String, Tick>,
     /// Counters; the gauges are computed.
@@ -182,6 +184,12 @@ pub(crate) struct Coverage {
     pub(crate) priority_overtakes: u64,
     /// Deliveries that passed over a consumer with credit of a lower priority.
     pub(crate) consumers_passed_over: u64,
+    /// Deliveries whose round robin went on after a consumer of their priority that had
+    /// gone.
+    pub(crate) turns_after_a_gone_consumer: u64,
+    /// Deliveries whose round robin went on after one of their priority while the queue's
+    /// previous delivery went to another priority.
+    pub(crate) turns_kept_across_priorities: u64,
 }
 
 #[derive(Clone)]
@@ -472,6 +480,10 @@ impl Model {
         let after = |c: usize| queue.last_served.get(&top).is_none_or(|&last| c > last);
         let next = (tops.iter().copied().find(|&c| after(c))).or(tops.first().copied());
         self.coverage.consumers_passed_over += u64::from(!lower.is_empty());
+        if let Some(&last) = queue.last_served.get(&top) {
+            self.coverage.turns_after_a_gone_consumer += u64::from(!self.consumers[last].open);
+            self.coverage.turns_kept_across_priorities += u64::from(queue.latest != Some(last));
+        }
         next
     }
 
@@ -541,6 +553,7 @@ impl Model {
         queue.leases.insert(tag, lease);
         let priority = self.consumers[consumer].priority;
         queue.last_served.insert(priority, consumer);
+        queue.latest = Some(consumer);
         queue.counters.delivered += 1;
         self.consumers[consumer].tags.push(tag);
         self.coverage.delivered += 1;
