@@ -2496,16 +2496,21 @@ fn expired_messages_at_the_head_do_not_hold_a_prefetch_of_one() {
     assert_eq!(c.stats("ttl").acked, 3);
 }
 
+/// A field table of `arguments`.
+fn table(arguments: &[(&str, AMQPValue)]) -> FieldTable {
+    let mut table = FieldTable::default();
+    for (key, value) in arguments {
+        table.insert((*key).into(), value.clone());
+    }
+    table
+}
+
 impl Client {
     /// Declares `queue` with `arguments`.
     fn declare_with(&mut self, queue: &str, arguments: &[(&str, AMQPValue)]) -> Vec<AMQPFrame> {
-        let mut table = FieldTable::default();
-        for (key, value) in arguments {
-            table.insert((*key).into(), value.clone());
-        }
         let declare = queue::Declare {
             queue: queue.into(),
-            arguments: table,
+            arguments: table(arguments),
             ..queue::Declare::default()
         };
         self.feed(&[queue_method(queue::AMQPMethod::Declare(declare))])
@@ -3112,13 +3117,9 @@ fn x_max_priority_is_refused_past_255_and_a_redeclare_must_repeat_it() {
 impl Client {
     /// `basic.consume` on channel 1 with `arguments`; the frames it answered.
     fn consume_with(&mut self, queue: &str, arguments: &[(&str, AMQPValue)]) -> Vec<AMQPFrame> {
-        let mut table = FieldTable::default();
-        for (key, value) in arguments {
-            table.insert((*key).into(), value.clone());
-        }
         let consume = basic::Consume {
             queue: queue.into(),
-            arguments: table,
+            arguments: table(arguments),
             ..basic::Consume::default()
         };
         self.feed(&[basic_method(1, basic::AMQPMethod::Consume(consume))])
