@@ -47,7 +47,7 @@ impl EngineCycle {
     }
 
     /// Holding [`OUTSTANDING`] leases, with consumers of these priorities.
-    fn with_priorities(priorities: [i32; CONSUMERS]) -> EngineCycle {
+    fn with_priorities(priorities: [i64; CONSUMERS]) -> EngineCycle {
         let mut shard = Shard::new(0, Duration::from_millis(1));
         let mut out = Effects::new();
         let queue = engine::declare(&mut shard, &mut out, "cycle");

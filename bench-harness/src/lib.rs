@@ -155,7 +155,7 @@ pub mod engine {
         queue: QueueKey,
         name: &str,
         prefetch: u32,
-        priority: i32,
+        priority: i64,
     ) -> ConsumerKey {
         let consume = Command::Consume {
             queue,

@@ -222,7 +222,7 @@ pub enum Command {
         config: ConsumerConfig,
         /// Its priority (contract §3 Dispatch): a queue's ready messages go to those of its
         /// consumers with credit that have the highest priority. 0 is the default.
-        priority: i32,
+        priority: i64,
     },
     /// → [`Reply::Count`].
     AckUpTo {

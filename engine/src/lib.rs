@@ -433,7 +433,7 @@ impl Shard {
         queue: QueueKey,
         name: String,
         config: ConsumerConfig,
-        priority: i32,
+        priority: i64,
         out: &mut Effects,
     ) -> Result<ConsumerKey, Error> {
         let idx = self.live(queue).ok_or(Error::QueueClosed)?;

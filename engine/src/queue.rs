@@ -41,6 +41,17 @@ pub(crate) fn fixed_state() -> RandomState {
 
 type Map<K, V> = std::collections::HashMap<K, V, RandomState>;
 
+/// The consumer of a priority that got the latest delivery among those of that priority.
+#[derive(Debug, Clone, Copy)]
+struct Served {
+    priority: i64,
+    /// Its `order`, which stays true after it has gone.
+    order: u64,
+    /// Its position in the queue's consumer list then: still its own unless consumers
+    /// were listed or cancelled since, which `order` tells.
+    pos: usize,
+}
+
 /// What a wheel entry stands for.
 #[derive(Debug)]
 pub(crate) enum Timer {
@@ -66,7 +77,7 @@ pub(crate) struct ConsumerState {
     /// Stopped: gets no more deliveries, keeps its leases until they are settled or it ends.
     pub stopped: bool,
     /// Dispatch serves the queue's consumers of the highest priority with credit first.
-    pub priority: i32,
+    pub priority: i64,
     /// Its place in its queue's registration order (set when the queue lists it).
     pub order: u64,
 }
@@ -79,7 +90,7 @@ impl Ctx<'_> {
 }
 
 impl ConsumerState {
-    pub fn new(queue: u32, gen: u32, name: String, prefetch: u32, priority: i32) -> ConsumerState {
+    pub fn new(queue: u32, gen: u32, name: String, prefetch: u32, priority: i64) -> ConsumerState {
         ConsumerState {
             queue,
             gen,
@@ -184,10 +195,10 @@ pub(crate) struct QueueState {
     stopped: usize,
     /// The `order` the next consumer listed gets.
     next_order: u64,
-    /// For each priority some listed consumer has: the `order` of the consumer of that
-    /// priority that got its latest delivery (it may have gone since), where the round
-    /// robin among them goes on. One entry in a queue without consumer priorities.
-    last_served: Vec<(i32, u64)>,
+    /// For each priority some listed consumer has: the consumer of that priority that got
+    /// its latest delivery (it may have gone since), where the round robin among them goes
+    /// on. One entry in a queue without consumer priorities.
+    last_served: Vec<Served>,
     with_credit: usize,
     dedup: Map<Arc<str>, DedupEntry>,
     /// The broker ids live in this queue, kept only once a caller has given this queue an
@@ -582,19 +593,33 @@ impl QueueState {
             (0, self.consumers.len())
         };
         let top = consumers[self.consumers[lo] as usize].priority;
-        let last = self.last_served.iter_mut().find(|(p, _)| *p == top);
-        // Within a priority the list is in registration order.
-        let start = last.as_ref().map_or(lo, |(_, served)| {
-            let group = &self.consumers[lo..hi];
-            lo + group.partition_point(|&s| consumers[s as usize].order <= *served)
+        let last = self.last_served.iter_mut().find(|l| l.priority == top);
+        let start = last.as_ref().map_or(lo, |served| {
+            let order = |pos: usize| consumers[self.consumers[pos] as usize].order;
+            if self
+                .consumers
+                .get(served.pos)
+                .is_some_and(|_| order(served.pos) == served.order)
+            {
+                served.pos + 1
+            } else {
+                // Within a priority the list is in registration order.
+                let group = &self.consumers[lo..hi];
+                lo + group.partition_point(|&s| consumers[s as usize].order <= served.order)
+            }
         });
         for pos in (start..hi).chain(lo..start) {
             let slot = self.consumers[pos];
             let consumer = &consumers[slot as usize];
             if consumer.has_credit() {
+                let now = Served {
+                    priority: top,
+                    order: consumer.order,
+                    pos,
+                };
                 match last {
-                    Some((_, served)) => *served = consumer.order,
-                    None => self.last_served.push((top, consumer.order)),
+                    Some(served) => *served = now,
+                    None => self.last_served.push(now),
                 }
                 return slot;
             }
@@ -610,13 +635,9 @@ impl QueueState {
             .find(|&pos| consumers[self.consumers[pos] as usize].has_credit())
             .expect("with_credit > 0 but no consumer has credit");
         let top = priority(first);
-        let lo = (0..first)
-            .rev()
-            .find(|&pos| priority(pos) != top)
-            .map_or(0, |pos| pos + 1);
-        let hi = (first..self.consumers.len())
-            .find(|&pos| priority(pos) != top)
-            .unwrap_or(self.consumers.len());
+        let of = |slot: u32| consumers[slot as usize].priority;
+        let lo = self.consumers[..first].partition_point(|&s| of(s) > top);
+        let hi = first + self.consumers[first..].partition_point(|&s| of(s) >= top);
         (lo, hi)
     }
 

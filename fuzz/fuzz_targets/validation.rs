@@ -456,7 +456,7 @@ impl World {
         }
     }
 
-    fn consume(&mut self, handle: usize, name: String, prefetch: u32, priority: i32) {
+    fn consume(&mut self, handle: usize, name: String, prefetch: u32, priority: i64) {
         let (queue, q) = &self.handles[handle];
         let model = &self.queues[*q];
         let call = format!(
@@ -640,7 +640,7 @@ fuzz_target!(|data: &[u8]| {
                 let name = input.consumer_name();
                 let prefetch = input.prefetch();
                 // Any priority is valid; a few values keep the consumers mixed.
-                let priority = input.below(4) as i32 - 1;
+                let priority = input.below(4) as i64 - 1;
                 world.consume(handle, name, prefetch, priority);
             }
             2 => {

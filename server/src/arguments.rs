@@ -248,7 +248,7 @@ pub fn single_active_consumer(arguments: &FieldTable) -> Result<Option<bool>, Re
 
 /// The consumer priority a `basic.consume`'s arguments ask for, checked as RabbitMQ checks
 /// them (its `check_consume_arguments`): `x-priority`, an integer of any width (0 without
-/// one; one beyond 32 bits counts as the nearest 32-bit value), and
+/// one; every integer type of a field table fits in an `i64`), and
 /// `x-cancel-on-ha-failover`, a boolean that asks to hear of a mirrored queue's failover (a
 /// leasemqd queue has no mirrors, so there is nothing to tell).
 ///
@@ -256,14 +256,14 @@ pub fn single_active_consumer(arguments: &FieldTable) -> Result<Option<bool>, Re
 ///
 /// RabbitMQ's 406 for a value of either that it refuses; 540 for any other argument,
 /// which is refused rather than ignored.
-pub fn consumer_priority(arguments: &FieldTable) -> Result<i32, Refused> {
+pub fn consumer_priority(arguments: &FieldTable) -> Result<i64, Refused> {
     // RabbitMQ's order: `x-priority`, then `x-cancel-on-ha-failover`; then what is not
     // served, whatever the keys' order.
     let table = arguments.inner();
     let priority = match table.get("x-priority") {
         Some(value) => {
             let n = integer_arg("x-priority", value)?;
-            n.clamp(i32::MIN.into(), i32::MAX.into()) as i32
+            i64::try_from(n).expect("a field table's integers are 64 bits at most")
         }
         None => 0,
     };

@@ -462,7 +462,7 @@ struct Waiting {
     turn: Arc<consumers::Turn>,
     name: String,
     config: leasemq::ConsumerConfig,
-    priority: i32,
+    priority: i64,
 }
 
 /// Whether this thread is a worker of a multi-threaded tokio runtime, where a broker call

@@ -256,9 +256,10 @@ pub(crate) enum Request {
     },
     Consume {
         queue: QueueKey,
-        name: String,
+        /// Boxed, as consumes are rare: every inbox slot is the size of the largest request.
+        name: Box<str>,
         config: ConsumerConfig,
-        priority: i32,
+        priority: i64,
         sink: Sink,
         reply: ReplyTo,
     },

@@ -527,7 +527,7 @@ impl Queue {
         &self,
         name: &str,
         config: ConsumerConfig,
-        priority: i32,
+        priority: i64,
     ) -> Result<Consumer, Error> {
         if self.inner.broker.is_shut_down() {
             return Err(Error::ShutDown);
@@ -549,7 +549,7 @@ impl Queue {
         let answer = call(self.inner.broker.inbox(self.inner.shard), |reply| {
             Request::Consume {
                 queue,
-                name: name.to_string(),
+                name: name.into(),
                 config,
                 priority,
                 sink,

@@ -446,7 +446,7 @@ impl ShardThread {
                 self.flush_deliveries();
                 let cmd = Command::Consume {
                     queue,
-                    name,
+                    name: name.into_string(),
                     config,
                     priority,
                 };

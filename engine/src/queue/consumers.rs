@@ -68,7 +68,8 @@ impl QueueState {
         // registered later starts it afresh, after every consumer gone.
         let priority = consumer.priority;
         if !(self.consumers.iter()).any(|&s| ctx.consumers[s as usize].priority == priority) {
-            self.last_served.retain(|&(p, _)| p != priority);
+            self.last_served
+                .retain(|served| served.priority != priority);
         }
         if consumer.has_credit() {
             self.with_credit -= 1;
@@ -224,7 +225,7 @@ impl QueueState {
         assert_eq!(delayed, self.delayed, "delayed count");
         assert_eq!(leased, self.leases.len(), "lease table");
         self.leases.check_invariants();
-        let priorities: Vec<i32> = (self.consumers.iter())
+        let priorities: Vec<i64> = (self.consumers.iter())
             .map(|&slot| consumers[slot as usize].priority)
             .collect();
         assert_eq!(
@@ -232,12 +233,12 @@ impl QueueState {
             priorities.first() != priorities.last(),
             "prioritized when priorities differ"
         );
-        for &(priority, served) in &self.last_served {
+        for served in &self.last_served {
             assert!(
-                priorities.contains(&priority),
+                priorities.contains(&served.priority),
                 "a round robin kept only for a priority listed"
             );
-            assert!(served < self.next_order, "served one that was listed");
+            assert!(served.order < self.next_order, "served one that was listed");
         }
         let orders = (self.consumers.iter()).map(|&slot| {
             let c = &consumers[slot as usize];

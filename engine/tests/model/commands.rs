@@ -271,7 +271,7 @@ impl Model {
         q: usize,
         name: &str,
         prefetch: u32,
-        priority: i32,
+        priority: i64,
     ) -> Result<usize, Error> {
         if !self.queues[q].open {
             return Err(Error::QueueClosed);

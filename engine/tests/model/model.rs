@@ -69,7 +69,7 @@ pub(crate) struct ModelQueue {
     pub(crate) consumers: Vec<usize>,
     /// For each consumer priority, the consumer of that priority that got the latest
     /// delivery among them.
-    pub(crate) last_served: BTreeMap<i32, usize>,
+    pub(crate) last_served: BTreeMap<i64, usize>,
     /// The consumer that got the queue's latest delivery (for coverage only).
     pub(crate) latest: Option<usize>,
     /// Given id → end of its dedup window.
@@ -84,7 +84,7 @@ pub(crate) struct ModelConsumer {
     pub(crate) name: String,
     pub(crate) prefetch: u32,
     /// Dispatch serves the highest priority among the consumers with credit.
-    pub(crate) priority: i32,
+    pub(crate) priority: i64,
     pub(crate) open: bool,
     /// Stopped: no more deliveries; its leases stay until settled, expired or cancelled.
     pub(crate) stopped: bool,
@@ -185,7 +185,7 @@ pub(crate) struct Coverage {
     /// Deliveries that passed over a consumer with credit of a lower priority.
     pub(crate) consumers_passed_over: u64,
     /// Deliveries whose round robin went on after a consumer of their priority that had
-    /// gone.
+    /// gone, while one of that priority listed before it was still there.
     pub(crate) turns_after_a_gone_consumer: u64,
     /// Deliveries whose round robin went on after one of their priority while the queue's
     /// previous delivery went to another priority.
@@ -481,7 +481,11 @@ impl Model {
         let next = (tops.iter().copied().find(|&c| after(c))).or(tops.first().copied());
         self.coverage.consumers_passed_over += u64::from(!lower.is_empty());
         if let Some(&last) = queue.last_served.get(&top) {
-            self.coverage.turns_after_a_gone_consumer += u64::from(!self.consumers[last].open);
+            // Gone, while one of its priority listed before it still is: the queue kept
+            // this round robin and goes on from a consumer no longer in its list.
+            let kept = (queue.consumers.iter()).any(|&c| c < last && priority(c) == top);
+            let gone = !self.consumers[last].open;
+            self.coverage.turns_after_a_gone_consumer += u64::from(gone && kept);
             self.coverage.turns_kept_across_priorities += u64::from(queue.latest != Some(last));
         }
         next

@@ -72,7 +72,7 @@ pub(crate) enum Op {
         queue: usize,
         name: String,
         prefetch: u32,
-        priority: i32,
+        priority: i64,
     },
     /// `unread`: the consumer's latest deliveries, still in its channel.
     Cancel {
@@ -428,7 +428,7 @@ impl Harness {
         };
         // A third of the consumers get a priority, so that queues mix them.
         let priority = if rng.one_in(3) {
-            rng.below(3) as i32 - 1
+            rng.below(3) as i64 - 1
         } else {
             0
         };

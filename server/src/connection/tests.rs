@@ -3218,12 +3218,14 @@ fn consumer_arguments_are_checked_as_rabbitmq_checks_them() {
     assert_eq!(code, 406);
     assert!(text.contains("'x-priority'"), "{text}");
     c.reopen();
-    // Beyond 32 bits a priority counts as the nearest 32-bit one: above 1, not wrapped.
+    // Priorities beyond 32 bits are told apart, as RabbitMQ compares them: 2^41 above
+    // 2^40 (neither clamped to the same value nor wrapped).
     c.prefetch(1);
-    let one = consumer_tag(&c.consume_with("cargs", &[("x-priority", AMQPValue::LongInt(1))]));
+    let lower = [("x-priority", AMQPValue::LongLongInt(1 << 40))];
+    let one = consumer_tag(&c.consume_with("cargs", &lower));
     let served = [
         ("x-cancel-on-ha-failover", AMQPValue::Boolean(true)),
-        ("x-priority", AMQPValue::LongLongInt(1 << 40)),
+        ("x-priority", AMQPValue::LongLongInt(1 << 41)),
     ];
     let out = c.consume_with("cargs", &served);
     assert_eq!(channel_close(&out), None);

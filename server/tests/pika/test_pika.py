@@ -1723,3 +1723,27 @@ def test_each_consumer_priority_keeps_its_own_round_robin():
         ("high", "0-1"), ("a", "0-2"), ("high", "1-1"), ("b", "1-2"), ("high", "2-1"), ("a", "2-2")}
     ch.queue_delete(queue)
     conn.close()
+
+
+def test_consumer_priorities_beyond_32_bits_are_told_apart():
+    """x-priority values of 64 bits are compared whole: 2**41 above 2**40, though the one
+    that came first would be served first were they equal."""
+    conn = connect()
+    ch = conn.channel()
+    queue = f"cwide-{uuid.uuid4().hex[:8]}"
+    ch.queue_declare(queue=queue)
+    lower, higher = conn.channel(), conn.channel()
+    got = []
+
+    def on(name):
+        return lambda _ch, _m, _p, body: got.append((name, body.decode()))
+
+    for channel, name, priority in [(lower, "lower", 2**40), (higher, "higher", 2**41)]:
+        channel.basic_qos(prefetch_count=1)
+        channel.basic_consume(queue, on(name), arguments={"x-priority": priority})
+    for n, body in enumerate(["a", "b"], start=1):
+        ch.basic_publish(exchange="", routing_key=queue, body=body.encode())
+        pump([conn], lambda: len(got) == n)
+    assert got == [("higher", "a"), ("lower", "b")]
+    ch.queue_delete(queue)
+    conn.close()
