@@ -8,8 +8,10 @@
 //! variant does the same 64 messages at a time: one `put_batch`, then the 64 oldest
 //! tags settled with one `AckUpTo` per consumer (or one `SettleBatch`). Time stands still
 //! (leases last 30 s), so no lease expires and the wheel only inserts and cancels. The
-//! single cycle runs once more with the two consumers at different priorities, so that
-//! each delivery first finds the highest priority with credit.
+//! single cycle runs twice more with consumer priorities, so that each delivery first
+//! finds the highest priority with credit: with the two consumers at different
+//! priorities, and with 64 consumers at one priority above a 65th (a delivery finds where
+//! that priority's consumers begin and end in the queue's list, and its turn among them).
 
 use std::collections::VecDeque;
 use std::hint::black_box;
@@ -26,6 +28,8 @@ use leasemq_engine::{
 /// Leases outstanding throughout.
 const OUTSTANDING: usize = 100_000;
 const CONSUMERS: usize = 2;
+/// Consumers of the top priority in the many-consumer variant, above one more.
+const MANY: usize = 64;
 /// Messages per batch in the batched variant.
 const BATCH: usize = 64;
 
@@ -36,6 +40,8 @@ struct EngineCycle {
     out: Effects,
     queue: QueueKey,
     consumers: Vec<ConsumerKey>,
+    /// The index in `consumers` of the consumer in each slot.
+    index_of_slot: Vec<usize>,
     /// Live tags, oldest first, with the index of the consumer holding each.
     outstanding: VecDeque<(DeliveryTag, usize)>,
 }
@@ -43,11 +49,11 @@ struct EngineCycle {
 impl EngineCycle {
     /// Holding [`OUTSTANDING`] leases, with consumers of priority 0.
     fn new() -> EngineCycle {
-        EngineCycle::with_priorities([0; CONSUMERS])
+        EngineCycle::with_priorities(&[0; CONSUMERS])
     }
 
     /// Holding [`OUTSTANDING`] leases, with consumers of these priorities.
-    fn with_priorities(priorities: [i64; CONSUMERS]) -> EngineCycle {
+    fn with_priorities(priorities: &[i64]) -> EngineCycle {
         let mut shard = Shard::new(0, Duration::from_millis(1));
         let mut out = Effects::new();
         let queue = engine::declare(&mut shard, &mut out, "cycle");
@@ -57,12 +63,18 @@ impl EngineCycle {
                 let (shard, out) = (&mut shard, &mut out);
                 engine::consume_with_priority(shard, out, queue, &name, MAX_PREFETCH, priority)
             })
-            .collect();
+            .collect::<Vec<ConsumerKey>>();
+        let slots = consumers.iter().map(|k| k.slot() + 1).max().unwrap_or(0);
+        let mut index_of_slot = vec![usize::MAX; slots];
+        for (i, key) in consumers.iter().enumerate() {
+            index_of_slot[key.slot()] = i;
+        }
         let mut cycle = EngineCycle {
             shard,
             out,
             queue,
             consumers,
+            index_of_slot,
             outstanding: VecDeque::with_capacity(OUTSTANDING + BATCH),
         };
         for _ in 0..OUTSTANDING {
@@ -75,11 +87,8 @@ impl EngineCycle {
     /// Moves the deliveries of the last command into `outstanding`.
     fn take_deliveries(&mut self) {
         for (key, delivered) in self.out.deliveries.drain(..) {
-            let consumer = self
-                .consumers
-                .iter()
-                .position(|&k| k == key)
-                .expect("delivered to one of ours");
+            let consumer = self.index_of_slot[key.slot()];
+            debug_assert_eq!(self.consumers[consumer], key, "delivered to one of ours");
             self.outstanding.push_back((delivered.tag, consumer));
             black_box(delivered.body);
         }
@@ -249,8 +258,15 @@ fn single(c: &mut Criterion) {
     let mut engine = EngineCycle::new();
     group.bench_function("leasemq_engine", |b| b.iter(|| engine.cycle()));
     drop(engine);
-    let mut engine = EngineCycle::with_priorities([1, 0]);
+    let mut engine = EngineCycle::with_priorities(&[1, 0]);
     group.bench_function("leasemq_engine_consumer_priorities", |b| {
+        b.iter(|| engine.cycle())
+    });
+    drop(engine);
+    let mut priorities = vec![0; MANY];
+    priorities.push(-1);
+    let mut engine = EngineCycle::with_priorities(&priorities);
+    group.bench_function("leasemq_engine_65_consumers_two_priorities", |b| {
         b.iter(|| engine.cycle())
     });
     drop(engine);
