@@ -595,12 +595,12 @@ impl QueueState {
         let top = consumers[self.consumers[lo] as usize].priority;
         let last = self.last_served.iter_mut().find(|l| l.priority == top);
         let start = last.as_ref().map_or(lo, |served| {
-            let order = |pos: usize| consumers[self.consumers[pos] as usize].order;
-            if self
-                .consumers
-                .get(served.pos)
-                .is_some_and(|_| order(served.pos) == served.order)
-            {
+            let at = |pos: usize| {
+                self.consumers
+                    .get(pos)
+                    .map(|&s| consumers[s as usize].order)
+            };
+            if at(served.pos) == Some(served.order) {
                 served.pos + 1
             } else {
                 // Within a priority the list is in registration order.
@@ -630,12 +630,11 @@ impl QueueState {
     /// The positions of the consumers whose priority is the highest of those with credit
     /// (they are next to each other: the list is sorted by priority).
     fn top_with_credit(&self, consumers: &Slab<ConsumerState>) -> (usize, usize) {
-        let priority = |pos: usize| consumers[self.consumers[pos] as usize].priority;
-        let first = (0..self.consumers.len())
-            .find(|&pos| consumers[self.consumers[pos] as usize].has_credit())
+        let first = (self.consumers.iter())
+            .position(|&s| consumers[s as usize].has_credit())
             .expect("with_credit > 0 but no consumer has credit");
-        let top = priority(first);
         let of = |slot: u32| consumers[slot as usize].priority;
+        let top = of(self.consumers[first]);
         let lo = self.consumers[..first].partition_point(|&s| of(s) > top);
         let hi = first + self.consumers[first..].partition_point(|&s| of(s) >= top);
         (lo, hi)
