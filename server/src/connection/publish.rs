@@ -413,7 +413,7 @@ impl Connection {
     /// answer is confirmed or comes after an fsync, one put per message to a bounded queue;
     /// otherwise (a bounded queue in memory without confirms, or too much unanswered) a
     /// `put_batch` waited for, which is quick. A queue deleted since the publish was routed
-    /// drops it, as a publish nothing routes is dropped (a confirming channel nacks it).
+    /// took the publish with it, as it took what it held (a confirming channel acks it).
     fn put(&mut self, ch: u16, queue: &Queue, messages: Vec<Message>, numbers: Vec<u64>) {
         let own_ttl = messages.iter().any(|m| content::has_own_ttl(m.body()));
         if !own_ttl && !self.settings.message_expiry.is_watching() {
@@ -493,10 +493,9 @@ impl Connection {
     }
 
     /// Takes the answers that have come for awaited puts (see [`Awaited`]): a refused
-    /// publish (a full queue, a failed log, a queue deleted since) is nacked on a confirming
-    /// channel and dropped on another, a failed log without confirms or any other error is
-    /// a channel error, a broker shutting down a connection error; then confirms what can
-    /// be confirmed. `Ready` when an answer was taken, `Pending` (the waker registered with
+    /// publish (a full queue, a failed log) is nacked on a confirming channel and dropped on
+    /// another, a failed log without confirms or any other error is a channel error, a
+    /// broker shutting down a connection error; then confirms what can be confirmed. `Ready` when an answer was taken, `Pending` (the waker registered with
     /// every awaited put) when none had come.
     pub fn poll_answers(&mut self, cx: &mut Context<'_>) -> Poll<()> {
         if self.phase != super::Phase::Open {
@@ -526,13 +525,16 @@ impl Connection {
                 continue; // its channel closed meanwhile: nobody to tell
             };
             match answer {
-                Ok(_) => {}
-                Err(Error::QueueFull | Error::Storage(_) | Error::QueueClosed) if state.confirm => {
+                // A queue deleted after the publish was routed took the message with it, as
+                // a delete takes what the queue holds: confirmed, as RabbitMQ confirms the
+                // publishes a deleted queue still owed (only a crashed one's are nacked).
+                Ok(_) | Err(Error::QueueClosed) => {}
+                Err(Error::QueueFull | Error::Storage(_)) if state.confirm => {
                     state.refused.extend(&awaited.numbers);
                 }
                 // Dropped without confirms (a commit's puts too, whose commit is answered all
                 // the same), as RabbitMQ drops what it cannot take.
-                Err(Error::QueueFull | Error::QueueClosed) => {}
+                Err(Error::QueueFull) => {}
                 Err(e) => faults.push(broker_fault(ch, &e, &publish_method())),
             }
         }
