@@ -17,7 +17,9 @@
 //! (milliseconds a message may wait before it expires: not part of the config either, read
 //! by [`message_ttl`] for `message_expiry.rs`; with `x-dead-letter-exchange`, expired
 //! messages are dead-lettered); `x-queue-mode` and `x-queue-version` (hints on how
-//! RabbitMQ keeps a classic queue's messages: checked and kept, see [`StorageHints`]);
+//! RabbitMQ keeps a classic queue's messages), `x-queue-master-locator` (a classic queue's)
+//! and `x-queue-leader-locator` (a quorum queue's: on which node of a cluster the queue
+//! lives): checked and kept, see [`StorageHints`];
 //! `x-single-active-consumer` (read by [`single_active_consumer`]: the server gives the
 //! queue's messages to one consumer at a time, `connection/consumers.rs`);
 //! `x-max-priority` (the queue's `max_priority`: its ready messages go out highest
@@ -142,6 +144,12 @@ pub fn queue_config(
             }
             "x-queue-version" => {
                 queue_version_value(value)?;
+            }
+            "x-queue-master-locator" => {
+                locator_value(key.as_str(), value)?;
+            }
+            "x-queue-leader-locator" => {
+                locator_value(key.as_str(), value)?;
             }
             "x-max-priority" => config.max_priority = Some(max_priority_value(value)?),
             other => {
@@ -291,16 +299,23 @@ fn single_active_value(value: &AMQPValue) -> Result<bool, Refused> {
     }
 }
 
-/// RabbitMQ's hints on how a classic queue keeps its messages: `x-queue-mode` (`default`
-/// or `lazy`) and `x-queue-version` (1 or 2). They change nothing here (a queue keeps its
-/// messages in memory, and a durable one on disk as well, whatever they say), and are
-/// kept so that a redeclare is compared as RabbitMQ compares them.
+/// RabbitMQ's hints on how and where it keeps a queue: `x-queue-mode` (`default` or
+/// `lazy`) and `x-queue-version` (1 or 2) for a classic queue's messages, and which node of
+/// a cluster the queue lives on, `x-queue-master-locator` for a classic queue and
+/// `x-queue-leader-locator` for a quorum one. They change nothing here (a queue keeps its
+/// messages in memory, and a durable one on disk as well, on the one node there is,
+/// whatever they say), and are kept so that a redeclare is compared as RabbitMQ compares
+/// them.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct StorageHints {
     /// `x-queue-mode`.
     pub mode: Option<String>,
     /// `x-queue-version`.
     pub version: Option<u8>,
+    /// `x-queue-master-locator`.
+    pub master_locator: Option<String>,
+    /// `x-queue-leader-locator`.
+    pub leader_locator: Option<String>,
 }
 
 /// The declare's [`StorageHints`].
@@ -315,7 +330,40 @@ pub fn storage_hints(arguments: &FieldTable) -> Result<StorageHints, Refused> {
         version: (args.get("x-queue-version"))
             .map(queue_version_value)
             .transpose()?,
+        master_locator: (args.get("x-queue-master-locator"))
+            .map(|v| locator_value("x-queue-master-locator", v))
+            .transpose()?,
+        leader_locator: (args.get("x-queue-leader-locator"))
+            .map(|v| locator_value("x-queue-leader-locator", v))
+            .transpose()?,
     })
+}
+
+/// A locator, `key` being `x-queue-master-locator` or `x-queue-leader-locator`: one of the
+/// values RabbitMQ 3.10 takes for it, as a long string (the leader locator's `random` and
+/// `least-leaders` are its older names for `balanced`). Its refusals are RabbitMQ's words
+/// (for a master locator it does not know, RabbitMQ 3.10 fails with 541 instead).
+fn locator_value(key: &str, value: &AMQPValue) -> Result<String, Refused> {
+    let AMQPValue::LongString(text) = value else {
+        return Err(invalid_arg(
+            key,
+            format!("{{unacceptable_type,{}}}", type_name(value)),
+        ));
+    };
+    let (known, why): (&[&str], _) = match key {
+        "x-queue-master-locator" => (
+            &["client-local", "min-masters", "random"],
+            "invalid_queue_master_locator_arg",
+        ),
+        _ => (
+            &["client-local", "balanced", "random", "least-leaders"],
+            "invalid_queue_locator_arg",
+        ),
+    };
+    match std::str::from_utf8(text.as_bytes()) {
+        Ok(locator) if known.contains(&locator) => Ok(locator.to_string()),
+        _ => Err(invalid_arg(key, why)),
+    }
 }
 
 fn queue_mode_value(value: &AMQPValue) -> Result<String, Refused> {
@@ -653,6 +701,7 @@ mod tests {
         let expected = StorageHints {
             mode: Some("lazy".into()),
             version: Some(2),
+            ..StorageHints::default()
         };
         assert_eq!(storage_hints(&hints), Ok(expected));
         assert_eq!(
@@ -677,6 +726,49 @@ mod tests {
             let refused = storage_hints(&bad).unwrap_err();
             assert_eq!(refused.code, 406);
             assert!(refused.text.contains(why), "{}", refused.text);
+            assert_eq!(refusal_code(&bad), 406, "the declare refuses it too");
+        }
+    }
+
+    #[test]
+    fn locators_are_hints_checked_as_rabbitmq_checks_them() {
+        let text = |s: &str| AMQPValue::LongString(s.into());
+        let hints = args(&[
+            ("x-queue-master-locator", text("min-masters")),
+            ("x-queue-leader-locator", text("least-leaders")),
+        ]);
+        assert!(queue_config(&hints, QueueConfig::default()).is_ok());
+        let expected = StorageHints {
+            master_locator: Some("min-masters".into()),
+            leader_locator: Some("least-leaders".into()),
+            ..StorageHints::default()
+        };
+        assert_eq!(storage_hints(&hints), Ok(expected));
+        for (bad, why) in [
+            (
+                ("x-queue-master-locator", text("balanced")),
+                "invalid_queue_master_locator_arg",
+            ),
+            (
+                ("x-queue-leader-locator", text("min-masters")),
+                "invalid_queue_locator_arg",
+            ),
+            (
+                ("x-queue-leader-locator", AMQPValue::LongInt(5)),
+                "{unacceptable_type,signedint}",
+            ),
+            (
+                (
+                    "x-queue-master-locator",
+                    AMQPValue::ShortString("random".into()),
+                ),
+                "{unacceptable_type,shortstr}",
+            ),
+        ] {
+            let bad = args(&[bad]);
+            let refused = storage_hints(&bad).unwrap_err();
+            assert_eq!(refused.code, 406);
+            assert!(refused.text.ends_with(why), "{}", refused.text);
             assert_eq!(refusal_code(&bad), 406, "the declare refuses it too");
         }
     }

@@ -260,7 +260,7 @@ pub struct Declared {
     pub dead_letter: Option<dead_letter::Route>,
     /// `x-message-ttl`, in milliseconds.
     pub message_ttl: Option<u64>,
-    /// `x-queue-mode` and `x-queue-version`.
+    /// `x-queue-mode`, `x-queue-version` and the locators.
     pub hints: arguments::StorageHints,
     /// `x-single-active-consumer`, if the declare gave it.
     pub single_active: Option<bool>,
@@ -323,6 +323,14 @@ impl Declared {
         .or_else(|| {
             let (ours, theirs) = (self.hints.version, other.hints.version);
             differs_value("x-queue-version", "signedint", ours, theirs)
+        })
+        .or_else(|| {
+            let locator = |d: &Declared| d.hints.master_locator.clone();
+            differs_text("x-queue-master-locator", locator(self), locator(other))
+        })
+        .or_else(|| {
+            let locator = |d: &Declared| d.hints.leader_locator.clone();
+            differs_text("x-queue-leader-locator", locator(self), locator(other))
         })
     }
 }

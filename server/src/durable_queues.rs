@@ -3,6 +3,7 @@
 //! The broker keeps a durable queue's [`leasemq::QueueConfig`] and messages in its data
 //! dir. What else RabbitMQ keeps of a durable queue, the server holds: its `auto_delete`
 //! flag, `x-queue-type`, `x-expires`, `x-message-ttl`, `x-queue-mode`, `x-queue-version`,
+//! the locators (`x-queue-master-locator`, `x-queue-leader-locator`),
 //! `x-single-active-consumer`, `x-max-priority` (which the broker's config keeps too) and
 //! where its dead letters go (`x-dead-letter-exchange`, `x-dead-letter-routing-key`).
 //! With a data dir, those of every durable queue are kept in [`FILE`] there, written (to a
@@ -67,6 +68,10 @@ struct StoredQueue {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     queue_version: Option<u8>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    queue_master_locator: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    queue_leader_locator: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     single_active_consumer: Option<bool>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     max_priority: Option<u8>,
@@ -84,6 +89,8 @@ impl StoredQueue {
             dead_letter_routing_key: d.dead_letter.as_ref().and_then(|r| r.routing_key.clone()),
             queue_mode: d.hints.mode.clone(),
             queue_version: d.hints.version,
+            queue_master_locator: d.hints.master_locator.clone(),
+            queue_leader_locator: d.hints.leader_locator.clone(),
             single_active_consumer: d.single_active,
             max_priority: d.max_priority,
         }
@@ -104,6 +111,8 @@ impl StoredQueue {
             hints: StorageHints {
                 mode: self.queue_mode.clone(),
                 version: self.queue_version,
+                master_locator: self.queue_master_locator.clone(),
+                leader_locator: self.queue_leader_locator.clone(),
             },
             single_active: self.single_active_consumer,
             max_priority: self.max_priority,
@@ -282,6 +291,8 @@ mod tests {
             hints: StorageHints {
                 mode: Some("lazy".into()),
                 version: Some(2),
+                master_locator: None,
+                leader_locator: Some("balanced".into()),
             },
             single_active: Some(true),
             max_priority: Some(9),
@@ -337,5 +348,6 @@ mod tests {
         let jobs = &back["jobs"];
         assert_eq!(jobs.message_ttl, Some(500));
         assert_eq!((jobs.max_priority, jobs.single_active), (None, None));
+        assert_eq!(jobs.hints, StorageHints::default());
     }
 }

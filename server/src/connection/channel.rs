@@ -366,14 +366,24 @@ impl Connection {
             );
             return Err(Fault::channel(ch, code::PRECONDITION_FAILED, text, &m));
         }
-        // RabbitMQ's quorum queues refuse a classic queue's priorities and storage hints.
-        let classic_only = ["x-max-priority", "x-queue-mode", "x-queue-version"];
-        let classic = classic_only
-            .iter()
-            .find(|k| declare.arguments.inner().contains_key(**k));
-        if let (true, Some(key), false) = (quorum, classic, declare.passive) {
+        // RabbitMQ's quorum queues refuse a classic queue's priorities, storage hints and
+        // master locator; its classic queues a quorum queue's leader locator.
+        let (others, kind) = match quorum {
+            true => (
+                &[
+                    "x-max-priority",
+                    "x-queue-mode",
+                    "x-queue-version",
+                    "x-queue-master-locator",
+                ][..],
+                "rabbit_quorum_queue",
+            ),
+            false => (&["x-queue-leader-locator"][..], "rabbit_classic_queue"),
+        };
+        let other = (others.iter()).find(|k| declare.arguments.inner().contains_key(**k));
+        if let (Some(key), false) = (other, declare.passive) {
             let text = format!(
-                "PRECONDITION_FAILED - invalid arg '{key}' for queue '{shown}' in vhost '/' of queue type rabbit_quorum_queue"
+                "PRECONDITION_FAILED - invalid arg '{key}' for queue '{shown}' in vhost '/' of queue type {kind}"
             );
             return Err(Fault::channel(ch, code::PRECONDITION_FAILED, text, &m));
         }

@@ -1514,6 +1514,54 @@ def test_a_quorum_queue_refuses_a_classic_queues_priorities_and_storage_hints():
                  "in vhost '/' of queue type rabbit_quorum_queue")
 
 
+def test_locators_are_taken_for_their_queue_type_and_compared_on_a_redeclare():
+    """x-queue-master-locator (a classic queue's) and x-queue-leader-locator (a quorum
+    queue's) say which node of a cluster a queue lives on: taken (leasemqd is one node),
+    checked, and a redeclare must repeat them."""
+    conn = connect()
+    ch = conn.channel()
+    for kind, key, value, other in [
+        ("classic", "x-queue-master-locator", "min-masters", "random"),
+        ("quorum", "x-queue-leader-locator", "balanced", "client-local"),
+    ]:
+        queue = f"located-{uuid.uuid4().hex[:8]}"
+        args = {"x-queue-type": kind, key: value}
+        ch.queue_declare(queue=queue, durable=True, arguments=args)
+        ch.queue_declare(queue=queue, durable=True, arguments=args)
+        for redeclared, said in [
+            ({key: other}, f"received '{other}' but current is '{value}'"),
+            ({}, f"received none but current is the value '{value}' of type 'longstr'"),
+        ]:
+            with pytest.raises(pika.exceptions.ChannelClosedByBroker) as err:
+                ch.queue_declare(queue=queue, durable=True,
+                                 arguments={"x-queue-type": kind, **redeclared})
+            assert (err.value.reply_code, err.value.reply_text) == (
+                406, f"PRECONDITION_FAILED - inequivalent arg '{key}' for queue '{queue}' "
+                     f"in vhost '/': {said}")
+            ch = conn.channel()
+        ch.queue_delete(queue)
+    conn.close()
+    # Each is refused on the other type of queue, and a value of the wrong type or that
+    # RabbitMQ does not know on its own (RabbitMQ 3.10 fails a master locator it does not
+    # know with 541; only the leader locator's refusal is compared).
+    for kind, key, value, why in [
+        ("quorum", "x-queue-master-locator", "random", "of queue type rabbit_quorum_queue"),
+        ("classic", "x-queue-leader-locator", "balanced", "of queue type rabbit_classic_queue"),
+        ("quorum", "x-queue-leader-locator", "min-masters", ": invalid_queue_locator_arg"),
+        ("quorum", "x-queue-leader-locator", 5, ": {unacceptable_type,signedint}"),
+    ]:
+        queue = f"located-{uuid.uuid4().hex[:8]}"
+        conn = connect()
+        ch = conn.channel()
+        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as err:
+            ch.queue_declare(queue=queue, durable=True,
+                             arguments={"x-queue-type": kind, key: value})
+        conn.close()
+        assert (err.value.reply_code, err.value.reply_text) == (
+            406, f"PRECONDITION_FAILED - invalid arg '{key}' for queue '{queue}' "
+                 f"in vhost '/'{' ' if why.startswith('of') else ''}{why}")
+
+
 def pump(conns, until, seconds=5):
     """Runs the connections' I/O until `until()` holds, for up to `seconds`."""
     for _ in range(seconds * 20):
