@@ -222,12 +222,9 @@ pub fn message_ttl(arguments: &FieldTable) -> Result<Option<u64>, Refused> {
     value.map(message_ttl_value).transpose()
 }
 
-/// The longest `x-message-ttl` taken, in milliseconds: far past any deployment.
-const MAX_MESSAGE_TTL: u64 = 1 << 48;
-
 fn message_ttl_value(value: &AMQPValue) -> Result<u64, Refused> {
     match non_negative("x-message-ttl", value)? {
-        n if n > MAX_MESSAGE_TTL => Err(invalid_arg(
+        n if n > crate::content::MAX_TTL_MS => Err(invalid_arg(
             "x-message-ttl",
             format!("{{value_too_large,{n}}}"),
         )),
@@ -776,7 +773,12 @@ mod tests {
     #[test]
     fn message_ttl_is_checked_as_rabbitmq_checks_it_and_served_with_dead_lettering() {
         let ttl = |value: AMQPValue| args(&[("x-message-ttl", value)]);
-        for ok in [AMQPValue::LongInt(60_000), AMQPValue::ShortShortUInt(0)] {
+        let ten_years = AMQPValue::LongLongInt(315_360_000_000);
+        for ok in [
+            AMQPValue::LongInt(60_000),
+            AMQPValue::ShortShortUInt(0),
+            ten_years,
+        ] {
             assert!(queue_config(&ttl(ok.clone()), QueueConfig::default()).is_ok());
         }
         assert_eq!(
@@ -787,6 +789,10 @@ mod tests {
         for (bad, why) in [
             (AMQPValue::LongInt(-1), "{value_negative,-1}"),
             (AMQPValue::LongLongInt(1 << 60), "value_too_large"),
+            (
+                AMQPValue::LongLongInt(315_360_000_001),
+                "{value_too_large,315360000001}",
+            ),
             (
                 AMQPValue::LongString("soon".into()),
                 "expected integer, got longstr",

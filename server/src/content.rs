@@ -273,11 +273,16 @@ pub fn expires_at(body: &[u8], queue_ttl: Option<u64>, seen: &mut PropertiesSeen
     Some(arrival.saturating_add(ttl))
 }
 
+/// The longest time to live RabbitMQ takes, in milliseconds (ten years): a message's
+/// `expiration` and a queue's `x-message-ttl` over it are refused with
+/// `{value_too_large,N}`, so that no arrival plus its time to live is near `u64::MAX`.
+pub const MAX_TTL_MS: u64 = 315_360_000_000;
+
 /// A publish's `expiration` property: milliseconds, as RabbitMQ reads it.
 ///
 /// # Errors
 ///
-/// RabbitMQ's 406 text for one that is not a non-negative integer.
+/// RabbitMQ's 406 text for one that is not a non-negative integer up to [`MAX_TTL_MS`].
 pub fn parse_expiration(expiration: &str) -> Result<u64, String> {
     let invalid =
         |why: &str| format!("PRECONDITION_FAILED - invalid expiration '{expiration}': {why}");
@@ -300,6 +305,9 @@ pub fn parse_expiration(expiration: &str) -> Result<u64, String> {
         (rest.parse::<u64>()).map_err(|_| invalid(&format!("{{value_too_large,{rest}}}")))?;
     if negative && value != 0 {
         return Err(invalid(&format!("{{value_negative,{expiration}}}")));
+    }
+    if value > MAX_TTL_MS {
+        return Err(invalid(&format!("{{value_too_large,{rest}}}")));
     }
     Ok(value)
 }
@@ -1177,7 +1185,13 @@ mod tests {
         assert_eq!(parse_expiration("60000"), Ok(60_000));
         assert_eq!(parse_expiration("+5"), Ok(5));
         assert_eq!(parse_expiration("-0"), Ok(0));
+        assert_eq!(parse_expiration("315360000000"), Ok(MAX_TTL_MS));
         for (bad, why) in [
+            ("315360000001", "{value_too_large,315360000001}"),
+            (
+                "18446744073709551615",
+                "{value_too_large,18446744073709551615}",
+            ),
             ("abc", "no_integer"),
             ("", "no_integer"),
             (" 5", "no_integer"),

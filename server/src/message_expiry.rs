@@ -477,8 +477,9 @@ pub fn look_at_head(settings: &Settings, broker: &Broker, look: &Look) -> Next {
         expired += taken.len();
         if let Some(head) = rest.first() {
             let next = match due(head, &mut seen) {
-                // It expires once the clock is past that time.
-                Some(at) => Next::At(at + 1),
+                // It expires once the clock is past that time (one from a build that took
+                // any `expiration` may be due at the end of time).
+                Some(at) => Next::At(at.saturating_add(1)),
                 // Only a queue with no `x-message-ttl` has such messages: the head stays
                 // until a consumer takes it.
                 None if own_ttl => Next::At(now + RECHECK),
