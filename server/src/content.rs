@@ -448,7 +448,9 @@ pub struct PropertiesSeen {
 
 impl PropertiesSeen {
     /// The properties `encoded` holds, or `None` if `amq-protocol` cannot parse them with
-    /// nothing left over.
+    /// nothing left over, or if their `headers` nest deeper than
+    /// [`crate::wire::MAX_NESTING`] (which its parser would find at the bottom of the
+    /// stack).
     pub fn check(&mut self, encoded: &[u8]) -> Option<&BasicProperties> {
         // Two bytes of flags at the least: nothing shorter parses, and an empty `last`
         // (nothing seen yet) must not pass for it.
@@ -456,6 +458,9 @@ impl PropertiesSeen {
             return None;
         }
         if encoded != self.last.as_slice() {
+            if crate::wire::properties_too_deep(encoded) {
+                return None;
+            }
             let ([], parsed) = parse_properties(encoded).ok()? else {
                 return None;
             };

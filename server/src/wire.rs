@@ -5,7 +5,8 @@
 //! and has `amq-protocol` parse it, except the frames that come with every message: a
 //! `basic.publish` is read here (tested equal to `parse_class`), and content frames are
 //! handed over unparsed, borrowed from the input (a header's properties are checked by the
-//! connection, once per distinct encoding). [`Output`] appends frames made by
+//! connection, once per distinct encoding). A method or properties whose field tables
+//! nest too deep are malformed ([`MAX_NESTING`], `nesting.rs`). [`Output`] appends frames made by
 //! `amq_protocol::frame::gen_frame` to the bytes waiting for the socket, and splits a
 //! message's content over body frames that fit `frame_max`. The frames of a delivery, one
 //! set per message a consumer gets, are laid out by [`Output`] itself (and tested equal to
@@ -22,6 +23,9 @@ use amq_protocol::protocol::constants::{
 use amq_protocol::protocol::parse_class;
 use amq_protocol::protocol::AMQPClass;
 use amq_protocol::types::ShortString;
+
+mod nesting;
+pub use nesting::{properties_too_deep, MAX_NESTING};
 
 /// Bytes a frame adds around its payload: type (1), channel (2), size (4), end marker (1).
 pub const FRAME_OVERHEAD: usize = 8;
@@ -81,6 +85,9 @@ pub struct Header<'a> {
 impl Header<'_> {
     /// The header as `amq-protocol` parses it, or `None` for properties it cannot parse.
     pub fn to_frame(&self) -> Option<AMQPFrame> {
+        if properties_too_deep(self.properties) {
+            return None;
+        }
         let properties = match parse_properties(self.properties).ok()? {
             ([], properties) => properties,
             _ => return None,
@@ -196,6 +203,8 @@ fn parse_payload(frame_type: AMQPFrameType, channel_id: u16, payload: &[u8]) -> 
             let publish = parse_publish(&payload[BASIC_PUBLISH.len()..])?;
             AMQPFrame::Method(channel_id, AMQPClass::Basic(AMQPMethod::Publish(publish)))
         }
+        // Refused before `amq-protocol`'s recursion would reach the bottom of the stack.
+        AMQPFrameType::Method if nesting::method_too_deep(payload) => return None,
         AMQPFrameType::Method => match parse_class(payload).ok()? {
             ([], method) => AMQPFrame::Method(channel_id, method),
             _ => return None,

@@ -655,6 +655,71 @@ fn a_frame_over_frame_max_ends_the_connection_with_501() {
     assert!(c.conn.is_closed());
 }
 
+/// A field table whose one value is `levels` field arrays, one inside the other.
+fn nested_table(levels: usize) -> Vec<u8> {
+    let mut value = Vec::with_capacity(5 * levels + 1);
+    for level in 0..levels {
+        // Each array holds the ones inside it (5 bytes each) and the void at the bottom.
+        let inside = u32::try_from(5 * (levels - 1 - level) + 1).unwrap();
+        value.push(b'A');
+        value.extend_from_slice(&inside.to_be_bytes());
+    }
+    value.push(b'V');
+    let mut table = u32::try_from(2 + value.len())
+        .unwrap()
+        .to_be_bytes()
+        .to_vec();
+    table.extend_from_slice(&[1, b'x']);
+    table.extend_from_slice(&value);
+    table
+}
+
+/// A method frame on `channel` with this payload.
+fn raw_method(channel: u16, payload: &[u8]) -> Vec<u8> {
+    let mut frame = vec![1];
+    frame.extend_from_slice(&channel.to_be_bytes());
+    frame.extend_from_slice(&u32::try_from(payload.len()).unwrap().to_be_bytes());
+    frame.extend_from_slice(payload);
+    frame.push(0xCE);
+    frame
+}
+
+#[test]
+fn tables_nested_past_the_limit_end_the_connection_with_501_unparsed() {
+    // Before tune, the frame_max is the server's: room for 20 000 levels, which parsed by
+    // recursion would overflow this thread's stack and abort the process.
+    let mut c = Client::new(Settings::default());
+    c.feed(&[AMQPFrame::ProtocolHeader(ProtocolVersion::amqp_0_9_1())]);
+    let mut start_ok = vec![0, 10, 0, 11];
+    start_ok.extend_from_slice(&nested_table(20_000));
+    start_ok.extend_from_slice(b"\x05PLAIN\0\0\0\x0c\0guest\0guest\x05en_US");
+    let out = c.feed_bytes(&raw_method(0, &start_ok));
+    assert_eq!(connection_close_code(&out), Some(501));
+    // And the arguments of a queue.declare on an open connection.
+    let mut c = Client::open();
+    let mut declare = vec![0, 50, 0, 10, 0, 0, 4];
+    declare.extend_from_slice(b"jobs");
+    declare.push(0);
+    declare.extend_from_slice(&nested_table(1_000));
+    let out = c.feed_bytes(&raw_method(1, &declare));
+    assert_eq!(connection_close_code(&out), Some(501));
+    assert!(c.broker.queue("jobs").is_none());
+    // And a publish's headers.
+    let mut c = Client::open();
+    c.declare("jobs");
+    let mut bytes = encode(&Client::publish_frames("jobs", BasicProperties::default(), b"")[..1]);
+    // class 60, weight 0, body size 0, flags announcing headers, then the headers.
+    let mut payload = vec![0, 60, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x20, 0];
+    payload.extend_from_slice(&nested_table(1_000));
+    bytes.extend_from_slice(&[2, 0, 1]);
+    bytes.extend_from_slice(&u32::try_from(payload.len()).unwrap().to_be_bytes());
+    bytes.extend_from_slice(&payload);
+    bytes.push(0xCE);
+    let out = c.feed_bytes(&bytes);
+    assert_eq!(connection_close_code(&out), Some(501));
+    assert_eq!(c.broker.queue("jobs").unwrap().stats().ready, 0);
+}
+
 #[test]
 fn a_content_header_whose_properties_do_not_parse_ends_the_connection_with_501() {
     let mut c = Client::open();
