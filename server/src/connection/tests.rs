@@ -2609,6 +2609,29 @@ impl Client {
 }
 
 #[test]
+fn a_head_stored_with_an_expiration_past_ten_years_never_expires() {
+    // A build from before expirations were capped at ten years stored this one: read as
+    // no expiration at all (an arrival plus it would pass the end of time).
+    let (mut c, now) = Client::with_clock();
+    c.declare("forever");
+    let properties = BasicProperties::default().with_expiration("18446744073709551615".into());
+    let mut body = crate::content::encode(&properties, b"kept")
+        .unwrap()
+        .to_vec();
+    crate::content::stamp(&mut body, 1_000_000, true);
+    let queue = c.broker.queue("forever").unwrap();
+    queue.put(leasemq::Message::new(body)).unwrap();
+    c.conn.settings.message_expiry.published(&queue, true);
+    // Handed back unseen, and looked at again a second later, as any head that does not
+    // expire in a queue messages with an expiration went to.
+    for at in [2_000_000, 2_001_000] {
+        let looked = (vec!["forever".to_string()], Some(at + 1_000));
+        assert_eq!(c.expire_at(at, &now), looked);
+    }
+    assert_eq!(queue.stats().ready, 1);
+}
+
+#[test]
 fn a_queue_nobody_consumes_dead_letters_each_message_as_its_ttl_runs_out_at_the_head() {
     let (mut c, now) = Client::with_clock();
     c.declare("work");
