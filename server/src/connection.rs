@@ -51,6 +51,11 @@ use channel::Channel;
 pub use consumers::QueueConsumers;
 use publish::{Awaited, Pending};
 
+/// The most a feed of input writes before it leaves the rest of its frames for later
+/// ([`Connection::handle_input`]): what one read can make the output grow by stays near
+/// this, whatever its frames ask for.
+pub(crate) const OUTPUT_PER_FEED: usize = 1 << 20;
+
 /// How many queue handles a connection keeps before it first drops those of closed
 /// queues (`Connection::queue`).
 const QUEUES_SWEPT_FROM: usize = 64;
@@ -594,7 +599,10 @@ impl Connection {
     }
 
     /// Feeds bytes read from the socket; returns how many were used (whole frames). The
-    /// rest must be fed again, with what is read next, once more has arrived.
+    /// rest must be fed again, with what is read next, once more has arrived. It stops
+    /// taking frames, whole ones left, once what it wrote passes `OUTPUT_PER_FEED` (a
+    /// read of `basic.get`s that each return a large message, say): those are to be fed
+    /// again, with no read needed, once the socket has taken the output.
     pub fn handle_input(&mut self, input: &[u8]) -> usize {
         self.flush_auto_acks();
         self.arrived = None;
@@ -623,6 +631,9 @@ impl Connection {
                 Next::Frame(frame, n) => {
                     used += n;
                     self.handle_frame(frame);
+                    if self.out.len() >= OUTPUT_PER_FEED {
+                        break;
+                    }
                 }
                 Next::Header(header, n) => {
                     used += n;

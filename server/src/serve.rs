@@ -37,6 +37,22 @@ const CLOSE_GRACE: Duration = Duration::from_secs(5);
 /// The same at a server shutdown, which should not wait long on an idle client.
 const SHUTDOWN_CLOSE_GRACE: Duration = Duration::from_secs(1);
 
+/// Feeds `input` to `conn` and drops what it used; whether it left whole frames for
+/// later (it stops once its output passes `OUTPUT_PER_FEED`).
+fn feed(conn: &mut Connection, input: &mut Vec<u8>, channels: &mut Channels<'_>) -> bool {
+    // The broker calls block; with durable queues some wait for an fsync, a fraction of a
+    // millisecond or more: the runtime then moves this worker's other tasks away (which
+    // costs a thread hand-off, so only then).
+    let used = if conn.may_wait_for_disk(input) && may_block_in_place() {
+        tokio::task::block_in_place(|| conn.handle_input(input))
+    } else {
+        conn.handle_input(input)
+    };
+    input.drain(..used);
+    channels.set(conn.channel_count());
+    used > 0 && !input.is_empty() && conn.output_len() >= crate::connection::OUTPUT_PER_FEED
+}
+
 /// Accepts connections on `listener` until the future ends (it never does on its own);
 /// each runs in its own task.
 pub async fn accept_loop(listener: TcpListener, broker: Broker, settings: Arc<Settings>) {
@@ -164,6 +180,8 @@ async fn drive(
     let mut close_deadline: Option<Instant> = None;
     let mut last_write = Instant::now();
     let mut last_read = Instant::now();
+    // Whole frames of the input the connection left for later (see `handle_input`).
+    let mut input_left = false;
     loop {
         // Deliveries that are already waiting go out with what is being written.
         while output.len() - written + conn.output_len() < HIGH_WATER {
@@ -203,6 +221,11 @@ async fn drive(
             // A client is not late with its heartbeats while we do not read them.
             last_read = Instant::now();
         }
+        if input_left && room && conn.wants_input() && !conn.is_closed() {
+            // The socket has taken what those frames' forerunners wrote: the rest now.
+            input_left = feed(conn, &mut input, channels);
+            continue;
+        }
         tokio::select! {
             read = reader.read_buf(&mut input), if read_room && !conn.is_closed() => {
                 let read = read?;
@@ -211,16 +234,7 @@ async fn drive(
                 }
                 metrics.incoming_bytes.inc_by(read as u64);
                 last_read = Instant::now();
-                // The broker calls block; with durable queues some wait for an fsync, a
-                // fraction of a millisecond or more: the runtime then moves this worker's
-                // other tasks away (which costs a thread hand-off, so only then).
-                let used = if conn.may_wait_for_disk(&input) && may_block_in_place() {
-                    tokio::task::block_in_place(|| conn.handle_input(&input))
-                } else {
-                    conn.handle_input(&input)
-                };
-                input.drain(..used);
-                channels.set(conn.channel_count());
+                input_left = feed(conn, &mut input, channels);
             }
             n = writer.write(&output[written..]), if pending > 0 => {
                 let n = n?;

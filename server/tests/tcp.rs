@@ -495,3 +495,70 @@ async fn a_client_that_closes_while_writing_a_refused_body_still_reads_its_close
     );
     broker.shutdown();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_of_gets_that_return_more_than_a_mebibyte_is_answered_whole() {
+    let (broker, addr) = serve_broker(1, Settings::default()).await;
+    let mut c = Client::connect(addr).await;
+    let declare = queue::Declare {
+        queue: "tcp-big".into(),
+        ..queue::Declare::default()
+    };
+    c.send(&[AMQPFrame::Method(
+        1,
+        AMQPClass::Queue(queue::AMQPMethod::Declare(declare)),
+    )])
+    .await;
+    assert!(matches!(
+        c.recv().await,
+        AMQPFrame::Method(1, AMQPClass::Queue(queue::AMQPMethod::DeclareOk(_)))
+    ));
+    let body = vec![7; 300_000];
+    let mut frames = publish("tcp-big", &body).to_vec();
+    frames.pop();
+    frames.extend(
+        body.chunks(4_000)
+            .map(|part| AMQPFrame::Body(1, part.to_vec())),
+    );
+    c.send(&frames).await;
+    // Ten gets of the one message, each nacked back, in one write: the server takes them
+    // in parts (its output would pass a mebibyte), each part once the socket took the last,
+    // with no more bytes from the client to wake it.
+    let get = basic::Get {
+        queue: "tcp-big".into(),
+        no_ack: false,
+    };
+    let nack = |tag| basic::Nack {
+        delivery_tag: tag,
+        multiple: false,
+        requeue: true,
+    };
+    let frames: Vec<AMQPFrame> = (1..=10)
+        .flat_map(|tag| {
+            [
+                on1(basic::AMQPMethod::Get(get.clone())),
+                on1(basic::AMQPMethod::Nack(nack(tag))),
+            ]
+        })
+        .collect();
+    c.send(&frames).await;
+    for tag in 1..=10 {
+        let AMQPFrame::Method(1, AMQPClass::Basic(basic::AMQPMethod::GetOk(ok))) = c.recv().await
+        else {
+            panic!("expected basic.get-ok {tag}");
+        };
+        assert_eq!(ok.delivery_tag, tag);
+        assert!(matches!(c.recv().await, AMQPFrame::Header(1, _)));
+        let mut got = 0;
+        while got < body.len() {
+            let AMQPFrame::Body(1, part) = c.recv().await else {
+                panic!("expected the body of get {tag}");
+            };
+            got += part.len();
+        }
+    }
+    c.close().await;
+    let stats = broker.queue("tcp-big").unwrap().stats();
+    assert_eq!((stats.ready, stats.delivered, stats.nacked), (1, 10, 10));
+    broker.shutdown();
+}

@@ -647,6 +647,49 @@ fn an_unsupported_method_closes_the_connection_with_540() {
 }
 
 #[test]
+fn a_read_whose_frames_would_write_more_than_a_mebibyte_is_taken_in_parts() {
+    let mut c = Client::open();
+    c.declare("big");
+    let body = vec![7; 300_000];
+    let mut frames = Client::publish_frames("big", BasicProperties::default(), &body);
+    frames.pop();
+    frames.extend(
+        body.chunks(8_000)
+            .map(|part| AMQPFrame::Body(1, part.to_vec())),
+    );
+    assert_eq!(c.feed(&frames), []);
+    // Seven gets of the one message, each nacked back: 2.1 MB to write, from one read.
+    let get = || {
+        let get = basic::Get {
+            queue: "big".into(),
+            no_ack: false,
+        };
+        basic_method(1, basic::AMQPMethod::Get(get))
+    };
+    let frames: Vec<_> = (1..=7).flat_map(|tag| [get(), nack(tag, true)]).collect();
+    let bytes = encode(&frames);
+    let gets = |out: &[AMQPFrame]| {
+        let get_ok = |f: &&AMQPFrame| {
+            matches!(
+                f,
+                AMQPFrame::Method(1, AMQPClass::Basic(basic::AMQPMethod::GetOk(_)))
+            )
+        };
+        out.iter().filter(get_ok).count()
+    };
+    let used = c.conn.handle_input(&bytes);
+    let mut out = Vec::new();
+    c.conn.take_output(&mut out);
+    // It stopped after the get that took its output past a mebibyte, the fourth.
+    assert!(used < bytes.len());
+    assert!((super::OUTPUT_PER_FEED..super::OUTPUT_PER_FEED + 300_000).contains(&out.len()));
+    assert_eq!(gets(&decode(&out)), 4);
+    // The rest, fed again, is taken whole.
+    assert_eq!(gets(&c.feed_bytes(&bytes[used..])), 3);
+    assert_eq!(c.stats("big").ready, 1);
+}
+
+#[test]
 fn a_frame_over_frame_max_ends_the_connection_with_501() {
     let mut c = Client::open();
     let frames = Client::publish_frames("jobs", BasicProperties::default(), &[0; 9000]);
@@ -1365,7 +1408,11 @@ fn publishes_without_confirms_are_not_waited_for_unless_the_answer_needs_telling
     // A bounded queue takes what fits of a run, which a batch put without waiting would not.
     c.declare_rejecting_over("bounded", 2);
     let frames = Client::publish_run("bounded", &[b"1", b"2", b"3"]);
-    assert_eq!(c.feed(&frames), []);
+    let first = c.feed(&frames[..2]);
+    eprintln!("first {first:?} closing {}", c.conn.is_closing());
+    let second = c.feed(&frames[2..3]);
+    eprintln!("second {second:?} closing {}", c.conn.is_closing());
+    assert_eq!(c.feed(&frames[3..]), []);
     assert_eq!(c.stats("bounded").ready, 2);
 
     // A message over the queue's size limit is a channel error, not a silent drop.
