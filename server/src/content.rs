@@ -214,10 +214,21 @@ fn without_header(properties: BasicProperties, name: &str) -> BasicProperties {
 
 /// The `headers` property of a body made by [`stored_start`], if it has one.
 pub fn stored_headers(stored: &[u8]) -> Option<FieldTable> {
-    let ([], properties) = parse_properties(stored_properties(stored)).ok()? else {
+    parse_whole(stored_properties(stored))?.headers().clone()
+}
+
+/// The properties `encoded` holds, parsed by `amq-protocol` with nothing left over; `None`
+/// where they do not parse, or nest deeper than [`crate::wire::MAX_NESTING`]. A stored
+/// body's were checked as they came, but a data dir is read too, and the parser's
+/// recursion must not meet a table deeper than a publish could bring.
+fn parse_whole(encoded: &[u8]) -> Option<BasicProperties> {
+    if crate::wire::properties_too_deep(encoded) {
         return None;
-    };
-    properties.headers().clone()
+    }
+    match parse_properties(encoded).ok()? {
+        ([], properties) => Some(properties),
+        _ => None,
+    }
 }
 
 /// The encoded properties of a body made by [`stored_start`].
@@ -458,13 +469,7 @@ impl PropertiesSeen {
             return None;
         }
         if encoded != self.last.as_slice() {
-            if crate::wire::properties_too_deep(encoded) {
-                return None;
-            }
-            let ([], parsed) = parse_properties(encoded).ok()? else {
-                return None;
-            };
-            self.parsed = parsed;
+            self.parsed = parse_whole(encoded)?;
             self.last.clear();
             self.last.extend_from_slice(encoded);
         }
@@ -777,9 +782,7 @@ pub fn dead_letter(
 
 fn decode_stored(body: &Bytes) -> Option<Stored> {
     let parts = split(body)?;
-    let ([], properties) = parse_properties(parts.properties).ok()? else {
-        return None;
-    };
+    let properties = parse_whole(parts.properties)?;
     let route = parts
         .route
         .map(|(exchange, key)| (exchange.to_string(), key.to_string()));
@@ -1102,6 +1105,37 @@ mod tests {
             headers_of(&properties).contains_key("CC"),
             "its own keys: CC stays"
         );
+    }
+
+    #[test]
+    fn a_stored_body_whose_headers_nest_too_deep_is_never_parsed() {
+        // As a damaged data dir could hold one: headers of 10 000 arrays, one inside the
+        // other, which the codec's recursion would meet at the bottom of the stack.
+        let levels = 10_000;
+        let mut value = Vec::new();
+        for level in 0..levels {
+            value.push(b'A');
+            value.extend_from_slice(&(5 * (levels - 1 - level) as u32 + 1).to_be_bytes());
+        }
+        value.push(b'V');
+        let mut properties = vec![0x20, 0];
+        properties.extend_from_slice(&(2 + value.len() as u32).to_be_bytes());
+        properties.extend_from_slice(&[1, b'x']);
+        properties.extend_from_slice(&value);
+        let mut body = start(&properties, None, 4).unwrap();
+        body.extend_from_slice(b"kept");
+        let body = Bytes::from(body);
+        assert_eq!(stored_headers(&body), None);
+        assert!(decode_stored(&body).is_none());
+        let envelope = Envelope {
+            id: "m-1".into(),
+            body: body.clone(),
+            attempt: 1,
+            death: None,
+        };
+        // Delivered as a body not in the layout is: as it is.
+        assert_eq!(delivered(&envelope, "jobs").payload, body);
+        assert!(PropertiesSeen::default().check(&properties).is_none());
     }
 
     #[test]
