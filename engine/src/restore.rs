@@ -99,6 +99,20 @@ impl Shard {
                         "queue {name:?} (number {queue}) declared twice"
                     )));
                 }
+                // Checked as a declare checks it: the arithmetic of leases, retries and
+                // windows relies on their limits, whatever wrote the log.
+                let valid = crate::validate::queue_name(&name)
+                    .and_then(|()| crate::validate::queue_config(&name, &config));
+                if let Err(e) = valid {
+                    return Err(RestoreError(format!(
+                        "queue {name:?} (number {queue}) declared with {e}"
+                    )));
+                }
+                if queue == u32::MAX {
+                    return Err(RestoreError(format!(
+                        "queue {name:?} has number {queue}, past the last"
+                    )));
+                }
                 let gen = {
                     self.next_gen = self.next_gen.wrapping_add(1);
                     self.next_gen
@@ -170,8 +184,13 @@ impl Shard {
             } => {
                 let (idx, slot) = r.msg(queue, seq)?;
                 let q = &mut self.queues[idx as usize];
+                let next = tag.checked_add(1).ok_or_else(|| {
+                    RestoreError(format!(
+                        "message {seq} delivered with tag {tag}, past the last"
+                    ))
+                })?;
                 q.restore_attempt(slot, attempt);
-                q.restore_next_tag(tag + 1);
+                q.restore_next_tag(next);
                 // Leased at the crash, or returned by an expiry: ready at once.
                 r.ready_at.remove(&seq);
             }

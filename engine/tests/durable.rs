@@ -667,3 +667,65 @@ fn an_id_stays_taken_while_its_dead_letter_is_on_the_way() {
         "free again"
     );
 }
+
+#[test]
+fn a_log_whose_queue_config_or_tag_no_declare_could_make_is_refused_not_applied() {
+    // What a damaged log, or one from a build with other limits, could hold: each is a
+    // restore error (the broker refuses to start), never a shard that overflows later.
+    let declared = |name: &str, config: QueueConfig| Change::Declared {
+        queue: 1,
+        name: name.into(),
+        config: Box::new(config),
+    };
+    let endless = QueueConfig {
+        ack_timeout: Duration::MAX,
+        durable: true,
+        ..QueueConfig::default()
+    };
+    let wild_jitter = QueueConfig {
+        retry: RetryPolicy {
+            jitter: f64::NAN,
+            ..RetryPolicy::default()
+        },
+        durable: true,
+        ..QueueConfig::default()
+    };
+    let fine = QueueConfig {
+        durable: true,
+        ..QueueConfig::default()
+    };
+    let bad_declares = [
+        declared("jobs", endless),
+        declared("jobs", wild_jitter),
+        declared("", fine.clone()),
+    ];
+    for change in bad_declares {
+        let mut shard = Shard::new(0, Duration::from_millis(1));
+        let refused = shard.restore(change).unwrap_err();
+        assert!(refused.to_string().contains("declared with"), "{refused}");
+    }
+    // A delivery tag at the end of the range leaves no next one.
+    let mut shard = Shard::new(0, Duration::from_millis(1));
+    shard.restore(declared("jobs", fine)).unwrap();
+    shard
+        .restore(Change::Enqueued {
+            queue: 1,
+            seq: 1,
+            id: leasemq_engine::MsgId::Given("m-1".into()),
+            body: Bytes::from_static(b"x"),
+            attempt: 0,
+            priority: 0,
+            ready_at: None,
+            dedup_until: None,
+            death: None,
+        })
+        .unwrap();
+    let last = Change::Delivered {
+        queue: 1,
+        seq: 1,
+        tag: u64::MAX,
+        attempt: 1,
+    };
+    let refused = shard.restore(last).unwrap_err();
+    assert!(refused.to_string().contains("past the last"), "{refused}");
+}
