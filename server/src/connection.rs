@@ -86,6 +86,9 @@ pub struct Settings {
     /// as RabbitMQ): a client that leaves the choice to the server then beats, and a peer
     /// that vanished without closing its socket is noticed and its leases come back.
     pub heartbeat: u16,
+    /// How long a client may take from its connect to `connection.open` (RabbitMQ's
+    /// `handshake_timeout`, 10 s): one that takes longer is dropped.
+    pub handshake_timeout: Duration,
     /// The broker has a data dir: `queue.declare` with `durable` makes a durable queue.
     pub durable: bool,
     /// The exclusive queues of every connection, by name, with the id of the connection
@@ -132,6 +135,7 @@ impl Default for Settings {
             max_message_bytes: 16 << 20,
             durable: false,
             heartbeat: 60,
+            handshake_timeout: Duration::from_secs(10),
             exclusive: Arc::default(),
             declared: Arc::default(),
             queue_file: None,
@@ -566,7 +570,9 @@ impl Connection {
         id: u64,
         peer_is_loopback: bool,
     ) -> Connection {
-        let frame_max = settings.frame_max as usize;
+        // Until tune-ok, as RabbitMQ: frames of the smallest size any peer takes. A client
+        // not logged in yet has a connection hold little.
+        let frame_max = FRAME_MIN_SIZE as usize;
         let channel_max = settings.channel_max;
         Connection {
             broker,
@@ -696,6 +702,17 @@ impl Connection {
     /// Whether the connection still reads frames (it does until it is closed).
     pub fn is_closed(&self) -> bool {
         self.phase == Phase::Closed
+    }
+
+    /// Whether the handshake is done (`connection.open` answered) and the connection not
+    /// closing.
+    pub fn is_open(&self) -> bool {
+        self.phase == Phase::Open
+    }
+
+    /// How long the handshake may take ([`Settings::handshake_timeout`]).
+    pub fn handshake_timeout(&self) -> Duration {
+        self.settings.handshake_timeout
     }
 
     /// Whether the connection sent `connection.close` and waits for the answer.

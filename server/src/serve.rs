@@ -182,7 +182,12 @@ async fn drive(
     let mut last_read = Instant::now();
     // Whole frames of the input the connection left for later (see `handle_input`).
     let mut input_left = false;
+    // A client not through the handshake by then is dropped (RabbitMQ's
+    // `handshake_timeout`): one that never logs in holds nothing for long.
+    let handshake_by = Instant::now() + conn.handshake_timeout();
+    let mut shaken = false;
     loop {
+        shaken |= conn.is_open();
         // Deliveries that are already waiting go out with what is being written.
         while output.len() - written + conn.output_len() < HIGH_WATER {
             match conn.try_delivery() {
@@ -266,6 +271,9 @@ async fn drive(
                 }
                 conn.send_heartbeat();
                 last_write = Instant::now();
+            }
+            () = sleep_until(handshake_by), if !shaken => {
+                return Err(io::Error::new(io::ErrorKind::TimedOut, "no handshake in time"));
             }
             _ = shutdown.changed(), if !forced => {
                 forced = true;

@@ -562,3 +562,33 @@ async fn a_write_of_gets_that_return_more_than_a_mebibyte_is_answered_whole() {
     assert_eq!((stats.ready, stats.delivered, stats.nacked), (1, 10, 10));
     broker.shutdown();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_does_not_finish_its_handshake_in_time_is_dropped() {
+    let settings = Settings {
+        handshake_timeout: Duration::from_millis(200),
+        ..Settings::default()
+    };
+    let (broker, addr) = serve_broker(1, settings).await;
+    // The protocol header, then silence: the server's connection.start, then the end.
+    let mut stream = TcpStream::connect(addr).await.unwrap();
+    let header = AMQPFrame::ProtocolHeader(ProtocolVersion::amqp_0_9_1());
+    let bytes = gen_frame(&header)(WriteContext::from(Vec::new()))
+        .unwrap()
+        .into_inner()
+        .0;
+    stream.write_all(&bytes).await.unwrap();
+    let mut got = Vec::new();
+    let read = timeout(Duration::from_secs(10), stream.read_to_end(&mut got)).await;
+    assert!(read.expect("dropped within 10 s").is_ok());
+    let (_, start) = parse_frame(&got[..]).unwrap();
+    assert!(matches!(
+        start,
+        AMQPFrame::Method(0, AMQPClass::Connection(connection::AMQPMethod::Start(_)))
+    ));
+    // One that logs in in time stays, past the timeout.
+    let mut c = Client::connect(addr).await;
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    c.close().await;
+    broker.shutdown();
+}

@@ -729,21 +729,43 @@ fn raw_method(channel: u16, payload: &[u8]) -> Vec<u8> {
 
 #[test]
 fn tables_nested_past_the_limit_end_the_connection_with_501_unparsed() {
-    // Before tune, the frame_max is the server's: room for 20 000 levels, which parsed by
-    // recursion would overflow this thread's stack and abort the process.
+    // Before tune, frames are held to 4 KiB, as in RabbitMQ: a larger start-ok is a 501
+    // from its frame header on.
     let mut c = Client::new(Settings::default());
     c.feed(&[AMQPFrame::ProtocolHeader(ProtocolVersion::amqp_0_9_1())]);
-    let mut start_ok = vec![0, 10, 0, 11];
-    start_ok.extend_from_slice(&nested_table(20_000));
-    start_ok.extend_from_slice(b"\x05PLAIN\0\0\0\x0c\0guest\0guest\x05en_US");
-    let out = c.feed_bytes(&raw_method(0, &start_ok));
+    let deep_start_ok = |levels| {
+        let mut start_ok = vec![0, 10, 0, 11];
+        start_ok.extend_from_slice(&nested_table(levels));
+        start_ok.extend_from_slice(b"\x05PLAIN\0\0\0\x0c\0guest\0guest\x05en_US");
+        raw_method(0, &start_ok)
+    };
+    let out = c.feed_bytes(&deep_start_ok(20_000));
     assert_eq!(connection_close_code(&out), Some(501));
-    // And the arguments of a queue.declare on an open connection.
-    let mut c = Client::open();
+    // Within 4 KiB, 700 levels are refused for their depth.
+    let mut c = Client::new(Settings::default());
+    c.feed(&[AMQPFrame::ProtocolHeader(ProtocolVersion::amqp_0_9_1())]);
+    let out = c.feed_bytes(&deep_start_ok(700));
+    assert_eq!(connection_close_code(&out), Some(501));
+    // After a tune to 128 KiB frames, a queue.declare's arguments 20 000 levels deep, which
+    // parsed by recursion would overflow this thread's stack and abort the process.
+    let mut c = Client::new(Settings::default());
+    c.feed(&[AMQPFrame::ProtocolHeader(ProtocolVersion::amqp_0_9_1())]);
+    c.feed(&[start_ok("guest", "guest")]);
+    let [tune_ok, open, channel_open] = open_frames();
+    let AMQPFrame::Method(0, AMQPClass::Connection(connection::AMQPMethod::TuneOk(tune))) = tune_ok
+    else {
+        unreachable!("open_frames starts with tune-ok")
+    };
+    let tune_ok = connection::TuneOk {
+        frame_max: 131_072,
+        ..tune
+    };
+    let tune_ok = conn_method(connection::AMQPMethod::TuneOk(tune_ok));
+    assert_eq!(c.feed(&[tune_ok, open, channel_open]).len(), 2);
     let mut declare = vec![0, 50, 0, 10, 0, 0, 4];
     declare.extend_from_slice(b"jobs");
     declare.push(0);
-    declare.extend_from_slice(&nested_table(1_000));
+    declare.extend_from_slice(&nested_table(20_000));
     let out = c.feed_bytes(&raw_method(1, &declare));
     assert_eq!(connection_close_code(&out), Some(501));
     assert!(c.broker.queue("jobs").is_none());
