@@ -26,6 +26,13 @@ pub(super) const PROPERTIES_NOT_STORED: &str =
 /// What is reserved for a message body before its frames arrive.
 const FIRST_BODY_RESERVE: usize = 128 * 1024;
 
+/// The most body bytes a connection's publishes in progress may announce, all channels
+/// together, counted when a header announces more than [`FIRST_BODY_RESERVE`]: four
+/// messages of the largest size at once. Smaller ones are not counted (a sum over the
+/// channels with every publish would cost too much), so a connection receives at most
+/// this plus 128 KiB per channel at once.
+pub(super) const ASSEMBLED_BYTES: u64 = 64 << 20;
+
 /// How many bytes of publishes one connection may have handed to a shard without waiting
 /// for its answer (`put_batch_nowait`) before its next put there waits: what a shard that
 /// falls behind holds for one connection in its inbox, beyond one read's publishes.
@@ -151,6 +158,13 @@ impl Connection {
             };
             (arrived, own_ttl)
         });
+        // What the publishes in progress announced, where this one is large.
+        let assembling = (header.body_size > FIRST_BODY_RESERVE as u64).then(|| {
+            (self.channels.values())
+                .filter_map(|c| c.incoming.as_ref()?.content.as_ref())
+                .map(|content| content.size)
+                .sum::<u64>()
+        });
         let incoming = self.incoming(ch, "content header")?;
         if incoming.content.is_some() || header.class_id != BASIC_CLASS {
             return Err(Fault::connection(
@@ -182,6 +196,20 @@ impl Connection {
                 text,
                 &publish_method(),
             ));
+        }
+        if let Some(assembling) = assembling {
+            if assembling + header.body_size > ASSEMBLED_BYTES {
+                let channel = self.channels.get_mut(&ch).expect("just seen");
+                channel.incoming = None;
+                self.refuse_body(ch, header.body_size);
+                let text = format!(
+                    "PRECONDITION_FAILED - message size {} would take the bodies this connection receives at once past {} MiB; send large messages fewer at a time",
+                    header.body_size,
+                    ASSEMBLED_BYTES >> 20
+                );
+                let m = publish_method();
+                return Err(Fault::channel(ch, code::PRECONDITION_FAILED, text, &m));
+            }
         }
         // Room for the first frame only: a header promises a size, the body frames prove
         // it; reserving the whole promise would let a few bytes of input claim 16 MiB.

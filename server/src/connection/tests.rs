@@ -690,6 +690,53 @@ fn a_read_whose_frames_would_write_more_than_a_mebibyte_is_taken_in_parts() {
 }
 
 #[test]
+fn large_bodies_received_at_once_are_bounded_per_connection() {
+    let mut c = Client::open();
+    c.declare("big");
+    // The header of a publish on `ch` announcing `size` bytes, and its first body frame.
+    let started = |ch: u16, size: u64| {
+        let mut frames = Client::publish_frames("big", BasicProperties::default(), b"x");
+        for frame in &mut frames {
+            match frame {
+                AMQPFrame::Method(n, _) | AMQPFrame::Body(n, _) => *n = ch,
+                AMQPFrame::Header(n, header) => {
+                    *n = ch;
+                    header.body_size = size;
+                }
+                _ => {}
+            }
+        }
+        frames
+    };
+    let open = |ch| {
+        method(
+            ch,
+            AMQPClass::Channel(channel::AMQPMethod::Open(channel::Open {})),
+        )
+    };
+    c.feed(&(2..=5).map(open).collect::<Vec<_>>());
+    // Four messages of the largest size at once are received.
+    for ch in 1..=4 {
+        assert_eq!(c.feed(&started(ch, 16 << 20)), []);
+    }
+    // A fifth large one is refused on its channel, its body dropped as it comes; the
+    // connection goes on.
+    let out = c.feed(&started(5, 200_000));
+    let (code, text) = channel_close(&out).unwrap();
+    assert_eq!(code, 406);
+    assert!(text.contains("past 64 MiB"), "{text}");
+    assert!(!c.conn.is_closing());
+    // The channel opened again, a smaller one still goes through.
+    let close_ok = channel::AMQPMethod::CloseOk(channel::CloseOk {});
+    c.feed(&[method(5, AMQPClass::Channel(close_ok)), open(5)]);
+    let mut frames = started(5, 100_000);
+    frames.pop();
+    frames.extend((0..25).map(|_| AMQPFrame::Body(5, vec![0; 4_000])));
+    assert_eq!(c.feed(&frames), []);
+    assert_eq!(c.stats("big").ready, 1);
+}
+
+#[test]
 fn a_frame_over_frame_max_ends_the_connection_with_501() {
     let mut c = Client::open();
     let frames = Client::publish_frames("jobs", BasicProperties::default(), &[0; 9000]);
