@@ -34,8 +34,8 @@ use crate::arguments::StorageHints;
 use crate::connection::Declared;
 use crate::dead_letter::{self, Route};
 use crate::exchange::write_atomically;
-use crate::message_expiry;
 use crate::Settings;
+use crate::{message_expiry, names};
 
 /// The file, in the data dir, that keeps what durable queues were declared with.
 pub const FILE: &str = "leasemqd-queues.json";
@@ -216,6 +216,16 @@ fn open(
             stored.version
         ));
     }
+    // A value no declare could give, which the server would act on: an `x-expires` of 0
+    // would delete the queue, its messages with it, as the server starts.
+    for q in &stored.queues {
+        if q.expires == Some(0) {
+            let (shown, file) = (names::amqp(&q.name), file.file.display());
+            return Err(format!(
+                "{file} is damaged: queue '{shown}' has x-expires 0 (a declare takes 1 ms and more)"
+            ));
+        }
+    }
     let total = stored.queues.len();
     let kept: HashMap<String, Declared> = (stored.queues.iter())
         .filter(|q| queue_exists(&q.name))
@@ -335,6 +345,18 @@ mod tests {
         assert!(open(dir.path(), |_| true)
             .unwrap_err()
             .contains("version 2"));
+    }
+
+    #[test]
+    fn an_expiry_no_declare_could_give_stops_the_start() {
+        let dir = tempfile::tempdir().unwrap();
+        let text = r#"{"version": 1, "queues": [
+            {"name": "jobs", "auto_delete": false, "quorum": false, "expires": 0}
+        ]}"#;
+        fs::write(dir.path().join(FILE), text).unwrap();
+        let refused = open(dir.path(), |_| true).unwrap_err();
+        let said = "is damaged: queue 'jobs' has x-expires 0";
+        assert!(refused.contains(said), "{refused}");
     }
 
     #[test]
