@@ -50,6 +50,20 @@ impl Client {
         }
     }
 
+    /// `queue.declare` of `name` on channel 1, answered with `declare-ok`.
+    async fn declare(&mut self, name: &str) {
+        let declare = queue::Declare {
+            queue: name.into(),
+            ..queue::Declare::default()
+        };
+        let declare = AMQPClass::Queue(queue::AMQPMethod::Declare(declare));
+        self.send(&[AMQPFrame::Method(1, declare)]).await;
+        assert!(matches!(
+            self.recv().await,
+            AMQPFrame::Method(1, AMQPClass::Queue(queue::AMQPMethod::DeclareOk(_)))
+        ));
+    }
+
     /// `connection.close`, answered with `close-ok`.
     async fn close(&mut self) {
         let close = connection::Close {
@@ -173,19 +187,7 @@ async fn a_thousand_publishes_in_one_write_are_consumed_and_acked_over_tcp() {
     let (broker, addr) = serve_broker(2, Settings::default()).await;
 
     let mut c = Client::connect(addr).await;
-    let declare = queue::Declare {
-        queue: "tcp-jobs".into(),
-        ..queue::Declare::default()
-    };
-    c.send(&[AMQPFrame::Method(
-        1,
-        AMQPClass::Queue(queue::AMQPMethod::Declare(declare)),
-    )])
-    .await;
-    assert!(matches!(
-        c.recv().await,
-        AMQPFrame::Method(1, AMQPClass::Queue(queue::AMQPMethod::DeclareOk(_)))
-    ));
+    c.declare("tcp-jobs").await;
 
     let n = 1000;
     let frames: Vec<AMQPFrame> = (0..n)
@@ -500,19 +502,7 @@ async fn a_client_that_closes_while_writing_a_refused_body_still_reads_its_close
 async fn a_write_of_gets_that_return_more_than_a_mebibyte_is_answered_whole() {
     let (broker, addr) = serve_broker(1, Settings::default()).await;
     let mut c = Client::connect(addr).await;
-    let declare = queue::Declare {
-        queue: "tcp-big".into(),
-        ..queue::Declare::default()
-    };
-    c.send(&[AMQPFrame::Method(
-        1,
-        AMQPClass::Queue(queue::AMQPMethod::Declare(declare)),
-    )])
-    .await;
-    assert!(matches!(
-        c.recv().await,
-        AMQPFrame::Method(1, AMQPClass::Queue(queue::AMQPMethod::DeclareOk(_)))
-    ));
+    c.declare("tcp-big").await;
     let body = vec![7; 300_000];
     let mut frames = publish("tcp-big", &body).to_vec();
     frames.pop();

@@ -110,27 +110,12 @@ impl<'a> Reader<'a> {
     /// Whether the table that starts here, at nesting `level`, holds anything past
     /// [`MAX_NESTING`]. Reads past it.
     fn table_too_deep(&mut self, level: usize) -> bool {
-        let Some(mut inside) = self.u32().and_then(|len| self.take(len)).map(Reader) else {
-            return false;
-        };
-        if level > MAX_NESTING {
-            return true;
-        }
-        while !inside.0.is_empty() {
-            if inside.short_strings(1).is_none() {
-                return false;
-            }
-            match inside.value_too_deep(level) {
-                Some(false) => {}
-                Some(true) => return true,
-                None => return false,
-            }
-        }
-        false
+        self.container_too_deep(level, true)
     }
 
-    /// As [`table_too_deep`](Self::table_too_deep), for an array.
-    fn array_too_deep(&mut self, level: usize) -> bool {
+    /// As [`table_too_deep`](Self::table_too_deep), for a table (each value after its
+    /// name, a short string) or an array (values only).
+    fn container_too_deep(&mut self, level: usize, named: bool) -> bool {
         let Some(mut inside) = self.u32().and_then(|len| self.take(len)).map(Reader) else {
             return false;
         };
@@ -138,6 +123,9 @@ impl<'a> Reader<'a> {
             return true;
         }
         while !inside.0.is_empty() {
+            if named && inside.short_strings(1).is_none() {
+                return false;
+            }
             match inside.value_too_deep(level) {
                 Some(false) => {}
                 Some(true) => return true,
@@ -152,8 +140,8 @@ impl<'a> Reader<'a> {
     fn value_too_deep(&mut self, level: usize) -> Option<bool> {
         let kind = *self.take(1)?.first()?;
         let fixed = match kind {
-            b'F' => return Some(self.table_too_deep(level + 1)),
-            b'A' => return Some(self.array_too_deep(level + 1)),
+            b'F' => return Some(self.container_too_deep(level + 1, true)),
+            b'A' => return Some(self.container_too_deep(level + 1, false)),
             b'S' | b'x' => self.u32()?,
             b'V' => 0,
             b't' | b'b' | b'B' => 1,
