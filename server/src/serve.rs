@@ -180,6 +180,8 @@ async fn drive(
     let mut close_deadline: Option<Instant> = None;
     let mut last_write = Instant::now();
     let mut last_read = Instant::now();
+    // When the socket last took bytes: heartbeats are not written while output waits.
+    let mut last_taken = Instant::now();
     // Whole frames of the input the connection left for later (see `handle_input`).
     let mut input_left = false;
     // A client not through the handshake by then is dropped (RabbitMQ's
@@ -246,6 +248,7 @@ async fn drive(
                 metrics.outgoing_bytes.inc_by(n as u64);
                 written += n;
                 last_write = Instant::now();
+                last_taken = last_write;
                 if written == output.len() {
                     output.clear();
                     written = 0;
@@ -269,7 +272,18 @@ async fn drive(
                 if last_read.elapsed() > heartbeat * 2 {
                     return Err(io::Error::new(io::ErrorKind::TimedOut, "missed heartbeats"));
                 }
-                conn.send_heartbeat();
+                // A peer that takes nothing of what waits for it for as long as missed
+                // heartbeats take is gone too, though its own heartbeats go unread (reading
+                // pauses while output waits): what the connection holds is freed.
+                if pending > 0 && last_taken.elapsed() > heartbeat * 2 {
+                    let text = "the peer took nothing sent to it";
+                    return Err(io::Error::new(io::ErrorKind::TimedOut, text));
+                }
+                // Output waiting to be sent tells the peer we are here once it moves; a
+                // heartbeat behind it would only add to it.
+                if pending == 0 {
+                    conn.send_heartbeat();
+                }
                 last_write = Instant::now();
             }
             () = sleep_until(handshake_by), if !shaken => {

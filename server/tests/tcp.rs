@@ -582,3 +582,51 @@ async fn a_client_that_does_not_finish_its_handshake_in_time_is_dropped() {
     c.close().await;
     broker.shutdown();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_consumer_that_takes_nothing_for_two_heartbeats_is_dropped_and_its_deliveries_return() {
+    let (broker, addr) = serve_broker(1, Settings::default()).await;
+    let mut publisher = Client::connect(addr).await;
+    publisher.declare("tcp-stalled").await;
+    // More than the sockets buffer, in messages of 1.5 MiB: the server's output stays over
+    // 2 MiB once the consumer stops reading, and the server stops reading it too.
+    let body = vec![7; 3 << 19];
+    for _ in 0..16 {
+        let mut frames = publish("tcp-stalled", &body).to_vec();
+        frames.pop();
+        frames.extend(
+            body.chunks(100_000)
+                .map(|part| AMQPFrame::Body(1, part.to_vec())),
+        );
+        publisher.send(&frames).await;
+    }
+    let queue = broker.queue("tcp-stalled").unwrap();
+    while queue.stats().ready < 16 {
+        tokio::task::yield_now().await;
+    }
+    // A consumer with a 1 s heartbeat that never reads again, nor beats.
+    let mut consumer = Client::connect_with_heartbeat(addr, 1).await;
+    let consume = basic::Consume {
+        queue: "tcp-stalled".into(),
+        consumer_tag: "stalled".into(),
+        ..basic::Consume::default()
+    };
+    consumer
+        .send(&[on1(basic::AMQPMethod::Consume(consume))])
+        .await;
+    // Within 2 heartbeats and a bit, the server gives up on it: what it held comes back.
+    let gave_up = async {
+        while queue.stats().leased == 0 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        while queue.stats().ready < 16 {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    };
+    timeout(Duration::from_secs(10), gave_up)
+        .await
+        .expect("the stalled consumer's deliveries back within 10 s");
+    publisher.close().await;
+    drop(consumer);
+    broker.shutdown();
+}
