@@ -436,11 +436,11 @@ def test_a_message_past_its_ttl_is_never_delivered():
     ch.basic_publish(exchange="", routing_key=plain, body=b"stale",
                      properties=pika.BasicProperties(expiration="200"))
     ch.basic_publish(exchange="", routing_key=plain, body=b"kept")
+    conn.sleep(0.5)
+    ch.basic_publish(exchange="", routing_key=ttl, body=b"fresh")
     ch.basic_publish(exchange="", routing_key=ttl, body=b"short",
                      properties=pika.BasicProperties(expiration="1"))
-    conn.sleep(0.5)
-    # Drained at once: its 200 ms leave room for a slow machine.
-    ch.basic_publish(exchange="", routing_key=ttl, body=b"fresh")
+    conn.sleep(0.1)
     assert drain(ch, ttl) == ["fresh"]
     assert drain(ch, plain) == ["kept"]
     # A redeclare names the same TTL.
