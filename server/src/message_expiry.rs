@@ -477,8 +477,7 @@ pub fn look_at_head(settings: &Settings, broker: &Broker, look: &Look) -> Next {
         expired += taken.len();
         if let Some(head) = rest.first() {
             let next = match due(head, &mut seen) {
-                // It expires once the clock is past that time (one from a build that took
-                // any `expiration` may be due at the end of time).
+                // It expires once the clock is past that time (never past `u64::MAX`).
                 Some(at) => Next::At(at.saturating_add(1)),
                 // Only a queue with no `x-message-ttl` has such messages: the head stays
                 // until a consumer takes it.

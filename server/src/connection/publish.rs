@@ -523,8 +523,9 @@ impl Connection {
     /// Takes the answers that have come for awaited puts (see [`Awaited`]): a refused
     /// publish (a full queue, a failed log) is nacked on a confirming channel and dropped on
     /// another, a failed log without confirms or any other error is a channel error, a
-    /// broker shutting down a connection error; then confirms what can be confirmed. `Ready` when an answer was taken, `Pending` (the waker registered with
-    /// every awaited put) when none had come.
+    /// broker shutting down a connection error; then confirms what can be confirmed.
+    /// `Ready` when an answer was taken, `Pending` (the waker registered with every awaited
+    /// put) when none had come.
     pub fn poll_answers(&mut self, cx: &mut Context<'_>) -> Poll<()> {
         if self.phase != super::Phase::Open {
             // Closing or closed: nothing but close-ok goes out any more, and the answers
