@@ -15,7 +15,7 @@ use lapin::options::{
     ConfirmSelectOptions,
 };
 use lapin::types::FieldTable;
-use lapin::{Acker, BasicProperties, Channel, Connection, PublisherConfirm};
+use lapin::{BasicProperties, Channel, Connection, PublisherConfirm};
 
 use super::{amqp_error, connect, Plan};
 use crate::cli::{format_duration, AckMode};
@@ -71,9 +71,10 @@ pub(super) struct ConsumerResult {
     pub(super) problems: Vec<String>,
 }
 
-/// A consumer's connection and its subscription on a channel of it.
+/// A consumer's connection, the channel it consumes on, and its subscription.
 pub(super) struct Subscriber {
     pub(super) conn: Connection,
+    pub(super) channel: Channel,
     pub(super) consumer: lapin::Consumer,
 }
 
@@ -110,7 +111,11 @@ pub(super) async fn open_consumers(
             )
             .await
             .map_err(amqp_error("basic.consume"))?;
-        subscribers.push(Subscriber { conn, consumer });
+        subscribers.push(Subscriber {
+            conn,
+            channel,
+            consumer,
+        });
     }
     Ok(subscribers)
 }
@@ -303,14 +308,20 @@ fn published(
     false
 }
 
-/// A consumer's deliveries received but not yet acked (`--ack multiple:N`).
+/// A consumer's deliveries received but not yet acked (`--ack multiple:N`): their headers
+/// and the delivery tag of the last.
 pub(super) struct Pending {
     pub(super) sent: Vec<(u64, u64)>,
-    pub(super) last: Option<Acker>,
+    pub(super) last: Option<u64>,
 }
 
 /// One consumer: receives and acks until every producer is done and everything put is
 /// acked.
+///
+/// Acks go out with `Channel::basic_ack` and the delivery's tag, not the delivery's
+/// `Acker`: lapin's `Acker` hands each ack to the connection's internal task, which spawns
+/// a task of its own to send it. That hop cost this client more CPU per message than the
+/// server spends on one, and the client shares the machine with the server it measures.
 pub(super) async fn consume(
     s: Subscriber,
     mut r: ConsumerResult,
@@ -318,7 +329,11 @@ pub(super) async fn consume(
     clock: Clock,
     shared: Arc<Shared>,
 ) -> ConsumerResult {
-    let Subscriber { conn, mut consumer } = s;
+    let Subscriber {
+        conn,
+        channel,
+        mut consumer,
+    } = s;
     let mut pending = Pending {
         sent: Vec::new(),
         last: None,
@@ -331,7 +346,7 @@ pub(super) async fn consume(
         let item = match poll_once(consumer.next()).await {
             Some(item) => item,
             None if pending.last.is_some() => {
-                flush(&mut pending, &mut r, &plan, clock, &shared).await;
+                flush(&channel, &mut pending, &mut r, &plan, clock, &shared).await;
                 continue;
             }
             None if !acking.is_empty() => {
@@ -379,9 +394,9 @@ pub(super) async fn consume(
                     acked_each(done, &mut r, &plan, &shared);
                 }
                 let t0 = clock.now_ns();
-                let acker = delivery.acker;
+                let (channel, tag) = (&channel, delivery.delivery_tag);
                 acking.push(async move {
-                    let acked = acker.ack(BasicAckOptions::default()).await;
+                    let acked = channel.basic_ack(tag, BasicAckOptions::default()).await;
                     (header, t0, clock.now_ns(), acked)
                 });
                 // One poll hands the new ack to lapin (and takes those already written).
@@ -391,9 +406,9 @@ pub(super) async fn consume(
             }
             AckMode::Multiple(n) => {
                 pending.sent.push(header);
-                pending.last = Some(delivery.acker);
+                pending.last = Some(delivery.delivery_tag);
                 if pending.sent.len() >= n as usize {
-                    flush(&mut pending, &mut r, &plan, clock, &shared).await;
+                    flush(&channel, &mut pending, &mut r, &plan, clock, &shared).await;
                 }
             }
         }
@@ -405,7 +420,7 @@ pub(super) async fn consume(
     r
 }
 
-type Acking = ((u64, u64), u64, u64, lapin::Result<bool>);
+type Acking = ((u64, u64), u64, u64, lapin::Result<()>);
 
 /// One `--ack each` ack that lapin has written (or failed to).
 fn acked_each(done: Acking, r: &mut ConsumerResult, plan: &Plan, shared: &Shared) {
@@ -414,16 +429,13 @@ fn acked_each(done: Acking, r: &mut ConsumerResult, plan: &Plan, shared: &Shared
 }
 
 /// What lapin said of an ack, as [`ConsumerResult::settled`] takes it.
-fn lapin_acked(acked: lapin::Result<bool>) -> Result<(), String> {
-    match acked {
-        Ok(true) => Ok(()),
-        Ok(false) => Err("an ack was refused by the client (channel closed)".into()),
-        Err(e) => Err(format!("acking: {e}")),
-    }
+fn lapin_acked(acked: lapin::Result<()>) -> Result<(), String> {
+    acked.map_err(|e| format!("acking: {e}"))
 }
 
 /// Acks everything pending with one `basic.ack multiple`.
 pub(super) async fn flush(
+    channel: &Channel,
     pending: &mut Pending,
     r: &mut ConsumerResult,
     plan: &Plan,
@@ -434,7 +446,10 @@ pub(super) async fn flush(
         return;
     };
     let t0 = clock.now_ns();
-    let acked = lapin_acked(last.ack(BasicAckOptions { multiple: true }).await);
+    let acked = channel
+        .basic_ack(last, BasicAckOptions { multiple: true })
+        .await;
+    let acked = lapin_acked(acked);
     r.settled(plan, shared, &pending.sent, t0, clock.now_ns(), acked);
     pending.sent.clear();
 }
