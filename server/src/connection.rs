@@ -112,6 +112,10 @@ pub struct Settings {
     pub message_expiry: Arc<MessageExpiry>,
     /// When messages arrive and expire (message TTL).
     pub clock: WallClock,
+    /// How old a delivery is: a channel forgets the deliveries whose lease has certainly
+    /// run out (`Channel::forget_expired`). The broker's own leases run on the system's
+    /// monotonic clock, as this does by default.
+    pub lease_clock: LeaseClock,
     /// Set once a queue is declared with `x-message-ttl`: from then on every publish is
     /// stamped with its arrival (before it is routed), not only one with an `expiration`.
     /// Until then none needs it, and stamping would cost every message 8 bytes.
@@ -145,6 +149,7 @@ impl Default for Settings {
             dead_letters: Arc::default(),
             message_expiry: Arc::default(),
             clock: WallClock::default(),
+            lease_clock: LeaseClock::default(),
             message_ttl_used: Arc::default(),
             metrics: Arc::default(),
             shutdown: Arc::new(tokio::sync::watch::Sender::new(false)),
@@ -250,6 +255,50 @@ impl Default for WallClock {
 impl std::fmt::Debug for WallClock {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "WallClock({} ms)", self.now_ms())
+    }
+}
+
+/// A monotonic clock in milliseconds from an arbitrary start, on which a connection
+/// measures how long its deliveries have been out. Tests use one they move by hand
+/// ([`LeaseClock::manual`]), in step with the broker's manual clock.
+#[derive(Clone)]
+pub struct LeaseClock(Arc<dyn Fn() -> u64 + Send + Sync>);
+
+impl LeaseClock {
+    /// The system's monotonic clock, counted from the first time any `LeaseClock` read it.
+    pub fn system() -> LeaseClock {
+        static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+        LeaseClock(Arc::new(|| {
+            let start = *START.get_or_init(std::time::Instant::now);
+            u64::try_from(start.elapsed().as_millis()).unwrap_or(u64::MAX)
+        }))
+    }
+
+    /// A clock that reads what the returned cell holds, starting at 0.
+    pub fn manual() -> (LeaseClock, Arc<AtomicU64>) {
+        let now = Arc::new(AtomicU64::new(0));
+        let read = Arc::clone(&now);
+        (
+            LeaseClock(Arc::new(move || read.load(Ordering::Relaxed))),
+            now,
+        )
+    }
+
+    /// Now, in milliseconds from the clock's start.
+    pub fn now_ms(&self) -> u64 {
+        (self.0)()
+    }
+}
+
+impl Default for LeaseClock {
+    fn default() -> LeaseClock {
+        LeaseClock::system()
+    }
+}
+
+impl std::fmt::Debug for LeaseClock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "LeaseClock({} ms)", self.now_ms())
     }
 }
 

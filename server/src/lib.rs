@@ -31,4 +31,4 @@ pub mod names;
 pub mod serve;
 pub mod wire;
 
-pub use connection::{Connection, QueueConsumers, Settings, WallClock};
+pub use connection::{Connection, LeaseClock, QueueConsumers, Settings, WallClock};

@@ -34,6 +34,9 @@ use crate::{arguments, content, dead_letter, names, wire};
 /// The most prefetch a broker consumer takes; also what `prefetch_count = 0` (AMQP's "no
 /// limit") becomes.
 const MAX_PREFETCH: u16 = u16::MAX;
+/// A channel looks for deliveries whose lease has run out once it holds this many
+/// unsettled, and again each time they have doubled since it last looked.
+pub(super) const FORGET_EXPIRED_FROM: usize = 1024;
 
 /// One open channel.
 #[derive(Default)]
@@ -51,6 +54,12 @@ pub(crate) struct Channel {
     last_tag: u64,
     /// Deliveries not yet settled, by channel delivery tag.
     pub(super) unacked: BTreeMap<u64, Unacked>,
+    /// How many unsettled deliveries make the channel look for expired ones again (at
+    /// least [`FORGET_EXPIRED_FROM`]).
+    forget_at: usize,
+    /// The highest delivery tag forgotten because its lease had run out (0: none). An ack
+    /// of a tag up to it that the channel no longer holds is a late ack, ignored.
+    forgotten: u64,
     /// A publish whose content is still arriving.
     pub(super) incoming: Option<Incoming>,
     /// Consumer tags in use on this channel.
@@ -89,6 +98,41 @@ impl Channel {
     fn unsettled(&self) -> usize {
         self.unacked.len() + self.tx.as_ref().map_or(0, Tx::held_deliveries)
     }
+
+    /// Holds delivery `channel_tag` until it is settled. First, once the unsettled ones
+    /// have reached [`FORGET_EXPIRED_FROM`], or doubled since the last look, forgets those
+    /// whose lease has certainly run out by `now` (see [`Channel::forget_expired`]).
+    fn hold(&mut self, channel_tag: u64, unacked: Unacked, now: u64) {
+        if self.unacked.len() >= self.forget_at.max(FORGET_EXPIRED_FROM) {
+            self.forget_expired(now);
+        }
+        self.unacked.insert(channel_tag, unacked);
+    }
+
+    /// Forgets the unsettled deliveries whose lease had run out by `now`.
+    ///
+    /// A client that never acks would otherwise make the channel hold one entry for every
+    /// delivery its leases outlived, without end: an expired lease frees the consumer's
+    /// prefetch, and the message comes again under a new tag. RabbitMQ closes such a
+    /// channel at its `consumer_timeout`; a lease gives the message back instead and the
+    /// channel stays. The broker's lease began before the connection had the delivery, so
+    /// an entry older than its queue's `ack_timeout` on the lease clock names a lease that
+    /// has certainly run out, whose ack the broker would count as stale. Its ack is then
+    /// ignored here (`forgotten`); the stopped consumer it kept counts one fewer.
+    fn forget_expired(&mut self, now: u64) {
+        let (stopped, forgotten) = (&mut self.stopped, &mut self.forgotten);
+        self.unacked.retain(|&channel_tag, unacked| {
+            if unacked.expires > now {
+                return true;
+            }
+            *forgotten = (*forgotten).max(channel_tag);
+            if let Some(s) = stopped.iter_mut().find(|s| s.number == unacked.consumer) {
+                s.outstanding = s.outstanding.saturating_sub(1);
+            }
+            false
+        });
+        self.forget_at = 2 * self.unacked.len();
+    }
 }
 
 /// What a channel delivery tag stands for.
@@ -97,6 +141,24 @@ pub(crate) struct Unacked {
     tag: DeliveryTag,
     /// The number of the subscription it came from.
     pub(super) consumer: u64,
+    /// When its lease has certainly run out, on the lease clock: when the connection had
+    /// it, plus its queue's `ack_timeout`.
+    expires: u64,
+}
+
+impl Unacked {
+    /// Delivery `tag` of `queue`, to the subscription numbered `consumer`, had `now`.
+    fn new(queue: Queue, tag: DeliveryTag, consumer: u64, now: u64) -> Unacked {
+        // Rounded up: never earlier than the broker's deadline.
+        let lease = queue.config().ack_timeout.as_micros().div_ceil(1000);
+        let expires = now.saturating_add(u64::try_from(lease).unwrap_or(u64::MAX));
+        Unacked {
+            queue,
+            tag,
+            consumer,
+            expires,
+        }
+    }
 }
 
 /// A broker consumer that takes no more deliveries, kept until the deliveries it made on
@@ -915,12 +977,9 @@ impl Connection {
             consumer.cancel();
         } else {
             consumer.stop();
-            let unacked = Unacked {
-                queue: queue.clone(),
-                tag: delivery.tag(),
-                consumer: number,
-            };
-            state.unacked.insert(channel_tag, unacked);
+            let now = self.settings.lease_clock.now_ms();
+            let unacked = Unacked::new(queue.clone(), delivery.tag(), number, now);
+            state.hold(channel_tag, unacked, now);
             state.stopped.push(Stopped {
                 number,
                 _consumer: consumer,
@@ -1205,8 +1264,10 @@ impl Connection {
     ) -> Result<(), Fault> {
         let state = self.channels.get_mut(&ch).expect("checked by the caller");
         // As RabbitMQ: with `multiple`, the named tag itself must be outstanding (0 means
-        // all of them); a tag never delivered, or settled already, is a channel error.
-        if multiple && tag != 0 && !state.unacked.contains_key(&tag) {
+        // all of them); a tag never delivered, or settled already, is a channel error. One
+        // forgotten because its lease ran out is not (`forget_expired`).
+        let forgotten = tag != 0 && tag <= state.forgotten;
+        if multiple && tag != 0 && !forgotten && !state.unacked.contains_key(&tag) {
             let text = format!("PRECONDITION_FAILED - unknown delivery tag {tag}");
             return Err(Fault::channel(ch, code::PRECONDITION_FAILED, text, m));
         }
@@ -1219,12 +1280,16 @@ impl Connection {
         } else {
             match state.unacked.remove(&tag) {
                 Some(u) => vec![(tag, u)],
+                None if forgotten => Vec::new(),
                 None => {
                     let text = format!("PRECONDITION_FAILED - unknown delivery tag {tag}");
                     return Err(Fault::channel(ch, code::PRECONDITION_FAILED, text, m));
                 }
             }
         };
+        if taken.is_empty() {
+            return Ok(());
+        }
         // A transactional channel makes it at its commit (`tx.rs`).
         match state.tx.as_mut() {
             Some(held) => held.hold_settle(taken, how),
@@ -1247,6 +1312,7 @@ impl Connection {
                 queue,
                 tag,
                 consumer,
+                ..
             },
         ) in taken
         {
@@ -1321,12 +1387,9 @@ impl Connection {
         state.last_tag += 1;
         let channel_tag = state.last_tag;
         if !no_ack {
-            let unacked = Unacked {
-                queue: sub.queue.clone(),
-                tag: delivery.tag(),
-                consumer: sub.number,
-            };
-            state.unacked.insert(channel_tag, unacked);
+            let now = self.settings.lease_clock.now_ms();
+            let unacked = Unacked::new(sub.queue.clone(), delivery.tag(), sub.number, now);
+            state.hold(channel_tag, unacked, now);
         }
         let envelope = delivery.envelope();
         let deliver = |out: &mut Output, exchange: &str, routing_key: &str| {

@@ -15,7 +15,7 @@ use amq_protocol::protocol::{
 use amq_protocol::types::{AMQPValue, FieldTable};
 use leasemq::{Broker, ConsumerConfig};
 
-use super::{Connection, Settings};
+use super::{Connection, LeaseClock, Settings};
 
 /// A connection under test, with the broker behind it.
 struct Client {
@@ -543,6 +543,110 @@ fn a_late_ack_after_the_lease_ran_out_is_ignored_not_an_error() {
     assert_eq!((stats.stale, stats.expired, stats.leased), (1, 1, 1));
     assert!(c.feed(&[ack(2, false)]).is_empty());
     assert_eq!(c.broker.queue("slow").unwrap().stats().acked, 1);
+}
+
+/// A client that takes deliveries and never acks them, on a queue whose leases run out:
+/// each expiry gives the messages back and they come again under new tags. The channel
+/// forgets the deliveries whose lease has run out, so what it holds stays bounded; a late
+/// ack of one it forgot is ignored as before, and the live ones ack as usual.
+#[test]
+fn a_channel_forgets_the_deliveries_whose_lease_ran_out() {
+    let (lease_clock, now) = LeaseClock::manual();
+    let mut c = Client::open_with(Settings {
+        lease_clock,
+        ..Settings::default()
+    });
+    c.declare("stuck");
+    c.feed(&[qos(10, false)]);
+    let frames: Vec<AMQPFrame> = (0..10)
+        .flat_map(|_| Client::publish_frames("stuck", BasicProperties::default(), b"x"))
+        .collect();
+    c.feed(&frames);
+    assert_eq!(deliveries(&c.consume("stuck", false)).len(), 10);
+    let mut made = 10;
+    for _ in 0..300 {
+        // The leases are 10 s; both clocks move on together.
+        c.broker.advance(Duration::from_secs(11)).unwrap();
+        now.fetch_add(11_000, Ordering::Relaxed);
+        let out = deliveries(&c.feed(&[]));
+        assert!(out.len() >= 10, "the expired ones come again");
+        made += out.len() as u64;
+    }
+    // The last 10 are the live ones: tags made - 9 ..= made.
+    let held = c.conn.channels[&1].unacked.len();
+    assert!(
+        (10..=2 * super::channel::FORGET_EXPIRED_FROM).contains(&held),
+        "{made} deliveries, 10 of them live: the channel holds {held}"
+    );
+    // A forgotten delivery's ack is a late ack: ignored, the channel stays.
+    assert!(c.feed(&[ack(1, false)]).is_empty());
+    assert!(c.feed(&[ack(2, true)]).is_empty());
+    // The live ones are all still held and settle.
+    for tag in made - 9..=made {
+        assert!(c.feed(&[ack(tag, false)]).is_empty());
+    }
+    let stats = c.broker.queue("stuck").unwrap().stats();
+    assert_eq!((stats.acked, stats.leased, stats.ready), (10, 0, 0));
+    // A tag never delivered is still a channel error.
+    let out = c.feed(&[ack(made + 1, false)]);
+    assert_eq!(channel_close_code(&out), Some(406));
+}
+
+/// `basic.get` without an ack, again and again, on a queue whose lease runs out: each
+/// get's stopped consumer goes once the channel forgets its expired delivery, so they do
+/// not pile up either.
+#[test]
+fn repeated_gets_never_acked_are_forgotten_with_their_consumers() {
+    let (lease_clock, now) = LeaseClock::manual();
+    let mut c = Client::open_with(Settings {
+        lease_clock,
+        ..Settings::default()
+    });
+    c.declare("again");
+    c.feed(&Client::publish_frames(
+        "again",
+        BasicProperties::default(),
+        b"x",
+    ));
+    for round in 1..=1500u64 {
+        let out = c.feed(&[get("again", false)]);
+        assert!(
+            matches!(&out[0], AMQPFrame::Method(1, AMQPClass::Basic(basic::AMQPMethod::GetOk(ok)))
+                if ok.delivery_tag == round),
+            "{out:?}"
+        );
+        c.broker.advance(Duration::from_secs(11)).unwrap();
+        now.fetch_add(11_000, Ordering::Relaxed);
+    }
+    let state = &c.conn.channels[&1];
+    assert!(state.unacked.len() < 1024, "{}", state.unacked.len());
+    assert!(state.stopped.len() < 1024, "{}", state.stopped.len());
+}
+
+/// The look for expired deliveries forgets none whose lease is still running, however
+/// many the channel holds.
+#[test]
+fn a_channel_forgets_no_delivery_whose_lease_still_runs() {
+    let (lease_clock, now) = LeaseClock::manual();
+    let mut c = Client::open_with(Settings {
+        lease_clock,
+        ..Settings::default()
+    });
+    c.declare("busy");
+    let publish = |n| -> Vec<AMQPFrame> {
+        (0..n)
+            .flat_map(|_| Client::publish_frames("busy", BasicProperties::default(), b"x"))
+            .collect()
+    };
+    c.feed(&publish(1000));
+    assert_eq!(deliveries(&c.consume("busy", false)).len(), 1000);
+    // A millisecond before the first ones' leases run out, 2 000 more come: the channel
+    // looks for expired ones as they pass 1 024, and finds none.
+    now.store(9_999, Ordering::Relaxed);
+    assert_eq!(deliveries(&c.feed(&publish(2000))).len(), 2000);
+    assert_eq!(c.conn.channels[&1].unacked.len(), 3000);
+    assert!(c.feed(&[ack(3000, true)]).is_empty());
+    assert_eq!(c.broker.queue("busy").unwrap().stats().acked, 3000);
 }
 
 /// As RabbitMQ: `multiple` names a tag that must itself be outstanding; a tag past every
