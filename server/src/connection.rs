@@ -44,6 +44,7 @@ use crate::dead_letter::{self, DeadLetters};
 use crate::durable_queues::QueueFile;
 use crate::exchange::{Exchanges, Refusal};
 use crate::expiry::Expiring;
+use crate::memory::MemoryAlarm;
 use crate::message_expiry::MessageExpiry;
 use crate::metrics::Metrics;
 use crate::wire::{self, Next, Output};
@@ -112,6 +113,8 @@ pub struct Settings {
     pub message_expiry: Arc<MessageExpiry>,
     /// When messages arrive and expire (message TTL).
     pub clock: WallClock,
+    /// Raised while the server's memory is over its limit: publishing connections wait.
+    pub memory_alarm: Arc<MemoryAlarm>,
     /// How old a delivery is: a channel forgets the deliveries whose lease has certainly
     /// run out (`Channel::forget_expired`). The broker's own leases run on the system's
     /// monotonic clock, as this does by default.
@@ -149,6 +152,7 @@ impl Default for Settings {
             dead_letters: Arc::default(),
             message_expiry: Arc::default(),
             clock: WallClock::default(),
+            memory_alarm: Arc::default(),
             lease_clock: LeaseClock::default(),
             message_ttl_used: Arc::default(),
             metrics: Arc::default(),
@@ -598,6 +602,12 @@ pub struct Connection {
     /// parses the same ones again.
     seen: Seen,
     out: Output,
+    /// A `basic.publish` met the memory alarm: no input is taken until it clears
+    /// (`memory.rs`).
+    blocked: bool,
+    /// The client announced the `connection.blocked` capability: it is told when it is
+    /// blocked and unblocked.
+    hears_blocked: bool,
 }
 
 /// The last properties checked on each way, kept apart so that a connection that both
@@ -650,6 +660,8 @@ impl Connection {
             auto_acks: Vec::new(),
             seen: Seen::default(),
             out: Output::default(),
+            blocked: false,
+            hears_blocked: false,
         }
     }
 
@@ -684,6 +696,9 @@ impl Connection {
             match wire::next_frame(rest, self.frame_max) {
                 Next::Incomplete => break,
                 Next::Frame(frame, n) => {
+                    if self.blocks(&frame) {
+                        break;
+                    }
                     used += n;
                     self.handle_frame(frame);
                     if self.out.len() >= OUTPUT_PER_FEED {
@@ -714,6 +729,55 @@ impl Connection {
         }
         self.flush_pending();
         used
+    }
+
+    /// Whether `frame`, a `basic.publish` met while the memory alarm is raised, blocks the
+    /// connection: it is left untaken, and the client told (`connection.blocked`) if it
+    /// asked to be.
+    fn blocks(&mut self, frame: &AMQPFrame) -> bool {
+        let publish = matches!(
+            frame,
+            AMQPFrame::Method(_, AMQPClass::Basic(basic::AMQPMethod::Publish(_)))
+        );
+        if !publish || !self.settings.memory_alarm.raised() || self.phase != Phase::Open {
+            return false;
+        }
+        if !self.blocked && self.hears_blocked {
+            let blocked = connection::Blocked {
+                reason: "low on memory".into(),
+            };
+            self.send(
+                0,
+                AMQPClass::Connection(connection::AMQPMethod::Blocked(blocked)),
+            );
+        }
+        self.blocked = true;
+        true
+    }
+
+    /// A receiver that sees each change of the server's memory alarm.
+    pub fn memory_alarm(&self) -> tokio::sync::watch::Receiver<bool> {
+        self.settings.memory_alarm.subscribe()
+    }
+
+    /// Whether the connection is blocked by the memory alarm: it takes no input (see
+    /// [`Connection::unblock`]).
+    pub fn is_blocked(&self) -> bool {
+        self.blocked
+    }
+
+    /// Ends the block once the memory alarm has cleared, telling the client
+    /// (`connection.unblocked`) if it asked to be; the input left untaken is to be fed
+    /// again.
+    pub fn unblock(&mut self) {
+        if !self.blocked || self.settings.memory_alarm.raised() {
+            return;
+        }
+        self.blocked = false;
+        if self.hears_blocked && !matches!(self.phase, Phase::Closed) {
+            let unblocked = connection::AMQPMethod::Unblocked(connection::Unblocked {});
+            self.send(0, AMQPClass::Connection(unblocked));
+        }
     }
 
     /// Moves the bytes waiting for the socket onto the end of `to`.
@@ -933,6 +997,7 @@ impl Connection {
             "consumer_cancel_notify",
             "direct_reply_to",
             "exchange_exchange_bindings",
+            "connection.blocked",
         ] {
             capabilities.insert(name.into(), AMQPValue::Boolean(true));
         }
@@ -1131,6 +1196,10 @@ impl Connection {
             let text = format!("user '{}' can only connect from localhost", settings.user);
             return Err(Fault::connection(code::ACCESS_REFUSED, text).for_method(&m));
         }
+        // RabbitMQ's blocked connection notifications, for a client that asks for them.
+        let capabilities = start_ok.client_properties.inner().get("capabilities");
+        self.hears_blocked = matches!(capabilities, Some(AMQPValue::FieldTable(c))
+            if matches!(c.inner().get("connection.blocked"), Some(AMQPValue::Boolean(true))));
         let tune = connection::Tune {
             channel_max: settings.channel_max,
             frame_max: settings.frame_max,

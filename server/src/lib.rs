@@ -25,6 +25,7 @@ pub mod dead_letter;
 pub mod durable_queues;
 pub mod exchange;
 pub mod expiry;
+pub mod memory;
 pub mod message_expiry;
 pub mod metrics;
 pub mod names;

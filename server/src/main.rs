@@ -9,7 +9,7 @@ use std::time::Duration;
 use clap::Parser;
 use leasemq::Broker;
 use leasemq_server::exchange::Exchanges;
-use leasemq_server::{durable_queues, serve, Settings};
+use leasemq_server::{durable_queues, memory, serve, Settings};
 use mimalloc::MiMalloc;
 
 #[global_allocator]
@@ -62,6 +62,13 @@ struct Args {
     /// (as RabbitMQ); any other user may connect from anywhere.
     #[arg(long, value_name = "NAME:PASSWORD")]
     user: Option<String>,
+    /// Memory limit (RabbitMQ's `vm_memory_high_watermark`): while the server's resident
+    /// memory is at or over it, connections that publish are blocked (and told so with
+    /// `connection.blocked`) and consumers go on. A share of the machine's memory (or of
+    /// its cgroup's limit) written with a decimal point, or a size: `512MiB`, `2GB`. `0`
+    /// blocks every publish.
+    #[arg(long, value_name = "LIMIT", default_value = "0.4", value_parser = memory::parse_watermark)]
+    memory_high_watermark: memory::Watermark,
 }
 
 fn main() -> ExitCode {
@@ -120,9 +127,11 @@ fn run(args: Args) -> Result<(), String> {
         Some(dir) => format!("durable queues in {}", dir.display()),
         None => "every queue is in memory (no --data-dir)".to_string(),
     };
+    let memory_limit = args.memory_high_watermark.bytes();
     let result = runtime.block_on(serve_until_signal(
         args.listen,
         args.metrics,
+        memory_limit,
         broker.clone(),
         Arc::new(settings),
         storage,
@@ -137,6 +146,7 @@ const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
 async fn serve_until_signal(
     listen: SocketAddr,
     metrics: Option<SocketAddr>,
+    memory_limit: Option<u64>,
     broker: Broker,
     settings: Arc<Settings>,
     storage: String,
@@ -157,10 +167,17 @@ async fn serve_until_signal(
         }
         None => String::new(),
     };
+    let memory_line = match memory_limit {
+        Some(limit) => {
+            tokio::spawn(memory::watch(settings.clone(), limit));
+            format!("memory limit {} MiB", limit >> 20)
+        }
+        None => "no memory limit (the machine's memory cannot be read)".to_string(),
+    };
     let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .map_err(|e| format!("cannot watch SIGTERM: {e}"))?;
     println!(
-        "leasemqd {} ready: AMQP 0-9-1 on {local}, {} shards; {storage}{metrics_line}",
+        "leasemqd {} ready: AMQP 0-9-1 on {local}, {} shards; {storage}; {memory_line}{metrics_line}",
         env!("CARGO_PKG_VERSION"),
         broker.shard_count(),
     );

@@ -4,7 +4,7 @@
 //! prefix: `leasemq_connections`, `leasemq_connections_opened_total`,
 //! `leasemq_channels`, `leasemq_connection_incoming_bytes_total`,
 //! `leasemq_queue_messages_ready{queue}`, `leasemq_queue_messages_unacked{queue}`,
-//! `leasemq_queue_consumers{queue}`, … Per-queue figures are read from the broker
+//! `leasemq_queue_consumers{queue}`, `leasemq_alarms_memory_used_watermark`, … Per-queue figures are read from the broker
 //! (`Queue::stats`) at each scrape, so a deleted queue drops out of the next one.
 //!
 //! The HTTP side answers `GET /metrics` and nothing else, one request per connection; a
@@ -42,6 +42,12 @@ pub struct Metrics {
     /// Dead letters dropped: their dead-letter exchange routed them nowhere, or a queue
     /// refused them (full).
     pub dead_letters_dropped: Counter,
+    /// The process's resident memory at the memory alarm's last look (`memory.rs`).
+    pub resident_memory: Gauge,
+    /// The memory limit (`--memory-high-watermark`) in bytes.
+    pub memory_limit: Gauge,
+    /// 1 while the memory alarm is raised.
+    pub memory_alarm: Gauge,
 }
 
 impl Metrics {
@@ -83,6 +89,21 @@ impl Metrics {
             "dead_letters_dropped",
             "Dead letters routed nowhere or refused by a full queue",
             self.dead_letters_dropped.clone(),
+        );
+        registry.register(
+            "process_resident_memory_bytes",
+            "Resident memory of the server process",
+            self.resident_memory.clone(),
+        );
+        registry.register(
+            "resident_memory_limit_bytes",
+            "The memory limit: publishers are blocked at or over it",
+            self.memory_limit.clone(),
+        );
+        registry.register(
+            "alarms_memory_used_watermark",
+            "1 while the memory alarm blocks publishers",
+            self.memory_alarm.clone(),
         );
         registry.register_collector(Box::new(Queues { broker }));
         registry

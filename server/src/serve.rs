@@ -38,7 +38,8 @@ const CLOSE_GRACE: Duration = Duration::from_secs(5);
 const SHUTDOWN_CLOSE_GRACE: Duration = Duration::from_secs(1);
 
 /// Feeds `input` to `conn` and drops what it used; whether it left whole frames for
-/// later (it stops once its output passes `OUTPUT_PER_FEED`).
+/// later (it stops once its output passes `OUTPUT_PER_FEED`, or at a publish the memory
+/// alarm blocks).
 fn feed(conn: &mut Connection, input: &mut Vec<u8>, channels: &mut Channels<'_>) -> bool {
     // The broker calls block; with durable queues some wait for an fsync, a fraction of a
     // millisecond or more: the runtime then moves this worker's other tasks away (which
@@ -50,7 +51,8 @@ fn feed(conn: &mut Connection, input: &mut Vec<u8>, channels: &mut Channels<'_>)
     };
     input.drain(..used);
     channels.set(conn.channel_count());
-    used > 0 && !input.is_empty() && conn.output_len() >= crate::connection::OUTPUT_PER_FEED
+    let full = used > 0 && conn.output_len() >= crate::connection::OUTPUT_PER_FEED;
+    !input.is_empty() && (full || conn.is_blocked())
 }
 
 /// Accepts connections on `listener` until the future ends (it never does on its own);
@@ -188,8 +190,11 @@ async fn drive(
     // `handshake_timeout`): one that never logs in holds nothing for long.
     let handshake_by = Instant::now() + conn.handshake_timeout();
     let mut shaken = false;
+    let mut memory_alarm = conn.memory_alarm();
     loop {
         shaken |= conn.is_open();
+        // A connection the memory alarm blocked goes on once it has cleared.
+        conn.unblock();
         // Deliveries that are already waiting go out with what is being written.
         while output.len() - written + conn.output_len() < HIGH_WATER {
             match conn.try_delivery() {
@@ -289,6 +294,7 @@ async fn drive(
             () = sleep_until(handshake_by), if !shaken => {
                 return Err(io::Error::new(io::ErrorKind::TimedOut, "no handshake in time"));
             }
+            _ = memory_alarm.changed(), if conn.is_blocked() => {}
             _ = shutdown.changed(), if !forced => {
                 forced = true;
                 conn.force_close();

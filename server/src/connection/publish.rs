@@ -600,11 +600,11 @@ impl Connection {
         !self.awaited.is_empty()
     }
 
-    /// Whether the connection takes more input: not while the puts it awaits hold more
-    /// than [`AWAITED_BYTES`], so that a publisher whose answers lag (a slow disk) is not
-    /// read faster than they come.
+    /// Whether the connection takes more input: not while the memory alarm blocks it, nor
+    /// while the puts it awaits hold more than [`AWAITED_BYTES`], so that a publisher
+    /// whose answers lag (a slow disk) is not read faster than they come.
     pub fn wants_input(&self) -> bool {
-        self.awaited_bytes < AWAITED_BYTES && self.awaited.len() < AWAITED_PUTS
+        !self.blocked && self.awaited_bytes < AWAITED_BYTES && self.awaited.len() < AWAITED_PUTS
     }
 
     /// Whether a run of publishes without confirms may go to its queue without waiting for

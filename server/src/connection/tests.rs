@@ -16,6 +16,7 @@ use amq_protocol::types::{AMQPValue, FieldTable};
 use leasemq::{Broker, ConsumerConfig};
 
 use super::{Connection, LeaseClock, Settings};
+use crate::memory::MemoryAlarm;
 
 /// A connection under test, with the broker behind it.
 struct Client {
@@ -647,6 +648,104 @@ fn a_channel_forgets_no_delivery_whose_lease_still_runs() {
     assert_eq!(c.conn.channels[&1].unacked.len(), 3000);
     assert!(c.feed(&[ack(3000, true)]).is_empty());
     assert_eq!(c.broker.queue("busy").unwrap().stats().acked, 3000);
+}
+
+/// A connection through the handshake with channel 1 open, whose client announced the
+/// `connection.blocked` capability, on a server whose memory alarm is `alarm`.
+fn hearing_blocked(alarm: &Arc<MemoryAlarm>) -> Client {
+    let mut c = Client::new(Settings {
+        memory_alarm: Arc::clone(alarm),
+        ..Settings::default()
+    });
+    c.feed(&[AMQPFrame::ProtocolHeader(ProtocolVersion::amqp_0_9_1())]);
+    let mut capabilities = FieldTable::default();
+    capabilities.insert("connection.blocked".into(), AMQPValue::Boolean(true));
+    let mut client_properties = FieldTable::default();
+    client_properties.insert("capabilities".into(), AMQPValue::FieldTable(capabilities));
+    let start_ok = connection::StartOk {
+        client_properties,
+        mechanism: "PLAIN".into(),
+        response: "\0guest\0guest".into(),
+        locale: "en_US".into(),
+    };
+    c.feed(&[conn_method(connection::AMQPMethod::StartOk(start_ok))]);
+    c.feed(&open_frames());
+    c
+}
+
+/// RabbitMQ's memory alarm: a publish met while it is raised is not taken, the client is
+/// told `connection.blocked`, and nothing more is read until the alarm clears; then
+/// `connection.unblocked`, and the publish goes in.
+#[test]
+fn the_memory_alarm_blocks_a_publishing_connection_until_it_clears() {
+    let alarm = Arc::new(MemoryAlarm::default());
+    let mut c = hearing_blocked(&alarm);
+    c.declare("jobs");
+    alarm.set(true);
+    let publish = encode(&Client::publish_frames(
+        "jobs",
+        BasicProperties::default(),
+        b"job",
+    ));
+    assert_eq!(c.conn.handle_input(&publish), 0, "the publish is not taken");
+    assert!(c.conn.is_blocked() && !c.conn.wants_input());
+    let mut out = Vec::new();
+    c.conn.take_output(&mut out);
+    let blocked = connection::Blocked {
+        reason: "low on memory".into(),
+    };
+    assert_eq!(
+        decode(&out),
+        [conn_method(connection::AMQPMethod::Blocked(blocked))]
+    );
+    // Told once: the same input again while the alarm holds says nothing more.
+    assert_eq!(c.conn.handle_input(&publish), 0);
+    c.conn.unblock();
+    assert!(c.conn.is_blocked());
+    assert_eq!(c.conn.output_len(), 0);
+    assert_eq!(c.broker.queue("jobs").unwrap().stats().ready, 0);
+
+    alarm.set(false);
+    c.conn.unblock();
+    assert!(!c.conn.is_blocked() && c.conn.wants_input());
+    let out = c.feed_bytes(&publish);
+    assert_eq!(
+        out,
+        [conn_method(connection::AMQPMethod::Unblocked(
+            connection::Unblocked {}
+        ))]
+    );
+    assert_eq!(c.broker.queue("jobs").unwrap().stats().ready, 1);
+}
+
+/// A connection that only consumes and acks is never blocked, and one that did not ask
+/// to hear of it is blocked without being told.
+#[test]
+fn the_memory_alarm_lets_consumers_go_on_and_tells_only_who_asked() {
+    let alarm = Arc::new(MemoryAlarm::default());
+    let mut c = Client::open_with(Settings {
+        memory_alarm: Arc::clone(&alarm),
+        ..Settings::default()
+    });
+    c.declare("work");
+    c.feed(&Client::publish_frames(
+        "work",
+        BasicProperties::default(),
+        b"a",
+    ));
+    alarm.set(true);
+    assert_eq!(deliveries(&c.consume("work", false)).len(), 1);
+    assert!(c.feed(&[ack(1, false)]).is_empty());
+    assert_eq!(c.broker.queue("work").unwrap().stats().acked, 1);
+    assert!(!c.conn.is_blocked());
+    let publish = encode(&Client::publish_frames(
+        "work",
+        BasicProperties::default(),
+        b"b",
+    ));
+    assert_eq!(c.conn.handle_input(&publish), 0);
+    assert!(c.conn.is_blocked());
+    assert_eq!(c.conn.output_len(), 0, "not told: it did not ask");
 }
 
 /// As RabbitMQ: `multiple` names a tag that must itself be outstanding; a tag past every

@@ -80,3 +80,38 @@ def test_sigterm_closes_connections_with_320_and_exits_cleanly():
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def test_memory_alarm_blocks_publishers_and_tells_them():
+    # A limit of 0, as RabbitMQ's watermark of 0: the alarm is raised from the start.
+    proc, port, url = start("--memory-high-watermark", "0", "--metrics", "127.0.0.1:0")
+    try:
+        params = pika.ConnectionParameters("127.0.0.1", port)
+        conn = pika.BlockingConnection(params)
+        heard = []
+        conn.add_on_connection_blocked_callback(lambda _conn, frame: heard.append(frame.method))
+        conn.add_on_connection_unblocked_callback(lambda _conn, frame: heard.append(frame.method))
+        ch = conn.channel()
+        ch.queue_declare(queue="held")
+        ch.basic_publish(exchange="", routing_key="held", body=b"job")
+        for _ in range(50):
+            if heard:
+                break
+            conn.process_data_events(time_limit=0.1)
+        assert [type(m).__name__ for m in heard] == ["Blocked"]
+        assert heard[0].reason == "low on memory"
+        # Another connection that only looks and consumes goes on; the publish was not
+        # taken.
+        other = pika.BlockingConnection(params)
+        och = other.channel()
+        assert och.queue_declare(queue="held", passive=True).method.message_count == 0
+        och.basic_consume(queue="held", on_message_callback=lambda *a: None)
+        other.close()
+        lines = scrape(url).splitlines()
+        assert "leasemq_alarms_memory_used_watermark 1" in lines
+        assert "leasemq_resident_memory_limit_bytes 0" in lines
+        resident = [l for l in lines if l.startswith("leasemq_process_resident_memory_bytes ")]
+        assert resident and int(resident[0].split()[1]) > 1_000_000
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=10) == 0
