@@ -220,10 +220,21 @@ impl Settings {
     }
 }
 
+/// What a clock of the server reads: milliseconds.
+type ReadMs = Arc<dyn Fn() -> u64 + Send + Sync>;
+
+/// A reading that is what the returned cell holds, starting at `start`: a clock tests
+/// move by hand.
+fn manual_ms(start: u64) -> (ReadMs, Arc<AtomicU64>) {
+    let now = Arc::new(AtomicU64::new(start));
+    let read = Arc::clone(&now);
+    (Arc::new(move || read.load(Ordering::Relaxed)), now)
+}
+
 /// The wall clock, in milliseconds since the Unix epoch: when messages arrive, and when
 /// they expire (message TTL). Tests use one they move by hand ([`WallClock::manual`]).
 #[derive(Clone)]
-pub struct WallClock(Arc<dyn Fn() -> u64 + Send + Sync>);
+pub struct WallClock(ReadMs);
 
 impl WallClock {
     /// The system's clock.
@@ -236,12 +247,8 @@ impl WallClock {
 
     /// A clock that reads what the returned cell holds, starting at `start`.
     pub fn manual(start: u64) -> (WallClock, Arc<AtomicU64>) {
-        let now = Arc::new(AtomicU64::new(start));
-        let read = Arc::clone(&now);
-        (
-            WallClock(Arc::new(move || read.load(Ordering::Relaxed))),
-            now,
-        )
+        let (read, now) = manual_ms(start);
+        (WallClock(read), now)
     }
 
     /// Now, in milliseconds since the Unix epoch.
@@ -266,7 +273,7 @@ impl std::fmt::Debug for WallClock {
 /// measures how long its deliveries have been out. Tests use one they move by hand
 /// ([`LeaseClock::manual`]), in step with the broker's manual clock.
 #[derive(Clone)]
-pub struct LeaseClock(Arc<dyn Fn() -> u64 + Send + Sync>);
+pub struct LeaseClock(ReadMs);
 
 impl LeaseClock {
     /// The system's monotonic clock, counted from the first time any `LeaseClock` read it.
@@ -280,12 +287,8 @@ impl LeaseClock {
 
     /// A clock that reads what the returned cell holds, starting at 0.
     pub fn manual() -> (LeaseClock, Arc<AtomicU64>) {
-        let now = Arc::new(AtomicU64::new(0));
-        let read = Arc::clone(&now);
-        (
-            LeaseClock(Arc::new(move || read.load(Ordering::Relaxed))),
-            now,
-        )
+        let (read, now) = manual_ms(0);
+        (LeaseClock(read), now)
     }
 
     /// Now, in milliseconds from the clock's start.

@@ -546,17 +546,23 @@ fn a_late_ack_after_the_lease_ran_out_is_ignored_not_an_error() {
     assert_eq!(c.broker.queue("slow").unwrap().stats().acked, 1);
 }
 
+/// An open connection (leases of 10 s) whose lease clock the returned cell moves.
+fn on_a_lease_clock() -> (Client, Arc<std::sync::atomic::AtomicU64>) {
+    let (lease_clock, now) = LeaseClock::manual();
+    let c = Client::open_with(Settings {
+        lease_clock,
+        ..Settings::default()
+    });
+    (c, now)
+}
+
 /// A client that takes deliveries and never acks them, on a queue whose leases run out:
 /// each expiry gives the messages back and they come again under new tags. The channel
 /// forgets the deliveries whose lease has run out, so what it holds stays bounded; a late
 /// ack of one it forgot is ignored as before, and the live ones ack as usual.
 #[test]
 fn a_channel_forgets_the_deliveries_whose_lease_ran_out() {
-    let (lease_clock, now) = LeaseClock::manual();
-    let mut c = Client::open_with(Settings {
-        lease_clock,
-        ..Settings::default()
-    });
+    let (mut c, now) = on_a_lease_clock();
     c.declare("stuck");
     c.feed(&[qos(10, false)]);
     let frames: Vec<AMQPFrame> = (0..10)
@@ -598,11 +604,7 @@ fn a_channel_forgets_the_deliveries_whose_lease_ran_out() {
 /// not pile up either.
 #[test]
 fn repeated_gets_never_acked_are_forgotten_with_their_consumers() {
-    let (lease_clock, now) = LeaseClock::manual();
-    let mut c = Client::open_with(Settings {
-        lease_clock,
-        ..Settings::default()
-    });
+    let (mut c, now) = on_a_lease_clock();
     c.declare("again");
     c.feed(&Client::publish_frames(
         "again",
@@ -628,11 +630,7 @@ fn repeated_gets_never_acked_are_forgotten_with_their_consumers() {
 /// many the channel holds.
 #[test]
 fn a_channel_forgets_no_delivery_whose_lease_still_runs() {
-    let (lease_clock, now) = LeaseClock::manual();
-    let mut c = Client::open_with(Settings {
-        lease_clock,
-        ..Settings::default()
-    });
+    let (mut c, now) = on_a_lease_clock();
     c.declare("busy");
     let publish = |n| -> Vec<AMQPFrame> {
         (0..n)
