@@ -132,6 +132,44 @@ fn a_full_disk_fails_the_put_with_a_storage_error() {
     broker.shutdown();
 }
 
+/// §7 recovery: a record whose frame checks out but that the broker cannot take (one a
+/// later build wrote, of a kind this one does not know) refuses the start with `Storage`
+/// naming the segment file and the byte the record starts at, not a shard half restored.
+/// Being the log's last, it is no torn tail either: it was written whole.
+#[test]
+fn a_record_that_does_not_decode_refuses_the_start_naming_file_and_offset() {
+    let disk = MemDisk::new();
+    let (broker, jobs, _) = jobs_and_scratch(&disk);
+    jobs.put(Message::new("kept")).unwrap();
+    broker.shutdown();
+    drop(broker);
+    let shard = std::path::Path::new(DIR).join("shard-0");
+    let storage: Arc<dyn leasemq_wal::Storage> = Arc::new(disk.clone());
+    let from = leasemq_wal::latest_snapshot(&*storage, &shard)
+        .unwrap()
+        .map_or(1, |s| s.lsn.0 + 1);
+    let options = leasemq_wal::Options::default();
+    let (mut wal, _) =
+        leasemq_wal::Wal::open(storage, &shard, options, leasemq_wal::Lsn(from), |_, _| {
+            Ok(())
+        })
+        .unwrap();
+    let garbage = wal.append(&[0xee; 40]).unwrap();
+    wal.submit().unwrap();
+    wal.sync().unwrap();
+    let segment = wal.segments().last().unwrap().clone();
+    drop(wal);
+    match open(&disk, 1) {
+        Err(Error::Storage(why)) => {
+            let name = segment.display().to_string();
+            assert!(why.contains(&name), "{why}");
+            assert!(why.contains(&format!("record {}", garbage.0)), "{why}");
+            assert!(why.contains("byte "), "{why}");
+        }
+        other => panic!("expected a storage error, got {:?}", other.map(|_| ())),
+    }
+}
+
 fn disk_bytes(disk: &MemDisk) -> u64 {
     let mut total = 0;
     let mut dirs = vec![std::path::PathBuf::from(DIR)];

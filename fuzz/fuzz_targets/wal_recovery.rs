@@ -48,7 +48,10 @@ fn open(disk: &MemDisk, segment_bytes: u64) -> Result<(Wal, Records, RecoveryRep
         Path::new(DIR),
         options(segment_bytes),
         Lsn(from),
-        |lsn, payload| records.push((lsn.0, payload.to_vec())),
+        |lsn, payload| {
+            records.push((lsn.0, payload.to_vec()));
+            Ok(())
+        },
     )?;
     Ok((wal, records, report))
 }

@@ -249,20 +249,19 @@ impl ShardLog {
             max_record_bytes: MAX_RECORD_BYTES,
             on_progress: Some(Arc::new(move || wake.wake())),
         };
-        let mut failure = None;
         let mut since_snapshot = 0;
-        let (wal, report) = Wal::open(storage.clone(), &dir, options, from, |lsn, payload| {
-            if failure.is_none() {
-                since_snapshot += payload.len() as u64;
-                let at = format!("{} record {lsn}", dir.display());
-                let batch = Bytes::copy_from_slice(payload);
-                failure = restore_batch(engine, batch, &at).err();
+        // A record that does not decode or does not fit stops the open, which names its
+        // file and offset.
+        let (wal, report) = Wal::open(storage.clone(), &dir, options, from, |_, payload| {
+            since_snapshot += payload.len() as u64;
+            let batch = Bytes::copy_from_slice(payload);
+            match decode_batch(batch, |change| engine.restore(change)) {
+                Ok(Ok(())) => Ok(()),
+                Ok(Err(e)) => Err(e.to_string()),
+                Err(e) => Err(e.to_string()),
             }
         })
         .map_err(storage_error)?;
-        if let Some(e) = failure {
-            return Err(e);
-        }
         if let Some(torn) = &report.torn {
             eprintln!(
                 "leasemq: {}: cut a torn last write at byte {} (a crash during a write; \

@@ -76,7 +76,7 @@ impl Disks {
         let shards = (0..shards)
             .map(|i| {
                 let disk = MemDisk::new();
-                let (wal, _) = open(&disk, i, |_, _| {}).expect("a fresh log opens");
+                let (wal, _) = open(&disk, i, |_, _| Ok(())).expect("a fresh log opens");
                 ShardDisk {
                     disk,
                     wal,
@@ -187,7 +187,7 @@ impl Disks {
 pub(crate) fn open(
     disk: &MemDisk,
     index: usize,
-    replay: impl FnMut(Lsn, &[u8]),
+    replay: impl FnMut(Lsn, &[u8]) -> Result<(), String>,
 ) -> Result<(Wal, RecoveryReport), WalError> {
     Wal::open(
         Arc::new(disk.clone()),
@@ -210,24 +210,15 @@ pub(crate) fn recover(
     index: usize,
     engine: &mut Shard,
 ) -> Result<(Wal, RecoveryReport), String> {
-    let mut failure = None;
-    let dir = shard_dir(index);
-    let opened = open(disk, index, |lsn, payload| {
-        if failure.is_some() {
-            return;
-        }
+    let opened = open(disk, index, |_, payload| {
         let batch = Bytes::copy_from_slice(payload);
-        failure = match decode_batch(batch, |change| engine.restore(change)) {
-            Ok(Ok(())) => None,
-            Ok(Err(e)) => Some(format!("{} record {lsn}: {e}", dir.display())),
-            Err(e) => Some(format!("{} record {lsn}: {e}", dir.display())),
-        };
+        match decode_batch(batch, |change| engine.restore(change)) {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => Err(e.to_string()),
+            Err(e) => Err(e.to_string()),
+        }
     });
-    let (wal, report) = opened.map_err(|e| e.to_string())?;
-    match failure {
-        Some(f) => Err(f),
-        None => Ok((wal, report)),
-    }
+    opened.map_err(|e| e.to_string())
 }
 
 /// Flips one seeded bit in one record of `crashed` (shard `shard`) at or before its

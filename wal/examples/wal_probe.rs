@@ -35,7 +35,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         }),
         ..Options::default()
     };
-    let (mut wal, _) = Wal::open(storage.clone(), &dir, options, Lsn(1), |_, _| {})?;
+    let (mut wal, _) = Wal::open(storage.clone(), &dir, options, Lsn(1), |_, _| Ok(()))?;
     let start = Instant::now();
     let mut appended = 0;
     while appended < records {
@@ -83,6 +83,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut count = 0u64;
     let (_wal, report) = Wal::open(storage, &dir, Options::default(), Lsn(1), |_, p| {
         count += p.len() as u64 / 16;
+        Ok(())
     })?;
     let elapsed = start.elapsed();
     assert_eq!(count, total);

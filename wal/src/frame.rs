@@ -127,6 +127,8 @@ pub(crate) enum Stop {
     Damaged(String),
     /// At a valid frame with the wrong lsn: always an error.
     Gap(String),
+    /// At a valid frame whose record the reader refused: always an error.
+    Refused(String),
 }
 
 /// Where a scan of a segment stopped.
@@ -141,12 +143,12 @@ pub(crate) struct Scan {
 }
 
 /// Walks the frames of a segment from offset 0, expecting lsns from `first_lsn` on, and
-/// hands each good record to `on_record`.
+/// hands each good record to `on_record`; stops at one it refuses.
 pub(crate) fn scan(
     buf: &[u8],
     first_lsn: u64,
     max_payload: usize,
-    mut on_record: impl FnMut(u64, &[u8]),
+    mut on_record: impl FnMut(u64, &[u8]) -> Result<(), String>,
 ) -> Scan {
     let mut at = 0;
     let mut next_lsn = first_lsn;
@@ -168,7 +170,9 @@ pub(crate) fn scan(
                 break Stop::Gap(format!("lsn {lsn} where {next_lsn} was due"));
             }
             Decoded::Frame { payload, size, .. } => {
-                on_record(next_lsn, payload);
+                if let Err(detail) = on_record(next_lsn, payload) {
+                    break Stop::Refused(format!("record {next_lsn}: {detail}"));
+                }
                 next_lsn += 1;
                 at += size;
             }

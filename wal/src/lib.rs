@@ -19,7 +19,8 @@
 //! - [`Wal::open`] is recovery: it locks the directory, checks every frame of every
 //!   segment, hands the records from a given lsn on to a callback, cuts a torn tail
 //!   (reported in [`RecoveryReport::torn`], not an error) and refuses, with
-//!   [`WalError::Corrupt`] naming file and byte offset, any other damage.
+//!   [`WalError::Corrupt`] naming file and byte offset, any other damage, and any record
+//!   the callback refuses.
 //! - Compaction: the owner writes a snapshot of its state with [`write_snapshot`] (temp
 //!   file, fsync, rename, directory fsync), then [`Wal::remove_before`] removes the
 //!   segments it covers; or hands both to the log with [`Wal::submit_snapshot`]. The
@@ -75,7 +76,7 @@
 //!
 //! let disk = Arc::new(MemDisk::new());
 //! let dir = std::path::Path::new("/data/shard-0");
-//! let (mut wal, report) = Wal::open(disk.clone(), dir, Options::default(), Lsn(1), |_, _| {})?;
+//! let (mut wal, report) = Wal::open(disk.clone(), dir, Options::default(), Lsn(1), |_, _| Ok(()))?;
 //! assert_eq!(report.next_lsn, Lsn(1));
 //! let lsn = wal.append(b"put jobs 17")?;
 //! wal.submit()?;                 // the syncer writes and fsyncs it
@@ -85,7 +86,8 @@
 //!
 //! let mut replayed = Vec::new();
 //! let (_wal, _) = Wal::open(disk, dir, Options::default(), Lsn(1), |lsn, payload| {
-//!     replayed.push((lsn, payload.to_vec()))
+//!     replayed.push((lsn, payload.to_vec()));
+//!     Ok(())
 //! })?;
 //! assert_eq!(replayed, vec![(Lsn(1), b"put jobs 17".to_vec())]);
 //! # Ok::<(), leasemq_wal::WalError>(())

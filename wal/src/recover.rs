@@ -136,13 +136,17 @@ pub(crate) fn recycle_segment(
     })
 }
 
+/// What recovery hands each record to: it takes it, or refuses it with the reason (see
+/// [`Wal::open`](crate::Wal::open)).
+pub(crate) type Replay<'a> = dyn FnMut(Lsn, &[u8]) -> Result<(), String> + 'a;
+
 /// Recovers the log in `dir` (see [`Wal::open`](crate::Wal::open)).
 pub(crate) fn recover(
     storage: &dyn Storage,
     dir: &Path,
     options: &Options,
     from: u64,
-    replay: &mut dyn FnMut(Lsn, &[u8]),
+    replay: &mut Replay<'_>,
 ) -> Result<Recovered, WalError> {
     remove_spares(storage, dir)?;
     let mut segments = open_segments(storage, dir)?;
@@ -184,9 +188,10 @@ pub(crate) fn recover(
         }
         let (end, next, cut) = replay_segment(segment, next_lsn, i == last, &mut |lsn, p| {
             if lsn.0 >= from {
-                replay(lsn, p);
+                replay(lsn, p)?;
                 replayed += 1;
             }
+            Ok(())
         })?;
         torn = cut.or(torn);
         next_lsn = next;
@@ -224,7 +229,7 @@ fn replay_segment(
     segment: &Segment,
     first_lsn: u64,
     is_last: bool,
-    replay: &mut dyn FnMut(Lsn, &[u8]),
+    replay: &mut Replay<'_>,
 ) -> Result<(u64, u64, Option<TornTail>), WalError> {
     let buf = read_all(segment)?;
     // `max_record_bytes` limits what is appended from now on; records already written
@@ -340,7 +345,7 @@ enum End {
 
 fn check_end(buf: &[u8], scan: &frame::Scan, max_payload: usize) -> End {
     let damage = match &scan.stop {
-        Stop::Gap(detail) => return End::Corrupt(detail.clone()),
+        Stop::Gap(detail) | Stop::Refused(detail) => return End::Corrupt(detail.clone()),
         Stop::Damaged(detail) => Some(detail.clone()),
         Stop::Clean => None,
     };

@@ -44,7 +44,9 @@ impl Wal {
     /// Records before `from` (covered by a snapshot, in segments not yet removed) are
     /// checked but not replayed. A torn tail is cut and described in the report.
     /// `replay` sees each record as soon as its frame checks out, before later segments
-    /// are read: if `open` then fails, the caller discards what it replayed.
+    /// are read: if `open` then fails, the caller discards what it replayed. A record
+    /// `replay` refuses (its `Err` says why) is damage too: `open` stops there and fails
+    /// with [`WalError::Corrupt`] naming its file and offset.
     ///
     /// # Errors
     ///
@@ -57,7 +59,7 @@ impl Wal {
         dir: &Path,
         options: Options,
         from: Lsn,
-        mut replay: impl FnMut(Lsn, &[u8]),
+        mut replay: impl FnMut(Lsn, &[u8]) -> Result<(), String>,
     ) -> Result<(Wal, RecoveryReport), WalError> {
         options.check()?;
         storage

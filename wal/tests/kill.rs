@@ -47,7 +47,8 @@ fn open(dir: &Path) -> (Wal, u64, Records) {
         .map_or(0, |s| s.lsn.0);
     let mut records = Vec::new();
     let (wal, _) = Wal::open(storage, dir, options(), Lsn(snapshot + 1), |lsn, p| {
-        records.push((lsn, p.to_vec()))
+        records.push((lsn, p.to_vec()));
+        Ok(())
     })
     .expect("the log opens");
     (wal, snapshot, records)

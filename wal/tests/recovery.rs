@@ -191,6 +191,65 @@ fn a_damaged_record_followed_by_a_later_write_is_an_error_naming_file_and_offset
     }
 }
 
+/// A record whose frame checks out but which the reader refuses (it does not decode, say)
+/// stops the open there, named by file and offset, with the reader's reason; even the
+/// last record of the log, which is no torn tail: it was written whole.
+#[test]
+fn a_record_the_reader_refuses_is_an_error_naming_its_file_and_offset() {
+    let disk = MemDisk::new();
+    let (mut wal, _, _) = open(&disk, small(256)).unwrap();
+    append_synced(&mut wal, 1..=40);
+    drop(wal);
+    let files = segment_files(&disk);
+    for refused in [1, 17, 40] {
+        let (file, at) = files
+            .iter()
+            .rev()
+            .find_map(|f| {
+                let first: u64 = f.file_stem()?.to_str()?.parse().ok()?;
+                let offsets = frame_offsets(&disk.contents(f).unwrap());
+                (first <= refused).then(|| (f, offsets[(refused - first) as usize]))
+            })
+            .unwrap();
+        let mut seen = Vec::new();
+        let opened = leasemq_wal::Wal::open(
+            std::sync::Arc::new(disk.clone()),
+            dir(),
+            small(256),
+            Lsn(1),
+            |lsn, _| {
+                seen.push(lsn);
+                if lsn == Lsn(refused) {
+                    return Err("an unknown kind of change".to_string());
+                }
+                Ok(())
+            },
+        );
+        match opened {
+            Err(WalError::Corrupt {
+                path,
+                offset,
+                detail,
+            }) => {
+                assert_eq!((&path, offset), (file, at as u64), "{detail}");
+                assert_eq!(
+                    detail,
+                    format!("record {refused}: an unknown kind of change")
+                );
+            }
+            other => panic!("record {refused}: {:?}", other.map(|(_, rep)| rep)),
+        }
+        assert_eq!(
+            seen.last(),
+            Some(&Lsn(refused)),
+            "nothing after it is replayed"
+        );
+    }
+    // Refused nothing: the log was left as it was.
+    let (_wal, records, report) = open(&disk, small(256)).unwrap();
+    assert_eq!((records, report.torn), (expected(1..=40), None));
+}
+
 #[test]
 fn a_bit_flip_in_an_earlier_segment_is_an_error_naming_it() {
     let disk = MemDisk::new();

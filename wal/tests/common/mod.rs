@@ -32,7 +32,8 @@ pub fn open_from(
 ) -> Result<(Wal, Records, RecoveryReport), WalError> {
     let mut records = Vec::new();
     let (wal, report) = Wal::open(storage, path, options, from, |lsn, payload| {
-        records.push((lsn, payload.to_vec()))
+        records.push((lsn, payload.to_vec()));
+        Ok(())
     })?;
     Ok((wal, records, report))
 }
