@@ -6,7 +6,10 @@
 //! `channel.open` 1) so that the rest reaches the channel methods; even, the rest is all
 //! there is. The rest is fed in pieces whose sizes the input also chooses, as reads from a
 //! socket come; the answers to its awaited puts and every delivery its consumers receive
-//! are handed to it.
+//! are handed to it. The first byte's next two bits raise the server's memory alarm from
+//! the start and have the client ask to hear of it (`connection.blocked`); a piece of
+//! length 0 turns the alarm over, and the connection is given the chance to unblock
+//! before each piece, as the driver does.
 //! The target checks that `handle_input` never claims more bytes than it was given, that
 //! what the server writes parses as AMQP frames, and that nothing panics. The broker is
 //! shared by every input and runs under the manual clock.
@@ -17,8 +20,9 @@ use std::sync::{Arc, OnceLock};
 
 use amq_protocol::frame::{gen_frame, parse_frame, AMQPFrame, ProtocolVersion, WriteContext};
 use amq_protocol::protocol::{channel, connection, AMQPClass};
-use amq_protocol::types::FieldTable;
+use amq_protocol::types::{AMQPValue, FieldTable};
 use leasemq::Broker;
+use leasemq_server::memory::MemoryAlarm;
 use leasemq_server::{Connection, Settings};
 use libfuzzer_sys::fuzz_target;
 
@@ -33,12 +37,20 @@ fn broker() -> &'static Broker {
     })
 }
 
-fn handshake() -> Vec<u8> {
+/// The client's side of the handshake; `hears_blocked`: it announces the
+/// `connection.blocked` capability.
+fn handshake(hears_blocked: bool) -> Vec<u8> {
     let conn = |m| AMQPFrame::Method(0, AMQPClass::Connection(m));
+    let mut client_properties = FieldTable::default();
+    if hears_blocked {
+        let mut capabilities = FieldTable::default();
+        capabilities.insert("connection.blocked".into(), AMQPValue::Boolean(true));
+        client_properties.insert("capabilities".into(), AMQPValue::FieldTable(capabilities));
+    }
     let frames = [
         AMQPFrame::ProtocolHeader(ProtocolVersion::amqp_0_9_1()),
         conn(connection::AMQPMethod::StartOk(connection::StartOk {
-            client_properties: FieldTable::default(),
+            client_properties,
             mechanism: "PLAIN".into(),
             response: "\0guest\0guest".into(),
             locale: "en_US".into(),
@@ -83,10 +95,15 @@ fuzz_target!(|data: &[u8]| {
     let Some((&mode, rest)) = data.split_first() else {
         return;
     };
-    let settings = Arc::new(Settings::default());
+    let alarm = Arc::new(MemoryAlarm::default());
+    alarm.set(mode & 2 != 0);
+    let settings = Arc::new(Settings {
+        memory_alarm: Arc::clone(&alarm),
+        ..Settings::default()
+    });
     let mut conn = Connection::new(broker().clone(), settings, 1, true);
     let mut input = if mode % 2 == 1 {
-        handshake()
+        handshake(mode & 4 != 0)
     } else {
         Vec::new()
     };
@@ -96,6 +113,10 @@ fuzz_target!(|data: &[u8]| {
         let take = usize::from(len).min(tail.len());
         input.extend_from_slice(&tail[..take]);
         pieces = &tail[take..];
+        if len == 0 {
+            alarm.set(!alarm.raised());
+        }
+        conn.unblock();
         let _ = conn.may_wait_for_disk(&input);
         let used = conn.handle_input(&input);
         assert!(used <= input.len(), "used more bytes than it was given");
