@@ -119,6 +119,10 @@ pub use wal::Wal;
 /// padding.
 pub const RESERVE_SLACK: usize = 64;
 
+/// The highest lsn a file name may carry: no log reaches 2^63 records, so a segment or
+/// snapshot named past it is damage (and lsn arithmetic on it could overflow).
+pub(crate) const MAX_NAMED_LSN: u64 = i64::MAX as u64;
+
 /// A record's log sequence number: 1 for a log's first record, one more for each next.
 /// `Lsn(0)` stands for "no record".
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]

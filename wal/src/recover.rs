@@ -291,6 +291,10 @@ fn open_segments(storage: &dyn Storage, dir: &Path) -> Result<Vec<Segment>, WalE
     let mut segments = Vec::with_capacity(found.len());
     for lsn in found {
         let path = dir.join(segment_name(lsn));
+        if lsn == 0 || lsn > crate::MAX_NAMED_LSN {
+            let detail = format!("a segment named for lsn {lsn}, which no log has");
+            return Err(WalError::corrupt(&path, 0, detail));
+        }
         let file = storage
             .open(&path)
             .map_err(|e| WalError::io(&path, "open", e))?;

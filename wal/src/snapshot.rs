@@ -114,6 +114,10 @@ pub fn latest_snapshot(storage: &dyn Storage, dir: &Path) -> Result<Option<Snaps
         return Ok(None);
     };
     let path = dir.join(file_name(lsn));
+    if lsn.0 > crate::MAX_NAMED_LSN {
+        let detail = format!("a snapshot named for lsn {lsn}, which no log reaches");
+        return Err(WalError::corrupt(&path, 0, detail));
+    }
     let file = storage
         .open(&path)
         .map_err(|e| WalError::io(&path, "open", e))?;

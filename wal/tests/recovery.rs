@@ -395,3 +395,48 @@ fn a_lower_record_limit_never_cuts_records_already_written() {
         "appends still keep the new limit"
     );
 }
+
+/// A segment or snapshot named for an lsn no log reaches (0 for a segment, or past 2^63)
+/// is damage named by its file, not a log to replay: lsn arithmetic on it would overflow.
+#[test]
+fn files_named_for_lsns_no_log_reaches_are_errors_naming_them() {
+    use leasemq_wal::{latest_snapshot, Storage};
+    for name in [
+        "00000000000000000000.wal",
+        "18446744073709551615.wal",
+        "09223372036854775808.wal",
+    ] {
+        let disk = MemDisk::new();
+        let (mut wal, _, _) = open(&disk, small(4096)).unwrap();
+        append_synced(&mut wal, 1..=3);
+        drop(wal);
+        let path = dir().join(name);
+        disk.create(&path).unwrap();
+        match open(&disk, small(4096)) {
+            Err(WalError::Corrupt {
+                path: named,
+                offset,
+                detail,
+            }) => {
+                assert_eq!((named, offset), (path, 0));
+                assert!(detail.contains("which no log"), "{detail}");
+            }
+            other => panic!("{name}: {:?}", other.map(|(_, r, _)| r.len())),
+        }
+    }
+    let disk = MemDisk::new();
+    disk.create_dir_all(dir()).unwrap();
+    let path = dir().join("snapshot-18446744073709551615.snap");
+    disk.create(&path).unwrap();
+    match latest_snapshot(&disk, dir()) {
+        Err(WalError::Corrupt {
+            path: named,
+            detail,
+            ..
+        }) => {
+            assert_eq!(named, path);
+            assert!(detail.contains("which no log"), "{detail}");
+        }
+        other => panic!("{:?}", other.map(|s| s.map(|s| s.lsn))),
+    }
+}
