@@ -65,7 +65,6 @@ pub async fn watch(settings: std::sync::Arc<crate::Settings>, limit: u64) {
     metrics
         .memory_limit
         .set(i64::try_from(limit).unwrap_or(i64::MAX));
-    let mut raised = None;
     loop {
         let used = resident_bytes();
         if let Some(used) = used {
@@ -74,19 +73,16 @@ pub async fn watch(settings: std::sync::Arc<crate::Settings>, limit: u64) {
                 .set(i64::try_from(used).unwrap_or(i64::MAX));
         }
         let over = limit == 0 || used.is_some_and(|used| used >= limit);
-        if raised != Some(over) {
-            if over {
-                tracing::warn!(
-                    "memory alarm: resident memory at or over the limit of {limit} bytes; \
-                     publishing connections are blocked"
-                );
-            } else if raised.is_some() {
-                tracing::info!("memory alarm cleared: publishing connections go on");
-            }
-            raised = Some(over);
-            alarm.set(over);
-            metrics.memory_alarm.set(i64::from(over));
+        if over && !alarm.raised() {
+            tracing::warn!(
+                "memory alarm: resident memory at or over the limit of {limit} bytes; \
+                 publishing connections are blocked"
+            );
+        } else if !over && alarm.raised() {
+            tracing::info!("memory alarm cleared: publishing connections go on");
         }
+        alarm.set(over);
+        metrics.memory_alarm.set(i64::from(over));
         tokio::time::sleep(CHECK_EVERY).await;
     }
 }

@@ -241,7 +241,8 @@ impl ShardLog {
         if let Some(snapshot) = snapshot {
             let path = snapshot.path.display().to_string();
             snapshot_bytes = snapshot.data.len() as u64;
-            restore_batch(engine, Bytes::from(snapshot.data), &path)?;
+            restore_batch(engine, Bytes::from(snapshot.data))
+                .map_err(|e| Error::Storage(format!("{path}: {e}")))?;
             from = Lsn(snapshot.lsn.0 + 1);
         }
         let options = Options {
@@ -254,12 +255,7 @@ impl ShardLog {
         // file and offset.
         let (wal, report) = Wal::open(storage.clone(), &dir, options, from, |_, payload| {
             since_snapshot += payload.len() as u64;
-            let batch = Bytes::copy_from_slice(payload);
-            match decode_batch(batch, |change| engine.restore(change)) {
-                Ok(Ok(())) => Ok(()),
-                Ok(Err(e)) => Err(e.to_string()),
-                Err(e) => Err(e.to_string()),
-            }
+            restore_batch(engine, Bytes::copy_from_slice(payload))
         })
         .map_err(storage_error)?;
         if let Some(torn) = &report.torn {
@@ -576,12 +572,13 @@ impl ShardLog {
     }
 }
 
-/// Restores one batch of changes into `engine`; `at` names where it came from.
-fn restore_batch(engine: &mut Shard, batch: Bytes, at: &str) -> Result<(), Error> {
+/// Restores one batch of changes into `engine`; `Err` says why one does not decode or does
+/// not fit (the caller names where the batch came from).
+fn restore_batch(engine: &mut Shard, batch: Bytes) -> Result<(), String> {
     match decode_batch(batch, |change| engine.restore(change)) {
         Ok(Ok(())) => Ok(()),
-        Ok(Err(e)) => Err(Error::Storage(format!("{at}: {e}"))),
-        Err(e) => Err(Error::Storage(format!("{at}: {e}"))),
+        Ok(Err(e)) => Err(e.to_string()),
+        Err(e) => Err(e.to_string()),
     }
 }
 
