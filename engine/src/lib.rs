@@ -488,3 +488,43 @@ impl Shard {
         assert_eq!(timers, self.wheel.len(), "every timer belongs to a queue");
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_drained_queue_gives_back_its_message_slots_and_its_id_table() {
+        let mut shard = Shard::new(0, std::time::Duration::from_millis(1));
+        let mut out = Effects::new();
+        let config = Box::new(QueueConfig::default());
+        shard.handle(
+            0,
+            Command::Declare {
+                name: "q".into(),
+                config,
+            },
+            &mut out,
+        );
+        let Some(Reply::Declared(Ok(queue))) = out.reply.take() else {
+            panic!("declare failed")
+        };
+        for batch in 0..100 {
+            let messages = (0..1000)
+                .map(|i| Message::new("m").with_id(format!("{batch}-{i}")))
+                .collect();
+            shard.handle(0, Command::PutBatch { queue, messages }, &mut out);
+            assert!(matches!(out.reply.take(), Some(Reply::PutBatch(Ok(_)))));
+        }
+        let (slots, ids) = shard.queues[queue.slot()].room();
+        assert!(
+            slots >= 100_000 && ids >= 100_000,
+            "{slots} slots, room for {ids} ids"
+        );
+        shard.handle(0, Command::Purge { queue }, &mut out);
+        assert!(matches!(out.reply.take(), Some(Reply::Purged(Ok(100_000)))));
+        let (slots, ids) = shard.queues[queue.slot()].room();
+        assert!(slots <= 2 * chunked::CHUNK, "{slots} message slots kept");
+        assert!(ids < 2048, "room for {ids} ids kept");
+    }
+}

@@ -41,6 +41,20 @@ pub(crate) fn fixed_state() -> RandomState {
 
 type Map<K, V> = std::collections::HashMap<K, V, RandomState>;
 
+/// Hash tables with less room than this keep it.
+const MIN_SHRINK_ROOM: usize = 1024;
+
+/// The room to shrink a hash table of ids to, once no more than an eighth of its room is
+/// used: a burst of millions of ids would otherwise leave a table sized for its peak for
+/// the life of the queue. The rehash moves what is left, at most an eighth of the room, so
+/// it costs a fraction of the growth that made the room; and a table shrunk to twice its
+/// entries shrinks again only after three quarters of them left. `room` is the table's
+/// `capacity()`, which the markers of removed entries lower until a rehash: with many of
+/// them the shrink comes later, never sooner.
+fn shrunk_room(len: usize, room: usize) -> Option<usize> {
+    (room >= MIN_SHRINK_ROOM && len <= room / 8).then_some(len * 2)
+}
+
 /// The consumer of a priority that got the latest delivery among those of that priority.
 #[derive(Debug, Clone, Copy)]
 struct Served {
@@ -976,6 +990,9 @@ impl QueueState {
             self.stats.dropped += 1;
         }
         if let Some(dying) = self.dying.remove(&seq) {
+            if let Some(room) = shrunk_room(self.dying.len(), self.dying.capacity()) {
+                self.dying.shrink_to(room);
+            }
             self.release_id(&dying.id);
             self.log_removed(ctx, seq);
         }
@@ -994,14 +1011,32 @@ impl QueueState {
     fn release_id(&mut self, id: &MsgId) {
         if let (MsgId::Auto(n), Some(live)) = (id, &mut self.auto_live) {
             live.remove(n);
+            if let Some(room) = shrunk_room(live.len(), live.capacity()) {
+                live.shrink_to(room);
+            }
         }
         if let MsgId::Given(id) = id {
             let entry = self.dedup.get_mut(&**id).expect("a given id is indexed");
             entry.live = false;
             if entry.window.is_none() {
                 self.dedup.remove(&**id);
+                self.shrink_dedup();
             }
         }
+    }
+
+    /// Gives back the id table's room once it is mostly empty (see [`shrunk_room`]).
+    fn shrink_dedup(&mut self) {
+        if let Some(room) = shrunk_room(self.dedup.len(), self.dedup.capacity()) {
+            self.dedup.shrink_to(room);
+        }
+    }
+
+    /// The room of the queue's tables that grow with its messages: message slots, and
+    /// entries of the id table; for tests of what a drained queue keeps.
+    #[cfg(test)]
+    pub(crate) fn room(&self) -> (usize, usize) {
+        (self.msgs.capacity(), self.dedup.capacity())
     }
 
     // ----- timers --------------------------------------------------------------------------
@@ -1029,6 +1064,7 @@ impl QueueState {
                 entry.window = None;
                 if !entry.live {
                     self.dedup.remove(&*id);
+                    self.shrink_dedup();
                 }
             }
         }
