@@ -44,8 +44,6 @@ struct Chunk<T> {
     used: u32,
     /// Head of its free list.
     free: usize,
-    /// On the slab's list of empty chunks (where it may since have taken entries).
-    listed: bool,
 }
 
 impl<T> Chunk<T> {
@@ -53,7 +51,6 @@ impl<T> Chunk<T> {
         slots: Vec::new(),
         used: 0,
         free: NONE,
-        listed: false,
     };
 
     fn is_allocated(&self) -> bool {
@@ -70,9 +67,6 @@ pub(crate) struct ChunkSlab<T> {
     len: usize,
     /// Chunks holding memory.
     allocated: usize,
-    /// Chunks that were empty when listed, each once; those that took entries since are
-    /// passed over when the list is worked off.
-    empties: Vec<usize>,
     /// The chunk of the last removal.
     hot: usize,
     /// Chunks freed so far, for tests.
@@ -94,7 +88,6 @@ impl<T> ChunkSlab<T> {
             open_from: 0,
             len: 0,
             allocated: 0,
-            empties: Vec::new(),
             hot: 0,
             #[cfg(test)]
             freed: 0,
@@ -109,7 +102,6 @@ impl<T> ChunkSlab<T> {
             slab.push_chunk();
             slab.chunks[c].slots = Vec::with_capacity(CHUNK);
             slab.allocated += 1;
-            slab.list_empty(c);
         }
         slab
     }
@@ -141,25 +133,22 @@ impl<T> ChunkSlab<T> {
         } else {
             match self.open.get(self.open_from) {
                 Some(&word) if word != 0 => self.open_from * 64 + word.trailing_zeros() as usize,
-                _ => return self.insert_slow(value),
+                _ => return self.insert_slow(None, value),
             }
         };
         if self.chunks[c].free == NONE {
-            return self.insert_slow(value);
+            return self.insert_slow(Some(c), value);
         }
         self.place(c, value)
     }
 
-    /// Stores `value` where [`insert`](Self::insert)'s common case does not apply: every
-    /// chunk is full, or the chosen one has no memory or only slots never used.
+    /// Stores `value` where [`insert`](Self::insert)'s common case does not apply: in
+    /// chunk `c`, which has no memory or only slots never used; or, when no word from
+    /// `open_from` on has a chunk with room, in the one [`find_open`](Self::find_open) gives.
     #[cold]
     #[inline(never)]
-    fn insert_slow(&mut self, value: T) -> usize {
-        let c = if self.is_hot_open() {
-            self.hot
-        } else {
-            self.find_open()
-        };
+    fn insert_slow(&mut self, c: Option<usize>, value: T) -> usize {
+        let c = c.unwrap_or_else(|| self.find_open());
         if !self.chunks[c].is_allocated() {
             self.chunks[c].slots = Vec::with_capacity(CHUNK);
             self.allocated += 1;
@@ -246,23 +235,15 @@ impl<T> ChunkSlab<T> {
         if used == 1 {
             return self.remove_last(c, i);
         }
-        // As in `insert`: nothing happens between taking the value out and handing it
-        // back, so the compiler need not park it on the stack.
-        let slot = match chunk.slots.get_mut(i) {
-            Some(slot @ Slot::Full(_)) => slot,
-            _ => no_entry(key),
-        };
-        let Slot::Full(value) = std::mem::replace(slot, Slot::Free(chunk.free)) else {
-            unreachable!("matched full above")
-        };
-        chunk.free = i;
-        chunk.used -= 1;
-        self.hot = c;
-        self.len -= 1;
+        if !matches!(chunk.slots.get(i), Some(Slot::Full(_))) {
+            no_entry(key);
+        }
         if used == CHUNK {
             self.set_open(c);
         }
-        value
+        // As in `insert`: nothing happens between taking the value out and handing it
+        // back, so the compiler need not park it on the stack.
+        self.take(c, i)
     }
 
     /// Takes the entry out, if `key` holds one.
@@ -286,9 +267,9 @@ impl<T> ChunkSlab<T> {
         value
     }
 
-    /// Takes the last entry out of chunk `c`, at slot `i` if it is there; lists the chunk
-    /// as empty, and frees listed chunks if the slab now holds too much. Only here: a
-    /// chunk kept empty while the slab needed it is freed at a later chunk's emptying.
+    /// Takes the last entry out of chunk `c`, at slot `i` if it is there, and frees empty
+    /// chunks if the slab now holds too much. Only here: a chunk kept empty while the slab
+    /// needed it is freed at a later chunk's emptying.
     #[cold]
     #[inline(never)]
     fn remove_last(&mut self, c: usize, i: usize) -> T {
@@ -296,20 +277,10 @@ impl<T> ChunkSlab<T> {
             no_entry((c << CHUNK_BITS) | i);
         }
         let value = self.take(c, i);
-        self.list_empty(c);
         if self.holds_too_much() {
             self.free_empties();
         }
         value
-    }
-
-    /// Chunk `c` has no entries: listed, unless it still is.
-    fn list_empty(&mut self, c: usize) {
-        let chunk = &mut self.chunks[c];
-        if !chunk.listed {
-            chunk.listed = true;
-            self.empties.push(c);
-        }
     }
 
     /// Whether the slab holds more than twice the chunks its entries need, plus two.
@@ -317,16 +288,16 @@ impl<T> ChunkSlab<T> {
         self.allocated > 2 * (self.len >> CHUNK_BITS) + 2
     }
 
-    /// Frees listed chunks that are still empty, highest first (inserts prefer the low
-    /// ones, and freed chunks at the end can be dropped from the list), until the slab no
-    /// longer holds too much.
+    /// Frees empty chunks, highest first (inserts prefer the low ones, and freed chunks at
+    /// the end can be dropped from the list), until the slab no longer holds too much.
+    /// A scan of the chunk list, on the rare removal that empties a chunk.
     #[cold]
     fn free_empties(&mut self) {
-        self.empties.sort_unstable();
-        while self.holds_too_much() {
-            let Some(c) = self.empties.pop() else { break };
+        for c in (0..self.chunks.len()).rev() {
+            if !self.holds_too_much() {
+                break;
+            }
             let chunk = &mut self.chunks[c];
-            chunk.listed = false;
             if chunk.used == 0 && chunk.is_allocated() {
                 *chunk = Chunk::FREED;
                 self.allocated -= 1;
@@ -446,11 +417,6 @@ impl<T> ChunkSlab<T> {
             assert_eq!(open, full < CHUNK, "chunk {c}: open bit");
             len += full;
             allocated += usize::from(chunk.is_allocated());
-            if chunk.is_allocated() && full == 0 {
-                assert!(chunk.listed, "chunk {c} is empty and not listed");
-            }
-            let listings = self.empties.iter().filter(|&&e| e == c).count();
-            assert_eq!(listings, usize::from(chunk.listed), "chunk {c}: listings");
         }
         assert_eq!(len, self.len);
         assert_eq!(allocated, self.allocated);

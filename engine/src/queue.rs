@@ -55,6 +55,13 @@ fn shrunk_room(len: usize, room: usize) -> Option<usize> {
     (room >= MIN_SHRINK_ROOM && len <= room / 8).then_some(len * 2)
 }
 
+/// Shrinks `map` if [`shrunk_room`] says so.
+fn shrink_sparse<K: Eq + std::hash::Hash, V>(map: &mut Map<K, V>) {
+    if let Some(room) = shrunk_room(map.len(), map.capacity()) {
+        map.shrink_to(room);
+    }
+}
+
 /// The consumer of a priority that got the latest delivery among those of that priority.
 #[derive(Debug, Clone, Copy)]
 struct Served {
@@ -990,9 +997,7 @@ impl QueueState {
             self.stats.dropped += 1;
         }
         if let Some(dying) = self.dying.remove(&seq) {
-            if let Some(room) = shrunk_room(self.dying.len(), self.dying.capacity()) {
-                self.dying.shrink_to(room);
-            }
+            shrink_sparse(&mut self.dying);
             self.release_id(&dying.id);
             self.log_removed(ctx, seq);
         }
@@ -1020,15 +1025,8 @@ impl QueueState {
             entry.live = false;
             if entry.window.is_none() {
                 self.dedup.remove(&**id);
-                self.shrink_dedup();
+                shrink_sparse(&mut self.dedup);
             }
-        }
-    }
-
-    /// Gives back the id table's room once it is mostly empty (see [`shrunk_room`]).
-    fn shrink_dedup(&mut self) {
-        if let Some(room) = shrunk_room(self.dedup.len(), self.dedup.capacity()) {
-            self.dedup.shrink_to(room);
         }
     }
 
@@ -1064,7 +1062,7 @@ impl QueueState {
                 entry.window = None;
                 if !entry.live {
                     self.dedup.remove(&*id);
-                    self.shrink_dedup();
+                    shrink_sparse(&mut self.dedup);
                 }
             }
         }
