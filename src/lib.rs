@@ -205,9 +205,10 @@ pub use leasemq_engine::{
     PutOutcome, QueueConfig, QueueStats, RetryPolicy, Settle,
 };
 pub use leasemq_shard::{
-    set_thread_time_slice, shard_for, Broker, BrokerBuilder, Consumer, Delivery, PendingPutBatch,
-    Queue, SyncPolicy, DEFAULT_LOG_SEGMENT_BYTES, DEFAULT_SHARD_TIME_SLICE, DEFAULT_YIELD_BUDGET,
-    MAX_LOG_SEGMENT_BYTES, MAX_TIME_SLICE, MAX_YIELD_BUDGET, MIN_LOG_SEGMENT_BYTES, MIN_TIME_SLICE,
+    host_load, set_thread_time_slice, shard_for, Broker, BrokerBuilder, Consumer, Delivery,
+    HostLoad, PendingPutBatch, Queue, SyncPolicy, DEFAULT_LOG_SEGMENT_BYTES,
+    DEFAULT_SHARD_TIME_SLICE, DEFAULT_YIELD_BUDGET, HOST_SAMPLE_EVERY, MAX_LOG_SEGMENT_BYTES,
+    MAX_TIME_SLICE, MAX_YIELD_BUDGET, MIN_LOG_SEGMENT_BYTES, MIN_TIME_SLICE,
 };
 
 /// The code blocks of `README.md`, compiled and run by `cargo test --doc` so that the

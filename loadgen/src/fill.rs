@@ -351,6 +351,7 @@ fn summarise(
         accounting,
         process,
         load_average: load_average(),
+        host: crate::report::host_seen(),
         hgrm_unit: crate::hist::HGRM_UNIT,
         plots: Vec::new(),
         notes: vec![

@@ -35,6 +35,8 @@ pub struct Summary {
     pub process: ProcessStats,
     /// The 1, 5 and 15 minute load averages at the end of the run.
     pub load_average: Option<[f64; 3]>,
+    /// How the broker's threads judged the host (`leasemq::host_load`), when they waited.
+    pub host: Option<HostSeen>,
     /// The unit of the values in the `.hgrm` files (summary.json values are nanoseconds).
     pub hgrm_unit: &'static str,
     /// The plots written beside `summary.json`.
@@ -241,6 +243,28 @@ pub fn load_average() -> Option<[f64; 3]> {
     Some([it.next()??, it.next()??, it.next()??])
 }
 
+/// What the broker's sampler saw of the host over the process's life: how many of its
+/// windows counted the host as busy (the broker's threads then park instead of yielding),
+/// and the foreign load and idle cores of the last window.
+#[derive(Debug, Serialize)]
+pub struct HostSeen {
+    pub windows: u64,
+    pub busy_windows: u64,
+    pub foreign_cores: f64,
+    pub idle_cores: f64,
+}
+
+/// The broker's view of the host, once its sampler has looked at least once.
+pub fn host_seen() -> Option<HostSeen> {
+    let load = leasemq::host_load();
+    (load.windows > 0).then_some(HostSeen {
+        windows: load.windows,
+        busy_windows: load.busy_windows,
+        foreign_cores: load.foreign_cores,
+        idle_cores: load.idle_cores,
+    })
+}
+
 /// `1234567` as `1,234,567`.
 pub fn thousands(n: u64) -> String {
     let digits = n.to_string();
@@ -351,6 +375,18 @@ pub fn table(s: &Summary) -> String {
     let _ = writeln!(t, "{line}");
     if let Some([a1, a5, a15]) = s.load_average {
         let _ = writeln!(t, "load average: {a1:.2} {a5:.2} {a15:.2}");
+    }
+    if let Some(h) = &s.host {
+        let _ = writeln!(
+            t,
+            "host: busy in {} of {} windows of {} ms (waits park, shards run short slices); \
+             last window: foreign load {:.2} cores, {:.2} idle",
+            h.busy_windows,
+            h.windows,
+            leasemq::HOST_SAMPLE_EVERY.as_millis(),
+            h.foreign_cores,
+            h.idle_cores
+        );
     }
     for n in &s.notes {
         let _ = writeln!(t, "note: {n}");

@@ -14,6 +14,7 @@ use crate::queue::Queue;
 use crate::reply::{call, fan_in};
 use crate::router::shard_for;
 use crate::runtime::{new_engine, ShardThread, TimeSource};
+use crate::slice::BusySlice;
 use crate::store::{DataDir, ShardLog, SyncPolicy};
 use crate::wait::{Sleeper, YieldBudget};
 
@@ -140,14 +141,20 @@ impl BrokerBuilder {
         self
     }
 
-    /// The scheduler time slice each shard thread asks for as it starts, before
-    /// [`on_shard_start`](Self::on_shard_start) runs (default
-    /// [`DEFAULT_SHARD_TIME_SLICE`], 100 µs; `None` leaves the slice a new thread inherits
-    /// from the one that calls `build`, the system's unless that thread changed it). A shard thread
-    /// sleeps until a caller needs it and then works briefly; on a host whose other
-    /// threads keep the cores busy, a short slice lets it preempt them when woken instead
-    /// of waiting out a slice of theirs, which is what each hand-off would otherwise cost.
-    /// Its share of the CPU is unchanged. Linux 6.12 and later honour it (see
+    /// The scheduler time slice each shard thread runs while other threads keep the host
+    /// busy (default [`DEFAULT_SHARD_TIME_SLICE`], 100 µs; `None` leaves every shard the
+    /// slice a new thread inherits from the one that calls `build`, the system's unless
+    /// that thread changed it). A shard thread asks for it as it starts, before
+    /// [`on_shard_start`](Self::on_shard_start) runs, and from its first wait on runs it
+    /// only while the broker counts the host as busy ([`host_load`](crate::host_load)),
+    /// the slice it started with otherwise. A shard thread sleeps until a caller needs it
+    /// and then works briefly; beside busy threads a short slice lets it preempt them when
+    /// woken instead of waiting out a slice of theirs, which is what each hand-off would
+    /// otherwise cost. Its share of the CPU is unchanged. On a host whose cores only the
+    /// broker's threads want, they yield to each other instead of parking, and there a
+    /// short slice would cost: each yield pushes the yielder back by one of its own
+    /// slices, so a shard with a short one is picked again and again to find its inbox
+    /// empty. Linux 6.12 and later honour it (see
     /// [`set_thread_time_slice`](crate::set_thread_time_slice)); elsewhere, or when the
     /// system refuses, the shard runs with the system's slice.
     ///
@@ -162,9 +169,9 @@ impl BrokerBuilder {
     /// what it waits for, before it parks (default [`DEFAULT_YIELD_BUDGET`], 500 µs; zero:
     /// no yields, it parks after a brief spin). That is a shard thread waiting for
     /// requests, and a caller of a blocking call waiting for its answer or for a delivery.
-    /// No yield is made on a host that other threads keep busy (the service's own, or
-    /// another process's), where each would give a time slice away (see
-    /// [`shard_time_slice`](Self::shard_time_slice)).
+    /// No yield is made while the broker counts the host as busy (threads that do not wait
+    /// on it, the service's own or another process's, keep its cores busy; see
+    /// [`host_load`](crate::host_load)), where each would give a time slice away.
     ///
     /// Threads that call the broker and wait for it (the per-message API from many
     /// threads, or the `_async` calls from a runtime's tasks) do best with the default:
@@ -380,14 +387,11 @@ impl BrokerBuilder {
                 .spawn(move || {
                     // Best effort: a system that refuses leaves the default slice, which
                     // is slower on a busy host but correct.
-                    if let Some(slice) = slice {
-                        if crate::set_thread_time_slice(slice).is_ok()
-                            && crate::slice::honoured(slice)
-                            && slice <= FAST_WAKE_SLICE
-                        {
-                            crate::wait::shards_run_short_slices();
-                        }
+                    let busy_slice = slice.and_then(BusySlice::new);
+                    if busy_slice.is_some() && slice.is_some_and(|s| s <= FAST_WAKE_SLICE) {
+                        crate::wait::shards_run_short_slices();
                     }
+                    let shard = shard.with_busy_slice(busy_slice);
                     let ran = setup.is_none_or(|ShardSetup(setup)| {
                         catch_unwind(AssertUnwindSafe(|| setup(index))).is_ok()
                     });

@@ -203,6 +203,7 @@ impl Consumer {
         if self.check_open().is_err() {
             return Poll::Ready(None);
         }
+        crate::host::participate();
         let rx = self.rx();
         for registered in [false, true] {
             match rx.try_recv() {

@@ -25,6 +25,7 @@
 
 mod broker;
 mod consumer;
+mod host;
 mod protocol;
 mod queue;
 mod reply;
@@ -40,6 +41,7 @@ pub use broker::{
     MAX_YIELD_BUDGET,
 };
 pub use consumer::{Consumer, Delivery};
+pub use host::{host_load, HostLoad, HOST_SAMPLE_EVERY};
 pub use queue::{PendingPutBatch, Queue};
 pub use router::shard_for;
 pub use slice::{set_thread_time_slice, MAX_TIME_SLICE, MIN_TIME_SLICE};

@@ -59,16 +59,19 @@ impl Inbox {
         self.yields
     }
 
-    /// Sends, waiting while the inbox is full.
+    /// Sends, waiting while the inbox is full. The sending thread is one of the broker's
+    /// participants from then on (see `host.rs`): its CPU time is no foreign load.
     pub fn send(&self, req: Request) -> Result<(), SendError<Request>> {
+        crate::host::participate();
         self.tx.send(req)?;
         self.shard.wake();
         self.drop_if_stopped();
         Ok(())
     }
 
-    /// Sends if there is room.
+    /// Sends if there is room; the sender participates as in [`send`](Self::send).
     pub fn try_send(&self, req: Request) -> Result<(), TrySendError<Request>> {
+        crate::host::participate();
         self.tx.try_send(req)?;
         self.shard.wake();
         self.drop_if_stopped();

@@ -19,8 +19,10 @@ use leasemq_engine::{
     TickLength,
 };
 
+use crate::host;
 use crate::protocol::{Answer, Deferred, Inbox, QueueCell, ReplyTo, Request, Sink};
 use crate::route::{self, Backlog, Driver, Hop};
+use crate::slice::BusySlice;
 use crate::store::{Held, ShardLog};
 use crate::wait::Sleeper;
 
@@ -61,6 +63,9 @@ pub(crate) struct ShardThread {
     /// The manual clock's time, as the last `Advance` (or dead letter) set it.
     manual_now: Tick,
     stopping: bool,
+    /// The thread's time slice, short while the host is busy (`slice.rs`); `None` keeps
+    /// whatever slice it has.
+    busy_slice: Option<BusySlice>,
 }
 
 impl ShardThread {
@@ -94,7 +99,15 @@ impl ShardThread {
             cross_sent: 0,
             manual_now: 0,
             stopping: false,
+            busy_slice: None,
         }
+    }
+
+    /// The same thread, switching to a short time slice while the host is busy. Made on the
+    /// shard's own thread, whose slice it sets.
+    pub fn with_busy_slice(mut self, busy_slice: Option<BusySlice>) -> Self {
+        self.busy_slice = busy_slice;
+        self
     }
 
     /// The shard's time now, never behind what the engine has seen.
@@ -352,6 +365,9 @@ impl ShardThread {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         };
+        if let Some(slice) = &mut self.busy_slice {
+            slice.follow(host::busy());
+        }
         let inbox = &self.inbox;
         let log = &self.log;
         let attempt = || match inbox.try_recv() {

@@ -15,22 +15,26 @@
 //!    idle nor costs a futex call on either side;
 //! 3. park on a futex until the other side wakes this thread.
 //!
-//! A busy host changes the sums. When other threads (the embedding service's own, or
-//! another process's) keep the cores busy, a yield hands one of them a whole time slice
-//! (milliseconds), and a woken thread may wait in the run queue for part of a slice before
-//! it runs. Worse, a yield is often not slow at all: a thread that slept a while is owed
-//! CPU time, the scheduler picks it again at once, and its yields only spend what it is
-//! owed, so that it waits all the longer the next time it needs a core. So one slow
-//! yield makes every thread of the process treat the host as busy for [`BUSY_HOLD`], and
-//! one wake-up that reached its core more than [`LATE_WAKE`] after the unpark for
-//! [`LATE_WAKE_HOLD`]: they skip step 2. Where shard threads run with the system's time
+//! A busy host changes the sums. When threads that do not wait on the broker (another
+//! process's, or the service's own) keep the cores busy, a yield hands one of them a whole
+//! time slice (a millisecond or more), and a woken thread may wait in the run queue for
+//! part of a slice before it runs. Whether the host is busy is the sampler's to say
+//! (`host.rs`: where the machine's CPU time goes). How long a yield took does not tell:
+//! with 8 producers and 8 consumers on two idle cores a yield over 500 µs came about once
+//! a second, a round of our own threads, and when each made the whole process park for
+//! 250 ms the run lost 60 % of its rate.
+//! On a busy host waits skip step 2; where shard threads run with the system's time
 //! slice, a waiting thread then also spins longer in step 1 ([`BUSY_SPIN`]), to catch its
-//! answer while it still holds a core; where they have a short one (see `slice.rs`), it
-//! does not spin at all: a woken shard preempts a busy thread at once, but the wake-up
-//! itself (an interrupt to a core running another thread) takes longer than a spin worth
-//! its cost, so the spin would only burn the share of the CPU the host leaves us, and a
-//! thread that sleeps rather than spins is also the one the scheduler runs first when it
-//! wakes. No spin and no yield loop lasts longer than its time bound.
+//! answer while it still holds a core; where they run a short one (see `slice.rs`: a
+//! shard thread asks for it while the host is busy), it does not spin at all: a woken
+//! shard preempts a busy thread at once, but the wake-up itself (an interrupt to a core
+//! running another thread) takes longer than a spin worth its cost, so the spin would
+//! only burn the share of the CPU the host leaves us, and a thread that sleeps rather
+//! than spins is also the one the scheduler runs first when it wakes. Between two looks
+//! of the sampler, a yield that took longer than [`SLOW_YIELD`] ends its own wait's
+//! yields: a load that came since, or that comes and goes faster than the sampler looks,
+//! costs each wait one slice at most. No spin and no yield loop lasts longer than its
+//! time bound.
 //!
 //! The wake is cheap when nobody sleeps: a fence and a load of the `asleep` flag (a count
 //! for a [`Bell`]), the "is anyone waiting" check of crossbeam's `SyncWaker`; only a thread
@@ -39,13 +43,15 @@
 //! on each side, at least one of them sees the other, so no wake-up is lost.
 
 use std::cell::Cell;
-use std::sync::atomic::{fence, AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{fence, AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Mutex, OnceLock};
 use std::thread::Thread;
 use std::time::{Duration, Instant};
 
-/// How long a thread that lately saw a slow yield spins before it parks, while shard
-/// threads run with the system's time slice. Beside busy threads a parked thread, once
+use crate::host;
+
+/// How long a thread spins before it parks on a busy host, while shard threads run with
+/// the system's time slice. Beside busy threads a parked thread, once
 /// woken, can wait in the run queue for part of a time slice before it runs, so catching
 /// the answer while still on the core is worth more.
 const BUSY_SPIN: Duration = Duration::from_micros(10);
@@ -59,17 +65,10 @@ const SPIN: Duration = Duration::from_micros(2);
 /// the core going idle and without a futex call on either side.
 pub(crate) const YIELD_BUDGET: Duration = Duration::from_micros(500);
 
-/// A yield that took longer than this gave the core to a thread that ran a time slice
-/// (a default slice is 0.75 ms at the least): the host is busy, and yielding
-/// again would wait out more slices. Our own threads, between two waits, seldom run this
-/// long, so an idle host is seldom taken for a busy one.
+/// A yield that took longer than this most likely gave the core to a thread that ran a
+/// time slice (a default slice is 0.75 ms at the least): yielding again in the same wait
+/// could wait out more slices, so the wait parks.
 const SLOW_YIELD: Duration = Duration::from_micros(500);
-
-/// How long the process counts the host as busy after a slow yield or a late wake-up:
-/// each new look may cost a slow yield, a time slice given away, so a busy host is looked
-/// at again only a few times a second. (A budget of yields that runs out is no such sign:
-/// a consumer of a quiet queue meets it all the time.)
-const BUSY_HOLD: Duration = Duration::from_millis(250);
 
 /// Whether a shard thread of this process runs with a short time slice the kernel honours
 /// (set once by [`shards_run_short_slices`]); then a busy host is no reason to spin.
@@ -98,9 +97,6 @@ const POLLS_PER_CLOCK_READ: u32 = 8;
 pub(crate) struct Sleeper {
     thread: OnceLock<Thread>,
     asleep: AtomicBool,
-    /// When the waiter was last unparked ([`stamp`]), so that it can tell how long it
-    /// waited for a core once woken.
-    woken_at: AtomicU64,
 }
 
 impl Sleeper {
@@ -124,8 +120,6 @@ impl Sleeper {
         fence(Ordering::SeqCst);
         if self.asleep.load(Ordering::Relaxed) && self.asleep.swap(false, Ordering::Relaxed) {
             if let Some(thread) = self.thread.get() {
-                self.woken_at
-                    .store(stamp(Instant::now()), Ordering::Relaxed);
                 thread.unpark();
             }
         }
@@ -157,6 +151,7 @@ impl Sleeper {
         deadline: Option<Instant>,
         attempt: impl FnMut() -> Option<T>,
     ) -> Option<T> {
+        host::participate();
         self.park(deadline, attempt)
     }
 
@@ -172,7 +167,7 @@ impl Sleeper {
                 self.asleep.store(false, Ordering::Relaxed);
                 return Some(value);
             }
-            if !park_until(deadline, &self.woken_at) {
+            if !park_until(deadline) {
                 self.asleep.store(false, Ordering::Relaxed);
                 return attempt();
             }
@@ -188,8 +183,6 @@ pub(crate) struct Bell {
     /// How many threads are in `waiting` (read without the lock).
     count: AtomicUsize,
     waiting: Mutex<Vec<Thread>>,
-    /// When it last unparked its waiters ([`stamp`]).
-    rung_at: AtomicU64,
 }
 
 impl Bell {
@@ -198,7 +191,6 @@ impl Bell {
     pub fn ring(&self) {
         fence(Ordering::SeqCst);
         if self.count.load(Ordering::Acquire) > 0 {
-            self.rung_at.store(stamp(Instant::now()), Ordering::Relaxed);
             for thread in lock(&self.waiting).iter() {
                 thread.unpark();
             }
@@ -229,6 +221,7 @@ impl Bell {
         if let Some(value) = attempt() {
             return Some(value);
         }
+        host::participate();
         self.park(deadline, attempt)
     }
 
@@ -246,7 +239,7 @@ impl Bell {
             if let Some(value) = attempt() {
                 break Some(value);
             }
-            if !park_until(deadline, &self.rung_at) {
+            if !park_until(deadline) {
                 break attempt();
             }
         };
@@ -260,56 +253,19 @@ impl Bell {
 }
 
 /// Parks until unparked (or spuriously woken), or at most until `deadline`; `false`
-/// without parking once the deadline has passed. `woken_at` is where the waker stamps
-/// the unpark: a thread that got a core long after it was woken counts the host as busy.
-fn park_until(deadline: Option<Instant>, woken_at: &AtomicU64) -> bool {
-    let parked_at = Instant::now();
+/// without parking once the deadline has passed.
+fn park_until(deadline: Option<Instant>) -> bool {
     match deadline {
         None => std::thread::park(),
         Some(at) => {
-            if parked_at >= at {
+            let now = Instant::now();
+            if now >= at {
                 return false;
             }
-            std::thread::park_timeout(at - parked_at);
+            std::thread::park_timeout(at - now);
         }
     }
-    let now = Instant::now();
-    if woke_late(
-        stamp(parked_at),
-        woken_at.load(Ordering::Relaxed),
-        stamp(now),
-    ) {
-        HOST_BUSY_UNTIL.fetch_max(stamp(now + LATE_WAKE_HOLD), Ordering::Relaxed);
-    }
     true
-}
-
-/// A thread that got its core this long after it was unparked waited in a run queue
-/// behind other threads' time slices: our own threads, between two waits, seldom run that
-/// long, and on an idle machine with more of them than cores they pass the core on with
-/// yields.
-const LATE_WAKE: Duration = Duration::from_millis(3);
-
-/// How long the process counts the host as busy after a late wake-up. Unlike a slow yield,
-/// a wake-up costs nothing to look at again, and on a busy host late ones keep coming; a
-/// short hold bounds what a rare late one on an idle host costs (a stall of the machine
-/// itself, which makes every thread late), since without yields an idle host's hand-offs
-/// between more of our threads than cores slow down many times over.
-const LATE_WAKE_HOLD: Duration = Duration::from_millis(20);
-
-/// Whether a thread parked at `parked` and running again at `now` was woken (at `woken`,
-/// no earlier than it parked: an older stamp is another wait's) more than [`LATE_WAKE`]
-/// before it ran. All three are [`stamp`]s.
-fn woke_late(parked: u64, woken: u64, now: u64) -> bool {
-    woken >= parked && now.saturating_sub(woken) > LATE_WAKE.as_nanos() as u64
-}
-
-/// `at` as nanoseconds since a process-wide origin, plus one: 0 stands for "never".
-fn stamp(at: Instant) -> u64 {
-    static ORIGIN: OnceLock<Instant> = OnceLock::new();
-    let origin = *ORIGIN.get_or_init(Instant::now);
-    let nanos = at.saturating_duration_since(origin).as_nanos();
-    u64::try_from(nanos).map_or(u64::MAX, |n| n.saturating_add(1))
 }
 
 /// The list is only pushed to and removed from: a panic while it is locked leaves it whole.
@@ -320,7 +276,7 @@ fn lock(waiting: &Mutex<Vec<Thread>>) -> std::sync::MutexGuard<'_, Vec<Thread>> 
 /// The waiting before a park (steps 1 and 2 of the module docs): polls `attempt` with the
 /// CPU's spin hint for at most [`SPIN`] when spinning pays, or [`busy_spin`] on a busy
 /// host; then, on a host not busy, between yields for at most `yields` ([`YIELD_BUDGET`]
-/// unless the broker says otherwise). Never past `deadline`.
+/// unless the broker says otherwise), until a yield is slow. Never past `deadline`.
 fn spin<T>(
     deadline: Option<Instant>,
     attempt: &mut impl FnMut() -> Option<T>,
@@ -329,8 +285,9 @@ fn spin<T>(
     if let Some(value) = attempt() {
         return Some(value);
     }
+    host::participate();
     let mut now = Instant::now();
-    let busy = stamp(now) < HOST_BUSY_UNTIL.load(Ordering::Relaxed);
+    let busy = host::busy();
     let spin_for = if busy { busy_spin() } else { SPIN };
     if (busy && !spin_for.is_zero()) || (!busy && SPINNING.with(Spinning::should_spin)) {
         let spin_end = cap(now + spin_for, deadline);
@@ -366,11 +323,7 @@ fn spin<T>(
             return Some(value);
         }
         let after = Instant::now();
-        if after - now > SLOW_YIELD {
-            HOST_BUSY_UNTIL.fetch_max(stamp(after + BUSY_HOLD), Ordering::Relaxed);
-            return None;
-        }
-        if after >= budget_end {
+        if after - now > SLOW_YIELD || after >= budget_end {
             return None;
         }
         now = after;
@@ -388,11 +341,6 @@ impl Default for YieldBudget {
         YieldBudget(YIELD_BUDGET)
     }
 }
-
-/// Until when every thread of the process counts the host as busy ([`stamp`]; see
-/// [`BUSY_HOLD`]). One thread's slow yield or late wake-up speaks for all: they share the
-/// cores, and a thread that has not looked for itself would otherwise keep yielding.
-static HOST_BUSY_UNTIL: AtomicU64 = AtomicU64::new(0);
 
 /// Caps `at` by an optional deadline.
 fn cap(at: Instant, deadline: Option<Instant>) -> Instant {
@@ -442,36 +390,6 @@ thread_local! {
 mod tests {
     use super::*;
 
-    /// A wake-up counts as late only when its stamp belongs to this wait (no earlier than
-    /// the park) and the thread ran more than `LATE_WAKE` after it.
-    #[test]
-    fn only_a_wake_up_of_this_wait_that_came_late_counts() {
-        let ms = |n: u64| n * 1_000_000;
-        let late = LATE_WAKE.as_nanos() as u64;
-        let parked = ms(100);
-        // Woken 1 ms after the park, running right after, or just within the bound.
-        assert!(!woke_late(parked, parked + ms(1), parked + ms(1) + 1_000));
-        assert!(!woke_late(parked, parked + ms(1), parked + ms(1) + late));
-        // Running more than the bound after the unpark.
-        assert!(woke_late(parked, parked + ms(1), parked + ms(1) + late + 1));
-        assert!(woke_late(parked, parked, parked + late + 1));
-        // A stamp from before the park is another wait's: a timeout or a spurious
-        // wake-up long after it says nothing, nor does a sleeper never woken.
-        assert!(!woke_late(parked, parked - 1, parked + ms(50)));
-        assert!(!woke_late(parked, 0, parked + ms(50)));
-    }
-
-    /// Stamps never read "never", and keep the order of the instants they stamp.
-    #[test]
-    fn stamps_are_ordered_and_never_zero() {
-        // The origin is set by the first stamp: an instant before it stamps as 1.
-        assert!(stamp(Instant::now()) >= 1);
-        let early = Instant::now();
-        let later = early + Duration::from_micros(3);
-        assert!(stamp(early) >= 1);
-        assert!(stamp(later) > stamp(early));
-        assert_eq!(stamp(later) - stamp(early), 3_000);
-    }
     use std::sync::atomic::AtomicU64;
     use std::sync::Arc;
 

@@ -140,6 +140,8 @@ pub(super) fn summarise(args: &ThroughputArgs, target: &str, plan: &Plan, out: O
         accounting,
         process,
         load_average: load_average(),
+        // The broker runs in the server, not here.
+        host: None,
         hgrm_unit: HGRM_UNIT,
         plots: Vec::new(),
         notes: vec![

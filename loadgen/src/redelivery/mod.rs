@@ -398,6 +398,7 @@ fn summarise(
         accounting,
         process,
         load_average: load_average(),
+        host: crate::report::host_seen(),
         hgrm_unit: HGRM_UNIT,
         plots: Vec::new(),
         notes: notes(plan, t),

@@ -154,6 +154,7 @@ fn summarise(args: &ThroughputArgs, storage: &Storage, out: StepOutcome) -> Run 
         accounting: out.accounting,
         process: out.process,
         load_average: load_average(),
+        host: crate::report::host_seen(),
         hgrm_unit: HGRM_UNIT,
         plots: Vec::new(),
         notes,
