@@ -11,6 +11,9 @@ use std::time::{Duration, Instant};
 
 use leasemq::{Broker, ConsumerConfig, Message, QueueConfig};
 
+mod common;
+use common::custom_slices;
+
 /// Waits up to `limit` for `done`, looking every few sampler windows' worth of time.
 /// Real time, not a lease: the sampler reads the machine's CPU times as they are.
 fn eventually(limit: Duration, what: &str, mut done: impl FnMut() -> bool) {
@@ -40,16 +43,6 @@ fn shard_slices() -> Option<Vec<u64>> {
         slices.push(line.split(':').nth(1)?.trim().parse().ok()?);
     }
     (!slices.is_empty()).then_some(slices)
-}
-
-/// Whether this kernel lets a normal thread choose its slice (Linux 6.12 and later).
-fn custom_slices() -> bool {
-    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
-    let mut parts = release
-        .trim()
-        .split(['.', '-'])
-        .map(|p| p.parse::<u32>().unwrap_or(0));
-    (parts.next().unwrap_or(0), parts.next().unwrap_or(0)) >= (6, 12)
 }
 
 #[test]

@@ -368,16 +368,6 @@ fn own_slice() -> Option<u64> {
     line.rsplit(':').next()?.trim().parse().ok()
 }
 
-/// Whether this kernel lets a normal thread choose its slice (Linux 6.12 and later).
-fn custom_slices() -> bool {
-    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
-    let mut parts = release
-        .trim()
-        .split(['.', '-'])
-        .map(|p| p.parse::<u32>().unwrap_or(0));
-    (parts.next().unwrap_or(0), parts.next().unwrap_or(0)) >= (6, 12)
-}
-
 /// Shard threads ask for the short default slice before the setup runs, another slice when
 /// told, and keep the system's when told `None`; a slice the kernel would not grant fails
 /// `build`.

@@ -252,6 +252,7 @@ pub struct HostSeen {
     pub busy_windows: u64,
     pub foreign_cores: f64,
     pub idle_cores: f64,
+    pub active_participants: usize,
 }
 
 /// The broker's view of the host, once its sampler has looked at least once.
@@ -262,6 +263,7 @@ pub fn host_seen() -> Option<HostSeen> {
         busy_windows: load.busy_windows,
         foreign_cores: load.foreign_cores,
         idle_cores: load.idle_cores,
+        active_participants: load.active_participants,
     })
 }
 
@@ -380,12 +382,14 @@ pub fn table(s: &Summary) -> String {
         let _ = writeln!(
             t,
             "host: busy in {} of {} windows of {} ms (waits park, shards run short slices); \
-             last window: foreign load {:.2} cores, {:.2} idle",
+             last window: foreign load {:.2} cores, {:.2} idle, {} active threads of the \
+             broker's",
             h.busy_windows,
             h.windows,
             leasemq::HOST_SAMPLE_EVERY.as_millis(),
             h.foreign_cores,
-            h.idle_cores
+            h.idle_cores,
+            h.active_participants
         );
     }
     for n in &s.notes {

@@ -24,6 +24,13 @@
 //! thread is slower on an idle host, but a yielding one beside busy threads can be a
 //! hundred times slower.
 //!
+//! The same samples say whether a brief spin before a yield pays ([`spin_pays`]): only
+//! while the participants that ran a good part of the window ([`ACTIVE_RUN`]) are no more
+//! than the cores and one. A spin catches its answer only when whoever gives it runs on
+//! another core; with more of our busy threads than that, the spinner mostly holds a core
+//! that the one it waits for needs. With 4 producers and 4 consumers on two cores the spin
+//! cost 7 % of the rate; with one of each it doubled the rate.
+//!
 //! The sampler parks while no participant has waited since its last sample, so an idle
 //! process is not woken ten times a second.
 
@@ -50,6 +57,9 @@ pub(crate) const SATURATED_IDLE: f64 = 0.5;
 /// A machine with this many idle cores has room for our threads beside the busy ones.
 pub(crate) const SPARE_IDLE: f64 = 1.0;
 
+/// A participant that ran this long in a window counts as active for [`spin_pays`].
+pub(crate) const ACTIVE_RUN: Duration = Duration::from_millis(5);
+
 /// The most participants the sampler follows; one past it counts as foreign, which can
 /// only make the host look busy (parks: the safe side).
 const MAX_PARTICIPANTS: usize = 1024;
@@ -71,6 +81,8 @@ pub struct HostLoad {
     pub foreign_cores: f64,
     /// Cores left idle over the last window.
     pub idle_cores: f64,
+    /// Threads waiting on the broker that ran at least 5 ms of the last window.
+    pub active_participants: usize,
     /// Windows sampled since the process started.
     pub windows: u64,
     /// How many of them ended with the host counted as busy.
@@ -93,6 +105,14 @@ pub(crate) fn busy() -> bool {
 }
 
 static BUSY: AtomicBool = AtomicBool::new(false);
+
+/// Whether a waiting thread may spin before it yields (see the module docs).
+#[inline]
+pub(crate) fn spin_pays() -> bool {
+    SPIN_PAYS.load(Ordering::Relaxed)
+}
+
+static SPIN_PAYS: AtomicBool = AtomicBool::new(true);
 
 /// Set by a participant that waits, cleared by each sample: whether the sampler has
 /// anyone to sample for.
@@ -204,6 +224,7 @@ fn sampler() -> &'static Sampler {
             busy: false,
             foreign_cores: 0.0,
             idle_cores: 0.0,
+            active_participants: 0,
             windows: 0,
             busy_windows: 0,
         }),
@@ -253,9 +274,11 @@ impl Sampler {
                 let window = Window::between(before, after);
                 let busy = judge(busy(), &window);
                 BUSY.store(busy, Ordering::Relaxed);
+                SPIN_PAYS.store(window.spin_pays(), Ordering::Relaxed);
                 let mut report = lock(&self.report);
                 report.foreign_cores = window.foreign_cores();
                 report.idle_cores = window.idle_cores();
+                report.active_participants = window.active;
                 report.windows += 1;
                 report.busy_windows += u64::from(busy);
             } else if now.is_none() {
@@ -275,6 +298,8 @@ impl Sampler {
         let at = Instant::now();
         let mut participants = lock(&self.participants);
         let mut ours = std::mem::take(&mut participants.exited);
+        let mut active = 0;
+        let active_run = ACTIVE_RUN.as_nanos() as u64;
         participants.list.retain_mut(|p| {
             let path = format!("/proc/self/task/{}/schedstat", p.tid);
             let Some(ran) = std::fs::read_to_string(path)
@@ -284,11 +309,18 @@ impl Sampler {
                 return false;
             };
             // One whose run time could not be read when it joined counts from here on.
-            ours += ran.saturating_sub(p.ran.unwrap_or(ran));
+            let delta = ran.saturating_sub(p.ran.unwrap_or(ran));
+            ours += delta;
+            active += usize::from(delta >= active_run);
             p.ran = Some(ran);
             true
         });
-        Some(Reading { at, machine, ours })
+        Some(Reading {
+            at,
+            machine,
+            ours,
+            active,
+        })
     }
 }
 
@@ -298,6 +330,8 @@ struct Reading {
     at: Instant,
     machine: MachineTimes,
     ours: u64,
+    /// How many participants ran at least [`ACTIVE_RUN`] since the look before.
+    active: usize,
 }
 
 /// The machine's CPU times from `/proc/stat`'s first line, in its units (hundredths of a
@@ -353,6 +387,8 @@ pub(crate) struct Window {
     pub our_cores: f64,
     /// The machine's CPUs.
     pub cpus: f64,
+    /// Participants that ran at least [`ACTIVE_RUN`].
+    pub active: usize,
 }
 
 impl Window {
@@ -375,7 +411,14 @@ impl Window {
             busy_cores,
             our_cores,
             cpus,
+            active: after.active,
         }
+    }
+
+    /// Whether a waiting thread may spin: no more active participants than the cores and
+    /// one (see the module docs).
+    pub fn spin_pays(&self) -> bool {
+        self.active as f64 <= self.cpus + 1.0
     }
 
     /// Cores busy with threads that are not ours.
@@ -466,7 +509,22 @@ mod tests {
             busy_cores,
             our_cores,
             cpus,
+            active: 0,
         }
+    }
+
+    #[test]
+    fn spinning_pays_with_no_more_active_threads_than_cores_and_one() {
+        let with = |active, cpus| Window {
+            active,
+            ..window(1.0, 1.0, cpus)
+        };
+        // One producer, one consumer and a shard on two cores.
+        assert!(with(3, 2.0).spin_pays());
+        // Four of each and two shards.
+        assert!(!with(10, 2.0).spin_pays());
+        assert!(with(17, 16.0).spin_pays());
+        assert!(!with(18, 16.0).spin_pays());
     }
 
     #[test]

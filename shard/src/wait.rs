@@ -6,8 +6,9 @@
 //! [`Bell::wait`]:
 //!
 //! 1. poll with the CPU's spin hint for at most [`SPIN`]: a round trip whose two sides are
-//!    both on a core completes within it. A thread whose spins keep missing (more of our
-//!    threads than cores: the one it waits for is not running) stops spinning, and tries
+//!    both on a core completes within it. Not while more of our threads keep busy than
+//!    there are cores and one (`host.rs` counts them): then the one it waits for is most
+//!    likely not running. A thread whose spins keep missing stops spinning too, and tries
 //!    again now and then ([`Spinning`]);
 //! 2. poll between `yield_now` calls for at most the broker's [`YieldBudget`]
 //!    ([`YIELD_BUDGET`] by default): on an idle machine with more of our threads than
@@ -31,9 +32,9 @@
 //! running another thread) takes longer than a spin worth its cost, so the spin would
 //! only burn the share of the CPU the host leaves us, and a thread that sleeps rather
 //! than spins is also the one the scheduler runs first when it wakes. Between two looks
-//! of the sampler, a yield that took longer than [`SLOW_YIELD`] ends its own wait's
-//! yields: a load that came since, or that comes and goes faster than the sampler looks,
-//! costs each wait one slice at most. No spin and no yield loop lasts longer than its
+//! of the sampler, a few yields that took longer than [`SLOW_YIELDS`] end their own
+//! wait's yields: a load that came since, or that comes and goes faster than the sampler
+//! looks, costs each wait a few slices at most. No spin and no yield loop lasts longer than its
 //! time bound.
 //!
 //! The wake is cheap when nobody sleeps: a fence and a load of the `asleep` flag (a count
@@ -65,10 +66,15 @@ const SPIN: Duration = Duration::from_micros(2);
 /// the core going idle and without a futex call on either side.
 pub(crate) const YIELD_BUDGET: Duration = Duration::from_micros(500);
 
-/// A yield that took longer than this most likely gave the core to a thread that ran a
-/// time slice (a default slice is 0.75 ms at the least): yielding again in the same wait
-/// could wait out more slices, so the wait parks.
-const SLOW_YIELD: Duration = Duration::from_micros(500);
+/// A group of [`YIELDS_PER_CLOCK_READ`] yields that took longer than this most likely
+/// gave the core to a thread that ran a time slice (a default slice is 0.75 ms at the
+/// least): yielding again in the same wait could wait out more slices, so the wait parks.
+const SLOW_YIELDS: Duration = Duration::from_micros(500);
+
+/// Yields between two readings of the clock. A reading costs about as much as the poll
+/// after a yield; read after each yield, the clock took a twentieth of the process's CPU
+/// time outside the kernel with 4 producers and 4 consumers on two cores.
+const YIELDS_PER_CLOCK_READ: u32 = 4;
 
 /// Whether a shard thread of this process runs with a short time slice the kernel honours
 /// (set once by [`shards_run_short_slices`]); then a busy host is no reason to spin.
@@ -286,11 +292,15 @@ fn spin<T>(
         return Some(value);
     }
     host::participate();
-    let mut now = Instant::now();
     let busy = host::busy();
     let spin_for = if busy { busy_spin() } else { SPIN };
-    if (busy && !spin_for.is_zero()) || (!busy && SPINNING.with(Spinning::should_spin)) {
-        let spin_end = cap(now + spin_for, deadline);
+    // When the clock was last read: waits without a deadline that do not spin read it
+    // only after their first yields, and most of them end within those.
+    let mut last = deadline.map(|_| Instant::now());
+    if (busy && !spin_for.is_zero())
+        || (!busy && host::spin_pays() && SPINNING.with(Spinning::should_spin))
+    {
+        let spin_end = cap(last.unwrap_or_else(Instant::now) + spin_for, deadline);
         let caught = 'spin: loop {
             for _ in 0..POLLS_PER_CLOCK_READ {
                 std::hint::spin_loop();
@@ -298,7 +308,8 @@ fn spin<T>(
                     break 'spin Some(value);
                 }
             }
-            now = Instant::now();
+            let now = Instant::now();
+            last = Some(now);
             if now >= spin_end {
                 break None;
             }
@@ -310,23 +321,26 @@ fn spin<T>(
             return caught;
         }
     }
-    if busy || yields.0.is_zero() {
+    if busy || yields.0.is_zero() || deadline.zip(last).is_some_and(|(at, now)| now >= at) {
         return None;
     }
-    let budget_end = now + yields.0;
+    let mut budget_end = last.map(|now| now + yields.0);
     loop {
-        if deadline.is_some_and(|at| now >= at) {
+        for _ in 0..YIELDS_PER_CLOCK_READ {
+            std::thread::yield_now();
+            if let Some(value) = attempt() {
+                return Some(value);
+            }
+        }
+        let now = Instant::now();
+        if last.is_some_and(|before| now - before > SLOW_YIELDS)
+            || budget_end.is_some_and(|end| now >= end)
+            || deadline.is_some_and(|at| now >= at)
+        {
             return None;
         }
-        std::thread::yield_now();
-        if let Some(value) = attempt() {
-            return Some(value);
-        }
-        let after = Instant::now();
-        if after - now > SLOW_YIELD || after >= budget_end {
-            return None;
-        }
-        now = after;
+        budget_end.get_or_insert(now + yields.0);
+        last = Some(now);
     }
 }
 

@@ -12,6 +12,16 @@ use leasemq::{Broker, Consumer, ConsumerConfig, Delivery, Message, Queue, QueueC
 
 // --- brokers and durations -----------------------------------------------------------------
 
+/// Whether this kernel lets a normal thread choose its slice (Linux 6.12 and later).
+pub fn custom_slices() -> bool {
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    let mut parts = release
+        .trim()
+        .split(['.', '-'])
+        .map(|p| p.parse::<u32>().unwrap_or(0));
+    (parts.next().unwrap_or(0), parts.next().unwrap_or(0)) >= (6, 12)
+}
+
 /// The longest delay and ack timeout a queue accepts.
 pub const SEVEN_DAYS: Duration = Duration::from_secs(7 * 24 * 3600);
 
