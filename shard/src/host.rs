@@ -22,7 +22,9 @@
 //! machine has a whole core to spare (there the scheduler puts our threads where the busy
 //! ones are not). Where the files cannot be read the host counts as busy: a parked
 //! thread is slower on an idle host, but a yielding one beside busy threads can be a
-//! hundred times slower.
+//! hundred times slower. The figures are the whole machine's: a process confined to some
+//! of its cores (an affinity mask, a cpuset) counts what runs on the others as well, and
+//! so may park where it could have yielded, the same safe side.
 //!
 //! The same samples say whether a brief spin before a yield pays ([`spin_pays`]): only
 //! while the participants that ran a good part of the window ([`ACTIVE_RUN`]) are no more
@@ -497,11 +499,20 @@ mod tests {
         let cpus = std::thread::available_parallelism().unwrap().get();
         // Affinity may leave this process fewer CPUs than the machine has.
         assert!(machine.cpus >= cpus, "{machine:?} against {cpus}");
+        // A thread's run time is brought up to date when it is switched out or the
+        // scheduler ticks, so a thread that has just started may read 0: only that it
+        // reads is checked, and that it never goes back.
         let tid = own_tid().unwrap();
-        let ran = std::fs::read_to_string(format!("/proc/self/task/{tid}/schedstat"))
-            .ok()
-            .and_then(|s| run_time(&s));
-        assert!(ran.is_some_and(|ns| ns > 0));
+        let read = || {
+            std::fs::read_to_string(format!("/proc/self/task/{tid}/schedstat"))
+                .ok()
+                .and_then(|s| run_time(&s))
+                .unwrap()
+        };
+        let first = read();
+        std::thread::yield_now();
+        assert!(read() >= first);
+        assert!(own_run_time().is_some());
     }
 
     fn window(busy_cores: f64, our_cores: f64, cpus: f64) -> Window {
