@@ -2,7 +2,8 @@
 //! cores only they want (`shard/src/host.rs`): beside busy threads they park and shard
 //! threads run a short time slice; once those threads are gone they yield again and the
 //! shards go back to the system's slice. A file of its own, so that no other test's
-//! threads run beside it.
+//! threads run beside it; it needs a machine that nothing else keeps busy meanwhile (its
+//! first step waits for the host to be seen idle, and says what was seen if it is not).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
