@@ -381,7 +381,7 @@ pub fn table(s: &Summary) -> String {
     if let Some(h) = &s.host {
         let _ = writeln!(
             t,
-            "host: busy in {} of {} windows of {} ms (waits park, shards run short slices); \
+            "host: judged busy (waits park, shards on short slices) in {} of {} windows of {} ms; \
              last window: foreign load {:.2} cores, {:.2} idle, {} active threads of the \
              broker's",
             h.busy_windows,
