@@ -59,6 +59,8 @@ for rev in "${revs[@]}"; do
     if [ ! -x "$bin" ]; then
         echo "== building $rev ($sha)"
         src=$work/src-$sha
+        # A worktree left registered by a removed target/ would refuse the add.
+        git worktree prune
         [ -d "$src" ] || git worktree add --detach "$src" "$sha" >&2
         (cd "$src" && CARGO_TARGET_DIR=$work/target-$sha cargo build --release --locked \
             -p leasemq-loadgen >&2)
