@@ -5,6 +5,7 @@
 //! threads run beside it; it needs a machine that nothing else keeps busy meanwhile (its
 //! first step waits for the host to be seen idle, and says what was seen if it is not).
 
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread;
@@ -29,19 +30,24 @@ fn eventually(limit: Duration, what: &str, mut done: impl FnMut() -> bool) {
     }
 }
 
-/// `se.slice` of each shard thread of this process, in nanoseconds, where the kernel
-/// shows it (`/proc/<pid>/task/<tid>/sched`, with the scheduler's debug files).
+/// The `se.slice` line of a thread's `sched` file (`/proc/<pid>/task/<tid>`, or
+/// `/proc/thread-self`), in nanoseconds, where the kernel shows it (with the scheduler's
+/// debug files).
+fn slice_of(thread: &Path) -> Option<u64> {
+    let sched = std::fs::read_to_string(thread.join("sched")).ok()?;
+    let line = sched.lines().find(|l| l.starts_with("se.slice "))?;
+    line.split(':').nth(1)?.trim().parse().ok()
+}
+
+/// The slices of this process's shard threads, where the kernel shows them.
 fn shard_slices() -> Option<Vec<u64>> {
     let mut slices = Vec::new();
     for task in std::fs::read_dir("/proc/self/task").ok()? {
         let dir = task.ok()?.path();
         let comm = std::fs::read_to_string(dir.join("comm")).unwrap_or_default();
-        if !comm.starts_with("leasemq-shard") {
-            continue;
+        if comm.starts_with("leasemq-shard") {
+            slices.push(slice_of(&dir)?);
         }
-        let sched = std::fs::read_to_string(dir.join("sched")).ok()?;
-        let line = sched.lines().find(|l| l.starts_with("se.slice "))?;
-        slices.push(line.split(':').nth(1)?.trim().parse().ok()?);
     }
     (!slices.is_empty()).then_some(slices)
 }
@@ -73,17 +79,8 @@ fn threads_that_never_wait_on_the_broker_make_the_host_busy_until_they_stop() {
             }
         })
     };
-    let system_slice = shard_slices().map(|_| {
-        // This thread never asked for a slice of its own: its slice is the system's.
-        let sched = std::fs::read_to_string("/proc/thread-self/sched").unwrap();
-        let line = sched.lines().find(|l| l.starts_with("se.slice ")).unwrap();
-        line.split(':')
-            .nth(1)
-            .unwrap()
-            .trim()
-            .parse::<u64>()
-            .unwrap()
-    });
+    // This thread never asked for a slice of its own: its slice is the system's.
+    let system_slice = shard_slices().and(slice_of(Path::new("/proc/thread-self")));
     let slices_are =
         |ns: u64| !custom_slices() || system_slice.is_none() || shard_slices() == Some(vec![ns]);
 

@@ -119,19 +119,11 @@ impl BusySlice {
 
 /// Whether the calling thread now runs with time slices of `slice`: the kernel reads back
 /// what was asked (kernels before 6.12 accept the request and report no slice of their own).
-pub(crate) fn honoured(slice: Duration) -> bool {
-    #[cfg(target_os = "linux")]
-    {
-        current().is_ok_and(|attr| u128::from(attr.sched_runtime) == slice.as_nanos())
-    }
-    #[cfg(not(target_os = "linux"))]
-    {
-        let _ = slice;
-        false
-    }
+#[cfg(target_os = "linux")]
+fn honoured(slice: Duration) -> bool {
+    current().is_ok_and(|attr| u128::from(attr.sched_runtime) == slice.as_nanos())
 }
 
-#[cfg(target_os = "linux")]
 fn set(slice: Duration) -> io::Result<()> {
     set_runtime(u64::try_from(slice.as_nanos()).unwrap_or(u64::MAX))
 }
@@ -200,11 +192,6 @@ fn current() -> io::Result<libc::sched_attr> {
     } else {
         Err(io::Error::last_os_error())
     }
-}
-
-#[cfg(not(target_os = "linux"))]
-fn set(_slice: Duration) -> io::Result<()> {
-    set_runtime(0)
 }
 
 #[cfg(not(target_os = "linux"))]

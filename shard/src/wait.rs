@@ -34,8 +34,8 @@
 //! than spins is also the one the scheduler runs first when it wakes. Between two looks
 //! of the sampler, a few yields that took longer than [`SLOW_YIELDS`] end their own
 //! wait's yields: a load that came since, or that comes and goes faster than the sampler
-//! looks, costs each wait a few slices at most. No spin and no yield loop lasts longer than its
-//! time bound.
+//! looks, costs each wait a few slices at most. No spin and no yield loop lasts longer
+//! than its time bound.
 //!
 //! The wake is cheap when nobody sleeps: a fence and a load of the `asleep` flag (a count
 //! for a [`Bell`]), the "is anyone waiting" check of crossbeam's `SyncWaker`; only a thread
@@ -282,7 +282,8 @@ fn lock(waiting: &Mutex<Vec<Thread>>) -> std::sync::MutexGuard<'_, Vec<Thread>> 
 /// The waiting before a park (steps 1 and 2 of the module docs): polls `attempt` with the
 /// CPU's spin hint for at most [`SPIN`] when spinning pays, or [`busy_spin`] on a busy
 /// host; then, on a host not busy, between yields for at most `yields` ([`YIELD_BUDGET`]
-/// unless the broker says otherwise), until a yield is slow. Never past `deadline`.
+/// unless the broker says otherwise), until a group of yields is slow. Never past
+/// `deadline`.
 fn spin<T>(
     deadline: Option<Instant>,
     attempt: &mut impl FnMut() -> Option<T>,
