@@ -205,8 +205,8 @@ pub use leasemq_engine::{
     PutOutcome, QueueConfig, QueueStats, RetryPolicy, Settle,
 };
 pub use leasemq_shard::{
-    host_load, set_thread_time_slice, shard_for, Broker, BrokerBuilder, Consumer, Delivery,
-    HostLoad, PendingPutBatch, Queue, SyncPolicy, DEFAULT_LOG_SEGMENT_BYTES,
+    host_load, set_thread_time_slice, shard_for, Broker, BrokerBuilder, CallerTurns, Consumer,
+    Delivery, HostLoad, PendingPutBatch, Queue, SyncPolicy, TurnStats, DEFAULT_LOG_SEGMENT_BYTES,
     DEFAULT_SHARD_TIME_SLICE, DEFAULT_YIELD_BUDGET, HOST_SAMPLE_EVERY, MAX_LOG_SEGMENT_BYTES,
     MAX_TIME_SLICE, MAX_YIELD_BUDGET, MIN_LOG_SEGMENT_BYTES, MIN_TIME_SLICE,
 };

@@ -36,6 +36,28 @@ pub struct Cli {
     #[arg(long, global = true, value_name = "DURATION",
           default_value = "500us", value_parser = parse_yield_budget)]
     pub yield_budget: Duration,
+    /// When a blocking caller handles a sleeping shard's requests on its own thread
+    /// instead of waking it (see `BrokerBuilder::caller_turns`).
+    #[arg(long, global = true, value_enum, default_value_t = CallerTurnsArg::WhenBusy)]
+    pub caller_turns: CallerTurnsArg,
+}
+
+/// `--caller-turns`: the values of `leasemq::CallerTurns`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum CallerTurnsArg {
+    Never,
+    WhenBusy,
+    Always,
+}
+
+impl CallerTurnsArg {
+    pub fn to_broker(self) -> leasemq::CallerTurns {
+        match self {
+            CallerTurnsArg::Never => leasemq::CallerTurns::Never,
+            CallerTurnsArg::WhenBusy => leasemq::CallerTurns::WhenBusy,
+            CallerTurnsArg::Always => leasemq::CallerTurns::Always,
+        }
+    }
 }
 
 /// Parses a yield budget: a duration up to `leasemq::MAX_YIELD_BUDGET`, or 0.

@@ -144,6 +144,7 @@ pub fn run(args: &FillArgs) -> Result<Run, String> {
         log
     });
     let stats = cx.queue.stats();
+    crate::report::note_turns(&broker);
     broker.shutdown();
 
     let drained = Drained::merge(&drained);
@@ -352,6 +353,7 @@ fn summarise(
         process,
         load_average: load_average(),
         host: crate::report::host_seen(),
+        caller_turn_share: crate::report::caller_turn_share(),
         hgrm_unit: crate::hist::HGRM_UNIT,
         plots: Vec::new(),
         notes: vec![

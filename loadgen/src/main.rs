@@ -73,10 +73,10 @@ pub struct Run {
     pub intervals: Option<IntervalLog>,
 }
 
-/// What any subcommand hands back.
+/// What any subcommand hands back (boxed: each is large, and handed around once).
 enum Outcome {
-    Single(Run),
-    Sweep(SweepRun),
+    Single(Box<Run>),
+    Sweep(Box<SweepRun>),
 }
 
 impl Outcome {
@@ -118,6 +118,7 @@ impl Outcome {
         config["shard_time_slice_us"] = micros(slices.shard).into();
         config["caller_time_slice_us"] = micros(slices.caller).into();
         config["yield_budget_us"] = (slices.yield_budget.as_micros() as u64).into();
+        config["caller_turns"] = format!("{:?}", slices.caller_turns).into();
         if threads > 0 {
             title.push_str(&format!(
                 "; beside {threads} CPU-bound background thread(s)"
@@ -128,6 +129,9 @@ impl Outcome {
             scheduling::describe(slices.shard),
             scheduling::describe(slices.caller)
         ));
+        if slices.caller_turns != leasemq::CallerTurns::default() {
+            title.push_str(&format!("; caller turns: {:?}", slices.caller_turns));
+        }
         if slices.yield_budget != leasemq::DEFAULT_YIELD_BUDGET {
             title.push_str(&format!(
                 "; yield budget {} µs",
@@ -155,6 +159,7 @@ fn main() -> ExitCode {
         shard: cli.shard_time_slice.0,
         caller: cli.caller_time_slice.0,
         yield_budget: cli.yield_budget,
+        caller_turns: cli.caller_turns.to_broker(),
     });
     let load = match background::BackgroundLoad::start(cli.background_load) {
         Ok(load) => load,
@@ -164,10 +169,22 @@ fn main() -> ExitCode {
         }
     };
     let (result, output): (Result<Outcome, String>, &OutputArgs) = match &cli.command {
-        Command::Throughput(args) => (throughput::run(args).map(Outcome::Single), &args.output),
-        Command::Redelivery(args) => (redelivery::run(args).map(Outcome::Single), &args.output),
-        Command::Sweep(args) => (sweep::run(args).map(Outcome::Sweep), &args.output),
-        Command::Fill(args) => (fill::run(args).map(Outcome::Single), &args.output),
+        Command::Throughput(args) => (
+            throughput::run(args).map(|run| Outcome::Single(Box::new(run))),
+            &args.output,
+        ),
+        Command::Redelivery(args) => (
+            redelivery::run(args).map(|run| Outcome::Single(Box::new(run))),
+            &args.output,
+        ),
+        Command::Sweep(args) => (
+            sweep::run(args).map(|run| Outcome::Sweep(Box::new(run))),
+            &args.output,
+        ),
+        Command::Fill(args) => (
+            fill::run(args).map(|run| Outcome::Single(Box::new(run))),
+            &args.output,
+        ),
     };
     drop(load);
     let mut outcome = match result {

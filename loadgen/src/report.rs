@@ -37,6 +37,9 @@ pub struct Summary {
     pub load_average: Option<[f64; 3]>,
     /// How the broker's threads judged the host (`leasemq::host_load`), when they waited.
     pub host: Option<HostSeen>,
+    /// The share of requests that blocking callers handled themselves while the shard
+    /// thread slept (`leasemq::CallerTurns`), for runs that counted them.
+    pub caller_turn_share: Option<f64>,
     /// The unit of the values in the `.hgrm` files (summary.json values are nanoseconds).
     pub hgrm_unit: &'static str,
     /// The plots written beside `summary.json`.
@@ -267,6 +270,29 @@ pub fn host_seen() -> Option<HostSeen> {
     })
 }
 
+/// The requests handled by shard threads and by callers, over every broker of the run
+/// (`leasemq::Broker::turn_stats`), noted before each shuts down.
+static TURNS: std::sync::Mutex<leasemq::TurnStats> = std::sync::Mutex::new(leasemq::TurnStats {
+    shard_threads: 0,
+    callers: 0,
+});
+
+/// Adds `broker`'s turn counts to the run's.
+pub fn note_turns(broker: &leasemq::Broker) {
+    let seen = broker.turn_stats();
+    let mut turns = TURNS.lock().unwrap_or_else(|e| e.into_inner());
+    turns.shard_threads += seen.shard_threads;
+    turns.callers += seen.callers;
+}
+
+/// The share of the run's requests that callers handled in turns they ran for a sleeping
+/// shard, once any request was counted.
+pub fn caller_turn_share() -> Option<f64> {
+    let turns = *TURNS.lock().unwrap_or_else(|e| e.into_inner());
+    let all = turns.shard_threads + turns.callers;
+    (all > 0).then(|| turns.callers as f64 / all as f64)
+}
+
 /// `1234567` as `1,234,567`.
 pub fn thousands(n: u64) -> String {
     let digits = n.to_string();
@@ -390,6 +416,13 @@ pub fn table(s: &Summary) -> String {
             h.foreign_cores,
             h.idle_cores,
             h.active_participants
+        );
+    }
+    if let Some(share) = s.caller_turn_share {
+        let _ = writeln!(
+            t,
+            "turns: {:.1} % of the requests handled by their callers while the shard slept",
+            share * 100.0
         );
     }
     for n in &s.notes {

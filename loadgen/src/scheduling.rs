@@ -1,6 +1,7 @@
 //! The scheduler time slices a run asks for: the broker's shard threads'
 //! (`--shard-time-slice`) and the workers' (`--caller-time-slice`), and how long threads
-//! waiting on the broker yield before they park (`--yield-budget`), set once from the
+//! waiting on the broker yield before they park (`--yield-budget`), and when callers run a
+//! sleeping shard's turns (`--caller-turns`), set once from the
 //! command line before any broker or worker starts.
 //!
 //! On a busy host a thread woken for a hand-off waits in the run queue until the thread
@@ -25,6 +26,8 @@ pub struct Slices {
     pub caller: Option<Duration>,
     /// How long a thread waiting on the broker yields before it parks.
     pub yield_budget: Duration,
+    /// When blocking callers run a sleeping shard's turns.
+    pub caller_turns: leasemq::CallerTurns,
 }
 
 static SLICES: OnceLock<Slices> = OnceLock::new();
@@ -40,6 +43,7 @@ pub fn slices() -> Slices {
         shard: Some(leasemq::DEFAULT_SHARD_TIME_SLICE),
         caller: None,
         yield_budget: leasemq::DEFAULT_YIELD_BUDGET,
+        caller_turns: leasemq::CallerTurns::default(),
     })
 }
 
@@ -49,6 +53,7 @@ pub fn broker(builder: BrokerBuilder) -> BrokerBuilder {
     builder
         .shard_time_slice(slices.shard)
         .yield_budget(slices.yield_budget)
+        .caller_turns(slices.caller_turns)
 }
 
 /// Gives the calling worker thread the run's caller slice, if it has one. A system that

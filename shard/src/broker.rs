@@ -16,6 +16,7 @@ use crate::router::shard_for;
 use crate::runtime::{new_engine, ShardThread, TimeSource};
 use crate::slice::BusySlice;
 use crate::store::{DataDir, ShardLog, SyncPolicy};
+use crate::turns::{CallerTurns, TurnStats};
 use crate::wait::{Sleeper, YieldBudget};
 
 /// Builds a [`Broker`]: how many shards, which clock, how long a tick. Start with
@@ -38,6 +39,7 @@ pub struct BrokerBuilder {
     on_shard_start: Option<ShardSetup>,
     shard_time_slice: Option<Duration>,
     yield_budget: Duration,
+    caller_turns: CallerTurns,
     data_dir: Option<std::path::PathBuf>,
     sync: SyncPolicy,
     log_segment_bytes: u64,
@@ -53,6 +55,7 @@ impl Default for BrokerBuilder {
             on_shard_start: None,
             shard_time_slice: Some(DEFAULT_SHARD_TIME_SLICE),
             yield_budget: DEFAULT_YIELD_BUDGET,
+            caller_turns: CallerTurns::default(),
             data_dir: None,
             sync: SyncPolicy::Always,
             log_segment_bytes: crate::store::DEFAULT_LOG_SEGMENT_BYTES,
@@ -187,6 +190,23 @@ impl BrokerBuilder {
     /// [`MAX_YIELD_BUDGET`].
     pub fn yield_budget(mut self, budget: Duration) -> Self {
         self.yield_budget = budget;
+        self
+    }
+
+    /// When a blocking caller may handle a shard's requests on its own thread, instead of
+    /// waking the shard thread and waiting to be woken by it (default
+    /// [`CallerTurns::WhenBusy`]). Only while the shard thread sleeps, and only on a
+    /// broker without a data dir under the system clock: the turn is the one the thread
+    /// would run, on the same state, one at a time, in the order the requests were sent.
+    ///
+    /// Each hand-off between two sleeping threads costs a futex call on each side and a
+    /// context switch, and beside CPU-bound threads a preemption too; a per-message put
+    /// and its ack were three or more of them. On an idle host with more of the broker's
+    /// threads than cores, the waits yield to each other instead, which costs no system
+    /// call, and there a caller's turn would only make callers queue for the shard's
+    /// state. The load generator's `--caller-turns` measures the difference.
+    pub fn caller_turns(mut self, when: CallerTurns) -> Self {
+        self.caller_turns = when;
         self
     }
 
@@ -328,7 +348,7 @@ impl BrokerBuilder {
         let yields = YieldBudget(self.yield_budget);
         let (senders, receivers): (Vec<_>, Vec<_>) = (0..shards)
             .map(|_| {
-                let (inbox, rx, sleeper) = Inbox::new(yields);
+                let (inbox, rx, sleeper) = Inbox::new(yields, self.caller_turns);
                 (inbox, (rx, sleeper))
             })
             .unzip();
@@ -402,6 +422,9 @@ impl BrokerBuilder {
                     // shard held, and the thread stays to drop each later one, until
                     // shutdown. A dropped request answers `ShutDown`.
                     if catch_unwind(AssertUnwindSafe(|| shard.run())).is_err() {
+                        // The state stays with the shard's turns: take it out, so that
+                        // no caller runs a turn on it and its channels close.
+                        drop(own_inbox.turns().take());
                         for request in after_panic.iter() {
                             if matches!(request, Request::Shutdown) {
                                 break;
@@ -558,6 +581,20 @@ impl Broker {
     /// How many shards this broker runs.
     pub fn shard_count(&self) -> usize {
         self.inner.shards.len()
+    }
+
+    /// How many requests the shards handled on their own threads, and how many blocking
+    /// callers handled for them while they slept (see
+    /// [`BrokerBuilder::caller_turns`]), over all shards since the broker started.
+    pub fn turn_stats(&self) -> TurnStats {
+        self.inner
+            .shards
+            .iter()
+            .map(|inbox| inbox.turns().stats())
+            .fold(TurnStats::default(), |sum, one| TurnStats {
+                shard_threads: sum.shard_threads + one.shard_threads,
+                callers: sum.callers + one.callers,
+            })
     }
 
     /// The shard that owns (or would own) the queue `name`.

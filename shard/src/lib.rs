@@ -5,8 +5,10 @@
 //! talk to a shard only through its bounded inbox: a [`Queue`] sends puts and settles and
 //! waits for the answer in a per-thread reply slot (or a oneshot, for the async forms); a
 //! [`Consumer`] reads [`Delivery`]s from its own channel, which the shard fills up to the
-//! consumer's prefetch. Nothing on the per-message path takes a lock, and two queues on
-//! different shards share no channel.
+//! consumer's prefetch. While the host is busy, a blocking caller that finds the shard
+//! thread asleep runs the shard's turn itself instead of waking it (see
+//! [`CallerTurns`]). Nothing on the per-message path waits for a lock (a caller only tries
+//! the sleeping shard's), and two queues on different shards share no channel.
 //!
 //! Time comes from the system clock (ticks of 1 ms by default; the loop sleeps until the
 //! engine's next deadline), or from a manual clock that only [`Broker::advance`] moves: a
@@ -34,6 +36,7 @@ mod router;
 mod runtime;
 mod slice;
 mod store;
+mod turns;
 mod wait;
 
 pub use broker::{
@@ -48,3 +51,4 @@ pub use slice::{set_thread_time_slice, MAX_TIME_SLICE, MIN_TIME_SLICE};
 pub use store::{
     SyncPolicy, DEFAULT_LOG_SEGMENT_BYTES, MAX_LOG_SEGMENT_BYTES, META_FILE, MIN_LOG_SEGMENT_BYTES,
 };
+pub use turns::{CallerTurns, TurnStats};

@@ -14,6 +14,7 @@ use leasemq_engine::{
 use tokio::sync::oneshot;
 
 use crate::route::Hop;
+use crate::turns::{CallerTurns, Turns};
 use crate::wait::{Bell, Sleeper, YieldBudget};
 
 /// The capacity of each shard's inbox.
@@ -32,12 +33,17 @@ pub(crate) struct Inbox {
     stopped: Arc<AtomicBool>,
     /// How long a thread waiting on this shard may yield its core before it parks.
     yields: YieldBudget,
+    /// The shard's state, which a blocking caller may take to run a turn itself.
+    turns: Arc<Turns>,
 }
 
 impl Inbox {
     /// A shard's inbox: its senders' end and the receiver its thread reads, with the
     /// sleeper that thread binds when it starts, and how long waits on it may yield.
-    pub fn new(yields: YieldBudget) -> (Inbox, Receiver<Request>, Arc<Sleeper>) {
+    pub fn new(
+        yields: YieldBudget,
+        turns: CallerTurns,
+    ) -> (Inbox, Receiver<Request>, Arc<Sleeper>) {
         let (tx, rx) = crossbeam_channel::bounded(INBOX_CAPACITY);
         let shard = Arc::new(Sleeper::default());
         (
@@ -47,6 +53,7 @@ impl Inbox {
                 rx: rx.clone(),
                 stopped: Arc::new(AtomicBool::new(false)),
                 yields,
+                turns: Arc::new(Turns::new(turns)),
             },
             rx,
             shard,
@@ -67,6 +74,22 @@ impl Inbox {
         self.shard.wake();
         self.drop_if_stopped();
         Ok(())
+    }
+
+    /// Sends for a caller that waits for the answer next: where the shard thread sleeps
+    /// and lends its turns, the caller runs the turn on its own thread (see `turns.rs`),
+    /// and the answer is there when this returns. Else as [`send`](Self::send).
+    pub fn send_and_run(&self, req: Request) -> Result<(), SendError<Request>> {
+        crate::host::participate();
+        self.tx.send(req)?;
+        self.turns.run_or_wake(&self.shard);
+        self.drop_if_stopped();
+        Ok(())
+    }
+
+    /// The shard's state and who may run its turns.
+    pub fn turns(&self) -> &Arc<Turns> {
+        &self.turns
     }
 
     /// Sends if there is room; the sender participates as in [`send`](Self::send).

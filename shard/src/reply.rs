@@ -43,7 +43,7 @@ fn call_waiting(inbox: &Inbox, request: impl FnOnce(ReplyTo) -> Request, parked:
     SLOT.with(|slot| {
         let req = request(ReplyTo::slot(slot.tx.clone(), slot.caller.clone()));
         // A request refused by a stopped shard is dropped here, which answers ShutDown.
-        drop(inbox.send(req));
+        drop(inbox.send_and_run(req));
         // Every request is answered, or dropped, which answers ShutDown: the wait ends.
         let answer = || slot.rx.try_recv().ok();
         let got = if parked {

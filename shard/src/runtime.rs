@@ -122,37 +122,104 @@ impl ShardThread {
         now.max(self.engine.now())
     }
 
-    pub fn run(mut self) {
+    /// Serves until shut down. The state lives in the shard's [`Turns`] from here on: the
+    /// thread holds it for each of its turns, and where the shard lends its turns (no log,
+    /// the system clock) releases it while it waits, for a blocking caller to run a turn
+    /// itself (see `turns.rs`).
+    pub fn run(self) {
         self.sleeper.bind();
+        let turns = self.peers[self.index].turns().clone();
+        let lends = self.log.is_none() && matches!(self.time, TimeSource::System(_));
+        let sleeper = self.sleeper.clone();
+        let inbox = self.inbox.clone();
+        let yields = self.peers[self.index].yields();
+        turns.install(self);
+        let mut held = turns.hold();
         // What the restore left: messages it dead-lettered.
-        let now = self.now();
-        route::dead_letters(&mut self, now, None);
+        let now = held.now();
+        route::dead_letters(&mut *held, now, None);
+        held.flush();
+        held.pump_log();
+        if lends {
+            turns.lend();
+        }
+        while !held.stopping {
+            if !lends {
+                match held.wait() {
+                    Some(Woke::Request(req)) => turns.handled_by_thread(held.turn(Some(req))),
+                    Some(Woke::Gone) => break,
+                    Some(Woke::Durable) | None => held.pump_log(),
+                }
+                continue;
+            }
+            let wake_at = held.before_wait();
+            turns.plan_wake(wake_at.map(|at| held.nanos_at(at)));
+            drop(held);
+            // Requests are taken out of the inbox only with the state held, so that they
+            // are handled in the order they were sent, whoever runs the turn.
+            let attempt = || (!inbox.is_empty() || turns.look_again()).then_some(());
+            let ready = if turns.callers_may_run() {
+                sleeper.wait_parked(wake_at, attempt)
+            } else {
+                sleeper.wait(wake_at, yields, attempt)
+            };
+            held = turns.hold();
+            match ready {
+                Some(()) => turns.handled_by_thread(held.turn(None)),
+                None => held.retry_backlog(),
+            }
+        }
+        drop(held);
+        if let Some(mut shard) = turns.take() {
+            shard.stop();
+        }
+    }
+
+    /// One turn: handles `first` and up to a batch of requests more from the inbox, then
+    /// flushes what they caused. Returns how many it handled.
+    fn turn(&mut self, first: Option<Request>) -> usize {
+        let mut handled = 0;
+        if let Some(req) = first {
+            self.process(req);
+            handled += 1;
+        }
+        while handled < BATCH && !self.stopping {
+            match self.inbox.try_recv() {
+                Ok(req) => self.process(req),
+                Err(_) => break,
+            }
+            handled += 1;
+        }
         self.flush();
         self.pump_log();
-        while !self.stopping {
-            let first = match self.wait() {
-                Some(Woke::Request(req)) => req,
-                Some(Woke::Gone) => break,
-                Some(Woke::Durable) | None => {
-                    self.pump_log();
-                    continue;
-                }
-            };
-            self.process(first);
-            for _ in 1..BATCH {
-                if self.stopping {
-                    break;
-                }
-                match self.inbox.try_recv() {
-                    Ok(req) => self.process(req),
-                    Err(_) => break,
-                }
+        self.retry_backlog();
+        handled
+    }
+
+    /// A turn run by a caller while the thread waits (see `turns.rs`): how many requests
+    /// it handled, and whether the thread must look again, because the turn left work for
+    /// it or brought the next timer before `wakes_at`, when it planned to wake
+    /// (nanoseconds of the shard's clock).
+    pub(crate) fn run_callers_turn(&mut self, wakes_at: u64) -> (usize, bool) {
+        let handled = self.turn(None);
+        let look_again = self.stopping
+            || !self.backlog.is_empty()
+            || !self.inbox.is_empty()
+            || self
+                .engine
+                .next_deadline()
+                .is_some_and(|deadline| self.tick.start_of(deadline) < wakes_at);
+        (handled, look_again)
+    }
+
+    /// Nanoseconds of the shard's clock at `at`.
+    fn nanos_at(&self, at: Instant) -> u64 {
+        match &self.time {
+            TimeSource::System(epoch) => {
+                u64::try_from(at.saturating_duration_since(*epoch).as_nanos()).unwrap_or(u64::MAX)
             }
-            self.flush();
-            self.pump_log();
-            self.retry_backlog();
+            TimeSource::Manual => u64::MAX,
         }
-        self.stop();
     }
 
     /// Hands the turn's records to the log's syncer, lets out what the disk now covers,
@@ -334,6 +401,36 @@ impl ShardThread {
     /// Waits for the next request, or for the disk to cover what is held back; under the
     /// system clock, fires due timers first and returns `None` when it woke for a deadline.
     fn wait(&mut self) -> Option<Woke> {
+        let wake_at = self.before_wait();
+        let inbox = &self.inbox;
+        let log = &self.log;
+        let attempt = || match inbox.try_recv() {
+            Ok(req) => Some(Woke::Request(req)),
+            Err(TryRecvError::Disconnected) => Some(Woke::Gone),
+            Err(TryRecvError::Empty) => log
+                .as_ref()
+                .is_some_and(ShardLog::progressed)
+                .then_some(Woke::Durable),
+        };
+        // While the log holds things back, what comes next is most likely the fsync,
+        // a fraction of a millisecond away: park, and leave the core to the syncer.
+        let got = if log.as_ref().is_some_and(ShardLog::is_holding) {
+            self.sleeper.wait_parked(wake_at, attempt)
+        } else {
+            // Its own inbox says how long a wait on this shard may yield.
+            let yields = self.peers[self.index].yields();
+            self.sleeper.wait(wake_at, yields, attempt)
+        };
+        if got.is_none() {
+            self.retry_backlog();
+        }
+        got
+    }
+
+    /// What the thread does before it waits: under the system clock, fires due timers and
+    /// flushes what they caused; follows the host with its time slice. Returns when the
+    /// wait must end on its own: the next timer, a retry of the backlog, a submit of the log.
+    fn before_wait(&mut self) -> Option<Instant> {
         let wake_at = match self.time {
             TimeSource::Manual => None,
             TimeSource::System(epoch) => {
@@ -368,29 +465,7 @@ impl ShardThread {
         if let Some(slice) = &mut self.busy_slice {
             slice.follow(host::busy());
         }
-        let inbox = &self.inbox;
-        let log = &self.log;
-        let attempt = || match inbox.try_recv() {
-            Ok(req) => Some(Woke::Request(req)),
-            Err(TryRecvError::Disconnected) => Some(Woke::Gone),
-            Err(TryRecvError::Empty) => log
-                .as_ref()
-                .is_some_and(ShardLog::progressed)
-                .then_some(Woke::Durable),
-        };
-        // While the log holds things back, what comes next is most likely the fsync,
-        // a fraction of a millisecond away: park, and leave the core to the syncer.
-        let got = if log.as_ref().is_some_and(ShardLog::is_holding) {
-            self.sleeper.wait_parked(wake_at, attempt)
-        } else {
-            // Its own inbox says how long a wait on this shard may yield.
-            let yields = self.peers[self.index].yields();
-            self.sleeper.wait(wake_at, yields, attempt)
-        };
-        if got.is_none() {
-            self.retry_backlog();
-        }
-        got
+        wake_at
     }
 
     /// Handles one request at the time read now, after it left the inbox: the thread may

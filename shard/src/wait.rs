@@ -131,6 +131,14 @@ impl Sleeper {
         }
     }
 
+    /// Whether the thread parked, or is about to, and a [`wake`](Self::wake) would unpark
+    /// it. Read after making something visible to it, as `wake` does.
+    #[inline]
+    pub fn is_asleep(&self) -> bool {
+        fence(Ordering::SeqCst);
+        self.asleep.load(Ordering::Relaxed)
+    }
+
     /// Waits, on the bound thread, until `attempt` gives a value or `deadline` passes
     /// (`None` then, after one last attempt).
     pub fn wait<T>(

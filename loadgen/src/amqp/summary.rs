@@ -142,6 +142,7 @@ pub(super) fn summarise(args: &ThroughputArgs, target: &str, plan: &Plan, out: O
         load_average: load_average(),
         // The broker runs in the server, not here.
         host: None,
+        caller_turn_share: None,
         hgrm_unit: HGRM_UNIT,
         plots: Vec::new(),
         notes: vec![

@@ -206,6 +206,7 @@ pub fn run(args: &RedeliveryArgs) -> Result<Run, String> {
     let intervals = intervals.map(|i| i.close(&d));
     let stats = queue.stats();
     drop(d.consumers);
+    crate::report::note_turns(&broker);
     broker.shutdown();
 
     let accounting = check(&d.t, d.problems, &stats);
@@ -399,6 +400,7 @@ fn summarise(
         process,
         load_average: load_average(),
         host: crate::report::host_seen(),
+        caller_turn_share: crate::report::caller_turn_share(),
         hgrm_unit: HGRM_UNIT,
         plots: Vec::new(),
         notes: notes(plan, t),

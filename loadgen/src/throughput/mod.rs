@@ -155,6 +155,7 @@ fn summarise(args: &ThroughputArgs, storage: &Storage, out: StepOutcome) -> Run 
         process: out.process,
         load_average: load_average(),
         host: crate::report::host_seen(),
+        caller_turn_share: crate::report::caller_turn_share(),
         hgrm_unit: HGRM_UNIT,
         plots: Vec::new(),
         notes,

@@ -215,6 +215,7 @@ pub fn run_step(step: &Step, progress: &Progress) -> Result<StepOutcome, String>
     for q in &qs {
         add_stats(&mut stats, &q.stats());
     }
+    crate::report::note_turns(&broker);
     broker.shutdown();
     drop(broker);
     drop(storage);
