@@ -1,0 +1,672 @@
+//! The state machine driven frame by frame: frames made with `amq-protocol`'s generator go
+//! in, the bytes that come out are parsed back into frames and checked. The broker runs
+//! under the manual clock, so a lease runs out only when a test advances it.
+//!
+//! This file is the harness (a [`Client`] and the helpers that build and read frames); the
+//! tests are in one file per topic.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use amq_protocol::frame::{
+    gen_frame, parse_frame, AMQPContentHeader, AMQPFrame, ProtocolVersion, WriteContext,
+};
+use amq_protocol::protocol::{
+    basic, channel, connection, exchange, queue, AMQPClass, BasicProperties,
+};
+use amq_protocol::types::{AMQPValue, FieldTable};
+use leasemq::{Broker, ConsumerConfig};
+
+use super::{Connection, LeaseClock, Settings};
+use crate::memory::MemoryAlarm;
+
+mod consume;
+mod declare;
+mod exchanges;
+mod handshake;
+mod limits;
+mod publish;
+mod reply_to;
+mod ttl;
+mod tx;
+
+/// A connection under test, with the broker behind it.
+struct Client {
+    broker: Broker,
+    conn: Connection,
+}
+
+fn encode(frames: &[AMQPFrame]) -> Vec<u8> {
+    let mut bytes = Vec::new();
+    for frame in frames {
+        bytes = gen_frame(frame)(WriteContext::from(bytes))
+            .unwrap()
+            .into_inner()
+            .0;
+    }
+    bytes
+}
+
+fn decode(mut bytes: &[u8]) -> Vec<AMQPFrame> {
+    let mut frames = Vec::new();
+    while !bytes.is_empty() {
+        let (rest, frame) = parse_frame(bytes).expect("the server writes whole, valid frames");
+        frames.push(frame);
+        bytes = rest;
+    }
+    frames
+}
+
+fn method(channel: u16, m: AMQPClass) -> AMQPFrame {
+    AMQPFrame::Method(channel, m)
+}
+
+fn conn_method(m: connection::AMQPMethod) -> AMQPFrame {
+    method(0, AMQPClass::Connection(m))
+}
+
+fn basic_method(channel: u16, m: basic::AMQPMethod) -> AMQPFrame {
+    method(channel, AMQPClass::Basic(m))
+}
+
+/// `tune-ok` (frame_max 8192, no heartbeat), `connection.open` and `channel.open` 1.
+fn open_frames() -> [AMQPFrame; 3] {
+    let tune_ok = conn_method(connection::AMQPMethod::TuneOk(connection::TuneOk {
+        channel_max: 16,
+        frame_max: 8192,
+        heartbeat: 0,
+    }));
+    let open = conn_method(connection::AMQPMethod::Open(connection::Open {
+        virtual_host: "/".into(),
+    }));
+    let channel_open = method(
+        1,
+        AMQPClass::Channel(channel::AMQPMethod::Open(channel::Open {})),
+    );
+    [tune_ok, open, channel_open]
+}
+
+fn start_ok(user: &str, password: &str) -> AMQPFrame {
+    conn_method(connection::AMQPMethod::StartOk(connection::StartOk {
+        client_properties: FieldTable::default(),
+        mechanism: "PLAIN".into(),
+        response: format!("\0{user}\0{password}").into(),
+        locale: "en_US".into(),
+    }))
+}
+
+impl Client {
+    fn new(settings: Settings) -> Client {
+        let broker = Broker::builder().shards(1).manual_clock().build().unwrap();
+        let conn = Connection::new(broker.clone(), Arc::new(settings), 1, true);
+        Client { broker, conn }
+    }
+
+    /// Feeds raw bytes, then lets every waiting delivery out; returns what was written.
+    fn feed_bytes(&mut self, bytes: &[u8]) -> Vec<AMQPFrame> {
+        let used = self.conn.handle_input(bytes);
+        if !self.conn.is_closed() {
+            assert_eq!(used, bytes.len(), "whole frames are used whole");
+        }
+        // Acks are not waited for (`settle_batch_nowait`): a call to every shard lets what
+        // they free reach the consumers first, as it would reach a server's connection
+        // task while it waits for its next read.
+        self.broker.advance(Duration::ZERO).unwrap();
+        // So are the puts of confirming channels: their answers are in by now.
+        self.conn.try_answers();
+        while let Some((i, d)) = self.conn.try_delivery() {
+            self.conn.handle_delivery(i, d);
+        }
+        let mut out = Vec::new();
+        self.conn.take_output(&mut out);
+        decode(&out)
+    }
+
+    fn feed(&mut self, frames: &[AMQPFrame]) -> Vec<AMQPFrame> {
+        self.feed_bytes(&encode(frames))
+    }
+
+    /// A connection through the handshake (frame_max 8192), with channel 1 open.
+    fn open() -> Client {
+        Client::open_with(Settings::default())
+    }
+
+    /// As [`Client::open`], with `settings` (leases of 10 s).
+    fn open_with(settings: Settings) -> Client {
+        let mut c = Client::new(Settings {
+            ack_timeout: Duration::from_secs(10),
+            ..settings
+        });
+        let header = AMQPFrame::ProtocolHeader(ProtocolVersion::amqp_0_9_1());
+        let out = c.feed(&[header]);
+        assert!(matches!(
+            out[..],
+            [AMQPFrame::Method(
+                0,
+                AMQPClass::Connection(connection::AMQPMethod::Start(_))
+            )]
+        ));
+        let out = c.feed(&[start_ok("guest", "guest")]);
+        let [AMQPFrame::Method(0, AMQPClass::Connection(connection::AMQPMethod::Tune(tune)))] =
+            &out[..]
+        else {
+            panic!("expected connection.tune, got {out:?}");
+        };
+        assert_eq!(
+            (tune.frame_max, tune.channel_max, tune.heartbeat),
+            (131_072, 2047, 60)
+        );
+        let out = c.feed(&open_frames());
+        assert_eq!(
+            out,
+            [
+                conn_method(connection::AMQPMethod::OpenOk(connection::OpenOk {})),
+                method(
+                    1,
+                    AMQPClass::Channel(channel::AMQPMethod::OpenOk(channel::OpenOk {}))
+                ),
+            ]
+        );
+        c
+    }
+
+    fn declare(&mut self, name: &str) {
+        let declare = queue::Declare {
+            queue: name.into(),
+            durable: true,
+            ..queue::Declare::default()
+        };
+        let out = self.feed(&[method(
+            1,
+            AMQPClass::Queue(queue::AMQPMethod::Declare(declare)),
+        )]);
+        let ok = queue::DeclareOk {
+            queue: name.into(),
+            message_count: 0,
+            consumer_count: 0,
+        };
+        assert_eq!(
+            out,
+            [method(
+                1,
+                AMQPClass::Queue(queue::AMQPMethod::DeclareOk(ok))
+            )]
+        );
+    }
+
+    /// basic.publish + content header + the body in one body frame.
+    fn publish_frames(queue: &str, properties: BasicProperties, body: &[u8]) -> Vec<AMQPFrame> {
+        let publish = basic::Publish {
+            exchange: "".into(),
+            routing_key: queue.into(),
+            mandatory: false,
+            immediate: false,
+        };
+        let header = AMQPContentHeader {
+            class_id: 60,
+            body_size: body.len() as u64,
+            properties,
+        };
+        let mut frames = vec![
+            basic_method(1, basic::AMQPMethod::Publish(publish)),
+            AMQPFrame::Header(1, header),
+        ];
+        if !body.is_empty() {
+            frames.push(AMQPFrame::Body(1, body.to_vec()));
+        }
+        frames
+    }
+
+    fn consume(&mut self, queue: &str, no_ack: bool) -> Vec<AMQPFrame> {
+        let consume = basic::Consume {
+            queue: queue.into(),
+            consumer_tag: "".into(),
+            no_ack,
+            ..basic::Consume::default()
+        };
+        self.feed(&[basic_method(1, basic::AMQPMethod::Consume(consume))])
+    }
+
+    /// `basic.consume` with `exclusive`.
+    fn consume_exclusive(&mut self, queue: &str) -> Vec<AMQPFrame> {
+        let consume = basic::Consume {
+            queue: queue.into(),
+            exclusive: true,
+            ..basic::Consume::default()
+        };
+        self.feed(&[basic_method(1, basic::AMQPMethod::Consume(consume))])
+    }
+
+    /// Another connection to the same server (broker and settings), numbered `id`, with
+    /// channel 1 open.
+    fn another(&self, id: u64) -> Client {
+        let settings = self.conn.settings.clone();
+        let mut other = Client {
+            broker: self.broker.clone(),
+            conn: Connection::new(self.broker.clone(), settings, id, true),
+        };
+        let header = AMQPFrame::ProtocolHeader(ProtocolVersion::amqp_0_9_1());
+        other.feed(&[header]);
+        other.feed(&[start_ok("guest", "guest")]);
+        other.feed(&open_frames());
+        other
+    }
+
+    /// After a channel error on channel 1: its `close-ok`, and the channel opened again.
+    fn reopen(&mut self) {
+        self.feed(&[method(
+            1,
+            AMQPClass::Channel(channel::AMQPMethod::CloseOk(channel::CloseOk {})),
+        )]);
+        self.feed(&[method(
+            1,
+            AMQPClass::Channel(channel::AMQPMethod::Open(channel::Open {})),
+        )]);
+    }
+
+    fn publish(&mut self, queue: &str, body: &[u8]) {
+        self.feed(&Client::publish_frames(
+            queue,
+            BasicProperties::default(),
+            body,
+        ));
+    }
+
+    fn prefetch(&mut self, n: u16) {
+        let qos = basic::Qos {
+            prefetch_count: n,
+            global: false,
+        };
+        self.feed(&[basic_method(1, basic::AMQPMethod::Qos(qos))]);
+    }
+
+    fn stats(&self, queue: &str) -> leasemq::QueueStats {
+        self.broker.queue(queue).unwrap().stats()
+    }
+
+    /// Declares `name` with `x-max-length` `max` and `x-overflow` `reject-publish`.
+    fn declare_rejecting_over(&mut self, name: &str, max: i32) {
+        let mut arguments = FieldTable::default();
+        arguments.insert("x-max-length".into(), AMQPValue::LongInt(max));
+        arguments.insert(
+            "x-overflow".into(),
+            AMQPValue::LongString("reject-publish".into()),
+        );
+        let declare = queue::Declare {
+            queue: name.into(),
+            arguments,
+            ..queue::Declare::default()
+        };
+        self.feed(&[queue_method(queue::AMQPMethod::Declare(declare))]);
+    }
+
+    /// The frames of one publish of each body to `queue`, in order.
+    fn publish_run(queue: &str, bodies: &[&[u8]]) -> Vec<AMQPFrame> {
+        bodies
+            .iter()
+            .flat_map(|body| Client::publish_frames(queue, BasicProperties::default(), body))
+            .collect()
+    }
+
+    /// A client whose server's clock is moved by hand, from 1 000 000 ms.
+    fn with_clock() -> (Client, Arc<std::sync::atomic::AtomicU64>) {
+        let (clock, now) = crate::WallClock::manual(1_000_000);
+        let c = Client::open_with(Settings {
+            clock,
+            ..Settings::default()
+        });
+        (c, now)
+    }
+
+    /// Declares `queue` dead-lettering through `amq.fanout`; the name of its holding queue.
+    fn declare_dead_lettering(&mut self, queue: &str) -> String {
+        let fanout = AMQPValue::LongString("amq.fanout".into());
+        self.declare_with(queue, &[("x-dead-letter-exchange", fanout)]);
+        crate::dead_letter::holding_name(queue)
+    }
+
+    /// [`Client::with_clock`], with queue `queue` declared with an `x-message-ttl` of
+    /// `ttl_ms`.
+    fn with_ttl_queue(queue: &str, ttl_ms: i32) -> (Client, Arc<std::sync::atomic::AtomicU64>) {
+        let (mut c, now) = Client::with_clock();
+        let mut arguments = FieldTable::default();
+        arguments.insert("x-message-ttl".into(), AMQPValue::LongInt(ttl_ms));
+        let declare = queue::Declare {
+            queue: queue.into(),
+            arguments,
+            ..queue::Declare::default()
+        };
+        c.feed(&[queue_method(queue::AMQPMethod::Declare(declare))]);
+        (c, now)
+    }
+
+    /// Declares `queue` with `arguments`.
+    fn declare_with(&mut self, queue: &str, arguments: &[(&str, AMQPValue)]) -> Vec<AMQPFrame> {
+        let declare = queue::Declare {
+            queue: queue.into(),
+            arguments: table(arguments),
+            ..queue::Declare::default()
+        };
+        self.feed(&[queue_method(queue::AMQPMethod::Declare(declare))])
+    }
+
+    /// Does what the server's message-expiry task does at `now` (`message_expiry::run`),
+    /// with the server's clock set to `now`: dead-letters the deliveries handed over, and
+    /// looks at the heads of the queues due. Returns the names looked at, and the next
+    /// deadline.
+    fn expire_at(
+        &mut self,
+        now: u64,
+        clock: &std::sync::atomic::AtomicU64,
+    ) -> (Vec<String>, Option<u64>) {
+        use crate::message_expiry::{expire, look_at_head};
+        clock.store(now, Ordering::Relaxed);
+        let settings = self.conn.settings.clone();
+        let expiry = &settings.message_expiry;
+        let (due, _) = expiry.due(now);
+        for (queue, delivery) in due.handed {
+            assert!(expire(&settings, &self.broker, &queue, &delivery));
+        }
+        let mut looked = Vec::new();
+        for look in due.queues {
+            let next = look_at_head(&settings, &self.broker, &look);
+            expiry.looked(&look.queue, next);
+            looked.push(look.queue.name().to_string());
+        }
+        (looked, expiry.due(now).1)
+    }
+
+    /// `basic.consume` on channel 1 with `arguments`; the frames it answered.
+    fn consume_with(&mut self, queue: &str, arguments: &[(&str, AMQPValue)]) -> Vec<AMQPFrame> {
+        let consume = basic::Consume {
+            queue: queue.into(),
+            arguments: table(arguments),
+            ..basic::Consume::default()
+        };
+        self.feed(&[basic_method(1, basic::AMQPMethod::Consume(consume))])
+    }
+}
+
+/// The (delivery tag, redelivered, body) of each basic.deliver in `out`, with its content
+/// put back together.
+fn deliveries(out: &[AMQPFrame]) -> Vec<(u64, bool, Vec<u8>)> {
+    let mut found: Vec<(u64, bool, Vec<u8>)> = Vec::new();
+    for frame in out {
+        match frame {
+            AMQPFrame::Method(1, AMQPClass::Basic(basic::AMQPMethod::Deliver(d))) => {
+                found.push((d.delivery_tag, d.redelivered, Vec::new()));
+            }
+            AMQPFrame::Body(1, body) => found.last_mut().unwrap().2.extend_from_slice(body),
+            _ => {}
+        }
+    }
+    found
+}
+
+fn channel_close_code(out: &[AMQPFrame]) -> Option<u16> {
+    channel_close(out).map(|(code, _)| code)
+}
+
+/// The reply code and text of the `channel.close` in `out`.
+fn channel_close(out: &[AMQPFrame]) -> Option<(u16, String)> {
+    out.iter().find_map(|f| match f {
+        AMQPFrame::Method(_, AMQPClass::Channel(channel::AMQPMethod::Close(c))) => {
+            Some((c.reply_code, c.reply_text.as_str().to_string()))
+        }
+        _ => None,
+    })
+}
+
+fn connection_close_code(out: &[AMQPFrame]) -> Option<u16> {
+    out.iter().find_map(|f| match f {
+        AMQPFrame::Method(0, AMQPClass::Connection(connection::AMQPMethod::Close(c))) => {
+            Some(c.reply_code)
+        }
+        _ => None,
+    })
+}
+
+fn ack(tag: u64, multiple: bool) -> AMQPFrame {
+    basic_method(
+        1,
+        basic::AMQPMethod::Ack(basic::Ack {
+            delivery_tag: tag,
+            multiple,
+        }),
+    )
+}
+
+fn nack(tag: u64, requeue: bool) -> AMQPFrame {
+    basic_method(
+        1,
+        basic::AMQPMethod::Nack(basic::Nack {
+            delivery_tag: tag,
+            multiple: false,
+            requeue,
+        }),
+    )
+}
+
+/// An open connection (leases of 10 s) whose lease clock the returned cell moves.
+fn on_a_lease_clock() -> (Client, Arc<std::sync::atomic::AtomicU64>) {
+    let (lease_clock, now) = LeaseClock::manual();
+    let c = Client::open_with(Settings {
+        lease_clock,
+        ..Settings::default()
+    });
+    (c, now)
+}
+
+/// A connection through the handshake with channel 1 open, whose client announced the
+/// `connection.blocked` capability, on a server whose memory alarm is `alarm`.
+fn hearing_blocked(alarm: &Arc<MemoryAlarm>) -> Client {
+    let mut c = Client::new(Settings {
+        memory_alarm: Arc::clone(alarm),
+        ..Settings::default()
+    });
+    c.feed(&[AMQPFrame::ProtocolHeader(ProtocolVersion::amqp_0_9_1())]);
+    let mut capabilities = FieldTable::default();
+    capabilities.insert("connection.blocked".into(), AMQPValue::Boolean(true));
+    let mut client_properties = FieldTable::default();
+    client_properties.insert("capabilities".into(), AMQPValue::FieldTable(capabilities));
+    let start_ok = connection::StartOk {
+        client_properties,
+        mechanism: "PLAIN".into(),
+        response: "\0guest\0guest".into(),
+        locale: "en_US".into(),
+    };
+    c.feed(&[conn_method(connection::AMQPMethod::StartOk(start_ok))]);
+    c.feed(&open_frames());
+    c
+}
+
+/// A field table whose one value is `levels` field arrays, one inside the other.
+fn nested_table(levels: usize) -> Vec<u8> {
+    let mut value = Vec::with_capacity(5 * levels + 1);
+    for level in 0..levels {
+        // Each array holds the ones inside it (5 bytes each) and the void at the bottom.
+        let inside = u32::try_from(5 * (levels - 1 - level) + 1).unwrap();
+        value.push(b'A');
+        value.extend_from_slice(&inside.to_be_bytes());
+    }
+    value.push(b'V');
+    let mut table = u32::try_from(2 + value.len())
+        .unwrap()
+        .to_be_bytes()
+        .to_vec();
+    table.extend_from_slice(&[1, b'x']);
+    table.extend_from_slice(&value);
+    table
+}
+
+/// A method frame on `channel` with this payload.
+fn raw_method(channel: u16, payload: &[u8]) -> Vec<u8> {
+    let mut frame = vec![1];
+    frame.extend_from_slice(&channel.to_be_bytes());
+    frame.extend_from_slice(&u32::try_from(payload.len()).unwrap().to_be_bytes());
+    frame.extend_from_slice(payload);
+    frame.push(0xCE);
+    frame
+}
+
+fn cancel(tag: &str) -> AMQPFrame {
+    basic_method(
+        1,
+        basic::AMQPMethod::Cancel(basic::Cancel {
+            consumer_tag: tag.into(),
+            nowait: false,
+        }),
+    )
+}
+
+fn get(queue: &str, no_ack: bool) -> AMQPFrame {
+    basic_method(
+        1,
+        basic::AMQPMethod::Get(basic::Get {
+            queue: queue.into(),
+            no_ack,
+        }),
+    )
+}
+
+fn queue_method(m: queue::AMQPMethod) -> AMQPFrame {
+    method(1, AMQPClass::Queue(m))
+}
+
+/// The consumer tag `consume-ok` gave.
+fn consumer_tag(out: &[AMQPFrame]) -> String {
+    out.iter()
+        .find_map(|f| match f {
+            AMQPFrame::Method(1, AMQPClass::Basic(basic::AMQPMethod::ConsumeOk(ok))) => {
+                Some(ok.consumer_tag.to_string())
+            }
+            _ => None,
+        })
+        .expect("consume-ok")
+}
+
+fn qos(count: u16, global: bool) -> AMQPFrame {
+    let qos = basic::Qos {
+        prefetch_count: count,
+        global,
+    };
+    basic_method(1, basic::AMQPMethod::Qos(qos))
+}
+
+fn flow(active: bool) -> AMQPFrame {
+    method(
+        1,
+        AMQPClass::Channel(channel::AMQPMethod::Flow(channel::Flow { active })),
+    )
+}
+
+/// The reply code of `declare` on channel 1 (0 for declare-ok), the channel reopened
+/// after a channel error.
+fn declare_code(c: &mut Client, declare: queue::Declare) -> u16 {
+    let out = c.feed(&[method(
+        1,
+        AMQPClass::Queue(queue::AMQPMethod::Declare(declare)),
+    )]);
+    match channel_close_code(&out).or(connection_close_code(&out)) {
+        Some(code) => {
+            c.reopen();
+            code
+        }
+        None => 0,
+    }
+}
+
+/// The properties of the first content header in `out`.
+fn first_properties(out: &[AMQPFrame]) -> BasicProperties {
+    out.iter()
+        .find_map(|f| match f {
+            AMQPFrame::Header(_, header) => Some(header.properties.clone()),
+            _ => None,
+        })
+        .expect("a content header")
+}
+
+/// What the server's `x-expires` task does at `at`: deletes each queue due then.
+fn run_expiry(settings: &Settings, at: std::time::Instant) {
+    let (expired, _) = settings
+        .expiring
+        .expire(at, |name| settings.consumers.is_consumed(name));
+    for queue in &expired {
+        if settings.expiring.still_due(queue) {
+            settings.forget_queue(queue);
+        }
+    }
+}
+
+fn declare_with(name: &str, exclusive: bool, expires: Option<i32>) -> queue::Declare {
+    let mut arguments = FieldTable::default();
+    if let Some(ms) = expires {
+        arguments.insert("x-expires".into(), AMQPValue::LongInt(ms));
+    }
+    queue::Declare {
+        queue: name.into(),
+        exclusive,
+        arguments,
+        ..queue::Declare::default()
+    }
+}
+
+/// The bodies of the deliveries and `get-ok`s in `out`, in order.
+fn delivered_bodies(out: &[AMQPFrame]) -> Vec<Vec<u8>> {
+    (out.iter())
+        .filter_map(|f| match f {
+            AMQPFrame::Body(1, body) => Some(body.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+/// A field table of `arguments`.
+fn table(arguments: &[(&str, AMQPValue)]) -> FieldTable {
+    let mut table = FieldTable::default();
+    for (key, value) in arguments {
+        table.insert((*key).into(), value.clone());
+    }
+    table
+}
+
+/// `channel.close` of channel 1 by the client, 200.
+fn close_channel() -> AMQPFrame {
+    let close = channel::Close {
+        reply_code: 200,
+        reply_text: "bye".into(),
+        class_id: 0,
+        method_id: 0,
+    };
+    method(1, AMQPClass::Channel(channel::AMQPMethod::Close(close)))
+}
+
+fn tx_method(m: amq_protocol::protocol::tx::AMQPMethod) -> AMQPFrame {
+    method(1, AMQPClass::Tx(m))
+}
+
+/// The bodies of the deliveries and `get-ok`s in `out`, in order, as text.
+fn delivered_texts(out: &[AMQPFrame]) -> Vec<String> {
+    (delivered_bodies(out).into_iter())
+        .map(|body| String::from_utf8(body).expect("text"))
+        .collect()
+}
+
+/// The consumer tag and body of each `basic.deliver` in `out`.
+fn deliveries_by_consumer(out: &[AMQPFrame]) -> Vec<(String, String)> {
+    let mut found: Vec<(String, String)> = Vec::new();
+    for frame in out {
+        match frame {
+            AMQPFrame::Method(1, AMQPClass::Basic(basic::AMQPMethod::Deliver(d))) => {
+                found.push((d.consumer_tag.to_string(), String::new()));
+            }
+            AMQPFrame::Body(1, body) => {
+                let text = std::str::from_utf8(body).expect("a text body");
+                found.last_mut().expect("a deliver first").1.push_str(text);
+            }
+            _ => {}
+        }
+    }
+    found
+}
