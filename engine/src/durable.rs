@@ -30,8 +30,7 @@ use std::time::Duration;
 
 use bytes::{Buf, Bytes};
 
-use crate::command::MsgId;
-use crate::types::{DeathReason, DeathRecord, Overflow, QueueConfig, RetryPolicy};
+use crate::types::{DeathReason, DeathRecord, MsgId, Overflow, QueueConfig, RetryPolicy};
 
 /// The version byte that starts every encoded batch of changes.
 pub const FORMAT: u8 = 1;

@@ -444,3 +444,95 @@ impl fmt::Display for Error {
 }
 
 impl std::error::Error for Error {}
+
+/// A message's id as the engine keeps it: a caller's id is shared, never copied; a broker
+/// id is a number, turned into text only when a consumer reads it.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum MsgId {
+    /// Assigned by the broker: the shard's index in the top 16 bits, a per-shard sequence below.
+    Auto(u64),
+    /// Given by the producer with `Message::with_id`.
+    Given(Arc<str>),
+}
+
+impl MsgId {
+    /// The number of the broker id with this shard and sequence.
+    pub(crate) fn auto_number(shard: u16, seq: u64) -> u64 {
+        (u64::from(shard) << 48) | (seq & ((1 << 48) - 1))
+    }
+
+    /// The broker id whose text is `text`, if `text` is exactly that form: `~<shard>-<seq>`
+    /// in decimal without leading zeros, the shard below 65 536 and the sequence below
+    /// 2⁴⁸. A caller may give such an id; the queue then checks generated ids against it.
+    pub(crate) fn parse_auto(text: &str) -> Option<u64> {
+        let (shard, seq) = text.strip_prefix('~')?.split_once('-')?;
+        let number = |digits: &str, below: u64| -> Option<u64> {
+            let canonical = !digits.is_empty()
+                && digits.bytes().all(|b| b.is_ascii_digit())
+                && (digits == "0" || !digits.starts_with('0'));
+            let n: u64 = digits.parse().ok().filter(|_| canonical)?;
+            (n < below).then_some(n)
+        };
+        let shard = number(shard, 1 << 16)?;
+        let seq = number(seq, 1 << 48)?;
+        Some((shard << 48) | seq)
+    }
+
+    /// The id as text: a caller's id as given, a broker id as `~<shard>-<sequence>`.
+    /// One allocation of the right size, no formatting machinery: this runs per delivery.
+    pub fn to_text(&self) -> String {
+        match self {
+            MsgId::Given(id) => id.to_string(),
+            MsgId::Auto(n) => {
+                let (mut shard, mut seq) = (itoa::Buffer::new(), itoa::Buffer::new());
+                let (shard, seq) = (shard.format(n >> 48), seq.format(n & ((1 << 48) - 1)));
+                let mut text = String::with_capacity(2 + shard.len() + seq.len());
+                text.push('~');
+                text.push_str(shard);
+                text.push('-');
+                text.push_str(seq);
+                text
+            }
+        }
+    }
+}
+
+impl fmt::Display for MsgId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.to_text())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::MsgId;
+
+    #[test]
+    fn only_the_exact_text_of_a_broker_id_parses_as_one() {
+        for (shard, seq) in [(0, 1), (1, 7), (65_535, (1 << 48) - 1)] {
+            let id = MsgId::Auto(MsgId::auto_number(shard, seq));
+            assert_eq!(
+                MsgId::parse_auto(&id.to_text()),
+                Some(MsgId::auto_number(shard, seq))
+            );
+        }
+        for text in [
+            "",
+            "~",
+            "~0",
+            "~0-",
+            "~-1",
+            "0-1",
+            "~00-1",
+            "~0-01",
+            "~+1-2",
+            "~1-2-3",
+            "~0-1 ",
+            "~65536-1",
+            "~0-281474976710656",
+            "~a-1",
+        ] {
+            assert_eq!(MsgId::parse_auto(text), None, "{text:?}");
+        }
+    }
+}

@@ -36,6 +36,7 @@ use amq_protocol::types::{AMQPValue, FieldTable};
 use leasemq::{Overflow, QueueConfig};
 
 use crate::dead_letter::Route;
+use crate::field::{signed, type_name};
 
 /// Why the arguments were refused: a reply code and its text.
 #[derive(Debug, Clone, PartialEq)]
@@ -420,44 +421,6 @@ fn integer_arg(key: &str, value: &AMQPValue) -> Result<i128, Refused> {
 fn non_negative(key: &str, value: &AMQPValue) -> Result<u64, Refused> {
     let n = integer_arg(key, value)?;
     u64::try_from(n).map_err(|_| invalid_arg(key, format!("{{value_negative,{n}}}")))
-}
-
-/// An integer of any width, as RabbitMQ compares them.
-pub(crate) fn signed(value: &AMQPValue) -> Option<i128> {
-    Some(match *value {
-        AMQPValue::ShortShortInt(n) => n.into(),
-        AMQPValue::ShortShortUInt(n) => n.into(),
-        AMQPValue::ShortInt(n) => n.into(),
-        AMQPValue::ShortUInt(n) => n.into(),
-        AMQPValue::LongInt(n) => n.into(),
-        AMQPValue::LongUInt(n) => n.into(),
-        AMQPValue::LongLongInt(n) => n.into(),
-        _ => return None,
-    })
-}
-
-/// A field value's type as RabbitMQ names it in its texts.
-pub(crate) fn type_name(value: &AMQPValue) -> &'static str {
-    match value {
-        AMQPValue::Boolean(_) => "bool",
-        AMQPValue::ShortShortInt(_) => "byte",
-        AMQPValue::ShortShortUInt(_) => "unsignedbyte",
-        AMQPValue::ShortInt(_) => "short",
-        AMQPValue::ShortUInt(_) => "unsignedshort",
-        AMQPValue::LongInt(_) => "signedint",
-        AMQPValue::LongUInt(_) => "unsignedint",
-        AMQPValue::LongLongInt(_) => "long",
-        AMQPValue::Float(_) => "float",
-        AMQPValue::Double(_) => "double",
-        AMQPValue::DecimalValue(_) => "decimal",
-        AMQPValue::ShortString(_) => "shortstr",
-        AMQPValue::LongString(_) => "longstr",
-        AMQPValue::FieldArray(_) => "array",
-        AMQPValue::Timestamp(_) => "timestamp",
-        AMQPValue::FieldTable(_) => "table",
-        AMQPValue::ByteArray(_) => "binary",
-        AMQPValue::Void => "void",
-    }
 }
 
 fn string(key: &str, value: &AMQPValue) -> Result<String, Refused> {

@@ -180,7 +180,7 @@ pub fn sender_routes(properties: &BasicProperties) -> Result<Option<SenderRoutes
                 }));
             }
             Some(other) => {
-                let kind = crate::arguments::type_name(other);
+                let kind = crate::field::type_name(other);
                 return Err(format!(
                     "PRECONDITION_FAILED - invalid message: {{unacceptable_type_in_header,\"{name}\",{kind}}}"
                 ));
@@ -630,10 +630,7 @@ fn with_death(properties: BasicProperties, died: &Died<'_>, time: Option<u64>) -
     // keeping where it was published then; else a new record comes first.
     let record = match deaths.iter().position(same).map(|i| deaths.remove(i)) {
         Some(AMQPValue::FieldTable(mut record)) => {
-            let count = record
-                .inner()
-                .get("count")
-                .and_then(crate::arguments::signed);
+            let count = record.inner().get("count").and_then(crate::field::signed);
             let count = i64::try_from(count.unwrap_or(0)).unwrap_or(i64::MAX);
             let count = AMQPValue::LongLongInt(count.saturating_add(1));
             record.insert("count".into(), count);

@@ -31,8 +31,8 @@ use leasemq::Broker;
 use serde::{Deserialize, Serialize};
 
 use crate::arguments::StorageHints;
-use crate::connection::Declared;
 use crate::dead_letter::{self, Route};
+use crate::declared::Declared;
 use crate::exchange::write_atomically;
 use crate::Settings;
 use crate::{message_expiry, names};

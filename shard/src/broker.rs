@@ -1,14 +1,13 @@
 //! The broker handle: builds the shards, routes declares, moves the manual clock, shuts down.
 
-use std::collections::HashMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use leasemq_engine::{validate, Command, Error, QueueConfig};
 
+use crate::inner::BrokerInner;
 use crate::protocol::{Answer, Inbox, ReplyTo, Request};
 use crate::queue::Queue;
 use crate::reply::{call, fan_in};
@@ -16,7 +15,7 @@ use crate::router::shard_for;
 use crate::runtime::{new_engine, ShardThread, TimeSource};
 use crate::slice::BusySlice;
 use crate::store::{DataDir, ShardLog, SyncPolicy};
-use crate::turns::{CallerTurns, TurnStats};
+use crate::turns::{CallerTurns, TurnStats, Turns};
 use crate::wait::{Sleeper, YieldBudget};
 
 /// Builds a [`Broker`]: how many shards, which clock, how long a tick. Start with
@@ -346,9 +345,14 @@ impl BrokerBuilder {
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));
         let yields = YieldBudget(self.yield_budget);
-        let (senders, receivers): (Vec<_>, Vec<_>) = (0..shards)
-            .map(|_| {
-                let (inbox, rx, sleeper) = Inbox::new(yields, self.caller_turns);
+        // Each shard's turns: its thread's state, which blocking callers may run turns on.
+        let turns: Vec<Arc<Turns<ShardThread>>> = (0..shards)
+            .map(|_| Arc::new(Turns::new(self.caller_turns)))
+            .collect();
+        let (senders, receivers): (Vec<_>, Vec<_>) = turns
+            .iter()
+            .map(|turns| {
+                let (inbox, rx, sleeper) = Inbox::new(yields, turns.clone());
                 (inbox, (rx, sleeper))
             })
             .unzip();
@@ -394,6 +398,7 @@ impl BrokerBuilder {
             let setup_done = setup_done.clone();
             let after_panic = inbox.clone();
             let own_inbox = senders[index].clone();
+            let turns = turns[index].clone();
             let shard = ShardThread::new(
                 index,
                 inbox,
@@ -421,10 +426,10 @@ impl BrokerBuilder {
                     // for answers that will never come: unwinding drops every request the
                     // shard held, and the thread stays to drop each later one, until
                     // shutdown. A dropped request answers `ShutDown`.
-                    if catch_unwind(AssertUnwindSafe(|| shard.run())).is_err() {
+                    if catch_unwind(AssertUnwindSafe(|| shard.run(&turns))).is_err() {
                         // The state stays with the shard's turns: take it out, so that
                         // no caller runs a turn on it and its channels close.
-                        drop(own_inbox.turns().take());
+                        drop(turns.take());
                         for request in after_panic.iter() {
                             if matches!(request, Request::Shutdown) {
                                 break;
@@ -466,60 +471,6 @@ impl BrokerBuilder {
             }
         }
         Ok(broker)
-    }
-}
-
-pub(crate) struct BrokerInner {
-    pub shards: Vec<Inbox>,
-    manual: bool,
-    manual_nanos: AtomicU64,
-    shut_down: AtomicBool,
-    /// Taken once, by the shutdown that joins them; never touched on the message path.
-    threads: Mutex<Vec<JoinHandle<()>>>,
-    /// Whether the broker has a data dir, so durable queues can be declared.
-    durable: bool,
-    /// The data dir's lock, let go once the shards have stopped.
-    data_dir: Mutex<Option<DataDir>>,
-    /// The dead-letter queue of each live durable queue that has one, by the durable
-    /// queue's name: such a queue may not be declared again without `durable`, or the
-    /// dead letters it takes would not survive a crash.
-    pub durable_dead_letters: Mutex<HashMap<String, String>>,
-}
-
-impl BrokerInner {
-    pub fn is_shut_down(&self) -> bool {
-        self.shut_down.load(Ordering::Acquire)
-    }
-
-    pub fn inbox(&self, shard: usize) -> &Inbox {
-        &self.shards[shard]
-    }
-
-    fn shutdown(&self) {
-        self.shut_down.store(true, Ordering::Release);
-        let mut threads = self.threads.lock().unwrap_or_else(|e| e.into_inner());
-        if threads.is_empty() {
-            return;
-        }
-        for inbox in &self.shards {
-            let _ = inbox.send(Request::Shutdown);
-        }
-        for thread in threads.drain(..) {
-            let _ = thread.join();
-        }
-        // Every shard has synced and closed its log: another broker may open the dir.
-        drop(
-            self.data_dir
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .take(),
-        );
-    }
-}
-
-impl Drop for BrokerInner {
-    fn drop(&mut self) {
-        self.shutdown();
     }
 }
 

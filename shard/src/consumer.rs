@@ -5,10 +5,12 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{Receiver, TryRecvError};
-use leasemq_engine::{Command, ConsumerKey, Delivered, DeliveryTag, Envelope, Error, Reply};
+use crossbeam_channel::{unbounded, Receiver, TryRecvError};
+use leasemq_engine::{
+    validate, Command, ConsumerConfig, ConsumerKey, Delivered, DeliveryTag, Envelope, Error, Reply,
+};
 
-use crate::protocol::{Answer, Readers, Request};
+use crate::protocol::{Answer, Readers, Request, Sink, WakeOnDrop};
 use crate::queue::Queue;
 use crate::reply::call;
 
@@ -414,5 +416,110 @@ impl Delivery {
     /// [`Queue::touch`].
     pub fn touch(&self) -> bool {
         self.owner.queue.touch(self.tag)
+    }
+}
+
+/// Registering consumers: here, beside the [`Consumer`] they make.
+impl Queue {
+    /// Registers a consumer of priority 0, last in the queue's round robin among those of
+    /// its priority (contract §3 `consume`). Deliveries
+    /// start at once, up to its prefetch: what is ready is in its channel when this returns.
+    ///
+    /// # Errors
+    ///
+    /// Checked in this order; a consume that fails registers nothing:
+    ///
+    /// - [`Error::ShutDown`] after the broker's shutdown;
+    /// - [`Error::QueueClosed`] once the queue is closed;
+    /// - [`Error::InvalidName`] unless `name` is 1 to 255 bytes;
+    /// - [`Error::InvalidConfig`] for a prefetch of 0 or over 65 535;
+    /// - [`Error::DuplicateConsumer`] when a live consumer of this queue has that name.
+    ///
+    /// ```
+    /// # mod leasemq { pub use leasemq_engine::*; pub use leasemq_shard::*; }
+    /// use leasemq::{Broker, ConsumerConfig, Error, Message, QueueConfig};
+    ///
+    /// let broker = Broker::builder().manual_clock().build()?;
+    /// let jobs = broker.declare_queue("jobs", QueueConfig::default())?;
+    /// jobs.put_batch(vec![Message::new("a"), Message::new("b"), Message::new("c")])?;
+    ///
+    /// let worker = jobs.consume("worker", ConsumerConfig { prefetch: 2 })?;
+    /// assert!(worker.try_recv()?.is_some() && worker.try_recv()?.is_some());
+    /// assert!(worker.try_recv()?.is_none(), "prefetch 2: the third waits for credit");
+    /// let taken = jobs.consume("worker", ConsumerConfig::default());
+    /// assert_eq!(taken.unwrap_err(), Error::DuplicateConsumer);
+    /// # Ok::<(), leasemq::Error>(())
+    /// ```
+    pub fn consume(&self, name: &str, config: ConsumerConfig) -> Result<Consumer, Error> {
+        self.consume_with_priority(name, config, 0)
+    }
+
+    /// [`consume`](Queue::consume) with a consumer priority (contract §3 Dispatch, AMQP's
+    /// `x-priority`): the queue hands its ready messages to the consumers of the highest
+    /// priority that have credit, round robin among them, and to a lower one only while
+    /// every higher one is full (its prefetch reached) or stopped. A consumer made with
+    /// [`consume`](Queue::consume) has priority 0; priorities may be negative.
+    ///
+    /// # Errors
+    ///
+    /// As [`consume`](Queue::consume).
+    ///
+    /// ```
+    /// # mod leasemq { pub use leasemq_engine::*; pub use leasemq_shard::*; }
+    /// use leasemq::{Broker, ConsumerConfig, Message, QueueConfig};
+    ///
+    /// let broker = Broker::builder().manual_clock().build()?;
+    /// let jobs = broker.declare_queue("jobs", QueueConfig::default())?;
+    /// let spare = jobs.consume_with_priority("spare", ConsumerConfig::default(), -1)?;
+    /// let main = jobs.consume_with_priority("main", ConsumerConfig { prefetch: 2 }, 5)?;
+    /// jobs.put_batch(vec![Message::new("a"), Message::new("b"), Message::new("c")])?;
+    ///
+    /// // `main` takes what its prefetch allows; only the overflow goes to `spare`.
+    /// assert_eq!(main.try_recv()?.unwrap().envelope().body, "a");
+    /// assert_eq!(main.try_recv()?.unwrap().envelope().body, "b");
+    /// assert_eq!(spare.try_recv()?.unwrap().envelope().body, "c");
+    /// # Ok::<(), leasemq::Error>(())
+    /// ```
+    pub fn consume_with_priority(
+        &self,
+        name: &str,
+        config: ConsumerConfig,
+        priority: i64,
+    ) -> Result<Consumer, Error> {
+        if self.broker().is_shut_down() {
+            return Err(Error::ShutDown);
+        }
+        if self.cell().is_closed() {
+            return Err(Error::QueueClosed);
+        }
+        validate::consumer_name(name)?;
+        validate::consumer_config(&config)?;
+        let (tx, rx) = unbounded();
+        let readers = Arc::new(Readers::default());
+        let sink = Sink {
+            tx,
+            rx: rx.clone(),
+            prefetch: config.prefetch as usize,
+            readers: WakeOnDrop(readers.clone()),
+        };
+        let queue = self.key();
+        let answer = call(self.broker().inbox(self.shard()), |reply| {
+            Request::Consume {
+                queue,
+                name: name.into(),
+                config,
+                priority,
+                sink,
+                reply,
+            }
+        });
+        match answer {
+            Answer::Engine(Reply::Consumed(Ok(key))) => {
+                Ok(Consumer::new(self.clone(), name, key, rx, readers))
+            }
+            Answer::Engine(Reply::Consumed(Err(e))) => Err(e),
+            Answer::ShutDown => Err(Error::ShutDown),
+            other => unreachable!("consume answered {other:?}"),
+        }
     }
 }

@@ -28,6 +28,7 @@
 mod broker;
 mod consumer;
 mod host;
+mod inner;
 mod protocol;
 mod queue;
 mod reply;

@@ -14,7 +14,7 @@ use leasemq_engine::{
 use tokio::sync::oneshot;
 
 use crate::route::Hop;
-use crate::turns::{CallerTurns, Turns};
+use crate::turns::Lender;
 use crate::wait::{Bell, Sleeper, YieldBudget};
 
 /// The capacity of each shard's inbox.
@@ -33,8 +33,8 @@ pub(crate) struct Inbox {
     stopped: Arc<AtomicBool>,
     /// How long a thread waiting on this shard may yield its core before it parks.
     yields: YieldBudget,
-    /// The shard's state, which a blocking caller may take to run a turn itself.
-    turns: Arc<Turns>,
+    /// The shard's turns, which a blocking caller may run itself while the thread sleeps.
+    turns: Arc<dyn Lender>,
 }
 
 impl Inbox {
@@ -42,7 +42,7 @@ impl Inbox {
     /// sleeper that thread binds when it starts, and how long waits on it may yield.
     pub fn new(
         yields: YieldBudget,
-        turns: CallerTurns,
+        turns: Arc<dyn Lender>,
     ) -> (Inbox, Receiver<Request>, Arc<Sleeper>) {
         let (tx, rx) = crossbeam_channel::bounded(INBOX_CAPACITY);
         let shard = Arc::new(Sleeper::default());
@@ -53,7 +53,7 @@ impl Inbox {
                 rx: rx.clone(),
                 stopped: Arc::new(AtomicBool::new(false)),
                 yields,
-                turns: Arc::new(Turns::new(turns)),
+                turns,
             },
             rx,
             shard,
@@ -87,9 +87,9 @@ impl Inbox {
         Ok(())
     }
 
-    /// The shard's state and who may run its turns.
-    pub fn turns(&self) -> &Arc<Turns> {
-        &self.turns
+    /// The shard's turns, as its senders see them.
+    pub fn turns(&self) -> &dyn Lender {
+        &*self.turns
     }
 
     /// Sends if there is room; the sender participates as in [`send`](Self::send).

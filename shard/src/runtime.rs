@@ -24,6 +24,7 @@ use crate::protocol::{Answer, Deferred, Inbox, QueueCell, ReplyTo, Request, Sink
 use crate::route::{self, Backlog, Driver, Hop};
 use crate::slice::BusySlice;
 use crate::store::{Held, ShardLog};
+use crate::turns::{Turn, Turns};
 use crate::wait::Sleeper;
 
 /// Requests handled per loop turn before effects are flushed.
@@ -126,9 +127,8 @@ impl ShardThread {
     /// thread holds it for each of its turns, and where the shard lends its turns (no log,
     /// the system clock) releases it while it waits, for a blocking caller to run a turn
     /// itself (see `turns.rs`).
-    pub fn run(self) {
+    pub fn run(self, turns: &Turns<ShardThread>) {
         self.sleeper.bind();
-        let turns = self.peers[self.index].turns().clone();
         let lends = self.log.is_none() && matches!(self.time, TimeSource::System(_));
         let sleeper = self.sleeper.clone();
         let inbox = self.inbox.clone();
@@ -194,22 +194,6 @@ impl ShardThread {
         self.pump_log();
         self.retry_backlog();
         handled
-    }
-
-    /// A turn run by a caller while the thread waits (see `turns.rs`): how many requests
-    /// it handled, and whether the thread must look again, because the turn left work for
-    /// it or brought the next timer before `wakes_at`, when it planned to wake
-    /// (nanoseconds of the shard's clock).
-    pub(crate) fn run_callers_turn(&mut self, wakes_at: u64) -> (usize, bool) {
-        let handled = self.turn(None);
-        let look_again = self.stopping
-            || !self.backlog.is_empty()
-            || !self.inbox.is_empty()
-            || self
-                .engine
-                .next_deadline()
-                .is_some_and(|deadline| self.tick.start_of(deadline) < wakes_at);
-        (handled, look_again)
     }
 
     /// Nanoseconds of the shard's clock at `at`.
@@ -807,6 +791,21 @@ impl ShardThread {
         while let Ok(req) = self.inbox.try_recv() {
             drop(req);
         }
+    }
+}
+
+impl Turn for ShardThread {
+    /// A turn run by a caller while the thread waits (see `turns.rs`).
+    fn run_callers_turn(&mut self, wakes_at: u64) -> (usize, bool) {
+        let handled = self.turn(None);
+        let look_again = self.stopping
+            || !self.backlog.is_empty()
+            || !self.inbox.is_empty()
+            || self
+                .engine
+                .next_deadline()
+                .is_some_and(|deadline| self.tick.start_of(deadline) < wakes_at);
+        (handled, look_again)
     }
 }
 

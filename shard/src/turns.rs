@@ -28,7 +28,6 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, TryLockError};
 
 use crate::host;
-use crate::runtime::ShardThread;
 use crate::wait::Sleeper;
 
 /// When a caller may run a shard's turn on its own thread instead of waking the shard
@@ -47,9 +46,28 @@ pub enum CallerTurns {
     Always,
 }
 
+/// What a caller runs: one turn of a shard whose thread waits.
+pub(crate) trait Turn: Send + 'static {
+    /// Handles what the inbox holds (a batch at most) and flushes what it caused. Returns
+    /// how many requests it handled, and whether the thread must look again: the turn left
+    /// work for it, or brought the next timer before `wakes_at`, when the thread planned to
+    /// wake (nanoseconds of the shard's clock).
+    fn run_callers_turn(&mut self, wakes_at: u64) -> (usize, bool);
+}
+
+/// What a shard's senders see of its turns (the shard's inbox holds one).
+pub(crate) trait Lender: Send + Sync + std::fmt::Debug {
+    /// After sending a request: runs the shard's turn on the calling thread when the
+    /// thread sleeps and callers may; else wakes the thread.
+    fn run_or_wake(&self, shard: &Sleeper);
+
+    /// The requests handled so far, by the thread and by callers.
+    fn stats(&self) -> TurnStats;
+}
+
 /// A shard's state, shared by its thread and the callers that may run its turns.
-pub(crate) struct Turns {
-    state: Mutex<Option<ShardThread>>,
+pub(crate) struct Turns<S> {
+    state: Mutex<Option<S>>,
     /// Whether callers may run turns now: set by the thread once it serves, for a shard
     /// that lends its turns at all; cleared when it stops.
     open: AtomicBool,
@@ -75,7 +93,7 @@ pub struct TurnStats {
     pub callers: u64,
 }
 
-impl std::fmt::Debug for Turns {
+impl<S> std::fmt::Debug for Turns<S> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Turns")
             .field("when", &self.when)
@@ -85,24 +103,24 @@ impl std::fmt::Debug for Turns {
 }
 
 /// The shard's state, held by whoever runs its turn.
-pub(crate) struct Held<'a>(MutexGuard<'a, Option<ShardThread>>);
+pub(crate) struct Held<'a, S>(MutexGuard<'a, Option<S>>);
 
-impl std::ops::Deref for Held<'_> {
-    type Target = ShardThread;
+impl<S> std::ops::Deref for Held<'_, S> {
+    type Target = S;
 
-    fn deref(&self) -> &ShardThread {
+    fn deref(&self) -> &S {
         self.0.as_ref().expect("held only while the shard serves")
     }
 }
 
-impl std::ops::DerefMut for Held<'_> {
-    fn deref_mut(&mut self) -> &mut ShardThread {
+impl<S> std::ops::DerefMut for Held<'_, S> {
+    fn deref_mut(&mut self) -> &mut S {
         self.0.as_mut().expect("held only while the shard serves")
     }
 }
 
-impl Turns {
-    pub fn new(when: CallerTurns) -> Turns {
+impl<S: Turn> Turns<S> {
+    pub fn new(when: CallerTurns) -> Turns<S> {
         Turns {
             state: Mutex::new(None),
             open: AtomicBool::new(false),
@@ -115,7 +133,7 @@ impl Turns {
     }
 
     /// The thread's side: puts its state here, to be held for each of its turns.
-    pub fn install(&self, shard: ShardThread) {
+    pub fn install(&self, shard: S) {
         *self.lock_poisoned() = Some(shard);
     }
 
@@ -128,7 +146,7 @@ impl Turns {
 
     /// The thread's side: takes its state for a turn. A caller's turn that panicked left
     /// it half changed: the thread then panics too, and drops what it is sent from then on.
-    pub fn hold(&self) -> Held<'_> {
+    pub fn hold(&self) -> Held<'_, S> {
         Held(
             self.state
                 .lock()
@@ -138,12 +156,12 @@ impl Turns {
 
     /// The thread's side, once it stops: takes its state out for good. Callers that try
     /// from now on wake the thread, which drops their requests.
-    pub fn take(&self) -> Option<ShardThread> {
+    pub fn take(&self) -> Option<S> {
         self.open.store(false, Ordering::Release);
         self.lock_poisoned().take()
     }
 
-    fn lock_poisoned(&self) -> MutexGuard<'_, Option<ShardThread>> {
+    fn lock_poisoned(&self) -> MutexGuard<'_, Option<S>> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -151,14 +169,6 @@ impl Turns {
     pub fn handled_by_thread(&self, requests: usize) {
         if requests > 0 {
             self.by_thread.fetch_add(requests as u64, Ordering::Relaxed);
-        }
-    }
-
-    /// The requests handled so far, by the thread and by callers.
-    pub fn stats(&self) -> TurnStats {
-        TurnStats {
-            shard_threads: self.by_thread.load(Ordering::Relaxed),
-            callers: self.by_callers.load(Ordering::Relaxed),
         }
     }
 
@@ -181,9 +191,17 @@ impl Turns {
         self.look_again.load(Ordering::Relaxed) && self.look_again.swap(false, Ordering::Acquire)
     }
 
-    /// A caller's side, after sending a request: runs the shard's turn here when the
-    /// thread sleeps and callers may; else wakes the thread.
-    pub fn run_or_wake(&self, shard: &Sleeper) {
+    fn may_now(&self) -> bool {
+        match self.when {
+            CallerTurns::Never => false,
+            CallerTurns::WhenBusy => host::busy(),
+            CallerTurns::Always => true,
+        }
+    }
+}
+
+impl<S: Turn> Lender for Turns<S> {
+    fn run_or_wake(&self, shard: &Sleeper) {
         // Checked first, so that a broker whose callers may not run turns now pays only
         // these loads on top of the wake.
         if !self.callers_may_run() || !shard.is_asleep() {
@@ -214,11 +232,10 @@ impl Turns {
         }
     }
 
-    fn may_now(&self) -> bool {
-        match self.when {
-            CallerTurns::Never => false,
-            CallerTurns::WhenBusy => host::busy(),
-            CallerTurns::Always => true,
+    fn stats(&self) -> TurnStats {
+        TurnStats {
+            shard_threads: self.by_thread.load(Ordering::Relaxed),
+            callers: self.by_callers.load(Ordering::Relaxed),
         }
     }
 }

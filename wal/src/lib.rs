@@ -100,6 +100,7 @@ mod error;
 mod frame;
 mod mem;
 mod recover;
+mod segment;
 mod snapshot;
 mod storage;
 mod syncer;

@@ -6,8 +6,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use crate::frame::{self, Stop, HEADER};
+use crate::segment::{parse_segment_name, segment_name, Segment, SPARE_SUFFIX};
 use crate::storage::Storage;
-use crate::syncer::Segment;
 use crate::{Lsn, Options, WalError};
 
 /// What recovery found and did.
@@ -59,27 +59,6 @@ pub(crate) struct Recovered {
     /// Where the next frame goes in the last segment.
     pub(crate) pos: u64,
     pub(crate) report: RecoveryReport,
-}
-
-/// The file name of the segment whose first lsn is `lsn`.
-pub(crate) fn segment_name(lsn: u64) -> String {
-    format!("{lsn:020}.wal")
-}
-
-/// How a spare segment's name ends: `<number, 20 digits>.spare`.
-pub(crate) const SPARE_SUFFIX: &str = ".spare";
-
-/// The file name of spare segment number `n`.
-pub(crate) fn spare_name(n: u64) -> String {
-    format!("{n:020}{SPARE_SUFFIX}")
-}
-
-fn parse_segment_name(name: &str) -> Option<u64> {
-    let digits = name.strip_suffix(".wal")?;
-    if digits.len() != 20 || !digits.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    digits.parse().ok()
 }
 
 /// Creates, preallocates and opens a segment; nothing is synced.

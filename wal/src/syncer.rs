@@ -20,20 +20,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
 use crate::frame;
-use crate::storage::{Storage, StorageFile};
+use crate::segment::Segment;
+use crate::storage::Storage;
 use crate::WalError;
-
-/// One segment file, shared by the owner (which appends to it) and the syncer (which
-/// writes and syncs it).
-#[derive(Debug)]
-pub(crate) struct Segment {
-    pub(crate) path: PathBuf,
-    pub(crate) file: Box<dyn StorageFile>,
-    /// The lsn in its name: its first record's, if it has one.
-    pub(crate) first_lsn: u64,
-    /// Its preallocated size: frames go below it.
-    pub(crate) capacity: u64,
-}
 
 /// Frames appended to one segment between two submits, not yet sealed (see `frame::seal`).
 #[derive(Debug)]
@@ -503,7 +492,7 @@ fn remove(shared: &Shared, segments: &[Arc<Segment>]) -> Result<(), WalError> {
     for segment in segments {
         let path = &segment.path;
         if room > 0 && segment.capacity == shared.segment_bytes {
-            let spare = shared.dir.join(crate::recover::spare_name(named));
+            let spare = shared.dir.join(crate::segment::spare_name(named));
             shared
                 .storage
                 .rename(path, &spare)

@@ -7,8 +7,9 @@ use std::thread::JoinHandle;
 
 use crate::frame;
 use crate::recover::{self, RecoveryReport};
+use crate::segment::Segment;
 use crate::storage::{DirLock, Storage};
-use crate::syncer::{self, Piece, Segment, Shared};
+use crate::syncer::{self, Piece, Shared};
 use crate::{Lsn, Options, WalError};
 
 /// A write-ahead log, open for appending; see the [crate docs](crate).

@@ -1102,7 +1102,7 @@ impl Connection {
                 Some(other) => {
                     let text = format!(
                         "PRECONDITION_FAILED - invalid type '{}' for arg 'alternate-exchange' in exchange '{name}' in vhost '/'",
-                        arguments::type_name(other)
+                        crate::field::type_name(other)
                     );
                     return Err(Fault::channel(ch, code::PRECONDITION_FAILED, text, &m));
                 }

@@ -1,0 +1,67 @@
+//! What every handle of one broker shares: the shards' inboxes, the shutdown flag, the
+//! manual clock's time, and the data dir held while the shards run. A `Broker`, a `Queue`
+//! and a `Consumer` each hold it; the shards stop when the last of them is dropped.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::thread::JoinHandle;
+
+use crate::protocol::{Inbox, Request};
+use crate::store::DataDir;
+
+/// The state behind every handle of one broker.
+pub(crate) struct BrokerInner {
+    pub shards: Vec<Inbox>,
+    pub manual: bool,
+    pub manual_nanos: AtomicU64,
+    pub shut_down: AtomicBool,
+    /// Taken once, by the shutdown that joins them; never touched on the message path.
+    pub threads: Mutex<Vec<JoinHandle<()>>>,
+    /// Whether the broker has a data dir, so durable queues can be declared.
+    pub durable: bool,
+    /// The data dir's lock, let go once the shards have stopped.
+    pub data_dir: Mutex<Option<DataDir>>,
+    /// The dead-letter queue of each live durable queue that has one, by the durable
+    /// queue's name: such a queue may not be declared again without `durable`, or the
+    /// dead letters it takes would not survive a crash.
+    pub durable_dead_letters: Mutex<HashMap<String, String>>,
+}
+
+impl BrokerInner {
+    pub fn is_shut_down(&self) -> bool {
+        self.shut_down.load(Ordering::Acquire)
+    }
+
+    pub fn inbox(&self, shard: usize) -> &Inbox {
+        &self.shards[shard]
+    }
+
+    /// Stops every shard thread and waits for it; lets go of the data dir after.
+    pub fn shutdown(&self) {
+        self.shut_down.store(true, Ordering::Release);
+        let mut threads = self.threads.lock().unwrap_or_else(|e| e.into_inner());
+        if threads.is_empty() {
+            return;
+        }
+        for inbox in &self.shards {
+            let _ = inbox.send(Request::Shutdown);
+        }
+        for thread in threads.drain(..) {
+            let _ = thread.join();
+        }
+        // Every shard has synced and closed its log: another broker may open the dir.
+        drop(
+            self.data_dir
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .take(),
+        );
+    }
+}
+
+impl Drop for BrokerInner {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
