@@ -1,11 +1,11 @@
 //! The broker handle: builds the shards, routes declares, moves the manual clock, shuts down.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use leasemq_engine::{validate, Command, Error, QueueConfig};
+use leasemq_engine::{validate, Command, Effects, Error, QueueConfig, Shard};
 
 use crate::inner::BrokerInner;
 use crate::protocol::{Answer, Inbox, ReplyTo, Request};
@@ -316,7 +316,8 @@ impl BrokerBuilder {
         self.start(shards, data_dir)
     }
 
-    fn start(self, shards: usize, data_dir: Option<DataDir>) -> Result<Broker, Error> {
+    /// The settings `build` refuses.
+    fn check(&self) -> Result<(), Error> {
         if self.yield_budget > MAX_YIELD_BUDGET {
             return Err(Error::InvalidConfig(format!(
                 "yield_budget must be at most 10 ms, got {:?}",
@@ -336,14 +337,63 @@ impl BrokerBuilder {
                 self.tick
             )));
         }
+        Ok(())
+    }
+
+    /// Each shard's engine, restored from the data dir if there is one, with its log and
+    /// what the restore left to route, ready to serve: the log's time set, and broker ids
+    /// reserved past any that another shard's log holds.
+    fn engines(
+        &self,
+        data_dir: Option<&DataDir>,
+        time: &TimeSource,
+        sleepers: &[Arc<Sleeper>],
+    ) -> Result<Vec<(Shard, Option<ShardLog>, Effects)>, Error> {
+        let wall = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));
+        let log = (self.sync, self.log_segment_bytes);
+        let engines = restore(data_dir, log, sleepers, |index| {
+            new_engine(index, time, self.tick)
+        })?;
+        // Log time at tick 0: the wall clock, or the manual clock where the logs left off.
+        let epoch = match time {
+            TimeSource::System(_) => wall,
+            TimeSource::Manual => engines
+                .iter()
+                .filter_map(|(engine, _)| engine.restored_clock())
+                .max()
+                .unwrap_or(0),
+        };
+        // A dead letter keeps its broker id: a shard's ids may be in another's log.
+        let mut auto_ids = vec![0u64; sleepers.len()];
+        for (engine, _) in &engines {
+            for (shard, seq) in engine.restored_auto_ids() {
+                if let Some(max) = auto_ids.get_mut(usize::from(shard)) {
+                    *max = (*max).max(seq);
+                }
+            }
+        }
+        Ok(engines
+            .into_iter()
+            .zip(auto_ids)
+            .map(|((mut engine, log), ids)| {
+                engine.reserve_auto_ids(ids);
+                engine.set_log_epoch(epoch);
+                let mut out = Effects::new();
+                engine.finish_restore(&mut out);
+                (engine, log, out)
+            })
+            .collect())
+    }
+
+    fn start(self, shards: usize, data_dir: Option<DataDir>) -> Result<Broker, Error> {
+        self.check()?;
         let time = if self.manual_clock {
             TimeSource::Manual
         } else {
             TimeSource::System(Instant::now())
         };
-        let wall = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));
         let yields = YieldBudget(self.yield_budget);
         // Each shard's turns: its thread's state, which blocking callers may run turns on.
         let turns: Vec<Arc<Turns<ShardThread>>> = (0..shards)
@@ -357,103 +407,44 @@ impl BrokerBuilder {
             })
             .unzip();
         let sleepers: Vec<Arc<Sleeper>> = receivers.iter().map(|(_, s)| s.clone()).collect();
-        let log = (self.sync, self.log_segment_bytes);
-        let engines = restore(data_dir.as_ref(), log, &sleepers, |index| {
-            new_engine(index, &time, self.tick)
-        })?;
-        // Log time at tick 0: the wall clock, or the manual clock where the logs left off.
-        let epoch = match time {
-            TimeSource::System(_) => wall,
-            TimeSource::Manual => engines
-                .iter()
-                .filter_map(|(engine, _)| engine.restored_clock())
-                .max()
-                .unwrap_or(0),
-        };
-        // A dead letter keeps its broker id: a shard's ids may be in another's log.
-        let mut auto_ids = vec![0u64; shards];
-        for (engine, _) in &engines {
-            for (shard, seq) in engine.restored_auto_ids() {
-                if let Some(max) = auto_ids.get_mut(usize::from(shard)) {
-                    *max = (*max).max(seq);
-                }
-            }
-        }
-        let mut engines = engines
-            .into_iter()
-            .zip(auto_ids)
-            .map(|((mut engine, log), ids)| {
-                engine.reserve_auto_ids(ids);
-                engine.set_log_epoch(epoch);
-                let mut out = leasemq_engine::Effects::new();
-                engine.finish_restore(&mut out);
-                (engine, log, out)
-            });
+        let mut engines = self
+            .engines(data_dir.as_ref(), &time, &sleepers)?
+            .into_iter();
         let mut threads = Vec::with_capacity(shards);
         // Each shard thread says whether its setup ran, before it serves anything.
         let (setup_done, setups) = crossbeam_channel::bounded::<bool>(shards);
         for (index, (inbox, sleeper)) in receivers.into_iter().enumerate() {
-            let setup = self.on_shard_start.clone();
-            let slice = self.shard_time_slice;
-            let setup_done = setup_done.clone();
-            let after_panic = inbox.clone();
-            let own_inbox = senders[index].clone();
-            let turns = turns[index].clone();
-            let shard = ShardThread::new(
+            let start = ShardStart {
                 index,
-                inbox,
-                sleeper,
-                senders.clone(),
-                time.clone(),
-                engines.next().expect("one engine per shard"),
-            );
+                setup: self.on_shard_start.clone(),
+                slice: self.shard_time_slice,
+                setup_done: setup_done.clone(),
+                after_panic: inbox.clone(),
+                own_inbox: senders[index].clone(),
+                turns: turns[index].clone(),
+                shard: ShardThread::new(
+                    index,
+                    inbox,
+                    sleeper,
+                    senders.clone(),
+                    time.clone(),
+                    engines.next().expect("one engine per shard"),
+                ),
+            };
             let thread = std::thread::Builder::new()
                 .name(format!("leasemq-shard-{index}"))
-                .spawn(move || {
-                    // Best effort: a system that refuses leaves the default slice, which
-                    // is slower on a busy host but correct.
-                    let busy_slice = slice.and_then(BusySlice::new);
-                    if busy_slice.is_some() && slice.is_some_and(|s| s <= FAST_WAKE_SLICE) {
-                        crate::wait::shards_run_short_slices();
-                    }
-                    let shard = shard.with_busy_slice(busy_slice);
-                    let ran = setup.is_none_or(|ShardSetup(setup)| {
-                        catch_unwind(AssertUnwindSafe(|| setup(index))).is_ok()
-                    });
-                    let _ = setup_done.send(ran);
-                    drop(setup_done);
-                    // A panic here is a broker bug, and it must not leave callers waiting
-                    // for answers that will never come: unwinding drops every request the
-                    // shard held, and the thread stays to drop each later one, until
-                    // shutdown. A dropped request answers `ShutDown`.
-                    if catch_unwind(AssertUnwindSafe(|| shard.run(&turns))).is_err() {
-                        // The state stays with the shard's turns: take it out, so that
-                        // no caller runs a turn on it and its channels close.
-                        drop(turns.take());
-                        for request in after_panic.iter() {
-                            if matches!(request, Request::Shutdown) {
-                                break;
-                            }
-                        }
-                    }
-                    // Whatever is sent from now on is dropped by its sender.
-                    own_inbox.close();
-                })
+                .spawn(move || start.run())
                 .map_err(|e| Error::InvalidConfig(format!("cannot start a shard thread: {e}")))?;
             threads.push(thread);
         }
         drop(setup_done);
         let broker = Broker {
-            inner: Arc::new(BrokerInner {
-                shards: senders,
-                manual: self.manual_clock,
-                manual_nanos: AtomicU64::new(0),
-                shut_down: AtomicBool::new(false),
-                threads: Mutex::new(threads),
-                durable: data_dir.is_some(),
-                data_dir: Mutex::new(data_dir),
-                durable_dead_letters: Mutex::default(),
-            }),
+            inner: Arc::new(BrokerInner::new(
+                senders,
+                self.manual_clock,
+                threads,
+                data_dir,
+            )),
         };
         if !(0..shards).all(|_| setups.recv() == Ok(true)) {
             broker.shutdown();
@@ -461,16 +452,67 @@ impl BrokerBuilder {
                 "the on_shard_start setup panicked on a shard thread".into(),
             ));
         }
-        // Messages the restore dead-lettered land before anyone can look.
         if broker.inner.durable {
-            while broker.step_all(|reply| Request::Barrier { reply })? > 0 {}
-            for name in broker.queue_names() {
-                if let Some(queue) = broker.queue(&name) {
-                    broker.note_dead_letter_queue(&queue);
+            broker.settle_restore()?;
+        }
+        Ok(broker)
+    }
+}
+
+/// What a shard thread starts with, and what it does until it ends.
+struct ShardStart {
+    index: usize,
+    shard: ShardThread,
+    turns: Arc<Turns<ShardThread>>,
+    slice: Option<Duration>,
+    setup: Option<ShardSetup>,
+    /// Told whether the setup ran, before the shard serves anything.
+    setup_done: crossbeam_channel::Sender<bool>,
+    /// The shard's own inbox, read after a panic to drop what comes.
+    after_panic: crossbeam_channel::Receiver<Request>,
+    own_inbox: Inbox,
+}
+
+impl ShardStart {
+    fn run(self) {
+        let ShardStart {
+            index,
+            shard,
+            turns,
+            slice,
+            setup,
+            setup_done,
+            after_panic,
+            own_inbox,
+        } = self;
+        // Best effort: a system that refuses leaves the default slice, which is slower on
+        // a busy host but correct.
+        let busy_slice = slice.and_then(BusySlice::new);
+        if busy_slice.is_some() && slice.is_some_and(|s| s <= FAST_WAKE_SLICE) {
+            crate::wait::shards_run_short_slices();
+        }
+        let shard = shard.with_busy_slice(busy_slice);
+        let ran = setup.is_none_or(|ShardSetup(setup)| {
+            catch_unwind(AssertUnwindSafe(|| setup(index))).is_ok()
+        });
+        let _ = setup_done.send(ran);
+        drop(setup_done);
+        // A panic here is a broker bug, and it must not leave callers waiting for answers
+        // that will never come: unwinding drops every request the shard held, and the
+        // thread stays to drop each later one, until shutdown. A dropped request answers
+        // `ShutDown`.
+        if catch_unwind(AssertUnwindSafe(|| shard.run(&turns))).is_err() {
+            // The state stays with the shard's turns: take it out, so that no caller runs
+            // a turn on it and its channels close.
+            drop(turns.take());
+            for request in after_panic.iter() {
+                if matches!(request, Request::Shutdown) {
+                    break;
                 }
             }
         }
-        Ok(broker)
+        // Whatever is sent from now on is dropped by its sender.
+        own_inbox.close();
     }
 }
 
@@ -515,6 +557,18 @@ impl std::fmt::Debug for Broker {
 }
 
 impl Broker {
+    /// After a restore: lets the messages it dead-lettered land before anyone can look,
+    /// and notes each durable queue's dead-letter queue.
+    fn settle_restore(&self) -> Result<(), Error> {
+        while self.step_all(|reply| Request::Barrier { reply })? > 0 {}
+        for name in self.queue_names() {
+            if let Some(queue) = self.queue(&name) {
+                self.note_dead_letter_queue(&queue);
+            }
+        }
+        Ok(())
+    }
+
     /// A builder with the defaults: one shard per core, the system clock, 1 ms ticks.
     pub fn builder() -> BrokerBuilder {
         BrokerBuilder::default()

@@ -15,13 +15,13 @@ pub(crate) struct BrokerInner {
     pub shards: Vec<Inbox>,
     pub manual: bool,
     pub manual_nanos: AtomicU64,
-    pub shut_down: AtomicBool,
+    shut_down: AtomicBool,
     /// Taken once, by the shutdown that joins them; never touched on the message path.
-    pub threads: Mutex<Vec<JoinHandle<()>>>,
+    threads: Mutex<Vec<JoinHandle<()>>>,
     /// Whether the broker has a data dir, so durable queues can be declared.
     pub durable: bool,
     /// The data dir's lock, let go once the shards have stopped.
-    pub data_dir: Mutex<Option<DataDir>>,
+    data_dir: Mutex<Option<DataDir>>,
     /// The dead-letter queue of each live durable queue that has one, by the durable
     /// queue's name: such a queue may not be declared again without `durable`, or the
     /// dead letters it takes would not survive a crash.
@@ -29,6 +29,26 @@ pub(crate) struct BrokerInner {
 }
 
 impl BrokerInner {
+    /// A running broker's shared state: its shards' inboxes and threads, and the data dir
+    /// it holds, if any.
+    pub fn new(
+        shards: Vec<Inbox>,
+        manual: bool,
+        threads: Vec<JoinHandle<()>>,
+        data_dir: Option<DataDir>,
+    ) -> BrokerInner {
+        BrokerInner {
+            shards,
+            manual,
+            manual_nanos: AtomicU64::new(0),
+            shut_down: AtomicBool::new(false),
+            threads: Mutex::new(threads),
+            durable: data_dir.is_some(),
+            data_dir: Mutex::new(data_dir),
+            durable_dead_letters: Mutex::default(),
+        }
+    }
+
     pub fn is_shut_down(&self) -> bool {
         self.shut_down.load(Ordering::Acquire)
     }

@@ -15,8 +15,8 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, TryRecvError, TrySendError};
 use leasemq_engine::{
-    Command, ConsumerKey, Delivered, Effects, Message, QueueKey, QueueStats, Reply, Shard, Tick,
-    TickLength,
+    Command, ConsumerKey, Delivered, DeliveryTag, Effects, Message, QueueKey, QueueStats, Reply,
+    Shard, Tick, TickLength,
 };
 
 use crate::host;
@@ -460,55 +460,25 @@ impl ShardThread {
         let now = self.now();
         self.logged = false;
         self.request_start = (self.out.deliveries.len(), self.replies.len());
+        // A request refused before the engine saw it changed nothing: it is answered.
+        if !self.dispatch(now, req) {
+            return;
+        }
+        // The engine fires due timers before every command, so any request may leave dead
+        // letters; none waits for a later one to be routed.
+        if !self.out.dead_letters.is_empty() {
+            route::dead_letters(self, now, None);
+        }
+        self.drop_gone_sinks();
+        self.hold_what_it_caused();
+    }
+
+    /// Hands `req` to what handles its kind; `false` when it was refused before the engine
+    /// saw it.
+    fn dispatch(&mut self, now: Tick, req: Request) -> bool {
         match req {
-            Request::Engine { cmd, reply } => {
-                if let Some(refusal) = self.refuse(&cmd) {
-                    let answer = Answer::Engine(refusal);
-                    self.replies.push(Deferred::plain(reply, answer));
-                    return;
-                }
-                let closing = match &cmd {
-                    Command::Close { queue } => Some(*queue),
-                    _ => None,
-                };
-                let durable = self.about_durable(&cmd);
-                // An answer about a queue whose close waits for the disk waits behind it.
-                self.logged = self.behind_a_close(&cmd);
-                self.engine.handle(now, cmd, &mut self.out);
-                let answer = self.take_reply();
-                if let (Some(key), Reply::Closed(Some(stats))) = (closing, &answer) {
-                    self.on_closed(key, (**stats).clone(), durable);
-                }
-                // Answered now, or after the dead letters it caused have landed.
-                let answer = Answer::Engine(answer);
-                let deferred = Deferred {
-                    reply,
-                    answer,
-                    durable,
-                };
-                route::dead_letters(self, now, Some(deferred));
-            }
-            Request::Declare { cmd, reply } => {
-                let durable = self.about_durable(&cmd);
-                if let (true, Some(e)) = (durable, self.log.as_ref().and_then(|l| l.failed())) {
-                    let answer = Answer::Queue(Err(e.clone()));
-                    self.replies.push(Deferred::plain(reply, answer));
-                    return;
-                }
-                self.engine.handle(now, cmd, &mut self.out);
-                let answer = match self.take_reply() {
-                    Reply::Declared(result) => {
-                        Answer::Queue(result.map(|key| Some(self.cell(key))))
-                    }
-                    Reply::Found(found) => Answer::Queue(Ok(found.map(|key| self.cell(key)))),
-                    other => unreachable!("declare answered {other:?}"),
-                };
-                self.replies.push(Deferred {
-                    reply,
-                    answer,
-                    durable,
-                });
-            }
+            Request::Engine { cmd, reply } => return self.engine_request(now, cmd, reply),
+            Request::Declare { cmd, reply } => return self.declare(now, cmd, reply),
             Request::Consume {
                 queue,
                 name,
@@ -517,63 +487,27 @@ impl ShardThread {
                 sink,
                 reply,
             } => {
-                // Deliveries still held here may name a consumer slot this one reuses.
-                self.flush_deliveries();
                 let cmd = Command::Consume {
                     queue,
                     name: name.into_string(),
                     config,
                     priority,
                 };
-                self.engine.handle(now, cmd, &mut self.out);
-                let reply_value = self.take_reply();
-                if let Reply::Consumed(Ok(key)) = &reply_value {
-                    if self.sinks.len() <= key.slot() {
-                        self.sinks.resize_with(key.slot() + 1, || None);
-                    }
-                    self.sinks[key.slot()] = Some(sink);
-                }
-                self.replies
-                    .push(Deferred::plain(reply, Answer::Engine(reply_value)));
+                self.consume(now, cmd, sink, reply);
             }
             Request::Cancel {
                 consumer,
                 rx,
                 reply,
             } => {
-                // What this shard still holds for the consumer counts as unread too.
-                self.flush_deliveries();
-                let mut unread: Vec<_> = rx.try_iter().map(|d| d.tag).collect();
-                if let Some(log) = &mut self.log {
-                    let held = log.take_deliveries_of(consumer);
-                    unread.extend(held.into_iter().map(|d| d.tag));
-                }
-                self.engine
-                    .handle(now, Command::Cancel { consumer, unread }, &mut self.out);
-                self.drop_gone_sinks();
-                let deferred = reply.map(|reply| Deferred::plain(reply, Answer::Done));
-                route::dead_letters(self, now, deferred);
+                self.cancel(now, consumer, &rx, reply);
             }
             Request::Stop {
                 consumer,
                 rx,
                 reply,
             } => {
-                // A consumer that ended already (its slot may serve another by now) has
-                // nothing to stop.
-                if self.engine.leases_held(consumer).is_some() {
-                    self.flush_deliveries();
-                    let mut unread: Vec<_> = rx.try_iter().map(|d| d.tag).collect();
-                    if let Some(log) = &mut self.log {
-                        let held = log.take_deliveries_of(consumer);
-                        unread.extend(held.into_iter().map(|d| d.tag));
-                    }
-                    self.engine
-                        .handle(now, Command::Stop { consumer, unread }, &mut self.out);
-                    // Nothing more will come: the channel ends, so a `recv` returns at once.
-                    drop(self.sinks.get_mut(consumer.slot()).and_then(Option::take));
-                }
-                self.replies.push(Deferred::plain(reply, Answer::Done));
+                self.stop_consumer(now, consumer, &rx, reply);
             }
             Request::Advance { nanos, reply } => {
                 if let TimeSource::Manual = self.time {
@@ -596,13 +530,127 @@ impl ShardThread {
             }
             Request::Shutdown => self.stopping = true,
         }
-        // The engine fires due timers before every command, so any request may leave dead
-        // letters; none waits for a later one to be routed.
-        if !self.out.dead_letters.is_empty() {
-            route::dead_letters(self, now, None);
+        true
+    }
+
+    /// A command answered with the engine's reply, once the dead letters it caused have
+    /// landed; `false` when it was refused before the engine saw it (see `refuse`).
+    fn engine_request(&mut self, now: Tick, cmd: Command, reply: ReplyTo) -> bool {
+        if let Some(refusal) = self.refuse(&cmd) {
+            let answer = Answer::Engine(refusal);
+            self.replies.push(Deferred::plain(reply, answer));
+            return false;
         }
+        let closing = match &cmd {
+            Command::Close { queue } => Some(*queue),
+            _ => None,
+        };
+        let durable = self.about_durable(&cmd);
+        // An answer about a queue whose close waits for the disk waits behind it.
+        self.logged = self.behind_a_close(&cmd);
+        self.engine.handle(now, cmd, &mut self.out);
+        let answer = self.take_reply();
+        if let (Some(key), Reply::Closed(Some(stats))) = (closing, &answer) {
+            self.on_closed(key, (**stats).clone(), durable);
+        }
+        // Answered now, or after the dead letters it caused have landed.
+        let answer = Answer::Engine(answer);
+        let deferred = Deferred {
+            reply,
+            answer,
+            durable,
+        };
+        route::dead_letters(self, now, Some(deferred));
+        true
+    }
+
+    /// A declare or lookup, answered with the queue and its shared cell; `false` when a
+    /// durable declare was refused because the log failed.
+    fn declare(&mut self, now: Tick, cmd: Command, reply: ReplyTo) -> bool {
+        let durable = self.about_durable(&cmd);
+        if let (true, Some(e)) = (durable, self.log.as_ref().and_then(|l| l.failed())) {
+            let answer = Answer::Queue(Err(e.clone()));
+            self.replies.push(Deferred::plain(reply, answer));
+            return false;
+        }
+        self.engine.handle(now, cmd, &mut self.out);
+        let answer = match self.take_reply() {
+            Reply::Declared(result) => Answer::Queue(result.map(|key| Some(self.cell(key)))),
+            Reply::Found(found) => Answer::Queue(Ok(found.map(|key| self.cell(key)))),
+            other => unreachable!("declare answered {other:?}"),
+        };
+        self.replies.push(Deferred {
+            reply,
+            answer,
+            durable,
+        });
+        true
+    }
+
+    /// Registers a consumer; its channel's sink is kept under its slot.
+    fn consume(&mut self, now: Tick, cmd: Command, sink: Sink, reply: ReplyTo) {
+        // Deliveries still held here may name a consumer slot this one reuses.
+        self.flush_deliveries();
+        self.engine.handle(now, cmd, &mut self.out);
+        let reply_value = self.take_reply();
+        if let Reply::Consumed(Ok(key)) = &reply_value {
+            if self.sinks.len() <= key.slot() {
+                self.sinks.resize_with(key.slot() + 1, || None);
+            }
+            self.sinks[key.slot()] = Some(sink);
+        }
+        self.replies
+            .push(Deferred::plain(reply, Answer::Engine(reply_value)));
+    }
+
+    /// The tags a consumer never read: what its channel `rx` still holds, and what this
+    /// shard holds back for it.
+    fn unread(&mut self, consumer: ConsumerKey, rx: &Receiver<Delivered>) -> Vec<DeliveryTag> {
+        // What this shard still holds for the consumer counts as unread too.
+        self.flush_deliveries();
+        let mut unread: Vec<_> = rx.try_iter().map(|d| d.tag).collect();
+        if let Some(log) = &mut self.log {
+            let held = log.take_deliveries_of(consumer);
+            unread.extend(held.into_iter().map(|d| d.tag));
+        }
+        unread
+    }
+
+    /// A consumer ends: its unread deliveries are released, and the answer (if any) waits
+    /// for the dead letters the cancel caused.
+    fn cancel(
+        &mut self,
+        now: Tick,
+        consumer: ConsumerKey,
+        rx: &Receiver<Delivered>,
+        reply: Option<ReplyTo>,
+    ) {
+        let unread = self.unread(consumer, rx);
+        self.engine
+            .handle(now, Command::Cancel { consumer, unread }, &mut self.out);
         self.drop_gone_sinks();
-        self.hold_what_it_caused();
+        let deferred = reply.map(|reply| Deferred::plain(reply, Answer::Done));
+        route::dead_letters(self, now, deferred);
+    }
+
+    /// A consumer stops taking deliveries and keeps its leases; its channel ends.
+    fn stop_consumer(
+        &mut self,
+        now: Tick,
+        consumer: ConsumerKey,
+        rx: &Receiver<Delivered>,
+        reply: ReplyTo,
+    ) {
+        // A consumer that ended already (its slot may serve another by now) has nothing
+        // to stop.
+        if self.engine.leases_held(consumer).is_some() {
+            let unread = self.unread(consumer, rx);
+            self.engine
+                .handle(now, Command::Stop { consumer, unread }, &mut self.out);
+            // Nothing more will come: the channel ends, so a `recv` returns at once.
+            drop(self.sinks.get_mut(consumer.slot()).and_then(Option::take));
+        }
+        self.replies.push(Deferred::plain(reply, Answer::Done));
     }
 
     fn take_reply(&mut self) -> Reply {
