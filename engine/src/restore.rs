@@ -8,7 +8,7 @@ use ahash::RandomState;
 
 use crate::durable::{Change, RestoreError};
 use crate::queue::{fixed_state, Ctx, QueueState};
-use crate::{Effects, MsgId, QueueKey, Shard, Tick};
+use crate::{Effects, MsgId, QueueConfig, QueueKey, Shard, Tick};
 
 type Map<K, V> = HashMap<K, V, RandomState>;
 
@@ -68,7 +68,7 @@ impl Shard {
     /// [`RestoreError`] when the change does not fit what came before it (a message or
     /// queue the log never named, a queue declared twice): the log is damaged.
     pub fn restore(&mut self, change: Change) -> Result<(), RestoreError> {
-        let r = self.restoring.get_or_insert_with(|| {
+        let mut r = self.restoring.take().unwrap_or_else(|| {
             Box::new(Restoring {
                 queues: Map::with_hasher(fixed_state()),
                 msgs: Map::with_hasher(fixed_state()),
@@ -78,6 +78,13 @@ impl Shard {
                 auto_ids: Map::with_hasher(fixed_state()),
             })
         });
+        let applied = self.restore_change(&mut r, change);
+        self.restoring = Some(r);
+        applied
+    }
+
+    /// [`restore`](Self::restore) of one change, with what the restore keeps meanwhile.
+    fn restore_change(&mut self, r: &mut Restoring, change: Change) -> Result<(), RestoreError> {
         match change {
             Change::Clock { now } => r.clock = Some(r.clock.map_or(now, |c| c.max(now))),
             Change::Counters {
@@ -93,107 +100,19 @@ impl Shard {
                 queue,
                 name,
                 config,
-            } => {
-                if r.queues.contains_key(&queue) || self.names.contains_key(&name) {
-                    return Err(RestoreError(format!(
-                        "queue {name:?} (number {queue}) declared twice"
-                    )));
-                }
-                // Checked as a declare checks it: the arithmetic of leases, retries and
-                // windows relies on their limits, whatever wrote the log.
-                let valid = crate::validate::queue_name(&name)
-                    .and_then(|()| crate::validate::queue_config(&name, &config));
-                if let Err(e) = valid {
-                    return Err(RestoreError(format!(
-                        "queue {name:?} (number {queue}) declared with {e}"
-                    )));
-                }
-                if queue == u32::MAX {
-                    return Err(RestoreError(format!(
-                        "queue {name:?} has number {queue}, past the last"
-                    )));
-                }
-                let gen = {
-                    self.next_gen = self.next_gen.wrapping_add(1);
-                    self.next_gen
-                };
-                let entry = self.queues.vacant_entry();
-                let idx = u32::try_from(entry.key()).expect("fewer than 2^32 queues");
-                let key = QueueKey { idx, gen };
-                let state = entry.insert(QueueState::new(key, &name, *config, self.tick));
-                state.log = Some(queue);
-                self.names.insert(name, key);
-                r.queues.insert(queue, idx);
-                self.next_log_queue = self.next_log_queue.max(queue);
-            }
-            Change::Closed { queue } => {
-                let idx = r.queue(queue)?;
-                let state = self.queues.remove(idx as usize);
-                self.names.remove(&*state.name);
-                r.queues.remove(&queue);
-                r.msgs.retain(|_, (q, _)| *q != idx);
-                r.windows.retain(|(q, _), _| *q != queue);
-                // Nothing is in the wheel yet; the effects of closing are empty.
-                let mut out = Effects::new();
-                let (_, mut ctx) = ctx!(self, &mut out);
-                state.close(&mut ctx);
-            }
+            } => self.restore_declared(r, queue, name, *config)?,
+            Change::Closed { queue } => self.restore_closed(r, queue)?,
             Change::Tags { queue, next } => {
                 let idx = r.queue(queue)?;
                 self.queues[idx as usize].restore_next_tag(next);
             }
-            Change::Enqueued {
-                queue,
-                seq,
-                id,
-                body,
-                attempt,
-                priority,
-                ready_at,
-                dedup_until,
-                death,
-            } => {
-                let idx = r.queue(queue)?;
-                if r.msgs.contains_key(&seq) {
-                    return Err(RestoreError(format!("message {seq} enqueued twice")));
-                }
-                if let MsgId::Auto(n) = id {
-                    let (shard, seq) = ((n >> 48) as u16, n & ((1 << 48) - 1));
-                    let max = r.auto_ids.entry(shard).or_default();
-                    *max = (*max).max(seq);
-                    if shard == self.index {
-                        self.next_auto_id = self.next_auto_id.max(seq);
-                    }
-                }
-                if let (MsgId::Given(given), Some(until)) = (&id, dedup_until) {
-                    r.windows.insert((queue, given.clone()), until);
-                }
-                let q = &mut self.queues[idx as usize];
-                let slot = q.restore_enqueue(seq, id, body, attempt, priority, death)?;
-                r.msgs.insert(seq, (idx, slot));
-                if let Some(at) = ready_at {
-                    r.ready_at.insert(seq, at);
-                }
-                self.next_seq = self.next_seq.max(seq);
-            }
+            enqueued @ Change::Enqueued { .. } => self.restore_enqueued(r, enqueued)?,
             Change::Delivered {
                 queue,
                 seq,
                 tag,
                 attempt,
-            } => {
-                let (idx, slot) = r.msg(queue, seq)?;
-                let q = &mut self.queues[idx as usize];
-                let next = tag.checked_add(1).ok_or_else(|| {
-                    RestoreError(format!(
-                        "message {seq} delivered with tag {tag}, past the last"
-                    ))
-                })?;
-                q.restore_attempt(slot, attempt);
-                q.restore_next_tag(next);
-                // Leased at the crash, or returned by an expiry: ready at once.
-                r.ready_at.remove(&seq);
-            }
+            } => self.restore_delivered(r, (queue, seq), tag, attempt)?,
             Change::Returned {
                 queue,
                 seq,
@@ -218,6 +137,130 @@ impl Shard {
                 r.windows.insert((queue, id), until);
             }
         }
+        Ok(())
+    }
+
+    /// A queue declared: checked as a declare checks it, and made under a new key.
+    fn restore_declared(
+        &mut self,
+        r: &mut Restoring,
+        queue: u32,
+        name: Arc<str>,
+        config: QueueConfig,
+    ) -> Result<(), RestoreError> {
+        if r.queues.contains_key(&queue) || self.names.contains_key(&name) {
+            return Err(RestoreError(format!(
+                "queue {name:?} (number {queue}) declared twice"
+            )));
+        }
+        // Checked as a declare checks it: the arithmetic of leases, retries and
+        // windows relies on their limits, whatever wrote the log.
+        let valid = crate::validate::queue_name(&name)
+            .and_then(|()| crate::validate::queue_config(&name, &config));
+        if let Err(e) = valid {
+            return Err(RestoreError(format!(
+                "queue {name:?} (number {queue}) declared with {e}"
+            )));
+        }
+        if queue == u32::MAX {
+            return Err(RestoreError(format!(
+                "queue {name:?} has number {queue}, past the last"
+            )));
+        }
+        let gen = {
+            self.next_gen = self.next_gen.wrapping_add(1);
+            self.next_gen
+        };
+        let entry = self.queues.vacant_entry();
+        let idx = u32::try_from(entry.key()).expect("fewer than 2^32 queues");
+        let key = QueueKey { idx, gen };
+        let state = entry.insert(QueueState::new(key, &name, config, self.tick));
+        state.log = Some(queue);
+        self.names.insert(name, key);
+        r.queues.insert(queue, idx);
+        self.next_log_queue = self.next_log_queue.max(queue);
+        Ok(())
+    }
+
+    /// A queue closed: gone with everything the restore knew of it.
+    fn restore_closed(&mut self, r: &mut Restoring, queue: u32) -> Result<(), RestoreError> {
+        let idx = r.queue(queue)?;
+        let state = self.queues.remove(idx as usize);
+        self.names.remove(&*state.name);
+        r.queues.remove(&queue);
+        r.msgs.retain(|_, (q, _)| *q != idx);
+        r.windows.retain(|(q, _), _| *q != queue);
+        // Nothing is in the wheel yet; the effects of closing are empty.
+        let mut out = Effects::new();
+        let (_, mut ctx) = ctx!(self, &mut out);
+        state.close(&mut ctx);
+        Ok(())
+    }
+
+    /// A message enqueued (`enqueued` is a [`Change::Enqueued`]).
+    fn restore_enqueued(
+        &mut self,
+        r: &mut Restoring,
+        enqueued: Change,
+    ) -> Result<(), RestoreError> {
+        let Change::Enqueued {
+            queue,
+            seq,
+            id,
+            body,
+            attempt,
+            priority,
+            ready_at,
+            dedup_until,
+            death,
+        } = enqueued
+        else {
+            return Ok(());
+        };
+        let idx = r.queue(queue)?;
+        if r.msgs.contains_key(&seq) {
+            return Err(RestoreError(format!("message {seq} enqueued twice")));
+        }
+        if let MsgId::Auto(n) = id {
+            let (shard, seq) = ((n >> 48) as u16, n & ((1 << 48) - 1));
+            let max = r.auto_ids.entry(shard).or_default();
+            *max = (*max).max(seq);
+            if shard == self.index {
+                self.next_auto_id = self.next_auto_id.max(seq);
+            }
+        }
+        if let (MsgId::Given(given), Some(until)) = (&id, dedup_until) {
+            r.windows.insert((queue, given.clone()), until);
+        }
+        let q = &mut self.queues[idx as usize];
+        let slot = q.restore_enqueue(seq, id, body, attempt, priority, death)?;
+        r.msgs.insert(seq, (idx, slot));
+        if let Some(at) = ready_at {
+            r.ready_at.insert(seq, at);
+        }
+        self.next_seq = self.next_seq.max(seq);
+        Ok(())
+    }
+
+    /// A message delivered with `tag`, its `attempt`-th delivery.
+    fn restore_delivered(
+        &mut self,
+        r: &mut Restoring,
+        (queue, seq): (u32, u64),
+        tag: u64,
+        attempt: u32,
+    ) -> Result<(), RestoreError> {
+        let (idx, slot) = r.msg(queue, seq)?;
+        let q = &mut self.queues[idx as usize];
+        let next = tag.checked_add(1).ok_or_else(|| {
+            RestoreError(format!(
+                "message {seq} delivered with tag {tag}, past the last"
+            ))
+        })?;
+        q.restore_attempt(slot, attempt);
+        q.restore_next_tag(next);
+        // Leased at the crash, or returned by an expiry: ready at once.
+        r.ready_at.remove(&seq);
         Ok(())
     }
 
