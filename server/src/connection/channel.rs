@@ -220,7 +220,26 @@ impl Connection {
             return Err(Fault::connection(code::UNEXPECTED_FRAME, text).for_method(&method));
         }
         match method {
-            AMQPClass::Channel(channel::AMQPMethod::Close(_)) => {
+            AMQPClass::Channel(m) => self.channel_method(ch, m),
+            AMQPClass::Basic(m) => self.basic_method(ch, m),
+            AMQPClass::Queue(m) => self.queue_method(ch, m),
+            AMQPClass::Exchange(m) => self.exchange_method(ch, m),
+            AMQPClass::Confirm(confirm::AMQPMethod::Select(select)) => {
+                self.confirm_select(ch, select)
+            }
+            AMQPClass::Tx(
+                method @ (tx::AMQPMethod::Select(_)
+                | tx::AMQPMethod::Commit(_)
+                | tx::AMQPMethod::Rollback(_)),
+            ) => self.handle_tx(ch, method),
+            other => unsupported(other),
+        }
+    }
+
+    /// A `channel` method on open channel `ch`.
+    fn channel_method(&mut self, ch: u16, method: channel::AMQPMethod) -> Result<(), Fault> {
+        match method {
+            channel::AMQPMethod::Close(_) => {
                 self.end_subscriptions(Some(ch));
                 self.channels.remove(&ch);
                 self.send(
@@ -229,9 +248,36 @@ impl Connection {
                 );
                 Ok(())
             }
-            AMQPClass::Channel(channel::AMQPMethod::CloseOk(_)) => Ok(()),
-            AMQPClass::Queue(queue::AMQPMethod::Declare(declare)) => self.declare(ch, declare),
-            AMQPClass::Basic(basic::AMQPMethod::Qos(qos)) => {
+            channel::AMQPMethod::CloseOk(_) => Ok(()),
+            channel::AMQPMethod::Flow(flow) => {
+                let Some(state) = self.channels.get_mut(&ch) else {
+                    return Ok(());
+                };
+                // Deliveries stop or start again; those the broker already handed to the
+                // channel's consumers wait, leased, in their buffers (at most a prefetch).
+                state.paused = !flow.active;
+                let ok = channel::FlowOk {
+                    active: flow.active,
+                };
+                self.send(ch, AMQPClass::Channel(channel::AMQPMethod::FlowOk(ok)));
+                Ok(())
+            }
+            channel::AMQPMethod::Open(_) => {
+                let text = format!("channel {ch} is already open");
+                let method = AMQPClass::Channel(method);
+                Err(Fault::connection(code::CHANNEL_ERROR, text).for_method(&method))
+            }
+            other => unsupported(AMQPClass::Channel(other)),
+        }
+    }
+
+    /// A `basic` method on open channel `ch`.
+    fn basic_method(&mut self, ch: u16, method: basic::AMQPMethod) -> Result<(), Fault> {
+        let Some(state) = self.channels.get_mut(&ch) else {
+            return Ok(());
+        };
+        match method {
+            basic::AMQPMethod::Qos(qos) => {
                 if qos.global {
                     state.global_prefetch = qos.prefetch_count;
                 } else {
@@ -243,7 +289,7 @@ impl Connection {
                 );
                 Ok(())
             }
-            AMQPClass::Basic(basic::AMQPMethod::Publish(publish)) => {
+            basic::AMQPMethod::Publish(publish) => {
                 if publish.immediate {
                     let text = "immediate=true is not supported (nor by RabbitMQ)";
                     let m = AMQPClass::Basic(basic::AMQPMethod::Publish(publish));
@@ -255,16 +301,66 @@ impl Connection {
                 });
                 Ok(())
             }
-            AMQPClass::Basic(basic::AMQPMethod::Consume(consume)) => self.consume(ch, consume),
-            AMQPClass::Basic(basic::AMQPMethod::Get(get)) => self.get(ch, get),
-            AMQPClass::Queue(queue::AMQPMethod::Purge(purge)) => self.purge(ch, purge),
-            AMQPClass::Exchange(exchange::AMQPMethod::Declare(declare)) => {
-                self.exchange_declare(ch, declare)
+            basic::AMQPMethod::Consume(consume) => self.consume(ch, consume),
+            basic::AMQPMethod::Get(get) => self.get(ch, get),
+            basic::AMQPMethod::Recover(recover) => {
+                let m = AMQPClass::Basic(basic::AMQPMethod::Recover(recover.clone()));
+                self.recover(ch, recover.requeue, &m)?;
+                let ok = basic::AMQPMethod::RecoverOk(basic::RecoverOk {});
+                self.send(ch, AMQPClass::Basic(ok));
+                Ok(())
             }
-            AMQPClass::Exchange(exchange::AMQPMethod::Delete(delete)) => {
-                self.exchange_delete(ch, delete)
+            basic::AMQPMethod::RecoverAsync(recover) => {
+                let m = AMQPClass::Basic(basic::AMQPMethod::RecoverAsync(recover.clone()));
+                self.recover(ch, recover.requeue, &m)
             }
-            AMQPClass::Exchange(exchange::AMQPMethod::Bind(bind)) => {
+            basic::AMQPMethod::Cancel(cancel) => {
+                self.cancel(ch, cancel);
+                Ok(())
+            }
+            other => self.settle_method(ch, other),
+        }
+    }
+
+    /// `basic.ack`, `basic.nack` or `basic.reject` on open channel `ch`.
+    fn settle_method(&mut self, ch: u16, method: basic::AMQPMethod) -> Result<(), Fault> {
+        let m = AMQPClass::Basic(method.clone());
+        match method {
+            basic::AMQPMethod::Ack(ack) => {
+                self.settle(ch, ack.delivery_tag, ack.multiple, Settle::Ack, &m)
+            }
+            basic::AMQPMethod::Nack(nack) => self.settle(
+                ch,
+                nack.delivery_tag,
+                nack.multiple,
+                requeue(nack.requeue),
+                &m,
+            ),
+            basic::AMQPMethod::Reject(reject) => {
+                self.settle(ch, reject.delivery_tag, false, requeue(reject.requeue), &m)
+            }
+            _ => unsupported(m),
+        }
+    }
+
+    /// A `queue` method on open channel `ch`.
+    fn queue_method(&mut self, ch: u16, method: queue::AMQPMethod) -> Result<(), Fault> {
+        match method {
+            queue::AMQPMethod::Declare(declare) => self.declare(ch, declare),
+            queue::AMQPMethod::Purge(purge) => self.purge(ch, purge),
+            queue::AMQPMethod::Bind(bind) => self.bind(ch, bind),
+            queue::AMQPMethod::Unbind(unbind) => self.unbind(ch, unbind),
+            queue::AMQPMethod::Delete(delete) => self.delete(ch, delete),
+            other => unsupported(AMQPClass::Queue(other)),
+        }
+    }
+
+    /// An `exchange` method on open channel `ch`.
+    fn exchange_method(&mut self, ch: u16, method: exchange::AMQPMethod) -> Result<(), Fault> {
+        match method {
+            exchange::AMQPMethod::Declare(declare) => self.exchange_declare(ch, declare),
+            exchange::AMQPMethod::Delete(delete) => self.exchange_delete(ch, delete),
+            exchange::AMQPMethod::Bind(bind) => {
                 let m = AMQPClass::Exchange(exchange::AMQPMethod::Bind(bind.clone()));
                 let (source, destination) = (bind.source.as_str(), bind.destination.as_str());
                 let (key, arguments) = (bind.routing_key.as_str(), &bind.arguments);
@@ -275,7 +371,7 @@ impl Connection {
                 }
                 Ok(())
             }
-            AMQPClass::Exchange(exchange::AMQPMethod::Unbind(unbind)) => {
+            exchange::AMQPMethod::Unbind(unbind) => {
                 let m = AMQPClass::Exchange(exchange::AMQPMethod::Unbind(unbind.clone()));
                 let (source, destination) = (unbind.source.as_str(), unbind.destination.as_str());
                 let (key, arguments) = (unbind.routing_key.as_str(), &unbind.arguments);
@@ -286,79 +382,26 @@ impl Connection {
                 }
                 Ok(())
             }
-            AMQPClass::Queue(queue::AMQPMethod::Bind(bind)) => self.bind(ch, bind),
-            AMQPClass::Queue(queue::AMQPMethod::Unbind(unbind)) => self.unbind(ch, unbind),
-            AMQPClass::Queue(queue::AMQPMethod::Delete(delete)) => self.delete(ch, delete),
-            AMQPClass::Basic(basic::AMQPMethod::Recover(recover)) => {
-                let m = AMQPClass::Basic(basic::AMQPMethod::Recover(recover.clone()));
-                self.recover(ch, recover.requeue, &m)?;
-                let ok = basic::AMQPMethod::RecoverOk(basic::RecoverOk {});
-                self.send(ch, AMQPClass::Basic(ok));
-                Ok(())
-            }
-            AMQPClass::Basic(basic::AMQPMethod::RecoverAsync(recover)) => {
-                let m = AMQPClass::Basic(basic::AMQPMethod::RecoverAsync(recover.clone()));
-                self.recover(ch, recover.requeue, &m)
-            }
-            AMQPClass::Confirm(confirm::AMQPMethod::Select(select)) => {
-                if state.tx.is_some() {
-                    let text = "PRECONDITION_FAILED - cannot switch from tx to confirm mode";
-                    let m = AMQPClass::Confirm(confirm::AMQPMethod::Select(select));
-                    return Err(Fault::channel(ch, code::PRECONDITION_FAILED, text, &m));
-                }
-                state.confirm = true;
-                if !select.nowait {
-                    let ok = confirm::AMQPMethod::SelectOk(confirm::SelectOk {});
-                    self.send(ch, AMQPClass::Confirm(ok));
-                }
-                Ok(())
-            }
-            AMQPClass::Basic(basic::AMQPMethod::Cancel(cancel)) => {
-                self.cancel(ch, cancel);
-                Ok(())
-            }
-            AMQPClass::Basic(basic::AMQPMethod::Ack(ack)) => {
-                let m = AMQPClass::Basic(basic::AMQPMethod::Ack(ack.clone()));
-                self.settle(ch, ack.delivery_tag, ack.multiple, Settle::Ack, &m)
-            }
-            AMQPClass::Basic(basic::AMQPMethod::Nack(nack)) => {
-                let m = AMQPClass::Basic(basic::AMQPMethod::Nack(nack.clone()));
-                self.settle(
-                    ch,
-                    nack.delivery_tag,
-                    nack.multiple,
-                    requeue(nack.requeue),
-                    &m,
-                )
-            }
-            AMQPClass::Basic(basic::AMQPMethod::Reject(reject)) => {
-                let m = AMQPClass::Basic(basic::AMQPMethod::Reject(reject.clone()));
-                self.settle(ch, reject.delivery_tag, false, requeue(reject.requeue), &m)
-            }
-            AMQPClass::Tx(
-                method @ (tx::AMQPMethod::Select(_)
-                | tx::AMQPMethod::Commit(_)
-                | tx::AMQPMethod::Rollback(_)),
-            ) => self.handle_tx(ch, method),
-            AMQPClass::Channel(channel::AMQPMethod::Flow(flow)) => {
-                // Deliveries stop or start again; those the broker already handed to the
-                // channel's consumers wait, leased, in their buffers (at most a prefetch).
-                state.paused = !flow.active;
-                let ok = channel::FlowOk {
-                    active: flow.active,
-                };
-                self.send(ch, AMQPClass::Channel(channel::AMQPMethod::FlowOk(ok)));
-                Ok(())
-            }
-            AMQPClass::Channel(channel::AMQPMethod::Open(_)) => {
-                let text = format!("channel {ch} is already open");
-                Err(Fault::connection(code::CHANNEL_ERROR, text).for_method(&method))
-            }
-            other => {
-                let text = format!("{} is not supported by leasemqd yet", method_name(&other));
-                Err(Fault::connection(code::NOT_IMPLEMENTED, text).for_method(&other))
-            }
+            other => unsupported(AMQPClass::Exchange(other)),
         }
+    }
+
+    /// `confirm.select` on open channel `ch`: refused on a transactional channel.
+    fn confirm_select(&mut self, ch: u16, select: confirm::Select) -> Result<(), Fault> {
+        let Some(state) = self.channels.get_mut(&ch) else {
+            return Ok(());
+        };
+        if state.tx.is_some() {
+            let text = "PRECONDITION_FAILED - cannot switch from tx to confirm mode";
+            let m = AMQPClass::Confirm(confirm::AMQPMethod::Select(select));
+            return Err(Fault::channel(ch, code::PRECONDITION_FAILED, text, &m));
+        }
+        state.confirm = true;
+        if !select.nowait {
+            let ok = confirm::AMQPMethod::SelectOk(confirm::SelectOk {});
+            self.send(ch, AMQPClass::Confirm(ok));
+        }
+        Ok(())
     }
 
     /// A method on a channel that is not open: only `channel.open` may come.
@@ -1642,4 +1685,10 @@ fn write_delivery(
     method(out, content.exchange, content.routing_key)?;
     out.content_encoded(ch, content.properties, content.payload, frame_max);
     Ok(())
+}
+
+/// A method the server does not serve (yet): the connection closes with 540.
+fn unsupported(method: AMQPClass) -> Result<(), Fault> {
+    let text = format!("{} is not supported by leasemqd yet", method_name(&method));
+    Err(Fault::connection(code::NOT_IMPLEMENTED, text).for_method(&method))
 }
