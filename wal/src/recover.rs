@@ -119,14 +119,15 @@ pub(crate) fn recycle_segment(
 /// [`Wal::open`](crate::Wal::open)).
 pub(crate) type Replay<'a> = dyn FnMut(Lsn, &[u8]) -> Result<(), String> + 'a;
 
-/// Recovers the log in `dir` (see [`Wal::open`](crate::Wal::open)).
-pub(crate) fn recover(
+/// The segments of the log in `dir`, in lsn order, the first holding lsn `from` or
+/// before it: spares and trailing empty segments removed (the paths of the latter are
+/// the second value), and a first one made where there is none.
+fn segments_from(
     storage: &dyn Storage,
     dir: &Path,
     options: &Options,
     from: u64,
-    replay: &mut Replay<'_>,
-) -> Result<Recovered, WalError> {
+) -> Result<(Vec<Segment>, Vec<PathBuf>), WalError> {
     remove_spares(storage, dir)?;
     let mut segments = open_segments(storage, dir)?;
     let removed = remove_trailing_empty(storage, &mut segments)?;
@@ -149,6 +150,18 @@ pub(crate) fn recover(
             ),
         ));
     }
+    Ok((segments, removed))
+}
+
+/// Recovers the log in `dir` (see [`Wal::open`](crate::Wal::open)).
+pub(crate) fn recover(
+    storage: &dyn Storage,
+    dir: &Path,
+    options: &Options,
+    from: u64,
+    replay: &mut Replay<'_>,
+) -> Result<Recovered, WalError> {
+    let (mut segments, removed) = segments_from(storage, dir, options, from)?;
     let mut next_lsn = segments[0].first_lsn;
     let mut replayed = 0;
     let mut torn = None;
