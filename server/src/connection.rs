@@ -21,6 +21,7 @@ mod channel;
 mod consumers;
 mod publish;
 mod reply_to;
+mod timers;
 mod tx;
 
 use std::collections::{HashMap, VecDeque};
@@ -51,6 +52,8 @@ use crate::wire::{self, Next, Output};
 use channel::Channel;
 pub use consumers::QueueConsumers;
 use publish::{Awaited, Pending};
+pub use timers::TimedOut;
+use timers::Timers;
 
 /// The most a feed of input writes before it leaves the rest of its frames for later
 /// ([`Connection::handle_input`]): what one read can make the output grow by stays near
@@ -493,6 +496,8 @@ pub struct Connection {
     /// The client announced the `connection.blocked` capability: it is told when it is
     /// blocked and unblocked.
     hears_blocked: bool,
+    /// The handshake's deadline, heartbeats and a close's grace (`timers.rs`).
+    timers: Timers,
 }
 
 /// The last properties checked on each way, kept apart so that a connection that both
@@ -518,6 +523,7 @@ impl Connection {
         // not logged in yet has a connection hold little.
         let frame_max = FRAME_MIN_SIZE as usize;
         let channel_max = settings.channel_max;
+        let handshake_timeout = settings.handshake_timeout;
         Connection {
             broker,
             settings,
@@ -547,6 +553,7 @@ impl Connection {
             out: Output::default(),
             blocked: false,
             hears_blocked: false,
+            timers: Timers::new(std::time::Instant::now(), handshake_timeout),
         }
     }
 
@@ -742,6 +749,7 @@ impl Connection {
     /// The server is shutting down: `connection.close` 320, and every unacked delivery
     /// goes back to its queue. The driver then waits a moment for `close-ok`.
     pub fn force_close(&mut self) {
+        self.timers.force();
         if matches!(self.phase, Phase::Closing | Phase::Closed) {
             return;
         }

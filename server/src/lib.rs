@@ -34,4 +34,4 @@ pub mod names;
 pub mod serve;
 pub mod wire;
 
-pub use connection::{Connection, LeaseClock, QueueConsumers, Settings, WallClock};
+pub use connection::{Connection, LeaseClock, QueueConsumers, Settings, TimedOut, WallClock};

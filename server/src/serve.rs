@@ -16,7 +16,7 @@ use tokio::time::{sleep_until, Instant};
 
 use crate::connection::may_block_in_place;
 use crate::metrics::Metrics;
-use crate::{Connection, Settings};
+use crate::{Connection, Settings, TimedOut};
 
 /// How long a thread waiting on the broker yields before it parks (see
 /// `BrokerBuilder::yield_budget`). The broker's callers here are connection tasks that
@@ -30,12 +30,6 @@ const HIGH_WATER: usize = 1 << 20;
 
 /// How long a closed connection keeps reading, and dropping, what its peer still sends.
 const LINGER: Duration = Duration::from_secs(1);
-
-/// How long a connection we closed waits for the peer's `close-ok`.
-const CLOSE_GRACE: Duration = Duration::from_secs(5);
-
-/// The same at a server shutdown, which should not wait long on an idle client.
-const SHUTDOWN_CLOSE_GRACE: Duration = Duration::from_secs(1);
 
 /// Feeds `input` to `conn` and drops what it used; whether it left whole frames for
 /// later (it stops once its output passes `OUTPUT_PER_FEED`, or at a publish the memory
@@ -179,49 +173,17 @@ async fn drive(
     let mut input = Vec::with_capacity(64 * 1024);
     let mut output: Vec<u8> = Vec::new();
     let mut written = 0;
-    let mut close_deadline: Option<Instant> = None;
-    let mut last_write = Instant::now();
-    let mut last_read = Instant::now();
-    // When the socket last took bytes: heartbeats are not written while output waits.
-    let mut last_taken = Instant::now();
     // Whole frames of the input the connection left for later (see `handle_input`).
     let mut input_left = false;
-    // A client not through the handshake by then is dropped (RabbitMQ's
-    // `handshake_timeout`): one that never logs in holds nothing for long.
-    let handshake_by = Instant::now() + conn.handshake_timeout();
-    let mut shaken = false;
     let mut memory_alarm = conn.memory_alarm();
     loop {
-        shaken |= conn.is_open();
         // A connection the memory alarm blocked goes on once it has cleared.
         conn.unblock();
-        // Deliveries that are already waiting go out with what is being written.
-        while output.len() - written + conn.output_len() < HIGH_WATER {
-            match conn.try_delivery() {
-                Some((i, d)) => conn.handle_delivery(i, d),
-                None => break,
-            }
-        }
-        conn.take_output(&mut output);
+        gather(conn, &mut output, written);
         let pending = output.len() - written;
         if conn.is_closed() && pending == 0 {
-            writer.shutdown().await.ok();
-            // A server that shuts down does not wait on its clients' last writes.
-            if !forced {
-                linger(&mut reader, &mut input).await;
-            }
-            return Ok(());
+            return end(&mut writer, &mut reader, &mut input, forced).await;
         }
-        if conn.is_closing() && close_deadline.is_none() {
-            let grace = if forced {
-                SHUTDOWN_CLOSE_GRACE
-            } else {
-                CLOSE_GRACE
-            };
-            close_deadline = Some(Instant::now() + grace);
-        }
-        let heartbeat = conn.heartbeat();
-        let beat_at = last_write + heartbeat / 2;
         // Deliveries wait while the output holds HIGH_WATER; reading goes on up to twice
         // that (what one read makes the output grow by is small), so a client's acks,
         // publishes and heartbeats are still heard while a backlog of deliveries drains.
@@ -230,14 +192,14 @@ async fn drive(
         let room = pending < HIGH_WATER;
         let read_room = pending < 2 * HIGH_WATER && conn.wants_input();
         if !read_room {
-            // A client is not late with its heartbeats while we do not read them.
-            last_read = Instant::now();
+            conn.reading_paused(std::time::Instant::now());
         }
         if input_left && room && conn.wants_input() && !conn.is_closed() {
             // The socket has taken what those frames' forerunners wrote: the rest now.
             input_left = feed(conn, &mut input, channels);
             continue;
         }
+        let wake_at = conn.poll_timeout(std::time::Instant::now());
         tokio::select! {
             read = reader.read_buf(&mut input), if read_room && !conn.is_closed() => {
                 let read = read?;
@@ -245,63 +207,83 @@ async fn drive(
                     return Ok(()); // the peer went away; dropping `conn` returns its leases
                 }
                 metrics.incoming_bytes.inc_by(read as u64);
-                last_read = Instant::now();
+                conn.on_read(std::time::Instant::now());
                 input_left = feed(conn, &mut input, channels);
             }
             n = writer.write(&output[written..]), if pending > 0 => {
                 let n = n?;
                 metrics.outgoing_bytes.inc_by(n as u64);
                 written += n;
-                last_write = Instant::now();
-                last_taken = last_write;
+                conn.on_written(std::time::Instant::now());
                 if written == output.len() {
                     output.clear();
                     written = 0;
                 }
             }
-            // The answers to awaited puts (taken as they come), or a delivery.
-            delivery = poll_fn(|cx| {
-                if conn.awaits_answers() && conn.poll_answers(cx).is_ready() {
-                    return Poll::Ready(None);
-                }
-                match room && !conn.is_closed() {
-                    true => conn.poll_delivery(cx).map(Some),
-                    false => Poll::Pending,
-                }
-            }), if (room && !conn.is_closed()) || conn.awaits_answers() => {
+            delivery = answers_or_delivery(conn, room), if (room && !conn.is_closed()) || conn.awaits_answers() => {
                 if let Some((i, d)) = delivery {
                     conn.handle_delivery(i, d);
                 }
             }
-            () = sleep_until(beat_at), if !heartbeat.is_zero() => {
-                if last_read.elapsed() > heartbeat * 2 {
-                    return Err(io::Error::new(io::ErrorKind::TimedOut, "missed heartbeats"));
+            () = sleep_until(wake_at.map_or_else(Instant::now, Instant::from_std)), if wake_at.is_some() => {
+                match conn.handle_timeout(std::time::Instant::now(), pending) {
+                    Ok(()) => {}
+                    Err(TimedOut::CloseGrace) => return Ok(()),
+                    Err(why) => return Err(io::Error::new(io::ErrorKind::TimedOut, why.text())),
                 }
-                // A peer that takes nothing of what waits for it for as long as missed
-                // heartbeats take is gone too, though its own heartbeats go unread (reading
-                // pauses while output waits): what the connection holds is freed.
-                if pending > 0 && last_taken.elapsed() > heartbeat * 2 {
-                    let text = "the peer took nothing sent to it";
-                    return Err(io::Error::new(io::ErrorKind::TimedOut, text));
-                }
-                // Output waiting to be sent tells the peer we are here once it moves; a
-                // heartbeat behind it would only add to it.
-                if pending == 0 {
-                    conn.send_heartbeat();
-                }
-                last_write = Instant::now();
-            }
-            () = sleep_until(handshake_by), if !shaken => {
-                return Err(io::Error::new(io::ErrorKind::TimedOut, "no handshake in time"));
             }
             _ = memory_alarm.changed(), if conn.is_blocked() => {}
             _ = shutdown.changed(), if !forced => {
                 forced = true;
                 conn.force_close();
             }
-            () = sleep_until(close_deadline.unwrap_or_else(Instant::now)), if close_deadline.is_some() => {
-                return Ok(()); // no close-ok in time
-            }
         }
     }
+}
+
+/// Ends a closed connection's socket: shuts down its writing half, then lingers on what
+/// the peer still sends, unless the server shuts down (`forced`): a server that shuts
+/// down does not wait on its clients' last writes.
+async fn end(
+    writer: &mut tokio::net::tcp::OwnedWriteHalf,
+    reader: &mut tokio::net::tcp::OwnedReadHalf,
+    input: &mut Vec<u8>,
+    forced: bool,
+) -> io::Result<()> {
+    writer.shutdown().await.ok();
+    if !forced {
+        linger(reader, input).await;
+    }
+    Ok(())
+}
+
+/// Lets the deliveries that are already waiting out with what is being written, up to
+/// [`HIGH_WATER`], and appends the connection's output to `output` (of which `written`
+/// bytes are gone).
+fn gather(conn: &mut Connection, output: &mut Vec<u8>, written: usize) {
+    while output.len() - written + conn.output_len() < HIGH_WATER {
+        match conn.try_delivery() {
+            Some((i, d)) => conn.handle_delivery(i, d),
+            None => break,
+        }
+    }
+    conn.take_output(output);
+}
+
+/// The answers to awaited puts, taken as they come (then `None`), or what a consumer's
+/// channel gave while there is `room` for it: a delivery, or its end.
+async fn answers_or_delivery(
+    conn: &mut Connection,
+    room: bool,
+) -> Option<(usize, Option<leasemq::Delivery>)> {
+    poll_fn(|cx| {
+        if conn.awaits_answers() && conn.poll_answers(cx).is_ready() {
+            return Poll::Ready(None);
+        }
+        match room && !conn.is_closed() {
+            true => conn.poll_delivery(cx).map(Some),
+            false => Poll::Pending,
+        }
+    })
+    .await
 }

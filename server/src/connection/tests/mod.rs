@@ -28,6 +28,7 @@ mod handshake;
 mod limits;
 mod publish;
 mod reply_to;
+mod timers;
 mod ttl;
 mod tx;
 
