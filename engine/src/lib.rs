@@ -193,31 +193,58 @@ impl Shard {
                 Some(Reply::Declared(self.declare(name, *config, out)))
             }
             Command::Lookup { name } => Some(Reply::Found(self.names.get(name.as_str()).copied())),
-            Command::Put { queue, message } => Some(Reply::Put(match self.live(queue) {
+            Command::Consume {
+                queue,
+                name,
+                config,
+                priority,
+            } => Some(Reply::Consumed(
+                self.consume(queue, name, config, priority, out),
+            )),
+            Command::Stats { queue } => Some(Reply::Stats(self.stats(queue).map(Box::new))),
+            Command::Close { queue } => Some(Reply::Closed(self.close(queue, out).map(Box::new))),
+            Command::DeadLetters { letters } => {
+                self.accept_dead_letters(letters, out);
+                None
+            }
+            Command::Outcomes { outcomes } => {
+                self.count_outcomes(outcomes, out);
+                None
+            }
+            cmd @ (Command::AckUpTo { .. } | Command::Cancel { .. } | Command::Stop { .. }) => {
+                self.handle_consumer(cmd, out)
+            }
+            cmd => self.handle_messages(cmd, out),
+        };
+        out.reply = reply;
+    }
+
+    /// A put, settle or purge on a live queue (a closed one refuses it).
+    fn handle_messages(&mut self, cmd: Command, out: &mut Effects) -> Option<Reply> {
+        Some(match cmd {
+            Command::Put { queue, message } => Reply::Put(match self.live(queue) {
                 Some(idx) => {
                     let (queues, mut ctx) = ctx!(self, out);
                     queues[idx].put(&mut ctx, message)
                 }
                 None => Err(Error::QueueClosed),
-            })),
-            Command::PutBatch { queue, messages } => {
-                Some(Reply::PutBatch(match self.live(queue) {
-                    Some(idx) => {
-                        let (queues, mut ctx) = ctx!(self, out);
-                        queues[idx].put_batch(&mut ctx, messages)
-                    }
-                    None => Err(Error::QueueClosed),
-                }))
-            }
-            Command::Settle { queue, tag, op } => Some(Reply::Settled(match self.live(queue) {
+            }),
+            Command::PutBatch { queue, messages } => Reply::PutBatch(match self.live(queue) {
+                Some(idx) => {
+                    let (queues, mut ctx) = ctx!(self, out);
+                    queues[idx].put_batch(&mut ctx, messages)
+                }
+                None => Err(Error::QueueClosed),
+            }),
+            Command::Settle { queue, tag, op } => Reply::Settled(match self.live(queue) {
                 Some(idx) => {
                     let (queues, mut ctx) = ctx!(self, out);
                     queues[idx].settle(&mut ctx, tag, op)
                 }
                 None => false,
-            })),
+            }),
             Command::SettleBatch { queue, settles } => {
-                let results = match self.live(queue) {
+                Reply::SettledBatch(match self.live(queue) {
                     Some(idx) => {
                         let (queues, mut ctx) = ctx!(self, out);
                         let q = &mut queues[idx];
@@ -227,17 +254,24 @@ impl Shard {
                             .collect()
                     }
                     None => vec![false; settles.len()],
-                };
-                Some(Reply::SettledBatch(results))
+                })
             }
-            Command::Consume {
-                queue,
-                name,
-                config,
-                priority,
-            } => Some(Reply::Consumed(
-                self.consume(queue, name, config, priority, out),
-            )),
+            Command::Purge { queue } => Reply::Purged(match self.live(queue) {
+                Some(idx) => {
+                    let (queues, mut ctx) = ctx!(self, out);
+                    Ok(queues[idx].purge(&mut ctx))
+                }
+                None => Err(Error::QueueClosed),
+            }),
+            // Every other command is `handle`'s own.
+            _ => return None,
+        })
+    }
+
+    /// `ack_up_to`, a cancel or a stop of a live consumer (one that ended has nothing to
+    /// do: `ack_up_to` acks nothing).
+    fn handle_consumer(&mut self, cmd: Command, out: &mut Effects) -> Option<Reply> {
+        match cmd {
             Command::AckUpTo { consumer, tag } => {
                 let acked = match self.live_consumer(consumer) {
                     Some(queue) => {
@@ -262,42 +296,36 @@ impl Shard {
                 }
                 None
             }
-            Command::Purge { queue } => Some(Reply::Purged(match self.live(queue) {
-                Some(idx) => {
+            _ => None,
+        }
+    }
+
+    /// Dead letters from another shard (or this one): each lands in its queue, if that is
+    /// live and takes it, and its outcome goes back to where it came from.
+    fn accept_dead_letters(&mut self, letters: Vec<DeadLetter>, out: &mut Effects) {
+        for letter in letters {
+            let origin = letter.origin;
+            let accepted = match self.names.get(&*letter.to).copied() {
+                Some(key) => {
                     let (queues, mut ctx) = ctx!(self, out);
-                    Ok(queues[idx].purge(&mut ctx))
+                    queues[key.idx as usize].accept_dead_letter(&mut ctx, letter)
                 }
-                None => Err(Error::QueueClosed),
-            })),
-            Command::Stats { queue } => Some(Reply::Stats(self.stats(queue).map(Box::new))),
-            Command::Close { queue } => Some(Reply::Closed(self.close(queue, out).map(Box::new))),
-            Command::DeadLetters { letters } => {
-                for letter in letters {
-                    let origin = letter.origin;
-                    let accepted = match self.names.get(&*letter.to).copied() {
-                        Some(key) => {
-                            let (queues, mut ctx) = ctx!(self, out);
-                            queues[key.idx as usize].accept_dead_letter(&mut ctx, letter)
-                        }
-                        None => false,
-                    };
-                    out.outcomes.push(DeathOutcome { origin, accepted });
-                }
-                None
+                None => false,
+            };
+            out.outcomes.push(DeathOutcome { origin, accepted });
+        }
+    }
+
+    /// The outcomes of this shard's dead letters, counted on their source queues.
+    fn count_outcomes(&mut self, outcomes: Vec<DeathOutcome>, out: &mut Effects) {
+        for outcome in outcomes {
+            debug_assert_eq!(outcome.origin.shard, self.index);
+            if let Some(idx) = self.live(outcome.origin.queue) {
+                let (queues, mut ctx) = ctx!(self, out);
+                let msg = outcome.origin.msg;
+                queues[idx].count_outcome(&mut ctx, msg, outcome.accepted);
             }
-            Command::Outcomes { outcomes } => {
-                for outcome in outcomes {
-                    debug_assert_eq!(outcome.origin.shard, self.index);
-                    if let Some(idx) = self.live(outcome.origin.queue) {
-                        let (queues, mut ctx) = ctx!(self, out);
-                        let msg = outcome.origin.msg;
-                        queues[idx].count_outcome(&mut ctx, msg, outcome.accepted);
-                    }
-                }
-                None
-            }
-        };
-        out.reply = reply;
+        }
     }
 
     /// A queue's stats, `None` once it is closed.

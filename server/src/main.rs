@@ -169,7 +169,11 @@ async fn serve_until_signal(
     };
     let memory_line = match memory_limit {
         Some(limit) => {
-            tokio::spawn(memory::watch(settings.clone(), limit));
+            tokio::spawn(memory::watch(
+                settings.memory_alarm.clone(),
+                settings.metrics.clone(),
+                limit,
+            ));
             format!("memory limit {} MiB", limit >> 20)
         }
         None => "no memory limit (the machine's memory cannot be read)".to_string(),

@@ -11,7 +11,10 @@
 //! RabbitMQ's watermark of 0 does.
 
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
+
+use crate::metrics::Metrics;
 
 /// How often [`watch`] reads the process's memory (RabbitMQ: every 2.5 s).
 pub const CHECK_EVERY: Duration = Duration::from_millis(500);
@@ -60,8 +63,7 @@ impl MemoryAlarm {
 /// over `limit` bytes, reading it every [`CHECK_EVERY`] (and showing it in the metrics);
 /// runs until dropped. Where the memory cannot be read (no `/proc`), only a limit of 0
 /// raises it.
-pub async fn watch(settings: std::sync::Arc<crate::Settings>, limit: u64) {
-    let (alarm, metrics) = (&settings.memory_alarm, &settings.metrics);
+pub async fn watch(alarm: Arc<MemoryAlarm>, metrics: Arc<Metrics>, limit: u64) {
     metrics
         .memory_limit
         .set(i64::try_from(limit).unwrap_or(i64::MAX));
