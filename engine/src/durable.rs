@@ -226,6 +226,20 @@ impl Change {
                 put_u32(buf, *queue);
                 put_u64(buf, *next);
             }
+            Change::Windowed { queue, id, until } => {
+                buf.push(WINDOWED);
+                put_u32(buf, *queue);
+                put_str(buf, id);
+                put_u64(buf, *until);
+            }
+            message => message.encode_message(buf),
+        }
+    }
+
+    /// [`encode`](Self::encode) of a change to one message: enqueued, delivered, returned
+    /// or removed.
+    fn encode_message(&self, buf: &mut Vec<u8>) {
+        match self {
             Change::Enqueued {
                 queue,
                 seq,
@@ -244,31 +258,11 @@ impl Change {
                 });
                 put_u32(buf, *queue);
                 put_u64(buf, *seq);
-                match id {
-                    MsgId::Auto(n) => {
-                        buf.push(0);
-                        put_u64(buf, *n);
-                    }
-                    MsgId::Given(id) => {
-                        buf.push(1);
-                        put_str(buf, id);
-                    }
-                }
+                put_id(buf, id);
                 put_u32(buf, *attempt);
                 put_opt_u64(buf, *ready_at);
                 put_opt_u64(buf, *dedup_until);
-                match death {
-                    None => buf.push(0),
-                    Some(death) => {
-                        buf.push(1);
-                        put_str(buf, &death.queue);
-                        buf.push(match death.reason {
-                            DeathReason::Rejected => 0,
-                            DeathReason::MaxDeliveries => 1,
-                        });
-                        put_u32(buf, death.attempts);
-                    }
-                }
+                put_death(buf, death.as_deref());
                 if *priority != 0 {
                     buf.push(*priority);
                 }
@@ -303,12 +297,38 @@ impl Change {
                 put_u32(buf, *queue);
                 put_u64(buf, *seq);
             }
-            Change::Windowed { queue, id, until } => {
-                buf.push(WINDOWED);
-                put_u32(buf, *queue);
-                put_str(buf, id);
-                put_u64(buf, *until);
-            }
+            // The rest are `encode`'s own.
+            _ => {}
+        }
+    }
+}
+
+/// A message's id: a tag byte, then the broker id's number or the given id's text.
+fn put_id(buf: &mut Vec<u8>, id: &MsgId) {
+    match id {
+        MsgId::Auto(n) => {
+            buf.push(0);
+            put_u64(buf, *n);
+        }
+        MsgId::Given(id) => {
+            buf.push(1);
+            put_str(buf, id);
+        }
+    }
+}
+
+/// A dead letter's death record, or a 0 byte for none.
+fn put_death(buf: &mut Vec<u8>, death: Option<&DeathRecord>) {
+    match death {
+        None => buf.push(0),
+        Some(death) => {
+            buf.push(1);
+            put_str(buf, &death.queue);
+            buf.push(match death.reason {
+                DeathReason::Rejected => 0,
+                DeathReason::MaxDeliveries => 1,
+            });
+            put_u32(buf, death.attempts);
         }
     }
 }
@@ -478,6 +498,55 @@ impl Reader {
         })
     }
 
+    /// A [`Change::Enqueued`], after its kind byte (`with_priority`: the kind that
+    /// carries one).
+    fn enqueued(&mut self, with_priority: bool) -> Result<Change, DecodeError> {
+        let queue = self.u32()?;
+        let seq = self.u64()?;
+        let id = if self.flag()? {
+            MsgId::Given(self.string()?.into())
+        } else {
+            MsgId::Auto(self.u64()?)
+        };
+        let attempt = self.u32()?;
+        let ready_at = self.opt_u64()?;
+        let dedup_until = self.opt_u64()?;
+        let death = if self.flag()? {
+            Some(Box::new(self.death()?))
+        } else {
+            None
+        };
+        let priority = if with_priority { self.u8()? } else { 0 };
+        let body = self.bytes()?;
+        Ok(Change::Enqueued {
+            queue,
+            seq,
+            id,
+            body,
+            attempt,
+            priority,
+            ready_at,
+            dedup_until,
+            death,
+        })
+    }
+
+    /// A death record, after the flag that says there is one.
+    fn death(&mut self) -> Result<DeathRecord, DecodeError> {
+        let queue = self.string()?;
+        let reason = match self.u8()? {
+            0 => DeathReason::Rejected,
+            1 => DeathReason::MaxDeliveries,
+            other => return Err(self.error(format!("death reason {other}"))),
+        };
+        let attempts = self.u32()?;
+        Ok(DeathRecord {
+            queue,
+            reason,
+            attempts,
+        })
+    }
+
     fn change(&mut self) -> Result<Change, DecodeError> {
         let kind = self.u8()?;
         Ok(match kind {
@@ -497,51 +566,7 @@ impl Reader {
                 queue: self.u32()?,
                 next: self.u64()?,
             },
-            ENQUEUED | ENQUEUED_WITH_PRIORITY => {
-                let queue = self.u32()?;
-                let seq = self.u64()?;
-                let id = if self.flag()? {
-                    MsgId::Given(self.string()?.into())
-                } else {
-                    MsgId::Auto(self.u64()?)
-                };
-                let attempt = self.u32()?;
-                let ready_at = self.opt_u64()?;
-                let dedup_until = self.opt_u64()?;
-                let death = if self.flag()? {
-                    let queue = self.string()?;
-                    let reason = match self.u8()? {
-                        0 => DeathReason::Rejected,
-                        1 => DeathReason::MaxDeliveries,
-                        other => return Err(self.error(format!("death reason {other}"))),
-                    };
-                    let attempts = self.u32()?;
-                    Some(Box::new(DeathRecord {
-                        queue,
-                        reason,
-                        attempts,
-                    }))
-                } else {
-                    None
-                };
-                let priority = if kind == ENQUEUED_WITH_PRIORITY {
-                    self.u8()?
-                } else {
-                    0
-                };
-                let body = self.bytes()?;
-                Change::Enqueued {
-                    queue,
-                    seq,
-                    id,
-                    body,
-                    attempt,
-                    priority,
-                    ready_at,
-                    dedup_until,
-                    death,
-                }
-            }
+            ENQUEUED | ENQUEUED_WITH_PRIORITY => self.enqueued(kind == ENQUEUED_WITH_PRIORITY)?,
             DELIVERED => Change::Delivered {
                 queue: self.u32()?,
                 seq: self.u64()?,

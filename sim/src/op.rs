@@ -172,6 +172,21 @@ impl fmt::Display for MsgSpec {
     }
 }
 
+/// Writes `items` separated by commas, each as `each` writes it.
+fn write_list<T>(
+    f: &mut fmt::Formatter<'_>,
+    items: &[T],
+    mut each: impl FnMut(&mut fmt::Formatter<'_>, &T) -> fmt::Result,
+) -> fmt::Result {
+    for (i, item) in items.iter().enumerate() {
+        if i > 0 {
+            f.write_str(", ")?;
+        }
+        each(f, item)?;
+    }
+    Ok(())
+}
+
 fn handle_text(handle: Handle) -> &'static str {
     match handle {
         Handle::Live => "",
@@ -192,10 +207,7 @@ impl fmt::Display for Op {
                 msgs,
             } => {
                 write!(f, "put_batch q{queue}{} [", handle_text(*handle))?;
-                for (i, m) in msgs.iter().enumerate() {
-                    let sep = if i == 0 { "" } else { ", " };
-                    write!(f, "{sep}{m}")?;
-                }
+                write_list(f, msgs, |f, m| write!(f, "{m}"))?;
                 f.write_str("]")
             }
             Op::Consume {
@@ -209,10 +221,9 @@ impl fmt::Display for Op {
             }
             Op::SettleBatch { consumer, picks } => {
                 write!(f, "consumer #{consumer}: settle_batch [")?;
-                for (i, (pick, op)) in picks.iter().enumerate() {
-                    let sep = if i == 0 { "" } else { ", " };
-                    write!(f, "{sep}{} hand[{pick}]", settle_text(*op))?;
-                }
+                write_list(f, picks, |f, (pick, op)| {
+                    write!(f, "{} hand[{pick}]", settle_text(*op))
+                })?;
                 f.write_str("]")
             }
             Op::SettleTag {
@@ -239,23 +250,18 @@ impl fmt::Display for Op {
                 ticks,
                 order,
                 interleave,
-            } => write!(
-                f,
-                "advance {ticks} ticks (shard order {order:#x}{})",
-                if *interleave { ", interleaved" } else { "" }
-            ),
+            } => {
+                let mixed = if *interleave { ", interleaved" } else { "" };
+                write!(f, "advance {ticks} ticks (shard order {order:#x}{mixed})")
+            }
             Op::Deliver { pick } => write!(f, "deliver in-flight message {pick}"),
             Op::Flush => f.write_str("deliver all in-flight messages"),
             Op::Sync { shard } => write!(f, "fsync the log of shard {shard}"),
-            Op::Crash { seed, flip } => write!(
-                f,
-                "crash and restart (disk seed {seed:#x}{})",
-                if *flip {
-                    ", a bit flipped in an old record"
-                } else {
-                    ""
-                }
-            ),
+            Op::Crash { seed, flip } => {
+                let flipped = ", a bit flipped in an old record";
+                let flipped = if *flip { flipped } else { "" };
+                write!(f, "crash and restart (disk seed {seed:#x}{flipped})")
+            }
         }
     }
 }

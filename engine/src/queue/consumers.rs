@@ -181,6 +181,28 @@ impl QueueState {
         consumers: &Slab<ConsumerState>,
         wheel: &Wheel<Timer>,
     ) {
+        let ready = self.check_messages(wheel);
+        let (credit, held_total) = self.check_consumers(now, consumers, wheel);
+        assert_eq!(credit, self.with_credit, "consumers with credit");
+        assert_eq!(
+            held_total,
+            self.leases.len(),
+            "every lease has its consumer"
+        );
+        if self.with_credit > 0 {
+            assert_eq!(ready, 0, "ready messages wait only when nobody has credit");
+        }
+        for (id, entry) in &self.dedup {
+            assert!(
+                entry.live || entry.window.is_some(),
+                "dedup entry {id} kept for nothing"
+            );
+        }
+    }
+
+    /// The messages against the ready lists, the wheel and the lease table; the number
+    /// of ready ones.
+    fn check_messages(&self, wheel: &Wheel<Timer>) -> usize {
         let mut ready = 0;
         let mut delayed = 0;
         let mut leased = 0;
@@ -225,6 +247,17 @@ impl QueueState {
         assert_eq!(delayed, self.delayed, "delayed count");
         assert_eq!(leased, self.leases.len(), "lease table");
         self.leases.check_invariants();
+        ready
+    }
+
+    /// The consumers' order, leases, credit and prefetch; how many have credit and how
+    /// many leases they hold.
+    fn check_consumers(
+        &self,
+        now: Tick,
+        consumers: &Slab<ConsumerState>,
+        wheel: &Wheel<Timer>,
+    ) -> (usize, usize) {
         let priorities: Vec<i64> = (self.consumers.iter())
             .map(|&slot| consumers[slot as usize].priority)
             .collect();
@@ -270,20 +303,6 @@ impl QueueState {
             credit += usize::from(c.has_credit());
             held_total += held as usize;
         }
-        assert_eq!(credit, self.with_credit, "consumers with credit");
-        assert_eq!(
-            held_total,
-            self.leases.len(),
-            "every lease has its consumer"
-        );
-        if self.with_credit > 0 {
-            assert_eq!(ready, 0, "ready messages wait only when nobody has credit");
-        }
-        for (id, entry) in &self.dedup {
-            assert!(
-                entry.live || entry.window.is_some(),
-                "dedup entry {id} kept for nothing"
-            );
-        }
+        (credit, held_total)
     }
 }

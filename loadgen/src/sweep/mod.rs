@@ -263,28 +263,10 @@ pub(crate) fn slo_histogram(args: &SweepArgs) -> (&'static str, &'static str) {
     (name, text)
 }
 
-/// Decides whether a step held, and why not.
-fn judge(
-    args: &SweepArgs,
-    number: usize,
-    tag: String,
-    shards: u32,
-    rate: u64,
-    phase: Phase,
-    out: StepOutcome,
-) -> StepRecord {
-    let window = args.step_duration;
-    let achieved = out.achieved_rate(window);
-    let mut broke = Vec::new();
-    let (recorders, histograms) = step::named(out.recorders);
-    let (slo_name, slo_text) = slo_histogram(args);
-    let judged = &recorders
-        .iter()
-        .find(|(name, _)| name == slo_name)
-        .expect("--slo-on names a histogram of the step")
-        .1;
-    let slos: Vec<SloValue> = args
-        .slos
+/// Each SLO of the sweep held against the judged histogram; one that broke says so in
+/// `broke`.
+fn judge_slos(args: &SweepArgs, judged: &Recorder, broke: &mut Vec<String>) -> Vec<SloValue> {
+    args.slos
         .iter()
         .map(|slo| {
             let value_ns = value_at(judged, slo.quantile);
@@ -306,7 +288,30 @@ fn judge(
                 held,
             }
         })
-        .collect();
+        .collect()
+}
+
+/// Decides whether a step held, and why not.
+fn judge(
+    args: &SweepArgs,
+    number: usize,
+    tag: String,
+    shards: u32,
+    rate: u64,
+    phase: Phase,
+    out: StepOutcome,
+) -> StepRecord {
+    let window = args.step_duration;
+    let achieved = out.achieved_rate(window);
+    let mut broke = Vec::new();
+    let (recorders, histograms) = step::named(out.recorders);
+    let (slo_name, slo_text) = slo_histogram(args);
+    let judged = &recorders
+        .iter()
+        .find(|(name, _)| name == slo_name)
+        .expect("--slo-on names a histogram of the step")
+        .1;
+    let slos = judge_slos(args, judged, &mut broke);
     if judged.count() == 0 {
         broke.push(format!("no {slo_text} latency measured"));
     }

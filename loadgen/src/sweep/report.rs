@@ -56,6 +56,23 @@ pub struct SweepRun {
     slo_on: (&'static str, &'static str),
 }
 
+/// The sweep's flags, for `summary.json`.
+fn sweep_json(args: &SweepArgs, storage: &Storage, slo_on: &str) -> serde_json::Value {
+    let mut config = workload_json(&args.workload);
+    config["shards"] = serde_json::json!(args.shards);
+    config["start_rate"] = serde_json::json!(args.start_rate);
+    config["step_factor"] = serde_json::json!(args.step_factor);
+    config["refine"] = serde_json::json!(args.refine);
+    config["max_steps"] = serde_json::json!(args.max_steps);
+    config["max_rate"] = serde_json::json!(args.max_rate);
+    config["max_shortfall"] = serde_json::json!(args.max_shortfall);
+    config["step_duration_s"] = serde_json::json!(args.step_duration.as_secs_f64());
+    config["step_warmup_s"] = serde_json::json!(args.step_warmup.as_secs_f64());
+    config["slo_on"] = serde_json::json!(slo_on);
+    storage.add_to(&mut config);
+    config
+}
+
 impl SweepRun {
     pub(super) fn new(
         args: &SweepArgs,
@@ -87,18 +104,7 @@ impl SweepRun {
             slo_on.1,
             slo_text.join(", ")
         );
-        let mut config = workload_json(&args.workload);
-        config["shards"] = serde_json::json!(args.shards);
-        config["start_rate"] = serde_json::json!(args.start_rate);
-        config["step_factor"] = serde_json::json!(args.step_factor);
-        config["refine"] = serde_json::json!(args.refine);
-        config["max_steps"] = serde_json::json!(args.max_steps);
-        config["max_rate"] = serde_json::json!(args.max_rate);
-        config["max_shortfall"] = serde_json::json!(args.max_shortfall);
-        config["step_duration_s"] = serde_json::json!(args.step_duration.as_secs_f64());
-        config["step_warmup_s"] = serde_json::json!(args.step_warmup.as_secs_f64());
-        config["slo_on"] = serde_json::json!(slo_on.0);
-        storage.add_to(&mut config);
+        let config = sweep_json(args, storage, slo_on.0);
         let mut notes = storage.notes();
         for m in &found {
             if m.max_sustainable_rate.is_none() && m.first_broken_rate.is_some() {
