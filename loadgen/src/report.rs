@@ -362,7 +362,16 @@ pub fn table(s: &Summary) -> String {
             let _ = writeln!(t, "  {:<38} {}", d.name, d.value);
         }
     }
-    let a = &s.accounting;
+    write_accounting(&mut t, &s.accounting);
+    write_process_and_host(&mut t, s);
+    for n in &s.notes {
+        let _ = writeln!(t, "note: {n}");
+    }
+    t
+}
+
+/// The accounting lines of the table: where every message put went, and what went wrong.
+fn write_accounting(t: &mut String, a: &Accounting) {
     let _ = writeln!(t);
     let _ = writeln!(
         t,
@@ -386,6 +395,10 @@ pub fn table(s: &Summary) -> String {
     for p in &a.problems {
         let _ = writeln!(t, "  problem: {p}");
     }
+}
+
+/// The process, load average, host and turns lines of the table.
+fn write_process_and_host(t: &mut String, s: &Summary) {
     let p = &s.process;
     let mut line = format!(
         "process: cpu {:.2} s (user {:.2}, sys {:.2}) = {:.2} cores",
@@ -425,10 +438,6 @@ pub fn table(s: &Summary) -> String {
             share * 100.0
         );
     }
-    for n in &s.notes {
-        let _ = writeln!(t, "note: {n}");
-    }
-    t
 }
 
 /// Writes one `.hgrm` per histogram, their interval logs (`.hlog`) when the run kept them,

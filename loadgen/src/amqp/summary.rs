@@ -46,7 +46,6 @@ pub(super) fn finish_recorders(
 }
 
 pub(super) fn summarise(args: &ThroughputArgs, target: &str, plan: &Plan, out: Outcome) -> Run {
-    let w = &args.workload;
     let seconds = args.duration.as_secs_f64();
     let recorders = out.recorders;
     let (mut ledger, mut problems) = (Ledger::default(), Vec::new());
@@ -67,59 +66,19 @@ pub(super) fn summarise(args: &ThroughputArgs, target: &str, plan: &Plan, out: O
         put_in_window += p.put_in_window;
         problems.extend(p.problems);
     }
-    // The server's side, as AMQP shows it: what is still ready in the queues.
-    let stats = QueueStats {
-        enqueued: put.iter().sum(),
+    let seen = Seen {
+        put: &put,
+        ledger: &ledger,
         acked,
-        ready: out.still_ready as usize,
-        ..QueueStats::default()
+        redelivered,
+        problems,
     };
-    let accounting = Accounting::check(
-        Seen {
-            put: &put,
-            ledger: &ledger,
-            acked,
-            redelivered,
-            problems,
-        },
-        &stats,
-    );
+    let accounting = account(seen, out.still_ready);
     let (cpu_start, cpu_end) = out.cpu;
     let process = ProcessStats::over_window(cpu_start, cpu_end, seconds, acked_in_window);
-    let ack_text = plan.ack.text();
-    let confirms = if plan.confirms { "on" } else { "off" };
-    let title = format!(
-        "AMQP {} ({} client): {} producer(s), {} consumer(s), {} queue(s); {}-byte bodies; \
-         prefetch {}, ack {ack_text}, confirms {confirms}; closed loop, at most {} in flight; \
-         {} measured after {} warm-up",
-        masked(target),
-        plan.client.text(),
-        w.producers,
-        w.consumers,
-        w.queues,
-        w.body_bytes,
-        plan.prefetch,
-        thousands(plan.max_in_flight),
-        format_duration(args.duration),
-        format_duration(args.warmup)
-    );
-    let config = json!({
-        "target": masked(target), "client": plan.client.text(), "producers": w.producers, "consumers": w.consumers,
-        "queues": w.queues, "body_bytes": w.body_bytes, "prefetch": plan.prefetch,
-        "ack": ack_text, "confirms": plan.confirms, "durable": w.storage.durable,
-        "runtime_threads": w.runtime_threads, "duration_s": seconds,
-        "warmup_s": args.warmup.as_secs_f64(), "rate": null,
-        "max_in_flight": plan.max_in_flight,
-    });
+    let (title, config) = describe(args, target, plan);
     let slots = plan.slots();
-    let mut details = vec![Detail::new("settle calls", settle_calls)];
-    if plan.ack != AckMode::NoAck {
-        let per_call = acked as f64 / settle_calls.max(1) as f64;
-        details.push(Detail::new(
-            "messages per settle call",
-            (per_call * 10.0).round() / 10.0,
-        ));
-    }
+    let details = settle_details(plan, acked, settle_calls);
     let summary = Summary {
         tool: "leasemq-loadgen",
         version: env!("CARGO_PKG_VERSION"),
@@ -145,19 +104,7 @@ pub(super) fn summarise(args: &ThroughputArgs, target: &str, plan: &Plan, out: O
         caller_turn_share: None,
         hgrm_unit: HGRM_UNIT,
         plots: Vec::new(),
-        notes: vec![
-            "process: this load generator's CPU only; the server's is not counted".into(),
-            match plan.client {
-                Client::Lapin => {
-                    "a publish is counted as put when lapin has taken it, not when the server has"
-                }
-                Client::Raw => {
-                    "a publish is counted as put when the client has queued it for its next \
-                     write, not when the server has taken it"
-                }
-            }
-            .into(),
-        ],
+        notes: notes(plan),
     };
     let mut named: Vec<Option<Recorder>> = recorders.into_iter().map(Some).collect();
     Run {
@@ -168,4 +115,78 @@ pub(super) fn summarise(args: &ThroughputArgs, target: &str, plan: &Plan, out: O
             .collect(),
         intervals: out.intervals,
     }
+}
+
+/// The run's title and its flags for `summary.json`.
+fn describe(args: &ThroughputArgs, target: &str, plan: &Plan) -> (String, serde_json::Value) {
+    let w = &args.workload;
+    let seconds = args.duration.as_secs_f64();
+    let ack_text = plan.ack.text();
+    let confirms = if plan.confirms { "on" } else { "off" };
+    let title = format!(
+        "AMQP {} ({} client): {} producer(s), {} consumer(s), {} queue(s); {}-byte bodies; \
+         prefetch {}, ack {ack_text}, confirms {confirms}; closed loop, at most {} in flight; \
+         {} measured after {} warm-up",
+        masked(target),
+        plan.client.text(),
+        w.producers,
+        w.consumers,
+        w.queues,
+        w.body_bytes,
+        plan.prefetch,
+        thousands(plan.max_in_flight),
+        format_duration(args.duration),
+        format_duration(args.warmup)
+    );
+    let config = json!({
+        "target": masked(target), "client": plan.client.text(), "producers": w.producers, "consumers": w.consumers,
+        "queues": w.queues, "body_bytes": w.body_bytes, "prefetch": plan.prefetch,
+        "ack": ack_text, "confirms": plan.confirms, "durable": w.storage.durable,
+        "runtime_threads": w.runtime_threads, "duration_s": seconds,
+        "warmup_s": args.warmup.as_secs_f64(), "rate": null,
+        "max_in_flight": plan.max_in_flight,
+    });
+    (title, config)
+}
+
+/// How many settle calls the consumers made, and how many messages each settled.
+fn settle_details(plan: &Plan, acked: u64, settle_calls: u64) -> Vec<Detail> {
+    let mut details = vec![Detail::new("settle calls", settle_calls)];
+    if plan.ack != AckMode::NoAck {
+        let per_call = acked as f64 / settle_calls.max(1) as f64;
+        details.push(Detail::new(
+            "messages per settle call",
+            (per_call * 10.0).round() / 10.0,
+        ));
+    }
+    details
+}
+
+/// What the summary's figures leave out over AMQP.
+fn notes(plan: &Plan) -> Vec<String> {
+    let put = match plan.client {
+        Client::Lapin => {
+            "a publish is counted as put when lapin has taken it, not when the server has"
+        }
+        Client::Raw => {
+            "a publish is counted as put when the client has queued it for its next write, \
+             not when the server has taken it"
+        }
+    };
+    vec![
+        "process: this load generator's CPU only; the server's is not counted".into(),
+        put.into(),
+    ]
+}
+
+/// The end-of-run check over AMQP: what the consumers saw against the server's side as
+/// AMQP shows it, the messages still ready in the queues (`still_ready`).
+fn account(seen: Seen<'_>, still_ready: u64) -> Accounting {
+    let stats = QueueStats {
+        enqueued: seen.put.iter().sum(),
+        acked: seen.acked,
+        ready: still_ready as usize,
+        ..QueueStats::default()
+    };
+    Accounting::check(seen, &stats)
 }
