@@ -715,11 +715,6 @@ impl Connection {
         self.phase == Phase::Open
     }
 
-    /// How long the handshake may take ([`Settings::handshake_timeout`]).
-    pub fn handshake_timeout(&self) -> Duration {
-        self.settings.handshake_timeout
-    }
-
     /// Whether the connection sent `connection.close` and waits for the answer.
     pub fn is_closing(&self) -> bool {
         self.phase == Phase::Closing

@@ -140,8 +140,7 @@ impl<S: Turn> Turns<S> {
     /// The thread's side, once it serves: from now on callers may run its turns (as
     /// [`CallerTurns`] says when).
     pub fn lend(&self) {
-        self.open
-            .store(self.when != CallerTurns::Never, Ordering::Release);
+        self.open.store(true, Ordering::Release);
     }
 
     /// The thread's side: takes its state for a turn. A caller's turn that panicked left

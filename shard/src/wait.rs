@@ -123,8 +123,7 @@ impl Sleeper {
     /// (sending it into a channel). Unparks the waiter only when it is parked or about to.
     #[inline]
     pub fn wake(&self) {
-        fence(Ordering::SeqCst);
-        if self.asleep.load(Ordering::Relaxed) && self.asleep.swap(false, Ordering::Relaxed) {
+        if self.is_asleep() && self.asleep.swap(false, Ordering::Relaxed) {
             if let Some(thread) = self.thread.get() {
                 thread.unpark();
             }

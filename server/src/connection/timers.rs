@@ -103,6 +103,7 @@ impl Connection {
     /// handshake's deadline, the next heartbeat, or the end of a close's grace (which
     /// starts when a close is first seen here); `None` for none.
     pub fn poll_timeout(&mut self, now: Instant) -> Option<Instant> {
+        let heartbeat = self.heartbeat();
         let t = &mut self.timers;
         t.shaken |= self.phase == super::Phase::Open;
         if self.phase == super::Phase::Closing && t.close_by.is_none() {
@@ -113,7 +114,6 @@ impl Connection {
             };
             t.close_by = Some(now + grace);
         }
-        let heartbeat = Duration::from_secs(u64::from(self.heartbeat));
         let beat_at = (!heartbeat.is_zero()).then(|| t.last_write + heartbeat / 2);
         let handshake_by = (!t.shaken).then_some(t.handshake_by);
         [beat_at, handshake_by, t.close_by]
@@ -130,6 +130,7 @@ impl Connection {
     /// [`TimedOut`]: the handshake took too long, the peer's heartbeats stopped, the peer
     /// took nothing for as long, or a close's grace ran out.
     pub fn handle_timeout(&mut self, now: Instant, pending: usize) -> Result<(), TimedOut> {
+        let heartbeat = self.heartbeat();
         let t = &mut self.timers;
         t.shaken |= self.phase == super::Phase::Open;
         if !t.shaken && now >= t.handshake_by {
@@ -138,7 +139,6 @@ impl Connection {
         if t.close_by.is_some_and(|by| now >= by) {
             return Err(TimedOut::CloseGrace);
         }
-        let heartbeat = Duration::from_secs(u64::from(self.heartbeat));
         if heartbeat.is_zero() || now < t.last_write + heartbeat / 2 {
             return Ok(());
         }
