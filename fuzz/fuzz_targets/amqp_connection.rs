@@ -23,7 +23,7 @@ use amq_protocol::protocol::{channel, connection, AMQPClass};
 use amq_protocol::types::{AMQPValue, FieldTable};
 use leasemq::Broker;
 use leasemq_server::memory::MemoryAlarm;
-use leasemq_server::{Connection, Settings};
+use leasemq_server::{Connection, Settings, VHost};
 use libfuzzer_sys::fuzz_target;
 
 fn broker() -> &'static Broker {
@@ -101,7 +101,8 @@ fuzz_target!(|data: &[u8]| {
         memory_alarm: Arc::clone(&alarm),
         ..Settings::default()
     });
-    let mut conn = Connection::new(broker().clone(), settings, 1, true);
+    let vhost = Arc::new(VHost::new(&settings));
+    let mut conn = Connection::new(broker().clone(), settings, vhost, 1, true);
     let mut input = if mode % 2 == 1 {
         handshake(mode & 4 != 0)
     } else {

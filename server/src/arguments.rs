@@ -21,7 +21,7 @@
 //! and `x-queue-leader-locator` (a quorum queue's: on which node of a cluster the queue
 //! lives): checked and kept, see [`StorageHints`];
 //! `x-single-active-consumer` (read by [`single_active_consumer`]: the server gives the
-//! queue's messages to one consumer at a time, `connection/consumers.rs`);
+//! queue's messages to one consumer at a time, `consumers.rs`);
 //! `x-max-priority` (the queue's `max_priority`: its ready messages go out highest
 //! `priority` first, as in RabbitMQ's priority queues).
 //! Anything else is refused, never ignored: an argument or value RabbitMQ serves

@@ -18,7 +18,6 @@
 //! peer cannot have meant (malformed, over `frame_max`) end it at once.
 
 mod channel;
-mod consumers;
 mod publish;
 mod reply_to;
 mod timers;
@@ -27,8 +26,8 @@ mod tx;
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
 use std::pin::pin;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -39,18 +38,14 @@ use amq_protocol::protocol::{basic, connection, AMQPClass};
 use amq_protocol::types::{AMQPValue, FieldTable, ShortString};
 use leasemq::{Broker, Consumer, Delivery, DeliveryTag, Queue, Settle};
 
+use crate::consumers;
 use crate::content::{self, PropertiesSeen};
-use crate::dead_letter::{self, DeadLetters};
-use crate::declared::Declared;
-use crate::durable_queues::QueueFile;
-use crate::exchange::{Exchanges, Refusal};
-use crate::expiry::Expiring;
-use crate::memory::MemoryAlarm;
-use crate::message_expiry::MessageExpiry;
+use crate::dead_letter;
 use crate::metrics::Metrics;
+use crate::settings::Settings;
+use crate::vhost::VHost;
 use crate::wire::{self, Next, Output};
 use channel::Channel;
-pub use consumers::QueueConsumers;
 use publish::{Awaited, Pending};
 pub use timers::TimedOut;
 use timers::Timers;
@@ -68,249 +63,6 @@ const QUEUES_SWEPT_FROM: usize = 64;
 /// RabbitMQ 3 keeps (`amq-protocol` follows RabbitMQ 4.1, which raised it to 8192 and so
 /// refuses amqplib before 0.10.6, whose default was 4096).
 const FRAME_MIN_SIZE: u32 = 4096;
-
-/// What a connection needs to know that is the same for all of them.
-#[derive(Debug, Clone)]
-pub struct Settings {
-    /// The one user name PLAIN accepts.
-    pub user: String,
-    /// Its password.
-    pub password: String,
-    /// Accept the user only from a loopback address (as RabbitMQ does for `guest`).
-    pub loopback_only: bool,
-    /// The largest frame the server proposes and accepts, overhead included.
-    pub frame_max: u32,
-    /// The most channels the server proposes.
-    pub channel_max: u16,
-    /// Lease length of the queues AMQP declares (RabbitMQ's `consumer_timeout`).
-    pub ack_timeout: Duration,
-    /// The largest message body a publish may carry (RabbitMQ's `max_message_size`).
-    pub max_message_bytes: usize,
-    /// The heartbeat interval the server proposes in `connection.tune`, in seconds (60,
-    /// as RabbitMQ): a client that leaves the choice to the server then beats, and a peer
-    /// that vanished without closing its socket is noticed and its leases come back.
-    pub heartbeat: u16,
-    /// How long a client may take from its connect to `connection.open` (RabbitMQ's
-    /// `handshake_timeout`, 10 s): one that takes longer is dropped.
-    pub handshake_timeout: Duration,
-    /// The broker has a data dir: `queue.declare` with `durable` makes a durable queue.
-    pub durable: bool,
-    /// The exclusive queues of every connection, by name, with the id of the connection
-    /// that owns each: another connection may publish to one but not use it otherwise.
-    pub exclusive: Arc<Mutex<HashMap<String, u64>>>,
-    /// The flags each queue was declared with, by name, for RabbitMQ's check of a
-    /// redeclare; a durable queue's are kept in `queue_file` and come back with it after a
-    /// restart (`durable_queues.rs`).
-    pub declared: Arc<Mutex<HashMap<String, Declared>>>,
-    /// With a data dir: where the durable queues' entries of `declared` are kept.
-    pub queue_file: Option<Arc<QueueFile>>,
-    /// The AMQP consumers of every queue, and which queues one holds exclusively.
-    pub consumers: Arc<QueueConsumers>,
-    /// The exchanges and bindings every connection of the server routes through.
-    pub exchanges: Arc<Mutex<Exchanges>>,
-    /// The queues declared with `x-expires`, deleted once unused that long (`expiry.rs`).
-    pub expiring: Arc<Expiring>,
-    /// The queues that dead-letter through an exchange (`dead_letter.rs`).
-    pub dead_letters: Arc<DeadLetters>,
-    /// The queues whose messages expire at the head (`message_expiry.rs`).
-    pub message_expiry: Arc<MessageExpiry>,
-    /// When messages arrive and expire (message TTL).
-    pub clock: WallClock,
-    /// Raised while the server's memory is over its limit: publishing connections wait.
-    pub memory_alarm: Arc<MemoryAlarm>,
-    /// How old a delivery is: a channel forgets the deliveries whose lease has certainly
-    /// run out (`Channel::forget_expired`). The broker's own leases run on the system's
-    /// monotonic clock, as this does by default.
-    pub lease_clock: LeaseClock,
-    /// Set once a queue is declared with `x-message-ttl`: from then on every publish is
-    /// stamped with its arrival (before it is routed), not only one with an `expiration`.
-    /// Until then none needs it, and stamping would cost every message 8 bytes.
-    pub message_ttl_used: Arc<AtomicBool>,
-    /// What the connections count for `--metrics`.
-    pub metrics: Arc<Metrics>,
-    /// Set to `true` when the server shuts down: every connection is then closed with
-    /// 320 CONNECTION_FORCED, as RabbitMQ closes them.
-    pub shutdown: Arc<tokio::sync::watch::Sender<bool>>,
-}
-
-impl Default for Settings {
-    fn default() -> Settings {
-        Settings {
-            user: "guest".into(),
-            password: "guest".into(),
-            loopback_only: true,
-            frame_max: 131_072,
-            channel_max: 2047,
-            ack_timeout: Duration::from_secs(30 * 60),
-            max_message_bytes: 16 << 20,
-            durable: false,
-            heartbeat: 60,
-            handshake_timeout: Duration::from_secs(10),
-            exclusive: Arc::default(),
-            declared: Arc::default(),
-            queue_file: None,
-            consumers: Arc::default(),
-            exchanges: Arc::default(),
-            expiring: Arc::default(),
-            dead_letters: Arc::default(),
-            message_expiry: Arc::default(),
-            clock: WallClock::default(),
-            memory_alarm: Arc::default(),
-            lease_clock: LeaseClock::default(),
-            message_ttl_used: Arc::default(),
-            metrics: Arc::default(),
-            shutdown: Arc::new(tokio::sync::watch::Sender::new(false)),
-        }
-    }
-}
-
-impl Settings {
-    /// Deletes `queue` where no connection asked for it (`x-expires`): closes it, and if
-    /// that closed it, forgets what the server keeps of it by name.
-    pub fn forget_queue(&self, queue: &Queue) {
-        // Its owner, if it is exclusive, as it was while the queue was open.
-        let owner = (self.exclusive.lock().expect("never poisoned"))
-            .get(queue.name())
-            .copied();
-        if queue.close() {
-            self.forget(queue, owner);
-        }
-    }
-
-    /// Writes the durable queues' entries of `declared` (the table, whose lock the caller
-    /// hands over just after its change) to the data dir, if there is one; the table is
-    /// unlocked before the write. A failed write is logged: the queues serve on, and a
-    /// restart brings them back as the file last written has them (those missing are as
-    /// declared again).
-    pub(crate) fn keep_durable_queues(&self, declared: MutexGuard<'_, HashMap<String, Declared>>) {
-        let Some(file) = &self.queue_file else {
-            return;
-        };
-        let snapshot = file.snapshot(&declared);
-        drop(declared);
-        if let Err(why) = file.write(snapshot) {
-            tracing::warn!("durable queues' declarations not kept: {why}");
-        }
-    }
-
-    /// Forgets what the server keeps of the queue called `name`, which was just closed
-    /// (by the caller: a queue closed before is forgotten by whoever closed it, and its
-    /// name may already be another queue's): its bindings, its declared flags, its
-    /// consumers' entry and its expiry, and its exclusive owner if that is `owner`; its
-    /// holding queue of dead letters drains and goes. Whether it had one here.
-    fn forget(&self, queue: &Queue, owner: Option<u64>) -> bool {
-        let name = queue.name();
-        let mut owners = self.exclusive.lock().expect("never poisoned");
-        if owner.is_some() && owners.get(name) == owner.as_ref() {
-            owners.remove(name);
-        }
-        drop(owners);
-        self.consumers.forget(name);
-        let mut declared = self.declared.lock().expect("never poisoned");
-        if declared.remove(name).is_some_and(|d| d.durable) {
-            self.keep_durable_queues(declared);
-        } else {
-            drop(declared);
-        }
-        self.expiring.forget_closed(name);
-        self.message_expiry.forget_closed(name);
-        let dead_letters = self.dead_letters.forget(queue);
-        let mut exchanges = self.exchanges.lock().expect("never poisoned");
-        if let Err(Refusal::Storage(why)) = exchanges.unbind_queue(name) {
-            tracing::warn!("queue {name} was deleted, but its bindings stay on disk: {why}");
-        }
-        dead_letters
-    }
-}
-
-/// What a clock of the server reads: milliseconds.
-type ReadMs = Arc<dyn Fn() -> u64 + Send + Sync>;
-
-/// A reading that is what the returned cell holds, starting at `start`: a clock tests
-/// move by hand.
-fn manual_ms(start: u64) -> (ReadMs, Arc<AtomicU64>) {
-    let now = Arc::new(AtomicU64::new(start));
-    let read = Arc::clone(&now);
-    (Arc::new(move || read.load(Ordering::Relaxed)), now)
-}
-
-/// The wall clock, in milliseconds since the Unix epoch: when messages arrive, and when
-/// they expire (message TTL). Tests use one they move by hand ([`WallClock::manual`]).
-#[derive(Clone)]
-pub struct WallClock(ReadMs);
-
-impl WallClock {
-    /// The system's clock.
-    pub fn system() -> WallClock {
-        WallClock(Arc::new(|| {
-            let since = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
-            since.map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-        }))
-    }
-
-    /// A clock that reads what the returned cell holds, starting at `start`.
-    pub fn manual(start: u64) -> (WallClock, Arc<AtomicU64>) {
-        let (read, now) = manual_ms(start);
-        (WallClock(read), now)
-    }
-
-    /// Now, in milliseconds since the Unix epoch.
-    pub fn now_ms(&self) -> u64 {
-        (self.0)()
-    }
-}
-
-impl Default for WallClock {
-    fn default() -> WallClock {
-        WallClock::system()
-    }
-}
-
-impl std::fmt::Debug for WallClock {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "WallClock({} ms)", self.now_ms())
-    }
-}
-
-/// A monotonic clock in milliseconds from an arbitrary start, on which a connection
-/// measures how long its deliveries have been out. Tests use one they move by hand
-/// ([`LeaseClock::manual`]), in step with the broker's manual clock.
-#[derive(Clone)]
-pub struct LeaseClock(ReadMs);
-
-impl LeaseClock {
-    /// The system's monotonic clock, counted from the first time any `LeaseClock` read it.
-    pub fn system() -> LeaseClock {
-        static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
-        LeaseClock(Arc::new(|| {
-            let start = *START.get_or_init(std::time::Instant::now);
-            u64::try_from(start.elapsed().as_millis()).unwrap_or(u64::MAX)
-        }))
-    }
-
-    /// A clock that reads what the returned cell holds, starting at 0.
-    pub fn manual() -> (LeaseClock, Arc<AtomicU64>) {
-        let (read, now) = manual_ms(0);
-        (LeaseClock(read), now)
-    }
-
-    /// Now, in milliseconds from the clock's start.
-    pub fn now_ms(&self) -> u64 {
-        (self.0)()
-    }
-}
-
-impl Default for LeaseClock {
-    fn default() -> LeaseClock {
-        LeaseClock::system()
-    }
-}
-
-impl std::fmt::Debug for LeaseClock {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "LeaseClock({} ms)", self.now_ms())
-    }
-}
 
 /// Where the connection is in its life.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -444,6 +196,8 @@ fn keyed_state(id: u64) -> RandomState {
 pub struct Connection {
     broker: Broker,
     settings: Arc<Settings>,
+    /// The virtual host its methods act on: queues, exchanges and what is kept of them.
+    vhost: Arc<VHost>,
     id: u64,
     peer_is_loopback: bool,
     phase: Phase,
@@ -516,6 +270,7 @@ impl Connection {
     pub fn new(
         broker: Broker,
         settings: Arc<Settings>,
+        vhost: Arc<VHost>,
         id: u64,
         peer_is_loopback: bool,
     ) -> Connection {
@@ -527,6 +282,7 @@ impl Connection {
         Connection {
             broker,
             settings,
+            vhost,
             id,
             peer_is_loopback,
             phase: Phase::AwaitHeader,
@@ -943,7 +699,7 @@ impl Connection {
             refuse(text);
         }
         let own_ttl = expiration.is_some();
-        let stamp = own_ttl || self.settings.message_ttl_used.load(Ordering::Relaxed);
+        let stamp = own_ttl || self.vhost.message_ttl_used.load(Ordering::Relaxed);
         let bcc = routes.as_ref().is_some_and(|r| r.bcc);
         // Stored with other properties than it came with: a direct reply-to's name, or
         // its `BCC` header taken out (recipients a consumer must not see).
@@ -1233,11 +989,11 @@ impl Connection {
     /// was declared `auto_delete` and its last consumer, on any connection, is gone:
     /// RabbitMQ's auto-delete (a queue that never had a consumer stays).
     pub(crate) fn auto_delete(&mut self, queue: &Queue) {
-        self.settings.expiring.touch(queue.name());
-        let declared = self.settings.declared.lock().expect("never poisoned");
+        self.vhost.expiring.touch(queue.name());
+        let declared = self.vhost.declared.lock().expect("never poisoned");
         let auto = declared.get(queue.name()).is_some_and(|d| d.auto_delete);
         drop(declared);
-        if auto && !queue.is_closed() && !self.settings.consumers.is_consumed(queue.name()) {
+        if auto && !queue.is_closed() && !self.vhost.consumers.is_consumed(queue.name()) {
             self.delete_queue(queue);
         }
     }
@@ -1261,7 +1017,7 @@ impl Connection {
             .retain(|q| q.name() != name || !q.is_closed());
         // Closed before (by `x-expires`, another connection's delete): forgotten then.
         if closed {
-            let tracked = self.settings.forget(queue, Some(self.id));
+            let tracked = self.vhost.forget(queue, Some(self.id));
             // A durable queue brought back by a restart with no declaration kept (from a
             // build that kept none) and deleted before it was declared again may have a
             // holding queue of dead letters that nothing forwards (its route was never
@@ -1277,7 +1033,7 @@ impl Connection {
 
     /// The connection that owns `name` as an exclusive queue, when it is not this one.
     fn locked_by_another(&self, name: &str) -> bool {
-        let owners = self.settings.exclusive.lock().expect("never poisoned");
+        let owners = self.vhost.exclusive.lock().expect("never poisoned");
         owners.get(name).is_some_and(|&owner| owner != self.id)
     }
 

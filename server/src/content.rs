@@ -1,6 +1,6 @@
 //! How an AMQP message is kept in a leasemq message body.
 //!
-//! A leasemq [`Message`](leasemq::Message) holds a body of bytes; an AMQP message also has
+//! A leasemq [`leasemq::Message`] holds a body of bytes; an AMQP message also has
 //! properties (content type, headers, correlation id, …) that must come back unchanged on
 //! delivery. leasemqd stores both in the body:
 //!

@@ -8,9 +8,10 @@
 //! where its dead letters go (`x-dead-letter-exchange`, `x-dead-letter-routing-key`).
 //! With a data dir, those of every durable queue are kept in [`FILE`] there, written (to a
 //! temporary file, fsynced, renamed over the old one, the directory fsynced) each time a
-//! durable queue is declared anew or deleted, before the declare is answered. A restart reads the file back
-//! ([`restore`]) for the queues the broker brought back, so that each is as it was
-//! declared before any client declares it again: a redeclare is checked against it, its
+//! durable queue is declared anew or deleted, before the declare is answered. A restart
+//! reads the file back ([`VHost::restore`](crate::vhost::VHost::restore)) for the queues
+//! the broker brought back, so that each is as it was declared before any client
+//! declares it again: a redeclare is checked against it, its
 //! dead letters go on through their exchange, its messages expire, and it expires itself.
 //!
 //! A crash between a durable queue's declare and the write of the file brings the queue
@@ -25,17 +26,14 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
-use std::time::Duration;
 
-use leasemq::Broker;
 use serde::{Deserialize, Serialize};
 
 use crate::arguments::StorageHints;
-use crate::dead_letter::{self, Route};
+use crate::dead_letter::Route;
 use crate::declared::Declared;
 use crate::exchange::write_atomically;
-use crate::Settings;
-use crate::{message_expiry, names};
+use crate::names;
 
 /// The file, in the data dir, that keeps what durable queues were declared with.
 pub const FILE: &str = "leasemqd-queues.json";
@@ -197,7 +195,7 @@ impl QueueFile {
 ///
 /// A file that cannot be read, parsed or rewritten, named in the message: the server must
 /// not start and treat its queues otherwise than they were declared.
-fn open(
+pub(crate) fn open(
     dir: &Path,
     queue_exists: impl Fn(&str) -> bool,
 ) -> Result<(QueueFile, HashMap<String, Declared>), String> {
@@ -235,54 +233,6 @@ fn open(
         file.save(&kept)?;
     }
     Ok((file, kept))
-}
-
-/// Reads [`FILE`] in `dir` and puts each durable queue the broker brought back as it was
-/// declared: its flags in the server's table, its dead-letter task started, its message
-/// TTL in force and its own expiry counting from now. Later declarations of durable queues
-/// are kept in the file from then on.
-///
-/// # Errors
-///
-/// The file cannot be read, parsed or rewritten (see [`open`]).
-pub fn restore(dir: &Path, settings: &mut Settings, broker: &Broker) -> Result<(), String> {
-    let (file, kept) = open(dir, |name| broker.queue(name).is_some())?;
-    for (name, declared) in &kept {
-        let Some(queue) = broker.queue(name) else {
-            continue;
-        };
-        if let Some(route) = &declared.dead_letter {
-            // A queue from a build that dead-lettered straight to a queue has no holding
-            // queue: its broker config still sends its dead letters there.
-            let holding = dead_letter::holding_name(name);
-            let holds = queue.config().dead_letter.as_deref() == Some(holding.as_str());
-            if let Some(holding) = broker.queue(&holding).filter(|_| holds) {
-                let both = || Ok::<_, ()>((queue.clone(), holding));
-                let _ = settings.dead_letters.declare(name, route.clone(), both);
-            }
-        }
-        if declared.message_ttl.is_some() {
-            settings.message_ttl_used.store(true, Ordering::Relaxed);
-        }
-        if declared.message_ttl.is_some() || message_expiry::dead_letters(&queue) {
-            // Its messages that expired while the server was down go first.
-            (settings.message_expiry).watch(&queue, declared.message_ttl);
-        }
-        if let Some(ms) = declared.expires {
-            settings
-                .expiring
-                .set(&queue, Duration::from_millis(ms.into()));
-        }
-    }
-    if !kept.is_empty() {
-        tracing::debug!(
-            queues = kept.len(),
-            "durable queues back as they were declared"
-        );
-    }
-    *settings.declared.lock().expect("never poisoned") = kept;
-    settings.queue_file = Some(std::sync::Arc::new(file));
-    Ok(())
 }
 
 #[cfg(test)]

@@ -7,8 +7,8 @@
 //! `queue.delete` would delete it: its messages, leased ones too, and its bindings go.
 //!
 //! Connections read no clock: they mark a queue used ([`Expiring::touch`]). One task per
-//! server ([`run`]) stamps each mark with the time it sees it, keeps one deadline per
-//! queue, and deletes each queue whose deadline passed while it had no consumer, unless a
+//! virtual host (`VHost::expire_queues`) stamps each mark with the time it sees it,
+//! keeps one deadline per queue, and deletes each queue whose deadline passed while it had no consumer, unless a
 //! use came in between ([`Expiring::still_due`], checked just before the delete). Memory
 //! is bounded by the number of queues that expire, whatever the number of uses.
 //! [`Expiring`] itself takes the time as an argument, so its tests need no clock.
@@ -18,12 +18,10 @@
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use leasemq::Queue;
-
-use crate::Settings;
 
 /// The queues that expire, shared by every connection of a server.
 #[derive(Debug, Default)]
@@ -31,8 +29,8 @@ pub struct Expiring {
     /// How many queues expire: while none does, a touch takes no lock.
     count: AtomicUsize,
     state: Mutex<State>,
-    /// Wakes [`run`] when a queue was marked used, or one was added.
-    wake: tokio::sync::Notify,
+    /// Wakes `VHost::expire_queues` when a queue was marked used, or one was added.
+    pub(crate) wake: tokio::sync::Notify,
 }
 
 #[derive(Debug, Default)]
@@ -206,44 +204,6 @@ impl Expiring {
             self.recount(&state);
         }
         due
-    }
-}
-
-/// Deletes the server's queues as their `x-expires` runs out; runs until dropped.
-pub async fn run(settings: Arc<Settings>) {
-    let expiring = settings.expiring.clone();
-    loop {
-        // Listening before looking, so that a touch made meanwhile is not missed.
-        let woken = expiring.wake.notified();
-        let now = tokio::time::Instant::now();
-        let (expired, next) =
-            expiring.expire(now.into_std(), |name| settings.consumers.is_consumed(name));
-        if !expired.is_empty() {
-            let settings = settings.clone();
-            // A durable queue's close waits for the disk: off the runtime's workers.
-            let deleted = tokio::task::spawn_blocking(move || {
-                for queue in &expired {
-                    // A use since it was handed out keeps it (a declare, a get, a consume
-                    // that came in the meantime).
-                    if !settings.consumers.is_consumed(queue.name())
-                        && settings.expiring.still_due(queue)
-                    {
-                        tracing::debug!(queue = queue.name(), "deleted by x-expires");
-                        settings.forget_queue(queue);
-                    }
-                }
-            });
-            let _ = deleted.await;
-        }
-        match next {
-            Some(at) => {
-                tokio::select! {
-                    () = tokio::time::sleep_until(at.into()) => {}
-                    () = woken => {}
-                }
-            }
-            None => woken.await,
-        }
     }
 }
 

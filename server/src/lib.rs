@@ -19,7 +19,9 @@
 #![warn(missing_docs)]
 
 pub mod arguments;
+pub mod clock;
 mod connection;
+pub mod consumers;
 pub mod content;
 pub mod dead_letter;
 pub mod declared;
@@ -32,6 +34,12 @@ pub mod message_expiry;
 pub mod metrics;
 pub mod names;
 pub mod serve;
+pub mod settings;
+pub mod vhost;
 pub mod wire;
 
-pub use connection::{Connection, LeaseClock, QueueConsumers, Settings, TimedOut, WallClock};
+pub use clock::{LeaseClock, WallClock};
+pub use connection::{Connection, TimedOut};
+pub use consumers::QueueConsumers;
+pub use settings::Settings;
+pub use vhost::VHost;

@@ -9,7 +9,7 @@ use std::time::Duration;
 use clap::Parser;
 use leasemq::Broker;
 use leasemq_server::exchange::Exchanges;
-use leasemq_server::{durable_queues, memory, serve, Settings};
+use leasemq_server::{memory, serve, Settings, VHost};
 use mimalloc::MiMalloc;
 
 #[global_allocator]
@@ -112,12 +112,13 @@ fn run(args: Args) -> Result<(), String> {
     let broker = builder
         .build()
         .map_err(|e| format!("cannot start the broker: {e}"))?;
+    let mut vhost = VHost::new(&settings);
     if let Some(dir) = &args.data_dir {
         // Bindings are kept for the queues that came back: the durable ones.
         let exchanges = Exchanges::open(dir, |queue| broker.queue(queue).is_some())?;
-        settings.exchanges = Arc::new(Mutex::new(exchanges));
+        vhost.exchanges = Mutex::new(exchanges);
         // And the durable queues as they were declared: dead-letter routes, TTLs, expiry.
-        durable_queues::restore(dir, &mut settings, &broker)?;
+        vhost.restore(dir, &broker)?;
     }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -134,6 +135,7 @@ fn run(args: Args) -> Result<(), String> {
         memory_limit,
         broker.clone(),
         Arc::new(settings),
+        Arc::new(vhost),
         storage,
     ));
     broker.shutdown();
@@ -149,6 +151,7 @@ async fn serve_until_signal(
     memory_limit: Option<u64>,
     broker: Broker,
     settings: Arc<Settings>,
+    vhost: Arc<VHost>,
     storage: String,
 ) -> Result<(), String> {
     let listener = tokio::net::TcpListener::bind(listen)
@@ -186,7 +189,7 @@ async fn serve_until_signal(
         broker.shard_count(),
     );
     tokio::select! {
-        () = serve::accept_loop(listener, broker, settings.clone()) => {}
+        () = serve::serve(listener, broker, settings.clone(), vhost) => {}
         _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: shutting down"),
         _ = sigterm.recv() => tracing::info!("SIGTERM: shutting down"),
     }

@@ -15,8 +15,8 @@
 //! read no clock: after a batch of publishes that may expire (every publish to a queue with
 //! `x-message-ttl`, one with an `expiration` to any queue) they poke the queue
 //! ([`MessageExpiry::published`]), which arms it unless it is armed already, so a busy
-//! queue costs one lookup per batch. One task per server ([`run`]) looks at the head of
-//! each armed queue when it is poked and when its time comes:
+//! queue costs one lookup per batch. One task per virtual host (`VHost::expire_messages`)
+//! looks at the head of each armed queue when it is poked and when its time comes:
 //! - a queue with a consumer is not looked at, only looked at again after [`RECHECK`]:
 //!   its consumers meet what expires as they reach it, and a look would take a message
 //!   from under them (one of theirs could overtake it meanwhile);
@@ -39,19 +39,17 @@
 //! meanwhile stays there, to expire again, rather than be dead-lettered twice.
 //!
 //! [`MessageExpiry`] takes the time as an argument, and the look at a head
-//! ([`look_at_head`]) reads the server's [`WallClock`](crate::WallClock), so tests drive
+//! (`VHost::look_at_head`) reads the server's [`WallClock`](crate::WallClock), so tests drive
 //! both by hand.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
+use std::sync::{Mutex, MutexGuard};
 
-use leasemq::{Broker, ConsumerConfig, Delivery, Queue, Settle};
+use leasemq::{Delivery, Queue};
 use tokio::sync::Notify;
 
-use crate::content::{self, PropertiesSeen};
-use crate::{dead_letter, Settings};
+use crate::dead_letter;
 
 /// How long after a look a queue is looked at again when nothing there had a time to wait
 /// for: its head never expires, or what it holds is leased or delayed. In milliseconds.
@@ -59,13 +57,13 @@ pub const RECHECK: u64 = 1_000;
 
 /// At most this many messages expire in one look, so that a long run of them does not
 /// keep the task's thread from the other queues.
-const AT_MOST_PER_LOOK: usize = 4_096;
+pub(crate) const AT_MOST_PER_LOOK: usize = 4_096;
 
 /// The most messages a look takes from a head at once.
-const MOST_TAKEN_AT_ONCE: u32 = 256;
+pub(crate) const MOST_TAKEN_AT_ONCE: u32 = 256;
 
 /// The name of the consumer a look at a head makes.
-const CONSUMER: &str = "leasemqd-message-ttl";
+pub(crate) const CONSUMER: &str = "leasemqd-message-ttl";
 
 /// The queues whose messages expire at the head, shared by every connection of a server.
 #[derive(Debug, Default)]
@@ -73,8 +71,8 @@ pub struct MessageExpiry {
     /// How many queues are watched: while none is, a publish takes no lock.
     watched: AtomicUsize,
     state: Mutex<State>,
-    /// Wakes [`run`] when a queue was poked or a delivery handed over.
-    wake: Notify,
+    /// Wakes `VHost::expire_messages` when a queue was poked or a delivery handed over.
+    pub(crate) wake: Notify,
 }
 
 #[derive(Debug, Default)]
@@ -92,7 +90,7 @@ struct State {
     /// earliest first; one per queue at most.
     deadlines: BTreeSet<(u64, String)>,
     /// How many queues are watched when closed ones are next swept out (a queue deleted
-    /// other than through `Settings::forget`, a reply-to queue, leaves its entry).
+    /// other than through `VHost::forget`, a reply-to queue, leaves its entry).
     sweep_at: usize,
 }
 
@@ -120,7 +118,7 @@ pub enum Next {
     Poked,
 }
 
-/// A queue whose head is to be looked at ([`look_at_head`]).
+/// A queue whose head is to be looked at (`VHost::look_at_head`).
 #[derive(Debug)]
 pub struct Look {
     /// The queue.
@@ -136,7 +134,8 @@ pub struct Look {
 pub struct Due {
     /// The queues whose heads to look at.
     pub queues: Vec<Look>,
-    /// The deliveries to dead-letter ([`expire`]), each with its queue.
+    /// The deliveries to dead-letter, each with its queue
+    /// ([`VHost::expire`](crate::vhost::VHost::expire)).
     pub handed: Vec<(Queue, Delivery)>,
 }
 
@@ -208,7 +207,7 @@ impl MessageExpiry {
     }
 
     /// Hands over `delivery` of `queue`, which a consumer found past its time on a queue
-    /// with a dead-letter exchange: [`run`] dead-letters it.
+    /// with a dead-letter exchange: `VHost::expire_messages` dead-letters it.
     pub fn hand_over(&self, queue: Queue, delivery: Delivery) {
         self.lock().handed.push((queue, delivery));
         self.wake.notify_one();
@@ -284,7 +283,7 @@ impl MessageExpiry {
 
     /// Disarms `queue` just before a look at it finds it holds nothing: a publish from
     /// then on pokes it.
-    fn disarm(&self, queue: &Queue) {
+    pub(crate) fn disarm(&self, queue: &Queue) {
         let mut state = self.lock();
         if queue.is_closed() {
             return;
@@ -292,7 +291,7 @@ impl MessageExpiry {
         state.disarm(queue.name());
     }
 
-    /// What a look at `queue`'s head found ([`look_at_head`]).
+    /// What a look at `queue`'s head found (`VHost::look_at_head`).
     pub fn looked(&self, queue: &Queue, next: Next) {
         let mut state = self.lock();
         let name = queue.name();
@@ -364,13 +363,6 @@ impl State {
     }
 }
 
-/// The holding queue of `queue`'s dead letters, if it dead-letters through an exchange
-/// (`dead_letter.rs`).
-fn holding_queue(broker: &Broker, queue: &Queue) -> Option<Queue> {
-    let name = queue.config().dead_letter.as_deref()?;
-    broker.queue(name).filter(|_| dead_letter::is_holding(name))
-}
-
 /// Whether a delivery from `queue` that is past its time is to be handed over
 /// ([`MessageExpiry::hand_over`]) rather than dropped: the queue dead-letters through an
 /// exchange.
@@ -378,207 +370,9 @@ pub fn dead_letters(queue: &Queue) -> bool {
     (queue.config().dead_letter.as_deref()).is_some_and(dead_letter::is_holding)
 }
 
-/// Expires `delivery`, a message of `queue` past its time: put in the queue's holding
-/// queue if it has one, then acked. `false` if the holding queue refused it; the caller
-/// hands the delivery back.
-pub fn expire(settings: &Settings, broker: &Broker, queue: &Queue, delivery: &Delivery) -> bool {
-    expire_all(settings, broker, queue, std::slice::from_ref(delivery))
-}
-
-/// [`expire`] for deliveries of one queue, each past its time, with one put batch to the
-/// holding queue and one settle batch: on a durable queue put first and acked after (see
-/// the module's introduction), on one in memory acked first.
-fn expire_all(settings: &Settings, broker: &Broker, queue: &Queue, expired: &[Delivery]) -> bool {
-    // No death record: that is how the holding queue's task tells an expiry.
-    let mut seen = PropertiesSeen::default();
-    let mut letter = |d: &Delivery| content::message(d.envelope().body.clone(), &mut seen);
-    let holding = holding_queue(broker, queue);
-    let durable = queue.is_durable();
-    if let Some(holding) = holding.as_ref().filter(|_| durable) {
-        if let Err(e) = holding.put_batch(expired.iter().map(&mut letter).collect()) {
-            tracing::warn!(queue = queue.name(), error = %e, "expired messages cannot be dead-lettered; they stay");
-            return false;
-        }
-    }
-    let acks: Vec<_> = expired.iter().map(|d| (d.tag(), Settle::Ack)).collect();
-    let took = queue.settle_batch(&acks);
-    if let Some(holding) = holding.filter(|_| !durable) {
-        let letters: Vec<_> = (expired.iter().zip(&took))
-            .filter(|(_, &ok)| ok)
-            .map(|(d, _)| letter(d))
-            .collect();
-        if !letters.is_empty() {
-            if let Err(e) = holding.put_batch(letters) {
-                // Gone with its queue, or the broker stops: as when a dead letter is
-                // routed nowhere.
-                tracing::warn!(queue = queue.name(), error = %e, "expired messages were not dead-lettered");
-            }
-        }
-    }
-    let acked = took.iter().filter(|&&ok| ok).count();
-    settings.metrics.ttl_expired.inc_by(acked as u64);
-    true
-}
-
-/// Looks at the head of `queue`, whose `x-message-ttl` is `ttl`, as the module's
-/// introduction says, and returns when to look next. Blocking: broker calls, and a put to
-/// a durable holding queue waits for the disk.
-///
-/// The head is taken through a consumer of prefetch 1; while every message taken has
-/// expired, the next consumer takes four times as many at once (up to
-/// [`MOST_TAKEN_AT_ONCE`]), so that a long run of expired messages goes in batches and a
-/// look at a head with time left hands back one message, or a few.
-pub fn look_at_head(settings: &Settings, broker: &Broker, look: &Look) -> Next {
-    let Look {
-        ref queue,
-        ttl,
-        own_ttl,
-    } = *look;
-    if settings.consumers.is_consumed(queue.name()) {
-        return Next::At(settings.clock.now_ms() + RECHECK);
-    }
-    let mut seen = PropertiesSeen::default();
-    let (mut prefetch, mut expired) = (1, 0);
-    loop {
-        // The consume call is a barrier: the first `prefetch` ready messages, if any, are
-        // in the consumer now.
-        let consumer = match queue.consume(CONSUMER, ConsumerConfig { prefetch }) {
-            Ok(consumer) => consumer,
-            Err(_) if queue.is_closed() => return Next::Poked,
-            Err(e) => {
-                tracing::warn!(queue = queue.name(), error = %e, "message TTL: the head cannot be taken");
-                return Next::At(settings.clock.now_ms() + RECHECK);
-            }
-        };
-        let mut taken = Vec::new();
-        while let Ok(Some(delivery)) = consumer.try_recv() {
-            taken.push(delivery);
-        }
-        if taken.is_empty() {
-            consumer.cancel();
-            return nothing_ready(settings, look);
-        }
-        // No more for it: the credit each settle below gives back would bring the next
-        // message in, and a message handed back straight in again.
-        consumer.stop();
-        let now = settings.clock.now_ms();
-        let due = |d: &Delivery, seen: &mut PropertiesSeen| {
-            content::expires_at(&d.envelope().body, ttl, seen)
-        };
-        let past = (taken.iter())
-            .take_while(|d| due(d, &mut seen).is_some_and(|at| now > at))
-            .count();
-        let rest = taken.split_off(past);
-        if !taken.is_empty() && !expire_all(settings, broker, queue, &taken) {
-            hand_back(queue, &taken, &rest);
-            consumer.cancel();
-            return Next::At(now + RECHECK);
-        }
-        expired += taken.len();
-        if let Some(head) = rest.first() {
-            let next = match due(head, &mut seen) {
-                // It expires once the clock is past that time (never past `u64::MAX`).
-                Some(at) => Next::At(at.saturating_add(1)),
-                // Only a queue with no `x-message-ttl` has such messages: the head stays
-                // until a consumer takes it.
-                None if own_ttl => Next::At(now + RECHECK),
-                // Nothing behind it can expire; a publish with an `expiration` arms the
-                // queue again (disarmed before the head is back, so that none is missed).
-                None => {
-                    settings.message_expiry.disarm(queue);
-                    Next::Poked
-                }
-            };
-            hand_back(queue, &[], &rest);
-            consumer.cancel();
-            return next;
-        }
-        consumer.cancel();
-        if expired >= AT_MOST_PER_LOOK {
-            return Next::At(now);
-        }
-        if taken.len() == prefetch as usize {
-            prefetch = (prefetch * 4).min(MOST_TAKEN_AT_ONCE);
-        }
-    }
-}
-
-/// Hands back unseen what a look took and did not expire, `first` then `rest`, to the
-/// front of `queue` in the order they were taken: released last one first.
-fn hand_back(queue: &Queue, first: &[Delivery], rest: &[Delivery]) {
-    let releases: Vec<_> = (first.iter().chain(rest).rev())
-        .map(|d| (d.tag(), Settle::Release))
-        .collect();
-    queue.settle_batch(&releases);
-}
-
-/// What a look that found nothing ready says: looked at again soon if messages were put
-/// meanwhile; where messages may expire, after [`RECHECK`] while some are out that may come
-/// back with no publish (a requeue, a lease that ran out); else when a publish pokes it.
-fn nothing_ready(settings: &Settings, look: &Look) -> Next {
-    let queue = &look.queue;
-    // Disarmed first, so that a publish from now on pokes it; what was put before is in
-    // the counts.
-    settings.message_expiry.disarm(queue);
-    let stats = queue.stats();
-    let now = settings.clock.now_ms();
-    if stats.ready > 0 {
-        // A moment later, so that a queue whose ready messages a look cannot take is no
-        // busy loop.
-        Next::At(now + 1)
-    } else if stats.leased + stats.delayed > 0 && (look.ttl.is_some() || look.own_ttl) {
-        Next::At(now + RECHECK)
-    } else {
-        Next::Poked
-    }
-}
-
-/// Expires the server's messages at the heads of their queues, and dead-letters those
-/// that consumers met past their time; runs until dropped.
-pub async fn run(settings: Arc<Settings>, broker: Broker) {
-    let expiry = settings.message_expiry.clone();
-    loop {
-        // Listening before looking, so that a poke made meanwhile is not missed.
-        let woken = expiry.wake.notified();
-        let now = settings.clock.now_ms();
-        let (due, next) = expiry.due(now);
-        if !due.queues.is_empty() || !due.handed.is_empty() {
-            let (settings, broker) = (settings.clone(), broker.clone());
-            // Broker calls that may wait for the disk: off the runtime's workers.
-            let looked = tokio::task::spawn_blocking(move || {
-                let expiry = &settings.message_expiry;
-                for (queue, delivery) in due.handed {
-                    if !expire(&settings, &broker, &queue, &delivery) {
-                        expiry.retry_at(now + RECHECK, queue, delivery);
-                    }
-                }
-                for look in due.queues {
-                    let next = look_at_head(&settings, &broker, &look);
-                    expiry.looked(&look.queue, next);
-                }
-            });
-            if let Err(e) = looked.await {
-                tracing::error!(error = %e, "message TTL: a look failed; every queue is looked at again");
-                expiry.poke_all();
-            }
-            continue;
-        }
-        match next {
-            Some(at) => {
-                let wait = Duration::from_millis(at.saturating_sub(now));
-                tokio::select! {
-                    () = tokio::time::sleep(wait) => {}
-                    () = woken => {}
-                }
-            }
-            None => woken.await,
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
-    use leasemq::QueueConfig;
+    use leasemq::{Broker, QueueConfig};
 
     use super::*;
 

@@ -16,7 +16,7 @@ use tokio::time::{sleep_until, Instant};
 
 use crate::connection::may_block_in_place;
 use crate::metrics::Metrics;
-use crate::{Connection, Settings, TimedOut};
+use crate::{Connection, Settings, TimedOut, VHost};
 
 /// How long a thread waiting on the broker yields before it parks (see
 /// `BrokerBuilder::yield_budget`). The broker's callers here are connection tasks that
@@ -49,17 +49,29 @@ fn feed(conn: &mut Connection, input: &mut Vec<u8>, channels: &mut Channels<'_>)
     !input.is_empty() && (full || conn.is_blocked())
 }
 
-/// Accepts connections on `listener` until the future ends (it never does on its own);
-/// each runs in its own task.
+/// Accepts connections on `listener` into a fresh virtual host (in memory) until the
+/// future ends (it never does on its own); each runs in its own task.
 pub async fn accept_loop(listener: TcpListener, broker: Broker, settings: Arc<Settings>) {
+    let vhost = Arc::new(VHost::new(&settings));
+    serve(listener, broker, settings, vhost).await;
+}
+
+/// Accepts connections on `listener` into `vhost` until the future ends (it never does
+/// on its own); each runs in its own task, and the virtual host's own tasks run alongside.
+pub async fn serve(
+    listener: TcpListener,
+    broker: Broker,
+    settings: Arc<Settings>,
+    vhost: Arc<VHost>,
+) {
     // The server's `x-expires` deletions, for as long as it accepts connections.
-    let expiry = tokio::spawn(crate::expiry::run(settings.clone()));
+    let expiry = tokio::spawn(Arc::clone(&vhost).expire_queues());
     let _expiry = AbortOnDrop(expiry);
     // The tasks that send dead letters on through exchanges, as long as it accepts too.
-    let dead_letters = tokio::spawn(crate::dead_letter::run(settings.clone(), broker.clone()));
+    let dead_letters = tokio::spawn(Arc::clone(&vhost).forward_dead_letters(broker.clone()));
     let _dead_letters = AbortOnDrop(dead_letters);
     // Message TTL at the heads of queues, and expired messages dead-lettered.
-    let expiry = tokio::spawn(crate::message_expiry::run(settings.clone(), broker.clone()));
+    let expiry = tokio::spawn(Arc::clone(&vhost).expire_messages(broker.clone()));
     let _message_expiry = AbortOnDrop(expiry);
     let ids = AtomicU64::new(0);
     loop {
@@ -76,6 +88,7 @@ pub async fn accept_loop(listener: TcpListener, broker: Broker, settings: Arc<Se
         let conn = Connection::new(
             broker.clone(),
             settings.clone(),
+            Arc::clone(&vhost),
             id,
             peer.ip().is_loopback(),
         );

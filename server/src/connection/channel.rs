@@ -22,10 +22,9 @@ use leasemq::{
 
 use super::publish::{Incoming, Pending};
 use super::tx::Tx;
-use super::{
-    code, method_name, reply_text, reply_to, Connection, Declared, Fault, Subscription, Waiting,
-};
+use super::{code, method_name, reply_text, reply_to, Connection, Fault, Subscription, Waiting};
 use crate::content::PropertiesSeen;
+use crate::declared::Declared;
 use crate::exchange::{HeadersBinding, Kind, Refusal, Shape};
 use crate::message_expiry;
 use crate::wire::{GenFailed, Output};
@@ -496,7 +495,7 @@ impl Connection {
             match self.queue(name) {
                 Some(q) => {
                     // A declare is a use, passive or not (RabbitMQ's `x-expires`).
-                    self.settings.expiring.touch(name);
+                    self.vhost.expiring.touch(name);
                     q
                 }
                 None => return Err(no_queue(ch, name, &m)),
@@ -570,7 +569,8 @@ impl Connection {
             config.dead_letter.clone_from(&direct);
             let q = match (route, &direct) {
                 (Some(route), None) => {
-                    let dead_letters = std::sync::Arc::clone(&self.settings.dead_letters);
+                    let vhost = std::sync::Arc::clone(&self.vhost);
+                    let dead_letters = &vhost.dead_letters;
                     dead_letters.declare(name, route, || {
                         let (holding, made) = self.holding_queue(ch, name, &config, &m)?;
                         config.dead_letter = Some(holding.name().to_string());
@@ -601,14 +601,14 @@ impl Connection {
                     );
                     return Err(Fault::channel(ch, code::RESOURCE_LOCKED, text, &m));
                 }
-                let mut owners = self.settings.exclusive.lock().expect("never poisoned");
+                let mut owners = self.vhost.exclusive.lock().expect("never poisoned");
                 owners.insert(name.to_string(), self.id);
                 drop(owners);
                 self.exclusive.push(q.clone());
             }
             // A new queue's flags replace whatever a queue of that name left behind; an
             // existing queue keeps the first it was declared with here.
-            let mut flags = self.settings.declared.lock().expect("never poisoned");
+            let mut flags = self.vhost.declared.lock().expect("never poisoned");
             // Kept on disk (with a data dir) when a durable queue's flags are new here.
             let durable = declared.durable;
             let kept = if existed {
@@ -620,21 +620,21 @@ impl Connection {
                 true
             };
             if kept && durable {
-                self.settings.keep_durable_queues(flags);
+                self.vhost.keep_durable_queues(flags);
             } else {
                 drop(flags);
             }
             if message_ttl.is_some() {
                 // Every publish is stamped with its arrival from now on.
-                (self.settings.message_ttl_used).store(true, std::sync::atomic::Ordering::Relaxed);
+                (self.vhost.message_ttl_used).store(true, std::sync::atomic::Ordering::Relaxed);
             }
             if message_ttl.is_some() || message_expiry::dead_letters(&q) {
                 // Its messages expire at the head, dead-lettered if it has an exchange for it.
-                self.settings.message_expiry.watch(&q, message_ttl);
+                self.vhost.message_expiry.watch(&q, message_ttl);
             }
             if let Some(ms) = expires {
                 // Set anew: a redeclare is a use.
-                (self.settings.expiring).set(&q, Duration::from_millis(ms.into()));
+                (self.vhost.expiring).set(&q, Duration::from_millis(ms.into()));
             }
             q
         };
@@ -652,7 +652,7 @@ impl Connection {
             consumer_count: u32::try_from(
                 stats
                     .consumers
-                    .max(self.settings.consumers.consumer_count(name)),
+                    .max(self.vhost.consumers.consumer_count(name)),
             )
             .unwrap_or(u32::MAX),
         };
@@ -726,7 +726,7 @@ impl Connection {
         declared: &Declared,
         m: &AMQPClass,
     ) -> Result<(), Fault> {
-        let flags = self.settings.declared.lock().expect("never poisoned");
+        let flags = self.vhost.declared.lock().expect("never poisoned");
         let Some(known) = flags.get(name).cloned() else {
             return Ok(());
         };
@@ -811,7 +811,7 @@ impl Connection {
                 (queue, priority)
             }
         };
-        self.settings.expiring.touch(queue.name());
+        self.vhost.expiring.touch(queue.name());
         self.next_consumer += 1;
         let number = self.next_consumer;
         let channel = self.channels.get(&ch).expect("checked by the caller");
@@ -829,11 +829,11 @@ impl Connection {
         };
         // RabbitMQ's rule for `exclusive` (see `consumers.rs`), across every connection,
         // and the turns of a single active consumer.
-        let single_active = (self.settings.declared.lock().expect("never poisoned"))
+        let single_active = (self.vhost.declared.lock().expect("never poisoned"))
             .get(queue.name())
             .is_some_and(Declared::is_single_active);
         let Some((claim, turn)) =
-            (self.settings.consumers).claim(queue.name(), consume.exclusive, single_active)
+            (self.vhost.consumers).claim(queue.name(), consume.exclusive, single_active)
         else {
             let text = format!(
                 "ACCESS_REFUSED - queue '{}' in vhost '/' in exclusive use",
@@ -973,7 +973,7 @@ impl Connection {
     fn get(&mut self, ch: u16, get: basic::Get) -> Result<(), Fault> {
         let m = AMQPClass::Basic(basic::AMQPMethod::Get(get.clone()));
         let queue = self.named_queue(ch, get.queue.as_str(), &m)?;
-        self.settings.expiring.touch(queue.name());
+        self.vhost.expiring.touch(queue.name());
         self.next_consumer += 1;
         let number = self.next_consumer;
         let name = format!("amqp-{}-{}", self.id, number);
@@ -992,8 +992,7 @@ impl Connection {
                 break Some(delivery);
             }
             // Dead-lettered or dropped; either way its ack lets the next one in.
-            let settings = &self.settings;
-            if !message_expiry::expire(settings, &self.broker, &queue, &delivery) {
+            if !self.vhost.expire(&self.broker, &queue, &delivery) {
                 delivery.release();
                 break None;
             }
@@ -1091,7 +1090,7 @@ impl Connection {
         if let Some(queue) = queue {
             let stats = queue.stats();
             // Consumers waiting their turn (`x-single-active-consumer`) count too.
-            let consumed = stats.consumers > 0 || self.settings.consumers.is_consumed(name);
+            let consumed = stats.consumers > 0 || self.vhost.consumers.is_consumed(name);
             if delete.if_unused && consumed {
                 let name = names::amqp(name);
                 let text = format!("PRECONDITION_FAILED - queue '{name}' in vhost '/' in use");
@@ -1123,7 +1122,7 @@ impl Connection {
     fn exchange_declare(&mut self, ch: u16, declare: exchange::Declare) -> Result<(), Fault> {
         let m = AMQPClass::Exchange(exchange::AMQPMethod::Declare(declare.clone()));
         let name = declare.exchange.as_str();
-        let mut exchanges = self.settings.exchanges.lock().expect("never poisoned");
+        let mut exchanges = self.vhost.exchanges.lock().expect("never poisoned");
         if declare.passive {
             // As RabbitMQ: the default exchange is not declared, passively or not.
             if name.is_empty() {
@@ -1182,7 +1181,7 @@ impl Connection {
     fn exchange_delete(&mut self, ch: u16, delete: exchange::Delete) -> Result<(), Fault> {
         let m = AMQPClass::Exchange(exchange::AMQPMethod::Delete(delete.clone()));
         let name = delete.exchange.as_str();
-        let mut exchanges = self.settings.exchanges.lock().expect("never poisoned");
+        let mut exchanges = self.vhost.exchanges.lock().expect("never poisoned");
         exchanges
             .delete(name, delete.if_unused)
             .map_err(|r| exchange_fault(ch, r, name, &m))?;
@@ -1198,14 +1197,14 @@ impl Connection {
     fn bind(&mut self, ch: u16, bind: queue::Bind) -> Result<(), Fault> {
         let m = AMQPClass::Queue(queue::AMQPMethod::Bind(bind.clone()));
         let name = bind.exchange.as_str();
-        let kind = (self.settings.exchanges.lock().expect("never poisoned")).kind(name);
+        let kind = (self.vhost.exchanges.lock().expect("never poisoned")).kind(name);
         let key = binding_key(ch, kind, bind.routing_key.as_str(), &bind.arguments, &m)?;
         let queue = self.named_queue(ch, bind.queue.as_str(), &m)?;
         // Kept across a restart only if the queue is: durable, and not exclusive.
         let exclusive =
-            (self.settings.exclusive.lock().expect("never poisoned")).contains_key(queue.name());
+            (self.vhost.exclusive.lock().expect("never poisoned")).contains_key(queue.name());
         let durable_queue = queue.is_durable() && !exclusive;
-        let mut exchanges = self.settings.exchanges.lock().expect("never poisoned");
+        let mut exchanges = self.vhost.exchanges.lock().expect("never poisoned");
         exchanges
             .bind(name, &key, queue.name(), durable_queue)
             .map_err(|r| exchange_fault(ch, r, name, &m))?;
@@ -1226,7 +1225,7 @@ impl Connection {
         arguments: &FieldTable,
         m: &AMQPClass,
     ) -> Result<(), Fault> {
-        let mut exchanges = self.settings.exchanges.lock().expect("never poisoned");
+        let mut exchanges = self.vhost.exchanges.lock().expect("never poisoned");
         // As RabbitMQ: the default exchange first, then the source, then the destination.
         for name in [source, destination] {
             if name.is_empty() {
@@ -1252,7 +1251,7 @@ impl Connection {
         arguments: &FieldTable,
         m: &AMQPClass,
     ) -> Result<(), Fault> {
-        let mut exchanges = self.settings.exchanges.lock().expect("never poisoned");
+        let mut exchanges = self.vhost.exchanges.lock().expect("never poisoned");
         match unbinding_key(exchanges.kind(source), key, arguments) {
             Some(key) => (exchanges.unbind_exchange(source, &key, destination))
                 .map_err(|r| exchange_fault(ch, r, source, m)),
@@ -1267,7 +1266,7 @@ impl Connection {
         let queue = &self.queue_name(ch, unbind.queue.as_str(), &m)?;
         self.check_exclusive(ch, queue, &m)?;
         let name = unbind.exchange.as_str();
-        let mut exchanges = self.settings.exchanges.lock().expect("never poisoned");
+        let mut exchanges = self.vhost.exchanges.lock().expect("never poisoned");
         let kind = exchanges.kind(name);
         if let Some(key) = unbinding_key(kind, unbind.routing_key.as_str(), &unbind.arguments) {
             exchanges
@@ -1419,7 +1418,7 @@ impl Connection {
             let queue = &self.subscriptions[index].queue;
             if message_expiry::dead_letters(queue) {
                 let queue = queue.clone();
-                self.settings.message_expiry.hand_over(queue, delivery);
+                self.vhost.message_expiry.hand_over(queue, delivery);
             } else {
                 self.drop_expired(index, &delivery);
             }
@@ -1488,7 +1487,7 @@ impl Connection {
 
     /// The `x-message-ttl` the queue called `name` was declared with.
     fn message_ttl(&self, name: &str) -> Option<u64> {
-        let declared = self.settings.declared.lock().expect("never poisoned");
+        let declared = self.vhost.declared.lock().expect("never poisoned");
         declared.get(name).and_then(|d| d.message_ttl)
     }
 

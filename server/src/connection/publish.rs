@@ -347,7 +347,7 @@ impl Connection {
                 seen.insert(key);
                 keys.extend((content.cc.iter().map(String::as_str)).filter(|k| seen.insert(k)));
             }
-            let exchanges = self.settings.exchanges.lock().expect("never poisoned");
+            let exchanges = self.vhost.exchanges.lock().expect("never poisoned");
             if exchanges.is_internal(exchange) {
                 let text = format!(
                     "ACCESS_REFUSED - cannot publish to internal exchange '{exchange}' in vhost '/'"
@@ -444,12 +444,12 @@ impl Connection {
     /// took the publish with it, as it took what it held (a confirming channel acks it).
     fn put(&mut self, ch: u16, queue: &Queue, messages: Vec<Message>, numbers: Vec<u64>) {
         let own_ttl = messages.iter().any(|m| content::has_own_ttl(m.body()));
-        if !own_ttl && !self.settings.message_expiry.is_watching() {
+        if !own_ttl && !self.vhost.message_expiry.is_watching() {
             return self.put_now(ch, queue, messages, numbers);
         }
         self.put_now(ch, queue, messages, numbers);
         // After the put went to the shard: a look at the head made from here on sees it.
-        (self.settings.message_expiry).published(queue, own_ttl);
+        (self.vhost.message_expiry).published(queue, own_ttl);
     }
 
     /// [`put`](Connection::put), without a word to `message_expiry.rs`.
@@ -520,7 +520,7 @@ impl Connection {
         });
     }
 
-    /// Takes the answers that have come for awaited puts (see [`Awaited`]): a refused
+    /// Takes the answers that have come for awaited puts (see `Awaited`): a refused
     /// publish (a full queue, a failed log) is nacked on a confirming channel and dropped on
     /// another, a failed log without confirms or any other error is a channel error, a
     /// broker shutting down a connection error; then confirms what can be confirmed.
@@ -601,7 +601,7 @@ impl Connection {
     }
 
     /// Whether the connection takes more input: not while the memory alarm blocks it, nor
-    /// while the puts it awaits hold more than [`AWAITED_BYTES`], so that a publisher
+    /// while the puts it awaits hold more than `AWAITED_BYTES`, so that a publisher
     /// whose answers lag (a slow disk) is not read faster than they come.
     pub fn wants_input(&self) -> bool {
         !self.blocked && self.awaited_bytes < AWAITED_BYTES && self.awaited.len() < AWAITED_PUTS

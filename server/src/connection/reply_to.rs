@@ -18,7 +18,8 @@ use amq_protocol::types::ShortString;
 use leasemq::{Queue, QueueConfig};
 
 use super::channel::{broker_fault, no_queue, Channel};
-use super::{code, Connection, Declared, Fault};
+use super::{code, Connection, Fault};
+use crate::declared::Declared;
 
 /// The pseudo-queue a client consumes from, and the `reply-to` it publishes with.
 pub(super) const REPLY_TO: &str = "amq.rabbitmq.reply-to";
@@ -72,7 +73,7 @@ impl Connection {
             single_active: None,
             max_priority: None,
         };
-        (self.settings.declared.lock().expect("never poisoned")).insert(name.clone(), declared);
+        (self.vhost.declared.lock().expect("never poisoned")).insert(name.clone(), declared);
         self.queues.insert(name, queue.clone());
         self.exclusive.push(queue.clone());
         let state = self.channels.get_mut(&ch).expect("checked by the caller");

@@ -179,7 +179,7 @@ fn a_queue_that_dead_letters_has_a_holding_queue_no_client_reaches() {
         "{out:?}"
     );
     assert_eq!(c.stats(&holding).enqueued, 0);
-    // Deleted with its queue once drained: by the server's task (`dead_letter::run`),
+    // Deleted with its queue once drained: by the server's task (`VHost::forward_dead_letters`),
     // which none runs here, so it stays, still out of reach.
     let delete = queue::Delete {
         queue: "work".into(),

@@ -21,7 +21,9 @@ fn a_wrong_password_is_refused_with_403() {
 #[test]
 fn guest_is_refused_from_a_remote_address() {
     let broker = Broker::builder().shards(1).manual_clock().build().unwrap();
-    let conn = Connection::new(broker.clone(), Arc::new(Settings::default()), 1, false);
+    let settings = Settings::default();
+    let vhost = Arc::new(VHost::new(&settings));
+    let conn = Connection::new(broker.clone(), Arc::new(settings), vhost, 1, false);
     let mut c = Client { broker, conn };
     c.feed(&[AMQPFrame::ProtocolHeader(ProtocolVersion::amqp_0_9_1())]);
     let out = c.feed(&[start_ok("guest", "guest")]);

@@ -18,8 +18,10 @@ use amq_protocol::protocol::{
 use amq_protocol::types::{AMQPValue, FieldTable};
 use leasemq::{Broker, ConsumerConfig};
 
-use super::{Connection, LeaseClock, Settings};
+use super::{Connection, Settings};
+use crate::clock::LeaseClock;
 use crate::memory::MemoryAlarm;
+use crate::vhost::VHost;
 
 mod consume;
 mod declare;
@@ -100,7 +102,8 @@ fn start_ok(user: &str, password: &str) -> AMQPFrame {
 impl Client {
     fn new(settings: Settings) -> Client {
         let broker = Broker::builder().shards(1).manual_clock().build().unwrap();
-        let conn = Connection::new(broker.clone(), Arc::new(settings), 1, true);
+        let vhost = Arc::new(VHost::new(&settings));
+        let conn = Connection::new(broker.clone(), Arc::new(settings), vhost, 1, true);
         Client { broker, conn }
     }
 
@@ -239,13 +242,13 @@ impl Client {
         self.feed(&[basic_method(1, basic::AMQPMethod::Consume(consume))])
     }
 
-    /// Another connection to the same server (broker and settings), numbered `id`, with
+    /// Another connection to the same server (broker, settings and vhost), numbered `id`, with
     /// channel 1 open.
     fn another(&self, id: u64) -> Client {
-        let settings = self.conn.settings.clone();
+        let (settings, vhost) = (self.conn.settings.clone(), self.conn.vhost.clone());
         let mut other = Client {
             broker: self.broker.clone(),
-            conn: Connection::new(self.broker.clone(), settings, id, true),
+            conn: Connection::new(self.broker.clone(), settings, vhost, id, true),
         };
         let header = AMQPFrame::ProtocolHeader(ProtocolVersion::amqp_0_9_1());
         other.feed(&[header]);
@@ -352,7 +355,7 @@ impl Client {
         self.feed(&[queue_method(queue::AMQPMethod::Declare(declare))])
     }
 
-    /// Does what the server's message-expiry task does at `now` (`message_expiry::run`),
+    /// Does what the server's message-expiry task does at `now` (`VHost::expire_messages`),
     /// with the server's clock set to `now`: dead-letters the deliveries handed over, and
     /// looks at the heads of the queues due. Returns the names looked at, and the next
     /// deadline.
@@ -361,17 +364,16 @@ impl Client {
         now: u64,
         clock: &std::sync::atomic::AtomicU64,
     ) -> (Vec<String>, Option<u64>) {
-        use crate::message_expiry::{expire, look_at_head};
         clock.store(now, Ordering::Relaxed);
-        let settings = self.conn.settings.clone();
-        let expiry = &settings.message_expiry;
+        let vhost = self.conn.vhost.clone();
+        let expiry = &vhost.message_expiry;
         let (due, _) = expiry.due(now);
         for (queue, delivery) in due.handed {
-            assert!(expire(&settings, &self.broker, &queue, &delivery));
+            assert!(vhost.expire(&self.broker, &queue, &delivery));
         }
         let mut looked = Vec::new();
         for look in due.queues {
-            let next = look_at_head(&settings, &self.broker, &look);
+            let next = vhost.look_at_head(&self.broker, &look);
             expiry.looked(&look.queue, next);
             looked.push(look.queue.name().to_string());
         }
@@ -589,13 +591,13 @@ fn first_properties(out: &[AMQPFrame]) -> BasicProperties {
 }
 
 /// What the server's `x-expires` task does at `at`: deletes each queue due then.
-fn run_expiry(settings: &Settings, at: std::time::Instant) {
-    let (expired, _) = settings
+fn run_expiry(vhost: &VHost, at: std::time::Instant) {
+    let (expired, _) = vhost
         .expiring
-        .expire(at, |name| settings.consumers.is_consumed(name));
+        .expire(at, |name| vhost.consumers.is_consumed(name));
     for queue in &expired {
-        if settings.expiring.still_due(queue) {
-            settings.forget_queue(queue);
+        if vhost.expiring.still_due(queue) {
+            vhost.forget_queue(queue);
         }
     }
 }

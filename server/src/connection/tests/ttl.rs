@@ -6,7 +6,7 @@ use super::*;
 fn x_expires_counts_from_the_last_use_and_waits_while_the_queue_has_consumers() {
     use std::time::Instant;
     let mut c = Client::open();
-    let settings = c.conn.settings.clone();
+    let vhost = c.conn.vhost.clone();
     let expires = |ms: i32| {
         let mut arguments = FieldTable::default();
         arguments.insert("x-expires".into(), AMQPValue::LongInt(ms));
@@ -18,9 +18,9 @@ fn x_expires_counts_from_the_last_use_and_waits_while_the_queue_has_consumers() 
     };
     assert_eq!(declare_code(&mut c, expires(100)), 0);
     let expire = |at: Instant| {
-        let (expired, _) = settings
+        let (expired, _) = vhost
             .expiring
-            .expire(at, |name| settings.consumers.is_consumed(name));
+            .expire(at, |name| vhost.consumers.is_consumed(name));
         expired
             .iter()
             .map(|q| q.name().to_string())
@@ -48,9 +48,9 @@ fn x_expires_counts_from_the_last_use_and_waits_while_the_queue_has_consumers() 
     assert!(expire(ms(1_200)).is_empty(), "consumed past its time");
     c.feed(&[cancel(&tag)]);
     assert!(expire(ms(2_000)).is_empty());
-    let expired = settings.expiring.expire(ms(2_100), |_| false).0;
+    let expired = vhost.expiring.expire(ms(2_100), |_| false).0;
     assert_eq!(expired.len(), 1);
-    settings.forget_queue(&expired[0]);
+    vhost.forget_queue(&expired[0]);
     assert!(c.broker.queue("idle").is_none(), "deleted");
     let passive = queue::Declare {
         queue: "idle".into(),
@@ -71,15 +71,15 @@ fn x_expires_counts_from_the_last_use_and_waits_while_the_queue_has_consumers() 
 fn an_exclusive_queue_deleted_by_x_expires_leaves_its_name_free_and_others_state_alone() {
     use std::time::Instant;
     let mut a = Client::open();
-    let settings = a.conn.settings.clone();
+    let vhost = a.conn.vhost.clone();
     let t0 = Instant::now();
     let ms = |n: u64| t0 + Duration::from_millis(n);
     assert_eq!(
         declare_code(&mut a, declare_with("mine", true, Some(100))),
         0
     );
-    run_expiry(&settings, t0);
-    run_expiry(&settings, ms(100));
+    run_expiry(&vhost, t0);
+    run_expiry(&vhost, ms(100));
     assert!(a.broker.queue("mine").is_none(), "expired");
     // Declared exclusive again, it is this connection's again.
     assert_eq!(declare_code(&mut a, declare_with("mine", true, None)), 0);
@@ -92,8 +92,8 @@ fn an_exclusive_queue_deleted_by_x_expires_leaves_its_name_free_and_others_state
         declare_code(&mut a, declare_with("brief", true, Some(100))),
         0
     );
-    run_expiry(&settings, ms(200));
-    run_expiry(&settings, ms(300));
+    run_expiry(&vhost, ms(200));
+    run_expiry(&vhost, ms(300));
     assert!(a.broker.queue("brief").is_none(), "expired");
     assert_eq!(declare_code(&mut b, declare_with("brief", false, None)), 0);
     let bind = queue::Bind {
@@ -104,7 +104,7 @@ fn an_exclusive_queue_deleted_by_x_expires_leaves_its_name_free_and_others_state
     };
     b.feed(&[queue_method(queue::AMQPMethod::Bind(bind))]);
     drop(a.conn);
-    let exchanges = settings.exchanges.lock().unwrap();
+    let exchanges = vhost.exchanges.lock().unwrap();
     assert_eq!(
         exchanges.route("amq.direct", "k", || None).unwrap(),
         ["brief"]
@@ -205,7 +205,7 @@ fn a_head_stored_with_an_expiration_past_ten_years_never_expires() {
     crate::content::stamp(&mut body, 1_000_000, true);
     let queue = c.broker.queue("forever").unwrap();
     queue.put(leasemq::Message::new(body)).unwrap();
-    c.conn.settings.message_expiry.published(&queue, true);
+    c.conn.vhost.message_expiry.published(&queue, true);
     // Handed back unseen, and looked at again a second later, as any head that does not
     // expire in a queue messages with an expiration went to.
     for at in [2_000_000, 2_001_000] {

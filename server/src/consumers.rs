@@ -7,7 +7,7 @@
 //!
 //! A queue declared with `x-single-active-consumer` gives its messages to one consumer at
 //! a time, as RabbitMQ does: the first to come is active, the others wait their turn in the
-//! order they came, each with a [`Turn`] that is given when the one before it goes. A
+//! order they came, each with a `Turn` that is given when the one before it goes. A
 //! waiting consumer has no broker consumer yet; its connection makes one when its turn
 //! comes (`Connection::poll_delivery`).
 
