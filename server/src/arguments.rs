@@ -51,6 +51,11 @@ pub struct Refused {
 }
 
 impl Refused {
+    /// A refusal with `code` and `text`, whose text names no queue of its own accord.
+    pub fn new(code: u16, text: String) -> Refused {
+        refused(code, text)
+    }
+
     /// The refusal as the declare of the queue `shown` (its name as the client knows it)
     /// answers it: RabbitMQ's text for a value it does not take names the queue,
     /// `invalid arg 'x-max-priority' for queue 'jobs' in vhost '/': {max_value_exceeded,256}`.

@@ -38,6 +38,7 @@ use amq_protocol::protocol::{basic, connection, AMQPClass};
 use amq_protocol::types::{AMQPValue, FieldTable, ShortString};
 use leasemq::{Broker, Consumer, Delivery, DeliveryTag, Queue, Settle};
 
+pub(crate) use crate::code;
 use crate::consumers;
 use crate::content::{self, PropertiesSeen};
 use crate::dead_letter;
@@ -87,22 +88,6 @@ pub(crate) struct Fault {
     text: String,
     class_id: u16,
     method_id: u16,
-}
-
-/// Reply codes (AMQP 0-9-1 §1.9, as RabbitMQ uses them).
-pub(crate) mod code {
-    pub const ACCESS_REFUSED: u16 = 403;
-    pub const NOT_FOUND: u16 = 404;
-    pub const RESOURCE_LOCKED: u16 = 405;
-    pub const PRECONDITION_FAILED: u16 = 406;
-    pub const CONNECTION_FORCED: u16 = 320;
-    pub const FRAME_ERROR: u16 = 501;
-    pub const COMMAND_INVALID: u16 = 503;
-    pub const CHANNEL_ERROR: u16 = 504;
-    pub const UNEXPECTED_FRAME: u16 = 505;
-    pub const NOT_ALLOWED: u16 = 530;
-    pub const NOT_IMPLEMENTED: u16 = 540;
-    pub const INTERNAL_ERROR: u16 = 541;
 }
 
 impl Fault {
@@ -1033,8 +1018,7 @@ impl Connection {
 
     /// The connection that owns `name` as an exclusive queue, when it is not this one.
     fn locked_by_another(&self, name: &str) -> bool {
-        let owners = self.vhost.exclusive.lock().expect("never poisoned");
-        owners.get(name).is_some_and(|&owner| owner != self.id)
+        self.vhost.locked_by_another(name, self.id)
     }
 
     /// The queue called `name`, from the cache or the broker; never a holding queue of

@@ -20,6 +20,7 @@
 
 pub mod arguments;
 pub mod clock;
+mod code;
 mod connection;
 pub mod consumers;
 pub mod content;

@@ -17,6 +17,7 @@
 //! and leaves the AMQP replies to the channel.
 
 mod dead_lettering;
+pub mod declare;
 mod expiring;
 mod message_expiring;
 mod restore;

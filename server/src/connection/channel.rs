@@ -27,8 +27,9 @@ use crate::content::PropertiesSeen;
 use crate::declared::Declared;
 use crate::exchange::{HeadersBinding, Kind, Refusal, Shape};
 use crate::message_expiry;
+use crate::vhost::declare::{self, DeclareError, QueueDeclare};
 use crate::wire::{GenFailed, Output};
-use crate::{arguments, content, dead_letter, names, wire};
+use crate::{arguments, content, names, wire};
 
 /// The most prefetch a broker consumer takes; also what `prefetch_count = 0` (AMQP's "no
 /// limit") becomes.
@@ -448,195 +449,17 @@ impl Connection {
             given => names::engine(given).into_owned(),
         };
         let name = name.as_str();
-        // The name its texts give, as the client knows it.
-        let shown = names::amqp(name);
         if reply_to::is_reply_name(name) {
             return self.declare_reply_name(ch, &declare, &m);
         }
         self.check_exclusive(ch, name, &m)?;
-        let quorum = declare.arguments.inner().iter().any(|(k, v)| {
-            k.as_str() == "x-queue-type"
-                && matches!(v, AMQPValue::LongString(s) if s.as_bytes() == b"quorum")
-        });
-        if quorum && declare.exclusive && !declare.passive {
-            let text = format!(
-                "PRECONDITION_FAILED - invalid property 'exclusive-owner' for queue '{shown}': a quorum queue is not exclusive"
-            );
-            return Err(Fault::channel(ch, code::PRECONDITION_FAILED, text, &m));
-        }
-        if quorum && !declare.durable && !declare.passive {
-            let text = format!(
-                "PRECONDITION_FAILED - invalid property 'non-durable' for queue '{shown}': a quorum queue is durable"
-            );
-            return Err(Fault::channel(ch, code::PRECONDITION_FAILED, text, &m));
-        }
-        // RabbitMQ's quorum queues refuse a classic queue's priorities, storage hints and
-        // master locator; its classic queues a quorum queue's leader locator.
-        let (others, kind) = match quorum {
-            true => (
-                &[
-                    "x-max-priority",
-                    "x-queue-mode",
-                    "x-queue-version",
-                    "x-queue-master-locator",
-                ][..],
-                "rabbit_quorum_queue",
-            ),
-            false => (&["x-queue-leader-locator"][..], "rabbit_classic_queue"),
-        };
-        let other = (others.iter()).find(|k| declare.arguments.inner().contains_key(**k));
-        if let (Some(key), false) = (other, declare.passive) {
-            let text = format!(
-                "PRECONDITION_FAILED - invalid arg '{key}' for queue '{shown}' in vhost '/' of queue type {kind}"
-            );
-            return Err(Fault::channel(ch, code::PRECONDITION_FAILED, text, &m));
-        }
         let queue = if declare.passive {
-            match self.queue(name) {
-                Some(q) => {
-                    // A declare is a use, passive or not (RabbitMQ's `x-expires`).
-                    self.vhost.expiring.touch(name);
-                    q
-                }
-                None => return Err(no_queue(ch, name, &m)),
-            }
+            let queue = self.queue(name).ok_or_else(|| no_queue(ch, name, &m))?;
+            // A declare is a use, passive or not (RabbitMQ's `x-expires`).
+            self.vhost.expiring.touch(name);
+            queue
         } else {
-            // `durable` makes a durable queue when the server has a data dir; without one
-            // every queue is in memory (the startup line says so), and `durable` is
-            // accepted as RabbitMQ clients send it by habit.
-            let base = QueueConfig {
-                ack_timeout: self.settings.ack_timeout,
-                max_body_bytes: self.max_stored_bytes(),
-                // An exclusive queue goes with its connection, which a crash ends too:
-                // kept on disk, it would come back with no owner, and its program's
-                // own redeclare would be refused.
-                durable: declare.durable && self.settings.durable && !declare.exclusive,
-                ..QueueConfig::default()
-            };
-            // RabbitMQ's text for a value it does not take names the queue.
-            let refuse = |refused: arguments::Refused| {
-                let refused = refused.for_queue(&shown);
-                Fault::channel(ch, refused.code, refused.text, &m)
-            };
-            let mut config = match arguments::queue_config(&declare.arguments, base) {
-                Ok(config) => config,
-                Err(refused) if refused.code == code::NOT_IMPLEMENTED => {
-                    return Err(Fault::connection(refused.code, refused.text).for_method(&m));
-                }
-                Err(refused) => return Err(refuse(refused)),
-            };
-            let existing = self.broker.queue(name);
-            let existed = existing.is_some();
-            let args = &declare.arguments;
-            let expires = arguments::expires(args).map_err(refuse)?;
-            let message_ttl = arguments::message_ttl(args).map_err(refuse)?;
-            let hints = arguments::storage_hints(args).map_err(refuse)?;
-            let single_active = arguments::single_active_consumer(args).map_err(refuse)?;
-            // As RabbitMQ compares it: an exclusive queue is never durable.
-            let declared = Declared {
-                durable: declare.durable && !declare.exclusive,
-                exclusive: declare.exclusive,
-                auto_delete: declare.auto_delete,
-                quorum,
-                expires,
-                dead_letter: arguments::dead_letter_route(&declare.arguments),
-                message_ttl,
-                hints,
-                single_active,
-                max_priority: config.max_priority,
-            };
-            if existed {
-                self.check_equivalent(ch, name, &declared, &m)?;
-            }
-            // `amq.` names are the server's (`amq.gen-…`): a client may not declare one,
-            // even one that exists (a passive declare may look at it).
-            if declare.queue.as_str().starts_with("amq.") {
-                let text = format!(
-                    "ACCESS_REFUSED - queue name '{shown}' contains reserved prefix 'amq.*'"
-                );
-                return Err(Fault::channel(ch, code::ACCESS_REFUSED, text, &m));
-            }
-            // A queue dead-letters to a holding queue of its own, whose dead letters go on
-            // through the exchange; a durable one kept from a build that dead-lettered
-            // straight to the queue a default-exchange key named still does.
-            let route = declared.dead_letter.clone();
-            let direct = (existing.as_ref()).and_then(|q| q.config().dead_letter.clone());
-            let direct = direct.filter(|queue| {
-                let to = Some(queue.as_str());
-                (route.as_ref())
-                    .is_some_and(|r| r.exchange.is_empty() && r.routing_key.as_deref() == to)
-            });
-            config.dead_letter.clone_from(&direct);
-            let q = match (route, &direct) {
-                (Some(route), None) => {
-                    let vhost = std::sync::Arc::clone(&self.vhost);
-                    let dead_letters = &vhost.dead_letters;
-                    dead_letters.declare(name, route, || {
-                        let (holding, made) = self.holding_queue(ch, name, &config, &m)?;
-                        config.dead_letter = Some(holding.name().to_string());
-                        match self.broker.declare_queue(name, config) {
-                            Ok(q) => Ok((q, holding)),
-                            Err(e) => {
-                                // One made for this declare goes with it.
-                                if made {
-                                    holding.close();
-                                }
-                                Err(broker_fault(ch, &e, &m))
-                            }
-                        }
-                    })?
-                }
-                _ => (self.broker.declare_queue(name, config))
-                    .map_err(|e| broker_fault(ch, &e, &m))?,
-            };
-            self.queues.insert(name.to_string(), q.clone());
-            // An exclusive queue is this connection's: deleted when it ends. Declaring
-            // an existing queue exclusive does not take it over (RabbitMQ: 405).
-            // Exclusive queues of this connection that `x-expires` deleted are gone.
-            self.exclusive.retain(|e| !e.is_closed());
-            if declare.exclusive && !self.exclusive.iter().any(|e| e.name() == name) {
-                if existed {
-                    let text = format!(
-                        "RESOURCE_LOCKED - cannot obtain exclusive access to queue '{shown}' in vhost '/'"
-                    );
-                    return Err(Fault::channel(ch, code::RESOURCE_LOCKED, text, &m));
-                }
-                let mut owners = self.vhost.exclusive.lock().expect("never poisoned");
-                owners.insert(name.to_string(), self.id);
-                drop(owners);
-                self.exclusive.push(q.clone());
-            }
-            // A new queue's flags replace whatever a queue of that name left behind; an
-            // existing queue keeps the first it was declared with here.
-            let mut flags = self.vhost.declared.lock().expect("never poisoned");
-            // Kept on disk (with a data dir) when a durable queue's flags are new here.
-            let durable = declared.durable;
-            let kept = if existed {
-                let known = flags.contains_key(name);
-                flags.entry(name.to_string()).or_insert(declared);
-                !known
-            } else {
-                flags.insert(name.to_string(), declared);
-                true
-            };
-            if kept && durable {
-                self.vhost.keep_durable_queues(flags);
-            } else {
-                drop(flags);
-            }
-            if message_ttl.is_some() {
-                // Every publish is stamped with its arrival from now on.
-                (self.vhost.message_ttl_used).store(true, std::sync::atomic::Ordering::Relaxed);
-            }
-            if message_ttl.is_some() || message_expiry::dead_letters(&q) {
-                // Its messages expire at the head, dead-lettered if it has an exchange for it.
-                self.vhost.message_expiry.watch(&q, message_ttl);
-            }
-            if let Some(ms) = expires {
-                // Set anew: a redeclare is a use.
-                (self.vhost.expiring).set(&q, Duration::from_millis(ms.into()));
-            }
-            q
+            self.declare_in_vhost(ch, name, &declare, &m)?
         };
         if let Some(state) = self.channels.get_mut(&ch) {
             state.last_queue = Some(name.to_string());
@@ -645,50 +468,60 @@ impl Connection {
             return Ok(());
         }
         let stats = queue.stats();
+        // Those waiting their turn count too, as in RabbitMQ.
+        let consumers = (stats.consumers).max(self.vhost.consumers.consumer_count(name));
         let ok = queue::DeclareOk {
             queue: ShortString::from(names::amqp(name).into_owned()),
             message_count: u32::try_from(stats.ready).unwrap_or(u32::MAX),
-            // Those waiting their turn count too, as in RabbitMQ.
-            consumer_count: u32::try_from(
-                stats
-                    .consumers
-                    .max(self.vhost.consumers.consumer_count(name)),
-            )
-            .unwrap_or(u32::MAX),
+            consumer_count: u32::try_from(consumers).unwrap_or(u32::MAX),
         };
         self.send(ch, AMQPClass::Queue(queue::AMQPMethod::DeclareOk(ok)));
         Ok(())
     }
 
-    /// The holding queue of the dead letters of the queue called `name`, declared with
-    /// `config` (`dead_letter.rs`), and whether this call made it.
-    fn holding_queue(
+    /// A declare that may make the queue, by the virtual host's rules (`VHost::declare_queue`);
+    /// the queue is this connection's to use, and to delete when it ends if exclusive.
+    fn declare_in_vhost(
         &mut self,
         ch: u16,
         name: &str,
-        config: &QueueConfig,
+        declare: &queue::Declare,
         m: &AMQPClass,
-    ) -> Result<(Queue, bool), Fault> {
-        let holding = dead_letter::holding_name(name);
-        let existed = self.broker.queue(&holding).is_some();
-        let config = QueueConfig {
+    ) -> Result<Queue, Fault> {
+        // `durable` makes a durable queue when the server has a data dir; without one
+        // every queue is in memory (the startup line says so), and `durable` is accepted
+        // as RabbitMQ clients send it by habit.
+        let base = QueueConfig {
             ack_timeout: self.settings.ack_timeout,
-            max_body_bytes: config.max_body_bytes,
-            durable: config.durable,
+            max_body_bytes: self.max_stored_bytes(),
+            // An exclusive queue goes with its connection, which a crash ends too: kept
+            // on disk, it would come back with no owner, and its program's own redeclare
+            // would be refused.
+            durable: declare.durable && self.settings.durable && !declare.exclusive,
             ..QueueConfig::default()
         };
-        match self.broker.declare_queue(&holding, config) {
-            Ok(queue) => Ok((queue, !existed)),
-            Err(Error::InvalidName) => {
-                let most = dead_letter::MAX_QUEUE_NAME_BYTES;
-                let name = names::amqp(name);
-                let text = format!(
-                    "PRECONDITION_FAILED - queue name '{name}' is too long to dead-letter through an exchange (at most {most} bytes)"
-                );
-                Err(Fault::channel(ch, code::PRECONDITION_FAILED, text, m))
-            }
-            Err(e) => Err(broker_fault(ch, &e, m)),
+        let request = QueueDeclare {
+            name,
+            reserved: declare.queue.as_str().starts_with("amq."),
+            durable: declare.durable,
+            exclusive: declare.exclusive,
+            auto_delete: declare.auto_delete,
+            arguments: &declare.arguments,
+            owner: self.id,
+        };
+        let declared = match self.vhost.declare_queue(&self.broker, &request, base) {
+            Ok(declared) => declared,
+            Err(DeclareError::Refused(refused)) => return Err(refused_fault(ch, refused, m)),
+            Err(DeclareError::Broker(e)) => return Err(broker_fault(ch, &e, m)),
+        };
+        let queue = declared.queue;
+        self.queues.insert(name.to_string(), queue.clone());
+        // Exclusive queues of this connection that `x-expires` deleted are gone.
+        self.exclusive.retain(|e| !e.is_closed());
+        if declared.made_exclusive {
+            self.exclusive.push(queue.clone());
         }
+        Ok(queue)
     }
 
     /// The largest stored body: the largest payload, plus its properties (which fit one
@@ -714,34 +547,6 @@ impl Connection {
         });
         self.next_consumer += 1;
         format!("{prefix}{started:x}-{}-{}", self.id, self.next_consumer)
-    }
-
-    /// RabbitMQ's check of a redeclare against what the queue was declared with: 405 for
-    /// `exclusive` (a queue is not taken over, nor given up, by a declare), 406 naming the
-    /// first other flag that differs.
-    fn check_equivalent(
-        &self,
-        ch: u16,
-        name: &str,
-        declared: &Declared,
-        m: &AMQPClass,
-    ) -> Result<(), Fault> {
-        let flags = self.vhost.declared.lock().expect("never poisoned");
-        let Some(known) = flags.get(name).cloned() else {
-            return Ok(());
-        };
-        drop(flags);
-        if known.exclusive != declared.exclusive {
-            return Err(locked(ch, name, m));
-        }
-        if let Some((arg, received, current)) = known.inequivalent(declared) {
-            let name = names::amqp(name);
-            let text = format!(
-                "PRECONDITION_FAILED - inequivalent arg '{arg}' for queue '{name}' in vhost '/': received {received} but current is {current}"
-            );
-            return Err(Fault::channel(ch, code::PRECONDITION_FAILED, text, m));
-        }
-        Ok(())
     }
 
     /// RabbitMQ's 405 for a queue another connection holds exclusively.
@@ -1568,11 +1373,17 @@ pub(super) fn no_queue(ch: u16, name: &str, m: &AMQPClass) -> Fault {
 /// RabbitMQ's 405 for a queue another connection holds exclusively, or one redeclared
 /// with another `exclusive`.
 fn locked(ch: u16, name: &str, m: &AMQPClass) -> Fault {
-    let name = names::amqp(name);
-    let text = format!(
-        "RESOURCE_LOCKED - cannot obtain exclusive access to locked queue '{name}' in vhost '/'"
-    );
-    Fault::channel(ch, code::RESOURCE_LOCKED, text, m)
+    refused_fault(ch, declare::locked(name), m)
+}
+
+/// The fault a refusal of the virtual host's makes: 540 (an argument not served) closes
+/// the connection, as RabbitMQ's does; any other code the channel.
+fn refused_fault(ch: u16, refused: arguments::Refused, m: &AMQPClass) -> Fault {
+    if refused.code == code::NOT_IMPLEMENTED {
+        Fault::connection(refused.code, refused.text).for_method(m)
+    } else {
+        Fault::channel(ch, refused.code, refused.text, m)
+    }
 }
 
 fn requeue(requeue: bool) -> Settle {
