@@ -2,6 +2,7 @@
 //! what they share.
 
 use std::collections::VecDeque;
+use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Duration;
@@ -10,6 +11,7 @@ use crossbeam_utils::CachePadded;
 use futures_lite::future::poll_once;
 use futures_lite::StreamExt;
 use futures_util::stream::FuturesUnordered;
+use lapin::message::Delivery;
 use lapin::options::{
     BasicAckOptions, BasicConsumeOptions, BasicPublishOptions, BasicQosOptions,
     ConfirmSelectOptions,
@@ -310,9 +312,21 @@ fn published(
 
 /// A consumer's deliveries received but not yet acked (`--ack multiple:N`): their headers
 /// and the delivery tag of the last.
+#[derive(Default)]
 pub(super) struct Pending {
     pub(super) sent: Vec<(u64, u64)>,
     pub(super) last: Option<u64>,
+}
+
+impl Pending {
+    /// Holds the delivery of `tag` (its `header`) for the next `basic.ack multiple`; true
+    /// once `n` are held, when that ack is due.
+    #[inline]
+    fn hold(&mut self, header: (u64, u64), tag: u64, n: u32) -> bool {
+        self.sent.push(header);
+        self.last = Some(tag);
+        self.sent.len() >= n as usize
+    }
 }
 
 /// One consumer: receives and acks until every producer is done and everything put is
@@ -334,10 +348,7 @@ pub(super) async fn consume(
         channel,
         mut consumer,
     } = s;
-    let mut pending = Pending {
-        sent: Vec::new(),
-        last: None,
-    };
+    let mut pending = Pending::default();
     // Acks in flight (`--ack each`), each done once lapin has written it: as for
     // publishes, one at a time would measure lapin's wake-ups, not the server.
     let mut acking = FuturesUnordered::new();
@@ -350,9 +361,7 @@ pub(super) async fn consume(
                 continue;
             }
             None if !acking.is_empty() => {
-                while let Some(done) = acking.next().await {
-                    acked_each(done, &mut r, &plan, &shared);
-                }
+                settle_all(&mut acking, &mut r, &plan, &shared).await;
                 continue;
             }
             None => {
@@ -365,16 +374,8 @@ pub(super) async fn consume(
                 }
             }
         };
-        let delivery = match item {
-            Some(Ok(d)) => d,
-            Some(Err(e)) => {
-                r.problems.push(format!("receiving: {e}"));
-                break;
-            }
-            None => {
-                r.problems.push("the server cancelled a consumer".into());
-                break;
-            }
+        let Some(delivery) = received(item, &mut r) else {
+            break;
         };
         if !r.delivered(
             &delivery.data,
@@ -389,10 +390,7 @@ pub(super) async fn consume(
         match plan.ack {
             AckMode::NoAck => {}
             AckMode::Each => {
-                if acking.len() >= LAPIN_WINDOW {
-                    let done = acking.next().await.expect("the window is not empty");
-                    acked_each(done, &mut r, &plan, &shared);
-                }
+                make_ack_room(&mut acking, &mut r, &plan, &shared).await;
                 let t0 = clock.now_ns();
                 let (channel, tag) = (&channel, delivery.delivery_tag);
                 acking.push(async move {
@@ -400,27 +398,78 @@ pub(super) async fn consume(
                     (header, t0, clock.now_ns(), acked)
                 });
                 // One poll hands the new ack to lapin (and takes those already written).
-                while let Some(Some(done)) = poll_once(acking.next()).await {
-                    acked_each(done, &mut r, &plan, &shared);
-                }
+                settle_written(&mut acking, &mut r, &plan, &shared).await;
             }
             AckMode::Multiple(n) => {
-                pending.sent.push(header);
-                pending.last = Some(delivery.delivery_tag);
-                if pending.sent.len() >= n as usize {
+                if pending.hold(header, delivery.delivery_tag, n) {
                     flush(&channel, &mut pending, &mut r, &plan, clock, &shared).await;
                 }
             }
         }
     }
-    while let Some(done) = acking.next().await {
-        acked_each(done, &mut r, &plan, &shared);
-    }
+    settle_all(&mut acking, &mut r, &plan, &shared).await;
     let _ = conn.close(200, "consumer done".into()).await;
     r
 }
 
+/// The delivery a consumer's stream handed over; `None`, noted as a problem, when the
+/// stream failed or ended (the server cancelled the consumer).
+#[inline]
+fn received(item: Option<lapin::Result<Delivery>>, r: &mut ConsumerResult) -> Option<Delivery> {
+    match item {
+        Some(Ok(d)) => Some(d),
+        Some(Err(e)) => {
+            r.problems.push(format!("receiving: {e}"));
+            None
+        }
+        None => {
+            r.problems.push("the server cancelled a consumer".into());
+            None
+        }
+    }
+}
+
 type Acking = ((u64, u64), u64, u64, lapin::Result<()>);
+
+/// With `LAPIN_WINDOW` acks in flight, waits for one to be written and settles it, so
+/// another may go.
+#[inline]
+async fn make_ack_room<F: Future<Output = Acking>>(
+    acking: &mut FuturesUnordered<F>,
+    r: &mut ConsumerResult,
+    plan: &Plan,
+    shared: &Shared,
+) {
+    if acking.len() >= LAPIN_WINDOW {
+        let done = acking.next().await.expect("the window is not empty");
+        acked_each(done, r, plan, shared);
+    }
+}
+
+/// Polls the acks in flight once, settling those lapin has written, without waiting.
+#[inline]
+async fn settle_written<F: Future<Output = Acking>>(
+    acking: &mut FuturesUnordered<F>,
+    r: &mut ConsumerResult,
+    plan: &Plan,
+    shared: &Shared,
+) {
+    while let Some(Some(done)) = poll_once(acking.next()).await {
+        acked_each(done, r, plan, shared);
+    }
+}
+
+/// Waits for every ack in flight to be written (or to fail), settling each.
+async fn settle_all<F: Future<Output = Acking>>(
+    acking: &mut FuturesUnordered<F>,
+    r: &mut ConsumerResult,
+    plan: &Plan,
+    shared: &Shared,
+) {
+    while let Some(done) = acking.next().await {
+        acked_each(done, r, plan, shared);
+    }
+}
 
 /// One `--ack each` ack that lapin has written (or failed to).
 fn acked_each(done: Acking, r: &mut ConsumerResult, plan: &Plan, shared: &Shared) {

@@ -5,7 +5,7 @@ use std::thread;
 use std::time::Duration;
 
 use crossbeam_utils::CachePadded;
-use leasemq::{Consumer, Delivery, Message, Queue};
+use leasemq::{Consumer, Delivery, Error, Message, Queue};
 
 use crate::cli::{format_duration, Api};
 use crate::common::{broker_error, nanos, read_header, seq_of, BodyWriter, Clock, Ledger};
@@ -147,23 +147,10 @@ pub(super) fn produce(
                 clock.wait_until(first);
                 continue;
             }
-            Some(first) => {
-                let mut n = 1;
-                while n < plan.put_batch
-                    && due(local + n as u64).is_some_and(|t| t <= now && t < plan.end_ns)
-                {
-                    n += 1;
-                }
-                // A batch not yet full waits for more, but never holds its first message
-                // longer than the linger.
-                let linger_end = (first + plan.linger_ns).min(plan.end_ns);
-                if n < plan.put_batch && now < linger_end {
-                    let full_at = due(local + plan.put_batch as u64 - 1).unwrap_or(u64::MAX);
-                    clock.wait_until(linger_end.min(full_at));
-                    continue;
-                }
-                n
-            }
+            Some(first) => match due_batch(&due, local, first, now, plan, clock) {
+                Some(n) => n,
+                None => continue,
+            },
         };
         let in_flight = shared
             .put
@@ -178,39 +165,95 @@ pub(super) fn produce(
         let queue = &queues[turn % queues.len()];
         turn += 1;
         let sent_at = |k: u64| due(k).unwrap_or(now);
-        let outcome = if plan.api == Api::Batched {
-            let batch: Vec<Message> = (0..n as u64)
-                .map(|k| Message::new(bodies.body(sent_at(local + k), seq_of(index, local + k))))
-                .collect();
-            queue.put_batch(batch).map(|_| ())
-        } else {
-            queue
-                .put(Message::new(
-                    bodies.body(sent_at(local), seq_of(index, local)),
-                ))
-                .map(|_| ())
-        };
-        if let Err(e) = outcome {
+        if let Err(e) = put(queue, &mut bodies, index, local, n, sent_at, plan) {
             shared.put.fetch_sub(n as u64, Relaxed);
             result.problem = Some(broker_error("put failed", e));
             shared.abort.store(true, Relaxed);
             break;
         }
         let answered = clock.now_ns();
-        for k in local..local + n as u64 {
-            let sent = sent_at(k);
-            if plan.in_window(sent) {
-                result.put_in_window += 1;
-                result
-                    .confirm
-                    .record(answered, answered.saturating_sub(sent));
-            }
-        }
+        record_answered(&mut result, local, n, answered, sent_at, plan);
         local += n as u64;
     }
     result.put = local;
     shared.producers_done.fetch_add(1, Relaxed);
     result
+}
+
+/// Open loop, with message `local` (due at `first`) due by `now`: how many to put in one
+/// batch, counting the messages due by now. `None` when the batch waited for more to fall
+/// due (then the producer looks again).
+#[inline]
+fn due_batch(
+    due: &impl Fn(u64) -> Option<u64>,
+    local: u64,
+    first: u64,
+    now: u64,
+    plan: &Plan,
+    clock: Clock,
+) -> Option<usize> {
+    let mut n = 1;
+    while n < plan.put_batch && due(local + n as u64).is_some_and(|t| t <= now && t < plan.end_ns) {
+        n += 1;
+    }
+    // A batch not yet full waits for more, but never holds its first message
+    // longer than the linger.
+    let linger_end = (first + plan.linger_ns).min(plan.end_ns);
+    if n < plan.put_batch && now < linger_end {
+        let full_at = due(local + plan.put_batch as u64 - 1).unwrap_or(u64::MAX);
+        clock.wait_until(linger_end.min(full_at));
+        return None;
+    }
+    Some(n)
+}
+
+/// Puts messages `local` to `local + n` of producer `index` into `queue`, each stamped
+/// with its send time: one `put_batch` call with the batched API, else one `put` (`n` is
+/// then 1).
+#[inline]
+fn put(
+    queue: &Queue,
+    bodies: &mut BodyWriter,
+    index: u64,
+    local: u64,
+    n: usize,
+    sent_at: impl Fn(u64) -> u64,
+    plan: &Plan,
+) -> Result<(), Error> {
+    if plan.api == Api::Batched {
+        let batch: Vec<Message> = (0..n as u64)
+            .map(|k| Message::new(bodies.body(sent_at(local + k), seq_of(index, local + k))))
+            .collect();
+        queue.put_batch(batch).map(|_| ())
+    } else {
+        queue
+            .put(Message::new(
+                bodies.body(sent_at(local), seq_of(index, local)),
+            ))
+            .map(|_| ())
+    }
+}
+
+/// Messages `local` to `local + n`, answered at `answered`: each sent within the window
+/// counts, and its time from send to answer goes into the confirm histogram.
+#[inline]
+fn record_answered(
+    result: &mut ProducerResult,
+    local: u64,
+    n: usize,
+    answered: u64,
+    sent_at: impl Fn(u64) -> u64,
+    plan: &Plan,
+) {
+    for k in local..local + n as u64 {
+        let sent = sent_at(k);
+        if plan.in_window(sent) {
+            result.put_in_window += 1;
+            result
+                .confirm
+                .record(answered, answered.saturating_sub(sent));
+        }
+    }
 }
 
 /// A consumer's deliveries received but not yet acked (batched API).

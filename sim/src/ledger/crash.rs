@@ -313,6 +313,14 @@ impl Ledger {
             .iter()
             .filter_map(|r| Some((*self.log_numbers.get(&(r.shard, r.number))?, r)))
             .collect();
+        self.check_queues_back(&by_old)?;
+        self.check_messages_back(&by_old, found)?;
+        self.check_windows_kept(&by_old, at)
+    }
+
+    /// Every durable queue declared and not closed is back (`by_old`: the restored queues
+    /// by their old incarnation).
+    fn check_queues_back(&self, by_old: &HashMap<Q, &RestoredQueue>) -> Result<(), Violation> {
         for (q, rec) in self.queues.iter().enumerate() {
             let q = q as Q;
             if rec.live && rec.config.durable && rec.declared && !by_old.contains_key(&q) {
@@ -325,6 +333,16 @@ impl Ledger {
                 ));
             }
         }
+        Ok(())
+    }
+
+    /// Every message whose put was answered `Enqueued` and that no client settled away is
+    /// back (`found`: the queues each serial came back in), unless the crash may drop it.
+    fn check_messages_back(
+        &self,
+        by_old: &HashMap<Q, &RestoredQueue>,
+        found: &HashMap<Serial, Vec<Q>>,
+    ) -> Result<(), Violation> {
         let copied: std::collections::HashSet<Serial> = self
             .copies
             .iter()
@@ -383,11 +401,21 @@ impl Ledger {
                 ));
             }
         }
+        Ok(())
+    }
+
+    /// Every answered put's id is still a duplicate on its restored queue until its window
+    /// ends.
+    fn check_windows_kept(
+        &self,
+        by_old: &HashMap<Q, &RestoredQueue>,
+        at: Restart,
+    ) -> Result<(), Violation> {
         // §7.4: an answered put's id stays a duplicate for its window, in wall-clock time:
         // the window an enqueue known to be on disk opened (the put's, or a dead letter's
         // arrival a client saw). A dead letter no client saw arrive may be lost with the
         // crash, window and all: the message is then back where it came from.
-        for (&q, r) in &by_old {
+        for (&q, r) in by_old {
             let rec = &self.queues[q as usize];
             for (&n, d) in &rec.dedup {
                 let confirmed = d.by == RESTORED || {

@@ -21,40 +21,20 @@ impl Ledger {
     ) -> Result<Option<Reply>, Violation> {
         let reply = match cmd {
             Command::Declare { name, config } => Reply::Declared(self.declare(obs, name, config)?),
-            Command::Lookup { name } => Reply::Found(
-                self.setup
-                    .name_index(name)
-                    .and_then(|n| self.by_name[usize::from(n)])
-                    .filter(|&q| self.queues[q as usize].shard == obs.shard)
-                    .map(|q| self.queues[q as usize].key),
-            ),
+            Command::Lookup { name } => Reply::Found(self.lookup(obs, name)),
             Command::Put { queue, message } => Reply::Put(self.put(obs, now, *queue, message)?),
             Command::PutBatch { queue, messages } => {
                 Reply::PutBatch(self.put_batch(obs, now, *queue, messages)?)
             }
             Command::Settle { queue, tag, op } => {
-                let settled = match self.live_queue(obs.shard, *queue) {
-                    Some(q) => {
-                        let ok = self.settle(q, now, *tag, *op);
-                        self.dispatch(obs, q, now, true)?;
-                        ok
-                    }
-                    None => false,
-                };
-                Reply::Settled(settled)
+                let q = self.live_queue(obs.shard, *queue);
+                Reply::Settled(self.settle_in(obs, q, now, *tag, *op)?)
             }
             Command::SettleBatch { queue, settles } => {
                 let mut results = Vec::with_capacity(settles.len());
                 let q = self.live_queue(obs.shard, *queue);
                 for &(tag, op) in settles {
-                    results.push(match q {
-                        Some(q) => {
-                            let ok = self.settle(q, now, tag, op);
-                            self.dispatch(obs, q, now, true)?;
-                            ok
-                        }
-                        None => false,
-                    });
+                    results.push(self.settle_in(obs, q, now, tag, op)?);
                 }
                 Reply::SettledBatch(results)
             }
@@ -91,15 +71,38 @@ impl Ledger {
                 return Ok(None);
             }
         };
-        let error = match &reply {
-            Reply::Declared(r) => r.is_err(),
-            Reply::Put(r) => r.is_err(),
-            Reply::PutBatch(r) => r.is_err(),
-            Reply::Consumed(r) => r.is_err(),
-            _ => false,
-        };
-        self.stats.errors += u64::from(error);
+        self.stats.errors += u64::from(is_error(&reply));
         Ok(Some(reply))
+    }
+
+    /// The key a lookup of `name` on `obs.shard` must find: the live queue of that name, if
+    /// it is on that shard.
+    fn lookup(&self, obs: &Obs, name: &str) -> Option<QueueKey> {
+        self.setup
+            .name_index(name)
+            .and_then(|n| self.by_name[usize::from(n)])
+            .filter(|&q| self.queues[q as usize].shard == obs.shard)
+            .map(|q| self.queues[q as usize].key)
+    }
+
+    /// Settles `tag` with `op` in queue `q` (`None`: no live queue, so nothing settles) and
+    /// checks the deliveries the settle causes; whether it took.
+    fn settle_in(
+        &mut self,
+        obs: &Obs,
+        q: Option<Q>,
+        now: Tick,
+        tag: DeliveryTag,
+        op: Settle,
+    ) -> Result<bool, Violation> {
+        Ok(match q {
+            Some(q) => {
+                let ok = self.settle(q, now, tag, op);
+                self.dispatch(obs, q, now, true)?;
+                ok
+            }
+            None => false,
+        })
     }
 
     fn declare(
@@ -544,5 +547,16 @@ impl Ledger {
             }
         }
         Ok(())
+    }
+}
+
+/// Whether `reply` answers with an error, as the run's stats count them.
+fn is_error(reply: &Reply) -> bool {
+    match reply {
+        Reply::Declared(r) => r.is_err(),
+        Reply::Put(r) => r.is_err(),
+        Reply::PutBatch(r) => r.is_err(),
+        Reply::Consumed(r) => r.is_err(),
+        _ => false,
     }
 }

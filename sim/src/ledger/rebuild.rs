@@ -3,7 +3,9 @@
 
 use leasemq_engine::MsgId;
 
-use super::{Dedup, IdRec, Ledger, Place, Restart, RestoredQueue, Serial, Q, RESTORED};
+use super::{
+    Dedup, IdRec, Ledger, Place, Restart, RestoredMsg, RestoredQueue, Serial, Q, RESTORED,
+};
 use crate::Violation;
 
 impl Ledger {
@@ -107,35 +109,12 @@ impl Ledger {
         let mut placed = Vec::new();
         for m in &r.msgs {
             let orig = self.serial_of(&m.body)?;
-            let serial = if self.msgs[orig as usize].place == Place::Crashed {
-                orig
-            } else {
-                let serial = orig;
-                // Back in two queues: the second copy is a message of its own.
-                let copy = self.msgs.len() as Serial;
-                let mut rec = self.msgs[serial as usize].clone();
-                rec.entered.clear();
-                self.msgs.push(rec);
-                self.copies.entry(serial).or_default().push(copy);
-                copy
-            };
+            let serial = self.restored_serial(orig);
             if let MsgId::Auto(n) = m.id {
                 self.restored_auto_id(orig, serial, n)?;
             }
+            let visit = self.restore_record(serial, q, m);
             let msg = &mut self.msgs[serial as usize];
-            msg.attempt = m.attempt;
-            msg.death = m.death.clone();
-            msg.entered.push(q);
-            let visit = msg.entered.len() - 1;
-            msg.client = super::Client {
-                put: true,
-                acked_in: None,
-                floor: m.attempt,
-                peak: m.attempt,
-                delay: m.ready_at,
-                id_seen: msg.client.id_seen,
-                known: vec![visit],
-            };
             if let Some(seq) = m.dying {
                 msg.place = Place::InFlight { from: q };
                 if let IdRec::Given(n) = msg.id {
@@ -171,6 +150,51 @@ impl Ledger {
                 self.queues[q as usize].dedup.insert(n, d);
             }
         }
+        self.restore_windows(q, r, at);
+        Ok(())
+    }
+
+    /// The serial a message restored with `orig`'s body takes: `orig` itself while its place
+    /// is still `Crashed`, else a new copy of it (the message is back in two queues).
+    fn restored_serial(&mut self, orig: Serial) -> Serial {
+        if self.msgs[orig as usize].place == Place::Crashed {
+            orig
+        } else {
+            let serial = orig;
+            // Back in two queues: the second copy is a message of its own.
+            let copy = self.msgs.len() as Serial;
+            let mut rec = self.msgs[serial as usize].clone();
+            rec.entered.clear();
+            self.msgs.push(rec);
+            self.copies.entry(serial).or_default().push(copy);
+            copy
+        }
+    }
+
+    /// Sets message `serial`'s record to what the restored shard holds of it (`m`, now in
+    /// queue `q`): its attempt and death record, a new visit to `q`, and what clients know
+    /// of it started afresh, that visit known to be on disk. Returns the visit.
+    fn restore_record(&mut self, serial: Serial, q: Q, m: &RestoredMsg) -> usize {
+        let msg = &mut self.msgs[serial as usize];
+        msg.attempt = m.attempt;
+        msg.death = m.death.clone();
+        msg.entered.push(q);
+        let visit = msg.entered.len() - 1;
+        msg.client = super::Client {
+            put: true,
+            acked_in: None,
+            floor: m.attempt,
+            peak: m.attempt,
+            delay: m.ready_at,
+            id_seen: msg.client.id_seen,
+            known: vec![visit],
+        };
+        visit
+    }
+
+    /// The windows of ids whose message is gone, as restored queue `r` (new incarnation
+    /// `q`) holds them: each still open after the restart keeps its id a duplicate.
+    fn restore_windows(&mut self, q: Q, r: &RestoredQueue, at: Restart) {
         for (id, until) in &r.windows {
             let Some(n) = id.strip_prefix('m').and_then(|n| n.parse::<u32>().ok()) else {
                 continue;
@@ -185,6 +209,5 @@ impl Ledger {
                 self.queues[q as usize].dedup.entry(n).or_insert(d);
             }
         }
-        Ok(())
     }
 }

@@ -315,6 +315,17 @@ impl Ledger {
         d: &Delivered,
         in_command: bool,
     ) -> Result<(Serial, bool), Violation> {
+        let serial = self.delivered_copy(q, d)?;
+        self.check_credit(q, c, serial)?;
+        let returned = self.check_ready(q, d, serial)?;
+        self.check_order(q, d, serial, returned, in_command)?;
+        self.check_attempt_and_death(d, serial)?;
+        self.check_id(serial, &d.id)?;
+        Ok((serial, returned))
+    }
+
+    /// The message delivery `d` from `q` hands over, among the copies of its body.
+    fn delivered_copy(&self, q: Q, d: &Delivered) -> Result<Serial, Violation> {
         // Copies of a message (a hop sent again after a crash) share its body and may be
         // ready in one queue at the same attempt. Their death records can still differ
         // (the first hop rejected, the restart's for its last delivery), and one may have
@@ -327,13 +338,17 @@ impl Ledger {
         let exact = |m: &super::MsgRec| ready_here(m) && m.death.as_ref() == d.death.as_deref();
         let returned =
             |m: &super::MsgRec| exact(m) && matches!(m.place, Place::Ready { returned: true, .. });
-        let serial = match self.find_copy(&d.body, returned)? {
+        Ok(match self.find_copy(&d.body, returned)? {
             Some(s) => s,
             None => match self.find_copy(&d.body, exact)? {
                 Some(s) => s,
                 None => self.pick_copy(&d.body, ready_here)?,
             },
-        };
+        })
+    }
+
+    /// Consumer `c` of `q` had credit for message `serial`: it held less than its prefetch.
+    fn check_credit(&self, q: Q, c: C, serial: Serial) -> Result<(), Violation> {
         let consumer = &self.consumers[c as usize];
         if consumer.held >= consumer.prefetch {
             return Err(Violation::new(
@@ -348,31 +363,44 @@ impl Ledger {
                 ),
             ));
         }
-        let m = &self.msgs[serial as usize];
-        let returned = match m.place {
-            Place::Ready { q: at_q, returned } if at_q == q => returned,
-            Place::Leased { .. } => {
-                return Err(Violation::new(
-                    "lease-overlap",
-                    format!(
-                        "tag {} delivered {} while that lease is live",
-                        d.tag.0,
-                        self.describe(serial)
-                    ),
-                ))
-            }
-            _ => {
-                return Err(Violation::new(
-                    "delivery",
-                    format!(
-                        "tag {} of {} delivered {}, which is not ready there",
-                        d.tag.0,
-                        self.qname(q),
-                        self.describe(serial)
-                    ),
-                ))
-            }
-        };
+        Ok(())
+    }
+
+    /// Message `serial`, delivered from `q` under `d`'s tag, was ready there: whether it had
+    /// come back.
+    fn check_ready(&self, q: Q, d: &Delivered, serial: Serial) -> Result<bool, Violation> {
+        match self.msgs[serial as usize].place {
+            Place::Ready { q: at_q, returned } if at_q == q => Ok(returned),
+            Place::Leased { .. } => Err(Violation::new(
+                "lease-overlap",
+                format!(
+                    "tag {} delivered {} while that lease is live",
+                    d.tag.0,
+                    self.describe(serial)
+                ),
+            )),
+            _ => Err(Violation::new(
+                "delivery",
+                format!(
+                    "tag {} of {} delivered {}, which is not ready there",
+                    d.tag.0,
+                    self.qname(q),
+                    self.describe(serial)
+                ),
+            )),
+        }
+    }
+
+    /// `q` delivered message `serial` in order: not fresh while messages that came back
+    /// were ready (checked in a command only), and under a tag past its last.
+    fn check_order(
+        &self,
+        q: Q,
+        d: &Delivered,
+        serial: Serial,
+        returned: bool,
+        in_command: bool,
+    ) -> Result<(), Violation> {
         let rec = &self.queues[q as usize];
         if in_command && !returned && rec.returned > 0 {
             return Err(Violation::new(
@@ -396,6 +424,13 @@ impl Ledger {
                 ),
             ));
         }
+        Ok(())
+    }
+
+    /// Delivery `d` of message `serial` carries the attempt after its last and the death
+    /// record it has.
+    fn check_attempt_and_death(&self, d: &Delivered, serial: Serial) -> Result<(), Violation> {
+        let m = &self.msgs[serial as usize];
         if d.attempt != m.attempt + 1 {
             return Err(Violation::new(
                 "attempt",
@@ -418,7 +453,6 @@ impl Ledger {
                 ),
             ));
         }
-        self.check_id(serial, &d.id)?;
-        Ok((serial, returned))
+        Ok(())
     }
 }

@@ -22,7 +22,7 @@ use amq_protocol::auth::{Credentials, SASLMechanism};
 use amq_protocol::frame::{AMQPFrame, ProtocolVersion};
 use amq_protocol::protocol::{basic, channel, confirm, connection, AMQPClass};
 use amq_protocol::types::{AMQPValue, FieldTable};
-use amq_protocol::uri::AMQPUri;
+use amq_protocol::uri::{AMQPUri, AMQPUserInfo};
 use tokio::net::TcpStream;
 
 use super::workers::{ConsumerResult, ProducerResult, Shared, DRAIN_LIMIT, FULL_PAUSE, IDLE_WAIT};
@@ -72,21 +72,7 @@ impl Conn {
         let uri: AMQPUri = target
             .parse()
             .map_err(|e| format!("{role}: {}: {e}", masked(target)))?;
-        let authority = &uri.authority;
-        let stream = TcpStream::connect((authority.host.as_str(), authority.port))
-            .await
-            .map_err(|e| format!("{role}: connecting to {}: {e}", masked(target)))?;
-        // Batches are written whole, each with one call: nothing to gain from Nagle.
-        stream
-            .set_nodelay(true)
-            .map_err(|e| format!("{role}: TCP_NODELAY: {e}"))?;
-        let mut conn = Conn {
-            stream,
-            inbox: Inbox::default(),
-            out: Vec::new(),
-            frame_max: 0,
-            role,
-        };
+        let mut conn = Conn::connect(&uri, target, role).await?;
         let header = AMQPFrame::ProtocolHeader(ProtocolVersion::amqp_0_9_1());
         wire::append(&mut conn.out, &header)?;
         conn.send(&AtomicBool::new(false)).await?;
@@ -96,42 +82,7 @@ impl Conn {
                 "{role}: the server did not start with connection.start"
             ));
         };
-        if !start
-            .mechanisms
-            .to_string()
-            .split(' ')
-            .any(|m| m == "PLAIN")
-        {
-            return Err(format!(
-                "{role}: the server does not offer PLAIN authentication (it offers {})",
-                start.mechanisms
-            ));
-        }
-        let user = &authority.userinfo;
-        let credentials =
-            Credentials::new(user.username.as_str().into(), user.password.as_str().into());
-        let mut properties = FieldTable::default();
-        properties.insert(
-            "product".into(),
-            AMQPValue::LongString("leasemq-loadgen".into()),
-        );
-        let start_ok = connection::StartOk {
-            client_properties: properties,
-            mechanism: "PLAIN".into(),
-            response: credentials.sasl_auth_string(SASLMechanism::Plain),
-            locale: "en_US".into(),
-        };
-        let answer = conn
-            .call(
-                0,
-                AMQPClass::Connection(connection::AMQPMethod::StartOk(start_ok)),
-            )
-            .await?;
-        let AMQPClass::Connection(connection::AMQPMethod::Tune(tune)) = answer else {
-            return Err(format!(
-                "{role}: connection.start-ok answered with {answer:?}"
-            ));
-        };
+        let tune = conn.log_in(&start, &uri.authority.userinfo).await?;
         conn.frame_max = tune.frame_max;
         let tune_ok = connection::TuneOk {
             channel_max: tune.channel_max,
@@ -161,6 +112,72 @@ impl Conn {
         )
         .await?;
         Ok(conn)
+    }
+
+    /// Opens the TCP connection to the host and port of `uri` (`target`, as the user gave
+    /// it, names it in errors), with nothing sent or read yet.
+    async fn connect(uri: &AMQPUri, target: &str, role: &'static str) -> Result<Conn, String> {
+        let authority = &uri.authority;
+        let stream = TcpStream::connect((authority.host.as_str(), authority.port))
+            .await
+            .map_err(|e| format!("{role}: connecting to {}: {e}", masked(target)))?;
+        // Batches are written whole, each with one call: nothing to gain from Nagle.
+        stream
+            .set_nodelay(true)
+            .map_err(|e| format!("{role}: TCP_NODELAY: {e}"))?;
+        Ok(Conn {
+            stream,
+            inbox: Inbox::default(),
+            out: Vec::new(),
+            frame_max: 0,
+            role,
+        })
+    }
+
+    /// Answers the server's `connection.start` with `start-ok`, logging in as `user` with
+    /// PLAIN, and returns the `connection.tune` the server answers with.
+    async fn log_in(
+        &mut self,
+        start: &connection::Start,
+        user: &AMQPUserInfo,
+    ) -> Result<connection::Tune, String> {
+        let role = self.role;
+        if !start
+            .mechanisms
+            .to_string()
+            .split(' ')
+            .any(|m| m == "PLAIN")
+        {
+            return Err(format!(
+                "{role}: the server does not offer PLAIN authentication (it offers {})",
+                start.mechanisms
+            ));
+        }
+        let credentials =
+            Credentials::new(user.username.as_str().into(), user.password.as_str().into());
+        let mut properties = FieldTable::default();
+        properties.insert(
+            "product".into(),
+            AMQPValue::LongString("leasemq-loadgen".into()),
+        );
+        let start_ok = connection::StartOk {
+            client_properties: properties,
+            mechanism: "PLAIN".into(),
+            response: credentials.sasl_auth_string(SASLMechanism::Plain),
+            locale: "en_US".into(),
+        };
+        let answer = self
+            .call(
+                0,
+                AMQPClass::Connection(connection::AMQPMethod::StartOk(start_ok)),
+            )
+            .await?;
+        let AMQPClass::Connection(connection::AMQPMethod::Tune(tune)) = answer else {
+            return Err(format!(
+                "{role}: connection.start-ok answered with {answer:?}"
+            ));
+        };
+        Ok(tune)
     }
 
     /// Sends `m` (after whatever else waits to be sent) and waits for the next method.
@@ -529,16 +546,7 @@ async fn publish_until_end(
         {
             break Err(e);
         }
-        // The same bound as the lapin path: messages put but not yet acked, and with
-        // confirms publishes not yet confirmed, each at most `max_in_flight`.
-        let in_flight = shared
-            .put
-            .load(Relaxed)
-            .saturating_sub(shared.acked.load(Relaxed));
-        let mut room = plan.max_in_flight.saturating_sub(in_flight).min(BATCH);
-        if plan.confirms {
-            room = room.min(plan.max_in_flight.saturating_sub(unconfirmed.waiting));
-        }
+        let room = room(plan, shared, &unconfirmed);
         if room == 0 {
             if plan.confirms && unconfirmed.waiting > 0 {
                 if let Err(e) = conn.wait_readable(FULL_PAUSE).await {
@@ -584,6 +592,36 @@ async fn publish_until_end(
     r.put = local;
     result?;
     // The last confirms.
+    take_last_confirms(index, conn, &mut unconfirmed, r, plan, clock, shared).await
+}
+
+/// How many publishes a producer may put into its next write, at most `BATCH`.
+#[inline]
+fn room(plan: &Plan, shared: &Shared, unconfirmed: &Unconfirmed) -> u64 {
+    // The same bound as the lapin path: messages put but not yet acked, and with
+    // confirms publishes not yet confirmed, each at most `max_in_flight`.
+    let in_flight = shared
+        .put
+        .load(Relaxed)
+        .saturating_sub(shared.acked.load(Relaxed));
+    let mut room = plan.max_in_flight.saturating_sub(in_flight).min(BATCH);
+    if plan.confirms {
+        room = room.min(plan.max_in_flight.saturating_sub(unconfirmed.waiting));
+    }
+    room
+}
+
+/// Once the window is over, waits for the confirms of every publish still unconfirmed,
+/// giving up when the run is aborted or after `DRAIN_LIMIT`.
+async fn take_last_confirms(
+    index: u64,
+    conn: &mut Conn,
+    unconfirmed: &mut Unconfirmed,
+    r: &mut ProducerResult,
+    plan: &Plan,
+    clock: Clock,
+    shared: &Shared,
+) -> Result<(), String> {
     while unconfirmed.waiting > 0 {
         if shared.abort.load(Relaxed) {
             return Ok(());

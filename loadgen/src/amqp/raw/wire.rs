@@ -7,6 +7,8 @@
 //! itself and parses every other method with `amq-protocol`. [`append`]
 //! adds a frame made by `amq_protocol::frame::gen_frame` to the bytes waiting for the socket.
 
+use std::ops::Range;
+
 use amq_protocol::frame::{gen_frame, parse_frame, AMQPContentHeader, AMQPFrame, WriteContext};
 use amq_protocol::protocol::constants::{
     FRAME_BODY, FRAME_END, FRAME_HEADER, FRAME_HEARTBEAT, FRAME_METHOD,
@@ -182,36 +184,10 @@ impl Inbox {
     /// cost the client more than the server spends on it; every other method goes through
     /// `amq-protocol`'s `parse_class`.
     pub(super) fn next(&mut self) -> Result<Option<Event>, String> {
-        const HEADER: usize = 7;
         loop {
-            let input = &self.buf[self.start..self.end];
-            if input.starts_with(b"AMQP") {
-                return match parse_frame(input) {
-                    Ok((_, AMQPFrame::ProtocolHeader(version))) => Err(format!(
-                        "the server refused AMQP 0-9-1: it speaks {version}"
-                    )),
-                    Err(e) if e.is_incomplete() => Ok(None),
-                    _ => Err("the server sent a frame that does not parse".into()),
-                };
-            }
-            if input.len() < HEADER {
+            let Some((kind, channel, payload)) = self.cut_frame()? else {
                 return Ok(None);
-            }
-            let size = u32::from_be_bytes([input[3], input[4], input[5], input[6]]) as usize;
-            let whole = size + FRAME_OVERHEAD;
-            if input.len() < whole {
-                return Ok(None);
-            }
-            if input[whole - 1] != FRAME_END {
-                return Err("the server sent a frame without its end marker".into());
-            }
-            let (kind, channel) = (input[0], u16::from_be_bytes([input[1], input[2]]));
-            let payload = self.start + HEADER..self.start + HEADER + size;
-            self.start += whole;
-            if self.start == self.end {
-                // The bytes stay where they are until the next read.
-                (self.start, self.end) = (0, 0);
-            }
+            };
             let payload = &self.buf[payload];
             let malformed = || format!("the server sent a frame that does not parse ({kind})");
             match kind {
@@ -269,6 +245,44 @@ impl Inbox {
                 _ => return Err(malformed()),
             }
         }
+    }
+
+    /// Takes the next whole frame off the front of the bytes read: its type, its channel and
+    /// where its payload lies in `buf`. `None` while the frame has not all come; an error
+    /// for a protocol header (the server refusing the protocol version) or a frame without
+    /// its end marker.
+    #[inline]
+    fn cut_frame(&mut self) -> Result<Option<(u8, u16, Range<usize>)>, String> {
+        const HEADER: usize = 7;
+        let input = &self.buf[self.start..self.end];
+        if input.starts_with(b"AMQP") {
+            return match parse_frame(input) {
+                Ok((_, AMQPFrame::ProtocolHeader(version))) => Err(format!(
+                    "the server refused AMQP 0-9-1: it speaks {version}"
+                )),
+                Err(e) if e.is_incomplete() => Ok(None),
+                _ => Err("the server sent a frame that does not parse".into()),
+            };
+        }
+        if input.len() < HEADER {
+            return Ok(None);
+        }
+        let size = u32::from_be_bytes([input[3], input[4], input[5], input[6]]) as usize;
+        let whole = size + FRAME_OVERHEAD;
+        if input.len() < whole {
+            return Ok(None);
+        }
+        if input[whole - 1] != FRAME_END {
+            return Err("the server sent a frame without its end marker".into());
+        }
+        let (kind, channel) = (input[0], u16::from_be_bytes([input[1], input[2]]));
+        let payload = self.start + HEADER..self.start + HEADER + size;
+        self.start += whole;
+        if self.start == self.end {
+            // The bytes stay where they are until the next read.
+            (self.start, self.end) = (0, 0);
+        }
+        Ok(Some((kind, channel, payload)))
     }
 }
 
