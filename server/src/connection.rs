@@ -17,8 +17,14 @@
 //! closes the connection (`connection.close`, then everything but `close-ok`). Frames the
 //! peer cannot have meant (malformed, over `frame_max`) end it at once.
 
+mod answers;
 mod channel;
+mod consume;
+mod dispatch;
+mod fault;
+mod incoming;
 mod publish;
+mod queues;
 mod reply_to;
 mod timers;
 mod tx;
@@ -46,8 +52,9 @@ use crate::metrics::Metrics;
 use crate::settings::Settings;
 use crate::vhost::VHost;
 use crate::wire::{self, Next, Output};
+use answers::{Awaited, Pending};
 use channel::Channel;
-use publish::{Awaited, Pending};
+use fault::{method_name, reply_text, Fault};
 pub use timers::TimedOut;
 use timers::Timers;
 
@@ -77,59 +84,6 @@ enum Phase {
     Closing,
     /// Nothing more is read; the driver flushes the output and closes the socket.
     Closed,
-}
-
-/// An AMQP reply code and the method it answers, for `channel.close`/`connection.close`.
-#[derive(Debug, Clone, PartialEq)]
-pub(crate) struct Fault {
-    /// `Some(channel)` for a channel error, `None` for a connection error.
-    channel: Option<u16>,
-    code: u16,
-    text: String,
-    class_id: u16,
-    method_id: u16,
-}
-
-impl Fault {
-    pub(crate) fn channel(
-        channel: u16,
-        code: u16,
-        text: impl Into<String>,
-        m: &AMQPClass,
-    ) -> Fault {
-        Fault {
-            channel: Some(channel),
-            code,
-            text: text.into(),
-            class_id: m.get_amqp_class_id(),
-            method_id: m.get_amqp_method_id(),
-        }
-    }
-
-    pub(crate) fn connection(code: u16, text: impl Into<String>) -> Fault {
-        Fault {
-            channel: None,
-            code,
-            text: text.into(),
-            class_id: 0,
-            method_id: 0,
-        }
-    }
-
-    pub(crate) fn for_method(mut self, m: &AMQPClass) -> Fault {
-        self.class_id = m.get_amqp_class_id();
-        self.method_id = m.get_amqp_method_id();
-        self
-    }
-}
-
-/// `exchange.declare` for `Exchange(Declare(Declare { .. }))`.
-pub(crate) fn method_name(m: &AMQPClass) -> String {
-    let debug = format!("{m:?}");
-    let mut parts = debug.split('(');
-    let class = parts.next().unwrap_or_default().to_lowercase();
-    let method = parts.next().unwrap_or_default().to_lowercase();
-    format!("{class}.{method}")
 }
 
 /// One consumer of this connection: the broker's consumer and what AMQP calls it.
@@ -1082,51 +1036,6 @@ fn frame_kind(frame: &AMQPFrame) -> String {
         AMQPFrame::Body(..) => "content body".into(),
         AMQPFrame::Heartbeat | AMQPFrame::InvalidHeartbeat(_) => "heartbeat".into(),
     }
-}
-
-/// The reply text of a `channel.close` or `connection.close`: led by the reply code's
-/// name, as RabbitMQ's are (`NOT_FOUND - no queue 'jobs' in vhost '/'`), and cut to the
-/// 255 bytes a short string holds.
-pub(crate) fn reply_text(code: u16, text: String) -> ShortString {
-    let name = match code {
-        200 => "",
-        311 => "CONTENT_TOO_LARGE",
-        312 => "NO_ROUTE",
-        313 => "NO_CONSUMERS",
-        320 => "CONNECTION_FORCED",
-        402 => "INVALID_PATH",
-        403 => "ACCESS_REFUSED",
-        404 => "NOT_FOUND",
-        405 => "RESOURCE_LOCKED",
-        406 => "PRECONDITION_FAILED",
-        501 => "FRAME_ERROR",
-        502 => "SYNTAX_ERROR",
-        503 => "COMMAND_INVALID",
-        504 => "CHANNEL_ERROR",
-        505 => "UNEXPECTED_FRAME",
-        506 => "RESOURCE_ERROR",
-        530 => "NOT_ALLOWED",
-        540 => "NOT_IMPLEMENTED",
-        541 => "INTERNAL_ERROR",
-        _ => "",
-    };
-    if name.is_empty() || text.starts_with(name) {
-        short(text)
-    } else {
-        short(format!("{name} - {text}"))
-    }
-}
-
-/// A reply text, cut to the 255 bytes a short string holds.
-pub(crate) fn short(mut text: String) -> ShortString {
-    if text.len() > 255 {
-        let mut end = 255;
-        while !text.is_char_boundary(end) {
-            end -= 1;
-        }
-        text.truncate(end);
-    }
-    ShortString::from(text)
 }
 
 #[cfg(test)]

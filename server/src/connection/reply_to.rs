@@ -17,8 +17,9 @@ use amq_protocol::protocol::{basic, queue, AMQPClass, BasicProperties};
 use amq_protocol::types::ShortString;
 use leasemq::{Queue, QueueConfig};
 
-use super::channel::{broker_fault, no_queue, Channel};
-use super::{code, Connection, Fault};
+use super::channel::Channel;
+use super::fault::{broker_fault, no_queue, Fault};
+use super::{code, Connection};
 use crate::declared::Declared;
 
 /// The pseudo-queue a client consumes from, and the `reply-to` it publishes with.

@@ -17,55 +17,15 @@
 //! is a 406 that says so, where RabbitMQ would hold it.
 
 use amq_protocol::protocol::{tx, AMQPClass};
-use leasemq::{Message, Queue, Settle};
+use leasemq::{Message, Queue};
 
-use super::channel::Unacked;
-use super::publish::{bytes_held, publish_method};
-use super::{code, Connection, Fault};
+use super::channel::Tx;
+use super::fault::{publish_method, Fault};
+use super::{code, Connection};
 
 /// The most bytes of publishes the transactions of one connection hold, all its channels
 /// together (a message's body and a few bytes of bookkeeping each).
 pub(super) const HELD_BYTES: usize = 64 << 20;
-
-/// What a transactional channel holds until its next commit or rollback.
-#[derive(Default)]
-pub(crate) struct Tx {
-    /// Each publish routed since, with the queues it reached.
-    publishes: Vec<(Vec<Queue>, Message)>,
-    /// Each settle since: the deliveries it took from the channel's unacked ones (with
-    /// their channel tags, for a rollback) and what it does to them.
-    settles: Vec<(Vec<(u64, Unacked)>, Settle)>,
-    /// What `publishes` hold (see [`Tx::cost`]).
-    bytes: usize,
-}
-
-impl Tx {
-    /// Holds a settle of `taken` (deliveries taken from the channel's unacked ones) until
-    /// the commit.
-    pub(super) fn hold_settle(&mut self, taken: Vec<(u64, Unacked)>, how: Settle) {
-        self.settles.push((taken, how));
-    }
-
-    /// The deliveries whose settles it holds.
-    pub(super) fn held_deliveries(&self) -> usize {
-        self.settles.iter().map(|(taken, _)| taken.len()).sum()
-    }
-
-    /// The deliveries of the consumer numbered `consumer` whose settles it holds.
-    pub(super) fn held_of(&self, consumer: u64) -> usize {
-        (self.settles.iter())
-            .flat_map(|(taken, _)| taken)
-            .filter(|(_, u)| u.consumer == consumer)
-            .count()
-    }
-
-    /// What holding `message` for `queues` costs: its body and bookkeeping, and a queue
-    /// handle and a copy's bookkeeping for each queue it goes to.
-    fn cost(queues: &[Queue], message: &Message) -> usize {
-        let per_copy = std::mem::size_of::<Queue>() + std::mem::size_of::<Message>();
-        bytes_held(std::slice::from_ref(message)) + queues.len() * per_copy
-    }
-}
 
 impl Connection {
     pub(super) fn handle_tx(&mut self, ch: u16, method: tx::AMQPMethod) -> Result<(), Fault> {

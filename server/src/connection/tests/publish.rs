@@ -276,7 +276,8 @@ fn a_full_queue_with_reject_publish_takes_what_fits_and_nacks_the_rest() {
 
 #[test]
 fn publishes_without_confirms_are_not_waited_for_unless_the_answer_needs_telling() {
-    use crate::connection::publish::{bytes_held, UNANSWERED_PUT_BYTES};
+    use crate::connection::answers::UNANSWERED_PUT_BYTES;
+    use crate::connection::incoming::bytes_held;
     use leasemq::{Message, QueueConfig};
     let mut c = Client::open();
     c.declare("plain");
@@ -357,7 +358,7 @@ fn publishes_without_confirms_are_not_waited_for_unless_the_answer_needs_telling
 
 #[test]
 fn confirms_go_out_in_order_and_never_past_a_publish_still_awaited() {
-    use crate::connection::publish::{confirms, Confirm, Confirms};
+    use crate::connection::channel::{confirms, Confirm, Confirms};
     use Confirm::{AckUpTo as Ack, Nack};
     let c = |answers: &[Confirm], confirmed: u64, refused: &[u64]| Confirms {
         answers: answers.to_vec(),

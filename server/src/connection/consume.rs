@@ -1,0 +1,565 @@
+//! Consumers, deliveries and settles: `basic.consume`, `cancel`, `get`, `recover`, `ack`,
+//! `nack` and `reject`, and the deliveries a channel's consumers make.
+
+use amq_protocol::protocol::{basic, AMQPClass};
+use amq_protocol::types::ShortString;
+use leasemq::{Consumer, ConsumerConfig, Delivery, Envelope, Queue, Settle};
+
+use super::answers::Pending;
+use super::channel::{requeue, Stopped, Unacked};
+use super::fault::{broker_fault, Fault};
+use super::{code, reply_to, Connection, Subscription, Waiting};
+use crate::content::PropertiesSeen;
+use crate::declared::Declared;
+use crate::message_expiry;
+use crate::wire::{GenFailed, Output};
+use crate::{arguments, content, names, wire};
+
+impl Connection {
+    pub(super) fn consume(&mut self, ch: u16, consume: basic::Consume) -> Result<(), Fault> {
+        let m = AMQPClass::Basic(basic::AMQPMethod::Consume(consume.clone()));
+        // As in RabbitMQ, a tag in use on the channel is refused before anything else.
+        let channel = self.channels.get(&ch).expect("checked by the caller");
+        if channel.consumer_tags.contains(&consume.consumer_tag) {
+            let tag = &consume.consumer_tag;
+            let text = format!("NOT_ALLOWED - attempt to reuse consumer tag '{tag}'");
+            return Err(Fault::connection(code::NOT_ALLOWED, text).for_method(&m));
+        }
+        let (queue, priority) = self.consume_queue(ch, &consume, &m)?;
+        self.vhost.expiring.touch(queue.name());
+        self.next_consumer += 1;
+        let number = self.next_consumer;
+        let tag = self.consumer_tag(ch, &consume.consumer_tag);
+        // RabbitMQ's rule for `exclusive` (see `consumers.rs`), across every connection,
+        // and the turns of a single active consumer.
+        let single_active = (self.vhost.declared.lock().expect("never poisoned"))
+            .get(queue.name())
+            .is_some_and(Declared::is_single_active);
+        let Some((claim, turn)) =
+            (self.vhost.consumers).claim(queue.name(), consume.exclusive, single_active)
+        else {
+            let text = format!(
+                "ACCESS_REFUSED - queue '{}' in vhost '/' in exclusive use",
+                names::amqp(queue.name())
+            );
+            return Err(Fault::channel(ch, code::ACCESS_REFUSED, text, &m));
+        };
+        let state = self.channels.get_mut(&ch).expect("checked by the caller");
+        let prefetch = state.consumer_prefetch(consume.no_ack);
+        // The broker's consumer name is the connection's, unique whatever tags clients pick.
+        let name = format!("amqp-{}-{}", self.id, self.next_consumer);
+        let config = ConsumerConfig {
+            prefetch: u32::from(prefetch),
+        };
+        // One that waits its turn makes its broker consumer when the turn comes.
+        let (consumer, waiting) = match turn {
+            None => {
+                let consumer = queue.consume_with_priority(&name, config, priority);
+                (Some(consumer.map_err(|e| broker_fault(ch, &e, &m))?), None)
+            }
+            Some(turn) => (
+                None,
+                Some(Waiting {
+                    turn,
+                    name,
+                    config,
+                    priority,
+                }),
+            ),
+        };
+        state.consumer_tags.push(tag.clone());
+        if !consume.nowait {
+            let ok = basic::ConsumeOk {
+                consumer_tag: tag.clone(),
+            };
+            self.send(ch, AMQPClass::Basic(basic::AMQPMethod::ConsumeOk(ok)));
+        }
+        self.subscriptions.push(Subscription {
+            channel: ch,
+            message_ttl: self.message_ttl(queue.name()),
+            number,
+            tag,
+            queue,
+            consumer,
+            waiting,
+            no_ack: consume.no_ack,
+            _claim: claim,
+        });
+        Ok(())
+    }
+
+    /// The queue a `basic.consume` names (a direct reply-to queue made for it) and the
+    /// consumer's priority, once its arguments pass. They are looked at once the queue is
+    /// found (a missing one is a 404 first), and a 406 names the queue, as in RabbitMQ; a
+    /// reply-to queue is made only once they pass.
+    fn consume_queue(
+        &mut self,
+        ch: u16,
+        consume: &basic::Consume,
+        m: &AMQPClass,
+    ) -> Result<(Queue, i64), Fault> {
+        let checked = arguments::consumer_priority(&consume.arguments);
+        let refuse = |refused: arguments::Refused, shown: &str| {
+            if refused.code == code::NOT_IMPLEMENTED {
+                Fault::connection(refused.code, refused.text).for_method(m)
+            } else {
+                let refused = refused.for_queue(shown);
+                Fault::channel(ch, refused.code, refused.text, m)
+            }
+        };
+        Ok(match consume.queue.as_str() {
+            reply_to::REPLY_TO => {
+                let priority = checked.map_err(|r| refuse(r, reply_to::REPLY_TO))?;
+                (self.reply_queue(ch, consume, m)?, priority)
+            }
+            name => {
+                let queue = self.named_queue(ch, name, m)?;
+                let priority = checked.map_err(|r| refuse(r, &names::amqp(queue.name())))?;
+                (queue, priority)
+            }
+        })
+    }
+
+    /// The tag of a new consumer on channel `ch`: `given`, or for an empty one a tag the
+    /// server picks, new on the channel even where a client chose one of the same form.
+    fn consumer_tag(&mut self, ch: u16, given: &ShortString) -> ShortString {
+        if !given.as_str().is_empty() {
+            return given.clone();
+        }
+        let channel = self.channels.get(&ch).expect("checked by the caller");
+        loop {
+            let tag = ShortString::from(format!("amq.ctag-{}-{}", self.id, self.next_consumer));
+            if !channel.consumer_tags.contains(&tag) {
+                return tag;
+            }
+            self.next_consumer += 1;
+        }
+    }
+
+    /// `basic.cancel`: the consumer takes no more deliveries, and what it delivered and
+    /// the client has not settled stays leased to the channel (RabbitMQ's graceful
+    /// shutdown: cancel, finish the work in hand, ack). Deliveries not yet sent are
+    /// released. The broker consumer is dropped once none of its deliveries is unsettled,
+    /// or with the channel, which returns what it still holds.
+    pub(super) fn cancel(&mut self, ch: u16, cancel: basic::Cancel) {
+        if let Some(i) = self
+            .subscriptions
+            .iter()
+            .position(|s| s.channel == ch && s.tag == cancel.consumer_tag)
+        {
+            let Subscription {
+                number,
+                consumer,
+                queue,
+                _claim: claim,
+                ..
+            } = self.subscriptions.swap_remove(i);
+            if let Some(consumer) = consumer {
+                self.keep_leases(ch, number, consumer);
+            }
+            // Its place goes once its broker consumer is stopped: the next in line on a
+            // queue with a single active consumer must not share a delivery round with it.
+            drop(claim);
+            self.auto_delete(&queue);
+        }
+        self.forget_consumer_tag(ch, &cancel.consumer_tag);
+        if !cancel.nowait {
+            let ok = basic::CancelOk {
+                consumer_tag: cancel.consumer_tag,
+            };
+            self.send(ch, AMQPClass::Basic(basic::AMQPMethod::CancelOk(ok)));
+        }
+    }
+
+    /// Stops `consumer` and keeps it while deliveries of it on `ch` are unsettled.
+    pub(super) fn keep_leases(&mut self, ch: u16, number: u64, consumer: Consumer) {
+        let Some(state) = self.channels.get_mut(&ch) else {
+            return;
+        };
+        // Deliveries whose settle a transaction holds are still the consumer's until the
+        // commit (a rollback gives them back to the channel).
+        let held = state.tx.as_ref().map_or(0, |tx| tx.held_of(number));
+        let outstanding = (state.unacked.values())
+            .filter(|u| u.consumer == number)
+            .count()
+            + held;
+        if outstanding == 0 {
+            consumer.cancel();
+            return;
+        }
+        consumer.stop();
+        state.stopped.push(Stopped {
+            number,
+            _consumer: consumer,
+            outstanding,
+            cancelled: true,
+        });
+    }
+
+    pub(super) fn forget_consumer_tag(&mut self, ch: u16, tag: &ShortString) {
+        if let Some(state) = self.channels.get_mut(&ch) {
+            state.consumer_tags.retain(|t| t != tag);
+        }
+    }
+
+    /// Drops the stopped consumers whose deliveries are all settled. Called once the
+    /// gathered settles have reached the broker, so that no lease comes back first.
+    pub(super) fn drop_settled_consumers(&mut self) {
+        for state in self.channels.values_mut() {
+            state.stopped.retain(|s| s.outstanding > 0);
+        }
+    }
+
+    /// `basic.get`: one message under a lease, as a delivery of a consumer made for it,
+    /// stopped at once (it keeps that one lease until it is settled).
+    pub(super) fn get(&mut self, ch: u16, get: basic::Get) -> Result<(), Fault> {
+        let m = AMQPClass::Basic(basic::AMQPMethod::Get(get.clone()));
+        let queue = self.named_queue(ch, get.queue.as_str(), &m)?;
+        self.vhost.expiring.touch(queue.name());
+        self.next_consumer += 1;
+        let number = self.next_consumer;
+        let name = format!("amqp-{}-{}", self.id, number);
+        let consumer = queue
+            .consume(&name, ConsumerConfig { prefetch: 1 })
+            .map_err(|e| broker_fault(ch, &e, &m))?;
+        let delivery = self.first_unexpired(&queue, &consumer);
+        let Some(delivery) = delivery else {
+            consumer.cancel();
+            let empty = basic::AMQPMethod::GetEmpty(basic::GetEmpty {});
+            self.send(ch, AMQPClass::Basic(empty));
+            return Ok(());
+        };
+        let state = self.channels.get_mut(&ch).expect("checked by the caller");
+        state.last_tag += 1;
+        let channel_tag = state.last_tag;
+        if get.no_ack {
+            // Stopped before the ack: else the credit the ack frees would take the next
+            // message, and the cancel would hand it back to the front of the queue.
+            consumer.stop();
+            delivery.ack();
+            consumer.cancel();
+        } else {
+            consumer.stop();
+            let now = self.settings.lease_clock.now_ms();
+            let unacked = Unacked::new(queue.clone(), delivery.tag(), number, now);
+            state.hold(channel_tag, unacked, now);
+            state.stopped.push(Stopped {
+                number,
+                _consumer: consumer,
+                outstanding: 1,
+                cancelled: false,
+            });
+        }
+        self.write_get_ok(ch, channel_tag, &queue, &delivery);
+        Ok(())
+    }
+
+    /// The first message of `queue` its `basic.get` consumer took that has not expired.
+    /// The consume call is a barrier: a message that was ready is in the consumer now. An
+    /// expired one is dropped or dead-lettered, and its ack (also a barrier) lets the next
+    /// in; a long run of them is dropped over several gets.
+    fn first_unexpired(&mut self, queue: &Queue, consumer: &Consumer) -> Option<Delivery> {
+        let ttl = self.message_ttl(queue.name());
+        let mut dropped = 0;
+        loop {
+            let Ok(Some(delivery)) = consumer.try_recv() else {
+                break None;
+            };
+            if !self.expired(ttl, delivery.envelope()) {
+                break Some(delivery);
+            }
+            // Dead-lettered or dropped; either way its ack lets the next one in.
+            if !self.vhost.expire(&self.broker, queue, &delivery) {
+                delivery.release();
+                break None;
+            }
+            dropped += 1;
+            if dropped == GET_DROPS_AT_MOST {
+                break None;
+            }
+        }
+    }
+
+    /// Writes `basic.get-ok` for `delivery` of `queue`, as channel tag `channel_tag` on
+    /// channel `ch`, then its content.
+    fn write_get_ok(&mut self, ch: u16, channel_tag: u64, queue: &Queue, delivery: &Delivery) {
+        let envelope = delivery.envelope();
+        let message_count = u32::try_from(queue.stats().ready).unwrap_or(u32::MAX);
+        let get_ok = |out: &mut Output, exchange: &str, routing_key: &str| {
+            let ok = basic::GetOk {
+                delivery_tag: channel_tag,
+                redelivered: envelope.redelivered(),
+                exchange: ShortString::from(exchange),
+                routing_key: ShortString::from(routing_key),
+                message_count,
+            };
+            out.method(ch, AMQPClass::Basic(basic::AMQPMethod::GetOk(ok)))
+        };
+        let (out, seen) = (&mut self.out, &mut self.seen.output);
+        let written = write_delivery(
+            out,
+            seen,
+            ch,
+            self.frame_max,
+            envelope,
+            queue.name(),
+            get_ok,
+        );
+        if written.is_err() {
+            self.abort(Fault::connection(
+                code::INTERNAL_ERROR,
+                "could not write a frame",
+            ));
+        }
+    }
+
+    /// `basic.recover` with `requeue`: every unsettled delivery of the channel goes back
+    /// and is redelivered, as after a nack. RabbitMQ does not serve `requeue=false`.
+    pub(super) fn recover(&mut self, ch: u16, requeue: bool, m: &AMQPClass) -> Result<(), Fault> {
+        if !requeue {
+            let text = "basic.recover with requeue=false is not supported (nor by RabbitMQ)";
+            return Err(Fault::connection(code::NOT_IMPLEMENTED, text).for_method(m));
+        }
+        // At once, outside any transaction, as RabbitMQ requeues: not held to a commit.
+        let state = self.channels.get_mut(&ch).expect("checked by the caller");
+        let taken = std::mem::take(&mut state.unacked).into_iter().collect();
+        self.settle_taken(ch, taken, self::requeue(true));
+        Ok(())
+    }
+
+    /// `basic.ack`/`nack`/`reject` of one channel tag, or of every unsettled one up to it
+    /// (`multiple`; tag 0 with `multiple` means all of them). A transactional channel holds
+    /// it until its commit.
+    pub(super) fn settle(
+        &mut self,
+        ch: u16,
+        tag: u64,
+        multiple: bool,
+        how: Settle,
+        m: &AMQPClass,
+    ) -> Result<(), Fault> {
+        let state = self.channels.get_mut(&ch).expect("checked by the caller");
+        // As RabbitMQ: with `multiple`, the named tag itself must be outstanding (0 means
+        // all of them); a tag never delivered, or settled already, is a channel error. One
+        // forgotten because its lease ran out is not (`forget_expired`).
+        let forgotten = tag != 0 && tag <= state.forgotten;
+        if multiple && tag != 0 && !forgotten && !state.unacked.contains_key(&tag) {
+            let text = format!("PRECONDITION_FAILED - unknown delivery tag {tag}");
+            return Err(Fault::channel(ch, code::PRECONDITION_FAILED, text, m));
+        }
+        let taken: Vec<(u64, Unacked)> = if multiple {
+            let upto = if tag == 0 { u64::MAX } else { tag };
+            let keep = state.unacked.split_off(&upto.saturating_add(1));
+            std::mem::replace(&mut state.unacked, keep)
+                .into_iter()
+                .collect()
+        } else {
+            match state.unacked.remove(&tag) {
+                Some(u) => vec![(tag, u)],
+                None if forgotten => Vec::new(),
+                None => {
+                    let text = format!("PRECONDITION_FAILED - unknown delivery tag {tag}");
+                    return Err(Fault::channel(ch, code::PRECONDITION_FAILED, text, m));
+                }
+            }
+        };
+        if taken.is_empty() {
+            return Ok(());
+        }
+        // A transactional channel makes it at its commit (`tx.rs`).
+        match state.tx.as_mut() {
+            Some(held) => held.hold_settle(taken, how),
+            None => self.settle_taken(ch, taken, how),
+        }
+        Ok(())
+    }
+
+    /// Settles `taken`, deliveries already taken from channel `ch`'s unacked ones, as
+    /// `how` says: gathered into this read's settle batches.
+    pub(super) fn settle_taken(&mut self, ch: u16, taken: Vec<(u64, Unacked)>, how: Settle) {
+        let Some(state) = self.channels.get_mut(&ch) else {
+            return;
+        };
+        let mut settles = Vec::with_capacity(taken.len());
+        let mut releases = Vec::new();
+        for (
+            _,
+            Unacked {
+                queue,
+                tag,
+                consumer,
+                ..
+            },
+        ) in taken
+        {
+            if let Some(stopped) = state.stopped.iter_mut().find(|s| s.number == consumer) {
+                stopped.outstanding = stopped.outstanding.saturating_sub(1);
+                // What a client hands back with `requeue` after cancelling, it never gave
+                // its application (a delivery in flight when it cancelled, which pika
+                // hands back as it arrives): a release, which costs no attempt.
+                if stopped.cancelled && how == requeue(true) {
+                    releases.push((queue, tag, Settle::Release));
+                    continue;
+                }
+            }
+            settles.push((queue, tag, how));
+        }
+        // Each release goes to the front of its queue: the last delivered goes first, so
+        // that they come back in the order they were delivered, as with RabbitMQ.
+        settles.extend(releases.into_iter().rev());
+        for (queue, tag, how) in settles {
+            match self.pending.last_mut() {
+                Some(Pending::Settle {
+                    channel,
+                    queue: q,
+                    settles,
+                }) if *channel == ch && q.name() == queue.name() => settles.push((tag, how)),
+                _ => self.pending.push(Pending::Settle {
+                    channel: ch,
+                    queue,
+                    settles: vec![(tag, how)],
+                }),
+            }
+        }
+    }
+
+    /// Whether the channel of subscription `index` takes a delivery now: it is not
+    /// paused by `channel.flow`, and is under its `global` prefetch (which, as in RabbitMQ,
+    /// does not bound `no_ack` consumers).
+    pub(super) fn may_deliver(&self, index: usize) -> bool {
+        let sub = &self.subscriptions[index];
+        self.channels.get(&sub.channel).is_none_or(|state| {
+            !state.paused
+                && (sub.no_ack
+                    || state.global_prefetch == 0
+                    || state.unsettled() < usize::from(state.global_prefetch))
+        })
+    }
+
+    /// Sends one delivery of subscription `index` as `basic.deliver` + content.
+    pub(super) fn deliver(&mut self, index: usize, delivery: Delivery) {
+        let sub = &self.subscriptions[index];
+        let (ch, no_ack) = (sub.channel, sub.no_ack);
+        if !self.channels.contains_key(&ch) {
+            // The channel is gone; its consumer is being cancelled.
+            delivery.release();
+            return;
+        }
+        if self.expired(sub.message_ttl, delivery.envelope()) {
+            // Never sent, as RabbitMQ expires it at the head of its queue: dead-lettered
+            // where the queue has an exchange for it, else dropped (acked with the automatic
+            // acknowledgements).
+            let queue = &self.subscriptions[index].queue;
+            if message_expiry::dead_letters(queue) {
+                let queue = queue.clone();
+                self.vhost.message_expiry.hand_over(queue, delivery);
+            } else {
+                self.drop_expired(index, &delivery);
+            }
+            return;
+        }
+        let sub = &self.subscriptions[index];
+        let state = self.channels.get_mut(&ch).expect("checked above");
+        state.last_tag += 1;
+        let channel_tag = state.last_tag;
+        if !no_ack {
+            let now = self.settings.lease_clock.now_ms();
+            let unacked = Unacked::new(sub.queue.clone(), delivery.tag(), sub.number, now);
+            state.hold(channel_tag, unacked, now);
+        }
+        let envelope = delivery.envelope();
+        let deliver = |out: &mut Output, exchange: &str, routing_key: &str| {
+            let deliver = wire::Deliver {
+                consumer_tag: sub.tag.as_str().as_bytes(),
+                delivery_tag: channel_tag,
+                redelivered: envelope.redelivered(),
+                exchange: exchange.as_bytes(),
+                routing_key: routing_key.as_bytes(),
+            };
+            out.deliver(ch, &deliver)
+        };
+        let (out, seen) = (&mut self.out, &mut self.seen.output);
+        let queue = sub.queue.name();
+        let written =
+            write_delivery(out, seen, ch, self.frame_max, envelope, queue, deliver).is_ok();
+        if no_ack {
+            // Automatic acknowledgement: settled as it is sent (see `auto_acks`).
+            let queue = &sub.queue;
+            let ack = (delivery.tag(), Settle::Ack);
+            match self.auto_acks.last_mut() {
+                Some((last, settles)) if last.name() == queue.name() => settles.push(ack),
+                _ => self.auto_acks.push((queue.clone(), vec![ack])),
+            }
+        }
+        if !written {
+            self.abort(Fault::connection(
+                code::INTERNAL_ERROR,
+                "could not write a frame",
+            ));
+        }
+    }
+
+    /// Whether `envelope`, about to be delivered from a queue whose `x-message-ttl` is
+    /// `ttl`, has outlived its time (the queue's or its own `expiration`): it expires once
+    /// the clock is past its arrival plus that time.
+    pub(super) fn expired(&mut self, ttl: Option<u64>, envelope: &Envelope) -> bool {
+        let at = content::expires_at(&envelope.body, ttl, &mut self.seen.output);
+        at.is_some_and(|at| self.settings.clock.now_ms() > at)
+    }
+
+    /// Drops an expired delivery of consumer `index`: acked with the automatic
+    /// acknowledgements (see `auto_acks`), never sent.
+    pub(super) fn drop_expired(&mut self, index: usize, delivery: &Delivery) {
+        let queue = &self.subscriptions[index].queue;
+        let ack = (delivery.tag(), Settle::Ack);
+        match self.auto_acks.last_mut() {
+            Some((last, settles)) if last.name() == queue.name() => settles.push(ack),
+            _ => self.auto_acks.push((queue.clone(), vec![ack])),
+        }
+        self.settings.metrics.ttl_expired.inc();
+    }
+
+    /// The `x-message-ttl` the queue called `name` was declared with.
+    pub(super) fn message_ttl(&self, name: &str) -> Option<u64> {
+        let declared = self.vhost.declared.lock().expect("never poisoned");
+        declared.get(name).and_then(|d| d.message_ttl)
+    }
+}
+
+/// The most expired messages one `basic.get` drops before it answers `get-empty`.
+pub(super) const GET_DROPS_AT_MOST: usize = 1024;
+
+/// Writes a delivery of `envelope` from `queue` on channel `ch`: the method `method` makes
+/// from its exchange and routing key, then its content. The stored properties and names
+/// are copied out as they came; a dead letter's (which gain `x-death` headers) and those of
+/// a body put through the Rust API are written anew. Nothing is written if the method
+/// cannot be.
+pub(super) fn write_delivery(
+    out: &mut Output,
+    seen: &mut PropertiesSeen,
+    ch: u16,
+    frame_max: usize,
+    envelope: &Envelope,
+    queue: &str,
+    method: impl FnOnce(&mut Output, &str, &str) -> Result<(), GenFailed>,
+) -> Result<(), GenFailed> {
+    let (anew, properties);
+    // Through the default exchange, the routing key is the queue's name as clients know it.
+    let queue = &names::amqp(queue);
+    let content = match content::delivered_encoded(envelope, queue, seen) {
+        Some(content) => content,
+        None => {
+            anew = content::delivered(envelope, queue);
+            properties = anew.encoded_properties().ok_or(GenFailed)?;
+            content::Encoded {
+                properties: &properties,
+                exchange: &anew.exchange,
+                routing_key: &anew.routing_key,
+                payload: &anew.payload,
+            }
+        }
+    };
+    method(out, content.exchange, content.routing_key)?;
+    out.content_encoded(ch, content.properties, content.payload, frame_max);
+    Ok(())
+}

@@ -1,0 +1,316 @@
+//! A channel's methods, dispatched: each method that comes on an open channel goes to the
+//! part that serves it (queues and exchanges, consumers and settles, publishes,
+//! transactions), and a channel error closes the channel.
+
+use amq_protocol::protocol::{basic, channel, confirm, exchange, queue, tx, AMQPClass};
+use leasemq::Settle;
+
+use super::channel::{requeue, Channel};
+use super::fault::{method_name, reply_text, Fault};
+use super::incoming::Incoming;
+use super::{code, Connection};
+
+impl Connection {
+    pub(super) fn handle_channel_method(
+        &mut self,
+        ch: u16,
+        method: AMQPClass,
+    ) -> Result<(), Fault> {
+        let gathered = matches!(
+            method,
+            AMQPClass::Basic(
+                basic::AMQPMethod::Publish(_)
+                    | basic::AMQPMethod::Ack(_)
+                    | basic::AMQPMethod::Nack(_)
+                    | basic::AMQPMethod::Reject(_)
+            )
+        );
+        if !gathered {
+            // Whatever this method does, it comes after the publishes and settles before it.
+            self.flush_pending();
+        }
+        let Some(state) = self.channels.get_mut(&ch) else {
+            return self.handle_unopened(ch, method);
+        };
+        if state.closing {
+            // After our channel.close only its close-ok (or the peer's own close) counts.
+            match method {
+                AMQPClass::Channel(channel::AMQPMethod::CloseOk(_)) => {
+                    self.channels.remove(&ch);
+                }
+                AMQPClass::Channel(channel::AMQPMethod::Close(_)) => {
+                    self.channels.remove(&ch);
+                    self.send(
+                        ch,
+                        AMQPClass::Channel(channel::AMQPMethod::CloseOk(channel::CloseOk {})),
+                    );
+                }
+                _ => {}
+            }
+            return Ok(());
+        }
+        if state.incoming.is_some() {
+            let text = format!(
+                "expected content for basic.publish, got {}",
+                method_name(&method)
+            );
+            return Err(Fault::connection(code::UNEXPECTED_FRAME, text).for_method(&method));
+        }
+        match method {
+            AMQPClass::Channel(m) => self.channel_method(ch, m),
+            AMQPClass::Basic(m) => self.basic_method(ch, m),
+            AMQPClass::Queue(m) => self.queue_method(ch, m),
+            AMQPClass::Exchange(m) => self.exchange_method(ch, m),
+            AMQPClass::Confirm(confirm::AMQPMethod::Select(select)) => {
+                self.confirm_select(ch, select)
+            }
+            AMQPClass::Tx(
+                method @ (tx::AMQPMethod::Select(_)
+                | tx::AMQPMethod::Commit(_)
+                | tx::AMQPMethod::Rollback(_)),
+            ) => self.handle_tx(ch, method),
+            other => unsupported(other),
+        }
+    }
+
+    /// A `channel` method on open channel `ch`.
+    pub(super) fn channel_method(
+        &mut self,
+        ch: u16,
+        method: channel::AMQPMethod,
+    ) -> Result<(), Fault> {
+        match method {
+            channel::AMQPMethod::Close(_) => {
+                self.end_subscriptions(Some(ch));
+                self.channels.remove(&ch);
+                self.send(
+                    ch,
+                    AMQPClass::Channel(channel::AMQPMethod::CloseOk(channel::CloseOk {})),
+                );
+                Ok(())
+            }
+            channel::AMQPMethod::CloseOk(_) => Ok(()),
+            channel::AMQPMethod::Flow(flow) => {
+                let Some(state) = self.channels.get_mut(&ch) else {
+                    return Ok(());
+                };
+                // Deliveries stop or start again; those the broker already handed to the
+                // channel's consumers wait, leased, in their buffers (at most a prefetch).
+                state.paused = !flow.active;
+                let ok = channel::FlowOk {
+                    active: flow.active,
+                };
+                self.send(ch, AMQPClass::Channel(channel::AMQPMethod::FlowOk(ok)));
+                Ok(())
+            }
+            channel::AMQPMethod::Open(_) => {
+                let text = format!("channel {ch} is already open");
+                let method = AMQPClass::Channel(method);
+                Err(Fault::connection(code::CHANNEL_ERROR, text).for_method(&method))
+            }
+            other => unsupported(AMQPClass::Channel(other)),
+        }
+    }
+
+    /// A `basic` method on open channel `ch`.
+    pub(super) fn basic_method(&mut self, ch: u16, method: basic::AMQPMethod) -> Result<(), Fault> {
+        let Some(state) = self.channels.get_mut(&ch) else {
+            return Ok(());
+        };
+        match method {
+            basic::AMQPMethod::Qos(qos) => {
+                if qos.global {
+                    state.global_prefetch = qos.prefetch_count;
+                } else {
+                    state.prefetch = qos.prefetch_count;
+                }
+                self.send(
+                    ch,
+                    AMQPClass::Basic(basic::AMQPMethod::QosOk(basic::QosOk {})),
+                );
+                Ok(())
+            }
+            basic::AMQPMethod::Publish(publish) => {
+                if publish.immediate {
+                    let text = "immediate=true is not supported (nor by RabbitMQ)";
+                    let m = AMQPClass::Basic(basic::AMQPMethod::Publish(publish));
+                    return Err(Fault::connection(code::NOT_IMPLEMENTED, text).for_method(&m));
+                }
+                state.incoming = Some(Incoming {
+                    publish,
+                    content: None,
+                });
+                Ok(())
+            }
+            basic::AMQPMethod::Consume(consume) => self.consume(ch, consume),
+            basic::AMQPMethod::Get(get) => self.get(ch, get),
+            basic::AMQPMethod::Recover(recover) => {
+                let m = AMQPClass::Basic(basic::AMQPMethod::Recover(recover.clone()));
+                self.recover(ch, recover.requeue, &m)?;
+                let ok = basic::AMQPMethod::RecoverOk(basic::RecoverOk {});
+                self.send(ch, AMQPClass::Basic(ok));
+                Ok(())
+            }
+            basic::AMQPMethod::RecoverAsync(recover) => {
+                let m = AMQPClass::Basic(basic::AMQPMethod::RecoverAsync(recover.clone()));
+                self.recover(ch, recover.requeue, &m)
+            }
+            basic::AMQPMethod::Cancel(cancel) => {
+                self.cancel(ch, cancel);
+                Ok(())
+            }
+            other => self.settle_method(ch, other),
+        }
+    }
+
+    /// `basic.ack`, `basic.nack` or `basic.reject` on open channel `ch`.
+    pub(super) fn settle_method(
+        &mut self,
+        ch: u16,
+        method: basic::AMQPMethod,
+    ) -> Result<(), Fault> {
+        let m = AMQPClass::Basic(method.clone());
+        match method {
+            basic::AMQPMethod::Ack(ack) => {
+                self.settle(ch, ack.delivery_tag, ack.multiple, Settle::Ack, &m)
+            }
+            basic::AMQPMethod::Nack(nack) => self.settle(
+                ch,
+                nack.delivery_tag,
+                nack.multiple,
+                requeue(nack.requeue),
+                &m,
+            ),
+            basic::AMQPMethod::Reject(reject) => {
+                self.settle(ch, reject.delivery_tag, false, requeue(reject.requeue), &m)
+            }
+            _ => unsupported(m),
+        }
+    }
+
+    /// A `queue` method on open channel `ch`.
+    pub(super) fn queue_method(&mut self, ch: u16, method: queue::AMQPMethod) -> Result<(), Fault> {
+        match method {
+            queue::AMQPMethod::Declare(declare) => self.declare(ch, declare),
+            queue::AMQPMethod::Purge(purge) => self.purge(ch, purge),
+            queue::AMQPMethod::Bind(bind) => self.bind(ch, bind),
+            queue::AMQPMethod::Unbind(unbind) => self.unbind(ch, unbind),
+            queue::AMQPMethod::Delete(delete) => self.delete(ch, delete),
+            other => unsupported(AMQPClass::Queue(other)),
+        }
+    }
+
+    /// An `exchange` method on open channel `ch`.
+    pub(super) fn exchange_method(
+        &mut self,
+        ch: u16,
+        method: exchange::AMQPMethod,
+    ) -> Result<(), Fault> {
+        match method {
+            exchange::AMQPMethod::Declare(declare) => self.exchange_declare(ch, declare),
+            exchange::AMQPMethod::Delete(delete) => self.exchange_delete(ch, delete),
+            exchange::AMQPMethod::Bind(bind) => {
+                let m = AMQPClass::Exchange(exchange::AMQPMethod::Bind(bind.clone()));
+                let (source, destination) = (bind.source.as_str(), bind.destination.as_str());
+                let (key, arguments) = (bind.routing_key.as_str(), &bind.arguments);
+                self.bind_exchange(ch, (source, key, destination), arguments, &m)?;
+                if !bind.nowait {
+                    let ok = exchange::AMQPMethod::BindOk(exchange::BindOk {});
+                    self.send(ch, AMQPClass::Exchange(ok));
+                }
+                Ok(())
+            }
+            exchange::AMQPMethod::Unbind(unbind) => {
+                let m = AMQPClass::Exchange(exchange::AMQPMethod::Unbind(unbind.clone()));
+                let (source, destination) = (unbind.source.as_str(), unbind.destination.as_str());
+                let (key, arguments) = (unbind.routing_key.as_str(), &unbind.arguments);
+                self.unbind_exchange(ch, (source, key, destination), arguments, &m)?;
+                if !unbind.nowait {
+                    let ok = exchange::AMQPMethod::UnbindOk(exchange::UnbindOk {});
+                    self.send(ch, AMQPClass::Exchange(ok));
+                }
+                Ok(())
+            }
+            other => unsupported(AMQPClass::Exchange(other)),
+        }
+    }
+
+    /// `confirm.select` on open channel `ch`: refused on a transactional channel.
+    pub(super) fn confirm_select(&mut self, ch: u16, select: confirm::Select) -> Result<(), Fault> {
+        let Some(state) = self.channels.get_mut(&ch) else {
+            return Ok(());
+        };
+        if state.tx.is_some() {
+            let text = "PRECONDITION_FAILED - cannot switch from tx to confirm mode";
+            let m = AMQPClass::Confirm(confirm::AMQPMethod::Select(select));
+            return Err(Fault::channel(ch, code::PRECONDITION_FAILED, text, &m));
+        }
+        state.confirm = true;
+        if !select.nowait {
+            let ok = confirm::AMQPMethod::SelectOk(confirm::SelectOk {});
+            self.send(ch, AMQPClass::Confirm(ok));
+        }
+        Ok(())
+    }
+
+    /// A method on a channel that is not open: only `channel.open` may come.
+    pub(super) fn handle_unopened(&mut self, ch: u16, method: AMQPClass) -> Result<(), Fault> {
+        match method {
+            AMQPClass::Channel(channel::AMQPMethod::Open(_)) if ch <= self.channel_max => {
+                // What may still have come of a refused body on the channel's last life
+                // does not count against the new one.
+                self.refused_bodies.retain(|(c, _)| *c != ch);
+                self.opened += 1;
+                let serial = self.opened;
+                self.channels.insert(
+                    ch,
+                    Channel {
+                        serial,
+                        ..Channel::default()
+                    },
+                );
+                self.send(
+                    ch,
+                    AMQPClass::Channel(channel::AMQPMethod::OpenOk(channel::OpenOk {})),
+                );
+                Ok(())
+            }
+            AMQPClass::Channel(channel::AMQPMethod::Open(_)) => {
+                let text = format!("channel {ch} is over channel_max {}", self.channel_max);
+                Err(Fault::connection(code::NOT_ALLOWED, text).for_method(&method))
+            }
+            // A close-ok that crossed the peer's own close.
+            AMQPClass::Channel(channel::AMQPMethod::CloseOk(_)) => Ok(()),
+            other => {
+                let text = format!("{} on channel {ch}, which is not open", method_name(&other));
+                Err(Fault::connection(code::CHANNEL_ERROR, text).for_method(&other))
+            }
+        }
+    }
+
+    /// Closes `ch` for a channel error: its consumers end (their unsettled deliveries come
+    /// back), and `channel.close` goes out.
+    pub(super) fn close_channel_with(&mut self, ch: u16, fault: Fault) {
+        self.end_subscriptions(Some(ch));
+        if let Some(state) = self.channels.get_mut(&ch) {
+            *state = Channel {
+                closing: true,
+                serial: state.serial,
+                ..Channel::default()
+            };
+        }
+        let close = channel::Close {
+            reply_code: fault.code,
+            reply_text: reply_text(fault.code, fault.text),
+            class_id: fault.class_id,
+            method_id: fault.method_id,
+        };
+        self.send(ch, AMQPClass::Channel(channel::AMQPMethod::Close(close)));
+    }
+}
+
+/// A method the server does not serve (yet): the connection closes with 540.
+pub(super) fn unsupported(method: AMQPClass) -> Result<(), Fault> {
+    let text = format!("{} is not supported by leasemqd yet", method_name(&method));
+    Err(Fault::connection(code::NOT_IMPLEMENTED, text).for_method(&method))
+}
