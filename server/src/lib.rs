@@ -7,13 +7,17 @@
 //!   which only reads, writes and waits. It is the connection's one writer.
 //! - [`Connection`] is the protocol, with no IO: bytes in, broker calls and frames out.
 //!   It is unit-tested by feeding it frames and reading the frames it answers with.
+//! - [`VHost`] is what the connections share and their methods change: queues,
+//!   exchanges and bindings, the rules of declaring them, and the tasks that expire and
+//!   dead-letter on their own.
 //! - [`wire`] cuts frames and writes them with `amq-protocol`'s codec; [`content`] keeps an
 //!   AMQP message's properties inside the leasemq message body; [`exchange`] routes
 //!   publishes through the default, direct, fanout, topic and headers exchanges, and
 //!   through exchanges bound to exchanges and alternate exchanges.
 //!
 //! How AMQP's unacked deliveries map onto leases is in `connection/channel.rs`; what is
-//! served and what is not yet is in `server/README.md`.
+//! served and what is not yet is in `docs/amqp.md`, and how it differs from RabbitMQ in
+//! `server/README.md`.
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]

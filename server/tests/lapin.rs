@@ -1,6 +1,6 @@
 //! leasemqd through `lapin`, an AMQP 0-9-1 client that shares no code with the server:
 //! each test starts `serve::accept_loop` on a loopback port of its own, connects as
-//! `guest:guest` and checks one behaviour of server/README.md end to end, down to delivery
+//! `guest:guest` and checks one behaviour of docs/amqp.md end to end, down to delivery
 //! tags, `redelivered` flags and message properties.
 //!
 //! Nothing here sleeps to wait for state. A wait for a frame has a timeout (a failure,
