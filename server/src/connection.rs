@@ -10,9 +10,11 @@
 //! puts of publishes without confirms), and puts whose answers it awaits while it reads on
 //! (those of confirming channels and durable queues).
 //!
-//! The connection walks through the handshake (protocol header, `connection.start`/
-//! `start-ok` with PLAIN, `tune`/`tune-ok`, `open`/`open-ok`), then serves channels
-//! (`channel.rs`). A fault answers as RabbitMQ does: a channel error closes that channel
+//! The connection walks through the handshake (`handshake.rs`), then serves channels:
+//! `dispatch.rs` sends each method to the room that serves it (`queues.rs`,
+//! `consume.rs`, `publish.rs`, `tx.rs`, `reply_to.rs`), and each channel's own state is a
+//! `Channel` (`channel.rs`). This file is the reader: framing, content assembly, the
+//! output budget, the memory alarm and the channel table. A fault answers as RabbitMQ does: a channel error closes that channel
 //! (`channel.close`, then everything on it but `close-ok` is dropped), a connection error
 //! closes the connection (`connection.close`, then everything but `close-ok`). Frames the
 //! peer cannot have meant (malformed, over `frame_max`) end it at once.
@@ -20,8 +22,10 @@
 mod answers;
 mod channel;
 mod consume;
+mod deliveries;
 mod dispatch;
 mod fault;
+mod handshake;
 mod incoming;
 mod publish;
 mod queues;
@@ -30,30 +34,24 @@ mod timers;
 mod tx;
 
 use std::collections::{HashMap, VecDeque};
-use std::future::Future;
-use std::pin::pin;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 use std::time::Duration;
 
 use ahash::RandomState;
 use amq_protocol::frame::AMQPFrame;
-use amq_protocol::protocol::BasicProperties;
 use amq_protocol::protocol::{basic, connection, AMQPClass};
-use amq_protocol::types::{AMQPValue, FieldTable, ShortString};
-use leasemq::{Broker, Consumer, Delivery, DeliveryTag, Queue, Settle};
+use leasemq::{Broker, DeliveryTag, Queue, Settle};
 
 pub(crate) use crate::code;
 use crate::consumers;
-use crate::content::{self, PropertiesSeen};
-use crate::dead_letter;
+use crate::content::PropertiesSeen;
 use crate::metrics::Metrics;
 use crate::settings::Settings;
 use crate::vhost::VHost;
 use crate::wire::{self, Next, Output};
 use answers::{Awaited, Pending};
 use channel::Channel;
+use deliveries::Subscription;
 use fault::{method_name, reply_text, Fault};
 pub use timers::TimedOut;
 use timers::Timers;
@@ -84,34 +82,6 @@ enum Phase {
     Closing,
     /// Nothing more is read; the driver flushes the output and closes the socket.
     Closed,
-}
-
-/// One consumer of this connection: the broker's consumer and what AMQP calls it.
-struct Subscription {
-    channel: u16,
-    /// Its queue's `x-message-ttl`, in milliseconds, as declared when it started.
-    message_ttl: Option<u64>,
-    /// The connection's number for it, unique on the connection.
-    number: u64,
-    tag: ShortString,
-    queue: Queue,
-    /// Its broker consumer; `None` while it waits its turn on a queue with a single
-    /// active consumer.
-    consumer: Option<Consumer>,
-    /// What it waits for, and the broker consumer it makes then.
-    waiting: Option<Waiting>,
-    no_ack: bool,
-    /// Its place among its queue's consumers, given back as the subscription ends.
-    _claim: consumers::Claim,
-}
-
-/// A subscription waiting its turn (`x-single-active-consumer`): the broker consumer it
-/// makes when the turn comes.
-struct Waiting {
-    turn: Arc<consumers::Turn>,
-    name: String,
-    config: leasemq::ConsumerConfig,
-    priority: i64,
 }
 
 /// Whether this thread is a worker of a multi-threaded tokio runtime, where a broker call
@@ -373,22 +343,6 @@ impl Connection {
         self.out.drain_into(to);
     }
 
-    /// Acks what was delivered to `no_ack` consumers since the last time.
-    fn flush_auto_acks(&mut self) {
-        for (queue, settles) in self.auto_acks.drain(..) {
-            // A `false` is a lease that ran out meanwhile: counted stale by the broker.
-            // Waited for, though no answer is needed: while the connection waits, the
-            // shard gathers the next deliveries into one batch; without the wait the
-            // connection comes back for them a few at a time, at more CPU per message.
-            // Not on a durable queue, whose answer waits for an fsync.
-            if queue.is_durable() {
-                queue.settle_batch_nowait(&settles);
-            } else {
-                queue.settle_batch(&settles);
-            }
-        }
-    }
-
     /// Open channels.
     pub fn channel_count(&self) -> usize {
         self.channels.len()
@@ -474,213 +428,12 @@ impl Connection {
         }
     }
 
-    /// The next delivery of any consumer of this connection, or `Pending` (with the waker
-    /// registered with every consumer). Consumers are looked at in turn from where the last
-    /// look stopped.
-    pub fn poll_delivery(&mut self, cx: &mut Context<'_>) -> Poll<(usize, Option<Delivery>)> {
-        let n = self.subscriptions.len();
-        for step in 0..n {
-            let i = (self.rotor + step) % n;
-            let sub = &mut self.subscriptions[i];
-            if let Some(waiting) = &sub.waiting {
-                if !waiting.turn.has_come(cx) {
-                    continue;
-                }
-                // Its turn: it consumes from now on; a queue gone meanwhile ends it as a
-                // deleted queue ends any consumer. On a durable queue the consume waits
-                // for the deliveries it starts to be on disk: off the worker's other tasks
-                // then, as a read with such a call is (`serve.rs`).
-                let consume = || {
-                    let config = waiting.config.clone();
-                    (sub.queue).consume_with_priority(&waiting.name, config, waiting.priority)
-                };
-                let consumed = if sub.queue.is_durable() && may_block_in_place() {
-                    tokio::task::block_in_place(consume)
-                } else {
-                    consume()
-                };
-                match consumed {
-                    Ok(consumer) => {
-                        sub.consumer = Some(consumer);
-                        sub.waiting = None;
-                    }
-                    Err(_) => {
-                        self.rotor = (i + 1) % n;
-                        return Poll::Ready((i, None));
-                    }
-                }
-            }
-            // A paused or full channel is looked at again after the next input, which is
-            // what can change that.
-            if !self.may_deliver(i) {
-                continue;
-            }
-            let Some(consumer) = self.subscriptions[i].consumer.as_mut() else {
-                continue;
-            };
-            if let Poll::Ready(d) = pin!(consumer.next()).poll(cx) {
-                self.rotor = (i + 1) % n;
-                return Poll::Ready((i, d));
-            }
-        }
-        Poll::Pending
-    }
-
-    /// A delivery that is already waiting, without blocking; `None` if none is.
-    pub fn try_delivery(&mut self) -> Option<(usize, Option<Delivery>)> {
-        let waker = std::task::Waker::noop();
-        match self.poll_delivery(&mut Context::from_waker(waker)) {
-            Poll::Ready(found) => Some(found),
-            Poll::Pending => None,
-        }
-    }
-
-    /// Sends a delivery that [`poll_delivery`](Connection::poll_delivery) or
-    /// [`try_delivery`](Connection::try_delivery) returned for consumer `index` as a
-    /// `basic.deliver` (a `None` there means that consumer's queue closed).
-    pub fn handle_delivery(&mut self, index: usize, delivery: Option<Delivery>) {
-        match delivery {
-            Some(delivery) => self.deliver(index, delivery),
-            None => {
-                // The queue was deleted under the consumer: nothing more will come, and the
-                // client hears so as from RabbitMQ (`consumer_cancel_notify`).
-                let sub = self.subscriptions.swap_remove(index);
-                let open = self.channels.get(&sub.channel).is_some_and(|s| !s.closing);
-                if open {
-                    let cancel = basic::Cancel {
-                        consumer_tag: sub.tag.clone(),
-                        nowait: true,
-                    };
-                    self.forget_consumer_tag(sub.channel, &sub.tag);
-                    self.send(
-                        sub.channel,
-                        AMQPClass::Basic(basic::AMQPMethod::Cancel(cancel)),
-                    );
-                }
-            }
-        }
-    }
-
     fn send(&mut self, channel: u16, method: AMQPClass) {
         if self.out.method(channel, method).is_err() {
             self.abort(Fault::connection(
                 code::INTERNAL_ERROR,
                 "could not write a frame",
             ));
-        }
-    }
-
-    fn send_start(&mut self) {
-        let mut capabilities = FieldTable::default();
-        for name in [
-            "basic.nack",
-            "per_consumer_qos",
-            "authentication_failure_close",
-            "publisher_confirms",
-            "consumer_cancel_notify",
-            "direct_reply_to",
-            "exchange_exchange_bindings",
-            "connection.blocked",
-        ] {
-            capabilities.insert(name.into(), AMQPValue::Boolean(true));
-        }
-        let mut properties = FieldTable::default();
-        properties.insert("product".into(), AMQPValue::LongString("leasemqd".into()));
-        let version = env!("CARGO_PKG_VERSION");
-        properties.insert("version".into(), AMQPValue::LongString(version.into()));
-        properties.insert("platform".into(), AMQPValue::LongString("Rust".into()));
-        properties.insert("capabilities".into(), AMQPValue::FieldTable(capabilities));
-        let start = connection::Start {
-            version_major: 0,
-            version_minor: 9,
-            server_properties: properties,
-            mechanisms: "PLAIN".into(),
-            locales: "en_US".into(),
-        };
-        self.phase = Phase::AwaitStartOk;
-        self.send(
-            0,
-            AMQPClass::Connection(connection::AMQPMethod::Start(start)),
-        );
-    }
-
-    /// A content header: on a channel of an open connection, the next part of a publish
-    /// (its properties checked, and parsed only if they differ from the last ones); else
-    /// handled as any other frame. `Err` for properties that do not parse.
-    fn content_header(&mut self, header: wire::Header<'_>) -> Result<(), ()> {
-        if self.phase != Phase::Open || header.channel == 0 {
-            self.handle_frame(header.to_frame().ok_or(())?);
-            return Ok(());
-        }
-        let properties = self.seen.input.check(header.properties).ok_or(())?;
-        let id = properties
-            .message_id()
-            .as_ref()
-            .map(|id| id.as_str().to_owned());
-        let mut refused = refused_properties(properties, &self.settings.user);
-        let mut refuse = |text: String| {
-            refused.get_or_insert(text);
-        };
-        let channel = || self.channels.get(&header.channel);
-        let reply_name = reply_to::direct_reply_name(channel, properties).unwrap_or_else(|text| {
-            refuse(text);
-            None
-        });
-        let routes = content::sender_routes(properties).unwrap_or_else(|text| {
-            refuse(text);
-            None
-        });
-        // A message that may expire is stamped with its arrival, and marked where it has
-        // an `expiration` of its own (a number of milliseconds, as RabbitMQ reads it); once
-        // a queue has a message TTL, every message is stamped.
-        let expiration = properties.expiration().as_ref();
-        if let Some(Err(text)) = expiration.map(|e| content::parse_expiration(e.as_str())) {
-            refuse(text);
-        }
-        let own_ttl = expiration.is_some();
-        let stamp = own_ttl || self.vhost.message_ttl_used.load(Ordering::Relaxed);
-        let bcc = routes.as_ref().is_some_and(|r| r.bcc);
-        // Stored with other properties than it came with: a direct reply-to's name, or
-        // its `BCC` header taken out (recipients a consumer must not see).
-        let rewritten = if reply_name.is_some() || bcc {
-            let mut stored = properties.clone();
-            if let Some(name) = reply_name {
-                stored = stored.with_reply_to(name);
-            }
-            if bcc {
-                stored = content::without_bcc(stored);
-            }
-            let encoded = content::encode_properties(&stored);
-            if encoded.is_none() {
-                refuse(publish::PROPERTIES_NOT_STORED.into());
-            }
-            encoded
-        } else {
-            None
-        };
-        let header = match &rewritten {
-            Some(properties) => wire::Header {
-                properties,
-                ..header
-            },
-            None => header,
-        };
-        let cc = routes.map(|r| r.keys).unwrap_or_default();
-        let stamp = stamp.then_some(own_ttl);
-        let priority = *properties.priority();
-        if let Err(fault) = self.handle_header(header, id, priority, cc, stamp, refused) {
-            self.fail(fault);
-        }
-        Ok(())
-    }
-
-    /// A content body frame: on a channel of an open connection, the next part of a
-    /// publish, copied once; else handled as any other frame.
-    fn content_body(&mut self, channel: u16, body: &[u8]) {
-        if self.phase != Phase::Open || channel == 0 {
-            self.handle_frame(AMQPFrame::Body(channel, body.to_vec()));
-        } else if let Err(fault) = self.handle_body(channel, body) {
-            self.fail(fault);
         }
     }
 
@@ -713,153 +466,6 @@ impl Connection {
                 self.phase = Phase::Closed;
             }
             _ => {}
-        }
-    }
-
-    fn handle_handshake(&mut self, frame: AMQPFrame) -> Result<(), Fault> {
-        use connection::AMQPMethod as M;
-        let method = match frame {
-            AMQPFrame::Method(0, AMQPClass::Connection(method)) => method,
-            AMQPFrame::Heartbeat => return Ok(()),
-            other => {
-                let text = format!("unexpected {} during the handshake", frame_kind(&other));
-                return Err(Fault::connection(code::UNEXPECTED_FRAME, text));
-            }
-        };
-        match (self.phase, method) {
-            (Phase::AwaitStartOk, M::StartOk(start_ok)) => self.handle_start_ok(start_ok),
-            (Phase::AwaitTuneOk, M::TuneOk(tune_ok)) => self.handle_tune_ok(tune_ok),
-            (Phase::AwaitOpen, M::Open(open)) => {
-                if open.virtual_host.as_str() != "/" {
-                    let text = format!(
-                        "vhost '{}' not found: leasemqd has only '/'",
-                        open.virtual_host
-                    );
-                    return Err(Fault::connection(code::NOT_ALLOWED, text)
-                        .for_method(&AMQPClass::Connection(M::Open(open))));
-                }
-                self.phase = Phase::Open;
-                self.send(0, AMQPClass::Connection(M::OpenOk(connection::OpenOk {})));
-                Ok(())
-            }
-            (_, M::Close(_)) => {
-                self.send(0, AMQPClass::Connection(M::CloseOk(connection::CloseOk {})));
-                self.phase = Phase::Closed;
-                Ok(())
-            }
-            (_, other) => {
-                let m = AMQPClass::Connection(other);
-                let text = format!("unexpected {} during the handshake", method_name(&m));
-                Err(Fault::connection(code::COMMAND_INVALID, text).for_method(&m))
-            }
-        }
-    }
-
-    fn handle_start_ok(&mut self, start_ok: connection::StartOk) -> Result<(), Fault> {
-        let m = AMQPClass::Connection(connection::AMQPMethod::StartOk(start_ok.clone()));
-        if start_ok.mechanism.as_str() != "PLAIN" {
-            let text = format!(
-                "unsupported auth mechanism {}: only PLAIN",
-                start_ok.mechanism
-            );
-            return Err(Fault::connection(code::ACCESS_REFUSED, text).for_method(&m));
-        }
-        // PLAIN (RFC 4616): [authzid] NUL authcid NUL passwd.
-        let mut parts = start_ok.response.as_bytes().split(|&b| b == 0);
-        let (_, user, password) = (parts.next(), parts.next(), parts.next());
-        let settings = &self.settings;
-        let valid = user == Some(settings.user.as_bytes())
-            && password == Some(settings.password.as_bytes())
-            && parts.next().is_none();
-        if !valid {
-            let text = "ACCESS_REFUSED - login refused: wrong user name or password";
-            return Err(Fault::connection(code::ACCESS_REFUSED, text).for_method(&m));
-        }
-        if settings.loopback_only && !self.peer_is_loopback {
-            let text = format!("user '{}' can only connect from localhost", settings.user);
-            return Err(Fault::connection(code::ACCESS_REFUSED, text).for_method(&m));
-        }
-        // RabbitMQ's blocked connection notifications, for a client that asks for them.
-        let capabilities = start_ok.client_properties.inner().get("capabilities");
-        self.hears_blocked = matches!(capabilities, Some(AMQPValue::FieldTable(c))
-            if matches!(c.inner().get("connection.blocked"), Some(AMQPValue::Boolean(true))));
-        let tune = connection::Tune {
-            channel_max: settings.channel_max,
-            frame_max: settings.frame_max,
-            heartbeat: settings.heartbeat,
-        };
-        self.phase = Phase::AwaitTuneOk;
-        self.send(0, AMQPClass::Connection(connection::AMQPMethod::Tune(tune)));
-        Ok(())
-    }
-
-    fn handle_tune_ok(&mut self, tune_ok: connection::TuneOk) -> Result<(), Fault> {
-        let ours = self.settings.frame_max;
-        let frame_max = if tune_ok.frame_max == 0 {
-            ours
-        } else {
-            tune_ok.frame_max
-        };
-        if frame_max > ours || frame_max < FRAME_MIN_SIZE {
-            let m = AMQPClass::Connection(connection::AMQPMethod::TuneOk(tune_ok));
-            let text = format!("frame_max {frame_max} is outside {FRAME_MIN_SIZE}..={ours}");
-            return Err(Fault::connection(code::NOT_ALLOWED, text).for_method(&m));
-        }
-        self.frame_max = frame_max as usize;
-        let channel_max = self.settings.channel_max;
-        self.channel_max = match tune_ok.channel_max {
-            0 => channel_max,
-            n => n.min(channel_max),
-        };
-        self.heartbeat = tune_ok.heartbeat;
-        self.phase = Phase::AwaitOpen;
-        Ok(())
-    }
-
-    fn handle_open(&mut self, frame: AMQPFrame) -> Result<(), Fault> {
-        match frame {
-            AMQPFrame::Heartbeat => Ok(()),
-            AMQPFrame::Method(0, AMQPClass::Connection(method)) => {
-                self.handle_connection_method(method)
-            }
-            AMQPFrame::Method(channel, method) if channel != 0 => {
-                self.handle_channel_method(channel, method)
-            }
-            // A channel's method on channel 0, which only carries the connection's: as
-            // RabbitMQ, a channel error that closes the connection.
-            AMQPFrame::Method(0, method) => {
-                let text = format!("CHANNEL_ERROR - {} on channel 0", method_name(&method));
-                Err(Fault::connection(code::CHANNEL_ERROR, text).for_method(&method))
-            }
-            other => {
-                let text = format!(
-                    "unexpected {} on channel {}",
-                    frame_kind(&other),
-                    other.channel_id()
-                );
-                Err(Fault::connection(code::UNEXPECTED_FRAME, text))
-            }
-        }
-    }
-
-    fn handle_connection_method(&mut self, method: connection::AMQPMethod) -> Result<(), Fault> {
-        use connection::AMQPMethod as M;
-        match method {
-            M::Close(_) => {
-                self.flush_pending();
-                self.end_subscriptions(None);
-                // Stopped consumers return what they still hold as the channels go.
-                self.channels.clear();
-                self.drop_exclusive_queues();
-                self.send(0, AMQPClass::Connection(M::CloseOk(connection::CloseOk {})));
-                self.phase = Phase::Closed;
-                Ok(())
-            }
-            other => {
-                let m = AMQPClass::Connection(other);
-                let text = format!("{} is not supported by leasemqd", method_name(&m));
-                Err(Fault::connection(code::NOT_IMPLEMENTED, text).for_method(&m))
-            }
         }
     }
 
@@ -900,104 +506,6 @@ impl Connection {
         }
         self.phase = Phase::Closed;
     }
-
-    /// Cancels the broker consumers of `channel` (all of them for `None`): the deliveries
-    /// they received and did not settle come back to the queue, redelivered; those still
-    /// unread are released.
-    fn end_subscriptions(&mut self, channel: Option<u16>) {
-        let mut i = 0;
-        let mut queues = Vec::new();
-        while i < self.subscriptions.len() {
-            if channel.is_none_or(|c| self.subscriptions[i].channel == c) {
-                let sub = self.subscriptions.swap_remove(i);
-                if let Some(consumer) = sub.consumer {
-                    consumer.cancel();
-                }
-                queues.push(sub.queue);
-            } else {
-                i += 1;
-            }
-        }
-        for queue in queues {
-            self.auto_delete(&queue);
-        }
-    }
-
-    /// A consumer of `queue` went. Its `x-expires` time starts again (from its last
-    /// consumer's going, as the expiry waits while it has one), and it is deleted if it
-    /// was declared `auto_delete` and its last consumer, on any connection, is gone:
-    /// RabbitMQ's auto-delete (a queue that never had a consumer stays).
-    pub(crate) fn auto_delete(&mut self, queue: &Queue) {
-        self.vhost.expiring.touch(queue.name());
-        let declared = self.vhost.declared.lock().expect("never poisoned");
-        let auto = declared.get(queue.name()).is_some_and(|d| d.auto_delete);
-        drop(declared);
-        if auto && !queue.is_closed() && !self.vhost.consumers.is_consumed(queue.name()) {
-            self.delete_queue(queue);
-        }
-    }
-
-    /// Deletes the exclusive queues this connection declared (it is ending).
-    fn drop_exclusive_queues(&mut self) {
-        for queue in std::mem::take(&mut self.exclusive) {
-            self.delete_queue(&queue);
-        }
-    }
-
-    /// Closes `queue` and forgets it: its bindings, this connection's handle, and its
-    /// exclusive owner when that is this connection.
-    fn delete_queue(&mut self, queue: &Queue) {
-        let name = queue.name();
-        let closed = queue.close();
-        if self.queues.get(name).is_some_and(Queue::is_closed) {
-            self.queues.remove(name);
-        }
-        self.exclusive
-            .retain(|q| q.name() != name || !q.is_closed());
-        // Closed before (by `x-expires`, another connection's delete): forgotten then.
-        if closed {
-            let tracked = self.vhost.forget(queue, Some(self.id));
-            // A durable queue brought back by a restart with no declaration kept (from a
-            // build that kept none) and deleted before it was declared again may have a
-            // holding queue of dead letters that nothing forwards (its route was never
-            // said): it goes, with what it holds.
-            if !tracked && queue.is_durable() {
-                let holding = self.broker.queue(&dead_letter::holding_name(name));
-                if let Some(holding) = holding {
-                    holding.close();
-                }
-            }
-        }
-    }
-
-    /// The connection that owns `name` as an exclusive queue, when it is not this one.
-    fn locked_by_another(&self, name: &str) -> bool {
-        self.vhost.locked_by_another(name, self.id)
-    }
-
-    /// The queue called `name`, from the cache or the broker; never a holding queue of
-    /// dead letters, which are the server's.
-    fn queue(&mut self, name: &str) -> Option<Queue> {
-        if dead_letter::is_holding(name) {
-            return None;
-        }
-        if let Some(q) = self.queues.get(name) {
-            if !q.is_closed() {
-                return Some(q.clone());
-            }
-            self.queues.remove(name);
-        }
-        let q = self.broker.queue(name)?;
-        // Handles of queues deleted since are dropped once the map has doubled: a
-        // connection that publishes to one queue after another (replies to direct
-        // reply-to names, say) keeps only those still open.
-        if self.queues.len() >= self.sweep_queues_at {
-            self.queues.retain(|_, q| !q.is_closed());
-            self.sweep_queues_at = (2 * self.queues.len()).max(QUEUES_SWEPT_FROM);
-        }
-        self.queues.insert(name.to_string(), q.clone());
-        Some(q)
-    }
 }
 
 impl Drop for Connection {
@@ -1008,33 +516,6 @@ impl Drop for Connection {
         // Stopped consumers return what they still hold as the channels drop them.
         self.channels.clear();
         self.drop_exclusive_queues();
-    }
-}
-
-/// Why a publish with these properties is refused (a 406 on its channel, as RabbitMQ's),
-/// if it is: a `user-id` other than the connection's user, which RabbitMQ checks so that
-/// a consumer may trust it.
-///
-/// `expiration` is kept and delivered back, but a message does not expire by it: refusing
-/// it would fail a publish that works against RabbitMQ, where keeping the message longer
-/// only delivers what RabbitMQ might have dropped (ARCHITECTURE, "AMQP and leases").
-fn refused_properties(properties: &BasicProperties, user: &str) -> Option<String> {
-    let claimed = properties.user_id().as_ref()?;
-    (claimed.as_str() != user).then(|| {
-        format!(
-            "PRECONDITION_FAILED - user_id property set to '{claimed}' but authenticated user was '{user}'"
-        )
-    })
-}
-
-/// What kind of frame, for error texts.
-fn frame_kind(frame: &AMQPFrame) -> String {
-    match frame {
-        AMQPFrame::ProtocolHeader(_) => "protocol header".into(),
-        AMQPFrame::Method(_, m) => method_name(m),
-        AMQPFrame::Header(..) => "content header".into(),
-        AMQPFrame::Body(..) => "content body".into(),
-        AMQPFrame::Heartbeat | AMQPFrame::InvalidHeartbeat(_) => "heartbeat".into(),
     }
 }
 

@@ -7,8 +7,9 @@ use leasemq::{Consumer, ConsumerConfig, Delivery, Envelope, Queue, Settle};
 
 use super::answers::Pending;
 use super::channel::{requeue, Stopped, Unacked};
+use super::deliveries::{Subscription, Waiting};
 use super::fault::{broker_fault, Fault};
-use super::{code, reply_to, Connection, Subscription, Waiting};
+use super::{code, reply_to, Connection};
 use crate::content::PropertiesSeen;
 use crate::declared::Declared;
 use crate::message_expiry;

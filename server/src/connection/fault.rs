@@ -2,6 +2,7 @@
 //! the channel, a connection error the connection (`Connection::fail`). Each names the
 //! method it answers, and its text leads with the reply code's name.
 
+use amq_protocol::frame::AMQPFrame;
 use amq_protocol::protocol::{basic, AMQPClass};
 use amq_protocol::types::ShortString;
 use leasemq::Error;
@@ -208,4 +209,15 @@ pub(crate) fn broker_fault(ch: u16, e: &Error, m: &AMQPClass) -> Fault {
 /// are read, so the publish's own fields need not be copied on every message.
 pub(crate) fn publish_method() -> AMQPClass {
     AMQPClass::Basic(basic::AMQPMethod::Publish(basic::Publish::default()))
+}
+
+/// What kind of frame, for error texts.
+pub(crate) fn frame_kind(frame: &AMQPFrame) -> String {
+    match frame {
+        AMQPFrame::ProtocolHeader(_) => "protocol header".into(),
+        AMQPFrame::Method(_, m) => method_name(m),
+        AMQPFrame::Header(..) => "content header".into(),
+        AMQPFrame::Body(..) => "content body".into(),
+        AMQPFrame::Heartbeat | AMQPFrame::InvalidHeartbeat(_) => "heartbeat".into(),
+    }
 }

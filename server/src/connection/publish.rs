@@ -2,13 +2,16 @@
 //! the default exchange, and the broker calls of one read (publishes and settles) gathered
 //! and made in batches.
 
-use amq_protocol::protocol::{basic, AMQPClass};
+use std::sync::atomic::Ordering;
+
+use amq_protocol::frame::AMQPFrame;
+use amq_protocol::protocol::{basic, AMQPClass, BasicProperties};
 use leasemq::{Message, Queue};
 
 use super::answers::Pending;
 use super::fault::{exchange_fault, publish_method, Fault};
 use super::incoming::{into_message, Content, Incoming};
-use super::{code, Connection};
+use super::{code, reply_to, Connection, Phase};
 use crate::content::{self};
 use crate::exchange::Refusal;
 use crate::names;
@@ -337,4 +340,102 @@ impl Connection {
         self.out
             .content_encoded(ch, properties, payload, self.frame_max);
     }
+}
+
+impl Connection {
+    /// A content header: on a channel of an open connection, the next part of a publish
+    /// (its properties checked, and parsed only if they differ from the last ones); else
+    /// handled as any other frame. `Err` for properties that do not parse.
+    pub(super) fn content_header(&mut self, header: wire::Header<'_>) -> Result<(), ()> {
+        if self.phase != Phase::Open || header.channel == 0 {
+            self.handle_frame(header.to_frame().ok_or(())?);
+            return Ok(());
+        }
+        let properties = self.seen.input.check(header.properties).ok_or(())?;
+        let id = properties
+            .message_id()
+            .as_ref()
+            .map(|id| id.as_str().to_owned());
+        let mut refused = refused_properties(properties, &self.settings.user);
+        let mut refuse = |text: String| {
+            refused.get_or_insert(text);
+        };
+        let channel = || self.channels.get(&header.channel);
+        let reply_name = reply_to::direct_reply_name(channel, properties).unwrap_or_else(|text| {
+            refuse(text);
+            None
+        });
+        let routes = content::sender_routes(properties).unwrap_or_else(|text| {
+            refuse(text);
+            None
+        });
+        // A message that may expire is stamped with its arrival, and marked where it has
+        // an `expiration` of its own (a number of milliseconds, as RabbitMQ reads it); once
+        // a queue has a message TTL, every message is stamped.
+        let expiration = properties.expiration().as_ref();
+        if let Some(Err(text)) = expiration.map(|e| content::parse_expiration(e.as_str())) {
+            refuse(text);
+        }
+        let own_ttl = expiration.is_some();
+        let stamp = own_ttl || self.vhost.message_ttl_used.load(Ordering::Relaxed);
+        let bcc = routes.as_ref().is_some_and(|r| r.bcc);
+        // Stored with other properties than it came with: a direct reply-to's name, or
+        // its `BCC` header taken out (recipients a consumer must not see).
+        let rewritten = if reply_name.is_some() || bcc {
+            let mut stored = properties.clone();
+            if let Some(name) = reply_name {
+                stored = stored.with_reply_to(name);
+            }
+            if bcc {
+                stored = content::without_bcc(stored);
+            }
+            let encoded = content::encode_properties(&stored);
+            if encoded.is_none() {
+                refuse(PROPERTIES_NOT_STORED.into());
+            }
+            encoded
+        } else {
+            None
+        };
+        let header = match &rewritten {
+            Some(properties) => wire::Header {
+                properties,
+                ..header
+            },
+            None => header,
+        };
+        let cc = routes.map(|r| r.keys).unwrap_or_default();
+        let stamp = stamp.then_some(own_ttl);
+        let priority = *properties.priority();
+        if let Err(fault) = self.handle_header(header, id, priority, cc, stamp, refused) {
+            self.fail(fault);
+        }
+        Ok(())
+    }
+
+    /// A content body frame: on a channel of an open connection, the next part of a
+    /// publish, copied once; else handled as any other frame.
+    pub(super) fn content_body(&mut self, channel: u16, body: &[u8]) {
+        if self.phase != Phase::Open || channel == 0 {
+            self.handle_frame(AMQPFrame::Body(channel, body.to_vec()));
+        } else if let Err(fault) = self.handle_body(channel, body) {
+            self.fail(fault);
+        }
+    }
+}
+
+/// Why a publish with these properties is refused (a 406 on its channel, as RabbitMQ's),
+/// if it is: a `user-id` other than the connection's user, which RabbitMQ checks so that
+/// a consumer may trust it.
+///
+/// `expiration` is kept and delivered back, but a message does not expire by it: refusing
+/// it would fail a publish that works against RabbitMQ, where keeping the message longer
+/// only delivers what RabbitMQ might have dropped (ARCHITECTURE, "AMQP and leases").
+pub(super) fn refused_properties(properties: &BasicProperties, user: &str) -> Option<String> {
+    let claimed = properties.user_id().as_ref()?;
+    (claimed.as_str() != user).then(|| {
+        format!(
+            "PRECONDITION_FAILED - user_id property set to '{claimed}' but authenticated user was '{user}'"
+        )
+    })
 }

@@ -10,10 +10,11 @@ use leasemq::{Queue, QueueConfig};
 use super::fault::{
     broker_fault, exchange_fault, locked, no_queue, refused_fault, unserved_exchange_type, Fault,
 };
+use super::QUEUES_SWEPT_FROM;
 use super::{code, reply_to, Connection};
 use crate::exchange::{HeadersBinding, Kind, Refusal, Shape};
-use crate::names;
 use crate::vhost::declare::{DeclareError, QueueDeclare};
+use crate::{dead_letter, names};
 
 impl Connection {
     pub(super) fn declare(&mut self, ch: u16, declare: queue::Declare) -> Result<(), Fault> {
@@ -439,5 +440,83 @@ pub(super) fn unbinding_key(
             .map(|b| b.encode()),
         _ if arguments.inner().is_empty() => Some(key.to_string()),
         _ => None,
+    }
+}
+
+impl Connection {
+    /// A consumer of `queue` went. Its `x-expires` time starts again (from its last
+    /// consumer's going, as the expiry waits while it has one), and it is deleted if it
+    /// was declared `auto_delete` and its last consumer, on any connection, is gone:
+    /// RabbitMQ's auto-delete (a queue that never had a consumer stays).
+    pub(crate) fn auto_delete(&mut self, queue: &Queue) {
+        self.vhost.expiring.touch(queue.name());
+        let declared = self.vhost.declared.lock().expect("never poisoned");
+        let auto = declared.get(queue.name()).is_some_and(|d| d.auto_delete);
+        drop(declared);
+        if auto && !queue.is_closed() && !self.vhost.consumers.is_consumed(queue.name()) {
+            self.delete_queue(queue);
+        }
+    }
+
+    /// Deletes the exclusive queues this connection declared (it is ending).
+    pub(super) fn drop_exclusive_queues(&mut self) {
+        for queue in std::mem::take(&mut self.exclusive) {
+            self.delete_queue(&queue);
+        }
+    }
+
+    /// Closes `queue` and forgets it: its bindings, this connection's handle, and its
+    /// exclusive owner when that is this connection.
+    pub(super) fn delete_queue(&mut self, queue: &Queue) {
+        let name = queue.name();
+        let closed = queue.close();
+        if self.queues.get(name).is_some_and(Queue::is_closed) {
+            self.queues.remove(name);
+        }
+        self.exclusive
+            .retain(|q| q.name() != name || !q.is_closed());
+        // Closed before (by `x-expires`, another connection's delete): forgotten then.
+        if closed {
+            let tracked = self.vhost.forget(queue, Some(self.id));
+            // A durable queue brought back by a restart with no declaration kept (from a
+            // build that kept none) and deleted before it was declared again may have a
+            // holding queue of dead letters that nothing forwards (its route was never
+            // said): it goes, with what it holds.
+            if !tracked && queue.is_durable() {
+                let holding = self.broker.queue(&dead_letter::holding_name(name));
+                if let Some(holding) = holding {
+                    holding.close();
+                }
+            }
+        }
+    }
+
+    /// The connection that owns `name` as an exclusive queue, when it is not this one.
+    pub(super) fn locked_by_another(&self, name: &str) -> bool {
+        self.vhost.locked_by_another(name, self.id)
+    }
+
+    /// The queue called `name`, from the cache or the broker; never a holding queue of
+    /// dead letters, which are the server's.
+    pub(super) fn queue(&mut self, name: &str) -> Option<Queue> {
+        if dead_letter::is_holding(name) {
+            return None;
+        }
+        if let Some(q) = self.queues.get(name) {
+            if !q.is_closed() {
+                return Some(q.clone());
+            }
+            self.queues.remove(name);
+        }
+        let q = self.broker.queue(name)?;
+        // Handles of queues deleted since are dropped once the map has doubled: a
+        // connection that publishes to one queue after another (replies to direct
+        // reply-to names, say) keeps only those still open.
+        if self.queues.len() >= self.sweep_queues_at {
+            self.queues.retain(|_, q| !q.is_closed());
+            self.sweep_queues_at = (2 * self.queues.len()).max(QUEUES_SWEPT_FROM);
+        }
+        self.queues.insert(name.to_string(), q.clone());
+        Some(q)
     }
 }
