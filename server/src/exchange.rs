@@ -5,9 +5,10 @@
 //! that routing key; a `fanout` exchange to every queue bound to it, whatever the keys; a
 //! `topic` exchange to every queue bound with a pattern the key matches (words between
 //! dots, `*` one word, `#` zero or more); a `headers` exchange to every queue bound with
-//! arguments the message's headers match (`x-match` `all` or `any`). `amq.direct`,
-//! `amq.fanout`, `amq.topic`, `amq.match` and `amq.headers` exist from the start, as in RabbitMQ. One
-//! table serves every connection of a server.
+//! arguments the message's headers match (`x-match` `all` or `any`); what a binding
+//! matches is in `exchange/matching.rs`. `amq.direct`, `amq.fanout`, `amq.topic`,
+//! `amq.match` and `amq.headers` exist from the start, as in RabbitMQ. One table serves
+//! every connection of a virtual host.
 //!
 //! An exchange may also be bound to another exchange (`exchange.bind`): what the source
 //! routes to that binding goes on through the destination, with the same routing keys and
@@ -18,21 +19,26 @@
 //! of its own, only what other exchanges route to it.
 //!
 //! With a data dir, durable exchanges and their bindings to durable queues are kept in
-//! [`FILE`] there, as RabbitMQ keeps them: every change to what the file holds is written
+//! [`FILE`] there (`exchange/store.rs`), as RabbitMQ keeps them: every change to what the file holds is written
 //! (to a temporary file, fsynced, renamed over the old one, the directory fsynced) before
 //! it is answered. A restart reads the file back and keeps the bindings whose queue came
 //! back. Exchanges that are not durable, and bindings of queues that are not, live in
 //! memory only.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
-use std::fs;
-use std::io::{self, Write};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
-use amq_protocol::types::{AMQPValue, FieldTable};
+use amq_protocol::types::FieldTable;
 use serde::{Deserialize, Serialize};
 
 use crate::names;
+
+mod matching;
+mod store;
+
+pub use matching::{header_value, topic_matches, HeadersBinding};
+use matching::{matching, LazyHeaders};
+pub(crate) use store::write_atomically;
 
 /// The file, in the data dir, that keeps the durable exchanges and their bindings.
 pub const FILE: &str = "leasemqd-exchanges.json";
@@ -136,47 +142,6 @@ impl Shape {
     }
 }
 
-/// What [`FILE`] holds: the durable exchanges, each with its bindings.
-#[derive(Debug, Serialize, Deserialize)]
-struct Stored {
-    version: u32,
-    exchanges: Vec<StoredExchange>,
-}
-
-#[derive(Debug, Serialize, Deserialize)]
-struct StoredExchange {
-    name: String,
-    /// Absent for a direct exchange, as in files written before other types were served.
-    #[serde(default, skip_serializing_if = "Kind::is_direct")]
-    kind: Kind,
-    /// Absent in files written before auto-delete exchanges were served.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    auto_delete: bool,
-    /// Absent unless internal, as in files written before internal exchanges were served.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    internal: bool,
-    /// Absent where there is none, as in files written before alternates were served.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    alternate_exchange: Option<String>,
-    /// (routing key, queue) pairs.
-    bindings: Vec<(String, String)>,
-    /// (routing key, destination exchange) pairs; absent where there are none.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    exchange_bindings: Vec<(String, String)>,
-}
-
-/// The version of [`Stored`] written where every exchange kept is direct and not
-/// auto-delete: what builds that served only those read.
-const VERSION_DIRECT: u32 = 1;
-/// The version written where one is not, but every exchange routes to queues only and is
-/// neither internal nor has an alternate: a build that reads only version 1 refuses the
-/// file, rather than route a fanout or topic exchange as a direct one.
-const VERSION_TYPED: u32 = 2;
-/// The version written where an exchange is bound to another, is internal or has an
-/// alternate: a build that reads at most version 2 refuses the file, rather than drop
-/// what those route.
-const VERSION: u32 = 3;
-
 /// Why an exchange call is refused, as AMQP reply codes name it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Refusal {
@@ -220,158 +185,6 @@ impl Default for Exchanges {
 }
 
 impl Exchanges {
-    /// The exchanges kept in `dir` (none yet if it has no [`FILE`]), which keeps every
-    /// later change to a durable one; a binding is kept if `queue_exists` says its queue
-    /// came back (a binding to an exchange: if that exchange is in the file).
-    ///
-    /// # Errors
-    ///
-    /// A file that cannot be read or parsed, named in the message: the server must not
-    /// start and route differently than before.
-    pub fn open(dir: &Path, queue_exists: impl Fn(&str) -> bool) -> Result<Exchanges, String> {
-        let file = dir.join(FILE);
-        let mut exchanges = Exchanges {
-            file: Some(file.clone()),
-            ..Exchanges::default()
-        };
-        let text = match fs::read_to_string(&file) {
-            Ok(text) => text,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(exchanges),
-            Err(e) => return Err(format!("cannot read {}: {e}", file.display())),
-        };
-        let stored: Stored = serde_json::from_str(&text)
-            .map_err(|e| format!("{} is damaged: {e}", file.display()))?;
-        if !(VERSION_DIRECT..=VERSION).contains(&stored.version) {
-            return Err(format!(
-                "{} has version {}; this leasemqd reads versions {VERSION_DIRECT} to {VERSION}",
-                file.display(),
-                stored.version
-            ));
-        }
-        let mut dropped = false;
-        let names: std::collections::HashSet<&str> =
-            (stored.exchanges.iter()).map(|x| x.name.as_str()).collect();
-        let mut unbound = Vec::new();
-        for stored in &stored.exchanges {
-            let bound = !(stored.bindings.is_empty() && stored.exchange_bindings.is_empty());
-            let exchange = exchanges.by_name.entry(stored.name.clone()).or_default();
-            exchange.shape = Shape {
-                kind: stored.kind,
-                durable: true,
-                auto_delete: stored.auto_delete,
-                internal: stored.internal,
-                alternate: stored.alternate_exchange.clone(),
-            };
-            for (key, queue) in &stored.bindings {
-                if queue_exists(queue) {
-                    let queues = exchange.bindings.entry(key.clone()).or_default();
-                    queues.insert(queue.clone(), true);
-                } else {
-                    dropped = true;
-                }
-            }
-            for (key, destination) in &stored.exchange_bindings {
-                // The server's own exchanges are in the file only where they have bindings.
-                if names.contains(destination.as_str()) || destination.starts_with("amq.") {
-                    let to = exchange.to_exchanges.entry(key.clone()).or_default();
-                    to.insert(destination.clone(), true);
-                } else {
-                    dropped = true;
-                }
-            }
-            if bound && exchange.is_unbound() {
-                unbound.push(stored.name.clone());
-            }
-        }
-        // An auto-delete exchange whose last binding went with its queue goes too.
-        for name in unbound {
-            exchanges.remove_if_auto_delete(&name);
-        }
-        // A binding whose queue did not come back is gone for good: a queue declared later
-        // under that name must not find it in the file after the next restart.
-        if dropped {
-            write_atomically(&file, exchanges.stored_text().as_bytes())
-                .map_err(|(e, _)| format!("cannot write {}: {e}", file.display()))?;
-        }
-        Ok(exchanges)
-    }
-
-    /// Applies `change`, and with a data dir writes the durable exchanges before the
-    /// change counts; if writing fails, nothing changed.
-    fn keep<T>(
-        &mut self,
-        change: impl FnOnce(&mut Exchanges) -> Result<T, Refusal>,
-    ) -> Result<T, Refusal> {
-        let Some(file) = self.file.clone() else {
-            return change(self);
-        };
-        let before = self.clone();
-        let result = change(self)?;
-        let text = self.stored_text();
-        if text != before.stored_text() {
-            match write_atomically(&file, text.as_bytes()) {
-                Ok(()) => {}
-                // The new file is in place: the change stands, though a crash may still
-                // lose the rename.
-                Err((e, true)) => tracing::warn!(
-                    "{} was replaced, but fsyncing its directory failed: {e}",
-                    file.display()
-                ),
-                Err((e, false)) => {
-                    *self = before;
-                    return Err(Refusal::Storage(format!(
-                        "cannot write {}: {e}",
-                        file.display()
-                    )));
-                }
-            }
-        }
-        Ok(result)
-    }
-
-    /// The durable exchanges as [`FILE`] holds them, in name order.
-    fn stored_text(&self) -> String {
-        let kept = |bindings: &Bindings| -> Vec<(String, String)> {
-            (bindings.iter())
-                .flat_map(|(key, to)| {
-                    (to.iter())
-                        .filter(|(_, kept)| **kept)
-                        .map(|(name, _)| (key.clone(), name.clone()))
-                })
-                .collect()
-        };
-        let mut exchanges: Vec<StoredExchange> = (self.by_name.iter())
-            .filter(|(_, x)| x.shape.durable)
-            .map(|(name, x)| StoredExchange {
-                name: name.clone(),
-                kind: x.shape.kind,
-                auto_delete: x.shape.auto_delete,
-                internal: x.shape.internal,
-                alternate_exchange: x.shape.alternate.clone(),
-                bindings: kept(&x.bindings),
-                exchange_bindings: kept(&x.to_exchanges),
-            })
-            // The server's own exchanges are there at every start: kept for their
-            // bindings only.
-            .filter(|x| {
-                let bound = !(x.bindings.is_empty() && x.exchange_bindings.is_empty());
-                !x.name.starts_with("amq.") || bound
-            })
-            .collect();
-        exchanges.sort_by(|a, b| a.name.cmp(&b.name));
-        let linked = (exchanges.iter()).any(|x| {
-            !x.exchange_bindings.is_empty() || x.internal || x.alternate_exchange.is_some()
-        });
-        let typed = (exchanges.iter()).any(|x| x.kind != Kind::Direct || x.auto_delete);
-        let version = match (linked, typed) {
-            (true, _) => VERSION,
-            (false, true) => VERSION_TYPED,
-            (false, false) => VERSION_DIRECT,
-        };
-        let stored = Stored { version, exchanges };
-        serde_json::to_string_pretty(&stored).expect("plain data serialises")
-    }
-
     /// Whether an exchange of that name exists (the default one always does).
     pub fn exists(&self, name: &str) -> bool {
         name.is_empty() || self.by_name.contains_key(name)
@@ -685,211 +498,10 @@ impl Exchange {
     }
 }
 
-/// A message's headers, parsed the first time a headers exchange asks for them.
-enum LazyHeaders<F> {
-    Unread(Option<F>),
-    Read(Option<FieldTable>),
-}
-
-impl<F: FnOnce() -> Option<FieldTable>> LazyHeaders<F> {
-    fn get(&mut self) -> Option<&FieldTable> {
-        if let LazyHeaders::Unread(read) = self {
-            let read = read.take().expect("taken only here, once");
-            *self = LazyHeaders::Read(read());
-        }
-        match self {
-            LazyHeaders::Read(headers) => headers.as_ref(),
-            LazyHeaders::Unread(_) => unreachable!("read above"),
-        }
-    }
-}
-
-/// Calls `found` with each destination of `bindings` (an exchange's, of type `kind`) that
-/// a message with routing keys `keys` and `headers` goes to; one that more bindings match
-/// may come more than once.
-fn matching<'a, F: FnOnce() -> Option<FieldTable>>(
-    kind: Kind,
-    bindings: &'a Bindings,
-    keys: &[&str],
-    headers: &mut LazyHeaders<F>,
-    mut found: impl FnMut(&'a str),
-) {
-    if bindings.is_empty() {
-        return;
-    }
-    let mut each = |to: &'a BTreeMap<String, bool>| to.keys().for_each(|name| found(name));
-    match kind {
-        Kind::Direct => keys
-            .iter()
-            .filter_map(|key| bindings.get(*key))
-            .for_each(each),
-        Kind::Fanout => bindings.values().for_each(each),
-        Kind::Topic => (bindings.iter())
-            .filter(|(pattern, _)| keys.iter().any(|key| topic_matches(pattern, key)))
-            .for_each(|(_, to)| each(to)),
-        Kind::Headers => {
-            let headers = headers.get();
-            (bindings.iter())
-                .filter(|(binding, _)| HeadersBinding::decode(binding).matches(headers))
-                .for_each(|(_, to)| each(to));
-        }
-    }
-}
-
-/// Whether a topic exchange's binding `pattern` matches routing key `key`: both are words
-/// between dots (an empty one is no words at all, as RabbitMQ splits them); `*` in the
-/// pattern stands for exactly one word, `#` for zero or more.
-pub fn topic_matches(pattern: &str, key: &str) -> bool {
-    let (pattern, key) = (words(pattern), words(key));
-    // `at[j]`: whether the pattern's words so far can match the key's first `j` words.
-    let mut at = vec![false; key.len() + 1];
-    at[0] = true;
-    for word in pattern {
-        let mut next = vec![false; key.len() + 1];
-        for j in 0..=key.len() {
-            next[j] = match word {
-                // Zero words (as before), or one more word after a match.
-                "#" => at[j] || (j > 0 && next[j - 1]),
-                "*" => j > 0 && at[j - 1],
-                word => j > 0 && at[j - 1] && key[j - 1] == word,
-            };
-        }
-        at = next;
-    }
-    at[key.len()]
-}
-
-/// A headers exchange's binding: what its arguments ask of a message's headers. It is
-/// kept, in the bindings table and the exchange file, as the text [`encode`] makes in the
-/// place of a routing key, which a headers exchange does not read.
-///
-/// [`encode`]: HeadersBinding::encode
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct HeadersBinding {
-    /// `x-match` `any` (else `all`).
-    any: bool,
-    /// `x-match` ends `-with-x`: headers named `x-…` count too.
-    with_x: bool,
-    /// The headers asked for, by name, each value in [`header_value`]'s form (`None`
-    /// for a void value: the header's presence is enough).
-    pairs: BTreeMap<String, Option<String>>,
-}
-
-impl HeadersBinding {
-    /// The binding `arguments` ask for.
-    ///
-    /// # Errors
-    ///
-    /// An `x-match` that is not `all`, `any`, `all-with-x` or `any-with-x`, as RabbitMQ's
-    /// 406 says it.
-    pub fn from_arguments(arguments: &FieldTable) -> Result<HeadersBinding, String> {
-        let (any, with_x) = match arguments.inner().get("x-match") {
-            None => (false, false),
-            Some(AMQPValue::LongString(s)) => match s.as_bytes() {
-                b"all" => (false, false),
-                b"any" => (true, false),
-                b"all-with-x" => (false, true),
-                b"any-with-x" => (true, true),
-                other => {
-                    let other = String::from_utf8_lossy(other);
-                    return Err(format!("invalid x-match field value \"{other}\"; expected all, any, all-with-x, or any-with-x"));
-                }
-            },
-            Some(other) => return Err(format!("invalid x-match field value {other:?}")),
-        };
-        let pairs = (arguments.inner().iter())
-            .filter(|(name, _)| name.as_str() != "x-match")
-            .map(|(name, value)| (name.as_str().to_string(), header_value(value)))
-            .collect();
-        Ok(HeadersBinding { any, with_x, pairs })
-    }
-
-    /// The text kept for this binding.
-    pub fn encode(&self) -> String {
-        serde_json::to_string(self).expect("plain data serialises")
-    }
-
-    /// The binding a kept text holds; one that does not parse matches nothing.
-    fn decode(text: &str) -> HeadersBinding {
-        serde_json::from_str(text).unwrap_or(HeadersBinding {
-            any: true,
-            with_x: false,
-            pairs: BTreeMap::new(),
-        })
-    }
-
-    /// Whether a message with `headers` matches: with `all`, every header asked for is
-    /// there with its value; with `any`, one is. `all` of nothing matches every message,
-    /// `any` of nothing none.
-    pub fn matches(&self, headers: Option<&FieldTable>) -> bool {
-        let empty = FieldTable::default();
-        let headers = headers.unwrap_or(&empty).inner();
-        let found = |(name, wanted): (&String, &Option<String>)| {
-            if name.starts_with("x-") && !self.with_x {
-                return None;
-            }
-            let value = headers.get(name.as_str());
-            Some(match wanted {
-                None => value.is_some(),
-                Some(wanted) => value.and_then(header_value).as_ref() == Some(wanted),
-            })
-        };
-        let mut results = self.pairs.iter().filter_map(found);
-        if self.any {
-            results.any(|matched| matched)
-        } else {
-            results.all(|matched| matched)
-        }
-    }
-}
-
-/// A header value in a form that compares as RabbitMQ compares them (integers of any
-/// width alike, short and long strings alike); `None` for a void value.
-pub fn header_value(value: &AMQPValue) -> Option<String> {
-    let integer = |n: i128| Some(format!("i:{n}"));
-    match value {
-        AMQPValue::Void => None,
-        AMQPValue::Boolean(b) => Some(format!("b:{b}")),
-        AMQPValue::ShortShortInt(n) => integer((*n).into()),
-        AMQPValue::ShortShortUInt(n) => integer((*n).into()),
-        AMQPValue::ShortInt(n) => integer((*n).into()),
-        AMQPValue::ShortUInt(n) => integer((*n).into()),
-        AMQPValue::LongInt(n) => integer((*n).into()),
-        AMQPValue::LongUInt(n) => integer((*n).into()),
-        AMQPValue::LongLongInt(n) => integer((*n).into()),
-        AMQPValue::Timestamp(n) => Some(format!("t:{n}")),
-        AMQPValue::ShortString(s) => Some(format!("s:{}", s.as_str())),
-        AMQPValue::LongString(s) => Some(format!("s:{}", String::from_utf8_lossy(s.as_bytes()))),
-        other => Some(format!("o:{other:?}")),
-    }
-}
-
-/// The words of a topic key or pattern: none for an empty one.
-fn words(text: &str) -> Vec<&str> {
-    match text {
-        "" => Vec::new(),
-        text => text.split('.').collect(),
-    }
-}
-
-/// Replaces `file` with `bytes` so that a crash leaves the old contents or the new, never
-/// a mix: a temporary file, fsynced, renamed over it, and the directory fsynced. An error
-/// says whether the rename was done (only the directory's fsync failed).
-pub(crate) fn write_atomically(file: &Path, bytes: &[u8]) -> Result<(), (io::Error, bool)> {
-    let dir = file.parent().unwrap_or(Path::new("."));
-    let temporary = file.with_extension("json.tmp");
-    let before_rename = |e| (e, false);
-    let mut out = fs::File::create(&temporary).map_err(before_rename)?;
-    out.write_all(bytes).map_err(before_rename)?;
-    out.sync_all().map_err(before_rename)?;
-    drop(out);
-    fs::rename(&temporary, file).map_err(before_rename)?;
-    (fs::File::open(dir).and_then(|d| d.sync_all())).map_err(|e| (e, true))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use amq_protocol::types::AMQPValue;
 
     #[test]
     fn a_direct_exchange_routes_by_exact_key_to_every_bound_queue() {
@@ -1309,6 +921,8 @@ mod tests {
 
 #[cfg(test)]
 mod kept {
+    use std::fs;
+
     use super::*;
 
     /// Durable exchanges and their bindings come back from the file, without the bindings
