@@ -124,39 +124,15 @@ pub fn queue_config(
             }
             "x-overflow" => overflow = Some(string(key.as_str(), value)?),
             // One kind of queue here; that a quorum queue is durable, the declare checks.
-            "x-queue-type" => match string(key.as_str(), value)?.as_str() {
-                "classic" | "quorum" => {}
-                "stream" => {
-                    let text = "queue type 'stream' is not supported by leasemqd".to_string();
-                    return Err(refused(540, text));
-                }
-                // Not a queue type at all: the client's mistake, as RabbitMQ's 406.
-                other => {
-                    let why = format!("unknown queue type '{other}' (classic, quorum or stream)");
-                    return Err(invalid_arg(key.as_str(), why));
-                }
-            },
-            "x-expires" => {
-                expires_value(value)?;
-            }
-            "x-message-ttl" => {
-                message_ttl_value(value)?;
-            }
-            "x-queue-mode" => {
-                queue_mode_value(value)?;
-            }
-            "x-single-active-consumer" => {
-                single_active_value(value)?;
-            }
-            "x-queue-version" => {
-                queue_version_value(value)?;
-            }
-            "x-queue-master-locator" => {
-                locator_value(key.as_str(), value)?;
-            }
-            "x-queue-leader-locator" => {
-                locator_value(key.as_str(), value)?;
-            }
+            "x-queue-type" => queue_type_value(value)?,
+            // Read from the arguments where they are used; only checked here.
+            "x-expires"
+            | "x-message-ttl"
+            | "x-queue-mode"
+            | "x-single-active-consumer"
+            | "x-queue-version"
+            | "x-queue-master-locator"
+            | "x-queue-leader-locator" => check_value(key.as_str(), value)?,
             "x-max-priority" => config.max_priority = Some(max_priority_value(value)?),
             other => {
                 let text = format!("queue argument '{other}' is not supported by leasemqd yet");
@@ -164,32 +140,10 @@ pub fn queue_config(
             }
         }
     }
-    match (config.max_length, overflow.as_deref()) {
-        (_, Some("reject-publish")) | (None, None | Some("drop-head")) => {}
-        // RabbitMQ's default overflow. Left as `RejectPublish` where there is no limit, so
-        // that a queue's config is the same whether or not the declare says `drop-head`.
-        (Some(_), None | Some("drop-head")) => {
-            if dead_letter_exchange.is_some() {
-                return Err(refused(
-                    406,
-                    "PRECONDITION_FAILED - x-max-length with drop-head overflow (RabbitMQ's default) and x-dead-letter-exchange is not supported: leasemqd drops the head and does not dead-letter it; add x-overflow=reject-publish".into(),
-                ));
-            }
-            config.overflow = Overflow::DropHead;
-        }
-        (_, Some(other @ "reject-publish-dlx")) => {
-            return Err(refused(
-                540,
-                format!("x-overflow '{other}' is not supported by leasemqd: only drop-head and reject-publish"),
-            ))
-        }
-        // Not an overflow behaviour at all: the client's mistake, as RabbitMQ's 406.
-        (_, Some(other)) => {
-            return Err(invalid_arg(
-                "x-overflow",
-                format!("'{other}' is not one of drop-head, reject-publish, reject-publish-dlx"),
-            ))
-        }
+    let dead_lettered = dead_letter_exchange.is_some();
+    if let Some(behaviour) = overflow_value(config.max_length, overflow.as_deref(), dead_lettered)?
+    {
+        config.overflow = behaviour;
     }
     // The declare makes the queue's holding queue its dead-letter queue.
     match (dead_letter_exchange, dead_letter_key) {
@@ -198,6 +152,66 @@ pub fn queue_config(
             "PRECONDITION_FAILED - x-dead-letter-routing-key needs x-dead-letter-exchange".into(),
         )),
         _ => Ok(config),
+    }
+}
+
+/// The overflow behaviour `x-overflow` (`overflow`) asks of a queue with `max_length`,
+/// where it is not the config's own (`RejectPublish`). RabbitMQ's default, `drop-head`,
+/// drops the head of a full queue; where there is no limit the config's is kept, so that
+/// a queue's config is the same whether or not the declare says `drop-head`. A queue that
+/// dead-letters (`dead_lettered`) may not drop its head: leasemqd would not dead-letter
+/// it.
+fn overflow_value(
+    max_length: Option<usize>,
+    overflow: Option<&str>,
+    dead_lettered: bool,
+) -> Result<Option<Overflow>, Refused> {
+    match (max_length, overflow) {
+        (_, Some("reject-publish")) | (None, None | Some("drop-head")) => Ok(None),
+        (Some(_), None | Some("drop-head")) if dead_lettered => Err(refused(
+            406,
+            "PRECONDITION_FAILED - x-max-length with drop-head overflow (RabbitMQ's default) and x-dead-letter-exchange is not supported: leasemqd drops the head and does not dead-letter it; add x-overflow=reject-publish".into(),
+        )),
+        (Some(_), None | Some("drop-head")) => Ok(Some(Overflow::DropHead)),
+        (_, Some(other @ "reject-publish-dlx")) => Err(refused(
+            540,
+            format!("x-overflow '{other}' is not supported by leasemqd: only drop-head and reject-publish"),
+        )),
+        // Not an overflow behaviour at all: the client's mistake, as RabbitMQ's 406.
+        (_, Some(other)) => Err(invalid_arg(
+            "x-overflow",
+            format!("'{other}' is not one of drop-head, reject-publish, reject-publish-dlx"),
+        )),
+    }
+}
+
+/// `x-queue-type`: a classic or quorum queue is one kind of queue here (that a quorum
+/// queue is durable, the declare checks); a stream is not served (540); anything else is
+/// the client's mistake, as RabbitMQ's 406.
+fn queue_type_value(value: &AMQPValue) -> Result<(), Refused> {
+    let key = "x-queue-type";
+    match string(key, value)?.as_str() {
+        "classic" | "quorum" => Ok(()),
+        "stream" => {
+            let text = "queue type 'stream' is not supported by leasemqd".to_string();
+            Err(refused(540, text))
+        }
+        other => {
+            let why = format!("unknown queue type '{other}' (classic, quorum or stream)");
+            Err(invalid_arg(key, why))
+        }
+    }
+}
+
+/// Checks the value of argument `key`, one the declare reads where it is used.
+fn check_value(key: &str, value: &AMQPValue) -> Result<(), Refused> {
+    match key {
+        "x-expires" => expires_value(value).map(drop),
+        "x-message-ttl" => message_ttl_value(value).map(drop),
+        "x-queue-mode" => queue_mode_value(value).map(drop),
+        "x-single-active-consumer" => single_active_value(value).map(drop),
+        "x-queue-version" => queue_version_value(value).map(drop),
+        _ => locator_value(key, value).map(drop),
     }
 }
 

@@ -62,6 +62,7 @@ impl Connection {
                 .map(|content| content.size)
                 .sum::<u64>()
         });
+        let refused = refused.or_else(|| too_large(header.body_size, max, assembling));
         let incoming = self.incoming(ch, "content header")?;
         if incoming.content.is_some() || header.class_id != BASIC_CLASS {
             return Err(Fault::connection(
@@ -70,43 +71,7 @@ impl Connection {
             ));
         }
         if let Some(text) = refused {
-            self.channels.get_mut(&ch).expect("just seen").incoming = None;
-            self.refuse_body(ch, header.body_size);
-            return Err(Fault::channel(
-                ch,
-                code::PRECONDITION_FAILED,
-                text,
-                &publish_method(),
-            ));
-        }
-        if header.body_size > max as u64 {
-            let channel = self.channels.get_mut(&ch).expect("just seen");
-            channel.incoming = None;
-            self.refuse_body(ch, header.body_size);
-            let text = format!(
-                "PRECONDITION_FAILED - message size {} is larger than the maximum of {max}",
-                header.body_size
-            );
-            return Err(Fault::channel(
-                ch,
-                code::PRECONDITION_FAILED,
-                text,
-                &publish_method(),
-            ));
-        }
-        if let Some(assembling) = assembling {
-            if assembling + header.body_size > ASSEMBLED_BYTES {
-                let channel = self.channels.get_mut(&ch).expect("just seen");
-                channel.incoming = None;
-                self.refuse_body(ch, header.body_size);
-                let text = format!(
-                    "PRECONDITION_FAILED - message size {} would take the bodies this connection receives at once past {} MiB; send large messages fewer at a time",
-                    header.body_size,
-                    ASSEMBLED_BYTES >> 20
-                );
-                let m = publish_method();
-                return Err(Fault::channel(ch, code::PRECONDITION_FAILED, text, &m));
-            }
+            return Err(self.refuse_publish(ch, header.body_size, text));
         }
         // Room for the first frame only: a header promises a size, the body frames prove
         // it; reserving the whole promise would let a few bytes of input claim 16 MiB.
@@ -119,15 +84,8 @@ impl Connection {
         };
         let Some(mut stored) = start(header.properties, exchange, routing_key, reserve) else {
             // Names that came as short strings always fit; kept as an error all the same.
-            self.channels.get_mut(&ch).expect("just seen").incoming = None;
-            self.refuse_body(ch, header.body_size);
-            let text = PROPERTIES_NOT_STORED;
-            return Err(Fault::channel(
-                ch,
-                code::PRECONDITION_FAILED,
-                text,
-                &publish_method(),
-            ));
+            let text = PROPERTIES_NOT_STORED.to_string();
+            return Err(self.refuse_publish(ch, header.body_size, text));
         };
         if let Some((arrived, own_ttl)) = stamp {
             content::stamp(&mut stored, arrived, own_ttl);
@@ -144,6 +102,14 @@ impl Connection {
             self.complete_publish(ch)?;
         }
         Ok(())
+    }
+
+    /// Refuses the publish on channel `ch` at its content header, as RabbitMQ does: a
+    /// channel error with `text`, the body of `size` bytes still to come dropped.
+    fn refuse_publish(&mut self, ch: u16, size: u64, text: String) -> Fault {
+        self.channels.get_mut(&ch).expect("just seen").incoming = None;
+        self.refuse_body(ch, size);
+        Fault::channel(ch, code::PRECONDITION_FAILED, text, &publish_method())
     }
 
     pub(super) fn handle_body(&mut self, ch: u16, body: &[u8]) -> Result<(), Fault> {
@@ -436,6 +402,23 @@ pub(super) fn refused_properties(properties: &BasicProperties, user: &str) -> Op
     (claimed.as_str() != user).then(|| {
         format!(
             "PRECONDITION_FAILED - user_id property set to '{claimed}' but authenticated user was '{user}'"
+        )
+    })
+}
+
+/// Why a publish whose header announces `size` bytes is refused as too large: over the
+/// largest message (`max`), or, with the bodies this connection receives at once
+/// (`assembling`, counted for a large one), past [`ASSEMBLED_BYTES`].
+fn too_large(size: u64, max: usize, assembling: Option<u64>) -> Option<String> {
+    if size > max as u64 {
+        return Some(format!(
+            "PRECONDITION_FAILED - message size {size} is larger than the maximum of {max}"
+        ));
+    }
+    (assembling? + size > ASSEMBLED_BYTES).then(|| {
+        format!(
+            "PRECONDITION_FAILED - message size {size} would take the bodies this connection receives at once past {} MiB; send large messages fewer at a time",
+            ASSEMBLED_BYTES >> 20
         )
     })
 }
