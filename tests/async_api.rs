@@ -95,6 +95,29 @@ async fn async_put_reports_the_same_errors() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn async_purge_takes_what_is_ready_as_the_blocking_one_does() {
+    let broker = broker();
+    let q = plain(&broker, "async.purge");
+    q.put_batch((1..=5).map(|i| msg(&format!("p{i}"))).collect())
+        .unwrap();
+    let held = q.consume("held", prefetch(2)).unwrap();
+    assert_eq!(q.purge_async().await.unwrap(), 3, "the two leased stay");
+    assert_eq!((q.stats().ready, q.stats().leased), (0, 2));
+    drop(held);
+    assert!(q.close());
+    match q.purge_async().await {
+        Err(Error::QueueClosed) => {}
+        other => panic!("expected QueueClosed, got {other:?}"),
+    }
+    let other = plain(&broker, "async.purge2");
+    broker.shutdown();
+    match other.purge_async().await {
+        Err(Error::ShutDown) => {}
+        other => panic!("expected ShutDown, got {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn next_dropped_by_select_loses_no_delivery() {
     let broker = broker();
     let q = plain(&broker, "async.select");

@@ -7,8 +7,9 @@
 //! ([`Connection::take_output`]), and hands it the answers to the puts it awaits
 //! ([`Connection::poll_answers`]). Its broker calls are blocking ones (a round trip to a
 //! shard thread, which never waits on a connection), ones not waited for (acks, and most
-//! puts of publishes without confirms), and puts whose answers it awaits while it reads on
-//! (those of confirming channels and durable queues).
+//! puts of publishes without confirms), puts whose answers it awaits while it reads on
+//! (those of confirming channels and durable queues), and calls whose answers it awaits
+//! before it serves its next frame (a durable queue's nacks, rejects and purges).
 //!
 //! The connection walks through the handshake (`handshake.rs`), then serves channels:
 //! `dispatch.rs` sends each method to the room that serves it (`queues.rs`,
@@ -49,7 +50,7 @@ use crate::metrics::Metrics;
 use crate::settings::Settings;
 use crate::vhost::VHost;
 use crate::wire::{self, Next, Output};
-use answers::{Awaited, Pending};
+use answers::{Awaited, Barrier, Pending};
 use channel::Channel;
 use deliveries::Subscription;
 use fault::{method_name, reply_text, Fault};
@@ -90,6 +91,25 @@ enum Phase {
 pub(crate) fn may_block_in_place() -> bool {
     tokio::runtime::Handle::try_current()
         .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread)
+}
+
+/// Whether `frame` is a method that must see the broker calls a read gathered before it
+/// made first: any but those gathered (a publish, an ack, a nack, a reject).
+fn sees_gathered(frame: &AMQPFrame) -> bool {
+    matches!(frame, AMQPFrame::Method(_, method) if sees_gathered_method(method))
+}
+
+/// [`sees_gathered`] for a method.
+fn sees_gathered_method(method: &AMQPClass) -> bool {
+    !matches!(
+        method,
+        AMQPClass::Basic(
+            basic::AMQPMethod::Publish(_)
+                | basic::AMQPMethod::Ack(_)
+                | basic::AMQPMethod::Nack(_)
+                | basic::AMQPMethod::Reject(_)
+        )
+    )
 }
 
 /// An ahash state with keys drawn from the standard library's randomly keyed hasher, so
@@ -134,6 +154,8 @@ pub struct Connection {
     unanswered_puts: Vec<usize>,
     /// Puts whose answers are awaited, in the order sent, and their bytes.
     awaited: VecDeque<Awaited>,
+    /// Calls awaited before the next frame is served, in the order made (`Barrier`).
+    barriers: VecDeque<Barrier>,
     awaited_bytes: usize,
     /// Channels opened so far: the next one's `serial`.
     opened: u64,
@@ -208,6 +230,7 @@ impl Connection {
             pending: Vec::new(),
             unanswered_puts: Vec::new(),
             awaited: VecDeque::new(),
+            barriers: VecDeque::new(),
             awaited_bytes: 0,
             opened: 0,
             exclusive: Vec::new(),
@@ -232,6 +255,10 @@ impl Connection {
         self.arrived = None;
         let mut used = 0;
         while used < input.len() && !matches!(self.phase, Phase::Closed) {
+            if self.awaits_call() {
+                // The next frame is served once the call before it is answered.
+                break;
+            }
             let rest = &input[used..];
             if self.phase == Phase::AwaitHeader {
                 match wire::protocol_header(rest) {
@@ -255,6 +282,14 @@ impl Connection {
                 Next::Frame(frame, n) => {
                     if self.blocks(&frame) {
                         break;
+                    }
+                    if !self.pending.is_empty() && sees_gathered(&frame) {
+                        // A method comes after the publishes and settles before it, which
+                        // may have a call to await first.
+                        self.flush_pending();
+                        if self.awaits_call() {
+                            break;
+                        }
                     }
                     used += n;
                     self.handle_frame(frame);
@@ -408,9 +443,9 @@ impl Connection {
     }
 
     /// Whether handling `input` may wait for the disk: the broker has durable queues, and
-    /// `input` holds a method that waits for an fsync (a `basic.nack` or `basic.reject`, a
-    /// queue's declaration or deletion). Publishes and acks do not: their puts and settles
-    /// are not waited for.
+    /// `input` holds a method that waits for an fsync (a queue's declaration or deletion,
+    /// a `basic.get`). Publishes and acks do not: their puts and settles are not waited
+    /// for; nor do a durable queue's nacks, rejects and purges, which are awaited calls.
     pub fn may_wait_for_disk(&self, input: &[u8]) -> bool {
         self.settings.durable
             && (self.phase != Phase::Open || !wire::only_publishes_and_acks(input))

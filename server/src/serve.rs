@@ -32,8 +32,8 @@ const HIGH_WATER: usize = 1 << 20;
 const LINGER: Duration = Duration::from_secs(1);
 
 /// Feeds `input` to `conn` and drops what it used; whether it left whole frames for
-/// later (it stops once its output passes `OUTPUT_PER_FEED`, or at a publish the memory
-/// alarm blocks).
+/// later (it stops once its output passes `OUTPUT_PER_FEED`, at a publish the memory
+/// alarm blocks, or at a frame that waits for an awaited call's answer).
 fn feed(conn: &mut Connection, input: &mut Vec<u8>, channels: &mut Channels<'_>) -> bool {
     // The broker calls block; with durable queues some wait for an fsync, a fraction of a
     // millisecond or more: the runtime then moves this worker's other tasks away (which
@@ -46,7 +46,7 @@ fn feed(conn: &mut Connection, input: &mut Vec<u8>, channels: &mut Channels<'_>)
     input.drain(..used);
     channels.set(conn.channel_count());
     let full = used > 0 && conn.output_len() >= crate::connection::OUTPUT_PER_FEED;
-    !input.is_empty() && (full || conn.is_blocked())
+    !input.is_empty() && (full || !conn.wants_input())
 }
 
 /// Accepts connections on `listener` into a fresh virtual host (in memory) until the

@@ -140,18 +140,31 @@ pub fn next_frame(input: &[u8], frame_max: usize) -> Next<'_> {
 }
 
 /// Whether the whole frames at the start of `input` are only publishes, their content,
-/// `basic.ack`s and heartbeats: what a connection serves without waiting for a disk (its
-/// puts and acks go to the shard without waiting for the answer). A trailing frame cut
-/// short is not looked at; anything that is not a frame counts as something else.
+/// settles (`basic.ack`, `nack`, `reject`), purges and heartbeats: what a connection
+/// serves without waiting for a disk (its puts and acks go to the shard without waiting
+/// for the answer, and a durable queue's nacks, rejects and purges are awaited calls). A
+/// trailing frame cut short is not looked at; anything that is not a frame counts as
+/// something else.
 pub fn only_publishes_and_acks(mut input: &[u8]) -> bool {
     const BASIC_ACK: [u8; 4] = [0, 60, 0, 80];
+    const BASIC_REJECT: [u8; 4] = [0, 60, 0, 90];
+    const BASIC_NACK: [u8; 4] = [0, 60, 0, 120];
+    const QUEUE_PURGE: [u8; 4] = [0, 50, 0, 30];
     while let Some(whole) = frame_len(input) {
         if input.len() < whole {
             break;
         }
         let body = &input[FRAME_HEADER_LEN..whole - 1];
         let quick = match input[0] {
-            FRAME_METHOD => body.starts_with(&BASIC_PUBLISH) || body.starts_with(&BASIC_ACK),
+            FRAME_METHOD => [
+                BASIC_PUBLISH,
+                BASIC_ACK,
+                BASIC_REJECT,
+                BASIC_NACK,
+                QUEUE_PURGE,
+            ]
+            .iter()
+            .any(|method| body.starts_with(method)),
             FRAME_HEADER | FRAME_BODY | FRAME_HEARTBEAT => true,
             _ => false,
         };
@@ -400,8 +413,8 @@ impl Output {
 mod tests {
     use super::*;
     use amq_protocol::protocol::basic::gen_properties;
-    use amq_protocol::protocol::channel;
     use amq_protocol::protocol::BasicProperties;
+    use amq_protocol::protocol::{channel, queue};
 
     fn open_frame() -> Vec<u8> {
         let mut out = Output::default();
@@ -703,7 +716,7 @@ mod tests {
     }
 
     #[test]
-    fn only_publishes_their_content_acks_and_heartbeats_are_quick() {
+    fn only_publishes_their_content_settles_purges_and_heartbeats_are_quick() {
         let frames = |list: &[AMQPFrame]| -> Vec<u8> {
             let mut out = Output::default();
             for f in list {
@@ -744,23 +757,38 @@ mod tests {
                 requeue: true,
             })),
         );
+        let reject = AMQPFrame::Method(
+            1,
+            AMQPClass::Basic(AMQPMethod::Reject(basic::Reject {
+                delivery_tag: 4,
+                requeue: false,
+            })),
+        );
+        let purge = AMQPFrame::Method(
+            1,
+            AMQPClass::Queue(queue::AMQPMethod::Purge(queue::Purge::default())),
+        );
         let quick = frames(&[
             publish.clone(),
             header.clone(),
             body.clone(),
             ack.clone(),
+            nack,
+            reject,
+            purge,
             AMQPFrame::Heartbeat,
         ]);
         assert!(only_publishes_and_acks(&quick));
         assert!(only_publishes_and_acks(&[]));
         // A frame cut short at the end is not looked at, whatever it is.
-        let nack_bytes = frames(&[nack]);
+        let get = AMQPFrame::Method(1, AMQPClass::Basic(AMQPMethod::Get(basic::Get::default())));
+        let get_bytes = frames(&[get]);
         let mut cut = quick.clone();
-        cut.extend_from_slice(&nack_bytes[..nack_bytes.len() - 1]);
+        cut.extend_from_slice(&get_bytes[..get_bytes.len() - 1]);
         assert!(only_publishes_and_acks(&cut));
         // Anything else anywhere among them is not quick.
         let unknown_type = vec![9, 0, 0, 0, 0, 0, 0, FRAME_END];
-        for other in [nack_bytes, open_frame(), unknown_type] {
+        for other in [get_bytes, open_frame(), unknown_type] {
             let mut mixed = frames(&[publish.clone(), header.clone(), body.clone()]);
             mixed.extend(other);
             mixed.extend(frames(std::slice::from_ref(&ack)));

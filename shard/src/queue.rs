@@ -520,6 +520,26 @@ impl Queue {
         }
     }
 
+    /// [`purge`](Queue::purge) without blocking: for a tokio task (or any caller that polls
+    /// a future), which a durable queue's purge would otherwise hold until its fsync.
+    ///
+    /// # Errors
+    ///
+    /// As [`purge`](Queue::purge).
+    pub async fn purge_async(&self) -> Result<usize, Error> {
+        if self.inner.cell.is_closed() {
+            return Err(Error::QueueClosed);
+        }
+        let cmd = Command::Purge {
+            queue: self.inner.key,
+        };
+        match self.request_async(cmd).await {
+            Outcome::Reply(Reply::Purged(result)) => result,
+            Outcome::ShutDown => Err(Error::ShutDown),
+            Outcome::Reply(other) => unreachable!("purge answered {other:?}"),
+        }
+    }
+
     /// Closes the queue: drops its consumers, leases and messages, requeuing and dead-lettering
     /// nothing (contract §3 `close`). `true` the first time, through any handle; `false` after,
     /// and after the broker's shutdown. The name can then be declared again. A durable queue

@@ -43,6 +43,21 @@ pub(crate) struct Awaited {
     answer: PendingPutBatch,
 }
 
+/// What an awaited call does with its answer, once every call awaited before it has done
+/// the same: it runs on the connection.
+pub(super) type Then = Box<dyn FnOnce(&mut Connection) + Send>;
+
+/// A broker call that may wait for the disk (a nack or reject of a durable queue's
+/// deliveries, a purge of one), made without blocking: the connection serves no further
+/// frame until it is answered, so that what follows it sees its effect, as it would had
+/// the call blocked. Sent when made (its first poll), so that nothing the connection
+/// sends after it reaches the shard first.
+pub(crate) struct Barrier {
+    call: Pin<Box<dyn Future<Output = Then> + Send>>,
+    /// Its answer, once it came, waiting for the calls before it.
+    then: Option<Then>,
+}
+
 /// Broker calls gathered from one read, made in order when the read is done (or before a
 /// method that must see their effects): a run of publishes to one queue on one channel is
 /// one put batch (see `put`), a run of settles of one queue's deliveries one
@@ -175,11 +190,13 @@ impl Connection {
         if self.phase != super::Phase::Open {
             // Closing or closed: nothing but close-ok goes out any more, and the answers
             // still to come have nobody to go to.
-            let had = !self.awaited.is_empty();
+            let had = self.awaits_answers();
             self.awaited.clear();
             self.awaited_bytes = 0;
+            self.barriers.clear();
             return if had { Poll::Ready(()) } else { Poll::Pending };
         }
+        let ran = self.poll_barriers(cx);
         let mut faults: Vec<Fault> = Vec::new();
         let mut taken = false;
         let mut still = VecDeque::with_capacity(self.awaited.len());
@@ -226,7 +243,7 @@ impl Connection {
                 self.fail(fault);
             }
         }
-        if !taken {
+        if !taken && !ran {
             return Poll::Pending;
         }
         self.send_confirms();
@@ -235,21 +252,67 @@ impl Connection {
 
     /// [`poll_answers`](Connection::poll_answers) without waiting: takes what has come.
     pub fn try_answers(&mut self) {
-        if !self.awaited.is_empty() {
+        if self.awaits_answers() {
             let _ = self.poll_answers(&mut Context::from_waker(std::task::Waker::noop()));
         }
     }
 
     /// Whether puts are awaited: the driver then polls for their answers.
     pub fn awaits_answers(&self) -> bool {
-        !self.awaited.is_empty()
+        !self.awaited.is_empty() || !self.barriers.is_empty()
+    }
+
+    /// Whether a call the connection made awaits its answer before the next frame is
+    /// served ([`Barrier`]).
+    pub(super) fn awaits_call(&self) -> bool {
+        !self.barriers.is_empty()
+    }
+
+    /// Makes `call`, a broker call whose answer the next frame must wait for
+    /// ([`Barrier`]): polled once now, which sends it.
+    pub(super) fn await_call(&mut self, call: impl Future<Output = Then> + Send + 'static) {
+        let mut barrier = Barrier {
+            call: Box::pin(call),
+            then: None,
+        };
+        let noop = &mut Context::from_waker(std::task::Waker::noop());
+        if let Poll::Ready(then) = barrier.call.as_mut().poll(noop) {
+            barrier.then = Some(then);
+        }
+        self.barriers.push_back(barrier);
+    }
+
+    /// Takes the answers of the awaited calls that have come, and runs them in the order
+    /// the calls were made; then makes the broker calls gathered behind them. Whether any
+    /// ran.
+    fn poll_barriers(&mut self, cx: &mut Context<'_>) -> bool {
+        for barrier in &mut self.barriers {
+            if barrier.then.is_none() {
+                if let Poll::Ready(then) = barrier.call.as_mut().poll(cx) {
+                    barrier.then = Some(then);
+                }
+            }
+        }
+        let mut ran = false;
+        while let Some(then) = self.barriers.front_mut().and_then(|b| b.then.take()) {
+            self.barriers.pop_front();
+            then(self);
+            ran = true;
+        }
+        if ran && self.barriers.is_empty() && !self.pending.is_empty() {
+            self.flush_pending();
+        }
+        ran
     }
 
     /// Whether the connection takes more input: not while the memory alarm blocks it, nor
     /// while the puts it awaits hold more than `AWAITED_BYTES`, so that a publisher
     /// whose answers lag (a slow disk) is not read faster than they come.
     pub fn wants_input(&self) -> bool {
-        !self.blocked && self.awaited_bytes < AWAITED_BYTES && self.awaited.len() < AWAITED_PUTS
+        !self.blocked
+            && self.barriers.is_empty()
+            && self.awaited_bytes < AWAITED_BYTES
+            && self.awaited.len() < AWAITED_PUTS
     }
 
     /// Whether a run of publishes without confirms may go to its queue without waiting for
@@ -281,8 +344,18 @@ impl Connection {
         self.send_confirms();
     }
 
+    /// Whether confirms (and a transaction's `commit-ok`) may go out: not while a call is
+    /// awaited, whose answer may still make the broker calls gathered behind it, and
+    /// which a commit's answer must follow.
+    fn may_confirm(&self) -> bool {
+        self.barriers.is_empty()
+    }
+
     /// Confirms the publishes of confirming channels that are settled (see [`confirms`]).
     pub(super) fn send_confirms(&mut self) {
+        if !self.may_confirm() {
+            return;
+        }
         // A publish not yet sent to its queue must not be confirmed: it is in no awaited put.
         debug_assert!(self.pending.is_empty(), "confirms after the broker calls");
         // Nor one whose awaited put was forgotten when the connection began to close.
@@ -340,10 +413,13 @@ impl Connection {
         }
     }
 
-    /// Makes the gathered broker calls, in order. A call whose channel a fault earlier in
-    /// the same flush closed is dropped, as RabbitMQ ignores what follows a channel error.
+    /// Makes the gathered broker calls, in order, up to one that must be awaited (a nack or
+    /// reject on a durable queue): those after it wait for its answer. A call whose channel
+    /// a fault earlier in the same flush closed is dropped, as RabbitMQ ignores what
+    /// follows a channel error.
     pub(super) fn apply_pending(&mut self) {
-        for op in std::mem::take(&mut self.pending) {
+        let mut ops = std::mem::take(&mut self.pending).into_iter();
+        while let Some(op) = ops.next() {
             let ch = match &op {
                 Pending::Put { channel, .. } | Pending::Settle { channel, .. } => *channel,
             };
@@ -367,6 +443,15 @@ impl Connection {
                 Pending::Settle { queue, settles, .. } => {
                     if settles.iter().all(|(_, s)| *s == Settle::Ack) {
                         queue.settle_batch_nowait(&settles);
+                    } else if queue.is_durable() {
+                        // Its log waits for the disk: awaited, and what was gathered after
+                        // it is made once it is answered.
+                        self.await_call(async move {
+                            queue.settle_batch_async(&settles).await;
+                            Box::new(|_: &mut Connection| {}) as Then
+                        });
+                        self.pending.extend(ops);
+                        break;
                     } else {
                         queue.settle_batch(&settles);
                     }

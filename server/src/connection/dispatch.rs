@@ -16,19 +16,9 @@ impl Connection {
         ch: u16,
         method: AMQPClass,
     ) -> Result<(), Fault> {
-        let gathered = matches!(
-            method,
-            AMQPClass::Basic(
-                basic::AMQPMethod::Publish(_)
-                    | basic::AMQPMethod::Ack(_)
-                    | basic::AMQPMethod::Nack(_)
-                    | basic::AMQPMethod::Reject(_)
-            )
-        );
-        if !gathered {
-            // Whatever this method does, it comes after the publishes and settles before it.
-            self.flush_pending();
-        }
+        // Whatever this method does, it comes after the publishes and settles before it:
+        // the reader made them (`handle_input`), and awaited any that waits for the disk.
+        debug_assert!(self.pending.is_empty() || !super::sees_gathered_method(&method));
         let Some(state) = self.channels.get_mut(&ch) else {
             return self.handle_unopened(ch, method);
         };

@@ -7,6 +7,7 @@ use amq_protocol::protocol::{exchange, queue, AMQPClass};
 use amq_protocol::types::{AMQPValue, FieldTable, ShortString};
 use leasemq::{Queue, QueueConfig};
 
+use super::answers::Then;
 use super::fault::{
     broker_fault, exchange_fault, locked, no_queue, refused_fault, unserved_exchange_type, Fault,
 };
@@ -171,8 +172,39 @@ impl Connection {
     pub(super) fn purge(&mut self, ch: u16, purge: queue::Purge) -> Result<(), Fault> {
         let m = AMQPClass::Queue(queue::AMQPMethod::Purge(purge.clone()));
         let queue = self.named_queue(ch, purge.queue.as_str(), &m)?;
-        let purged = queue.purge().map_err(|e| broker_fault(ch, &e, &m))?;
-        if !purge.nowait {
+        if !queue.is_durable() {
+            return self.purged(ch, queue.purge(), purge.nowait, &m);
+        }
+        // Its log waits for the disk: awaited, and answered then.
+        let serial = self.channels.get(&ch).map_or(0, |c| c.serial);
+        self.await_call(async move {
+            let purged = queue.purge_async().await;
+            Box::new(move |conn: &mut Connection| {
+                if conn
+                    .channels
+                    .get(&ch)
+                    .is_some_and(|c| c.serial == serial && !c.closing)
+                {
+                    if let Err(fault) = conn.purged(ch, purged, purge.nowait, &m) {
+                        conn.fail(fault);
+                    }
+                }
+            }) as Then
+        });
+        Ok(())
+    }
+
+    /// Answers a purge on channel `ch` with what the broker said: `purge-ok` with the
+    /// count of messages it took (none with `nowait`), or its fault.
+    fn purged(
+        &mut self,
+        ch: u16,
+        purged: Result<usize, leasemq::Error>,
+        nowait: bool,
+        m: &AMQPClass,
+    ) -> Result<(), Fault> {
+        let purged = purged.map_err(|e| broker_fault(ch, &e, m))?;
+        if !nowait {
             let ok = queue::PurgeOk {
                 message_count: u32::try_from(purged).unwrap_or(u32::MAX),
             };

@@ -25,6 +25,7 @@ use crate::vhost::VHost;
 
 mod consume;
 mod declare;
+mod durable;
 mod exchanges;
 mod handshake;
 mod limits;
@@ -102,14 +103,25 @@ fn start_ok(user: &str, password: &str) -> AMQPFrame {
 impl Client {
     fn new(settings: Settings) -> Client {
         let broker = Broker::builder().shards(1).manual_clock().build().unwrap();
+        Client::on(broker, settings)
+    }
+
+    /// A connection to `broker` that waits for the protocol header.
+    fn on(broker: Broker, settings: Settings) -> Client {
         let vhost = Arc::new(VHost::new(&settings));
         let conn = Connection::new(broker.clone(), Arc::new(settings), vhost, 1, true);
         Client { broker, conn }
     }
 
     /// Feeds raw bytes, then lets every waiting delivery out; returns what was written.
+    /// A call the connection awaits (a durable queue's nack or purge) holds the frames
+    /// after it: once it is answered, they are fed again.
     fn feed_bytes(&mut self, bytes: &[u8]) -> Vec<AMQPFrame> {
-        let used = self.conn.handle_input(bytes);
+        let mut used = self.conn.handle_input(bytes);
+        while self.conn.awaits_call() && !self.conn.is_closed() {
+            self.answered();
+            used += self.conn.handle_input(&bytes[used..]);
+        }
         if !self.conn.is_closed() {
             assert_eq!(used, bytes.len(), "whole frames are used whole");
         }
@@ -127,6 +139,12 @@ impl Client {
         decode(&out)
     }
 
+    /// Waits for the answers the connection awaits, and takes them.
+    fn answered(&mut self) {
+        let conn = &mut self.conn;
+        futures_lite::future::block_on(std::future::poll_fn(|cx| conn.poll_answers(cx)));
+    }
+
     fn feed(&mut self, frames: &[AMQPFrame]) -> Vec<AMQPFrame> {
         self.feed_bytes(&encode(frames))
     }
@@ -138,10 +156,29 @@ impl Client {
 
     /// As [`Client::open`], with `settings` (leases of 10 s).
     fn open_with(settings: Settings) -> Client {
-        let mut c = Client::new(Settings {
+        Client::handshake(Client::new(Settings {
             ack_timeout: Duration::from_secs(10),
             ..settings
-        });
+        }))
+    }
+
+    /// As [`Client::open`], on a broker with a data dir in `dir`: a durable queue's log
+    /// waits for the disk.
+    fn open_durable(dir: &std::path::Path) -> Client {
+        let broker = (Broker::builder().shards(1).manual_clock())
+            .data_dir(dir)
+            .build()
+            .unwrap();
+        let settings = Settings {
+            durable: true,
+            ack_timeout: Duration::from_secs(10),
+            ..Settings::default()
+        };
+        Client::handshake(Client::on(broker, settings))
+    }
+
+    /// Takes `c` through the handshake (frame_max 8192), and opens channel 1.
+    fn handshake(mut c: Client) -> Client {
         let header = AMQPFrame::ProtocolHeader(ProtocolVersion::amqp_0_9_1());
         let out = c.feed(&[header]);
         assert!(matches!(

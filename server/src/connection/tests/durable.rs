@@ -1,0 +1,96 @@
+//! A broker with a data dir: the calls whose logs wait for the disk (a durable queue's
+//! nacks, rejects and purges) are awaited, never blocked on, and what comes after them
+//! waits for their answers.
+
+use super::*;
+
+fn passive(queue: &str) -> AMQPFrame {
+    queue_method(queue::AMQPMethod::Declare(queue::Declare {
+        queue: queue.into(),
+        passive: true,
+        ..queue::Declare::default()
+    }))
+}
+
+fn ready_count(out: &[AMQPFrame]) -> u32 {
+    match out {
+        [AMQPFrame::Method(1, AMQPClass::Queue(queue::AMQPMethod::DeclareOk(ok)))] => {
+            ok.message_count
+        }
+        other => panic!("expected queue.declare-ok, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_method_after_a_durable_nack_waits_for_it_and_sees_its_effect() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = Client::open_durable(dir.path());
+    c.declare("jobs");
+    assert!(c.broker.queue("jobs").unwrap().is_durable());
+    for body in [b"a", b"b", b"c"] {
+        c.publish("jobs", body);
+    }
+    let tags: Vec<u64> = deliveries(&c.consume("jobs", false))
+        .iter()
+        .map(|(tag, _, _)| *tag)
+        .collect();
+    assert_eq!(tags.len(), 3);
+    // One read: a reject (dropped, no dead-letter exchange), a requeue, then a method that
+    // must see both.
+    let reject = basic_method(
+        1,
+        basic::AMQPMethod::Reject(basic::Reject {
+            delivery_tag: tags[0],
+            requeue: false,
+        }),
+    );
+    let settles = encode(&[reject, nack(tags[1], true)]);
+    let bytes = [settles.clone(), encode(&[passive("jobs")])].concat();
+    let used = c.conn.handle_input(&bytes);
+    assert_eq!(used, settles.len(), "the declare waits for the settles");
+    assert!(c.conn.awaits_call() && !c.conn.wants_input());
+    c.answered();
+    assert!(!c.conn.awaits_call() && c.conn.wants_input());
+    // The requeued message went back to the consumer; the declare counts none ready.
+    let out = c.feed_bytes(&bytes[used..]);
+    let declared: Vec<AMQPFrame> = (out.iter())
+        .filter(|f| matches!(f, AMQPFrame::Method(_, AMQPClass::Queue(_))))
+        .cloned()
+        .collect();
+    assert_eq!(ready_count(&declared), 0);
+    let stats = c.stats("jobs");
+    assert_eq!((stats.rejected, stats.nacked), (1, 1));
+}
+
+#[test]
+fn a_durable_queues_purge_is_answered_once_its_log_is_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = Client::open_durable(dir.path());
+    c.declare("jobs");
+    for body in [b"a", b"b"] {
+        c.publish("jobs", body);
+    }
+    let purge = queue_method(queue::AMQPMethod::Purge(queue::Purge {
+        queue: "jobs".into(),
+        ..queue::Purge::default()
+    }));
+    let bytes = encode(&[purge, passive("jobs")]);
+    let used = c.conn.handle_input(&bytes);
+    assert!(used < bytes.len(), "the declare waits for the purge");
+    assert!(c.conn.awaits_call());
+    let mut out = Vec::new();
+    c.conn.take_output(&mut out);
+    assert!(
+        decode(&out).is_empty(),
+        "no purge-ok before the log is written"
+    );
+    c.answered();
+    c.conn.take_output(&mut out);
+    let ok = queue::PurgeOk { message_count: 2 };
+    assert_eq!(decode(&out), [queue_method(queue::AMQPMethod::PurgeOk(ok))]);
+    assert_eq!(ready_count(&c.feed_bytes(&bytes[used..])), 0);
+    // Kept on disk: the purge comes back with the queue.
+    drop(c);
+    let c = Client::open_durable(dir.path());
+    assert_eq!(c.stats("jobs").ready, 0);
+}
