@@ -347,11 +347,6 @@ impl Connection {
         true
     }
 
-    /// A receiver that sees each change of the server's memory alarm.
-    pub fn memory_alarm(&self) -> tokio::sync::watch::Receiver<bool> {
-        self.settings.memory_alarm.subscribe()
-    }
-
     /// Whether the connection is blocked by the memory alarm: it takes no input (see
     /// [`Connection::unblock`]).
     pub fn is_blocked(&self) -> bool {
@@ -420,9 +415,10 @@ impl Connection {
         self.settings.metrics.clone()
     }
 
-    /// Tells when the server shuts down (see [`Settings::shutdown`]).
-    pub fn shutdown_signal(&self) -> tokio::sync::watch::Receiver<bool> {
-        self.settings.shutdown.subscribe()
+    /// What the connection was configured with, and the server-wide services it shares:
+    /// its driver watches the memory alarm and the shutdown signal there.
+    pub fn settings(&self) -> &Settings {
+        &self.settings
     }
 
     /// The server is shutting down: `connection.close` 320, and every unacked delivery

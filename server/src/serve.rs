@@ -140,7 +140,7 @@ pub async fn run_connection(
     mut conn: Connection,
 ) -> io::Result<()> {
     let metrics = conn.metrics();
-    let shutdown = conn.shutdown_signal();
+    let shutdown = conn.settings().shutdown.subscribe();
     let mut channels = Channels {
         gauge: &metrics.channels,
         counted: 0,
@@ -188,7 +188,7 @@ async fn drive(
     let mut written = 0;
     // Whole frames of the input the connection left for later (see `handle_input`).
     let mut input_left = false;
-    let mut memory_alarm = conn.memory_alarm();
+    let mut memory_alarm = conn.settings().memory_alarm.subscribe();
     loop {
         // A connection the memory alarm blocked goes on once it has cleared.
         conn.unblock();
