@@ -100,6 +100,31 @@ impl Channel {
         }
     }
 
+    /// Takes the deliveries an ack, nack or reject of `tag` settles: that one, or with
+    /// `multiple` every one up to it (0: all of them). As RabbitMQ: with `multiple` the
+    /// named tag itself must be outstanding; a tag never delivered, or settled already, is
+    /// `None` (a channel error). One forgotten because its lease ran out is not
+    /// ([`Channel::forget_expired`]): a late ack, which settles nothing.
+    pub(super) fn take_settled(&mut self, tag: u64, multiple: bool) -> Option<Vec<(u64, Unacked)>> {
+        let forgotten = tag != 0 && tag <= self.forgotten;
+        if !multiple {
+            return match self.unacked.remove(&tag) {
+                Some(u) => Some(vec![(tag, u)]),
+                None => forgotten.then(Vec::new),
+            };
+        }
+        if tag != 0 && !forgotten && !self.unacked.contains_key(&tag) {
+            return None;
+        }
+        let upto = if tag == 0 { u64::MAX } else { tag };
+        let keep = self.unacked.split_off(&upto.saturating_add(1));
+        Some(
+            std::mem::replace(&mut self.unacked, keep)
+                .into_iter()
+                .collect(),
+        )
+    }
+
     /// Holds delivery `channel_tag` until it is settled. First, once the unsettled ones
     /// have reached [`FORGET_EXPIRED_FROM`], or doubled since the last look, forgets those
     /// whose lease has certainly run out by `now` (see [`Channel::forget_expired`]).
@@ -354,6 +379,46 @@ mod tests {
         assert_eq!(channel.unacked.keys().copied().collect::<Vec<_>>(), [3]);
         assert_eq!(channel.forgotten, 2, "acks up to it are late, not unknown");
         assert_eq!(channel.forget_at, 2);
+    }
+
+    #[test]
+    fn a_settle_takes_its_tag_or_every_one_up_to_it_and_a_late_ack_nothing() {
+        let (queue, tags) = delivered(1_000, 4);
+        let mut channel = Channel::default();
+        for (i, &tag) in tags.iter().enumerate() {
+            let now = if i == 0 { 0 } else { 600 };
+            channel.hold(i as u64 + 1, Unacked::new(queue.clone(), tag, 1, now), now);
+        }
+        let numbers = |taken: Option<Vec<(u64, Unacked)>>| -> Option<Vec<u64>> {
+            taken.map(|t| t.into_iter().map(|(n, _)| n).collect())
+        };
+        assert_eq!(
+            numbers(channel.take_settled(9, false)),
+            None,
+            "never delivered"
+        );
+        assert_eq!(numbers(channel.take_settled(9, true)), None);
+        // Tag 1's lease ran out by 1 000 ms: forgotten, then acked late.
+        channel.forget_expired(1_000);
+        assert_eq!(numbers(channel.take_settled(1, false)), Some(vec![]));
+        assert_eq!(numbers(channel.take_settled(3, false)), Some(vec![3]));
+        assert_eq!(
+            numbers(channel.take_settled(3, false)),
+            None,
+            "settled already"
+        );
+        assert_eq!(
+            numbers(channel.take_settled(3, true)),
+            None,
+            "nor with multiple"
+        );
+        assert_eq!(numbers(channel.take_settled(2, true)), Some(vec![2]));
+        assert_eq!(
+            numbers(channel.take_settled(0, true)),
+            Some(vec![4]),
+            "0: all"
+        );
+        assert!(channel.unacked.is_empty());
     }
 
     #[test]

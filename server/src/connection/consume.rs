@@ -340,29 +340,9 @@ impl Connection {
         m: &AMQPClass,
     ) -> Result<(), Fault> {
         let state = self.channels.get_mut(&ch).expect("checked by the caller");
-        // As RabbitMQ: with `multiple`, the named tag itself must be outstanding (0 means
-        // all of them); a tag never delivered, or settled already, is a channel error. One
-        // forgotten because its lease ran out is not (`forget_expired`).
-        let forgotten = tag != 0 && tag <= state.forgotten;
-        if multiple && tag != 0 && !forgotten && !state.unacked.contains_key(&tag) {
+        let Some(taken) = state.take_settled(tag, multiple) else {
             let text = format!("PRECONDITION_FAILED - unknown delivery tag {tag}");
             return Err(Fault::channel(ch, code::PRECONDITION_FAILED, text, m));
-        }
-        let taken: Vec<(u64, Unacked)> = if multiple {
-            let upto = if tag == 0 { u64::MAX } else { tag };
-            let keep = state.unacked.split_off(&upto.saturating_add(1));
-            std::mem::replace(&mut state.unacked, keep)
-                .into_iter()
-                .collect()
-        } else {
-            match state.unacked.remove(&tag) {
-                Some(u) => vec![(tag, u)],
-                None if forgotten => Vec::new(),
-                None => {
-                    let text = format!("PRECONDITION_FAILED - unknown delivery tag {tag}");
-                    return Err(Fault::channel(ch, code::PRECONDITION_FAILED, text, m));
-                }
-            }
         };
         if taken.is_empty() {
             return Ok(());
