@@ -26,6 +26,7 @@ mod consume;
 mod deliveries;
 mod dispatch;
 mod fault;
+mod get;
 mod handshake;
 mod incoming;
 mod publish;

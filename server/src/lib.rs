@@ -38,6 +38,7 @@ pub mod memory;
 pub mod message_expiry;
 pub mod metrics;
 pub mod names;
+pub mod offload;
 pub mod serve;
 pub mod settings;
 pub mod vhost;

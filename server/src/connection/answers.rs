@@ -15,8 +15,8 @@ use leasemq::{DeliveryTag, Error, Message, PendingPutBatch, Queue, Settle};
 use super::channel::{confirms, Confirm};
 use super::fault::{broker_fault, publish_method, Fault};
 use super::incoming::bytes_held;
-use super::Connection;
-use crate::content;
+use super::{code, Connection};
+use crate::{content, offload};
 
 /// How many bytes of publishes one connection may have handed to a shard without waiting
 /// for its answer (`put_batch_nowait`) before its next put there waits: what a shard that
@@ -280,6 +280,36 @@ impl Connection {
             barrier.then = Some(then);
         }
         self.barriers.push_back(barrier);
+    }
+
+    /// Runs `work`, which may wait for the disk, off this thread (`offload.rs`), and awaits
+    /// it as a call the next frame waits for: `then` takes its result on the connection,
+    /// if channel `ch` is still the one that asked. Work that panicked is an internal
+    /// error, which ends the connection.
+    pub(super) fn await_offloaded<R: Send + 'static>(
+        &mut self,
+        ch: u16,
+        work: impl FnOnce() -> R + Send + 'static,
+        then: impl FnOnce(&mut Connection, R) -> Result<(), Fault> + Send + 'static,
+    ) {
+        let serial = self.channels.get(&ch).map_or(0, |c| c.serial);
+        let result = offload::run(work);
+        self.await_call(async move {
+            let result = result.await;
+            Box::new(move |conn: &mut Connection| {
+                let Some(result) = result else {
+                    let fault = Fault::connection(code::INTERNAL_ERROR, "INTERNAL_ERROR");
+                    return conn.abort(fault);
+                };
+                let open =
+                    (conn.channels.get(&ch)).is_some_and(|c| c.serial == serial && !c.closing);
+                if open {
+                    if let Err(fault) = then(conn, result) {
+                        conn.fail(fault);
+                    }
+                }
+            }) as Then
+        });
     }
 
     /// Takes the answers of the awaited calls that have come, and runs them in the order

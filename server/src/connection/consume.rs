@@ -211,109 +211,6 @@ impl Connection {
         }
     }
 
-    /// `basic.get`: one message under a lease, as a delivery of a consumer made for it,
-    /// stopped at once (it keeps that one lease until it is settled).
-    pub(super) fn get(&mut self, ch: u16, get: basic::Get) -> Result<(), Fault> {
-        let m = AMQPClass::Basic(basic::AMQPMethod::Get(get.clone()));
-        let queue = self.named_queue(ch, get.queue.as_str(), &m)?;
-        self.vhost.expiring.touch(queue.name());
-        self.next_consumer += 1;
-        let number = self.next_consumer;
-        let name = format!("amqp-{}-{}", self.id, number);
-        let consumer = queue
-            .consume(&name, ConsumerConfig { prefetch: 1 })
-            .map_err(|e| broker_fault(ch, &e, &m))?;
-        let delivery = self.first_unexpired(&queue, &consumer);
-        let Some(delivery) = delivery else {
-            consumer.cancel();
-            let empty = basic::AMQPMethod::GetEmpty(basic::GetEmpty {});
-            self.send(ch, AMQPClass::Basic(empty));
-            return Ok(());
-        };
-        let state = self.channels.get_mut(&ch).expect("checked by the caller");
-        state.last_tag += 1;
-        let channel_tag = state.last_tag;
-        if get.no_ack {
-            // Stopped before the ack: else the credit the ack frees would take the next
-            // message, and the cancel would hand it back to the front of the queue.
-            consumer.stop();
-            delivery.ack();
-            consumer.cancel();
-        } else {
-            consumer.stop();
-            let now = self.settings.lease_clock.now_ms();
-            let unacked = Unacked::new(queue.clone(), delivery.tag(), number, now);
-            state.hold(channel_tag, unacked, now);
-            state.stopped.push(Stopped {
-                number,
-                _consumer: consumer,
-                outstanding: 1,
-                cancelled: false,
-            });
-        }
-        self.write_get_ok(ch, channel_tag, &queue, &delivery);
-        Ok(())
-    }
-
-    /// The first message of `queue` its `basic.get` consumer took that has not expired.
-    /// The consume call is a barrier: a message that was ready is in the consumer now. An
-    /// expired one is dropped or dead-lettered, and its ack (also a barrier) lets the next
-    /// in; a long run of them is dropped over several gets.
-    fn first_unexpired(&mut self, queue: &Queue, consumer: &Consumer) -> Option<Delivery> {
-        let ttl = self.message_ttl(queue.name());
-        let mut dropped = 0;
-        loop {
-            let Ok(Some(delivery)) = consumer.try_recv() else {
-                break None;
-            };
-            if !self.expired(ttl, delivery.envelope()) {
-                break Some(delivery);
-            }
-            // Dead-lettered or dropped; either way its ack lets the next one in.
-            if !self.vhost.expire(&self.broker, queue, &delivery) {
-                delivery.release();
-                break None;
-            }
-            dropped += 1;
-            if dropped == GET_DROPS_AT_MOST {
-                break None;
-            }
-        }
-    }
-
-    /// Writes `basic.get-ok` for `delivery` of `queue`, as channel tag `channel_tag` on
-    /// channel `ch`, then its content.
-    fn write_get_ok(&mut self, ch: u16, channel_tag: u64, queue: &Queue, delivery: &Delivery) {
-        let envelope = delivery.envelope();
-        let message_count = u32::try_from(queue.stats().ready).unwrap_or(u32::MAX);
-        let get_ok = |out: &mut Output, exchange: &str, routing_key: &str| {
-            let ok = basic::GetOk {
-                delivery_tag: channel_tag,
-                redelivered: envelope.redelivered(),
-                exchange: ShortString::from(exchange),
-                routing_key: ShortString::from(routing_key),
-                message_count,
-            };
-            out.method(ch, AMQPClass::Basic(basic::AMQPMethod::GetOk(ok)))
-        };
-        let (out, seen) = (&mut self.out, &mut self.seen.output);
-        let written = write_delivery(
-            out,
-            seen,
-            ch,
-            self.frame_max,
-            envelope,
-            queue.name(),
-            get_ok,
-        );
-        if written.is_err() {
-            self.abort(Fault::connection(
-                code::INTERNAL_ERROR,
-                "could not write a frame",
-            ));
-        }
-    }
-
     /// `basic.recover` with `requeue`: every unsettled delivery of the channel goes back
     /// and is redelivered, as after a nack. RabbitMQ does not serve `requeue=false`.
     pub(super) fn recover(&mut self, ch: u16, requeue: bool, m: &AMQPClass) -> Result<(), Fault> {
@@ -506,9 +403,6 @@ impl Connection {
         declared.get(name).and_then(|d| d.message_ttl)
     }
 }
-
-/// The most expired messages one `basic.get` drops before it answers `get-empty`.
-pub(super) const GET_DROPS_AT_MOST: usize = 1024;
 
 /// Writes a delivery of `envelope` from `queue` on channel `ch`: the method `method` makes
 /// from its exchange and routing key, then its content. The stored properties and names

@@ -94,3 +94,50 @@ fn a_durable_queues_purge_is_answered_once_its_log_is_written() {
     let c = Client::open_durable(dir.path());
     assert_eq!(c.stats("jobs").ready, 0);
 }
+
+#[test]
+fn a_get_from_a_durable_queue_is_answered_once_its_lease_is_on_disk() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = Client::open_durable(dir.path());
+    c.declare("jobs");
+    for body in [b"a", b"b"] {
+        c.publish("jobs", body);
+    }
+    let get_frame = encode(&[get("jobs", false)]);
+    let bytes = [get_frame.clone(), encode(&[passive("jobs")])].concat();
+    assert_eq!(
+        c.conn.handle_input(&bytes),
+        get_frame.len(),
+        "the declare waits"
+    );
+    let mut out = Vec::new();
+    c.conn.take_output(&mut out);
+    assert!(
+        decode(&out).is_empty(),
+        "no get-ok before the call is answered"
+    );
+    c.answered();
+    c.conn.take_output(&mut out);
+    let out = decode(&out);
+    assert!(matches!(
+        &out[0],
+        AMQPFrame::Method(1, AMQPClass::Basic(basic::AMQPMethod::GetOk(ok)))
+            if ok.delivery_tag == 1 && ok.message_count == 1
+    ));
+    assert_eq!(delivered_bodies(&out), [b"a".to_vec()]);
+    assert_eq!(ready_count(&c.feed_bytes(&bytes[get_frame.len()..])), 1);
+    // Its lease is the channel's: acked, it is gone; a get with no ack takes the other.
+    c.feed(&[ack(1, false)]);
+    let out = c.feed(&[get("jobs", true)]);
+    assert_eq!(delivered_bodies(&out), [b"b".to_vec()]);
+    let out = c.feed(&[get("jobs", true)]);
+    assert!(matches!(
+        &out[..],
+        [AMQPFrame::Method(
+            1,
+            AMQPClass::Basic(basic::AMQPMethod::GetEmpty(_))
+        )]
+    ));
+    let stats = c.stats("jobs");
+    assert_eq!((stats.acked, stats.ready, stats.leased), (2, 0, 0));
+}
