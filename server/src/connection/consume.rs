@@ -52,41 +52,58 @@ impl Connection {
         let config = ConsumerConfig {
             prefetch: u32::from(prefetch),
         };
-        // One that waits its turn makes its broker consumer when the turn comes.
-        let (consumer, waiting) = match turn {
-            None => {
-                let consumer = queue.consume_with_priority(&name, config, priority);
-                (Some(consumer.map_err(|e| broker_fault(ch, &e, &m))?), None)
-            }
-            Some(turn) => (
-                None,
-                Some(Waiting {
-                    turn,
-                    name,
-                    config,
-                    priority,
-                }),
-            ),
-        };
-        state.consumer_tags.push(tag.clone());
-        if !consume.nowait {
-            let ok = basic::ConsumeOk {
-                consumer_tag: tag.clone(),
-            };
-            self.send(ch, AMQPClass::Basic(basic::AMQPMethod::ConsumeOk(ok)));
-        }
-        self.subscriptions.push(Subscription {
+        let mut subscription = Subscription {
             channel: ch,
             message_ttl: self.message_ttl(queue.name()),
             number,
             tag,
-            queue,
-            consumer,
-            waiting,
+            queue: queue.clone(),
+            consumer: None,
+            waiting: None,
+            starting: None,
             no_ack: consume.no_ack,
             _claim: claim,
+        };
+        let nowait = consume.nowait;
+        // One that waits its turn makes its broker consumer when the turn comes.
+        if let Some(turn) = turn {
+            subscription.waiting = Some(Waiting {
+                turn,
+                name,
+                config,
+                priority,
+            });
+            self.subscribe(ch, subscription, nowait);
+            return Ok(());
+        }
+        let start = move || queue.consume_with_priority(&name, config, priority);
+        if !subscription.queue.is_durable() {
+            let consumer = start().map_err(|e| broker_fault(ch, &e, &m))?;
+            subscription.consumer = Some(consumer);
+            self.subscribe(ch, subscription, nowait);
+            return Ok(());
+        }
+        // The deliveries it starts wait for the disk: off this thread.
+        self.await_offloaded(ch, start, move |conn, consumer| {
+            subscription.consumer = Some(consumer.map_err(|e| broker_fault(ch, &e, &m))?);
+            conn.subscribe(ch, subscription, nowait);
+            Ok(())
         });
         Ok(())
+    }
+
+    /// Starts `subscription` on channel `ch`: its tag taken, `consume-ok` sent (unless
+    /// `nowait`), then its deliveries.
+    fn subscribe(&mut self, ch: u16, subscription: Subscription, nowait: bool) {
+        let state = self.channels.get_mut(&ch).expect("checked by the caller");
+        state.consumer_tags.push(subscription.tag.clone());
+        if !nowait {
+            let ok = basic::ConsumeOk {
+                consumer_tag: subscription.tag.clone(),
+            };
+            self.send(ch, AMQPClass::Basic(basic::AMQPMethod::ConsumeOk(ok)));
+        }
+        self.subscriptions.push(subscription);
     }
 
     /// The queue a `basic.consume` names (a direct reply-to queue made for it) and the

@@ -11,7 +11,8 @@ use amq_protocol::protocol::{basic, AMQPClass};
 use amq_protocol::types::ShortString;
 use leasemq::{Consumer, Delivery, Queue};
 
-use super::{consumers, may_block_in_place, Connection};
+use super::{consumers, Connection};
+use crate::offload::{self, Offloaded};
 
 /// One consumer of this connection: the broker's consumer and what AMQP calls it.
 pub(super) struct Subscription {
@@ -27,6 +28,8 @@ pub(super) struct Subscription {
     pub(super) consumer: Option<Consumer>,
     /// What it waits for, and the broker consumer it makes then.
     pub(super) waiting: Option<Waiting>,
+    /// Its broker consumer being made, once its turn came on a durable queue.
+    pub(super) starting: Option<Starting>,
     pub(super) no_ack: bool,
     /// Its place among its queue's consumers, given back as the subscription ends.
     pub(super) _claim: consumers::Claim,
@@ -41,6 +44,10 @@ pub(super) struct Waiting {
     pub(super) priority: i64,
 }
 
+/// A subscription whose turn came on a durable queue: its broker consumer is being made
+/// off the connection's thread (the deliveries it starts wait for the disk).
+pub(super) type Starting = Offloaded<Result<Consumer, leasemq::Error>>;
+
 impl Connection {
     /// The next delivery of any consumer of this connection, or `Pending` (with the waker
     /// registered with every consumer). Consumers are looked at in turn from where the last
@@ -50,28 +57,10 @@ impl Connection {
         for step in 0..n {
             let i = (self.rotor + step) % n;
             let sub = &mut self.subscriptions[i];
-            if let Some(waiting) = &sub.waiting {
-                if !waiting.turn.has_come(cx) {
-                    continue;
-                }
-                // Its turn: it consumes from now on; a queue gone meanwhile ends it as a
-                // deleted queue ends any consumer. On a durable queue the consume waits
-                // for the deliveries it starts to be on disk: off the worker's other tasks
-                // then, as a read with such a call is (`serve.rs`).
-                let consume = || {
-                    let config = waiting.config.clone();
-                    (sub.queue).consume_with_priority(&waiting.name, config, waiting.priority)
-                };
-                let consumed = if sub.queue.is_durable() && may_block_in_place() {
-                    tokio::task::block_in_place(consume)
-                } else {
-                    consume()
-                };
+            if let Some(consumed) = start_turn(sub, cx) {
                 match consumed {
-                    Ok(consumer) => {
-                        sub.consumer = Some(consumer);
-                        sub.waiting = None;
-                    }
+                    Ok(consumer) => sub.consumer = Some(consumer),
+                    // A queue gone meanwhile ends it as a deleted queue ends any consumer.
                     Err(_) => {
                         self.rotor = (i + 1) % n;
                         return Poll::Ready((i, None));
@@ -166,4 +155,33 @@ impl Connection {
             }
         }
     }
+}
+
+/// A waiting subscription's broker consumer, once its turn came (`x-single-active-consumer`):
+/// made at once on a queue in memory; on a durable queue, where the deliveries it starts
+/// wait for the disk, made off this thread and taken once ready. `None` while it waits.
+fn start_turn(
+    sub: &mut Subscription,
+    cx: &mut Context<'_>,
+) -> Option<Result<Consumer, leasemq::Error>> {
+    if sub.starting.is_none() {
+        let waiting = sub.waiting.as_ref()?;
+        if !waiting.turn.has_come(cx) {
+            return None;
+        }
+        let waiting = sub.waiting.take()?;
+        let queue = sub.queue.clone();
+        let consume =
+            move || queue.consume_with_priority(&waiting.name, waiting.config, waiting.priority);
+        if !sub.queue.is_durable() {
+            return Some(consume());
+        }
+        sub.starting = Some(offload::run(consume));
+    }
+    let starting = sub.starting.as_mut()?;
+    let Poll::Ready(consumed) = starting.as_mut().poll(cx) else {
+        return None;
+    };
+    sub.starting = None;
+    Some(consumed.unwrap_or(Err(leasemq::Error::ShutDown)))
 }

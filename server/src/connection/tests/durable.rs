@@ -141,3 +141,57 @@ fn a_get_from_a_durable_queue_is_answered_once_its_lease_is_on_disk() {
     let stats = c.stats("jobs");
     assert_eq!((stats.acked, stats.ready, stats.leased), (2, 0, 0));
 }
+
+#[test]
+fn a_consumer_of_a_durable_queue_starts_off_the_connections_thread() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = Client::open_durable(dir.path());
+    c.declare("jobs");
+    c.publish("jobs", b"a");
+    let consume = encode(&[basic_method(
+        1,
+        basic::AMQPMethod::Consume(basic::Consume {
+            queue: "jobs".into(),
+            consumer_tag: "worker".into(),
+            ..basic::Consume::default()
+        }),
+    )]);
+    let bytes = [consume.clone(), encode(&[passive("jobs")])].concat();
+    assert_eq!(
+        c.conn.handle_input(&bytes),
+        consume.len(),
+        "the declare waits"
+    );
+    let mut out = Vec::new();
+    c.conn.take_output(&mut out);
+    assert!(
+        decode(&out).is_empty(),
+        "no consume-ok before the consumer is made"
+    );
+    c.answered();
+    let out = c.feed_bytes(&bytes[consume.len()..]);
+    assert_eq!(consumer_tag(&out), "worker");
+    assert_eq!(delivered_bodies(&out), [b"a".to_vec()]);
+    // A second consumer on a single-active-consumer queue starts when the first goes.
+    c.declare_with(
+        "one",
+        &[("x-single-active-consumer", AMQPValue::Boolean(true))],
+    );
+    c.publish("one", b"x");
+    let first = consumer_tag(&c.consume("one", false));
+    let mut second = c.another(2);
+    let out = second.consume("one", false);
+    assert!(delivered_bodies(&out).is_empty(), "waits its turn");
+    c.feed(&[cancel(&first)]);
+    c.feed(&[close_channel()]);
+    // Its turn: its consumer is made off the thread, then the message comes.
+    let mut got = Vec::new();
+    for _ in 0..1_000 {
+        let out = second.feed(&[]);
+        got.extend(delivered_bodies(&out));
+        if !got.is_empty() {
+            break;
+        }
+    }
+    assert_eq!(got, [b"x".to_vec()]);
+}
