@@ -3,6 +3,8 @@
 //! host's (`vhost.rs`) and the exchanges' (`exchange.rs`); this turns methods into their
 //! calls and their answers into replies.
 
+use std::sync::Arc;
+
 use amq_protocol::protocol::{exchange, queue, AMQPClass};
 use amq_protocol::types::{AMQPValue, FieldTable, ShortString};
 use leasemq::{Queue, QueueConfig};
@@ -14,7 +16,7 @@ use super::fault::{
 use super::QUEUES_SWEPT_FROM;
 use super::{code, reply_to, Connection};
 use crate::exchange::{HeadersBinding, Kind, Refusal, Shape};
-use crate::vhost::declare::{DeclareError, QueueDeclare};
+use crate::vhost::declare::{DeclareError, QueueDeclare, QueueDeclared};
 use crate::{dead_letter, names};
 
 impl Connection {
@@ -32,18 +34,22 @@ impl Connection {
             return self.declare_reply_name(ch, &declare, &m);
         }
         self.check_exclusive(ch, name, &m)?;
-        let queue = if declare.passive {
+        if declare.passive {
             let queue = self.queue(name).ok_or_else(|| no_queue(ch, name, &m))?;
             // A declare is a use, passive or not (RabbitMQ's `x-expires`).
             self.vhost.expiring.touch(name);
-            queue
-        } else {
-            self.declare_in_vhost(ch, name, &declare, &m)?
-        };
+            return self.declared(ch, name, &queue, declare.nowait);
+        }
+        self.declare_in_vhost(ch, name.to_string(), &declare, m)
+    }
+
+    /// Answers a declare of the queue called `name` on channel `ch`: the channel's last
+    /// queue from now on, and `declare-ok` unless `nowait`.
+    fn declared(&mut self, ch: u16, name: &str, queue: &Queue, nowait: bool) -> Result<(), Fault> {
         if let Some(state) = self.channels.get_mut(&ch) {
             state.last_queue = Some(name.to_string());
         }
-        if declare.nowait {
+        if nowait {
             return Ok(());
         }
         let stats = queue.stats();
@@ -58,15 +64,17 @@ impl Connection {
         Ok(())
     }
 
-    /// A declare that may make the queue, by the virtual host's rules (`VHost::declare_queue`);
-    /// the queue is this connection's to use, and to delete when it ends if exclusive.
-    pub(super) fn declare_in_vhost(
+    /// A declare that may make the queue, by the virtual host's rules (`VHost::declare_queue`):
+    /// at once, or for a durable queue (whose log and kept flags wait for the disk) off this
+    /// thread, answered once made. The queue is this connection's to use, and to delete when
+    /// it ends if exclusive.
+    fn declare_in_vhost(
         &mut self,
         ch: u16,
-        name: &str,
+        name: String,
         declare: &queue::Declare,
-        m: &AMQPClass,
-    ) -> Result<Queue, Fault> {
+        m: AMQPClass,
+    ) -> Result<(), Fault> {
         // `durable` makes a durable queue when the server has a data dir; without one
         // every queue is in memory (the startup line says so), and `durable` is accepted
         // as RabbitMQ clients send it by habit.
@@ -79,16 +87,45 @@ impl Connection {
             durable: declare.durable && self.settings.durable && !declare.exclusive,
             ..QueueConfig::default()
         };
-        let request = QueueDeclare {
-            name,
-            reserved: declare.queue.as_str().starts_with("amq."),
-            durable: declare.durable,
-            exclusive: declare.exclusive,
-            auto_delete: declare.auto_delete,
-            arguments: &declare.arguments,
-            owner: self.id,
+        let (vhost, broker, owner) = (Arc::clone(&self.vhost), self.broker.clone(), self.id);
+        let (queue_name, arguments) = (name.clone(), declare.arguments.clone());
+        let reserved = declare.queue.as_str().starts_with("amq.");
+        let (durable, exclusive, auto_delete) =
+            (declare.durable, declare.exclusive, declare.auto_delete);
+        let durable_queue = base.durable;
+        let work = move || {
+            let request = QueueDeclare {
+                name: &queue_name,
+                reserved,
+                durable,
+                exclusive,
+                auto_delete,
+                arguments: &arguments,
+                owner,
+            };
+            vhost.declare_queue(&broker, &request, base)
         };
-        let declared = match self.vhost.declare_queue(&self.broker, &request, base) {
+        let nowait = declare.nowait;
+        let then =
+            move |conn: &mut Connection, declared| conn.made(ch, &name, declared, nowait, &m);
+        if !durable_queue {
+            return then(self, work());
+        }
+        self.await_offloaded(ch, work, then);
+        Ok(())
+    }
+
+    /// Takes the queue the virtual host made or found for a declare on channel `ch`, and
+    /// answers the declare; or the refusal.
+    fn made(
+        &mut self,
+        ch: u16,
+        name: &str,
+        declared: Result<QueueDeclared, DeclareError>,
+        nowait: bool,
+        m: &AMQPClass,
+    ) -> Result<(), Fault> {
+        let declared = match declared {
             Ok(declared) => declared,
             Err(DeclareError::Refused(refused)) => return Err(refused_fault(ch, refused, m)),
             Err(DeclareError::Broker(e)) => return Err(broker_fault(ch, &e, m)),
@@ -100,7 +137,7 @@ impl Connection {
         if declared.made_exclusive {
             self.exclusive.push(queue.clone());
         }
-        Ok(queue)
+        self.declared(ch, name, &queue, nowait)
     }
 
     /// The largest stored body: the largest payload, plus its properties (which fit one

@@ -195,3 +195,38 @@ fn a_consumer_of_a_durable_queue_starts_off_the_connections_thread() {
     }
     assert_eq!(got, [b"x".to_vec()]);
 }
+
+#[test]
+fn a_durable_queue_is_declared_off_the_connections_thread() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = Client::open_durable(dir.path());
+    let declare = encode(&[queue_method(queue::AMQPMethod::Declare(queue::Declare {
+        queue: "kept".into(),
+        durable: true,
+        arguments: table(&[("x-message-ttl", AMQPValue::LongInt(60_000))]),
+        ..queue::Declare::default()
+    }))]);
+    let bytes = [declare.clone(), encode(&[passive("kept")])].concat();
+    assert_eq!(
+        c.conn.handle_input(&bytes),
+        declare.len(),
+        "the passive one waits"
+    );
+    let mut out = Vec::new();
+    c.conn.take_output(&mut out);
+    assert!(
+        decode(&out).is_empty(),
+        "no declare-ok before the queue is made"
+    );
+    c.answered();
+    c.conn.take_output(&mut out);
+    assert_eq!(ready_count(&decode(&out)), 0);
+    assert_eq!(ready_count(&c.feed_bytes(&bytes[declare.len()..])), 0);
+    // A redeclare that differs is refused as before, once the virtual host has checked it.
+    let other = queue::Declare {
+        queue: "kept".into(),
+        durable: true,
+        ..queue::Declare::default()
+    };
+    assert_eq!(declare_code(&mut c, other), 406);
+}
