@@ -25,6 +25,7 @@ mod channel;
 mod consume;
 mod deliveries;
 mod dispatch;
+mod exchanges;
 mod fault;
 mod get;
 mod handshake;
@@ -84,14 +85,6 @@ enum Phase {
     Closing,
     /// Nothing more is read; the driver flushes the output and closes the socket.
     Closed,
-}
-
-/// Whether this thread is a worker of a multi-threaded tokio runtime, where a broker call
-/// that may wait for the disk goes under `block_in_place` (which moves the worker's other
-/// tasks away, at the cost of a thread hand-off).
-pub(crate) fn may_block_in_place() -> bool {
-    tokio::runtime::Handle::try_current()
-        .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread)
 }
 
 /// Whether `frame` is a method that must see the broker calls a read gathered before it
@@ -437,15 +430,6 @@ impl Connection {
             code::CONNECTION_FORCED,
             "CONNECTION_FORCED - broker forced connection closure with reason 'shutdown'",
         ));
-    }
-
-    /// Whether handling `input` may wait for the disk: the broker has durable queues, and
-    /// `input` holds a method that waits for an fsync (a queue's declaration or deletion,
-    /// a `basic.get`). Publishes and acks do not: their puts and settles are not waited
-    /// for; nor do a durable queue's nacks, rejects and purges, which are awaited calls.
-    pub fn may_wait_for_disk(&self, input: &[u8]) -> bool {
-        self.settings.durable
-            && (self.phase != Phase::Open || !wire::only_publishes_and_acks(input))
     }
 
     /// The heartbeat interval the client asked for in `tune-ok` (zero: none).

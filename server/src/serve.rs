@@ -14,7 +14,6 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::time::{sleep_until, Instant};
 
-use crate::connection::may_block_in_place;
 use crate::metrics::Metrics;
 use crate::{Connection, Settings, TimedOut, VHost};
 
@@ -35,14 +34,9 @@ const LINGER: Duration = Duration::from_secs(1);
 /// later (it stops once its output passes `OUTPUT_PER_FEED`, at a publish the memory
 /// alarm blocks, or at a frame that waits for an awaited call's answer).
 fn feed(conn: &mut Connection, input: &mut Vec<u8>, channels: &mut Channels<'_>) -> bool {
-    // The broker calls block; with durable queues some wait for an fsync, a fraction of a
-    // millisecond or more: the runtime then moves this worker's other tasks away (which
-    // costs a thread hand-off, so only then).
-    let used = if conn.may_wait_for_disk(input) && may_block_in_place() {
-        tokio::task::block_in_place(|| conn.handle_input(input))
-    } else {
-        conn.handle_input(input)
-    };
+    // What waits for the disk the connection awaits (`poll_answers`); its other broker
+    // calls are round trips to a shard thread, which never waits on a connection.
+    let used = conn.handle_input(input);
     input.drain(..used);
     channels.set(conn.channel_count());
     let full = used > 0 && conn.output_len() >= crate::connection::OUTPUT_PER_FEED;

@@ -26,11 +26,11 @@ use std::collections::HashMap;
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use leasemq::Queue;
+use leasemq::{Broker, Queue};
 
 use crate::clock::WallClock;
 use crate::consumers::QueueConsumers;
-use crate::dead_letter::DeadLetters;
+use crate::dead_letter::{self, DeadLetters};
 use crate::declared::Declared;
 use crate::durable_queues::QueueFile;
 use crate::exchange::{Exchanges, Refusal};
@@ -90,6 +90,26 @@ impl VHost {
             .copied();
         if queue.close() {
             self.forget(queue, owner);
+        }
+    }
+
+    /// Deletes `queue` for the connection `owner` (its delete, or its auto-delete): closes
+    /// it, and if that closed it, forgets what the virtual host keeps of it (a queue closed
+    /// before, by `x-expires` or another connection, was forgotten then). Waits for the disk
+    /// where the queue is durable.
+    pub fn delete_queue(&self, broker: &Broker, queue: &Queue, owner: u64) {
+        if !queue.close() {
+            return;
+        }
+        let tracked = self.forget(queue, Some(owner));
+        // A durable queue brought back by a restart with no declaration kept (from a build
+        // that kept none) and deleted before it was declared again may have a holding queue
+        // of dead letters that nothing forwards (its route was never said): it goes, with
+        // what it holds.
+        if !tracked && queue.is_durable() {
+            if let Some(holding) = broker.queue(&dead_letter::holding_name(queue.name())) {
+                holding.close();
+            }
         }
     }
 

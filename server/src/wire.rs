@@ -17,9 +17,7 @@ use amq_protocol::frame::{
     gen_frame, parse_frame, AMQPContentHeader, AMQPFrame, AMQPFrameType, AMQPRawFrame, WriteContext,
 };
 use amq_protocol::protocol::basic::{self, parse_properties, AMQPMethod};
-use amq_protocol::protocol::constants::{
-    FRAME_BODY, FRAME_END, FRAME_HEADER, FRAME_HEARTBEAT, FRAME_METHOD,
-};
+use amq_protocol::protocol::constants::{FRAME_BODY, FRAME_END, FRAME_HEADER, FRAME_METHOD};
 use amq_protocol::protocol::parse_class;
 use amq_protocol::protocol::AMQPClass;
 use amq_protocol::types::ShortString;
@@ -137,43 +135,6 @@ pub fn next_frame(input: &[u8], frame_max: usize) -> Next<'_> {
             None => Next::Malformed,
         },
     }
-}
-
-/// Whether the whole frames at the start of `input` are only publishes, their content,
-/// settles (`basic.ack`, `nack`, `reject`), purges and heartbeats: what a connection
-/// serves without waiting for a disk (its puts and acks go to the shard without waiting
-/// for the answer, and a durable queue's nacks, rejects and purges are awaited calls). A
-/// trailing frame cut short is not looked at; anything that is not a frame counts as
-/// something else.
-pub fn only_publishes_and_acks(mut input: &[u8]) -> bool {
-    const BASIC_ACK: [u8; 4] = [0, 60, 0, 80];
-    const BASIC_REJECT: [u8; 4] = [0, 60, 0, 90];
-    const BASIC_NACK: [u8; 4] = [0, 60, 0, 120];
-    const QUEUE_PURGE: [u8; 4] = [0, 50, 0, 30];
-    while let Some(whole) = frame_len(input) {
-        if input.len() < whole {
-            break;
-        }
-        let body = &input[FRAME_HEADER_LEN..whole - 1];
-        let quick = match input[0] {
-            FRAME_METHOD => [
-                BASIC_PUBLISH,
-                BASIC_ACK,
-                BASIC_REJECT,
-                BASIC_NACK,
-                QUEUE_PURGE,
-            ]
-            .iter()
-            .any(|method| body.starts_with(method)),
-            FRAME_HEADER | FRAME_BODY | FRAME_HEARTBEAT => true,
-            _ => false,
-        };
-        if !quick {
-            return false;
-        }
-        input = &input[whole..];
-    }
-    true
 }
 
 /// A content header's fixed fields, read as `parse_content_header` reads them (the weight
@@ -413,8 +374,8 @@ impl Output {
 mod tests {
     use super::*;
     use amq_protocol::protocol::basic::gen_properties;
+    use amq_protocol::protocol::channel;
     use amq_protocol::protocol::BasicProperties;
-    use amq_protocol::protocol::{channel, queue};
 
     fn open_frame() -> Vec<u8> {
         let mut out = Output::default();
@@ -713,86 +674,5 @@ mod tests {
         }
         assert!(rest.is_empty());
         assert_eq!(sizes, [40, 40, 20]);
-    }
-
-    #[test]
-    fn only_publishes_their_content_settles_purges_and_heartbeats_are_quick() {
-        let frames = |list: &[AMQPFrame]| -> Vec<u8> {
-            let mut out = Output::default();
-            for f in list {
-                out.frame(f).unwrap();
-            }
-            let mut bytes = Vec::new();
-            out.drain_into(&mut bytes);
-            bytes
-        };
-        let publish = AMQPFrame::Method(
-            1,
-            AMQPClass::Basic(AMQPMethod::Publish(basic::Publish {
-                routing_key: "q".into(),
-                ..basic::Publish::default()
-            })),
-        );
-        let header = AMQPFrame::Header(
-            1,
-            AMQPContentHeader {
-                class_id: 60,
-                body_size: 2,
-                properties: BasicProperties::default(),
-            },
-        );
-        let body = AMQPFrame::Body(1, b"hi".to_vec());
-        let ack = AMQPFrame::Method(
-            1,
-            AMQPClass::Basic(AMQPMethod::Ack(basic::Ack {
-                delivery_tag: 3,
-                multiple: false,
-            })),
-        );
-        let nack = AMQPFrame::Method(
-            1,
-            AMQPClass::Basic(AMQPMethod::Nack(basic::Nack {
-                delivery_tag: 3,
-                multiple: false,
-                requeue: true,
-            })),
-        );
-        let reject = AMQPFrame::Method(
-            1,
-            AMQPClass::Basic(AMQPMethod::Reject(basic::Reject {
-                delivery_tag: 4,
-                requeue: false,
-            })),
-        );
-        let purge = AMQPFrame::Method(
-            1,
-            AMQPClass::Queue(queue::AMQPMethod::Purge(queue::Purge::default())),
-        );
-        let quick = frames(&[
-            publish.clone(),
-            header.clone(),
-            body.clone(),
-            ack.clone(),
-            nack,
-            reject,
-            purge,
-            AMQPFrame::Heartbeat,
-        ]);
-        assert!(only_publishes_and_acks(&quick));
-        assert!(only_publishes_and_acks(&[]));
-        // A frame cut short at the end is not looked at, whatever it is.
-        let get = AMQPFrame::Method(1, AMQPClass::Basic(AMQPMethod::Get(basic::Get::default())));
-        let get_bytes = frames(&[get]);
-        let mut cut = quick.clone();
-        cut.extend_from_slice(&get_bytes[..get_bytes.len() - 1]);
-        assert!(only_publishes_and_acks(&cut));
-        // Anything else anywhere among them is not quick.
-        let unknown_type = vec![9, 0, 0, 0, 0, 0, 0, FRAME_END];
-        for other in [get_bytes, open_frame(), unknown_type] {
-            let mut mixed = frames(&[publish.clone(), header.clone(), body.clone()]);
-            mixed.extend(other);
-            mixed.extend(frames(std::slice::from_ref(&ack)));
-            assert!(!only_publishes_and_acks(&mixed));
-        }
     }
 }

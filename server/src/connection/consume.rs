@@ -5,7 +5,7 @@ use amq_protocol::protocol::{basic, AMQPClass};
 use amq_protocol::types::ShortString;
 use leasemq::{Consumer, ConsumerConfig, Delivery, Envelope, Queue, Settle};
 
-use super::answers::Pending;
+use super::answers::{Pending, Then};
 use super::channel::{requeue, Stopped, Unacked};
 use super::deliveries::{Subscription, Waiting};
 use super::fault::{broker_fault, Fault};
@@ -14,7 +14,7 @@ use crate::content::PropertiesSeen;
 use crate::declared::Declared;
 use crate::message_expiry;
 use crate::wire::{GenFailed, Output};
-use crate::{arguments, content, names, wire};
+use crate::{arguments, content, names, offload, wire};
 
 impl Connection {
     pub(super) fn consume(&mut self, ch: u16, consume: basic::Consume) -> Result<(), Fault> {
@@ -202,15 +202,54 @@ impl Connection {
             .count()
             + held;
         if outstanding == 0 {
+            self.cancel_consumer(consumer);
+            return;
+        }
+        if !consumer.queue().is_durable() {
+            consumer.stop();
+            state.stopped.push(Stopped {
+                number,
+                _consumer: consumer,
+                outstanding,
+                cancelled: true,
+            });
+            return;
+        }
+        // Its stop may release deliveries, whose log waits for the disk: off this thread,
+        // and kept once stopped (the next frame, which may settle its deliveries, waits).
+        let serial = state.serial;
+        let stopped = offload::run(move || {
+            consumer.stop();
+            consumer
+        });
+        self.await_call(async move {
+            let consumer = stopped.await;
+            Box::new(move |conn: &mut Connection| {
+                let state = conn.channels.get_mut(&ch).filter(|s| s.serial == serial);
+                if let (Some(state), Some(consumer)) = (state, consumer) {
+                    state.stopped.push(Stopped {
+                        number,
+                        _consumer: consumer,
+                        outstanding,
+                        cancelled: true,
+                    });
+                }
+            }) as Then
+        });
+    }
+
+    /// Ends `consumer` and returns once its leases are back in its queue: at once on a
+    /// queue in memory; on a durable one, whose log waits for the disk, off this thread,
+    /// awaited before the next frame (and done all the same if the connection is ending).
+    pub(super) fn cancel_consumer(&mut self, consumer: Consumer) {
+        if !consumer.queue().is_durable() {
             consumer.cancel();
             return;
         }
-        consumer.stop();
-        state.stopped.push(Stopped {
-            number,
-            _consumer: consumer,
-            outstanding,
-            cancelled: true,
+        let cancelled = offload::run(move || consumer.cancel());
+        self.await_call(async move {
+            cancelled.await;
+            Box::new(|_: &mut Connection| {}) as Then
         });
     }
 
@@ -336,8 +375,10 @@ impl Connection {
         let sub = &self.subscriptions[index];
         let (ch, no_ack) = (sub.channel, sub.no_ack);
         if !self.channels.contains_key(&ch) {
-            // The channel is gone; its consumer is being cancelled.
-            delivery.release();
+            // The channel is gone; its consumer is being cancelled. Not waited for: on a
+            // durable queue the release's log waits for the disk.
+            let release = [(delivery.tag(), Settle::Release)];
+            sub.queue.settle_batch_nowait(&release);
             return;
         }
         if self.expired(sub.message_ttl, delivery.envelope()) {

@@ -128,7 +128,7 @@ impl Connection {
             if channel.is_none_or(|c| self.subscriptions[i].channel == c) {
                 let sub = self.subscriptions.swap_remove(i);
                 if let Some(consumer) = sub.consumer {
-                    consumer.cancel();
+                    self.cancel_consumer(consumer);
                 }
                 queues.push(sub.queue);
             } else {

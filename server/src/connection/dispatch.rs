@@ -199,28 +199,8 @@ impl Connection {
         match method {
             exchange::AMQPMethod::Declare(declare) => self.exchange_declare(ch, declare),
             exchange::AMQPMethod::Delete(delete) => self.exchange_delete(ch, delete),
-            exchange::AMQPMethod::Bind(bind) => {
-                let m = AMQPClass::Exchange(exchange::AMQPMethod::Bind(bind.clone()));
-                let (source, destination) = (bind.source.as_str(), bind.destination.as_str());
-                let (key, arguments) = (bind.routing_key.as_str(), &bind.arguments);
-                self.bind_exchange(ch, (source, key, destination), arguments, &m)?;
-                if !bind.nowait {
-                    let ok = exchange::AMQPMethod::BindOk(exchange::BindOk {});
-                    self.send(ch, AMQPClass::Exchange(ok));
-                }
-                Ok(())
-            }
-            exchange::AMQPMethod::Unbind(unbind) => {
-                let m = AMQPClass::Exchange(exchange::AMQPMethod::Unbind(unbind.clone()));
-                let (source, destination) = (unbind.source.as_str(), unbind.destination.as_str());
-                let (key, arguments) = (unbind.routing_key.as_str(), &unbind.arguments);
-                self.unbind_exchange(ch, (source, key, destination), arguments, &m)?;
-                if !unbind.nowait {
-                    let ok = exchange::AMQPMethod::UnbindOk(exchange::UnbindOk {});
-                    self.send(ch, AMQPClass::Exchange(ok));
-                }
-                Ok(())
-            }
+            exchange::AMQPMethod::Bind(bind) => self.bind_exchange(ch, bind),
+            exchange::AMQPMethod::Unbind(unbind) => self.unbind_exchange(ch, unbind),
             other => unsupported(AMQPClass::Exchange(other)),
         }
     }

@@ -1,23 +1,21 @@
-//! The methods that change what the virtual host keeps: `queue.declare`, `purge`,
-//! `delete`, `bind` and `unbind`, and the exchange methods. The rules are the virtual
-//! host's (`vhost.rs`) and the exchanges' (`exchange.rs`); this turns methods into their
-//! calls and their answers into replies.
+//! The queue methods: `queue.declare`, `purge` and `delete`, and what a connection keeps
+//! of its queues (handles by name, exclusive and auto-deleted queues). The rules are the
+//! virtual host's (`vhost.rs`); this turns methods into its calls and their answers into
+//! replies. What waits for the disk (a durable queue's declaration, purge or deletion) is
+//! awaited, not blocked on. The exchange and binding methods are in `exchanges.rs`.
 
 use std::sync::Arc;
 
-use amq_protocol::protocol::{exchange, queue, AMQPClass};
-use amq_protocol::types::{AMQPValue, FieldTable, ShortString};
+use amq_protocol::protocol::{queue, AMQPClass};
+use amq_protocol::types::ShortString;
 use leasemq::{Queue, QueueConfig};
 
 use super::answers::Then;
-use super::fault::{
-    broker_fault, exchange_fault, locked, no_queue, refused_fault, unserved_exchange_type, Fault,
-};
+use super::fault::{broker_fault, locked, no_queue, refused_fault, Fault};
 use super::QUEUES_SWEPT_FROM;
 use super::{code, reply_to, Connection};
-use crate::exchange::{HeadersBinding, Kind, Refusal, Shape};
 use crate::vhost::declare::{DeclareError, QueueDeclare, QueueDeclared};
-use crate::{dead_letter, names};
+use crate::{dead_letter, names, offload};
 
 impl Connection {
     pub(super) fn declare(&mut self, ch: u16, declare: queue::Declare) -> Result<(), Fault> {
@@ -282,233 +280,30 @@ impl Connection {
                 return Err(Fault::channel(ch, code::PRECONDITION_FAILED, text, &m));
             }
             message_count = stats.ready + stats.delayed;
+            if queue.is_durable() {
+                // Its close and what the virtual host keeps of it wait for the disk.
+                let nowait = delete.nowait;
+                let work = self.deleting(&queue);
+                self.await_offloaded(ch, work, move |conn, ()| {
+                    conn.deleted(ch, message_count, nowait);
+                    Ok(())
+                });
+                return Ok(());
+            }
             self.delete_queue(&queue);
         }
-        if !delete.nowait {
+        self.deleted(ch, message_count, delete.nowait);
+        Ok(())
+    }
+
+    /// Answers a `queue.delete` on channel `ch` that took `message_count` messages with it.
+    fn deleted(&mut self, ch: u16, message_count: usize, nowait: bool) {
+        if !nowait {
             let ok = queue::DeleteOk {
                 message_count: u32::try_from(message_count).unwrap_or(u32::MAX),
             };
             self.send(ch, AMQPClass::Queue(queue::AMQPMethod::DeleteOk(ok)));
         }
-        Ok(())
-    }
-
-    /// `exchange.declare` of the types served (and `passive` checks of any exchange), with
-    /// `internal` and `alternate-exchange`.
-    pub(super) fn exchange_declare(
-        &mut self,
-        ch: u16,
-        declare: exchange::Declare,
-    ) -> Result<(), Fault> {
-        let m = AMQPClass::Exchange(exchange::AMQPMethod::Declare(declare.clone()));
-        let name = declare.exchange.as_str();
-        let mut exchanges = self.vhost.exchanges.lock().expect("never poisoned");
-        if declare.passive {
-            // As RabbitMQ: the default exchange is not declared, passively or not.
-            if name.is_empty() {
-                return Err(exchange_fault(ch, Refusal::Reserved, name, &m));
-            }
-            if !exchanges.exists(name) {
-                return Err(exchange_fault(ch, Refusal::NotFound, name, &m));
-            }
-        } else {
-            let kind = declare.kind.as_str();
-            let Some(served) = Kind::named(kind) else {
-                return Err(unserved_exchange_type(kind, &m));
-            };
-            let arguments = declare.arguments.inner();
-            let alternate = match arguments.get("alternate-exchange") {
-                None => None,
-                Some(AMQPValue::LongString(s)) => Some(String::from_utf8_lossy(s.as_bytes())),
-                Some(AMQPValue::ShortString(s)) => Some(s.as_str().into()),
-                Some(other) => {
-                    let text = format!(
-                        "PRECONDITION_FAILED - invalid type '{}' for arg 'alternate-exchange' in exchange '{name}' in vhost '/'",
-                        crate::field::type_name(other)
-                    );
-                    return Err(Fault::channel(ch, code::PRECONDITION_FAILED, text, &m));
-                }
-            };
-            // RabbitMQ compares no argument of a redeclare but the alternate (it keeps the
-            // first declare's); a new exchange with one leasemqd does not serve is a 540.
-            let unserved = arguments
-                .keys()
-                .find(|arg| arg.as_str() != "alternate-exchange");
-            if let (Some(arg), false) = (unserved, exchanges.exists(name)) {
-                let text = format!("exchange argument '{arg}' is not supported by leasemqd yet");
-                return Err(Fault::connection(code::NOT_IMPLEMENTED, text).for_method(&m));
-            }
-            let shape = Shape {
-                kind: served,
-                durable: declare.durable,
-                auto_delete: declare.auto_delete,
-                internal: declare.internal,
-                alternate: alternate.map(|name| name.into_owned()),
-            };
-            // Each is checked where exchanges are kept.
-            exchanges
-                .declare_shaped(name, shape)
-                .map_err(|r| exchange_fault(ch, r, name, &m))?;
-        }
-        drop(exchanges);
-        if !declare.nowait {
-            let ok = exchange::AMQPMethod::DeclareOk(exchange::DeclareOk {});
-            self.send(ch, AMQPClass::Exchange(ok));
-        }
-        Ok(())
-    }
-
-    pub(super) fn exchange_delete(
-        &mut self,
-        ch: u16,
-        delete: exchange::Delete,
-    ) -> Result<(), Fault> {
-        let m = AMQPClass::Exchange(exchange::AMQPMethod::Delete(delete.clone()));
-        let name = delete.exchange.as_str();
-        let mut exchanges = self.vhost.exchanges.lock().expect("never poisoned");
-        exchanges
-            .delete(name, delete.if_unused)
-            .map_err(|r| exchange_fault(ch, r, name, &m))?;
-        drop(exchanges);
-        if !delete.nowait {
-            let ok = exchange::AMQPMethod::DeleteOk(exchange::DeleteOk {});
-            self.send(ch, AMQPClass::Exchange(ok));
-        }
-        Ok(())
-    }
-
-    /// `queue.bind` of an existing queue to a direct exchange.
-    pub(super) fn bind(&mut self, ch: u16, bind: queue::Bind) -> Result<(), Fault> {
-        let m = AMQPClass::Queue(queue::AMQPMethod::Bind(bind.clone()));
-        let name = bind.exchange.as_str();
-        let kind = (self.vhost.exchanges.lock().expect("never poisoned")).kind(name);
-        let key = binding_key(ch, kind, bind.routing_key.as_str(), &bind.arguments, &m)?;
-        let queue = self.named_queue(ch, bind.queue.as_str(), &m)?;
-        // Kept across a restart only if the queue is: durable, and not exclusive.
-        let exclusive =
-            (self.vhost.exclusive.lock().expect("never poisoned")).contains_key(queue.name());
-        let durable_queue = queue.is_durable() && !exclusive;
-        let mut exchanges = self.vhost.exchanges.lock().expect("never poisoned");
-        exchanges
-            .bind(name, &key, queue.name(), durable_queue)
-            .map_err(|r| exchange_fault(ch, r, name, &m))?;
-        drop(exchanges);
-        if !bind.nowait {
-            let ok = queue::AMQPMethod::BindOk(queue::BindOk {});
-            self.send(ch, AMQPClass::Queue(ok));
-        }
-        Ok(())
-    }
-
-    /// `exchange.bind`: `destination` gets what `source` routes with `key` (or, from a
-    /// headers exchange, the binding's arguments).
-    pub(super) fn bind_exchange(
-        &mut self,
-        ch: u16,
-        (source, key, destination): (&str, &str, &str),
-        arguments: &FieldTable,
-        m: &AMQPClass,
-    ) -> Result<(), Fault> {
-        let mut exchanges = self.vhost.exchanges.lock().expect("never poisoned");
-        // As RabbitMQ: the default exchange first, then the source, then the destination.
-        for name in [source, destination] {
-            if name.is_empty() {
-                return Err(exchange_fault(ch, Refusal::Reserved, name, m));
-            }
-        }
-        for name in [source, destination] {
-            if !exchanges.exists(name) {
-                return Err(exchange_fault(ch, Refusal::NotFound, name, m));
-            }
-        }
-        let key = binding_key(ch, exchanges.kind(source), key, arguments, m)?;
-        (exchanges.bind_exchange(source, &key, destination))
-            .map_err(|r| exchange_fault(ch, r, source, m))
-    }
-
-    /// `exchange.unbind`: as `queue.unbind`, removing a binding that is not there
-    /// succeeds.
-    pub(super) fn unbind_exchange(
-        &self,
-        ch: u16,
-        (source, key, destination): (&str, &str, &str),
-        arguments: &FieldTable,
-        m: &AMQPClass,
-    ) -> Result<(), Fault> {
-        let mut exchanges = self.vhost.exchanges.lock().expect("never poisoned");
-        match unbinding_key(exchanges.kind(source), key, arguments) {
-            Some(key) => (exchanges.unbind_exchange(source, &key, destination))
-                .map_err(|r| exchange_fault(ch, r, source, m)),
-            None => Ok(()),
-        }
-    }
-
-    /// `queue.unbind`: as in RabbitMQ, removing a binding that is not there (its queue or
-    /// its exchange missing too) succeeds.
-    pub(super) fn unbind(&mut self, ch: u16, unbind: queue::Unbind) -> Result<(), Fault> {
-        let m = AMQPClass::Queue(queue::AMQPMethod::Unbind(unbind.clone()));
-        let queue = &self.queue_name(ch, unbind.queue.as_str(), &m)?;
-        self.check_exclusive(ch, queue, &m)?;
-        let name = unbind.exchange.as_str();
-        let mut exchanges = self.vhost.exchanges.lock().expect("never poisoned");
-        let kind = exchanges.kind(name);
-        if let Some(key) = unbinding_key(kind, unbind.routing_key.as_str(), &unbind.arguments) {
-            exchanges
-                .unbind(name, &key, queue)
-                .map_err(|r| exchange_fault(ch, r, name, &m))?;
-        }
-        drop(exchanges);
-        let ok = queue::AMQPMethod::UnbindOk(queue::UnbindOk {});
-        self.send(ch, AMQPClass::Queue(ok));
-        Ok(())
-    }
-}
-
-/// `requeue=true` is a nack with no delay; `false` a reject (dead letter).
-/// RabbitMQ's 404 for a queue that does not exist (or a name that is no queue).
-/// The key a binding from an exchange of `kind` is kept under: its routing key, or from a
-/// headers exchange (which reads no routing key) its arguments, encoded. Arguments on
-/// another exchange's binding are not served (540).
-pub(super) fn binding_key(
-    ch: u16,
-    kind: Option<Kind>,
-    key: &str,
-    arguments: &FieldTable,
-    m: &AMQPClass,
-) -> Result<String, Fault> {
-    match kind {
-        Some(Kind::Headers) => HeadersBinding::from_arguments(arguments)
-            .map(|b| b.encode())
-            .map_err(|why| {
-                let text = format!("PRECONDITION_FAILED - {why}");
-                Fault::channel(ch, code::PRECONDITION_FAILED, text, m)
-            }),
-        _ => match arguments.inner().keys().next() {
-            Some(arg) => {
-                let text = format!(
-                    "binding argument '{arg}' is not supported by leasemqd yet (only on a headers exchange)"
-                );
-                Err(Fault::connection(code::NOT_IMPLEMENTED, text).for_method(m))
-            }
-            None => Ok(key.to_string()),
-        },
-    }
-}
-
-/// The key of the binding an unbind names, as [`binding_key`] keeps it; `None` where it
-/// names one that was never made (arguments on another exchange's binding), whose removal
-/// changes nothing.
-pub(super) fn unbinding_key(
-    kind: Option<Kind>,
-    key: &str,
-    arguments: &FieldTable,
-) -> Option<String> {
-    match kind {
-        Some(Kind::Headers) => HeadersBinding::from_arguments(arguments)
-            .ok()
-            .map(|b| b.encode()),
-        _ if arguments.inner().is_empty() => Some(key.to_string()),
-        _ => None,
     }
 }
 
@@ -523,7 +318,17 @@ impl Connection {
         let auto = declared.get(queue.name()).is_some_and(|d| d.auto_delete);
         drop(declared);
         if auto && !queue.is_closed() && !self.vhost.consumers.is_consumed(queue.name()) {
-            self.delete_queue(queue);
+            if queue.is_durable() {
+                // Its close waits for the disk: off this thread, awaited before the next
+                // frame (and done all the same if the connection is ending).
+                let deleted = offload::run(self.deleting(queue));
+                self.await_call(async move {
+                    deleted.await;
+                    Box::new(|_: &mut Connection| {}) as Then
+                });
+            } else {
+                self.delete_queue(queue);
+            }
         }
     }
 
@@ -537,27 +342,23 @@ impl Connection {
     /// Closes `queue` and forgets it: its bindings, this connection's handle, and its
     /// exclusive owner when that is this connection.
     pub(super) fn delete_queue(&mut self, queue: &Queue) {
+        let work = self.deleting(queue);
+        work();
+    }
+
+    /// The work of deleting `queue` (`VHost::delete_queue`), which may wait for the disk;
+    /// the connection forgets its handle at once (a closed queue is never used again).
+    fn deleting(&mut self, queue: &Queue) -> impl FnOnce() + Send + 'static {
         let name = queue.name();
-        let closed = queue.close();
-        if self.queues.get(name).is_some_and(Queue::is_closed) {
-            self.queues.remove(name);
-        }
-        self.exclusive
-            .retain(|q| q.name() != name || !q.is_closed());
-        // Closed before (by `x-expires`, another connection's delete): forgotten then.
-        if closed {
-            let tracked = self.vhost.forget(queue, Some(self.id));
-            // A durable queue brought back by a restart with no declaration kept (from a
-            // build that kept none) and deleted before it was declared again may have a
-            // holding queue of dead letters that nothing forwards (its route was never
-            // said): it goes, with what it holds.
-            if !tracked && queue.is_durable() {
-                let holding = self.broker.queue(&dead_letter::holding_name(name));
-                if let Some(holding) = holding {
-                    holding.close();
-                }
-            }
-        }
+        self.queues.remove(name);
+        self.exclusive.retain(|q| q.name() != name);
+        let (vhost, broker, queue, owner) = (
+            Arc::clone(&self.vhost),
+            self.broker.clone(),
+            queue.clone(),
+            self.id,
+        );
+        move || vhost.delete_queue(&broker, &queue, owner)
     }
 
     /// The connection that owns `name` as an exclusive queue, when it is not this one.

@@ -230,3 +230,73 @@ fn a_durable_queue_is_declared_off_the_connections_thread() {
     };
     assert_eq!(declare_code(&mut c, other), 406);
 }
+
+#[test]
+fn a_durable_queues_delete_and_an_exchange_declare_are_awaited() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = Client::open_durable(dir.path());
+    c.declare("jobs");
+    c.publish("jobs", b"a");
+    // An exchange rewrites the exchanges' file in the data dir: awaited too.
+    let declare = encode(&[method(
+        1,
+        AMQPClass::Exchange(exchange::AMQPMethod::Declare(exchange::Declare {
+            exchange: "work".into(),
+            kind: "direct".into(),
+            durable: true,
+            ..exchange::Declare::default()
+        })),
+    )]);
+    let bind = encode(&[queue_method(queue::AMQPMethod::Bind(queue::Bind {
+        queue: "jobs".into(),
+        exchange: "work".into(),
+        routing_key: "k".into(),
+        ..queue::Bind::default()
+    }))]);
+    let bytes = [declare.clone(), bind].concat();
+    assert_eq!(c.conn.handle_input(&bytes), declare.len(), "the bind waits");
+    c.answered();
+    let mut out = Vec::new();
+    c.conn.take_output(&mut out);
+    assert!(matches!(
+        &decode(&out)[..],
+        [AMQPFrame::Method(
+            1,
+            AMQPClass::Exchange(exchange::AMQPMethod::DeclareOk(_))
+        )]
+    ));
+    let out = c.feed_bytes(&bytes[declare.len()..]);
+    assert!(matches!(
+        &out[..],
+        [AMQPFrame::Method(
+            1,
+            AMQPClass::Queue(queue::AMQPMethod::BindOk(_))
+        )]
+    ));
+    // The delete of a durable queue: its close waits for the disk.
+    let delete = encode(&[queue_method(queue::AMQPMethod::Delete(queue::Delete {
+        queue: "jobs".into(),
+        ..queue::Delete::default()
+    }))]);
+    let bytes = [delete.clone(), encode(&[passive("jobs")])].concat();
+    assert_eq!(
+        c.conn.handle_input(&bytes),
+        delete.len(),
+        "the declare waits"
+    );
+    assert!(c.conn.awaits_call());
+    c.answered();
+    let mut out = Vec::new();
+    c.conn.take_output(&mut out);
+    let ok = queue::DeleteOk { message_count: 1 };
+    assert_eq!(
+        decode(&out),
+        [queue_method(queue::AMQPMethod::DeleteOk(ok))]
+    );
+    let out = c.feed_bytes(&bytes[delete.len()..]);
+    assert_eq!(
+        channel_close_code(&out),
+        Some(404),
+        "gone before the declare"
+    );
+}
