@@ -55,7 +55,7 @@ use crate::wire::{self, Next, Output};
 use answers::{Awaited, Barrier, Pending};
 use channel::Channel;
 use deliveries::Subscription;
-use fault::{method_name, reply_text, Fault};
+use fault::{reply_text, Fault};
 pub use timers::TimedOut;
 use timers::Timers;
 

@@ -17,6 +17,10 @@ use std::time::Duration;
 use amq_protocol::types::ShortString;
 use leasemq::{Consumer, DeliveryTag, Message, Queue, Settle};
 
+use amq_protocol::protocol::{basic, channel, confirm, tx, AMQPClass};
+
+use super::code;
+use super::fault::Fault;
 use super::incoming::{bytes_held, Incoming};
 
 /// The most prefetch a broker consumer takes; also what `prefetch_count = 0` (AMQP's "no
@@ -80,6 +84,17 @@ pub(crate) struct Channel {
     pub(super) reply: Option<Queue>,
 }
 
+/// What a channel makes of a method that comes on it ([`Channel::handle`]).
+#[derive(Debug)]
+pub(super) enum Handled {
+    /// Served by the channel's own state: the answer to send, if any.
+    Answered(Option<AMQPClass>),
+    /// Refused: the fault to answer with.
+    Failed(Fault),
+    /// Needs the broker or the virtual host: the connection serves it.
+    Passed(AMQPClass),
+}
+
 impl Channel {
     /// Deliveries not settled yet: unacked, or settled in a transaction not yet committed
     /// (a rollback gives them back), as RabbitMQ's channel-wide prefetch counts them.
@@ -97,6 +112,84 @@ impl Channel {
             MAX_PREFETCH
         } else {
             limit(self.prefetch).min(limit(self.global_prefetch))
+        }
+    }
+
+    /// Serves `method`, which came on this channel (numbered `ch`), where its own state
+    /// is all it needs: `channel.flow`, `basic.qos`, the start of a `basic.publish`,
+    /// `confirm.select`, `tx.select` and `tx.rollback`. Any other method is passed back.
+    pub(super) fn handle(&mut self, ch: u16, method: AMQPClass) -> Handled {
+        let refuse = |code: u16, text: &str, m: &AMQPClass| {
+            Handled::Failed(Fault::channel(ch, code, text, m))
+        };
+        match method {
+            AMQPClass::Basic(basic::AMQPMethod::Publish(publish)) => {
+                if publish.immediate {
+                    let text = "immediate=true is not supported (nor by RabbitMQ)";
+                    let m = AMQPClass::Basic(basic::AMQPMethod::Publish(publish));
+                    return Handled::Failed(
+                        Fault::connection(code::NOT_IMPLEMENTED, text).for_method(&m),
+                    );
+                }
+                self.incoming = Some(Incoming {
+                    publish,
+                    content: None,
+                });
+                Handled::Answered(None)
+            }
+            AMQPClass::Basic(basic::AMQPMethod::Qos(qos)) => {
+                if qos.global {
+                    self.global_prefetch = qos.prefetch_count;
+                } else {
+                    self.prefetch = qos.prefetch_count;
+                }
+                let ok = basic::AMQPMethod::QosOk(basic::QosOk {});
+                Handled::Answered(Some(AMQPClass::Basic(ok)))
+            }
+            AMQPClass::Channel(channel::AMQPMethod::Flow(flow)) => {
+                // Deliveries stop or start again; those the broker already handed to the
+                // channel's consumers wait, leased, in their buffers (at most a prefetch).
+                self.paused = !flow.active;
+                let ok = channel::FlowOk {
+                    active: flow.active,
+                };
+                Handled::Answered(Some(AMQPClass::Channel(channel::AMQPMethod::FlowOk(ok))))
+            }
+            m @ AMQPClass::Confirm(confirm::AMQPMethod::Select(_)) => {
+                let AMQPClass::Confirm(confirm::AMQPMethod::Select(select)) = &m else {
+                    unreachable!("matched above");
+                };
+                if self.tx.is_some() {
+                    let text = "PRECONDITION_FAILED - cannot switch from tx to confirm mode";
+                    return refuse(code::PRECONDITION_FAILED, text, &m);
+                }
+                self.confirm = true;
+                let ok = confirm::AMQPMethod::SelectOk(confirm::SelectOk {});
+                Handled::Answered((!select.nowait).then_some(AMQPClass::Confirm(ok)))
+            }
+            m @ AMQPClass::Tx(tx::AMQPMethod::Select(_)) => {
+                if self.confirm {
+                    let text = "PRECONDITION_FAILED - cannot switch from confirm to tx mode";
+                    return refuse(code::PRECONDITION_FAILED, text, &m);
+                }
+                self.tx.get_or_insert_with(Tx::default);
+                let ok = tx::AMQPMethod::SelectOk(tx::SelectOk {});
+                Handled::Answered(Some(AMQPClass::Tx(ok)))
+            }
+            m @ AMQPClass::Tx(tx::AMQPMethod::Rollback(_)) => {
+                let Some(held) = self.tx.as_mut() else {
+                    let text = "PRECONDITION_FAILED - channel is not transactional";
+                    return refuse(code::PRECONDITION_FAILED, text, &m);
+                };
+                // The held deliveries are the channel's again, to be settled anew; the
+                // held publishes go.
+                for (taken, _) in std::mem::take(held).settles {
+                    self.unacked.extend(taken);
+                }
+                let ok = tx::AMQPMethod::RollbackOk(tx::RollbackOk {});
+                Handled::Answered(Some(AMQPClass::Tx(ok)))
+            }
+            other => Handled::Passed(other),
         }
     }
 
@@ -419,6 +512,82 @@ mod tests {
             "0: all"
         );
         assert!(channel.unacked.is_empty());
+    }
+
+    #[test]
+    fn qos_flow_and_a_publishs_start_are_the_channels_own() {
+        let mut state = Channel::default();
+        let qos = |prefetch_count, global| {
+            AMQPClass::Basic(basic::AMQPMethod::Qos(basic::Qos {
+                prefetch_count,
+                global,
+            }))
+        };
+        let answered = |handled: Handled| match handled {
+            Handled::Answered(answer) => answer,
+            other => panic!("not answered: {other:?}"),
+        };
+        let ok = answered(state.handle(1, qos(10, false)));
+        assert!(matches!(
+            ok,
+            Some(AMQPClass::Basic(basic::AMQPMethod::QosOk(_)))
+        ));
+        answered(state.handle(1, qos(4, true)));
+        assert_eq!((state.prefetch, state.global_prefetch), (10, 4));
+        let flow = |active| AMQPClass::Channel(channel::AMQPMethod::Flow(channel::Flow { active }));
+        answered(state.handle(1, flow(false)));
+        assert!(state.paused);
+        answered(state.handle(1, flow(true)));
+        assert!(!state.paused);
+        // A publish is held until its content comes; nothing is answered.
+        let publish = |immediate| {
+            AMQPClass::Basic(basic::AMQPMethod::Publish(basic::Publish {
+                immediate,
+                ..basic::Publish::default()
+            }))
+        };
+        assert!(answered(state.handle(1, publish(false))).is_none());
+        assert!(state.incoming.is_some());
+        match state.handle(1, publish(true)) {
+            Handled::Failed(fault) => assert_eq!((fault.channel, fault.code), (None, 540)),
+            other => panic!("not refused: {other:?}"),
+        }
+        // What needs the broker is passed back.
+        let get = AMQPClass::Basic(basic::AMQPMethod::Get(basic::Get::default()));
+        assert!(matches!(state.handle(1, get), Handled::Passed(_)));
+    }
+
+    #[test]
+    fn confirms_and_transactions_exclude_each_other_and_a_rollback_gives_back_its_settles() {
+        let (queue, tags) = delivered(60_000, 1);
+        let select = AMQPClass::Confirm(confirm::AMQPMethod::Select(confirm::Select {
+            nowait: false,
+        }));
+        let tx_select = AMQPClass::Tx(tx::AMQPMethod::Select(tx::Select {}));
+        let rollback = AMQPClass::Tx(tx::AMQPMethod::Rollback(tx::Rollback {}));
+        let code_of = |handled: Handled| match handled {
+            Handled::Failed(fault) => Some(fault.code),
+            _ => None,
+        };
+        let mut confirming = Channel::default();
+        assert_eq!(code_of(confirming.handle(1, select.clone())), None);
+        assert!(confirming.confirm);
+        assert_eq!(code_of(confirming.handle(1, tx_select.clone())), Some(406));
+        assert_eq!(code_of(confirming.handle(1, rollback.clone())), Some(406));
+        let mut transactional = Channel::default();
+        assert_eq!(code_of(transactional.handle(1, tx_select)), None);
+        assert_eq!(code_of(transactional.handle(1, select)), Some(406));
+        // A settle held by the transaction is the channel's again after a rollback.
+        transactional.hold(1, Unacked::new(queue.clone(), tags[0], 1, 0), 0);
+        let taken = transactional.take_settled(1, false).unwrap();
+        (transactional.tx.as_mut().unwrap()).hold_settle(taken, Settle::Ack);
+        assert!(transactional.unacked.is_empty());
+        assert_eq!(code_of(transactional.handle(1, rollback)), None);
+        assert_eq!(
+            transactional.unacked.keys().copied().collect::<Vec<_>>(),
+            [1]
+        );
+        assert_eq!(transactional.unsettled(), 1);
     }
 
     #[test]

@@ -1,13 +1,13 @@
-//! A channel's methods, dispatched: each method that comes on an open channel goes to the
-//! part that serves it (queues and exchanges, consumers and settles, publishes,
-//! transactions), and a channel error closes the channel.
+//! A channel's methods, dispatched: each method that comes on an open channel goes to its
+//! `Channel` first, which answers what its own state serves (`Channel::handle`); the rest
+//! goes to the part that serves it (queues and exchanges, consumers and settles, gets,
+//! commits), and a channel error closes the channel.
 
-use amq_protocol::protocol::{basic, channel, confirm, exchange, queue, tx, AMQPClass};
+use amq_protocol::protocol::{basic, channel, exchange, queue, tx, AMQPClass};
 use leasemq::Settle;
 
-use super::channel::{requeue, Channel};
+use super::channel::{requeue, Channel, Handled};
 use super::fault::{method_name, reply_text, Fault};
-use super::incoming::Incoming;
 use super::{code, Connection};
 
 impl Connection {
@@ -46,19 +46,24 @@ impl Connection {
             );
             return Err(Fault::connection(code::UNEXPECTED_FRAME, text).for_method(&method));
         }
+        // What the channel's own state serves, it answers; the rest needs the broker or
+        // the virtual host.
+        let method = match state.handle(ch, method) {
+            Handled::Answered(answer) => {
+                if let Some(answer) = answer {
+                    self.send(ch, answer);
+                }
+                return Ok(());
+            }
+            Handled::Failed(fault) => return Err(fault),
+            Handled::Passed(method) => method,
+        };
         match method {
             AMQPClass::Channel(m) => self.channel_method(ch, m),
             AMQPClass::Basic(m) => self.basic_method(ch, m),
             AMQPClass::Queue(m) => self.queue_method(ch, m),
             AMQPClass::Exchange(m) => self.exchange_method(ch, m),
-            AMQPClass::Confirm(confirm::AMQPMethod::Select(select)) => {
-                self.confirm_select(ch, select)
-            }
-            AMQPClass::Tx(
-                method @ (tx::AMQPMethod::Select(_)
-                | tx::AMQPMethod::Commit(_)
-                | tx::AMQPMethod::Rollback(_)),
-            ) => self.handle_tx(ch, method),
+            AMQPClass::Tx(tx::AMQPMethod::Commit(commit)) => self.commit(ch, commit),
             other => unsupported(other),
         }
     }
@@ -80,19 +85,6 @@ impl Connection {
                 Ok(())
             }
             channel::AMQPMethod::CloseOk(_) => Ok(()),
-            channel::AMQPMethod::Flow(flow) => {
-                let Some(state) = self.channels.get_mut(&ch) else {
-                    return Ok(());
-                };
-                // Deliveries stop or start again; those the broker already handed to the
-                // channel's consumers wait, leased, in their buffers (at most a prefetch).
-                state.paused = !flow.active;
-                let ok = channel::FlowOk {
-                    active: flow.active,
-                };
-                self.send(ch, AMQPClass::Channel(channel::AMQPMethod::FlowOk(ok)));
-                Ok(())
-            }
             channel::AMQPMethod::Open(_) => {
                 let text = format!("channel {ch} is already open");
                 let method = AMQPClass::Channel(method);
@@ -104,34 +96,7 @@ impl Connection {
 
     /// A `basic` method on open channel `ch`.
     pub(super) fn basic_method(&mut self, ch: u16, method: basic::AMQPMethod) -> Result<(), Fault> {
-        let Some(state) = self.channels.get_mut(&ch) else {
-            return Ok(());
-        };
         match method {
-            basic::AMQPMethod::Qos(qos) => {
-                if qos.global {
-                    state.global_prefetch = qos.prefetch_count;
-                } else {
-                    state.prefetch = qos.prefetch_count;
-                }
-                self.send(
-                    ch,
-                    AMQPClass::Basic(basic::AMQPMethod::QosOk(basic::QosOk {})),
-                );
-                Ok(())
-            }
-            basic::AMQPMethod::Publish(publish) => {
-                if publish.immediate {
-                    let text = "immediate=true is not supported (nor by RabbitMQ)";
-                    let m = AMQPClass::Basic(basic::AMQPMethod::Publish(publish));
-                    return Err(Fault::connection(code::NOT_IMPLEMENTED, text).for_method(&m));
-                }
-                state.incoming = Some(Incoming {
-                    publish,
-                    content: None,
-                });
-                Ok(())
-            }
             basic::AMQPMethod::Consume(consume) => self.consume(ch, consume),
             basic::AMQPMethod::Get(get) => self.get(ch, get),
             basic::AMQPMethod::Recover(recover) => {
@@ -203,24 +168,6 @@ impl Connection {
             exchange::AMQPMethod::Unbind(unbind) => self.unbind_exchange(ch, unbind),
             other => unsupported(AMQPClass::Exchange(other)),
         }
-    }
-
-    /// `confirm.select` on open channel `ch`: refused on a transactional channel.
-    pub(super) fn confirm_select(&mut self, ch: u16, select: confirm::Select) -> Result<(), Fault> {
-        let Some(state) = self.channels.get_mut(&ch) else {
-            return Ok(());
-        };
-        if state.tx.is_some() {
-            let text = "PRECONDITION_FAILED - cannot switch from tx to confirm mode";
-            let m = AMQPClass::Confirm(confirm::AMQPMethod::Select(select));
-            return Err(Fault::channel(ch, code::PRECONDITION_FAILED, text, &m));
-        }
-        state.confirm = true;
-        if !select.nowait {
-            let ok = confirm::AMQPMethod::SelectOk(confirm::SelectOk {});
-            self.send(ch, AMQPClass::Confirm(ok));
-        }
-        Ok(())
     }
 
     /// A method on a channel that is not open: only `channel.open` may come.

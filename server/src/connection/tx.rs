@@ -28,54 +28,29 @@ use super::{code, Connection};
 pub(super) const HELD_BYTES: usize = 64 << 20;
 
 impl Connection {
-    pub(super) fn handle_tx(&mut self, ch: u16, method: tx::AMQPMethod) -> Result<(), Fault> {
-        let m = AMQPClass::Tx(method.clone());
+    /// `tx.commit` on channel `ch`: the held publishes are put in order, as a confirming
+    /// channel's are (numbered, their answers awaited), the held settles are made, and the
+    /// commit is answered once every put up to here is (see `send_confirms`). `select` and
+    /// `rollback` are the channel's own (`Channel::handle`).
+    pub(super) fn commit(&mut self, ch: u16, commit: tx::Commit) -> Result<(), Fault> {
         let state = self.channels.get_mut(&ch).expect("checked by the caller");
-        let not_transactional = || {
+        let Some(held) = state.tx.as_mut() else {
             let text = "PRECONDITION_FAILED - channel is not transactional";
-            Fault::channel(ch, code::PRECONDITION_FAILED, text, &m)
+            let m = AMQPClass::Tx(tx::AMQPMethod::Commit(commit));
+            return Err(Fault::channel(ch, code::PRECONDITION_FAILED, text, &m));
         };
-        let answer = match method {
-            tx::AMQPMethod::Select(_) => {
-                if state.confirm {
-                    let text = "PRECONDITION_FAILED - cannot switch from confirm to tx mode";
-                    return Err(Fault::channel(ch, code::PRECONDITION_FAILED, text, &m));
-                }
-                state.tx.get_or_insert_with(Tx::default);
-                tx::AMQPMethod::SelectOk(tx::SelectOk {})
-            }
-            tx::AMQPMethod::Rollback(_) => {
-                let held = state.tx.as_mut().ok_or_else(not_transactional)?;
-                let held = std::mem::take(held);
-                for (taken, _) in held.settles {
-                    state.unacked.extend(taken);
-                }
-                tx::AMQPMethod::RollbackOk(tx::RollbackOk {})
-            }
-            tx::AMQPMethod::Commit(_) => {
-                let held = state.tx.as_mut().ok_or_else(not_transactional)?;
-                let held = std::mem::take(held);
-                for (queues, message) in held.publishes {
-                    let state = self.channels.get_mut(&ch).expect("open");
-                    state.published += 1;
-                    let number = state.published;
-                    self.put_copies(ch, queues, message, Some(number));
-                }
-                for (taken, how) in held.settles {
-                    self.settle_taken(ch, taken, how);
-                }
-                // Answered once every put up to here is (see `send_confirms`).
-                let state = self.channels.get_mut(&ch).expect("open");
-                state.commits.push_back(state.published);
-                return Ok(());
-            }
-            // The -ok methods are the server's to send: answered as any method not served.
-            _ => {
-                let text = format!("{} is not supported by leasemqd", super::method_name(&m));
-                return Err(Fault::connection(code::NOT_IMPLEMENTED, text).for_method(&m));
-            }
-        };
-        self.send(ch, AMQPClass::Tx(answer));
+        let held = std::mem::take(held);
+        for (queues, message) in held.publishes {
+            let state = self.channels.get_mut(&ch).expect("open");
+            state.published += 1;
+            let number = state.published;
+            self.put_copies(ch, queues, message, Some(number));
+        }
+        for (taken, how) in held.settles {
+            self.settle_taken(ch, taken, how);
+        }
+        let state = self.channels.get_mut(&ch).expect("open");
+        state.commits.push_back(state.published);
         Ok(())
     }
 
