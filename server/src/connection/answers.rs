@@ -370,6 +370,10 @@ impl Connection {
 
     /// Makes the broker calls gathered so far, then confirms what can be confirmed.
     pub(super) fn flush_pending(&mut self) {
+        // Behind a call still awaited, they wait for its answer (`poll_barriers`).
+        if self.awaits_call() {
+            return;
+        }
         self.apply_pending();
         self.send_confirms();
     }

@@ -300,3 +300,51 @@ fn a_durable_queues_delete_and_an_exchange_declare_are_awaited() {
         "gone before the declare"
     );
 }
+
+#[test]
+fn what_a_read_gathered_after_an_awaited_call_is_made_once_it_is_answered() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = Client::open_durable(dir.path());
+    c.declare("jobs");
+    c.publish("jobs", b"a");
+    let tags: Vec<u64> = deliveries(&c.consume("jobs", false))
+        .iter()
+        .map(|(tag, _, _)| *tag)
+        .collect();
+    // A queue in memory beside it: its publish comes after the reject in the same read.
+    let side = queue_method(queue::AMQPMethod::Declare(queue::Declare {
+        queue: "side".into(),
+        ..queue::Declare::default()
+    }));
+    c.feed(&[side]);
+    let reject = basic_method(
+        1,
+        basic::AMQPMethod::Reject(basic::Reject {
+            delivery_tag: tags[0],
+            requeue: false,
+        }),
+    );
+    let mut frames = vec![reject];
+    frames.extend(Client::publish_frames(
+        "side",
+        BasicProperties::default(),
+        b"s",
+    ));
+    let bytes = encode(&frames);
+    assert_eq!(
+        c.conn.handle_input(&bytes),
+        bytes.len(),
+        "publishes and settles are read on"
+    );
+    assert!(c.conn.awaits_call());
+    c.broker.advance(Duration::ZERO).unwrap();
+    assert_eq!(
+        c.stats("side").enqueued,
+        0,
+        "the publish waits for the reject"
+    );
+    c.answered();
+    c.broker.advance(Duration::ZERO).unwrap();
+    assert_eq!(c.stats("side").enqueued, 1);
+    assert_eq!(c.stats("jobs").rejected, 1);
+}
