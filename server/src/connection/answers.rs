@@ -47,11 +47,11 @@ pub(crate) struct Awaited {
 /// the same: it runs on the connection.
 pub(super) type Then = Box<dyn FnOnce(&mut Connection) + Send>;
 
-/// A broker call that may wait for the disk (a nack or reject of a durable queue's
-/// deliveries, a purge of one), made without blocking: the connection serves no further
-/// frame until it is answered, so that what follows it sees its effect, as it would had
-/// the call blocked. Sent when made (its first poll), so that nothing the connection
-/// sends after it reaches the shard first.
+/// A call that may wait for the disk (on a durable queue a nack, reject, purge, declare,
+/// delete, get or consume; with a data dir an exchange or binding method), made without
+/// blocking: the connection serves no further frame until it is answered, so that what
+/// follows it sees its effect, as it would had the call blocked. Sent when made (its first
+/// poll), so that nothing the connection sends after it reaches the shard first.
 pub(crate) struct Barrier {
     call: Pin<Box<dyn Future<Output = Then> + Send>>,
     /// Its answer, once it came, waiting for the calls before it.
@@ -270,7 +270,7 @@ impl Connection {
 
     /// Makes `call`, a broker call whose answer the next frame must wait for
     /// ([`Barrier`]): polled once now, which sends it.
-    pub(super) fn await_call(&mut self, call: impl Future<Output = Then> + Send + 'static) {
+    fn await_call(&mut self, call: impl Future<Output = Then> + Send + 'static) {
         let mut barrier = Barrier {
             call: Box::pin(call),
             then: None,
@@ -283,32 +283,51 @@ impl Connection {
     }
 
     /// Runs `work`, which may wait for the disk, off this thread (`offload.rs`), and awaits
-    /// it as a call the next frame waits for: `then` takes its result on the connection,
-    /// if channel `ch` is still the one that asked. Work that panicked is an internal
-    /// error, which ends the connection.
+    /// it as a call the next frame waits for ([`Connection::await_answer`]).
     pub(super) fn await_offloaded<R: Send + 'static>(
         &mut self,
         ch: u16,
         work: impl FnOnce() -> R + Send + 'static,
         then: impl FnOnce(&mut Connection, R) -> Result<(), Fault> + Send + 'static,
     ) {
+        self.await_answer(ch, offload::run(work), then);
+    }
+
+    /// Awaits `answer`, to a call made for channel `ch`, as a call the next frame waits
+    /// for: `then` takes it on the connection if channel `ch` is still the one that asked
+    /// (its fault fails the channel). No answer (work that panicked) is an internal error,
+    /// which ends the connection.
+    pub(super) fn await_answer<R: Send + 'static>(
+        &mut self,
+        ch: u16,
+        answer: impl Future<Output = Option<R>> + Send + 'static,
+        then: impl FnOnce(&mut Connection, R) -> Result<(), Fault> + Send + 'static,
+    ) {
         let serial = self.channels.get(&ch).map_or(0, |c| c.serial);
-        let result = offload::run(work);
         self.await_call(async move {
-            let result = result.await;
+            let answer = answer.await;
             Box::new(move |conn: &mut Connection| {
-                let Some(result) = result else {
+                let Some(answer) = answer else {
                     let fault = Fault::connection(code::INTERNAL_ERROR, "INTERNAL_ERROR");
                     return conn.abort(fault);
                 };
                 let open =
                     (conn.channels.get(&ch)).is_some_and(|c| c.serial == serial && !c.closing);
                 if open {
-                    if let Err(fault) = then(conn, result) {
+                    if let Err(fault) = then(conn, answer) {
                         conn.fail(fault);
                     }
                 }
             }) as Then
+        });
+    }
+
+    /// Awaits `done`, a call whose answer says nothing, as a call the next frame waits for;
+    /// sent already, it is made even if the connection ends first.
+    pub(super) fn await_done(&mut self, done: impl Future + Send + 'static) {
+        self.await_call(async move {
+            done.await;
+            Box::new(|_: &mut Connection| {}) as Then
         });
     }
 
@@ -480,10 +499,7 @@ impl Connection {
                     } else if queue.is_durable() {
                         // Its log waits for the disk: awaited, and what was gathered after
                         // it is made once it is answered.
-                        self.await_call(async move {
-                            queue.settle_batch_async(&settles).await;
-                            Box::new(|_: &mut Connection| {}) as Then
-                        });
+                        self.await_done(async move { queue.settle_batch_async(&settles).await });
                         self.pending.extend(ops);
                         break;
                     } else {

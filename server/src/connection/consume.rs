@@ -5,7 +5,7 @@ use amq_protocol::protocol::{basic, AMQPClass};
 use amq_protocol::types::ShortString;
 use leasemq::{Consumer, ConsumerConfig, Delivery, Envelope, Queue, Settle};
 
-use super::answers::{Pending, Then};
+use super::answers::Pending;
 use super::channel::{requeue, Stopped, Unacked};
 use super::deliveries::{Subscription, Waiting};
 use super::fault::{broker_fault, Fault};
@@ -217,24 +217,19 @@ impl Connection {
         }
         // Its stop may release deliveries, whose log waits for the disk: off this thread,
         // and kept once stopped (the next frame, which may settle its deliveries, waits).
-        let serial = state.serial;
-        let stopped = offload::run(move || {
+        let stop = move || {
             consumer.stop();
             consumer
-        });
-        self.await_call(async move {
-            let consumer = stopped.await;
-            Box::new(move |conn: &mut Connection| {
-                let state = conn.channels.get_mut(&ch).filter(|s| s.serial == serial);
-                if let (Some(state), Some(consumer)) = (state, consumer) {
-                    state.stopped.push(Stopped {
-                        number,
-                        _consumer: consumer,
-                        outstanding,
-                        cancelled: true,
-                    });
-                }
-            }) as Then
+        };
+        self.await_offloaded(ch, stop, move |conn, consumer| {
+            let state = conn.channels.get_mut(&ch).expect("checked by await_answer");
+            state.stopped.push(Stopped {
+                number,
+                _consumer: consumer,
+                outstanding,
+                cancelled: true,
+            });
+            Ok(())
         });
     }
 
@@ -246,11 +241,7 @@ impl Connection {
             consumer.cancel();
             return;
         }
-        let cancelled = offload::run(move || consumer.cancel());
-        self.await_call(async move {
-            cancelled.await;
-            Box::new(|_: &mut Connection| {}) as Then
-        });
+        self.await_done(offload::run(move || consumer.cancel()));
     }
 
     pub(super) fn forget_consumer_tag(&mut self, ch: u16, tag: &ShortString) {

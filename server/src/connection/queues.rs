@@ -10,7 +10,6 @@ use amq_protocol::protocol::{queue, AMQPClass};
 use amq_protocol::types::ShortString;
 use leasemq::{Queue, QueueConfig};
 
-use super::answers::Then;
 use super::fault::{broker_fault, locked, no_queue, refused_fault, Fault};
 use super::QUEUES_SWEPT_FROM;
 use super::{code, reply_to, Connection};
@@ -211,20 +210,9 @@ impl Connection {
             return self.purged(ch, queue.purge(), purge.nowait, &m);
         }
         // Its log waits for the disk: awaited, and answered then.
-        let serial = self.channels.get(&ch).map_or(0, |c| c.serial);
-        self.await_call(async move {
-            let purged = queue.purge_async().await;
-            Box::new(move |conn: &mut Connection| {
-                if conn
-                    .channels
-                    .get(&ch)
-                    .is_some_and(|c| c.serial == serial && !c.closing)
-                {
-                    if let Err(fault) = conn.purged(ch, purged, purge.nowait, &m) {
-                        conn.fail(fault);
-                    }
-                }
-            }) as Then
+        let purged = async move { Some(queue.purge_async().await) };
+        self.await_answer(ch, purged, move |conn, purged| {
+            conn.purged(ch, purged, purge.nowait, &m)
         });
         Ok(())
     }
@@ -322,10 +310,7 @@ impl Connection {
                 // Its close waits for the disk: off this thread, awaited before the next
                 // frame (and done all the same if the connection is ending).
                 let deleted = offload::run(self.deleting(queue));
-                self.await_call(async move {
-                    deleted.await;
-                    Box::new(|_: &mut Connection| {}) as Then
-                });
+                self.await_done(deleted);
             } else {
                 self.delete_queue(queue);
             }
