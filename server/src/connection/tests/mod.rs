@@ -22,15 +22,18 @@ use super::{Connection, Settings};
 use crate::clock::LeaseClock;
 use crate::memory::MemoryAlarm;
 use crate::vhost::VHost;
+use frames::*;
 
 mod consume;
 mod declare;
 mod durable;
 mod exchanges;
+mod frames;
 mod handshake;
 mod limits;
 mod publish;
 mod reply_to;
+mod settle;
 mod timers;
 mod ttl;
 mod tx;
@@ -39,65 +42,6 @@ mod tx;
 struct Client {
     broker: Broker,
     conn: Connection,
-}
-
-fn encode(frames: &[AMQPFrame]) -> Vec<u8> {
-    let mut bytes = Vec::new();
-    for frame in frames {
-        bytes = gen_frame(frame)(WriteContext::from(bytes))
-            .unwrap()
-            .into_inner()
-            .0;
-    }
-    bytes
-}
-
-fn decode(mut bytes: &[u8]) -> Vec<AMQPFrame> {
-    let mut frames = Vec::new();
-    while !bytes.is_empty() {
-        let (rest, frame) = parse_frame(bytes).expect("the server writes whole, valid frames");
-        frames.push(frame);
-        bytes = rest;
-    }
-    frames
-}
-
-fn method(channel: u16, m: AMQPClass) -> AMQPFrame {
-    AMQPFrame::Method(channel, m)
-}
-
-fn conn_method(m: connection::AMQPMethod) -> AMQPFrame {
-    method(0, AMQPClass::Connection(m))
-}
-
-fn basic_method(channel: u16, m: basic::AMQPMethod) -> AMQPFrame {
-    method(channel, AMQPClass::Basic(m))
-}
-
-/// `tune-ok` (frame_max 8192, no heartbeat), `connection.open` and `channel.open` 1.
-fn open_frames() -> [AMQPFrame; 3] {
-    let tune_ok = conn_method(connection::AMQPMethod::TuneOk(connection::TuneOk {
-        channel_max: 16,
-        frame_max: 8192,
-        heartbeat: 0,
-    }));
-    let open = conn_method(connection::AMQPMethod::Open(connection::Open {
-        virtual_host: "/".into(),
-    }));
-    let channel_open = method(
-        1,
-        AMQPClass::Channel(channel::AMQPMethod::Open(channel::Open {})),
-    );
-    [tune_ok, open, channel_open]
-}
-
-fn start_ok(user: &str, password: &str) -> AMQPFrame {
-    conn_method(connection::AMQPMethod::StartOk(connection::StartOk {
-        client_properties: FieldTable::default(),
-        mechanism: "PLAIN".into(),
-        response: format!("\0{user}\0{password}").into(),
-        locale: "en_US".into(),
-    }))
 }
 
 impl Client {
@@ -428,66 +372,6 @@ impl Client {
     }
 }
 
-/// The (delivery tag, redelivered, body) of each basic.deliver in `out`, with its content
-/// put back together.
-fn deliveries(out: &[AMQPFrame]) -> Vec<(u64, bool, Vec<u8>)> {
-    let mut found: Vec<(u64, bool, Vec<u8>)> = Vec::new();
-    for frame in out {
-        match frame {
-            AMQPFrame::Method(1, AMQPClass::Basic(basic::AMQPMethod::Deliver(d))) => {
-                found.push((d.delivery_tag, d.redelivered, Vec::new()));
-            }
-            AMQPFrame::Body(1, body) => found.last_mut().unwrap().2.extend_from_slice(body),
-            _ => {}
-        }
-    }
-    found
-}
-
-fn channel_close_code(out: &[AMQPFrame]) -> Option<u16> {
-    channel_close(out).map(|(code, _)| code)
-}
-
-/// The reply code and text of the `channel.close` in `out`.
-fn channel_close(out: &[AMQPFrame]) -> Option<(u16, String)> {
-    out.iter().find_map(|f| match f {
-        AMQPFrame::Method(_, AMQPClass::Channel(channel::AMQPMethod::Close(c))) => {
-            Some((c.reply_code, c.reply_text.as_str().to_string()))
-        }
-        _ => None,
-    })
-}
-
-fn connection_close_code(out: &[AMQPFrame]) -> Option<u16> {
-    out.iter().find_map(|f| match f {
-        AMQPFrame::Method(0, AMQPClass::Connection(connection::AMQPMethod::Close(c))) => {
-            Some(c.reply_code)
-        }
-        _ => None,
-    })
-}
-
-fn ack(tag: u64, multiple: bool) -> AMQPFrame {
-    basic_method(
-        1,
-        basic::AMQPMethod::Ack(basic::Ack {
-            delivery_tag: tag,
-            multiple,
-        }),
-    )
-}
-
-fn nack(tag: u64, requeue: bool) -> AMQPFrame {
-    basic_method(
-        1,
-        basic::AMQPMethod::Nack(basic::Nack {
-            delivery_tag: tag,
-            multiple: false,
-            requeue,
-        }),
-    )
-}
-
 /// An open connection (leases of 10 s) whose lease clock the returned cell moves.
 fn on_a_lease_clock() -> (Client, Arc<std::sync::atomic::AtomicU64>) {
     let (lease_clock, now) = LeaseClock::manual();
@@ -521,86 +405,6 @@ fn hearing_blocked(alarm: &Arc<MemoryAlarm>) -> Client {
     c
 }
 
-/// A field table whose one value is `levels` field arrays, one inside the other.
-fn nested_table(levels: usize) -> Vec<u8> {
-    let mut value = Vec::with_capacity(5 * levels + 1);
-    for level in 0..levels {
-        // Each array holds the ones inside it (5 bytes each) and the void at the bottom.
-        let inside = u32::try_from(5 * (levels - 1 - level) + 1).unwrap();
-        value.push(b'A');
-        value.extend_from_slice(&inside.to_be_bytes());
-    }
-    value.push(b'V');
-    let mut table = u32::try_from(2 + value.len())
-        .unwrap()
-        .to_be_bytes()
-        .to_vec();
-    table.extend_from_slice(&[1, b'x']);
-    table.extend_from_slice(&value);
-    table
-}
-
-/// A method frame on `channel` with this payload.
-fn raw_method(channel: u16, payload: &[u8]) -> Vec<u8> {
-    let mut frame = vec![1];
-    frame.extend_from_slice(&channel.to_be_bytes());
-    frame.extend_from_slice(&u32::try_from(payload.len()).unwrap().to_be_bytes());
-    frame.extend_from_slice(payload);
-    frame.push(0xCE);
-    frame
-}
-
-fn cancel(tag: &str) -> AMQPFrame {
-    basic_method(
-        1,
-        basic::AMQPMethod::Cancel(basic::Cancel {
-            consumer_tag: tag.into(),
-            nowait: false,
-        }),
-    )
-}
-
-fn get(queue: &str, no_ack: bool) -> AMQPFrame {
-    basic_method(
-        1,
-        basic::AMQPMethod::Get(basic::Get {
-            queue: queue.into(),
-            no_ack,
-        }),
-    )
-}
-
-fn queue_method(m: queue::AMQPMethod) -> AMQPFrame {
-    method(1, AMQPClass::Queue(m))
-}
-
-/// The consumer tag `consume-ok` gave.
-fn consumer_tag(out: &[AMQPFrame]) -> String {
-    out.iter()
-        .find_map(|f| match f {
-            AMQPFrame::Method(1, AMQPClass::Basic(basic::AMQPMethod::ConsumeOk(ok))) => {
-                Some(ok.consumer_tag.to_string())
-            }
-            _ => None,
-        })
-        .expect("consume-ok")
-}
-
-fn qos(count: u16, global: bool) -> AMQPFrame {
-    let qos = basic::Qos {
-        prefetch_count: count,
-        global,
-    };
-    basic_method(1, basic::AMQPMethod::Qos(qos))
-}
-
-fn flow(active: bool) -> AMQPFrame {
-    method(
-        1,
-        AMQPClass::Channel(channel::AMQPMethod::Flow(channel::Flow { active })),
-    )
-}
-
 /// The reply code of `declare` on channel 1 (0 for declare-ok), the channel reopened
 /// after a channel error.
 fn declare_code(c: &mut Client, declare: queue::Declare) -> u16 {
@@ -617,16 +421,6 @@ fn declare_code(c: &mut Client, declare: queue::Declare) -> u16 {
     }
 }
 
-/// The properties of the first content header in `out`.
-fn first_properties(out: &[AMQPFrame]) -> BasicProperties {
-    out.iter()
-        .find_map(|f| match f {
-            AMQPFrame::Header(_, header) => Some(header.properties.clone()),
-            _ => None,
-        })
-        .expect("a content header")
-}
-
 /// What the server's `x-expires` task does at `at`: deletes each queue due then.
 fn run_expiry(vhost: &VHost, at: std::time::Instant) {
     let (expired, _) = vhost
@@ -637,76 +431,4 @@ fn run_expiry(vhost: &VHost, at: std::time::Instant) {
             vhost.forget_queue(queue);
         }
     }
-}
-
-fn declare_with(name: &str, exclusive: bool, expires: Option<i32>) -> queue::Declare {
-    let mut arguments = FieldTable::default();
-    if let Some(ms) = expires {
-        arguments.insert("x-expires".into(), AMQPValue::LongInt(ms));
-    }
-    queue::Declare {
-        queue: name.into(),
-        exclusive,
-        arguments,
-        ..queue::Declare::default()
-    }
-}
-
-/// The bodies of the deliveries and `get-ok`s in `out`, in order.
-fn delivered_bodies(out: &[AMQPFrame]) -> Vec<Vec<u8>> {
-    (out.iter())
-        .filter_map(|f| match f {
-            AMQPFrame::Body(1, body) => Some(body.clone()),
-            _ => None,
-        })
-        .collect()
-}
-
-/// A field table of `arguments`.
-fn table(arguments: &[(&str, AMQPValue)]) -> FieldTable {
-    let mut table = FieldTable::default();
-    for (key, value) in arguments {
-        table.insert((*key).into(), value.clone());
-    }
-    table
-}
-
-/// `channel.close` of channel 1 by the client, 200.
-fn close_channel() -> AMQPFrame {
-    let close = channel::Close {
-        reply_code: 200,
-        reply_text: "bye".into(),
-        class_id: 0,
-        method_id: 0,
-    };
-    method(1, AMQPClass::Channel(channel::AMQPMethod::Close(close)))
-}
-
-fn tx_method(m: amq_protocol::protocol::tx::AMQPMethod) -> AMQPFrame {
-    method(1, AMQPClass::Tx(m))
-}
-
-/// The bodies of the deliveries and `get-ok`s in `out`, in order, as text.
-fn delivered_texts(out: &[AMQPFrame]) -> Vec<String> {
-    (delivered_bodies(out).into_iter())
-        .map(|body| String::from_utf8(body).expect("text"))
-        .collect()
-}
-
-/// The consumer tag and body of each `basic.deliver` in `out`.
-fn deliveries_by_consumer(out: &[AMQPFrame]) -> Vec<(String, String)> {
-    let mut found: Vec<(String, String)> = Vec::new();
-    for frame in out {
-        match frame {
-            AMQPFrame::Method(1, AMQPClass::Basic(basic::AMQPMethod::Deliver(d))) => {
-                found.push((d.consumer_tag.to_string(), String::new()));
-            }
-            AMQPFrame::Body(1, body) => {
-                let text = std::str::from_utf8(body).expect("a text body");
-                found.last_mut().expect("a deliver first").1.push_str(text);
-            }
-            _ => {}
-        }
-    }
-    found
 }
