@@ -33,6 +33,7 @@ mod incoming;
 mod publish;
 mod queues;
 mod reply_to;
+mod subscription;
 mod timers;
 mod tx;
 
@@ -46,7 +47,6 @@ use amq_protocol::protocol::{basic, connection, AMQPClass};
 use leasemq::{Broker, DeliveryTag, Queue, Settle};
 
 pub(crate) use crate::code;
-use crate::consumers;
 use crate::content::PropertiesSeen;
 use crate::metrics::Metrics;
 use crate::settings::Settings;
@@ -54,7 +54,7 @@ use crate::vhost::VHost;
 use crate::wire::{self, Next, Output};
 use answers::{Awaited, Barrier, Pending};
 use channel::Channel;
-use deliveries::Subscription;
+pub use deliveries::ConsumerSlot;
 use fault::{reply_text, Fault};
 pub use timers::TimedOut;
 use timers::Timers;
@@ -130,8 +130,10 @@ pub struct Connection {
     /// Looked up for every frame: hashed with ahash, not SipHash (a client only ever
     /// collides with itself in these per-connection maps).
     channels: HashMap<u16, Channel, RandomState>,
-    subscriptions: Vec<Subscription>,
-    /// Where the next look for a delivery starts, so no consumer starves the others.
+    /// The channels that have consumers, in the order they are looked at for deliveries.
+    consuming: Vec<u16>,
+    /// Where the next look for a delivery in `consuming` starts, so that no channel
+    /// starves the others.
     rotor: usize,
     next_consumer: u64,
     /// Queues by name, so a publish needs no lookup round trip.
@@ -215,7 +217,7 @@ impl Connection {
             channel_max,
             heartbeat: 0,
             channels: HashMap::with_hasher(keyed_state(id)),
-            subscriptions: Vec::new(),
+            consuming: Vec::new(),
             rotor: 0,
             next_consumer: 0,
             queues: HashMap::with_hasher(keyed_state(id)),

@@ -45,7 +45,7 @@ pub mod vhost;
 pub mod wire;
 
 pub use clock::{LeaseClock, WallClock};
-pub use connection::{Connection, TimedOut};
+pub use connection::{Connection, ConsumerSlot, TimedOut};
 pub use consumers::QueueConsumers;
 pub use settings::Settings;
 pub use vhost::VHost;

@@ -15,7 +15,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::time::{sleep_until, Instant};
 
 use crate::metrics::Metrics;
-use crate::{Connection, Settings, TimedOut, VHost};
+use crate::{Connection, ConsumerSlot, Settings, TimedOut, VHost};
 
 /// How long a thread waiting on the broker yields before it parks (see
 /// `BrokerBuilder::yield_budget`). The broker's callers here are connection tasks that
@@ -282,7 +282,7 @@ fn gather(conn: &mut Connection, output: &mut Vec<u8>, written: usize) {
 async fn answers_or_delivery(
     conn: &mut Connection,
     room: bool,
-) -> Option<(usize, Option<leasemq::Delivery>)> {
+) -> Option<(ConsumerSlot, Option<leasemq::Delivery>)> {
     poll_fn(|cx| {
         if conn.awaits_answers() && conn.poll_answers(cx).is_ready() {
             return Poll::Ready(None);

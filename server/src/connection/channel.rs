@@ -12,16 +12,18 @@
 //! changes nothing (the broker counts it), never a channel error.
 
 use std::collections::{BTreeMap, VecDeque};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use amq_protocol::types::ShortString;
-use leasemq::{Consumer, DeliveryTag, Message, Queue, Settle};
+use leasemq::{Consumer, Delivery, DeliveryTag, Message, Queue, Settle};
 
 use amq_protocol::protocol::{basic, channel, confirm, tx, AMQPClass};
 
 use super::code;
 use super::fault::Fault;
 use super::incoming::{bytes_held, Incoming};
+use super::subscription::Subscription;
 
 /// The most prefetch a broker consumer takes; also what `prefetch_count = 0` (AMQP's "no
 /// limit") becomes.
@@ -82,7 +84,15 @@ pub(crate) struct Channel {
     /// The queue behind the channel's direct reply-to consumer (`reply_to.rs`), once it
     /// has had one; closed when that consumer went.
     pub(super) reply: Option<Queue>,
+    /// Its live consumers.
+    pub(super) consumers: Vec<Subscription>,
+    /// Where the next look for a delivery among `consumers` starts, so that none starves
+    /// the others.
+    pub(super) rotor: usize,
 }
+
+/// A settle a channel asks of the broker: a delivery of a queue, and how.
+pub(super) type SettleRequest = (Queue, DeliveryTag, Settle);
 
 /// What a channel makes of a method that comes on it ([`Channel::handle`]).
 #[derive(Debug)]
@@ -100,6 +110,35 @@ impl Channel {
     /// (a rollback gives them back), as RabbitMQ's channel-wide prefetch counts them.
     pub(super) fn unsettled(&self) -> usize {
         self.unacked.len() + self.tx.as_ref().map_or(0, Tx::held_deliveries)
+    }
+
+    /// Whether the channel takes a delivery for a consumer now: it is not paused by
+    /// `channel.flow`, and is under its `global` prefetch (which, as in RabbitMQ, does not
+    /// bound `no_ack` consumers).
+    pub(super) fn may_deliver(&self, no_ack: bool) -> bool {
+        !self.paused
+            && (no_ack
+                || self.global_prefetch == 0
+                || self.unsettled() < usize::from(self.global_prefetch))
+    }
+
+    /// The next delivery of any of the channel's consumers and which one made it (a
+    /// `None` delivery: its queue is gone), or `Pending`, with the waker registered with
+    /// every consumer. Consumers are looked at in turn from where the last look stopped.
+    pub(super) fn poll_delivery(
+        &mut self,
+        cx: &mut Context<'_>,
+    ) -> Poll<(usize, Option<Delivery>)> {
+        let n = self.consumers.len();
+        for step in 0..n {
+            let i = (self.rotor + step) % n;
+            let deliverable = self.may_deliver(self.consumers[i].no_ack);
+            if let Poll::Ready(d) = self.consumers[i].poll_delivery(deliverable, cx) {
+                self.rotor = (i + 1) % n;
+                return Poll::Ready((i, d));
+            }
+        }
+        Poll::Pending
     }
 
     /// The prefetch of a consumer started now: `basic.qos`'s per consumer, bounded by the
@@ -216,6 +255,68 @@ impl Channel {
                 .into_iter()
                 .collect(),
         )
+    }
+
+    /// `basic.ack`, `nack` or `reject` of `tag` (with `multiple`, of every unsettled one up
+    /// to it; see [`Channel::take_settled`]), settled `how`: the broker settles to make
+    /// now. A transactional channel holds them until its commit and asks for none. A tag
+    /// the channel does not hold is a 406.
+    pub(super) fn settle(
+        &mut self,
+        ch: u16,
+        tag: u64,
+        multiple: bool,
+        how: Settle,
+        m: &AMQPClass,
+    ) -> Result<Vec<SettleRequest>, Fault> {
+        let Some(taken) = self.take_settled(tag, multiple) else {
+            let text = format!("PRECONDITION_FAILED - unknown delivery tag {tag}");
+            return Err(Fault::channel(ch, code::PRECONDITION_FAILED, text, m));
+        };
+        if taken.is_empty() {
+            return Ok(Vec::new());
+        }
+        match self.tx.as_mut() {
+            Some(held) => {
+                held.hold_settle(taken, how);
+                Ok(Vec::new())
+            }
+            None => Ok(self.settles_of(taken, how)),
+        }
+    }
+
+    /// The broker settles that settle `taken`, deliveries already taken from the
+    /// channel's unacked ones, `how`, in the order to make them.
+    pub(super) fn settles_of(
+        &mut self,
+        taken: Vec<(u64, Unacked)>,
+        how: Settle,
+    ) -> Vec<SettleRequest> {
+        let mut settles = Vec::with_capacity(taken.len());
+        let mut releases = Vec::new();
+        for (_, unacked) in taken {
+            let Unacked {
+                queue,
+                tag,
+                consumer,
+                ..
+            } = unacked;
+            if let Some(stopped) = self.stopped.iter_mut().find(|s| s.number == consumer) {
+                stopped.outstanding = stopped.outstanding.saturating_sub(1);
+                // What a client hands back with `requeue` after cancelling, it never gave
+                // its application (a delivery in flight when it cancelled, which pika
+                // hands back as it arrives): a release, which costs no attempt.
+                if stopped.cancelled && how == requeue(true) {
+                    releases.push((queue, tag, Settle::Release));
+                    continue;
+                }
+            }
+            settles.push((queue, tag, how));
+        }
+        // Each release goes to the front of its queue: the last delivered goes first, so
+        // that they come back in the order they were delivered, as with RabbitMQ.
+        settles.extend(releases.into_iter().rev());
+        settles
     }
 
     /// Holds delivery `channel_tag` until it is settled. First, once the unsettled ones
@@ -432,6 +533,131 @@ mod tests {
             .map(|_| consumer.try_recv().unwrap().unwrap().tag())
             .collect();
         (queue, tags)
+    }
+
+    /// A consumer of `queue` on a channel, tagged `tag`.
+    fn subscription(queue: &Queue, tag: &str, no_ack: bool) -> Subscription {
+        let consumers = std::sync::Arc::new(crate::consumers::QueueConsumers::default());
+        let (claim, _) = consumers.claim(queue.name(), false, false).unwrap();
+        let consumer = queue.consume(tag, ConsumerConfig::default()).unwrap();
+        Subscription {
+            message_ttl: None,
+            number: 1,
+            tag: ShortString::from(tag),
+            queue: queue.clone(),
+            consumer: Some(consumer),
+            waiting: None,
+            starting: None,
+            no_ack,
+            _claim: claim,
+        }
+    }
+
+    #[test]
+    fn a_channels_consumers_deliver_in_turn_while_it_takes_deliveries() {
+        let broker = Broker::builder().shards(1).manual_clock().build().unwrap();
+        let (a, b) = (
+            broker.declare_queue("a", QueueConfig::default()).unwrap(),
+            broker.declare_queue("b", QueueConfig::default()).unwrap(),
+        );
+        for i in 0..3 {
+            a.put(Message::new(format!("a{i}"))).unwrap();
+            b.put(Message::new(format!("b{i}"))).unwrap();
+        }
+        let mut channel = Channel::default();
+        channel.consumers.push(subscription(&a, "ca", false));
+        channel.consumers.push(subscription(&b, "cb", true));
+        let mut cx = Context::from_waker(std::task::Waker::noop());
+        // Waits for a delivery (its prefetch may still be on its way) unless `paused`.
+        let mut next = |channel: &mut Channel| loop {
+            match channel.poll_delivery(&mut cx) {
+                Poll::Ready((i, Some(d))) => return Some((i, d)),
+                Poll::Ready((_, None)) => panic!("no queue went"),
+                Poll::Pending if channel.paused => return None,
+                Poll::Pending => std::thread::yield_now(),
+            }
+        };
+        let mut order = Vec::new();
+        for _ in 0..4 {
+            let (i, d) = next(&mut channel).unwrap();
+            order.push(i);
+            if i == 0 {
+                let unacked = Unacked::new(a.clone(), d.tag(), 1, 0);
+                let tag = channel.unacked.len() as u64 + 1;
+                channel.hold(tag, unacked, 0);
+            }
+        }
+        assert_eq!(order, [0, 1, 0, 1], "one consumer after the other");
+        channel.paused = true;
+        assert!(next(&mut channel).is_none(), "channel.flow stopped them");
+        channel.paused = false;
+        channel.global_prefetch = 2;
+        let (i, _) = next(&mut channel).unwrap();
+        assert_eq!(i, 1, "only the consumer without acks, with two unsettled");
+    }
+
+    #[test]
+    fn a_settle_asks_the_broker_for_its_deliveries_and_a_cancelled_consumers_come_back_unseen() {
+        let (queue, tags) = delivered(60_000, 4);
+        let mut channel = Channel::default();
+        for (i, &tag) in tags.iter().enumerate() {
+            // The first two from a live consumer, the last two from a cancelled one.
+            let consumer = if i < 2 { 1 } else { 2 };
+            channel.hold(
+                i as u64 + 1,
+                Unacked::new(queue.clone(), tag, consumer, 0),
+                0,
+            );
+        }
+        let cancelled = queue.consume("gone", ConsumerConfig::default()).unwrap();
+        channel.stopped.push(Stopped {
+            number: 2,
+            _consumer: cancelled,
+            outstanding: 2,
+            cancelled: true,
+        });
+        let m = AMQPClass::Basic(basic::AMQPMethod::Ack(basic::Ack::default()));
+        let asked = |settles: Vec<SettleRequest>| -> Vec<(DeliveryTag, Settle)> {
+            settles
+                .into_iter()
+                .map(|(_, tag, how)| (tag, how))
+                .collect()
+        };
+        let fault = channel.settle(3, 9, false, Settle::Ack, &m).unwrap_err();
+        assert_eq!(
+            (fault.channel, fault.code),
+            (Some(3), code::PRECONDITION_FAILED)
+        );
+        let acked = channel.settle(3, 1, false, Settle::Ack, &m).unwrap();
+        assert_eq!(asked(acked), [(tags[0], Settle::Ack)]);
+        // A nack with requeue of the rest: the live consumer's is nacked, the cancelled
+        // one's are released, the last delivered first so they come back in order.
+        let nacked = channel.settle(3, 0, true, requeue(true), &m).unwrap();
+        let expected = [
+            (tags[1], requeue(true)),
+            (tags[3], Settle::Release),
+            (tags[2], Settle::Release),
+        ];
+        assert_eq!(asked(nacked), expected);
+        assert_eq!(
+            channel.stopped[0].outstanding, 0,
+            "its deliveries are all settled"
+        );
+        assert_eq!(channel.unsettled(), 0);
+    }
+
+    #[test]
+    fn a_transactional_channel_asks_for_no_settle_before_its_commit() {
+        let (queue, tags) = delivered(60_000, 1);
+        let mut channel = Channel {
+            tx: Some(Tx::default()),
+            ..Channel::default()
+        };
+        channel.hold(1, Unacked::new(queue, tags[0], 1, 0), 0);
+        let m = AMQPClass::Basic(basic::AMQPMethod::Ack(basic::Ack::default()));
+        let asked = channel.settle(1, 1, false, Settle::Ack, &m).unwrap();
+        assert!(asked.is_empty());
+        assert_eq!(channel.unsettled(), 1, "held until the commit");
     }
 
     #[test]

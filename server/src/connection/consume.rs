@@ -6,9 +6,9 @@ use amq_protocol::types::ShortString;
 use leasemq::{Consumer, ConsumerConfig, Delivery, Envelope, Queue, Settle};
 
 use super::answers::Pending;
-use super::channel::{requeue, Stopped, Unacked};
-use super::deliveries::{Subscription, Waiting};
+use super::channel::{requeue, SettleRequest, Stopped, Unacked};
 use super::fault::{broker_fault, Fault};
+use super::subscription::{Subscription, Waiting};
 use super::{code, reply_to, Connection};
 use crate::content::PropertiesSeen;
 use crate::declared::Declared;
@@ -53,7 +53,6 @@ impl Connection {
             prefetch: u32::from(prefetch),
         };
         let mut subscription = Subscription {
-            channel: ch,
             message_ttl: self.message_ttl(queue.name()),
             number,
             tag,
@@ -97,13 +96,15 @@ impl Connection {
     fn subscribe(&mut self, ch: u16, subscription: Subscription, nowait: bool) {
         let state = self.channels.get_mut(&ch).expect("checked by the caller");
         state.consumer_tags.push(subscription.tag.clone());
+        let tag = subscription.tag.clone();
+        if state.consumers.is_empty() {
+            self.consuming.push(ch);
+        }
+        state.consumers.push(subscription);
         if !nowait {
-            let ok = basic::ConsumeOk {
-                consumer_tag: subscription.tag.clone(),
-            };
+            let ok = basic::ConsumeOk { consumer_tag: tag };
             self.send(ch, AMQPClass::Basic(basic::AMQPMethod::ConsumeOk(ok)));
         }
-        self.subscriptions.push(subscription);
     }
 
     /// The queue a `basic.consume` names (a direct reply-to queue made for it) and the
@@ -160,18 +161,16 @@ impl Connection {
     /// released. The broker consumer is dropped once none of its deliveries is unsettled,
     /// or with the channel, which returns what it still holds.
     pub(super) fn cancel(&mut self, ch: u16, cancel: basic::Cancel) {
-        if let Some(i) = self
-            .subscriptions
-            .iter()
-            .position(|s| s.channel == ch && s.tag == cancel.consumer_tag)
-        {
+        let state = self.channels.get_mut(&ch).expect("checked by the caller");
+        if let Some(i) = (state.consumers.iter()).position(|s| s.tag == cancel.consumer_tag) {
             let Subscription {
                 number,
                 consumer,
                 queue,
                 _claim: claim,
                 ..
-            } = self.subscriptions.swap_remove(i);
+            } = state.consumers.swap_remove(i);
+            self.forget_consumer_channel(ch);
             if let Some(consumer) = consumer {
                 self.keep_leases(ch, number, consumer);
             }
@@ -284,18 +283,8 @@ impl Connection {
         m: &AMQPClass,
     ) -> Result<(), Fault> {
         let state = self.channels.get_mut(&ch).expect("checked by the caller");
-        let Some(taken) = state.take_settled(tag, multiple) else {
-            let text = format!("PRECONDITION_FAILED - unknown delivery tag {tag}");
-            return Err(Fault::channel(ch, code::PRECONDITION_FAILED, text, m));
-        };
-        if taken.is_empty() {
-            return Ok(());
-        }
-        // A transactional channel makes it at its commit (`tx.rs`).
-        match state.tx.as_mut() {
-            Some(held) => held.hold_settle(taken, how),
-            None => self.settle_taken(ch, taken, how),
-        }
+        let settles = state.settle(ch, tag, multiple, how, m)?;
+        self.gather_settles(ch, settles);
         Ok(())
     }
 
@@ -305,33 +294,12 @@ impl Connection {
         let Some(state) = self.channels.get_mut(&ch) else {
             return;
         };
-        let mut settles = Vec::with_capacity(taken.len());
-        let mut releases = Vec::new();
-        for (
-            _,
-            Unacked {
-                queue,
-                tag,
-                consumer,
-                ..
-            },
-        ) in taken
-        {
-            if let Some(stopped) = state.stopped.iter_mut().find(|s| s.number == consumer) {
-                stopped.outstanding = stopped.outstanding.saturating_sub(1);
-                // What a client hands back with `requeue` after cancelling, it never gave
-                // its application (a delivery in flight when it cancelled, which pika
-                // hands back as it arrives): a release, which costs no attempt.
-                if stopped.cancelled && how == requeue(true) {
-                    releases.push((queue, tag, Settle::Release));
-                    continue;
-                }
-            }
-            settles.push((queue, tag, how));
-        }
-        // Each release goes to the front of its queue: the last delivered goes first, so
-        // that they come back in the order they were delivered, as with RabbitMQ.
-        settles.extend(releases.into_iter().rev());
+        let settles = state.settles_of(taken, how);
+        self.gather_settles(ch, settles);
+    }
+
+    /// Gathers `settles`, asked for by channel `ch`, into this read's settle batches.
+    fn gather_settles(&mut self, ch: u16, settles: Vec<SettleRequest>) {
         for (queue, tag, how) in settles {
             match self.pending.last_mut() {
                 Some(Pending::Settle {
@@ -348,52 +316,34 @@ impl Connection {
         }
     }
 
-    /// Whether the channel of subscription `index` takes a delivery now: it is not
-    /// paused by `channel.flow`, and is under its `global` prefetch (which, as in RabbitMQ,
-    /// does not bound `no_ack` consumers).
-    pub(super) fn may_deliver(&self, index: usize) -> bool {
-        let sub = &self.subscriptions[index];
-        self.channels.get(&sub.channel).is_none_or(|state| {
-            !state.paused
-                && (sub.no_ack
-                    || state.global_prefetch == 0
-                    || state.unsettled() < usize::from(state.global_prefetch))
-        })
-    }
-
-    /// Sends one delivery of subscription `index` as `basic.deliver` + content.
-    pub(super) fn deliver(&mut self, index: usize, delivery: Delivery) {
-        let sub = &self.subscriptions[index];
-        let (ch, no_ack) = (sub.channel, sub.no_ack);
-        if !self.channels.contains_key(&ch) {
-            // The channel is gone; its consumer is being cancelled. Not waited for: on a
-            // durable queue the release's log waits for the disk.
-            let release = [(delivery.tag(), Settle::Release)];
-            sub.queue.settle_batch_nowait(&release);
-            return;
-        }
-        if self.expired(sub.message_ttl, delivery.envelope()) {
+    /// Sends one delivery of consumer `index` of channel `ch` as `basic.deliver` +
+    /// content.
+    pub(super) fn deliver(&mut self, ch: u16, index: usize, delivery: Delivery) {
+        let state = self.channels.get_mut(&ch).expect("checked by the caller");
+        let sub = &state.consumers[index];
+        let (no_ack, number, ttl) = (sub.no_ack, sub.number, sub.message_ttl);
+        if self.expired(ttl, delivery.envelope()) {
             // Never sent, as RabbitMQ expires it at the head of its queue: dead-lettered
             // where the queue has an exchange for it, else dropped (acked with the automatic
             // acknowledgements).
-            let queue = &self.subscriptions[index].queue;
-            if message_expiry::dead_letters(queue) {
-                let queue = queue.clone();
+            let queue = self.channels[&ch].consumers[index].queue.clone();
+            if message_expiry::dead_letters(&queue) {
                 self.vhost.message_expiry.hand_over(queue, delivery);
             } else {
-                self.drop_expired(index, &delivery);
+                self.drop_expired(queue, &delivery);
             }
             return;
         }
-        let sub = &self.subscriptions[index];
         let state = self.channels.get_mut(&ch).expect("checked above");
         state.last_tag += 1;
         let channel_tag = state.last_tag;
         if !no_ack {
             let now = self.settings.lease_clock.now_ms();
-            let unacked = Unacked::new(sub.queue.clone(), delivery.tag(), sub.number, now);
+            let queue = state.consumers[index].queue.clone();
+            let unacked = Unacked::new(queue, delivery.tag(), number, now);
             state.hold(channel_tag, unacked, now);
         }
+        let sub = &state.consumers[index];
         let envelope = delivery.envelope();
         let deliver = |out: &mut Output, exchange: &str, routing_key: &str| {
             let deliver = wire::Deliver {
@@ -434,14 +384,13 @@ impl Connection {
         at.is_some_and(|at| self.settings.clock.now_ms() > at)
     }
 
-    /// Drops an expired delivery of consumer `index`: acked with the automatic
-    /// acknowledgements (see `auto_acks`), never sent.
-    pub(super) fn drop_expired(&mut self, index: usize, delivery: &Delivery) {
-        let queue = &self.subscriptions[index].queue;
+    /// Drops an expired delivery from `queue`: acked with the automatic acknowledgements
+    /// (see `auto_acks`), never sent.
+    pub(super) fn drop_expired(&mut self, queue: Queue, delivery: &Delivery) {
         let ack = (delivery.tag(), Settle::Ack);
         match self.auto_acks.last_mut() {
             Some((last, settles)) if last.name() == queue.name() => settles.push(ack),
-            _ => self.auto_acks.push((queue.clone(), vec![ack])),
+            _ => self.auto_acks.push((queue, vec![ack])),
         }
         self.settings.metrics.ttl_expired.inc();
     }

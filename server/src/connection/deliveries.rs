@@ -1,90 +1,49 @@
-//! The connection's consumers and the deliveries they make: found in turn, so that none
-//! starves the others, handed to their channels, and those of `no_ack` consumers acked in
-//! batches once their frames leave.
+//! The deliveries the channels' consumers make: found in turn, so that none starves the
+//! others, sent on their channels, and those of `no_ack` consumers acked in batches once
+//! their frames leave.
 
-use std::future::Future;
-use std::pin::pin;
-use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use amq_protocol::protocol::{basic, AMQPClass};
-use amq_protocol::types::ShortString;
-use leasemq::{Consumer, Delivery, Queue};
+use leasemq::Delivery;
 
-use super::{consumers, Connection};
-use crate::offload::{self, Offloaded};
+use super::Connection;
 
-/// One consumer of this connection: the broker's consumer and what AMQP calls it.
-pub(super) struct Subscription {
-    pub(super) channel: u16,
-    /// Its queue's `x-message-ttl`, in milliseconds, as declared when it started.
-    pub(super) message_ttl: Option<u64>,
-    /// The connection's number for it, unique on the connection.
-    pub(super) number: u64,
-    pub(super) tag: ShortString,
-    pub(super) queue: Queue,
-    /// Its broker consumer; `None` while it waits its turn on a queue with a single
-    /// active consumer.
-    pub(super) consumer: Option<Consumer>,
-    /// What it waits for, and the broker consumer it makes then.
-    pub(super) waiting: Option<Waiting>,
-    /// Its broker consumer being made, once its turn came on a durable queue.
-    pub(super) starting: Option<Starting>,
-    pub(super) no_ack: bool,
-    /// Its place among its queue's consumers, given back as the subscription ends.
-    pub(super) _claim: consumers::Claim,
+/// Which consumer a delivery came from: a channel and its place among the channel's
+/// consumers, as [`Connection::poll_delivery`] found it. Good only until the connection
+/// is next called.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ConsumerSlot {
+    channel: u16,
+    index: usize,
 }
-
-/// A subscription waiting its turn (`x-single-active-consumer`): the broker consumer it
-/// makes when the turn comes.
-pub(super) struct Waiting {
-    pub(super) turn: Arc<consumers::Turn>,
-    pub(super) name: String,
-    pub(super) config: leasemq::ConsumerConfig,
-    pub(super) priority: i64,
-}
-
-/// A subscription whose turn came on a durable queue: its broker consumer is being made
-/// off the connection's thread (the deliveries it starts wait for the disk).
-pub(super) type Starting = Offloaded<Result<Consumer, leasemq::Error>>;
 
 impl Connection {
-    /// The next delivery of any consumer of this connection, or `Pending` (with the waker
-    /// registered with every consumer). Consumers are looked at in turn from where the last
-    /// look stopped.
-    pub fn poll_delivery(&mut self, cx: &mut Context<'_>) -> Poll<(usize, Option<Delivery>)> {
-        let n = self.subscriptions.len();
+    /// The next delivery of any consumer of this connection and which consumer made it (a
+    /// `None` delivery: that consumer's queue closed), or `Pending`, with the waker
+    /// registered with every consumer. Channels are looked at in turn from where the last
+    /// look stopped, and each channel's consumers in turn, so that none starves the others.
+    pub fn poll_delivery(
+        &mut self,
+        cx: &mut Context<'_>,
+    ) -> Poll<(ConsumerSlot, Option<Delivery>)> {
+        let n = self.consuming.len();
         for step in 0..n {
-            let i = (self.rotor + step) % n;
-            let sub = &mut self.subscriptions[i];
-            if let Some(consumed) = start_turn(sub, cx) {
-                match consumed {
-                    Ok(consumer) => sub.consumer = Some(consumer),
-                    // A queue gone meanwhile ends it as a deleted queue ends any consumer.
-                    Err(_) => {
-                        self.rotor = (i + 1) % n;
-                        return Poll::Ready((i, None));
-                    }
-                }
-            }
-            // A paused or full channel is looked at again after the next input, which is
-            // what can change that.
-            if !self.may_deliver(i) {
-                continue;
-            }
-            let Some(consumer) = self.subscriptions[i].consumer.as_mut() else {
+            let k = (self.rotor + step) % n;
+            let channel = self.consuming[k];
+            let Some(state) = self.channels.get_mut(&channel) else {
                 continue;
             };
-            if let Poll::Ready(d) = pin!(consumer.next()).poll(cx) {
-                self.rotor = (i + 1) % n;
-                return Poll::Ready((i, d));
+            if let Poll::Ready((index, d)) = state.poll_delivery(cx) {
+                self.rotor = (k + 1) % n;
+                return Poll::Ready((ConsumerSlot { channel, index }, d));
             }
         }
         Poll::Pending
     }
 
     /// A delivery that is already waiting, without blocking; `None` if none is.
-    pub fn try_delivery(&mut self) -> Option<(usize, Option<Delivery>)> {
+    pub fn try_delivery(&mut self) -> Option<(ConsumerSlot, Option<Delivery>)> {
         let waker = std::task::Waker::noop();
         match self.poll_delivery(&mut Context::from_waker(waker)) {
             Poll::Ready(found) => Some(found),
@@ -93,28 +52,40 @@ impl Connection {
     }
 
     /// Sends a delivery that [`poll_delivery`](Connection::poll_delivery) or
-    /// [`try_delivery`](Connection::try_delivery) returned for consumer `index` as a
+    /// [`try_delivery`](Connection::try_delivery) returned for consumer `slot` as a
     /// `basic.deliver` (a `None` there means that consumer's queue closed).
-    pub fn handle_delivery(&mut self, index: usize, delivery: Option<Delivery>) {
-        match delivery {
-            Some(delivery) => self.deliver(index, delivery),
-            None => {
-                // The queue was deleted under the consumer: nothing more will come, and the
-                // client hears so as from RabbitMQ (`consumer_cancel_notify`).
-                let sub = self.subscriptions.swap_remove(index);
-                let open = self.channels.get(&sub.channel).is_some_and(|s| !s.closing);
-                if open {
-                    let cancel = basic::Cancel {
-                        consumer_tag: sub.tag.clone(),
-                        nowait: true,
-                    };
-                    self.forget_consumer_tag(sub.channel, &sub.tag);
-                    self.send(
-                        sub.channel,
-                        AMQPClass::Basic(basic::AMQPMethod::Cancel(cancel)),
-                    );
-                }
+    pub fn handle_delivery(&mut self, slot: ConsumerSlot, delivery: Option<Delivery>) {
+        let ConsumerSlot { channel: ch, index } = slot;
+        let Some(state) = self.channels.get_mut(&ch) else {
+            return;
+        };
+        if index >= state.consumers.len() {
+            return;
+        }
+        let Some(delivery) = delivery else {
+            // The queue was deleted under the consumer: nothing more will come, and the
+            // client hears so as from RabbitMQ (`consumer_cancel_notify`).
+            let sub = state.consumers.swap_remove(index);
+            let open = !state.closing;
+            self.forget_consumer_channel(ch);
+            if open {
+                let cancel = basic::Cancel {
+                    consumer_tag: sub.tag.clone(),
+                    nowait: true,
+                };
+                self.forget_consumer_tag(ch, &sub.tag);
+                self.send(ch, AMQPClass::Basic(basic::AMQPMethod::Cancel(cancel)));
             }
+            return;
+        };
+        self.deliver(ch, index, delivery);
+    }
+
+    /// Takes channel `ch` out of those looked at for deliveries once it has no consumer.
+    pub(super) fn forget_consumer_channel(&mut self, ch: u16) {
+        let consumes = (self.channels.get(&ch)).is_some_and(|state| !state.consumers.is_empty());
+        if !consumes {
+            self.consuming.retain(|&c| c != ch);
         }
     }
 
@@ -122,18 +93,24 @@ impl Connection {
     /// they received and did not settle come back to the queue, redelivered; those still
     /// unread are released.
     pub(super) fn end_subscriptions(&mut self, channel: Option<u16>) {
-        let mut i = 0;
-        let mut queues = Vec::new();
-        while i < self.subscriptions.len() {
-            if channel.is_none_or(|c| self.subscriptions[i].channel == c) {
-                let sub = self.subscriptions.swap_remove(i);
-                if let Some(consumer) = sub.consumer {
-                    self.cancel_consumer(consumer);
-                }
-                queues.push(sub.queue);
-            } else {
-                i += 1;
+        let ended: Vec<_> = match channel {
+            Some(ch) => (self.channels.get_mut(&ch).into_iter())
+                .flat_map(|state| state.consumers.drain(..))
+                .collect(),
+            None => (self.channels.values_mut())
+                .flat_map(|state| state.consumers.drain(..))
+                .collect(),
+        };
+        match channel {
+            Some(ch) => self.consuming.retain(|&c| c != ch),
+            None => self.consuming.clear(),
+        }
+        let mut queues = Vec::with_capacity(ended.len());
+        for sub in ended {
+            if let Some(consumer) = sub.consumer {
+                self.cancel_consumer(consumer);
             }
+            queues.push(sub.queue);
         }
         for queue in queues {
             self.auto_delete(&queue);
@@ -155,33 +132,4 @@ impl Connection {
             }
         }
     }
-}
-
-/// A waiting subscription's broker consumer, once its turn came (`x-single-active-consumer`):
-/// made at once on a queue in memory; on a durable queue, where the deliveries it starts
-/// wait for the disk, made off this thread and taken once ready. `None` while it waits.
-fn start_turn(
-    sub: &mut Subscription,
-    cx: &mut Context<'_>,
-) -> Option<Result<Consumer, leasemq::Error>> {
-    if sub.starting.is_none() {
-        let waiting = sub.waiting.as_ref()?;
-        if !waiting.turn.has_come(cx) {
-            return None;
-        }
-        let waiting = sub.waiting.take()?;
-        let queue = sub.queue.clone();
-        let consume =
-            move || queue.consume_with_priority(&waiting.name, waiting.config, waiting.priority);
-        if !sub.queue.is_durable() {
-            return Some(consume());
-        }
-        sub.starting = Some(offload::run(consume));
-    }
-    let starting = sub.starting.as_mut()?;
-    let Poll::Ready(consumed) = starting.as_mut().poll(cx) else {
-        return None;
-    };
-    sub.starting = None;
-    Some(consumed.unwrap_or(Err(leasemq::Error::ShutDown)))
 }
