@@ -20,7 +20,9 @@
 //!   segment, hands the records from a given lsn on to a callback, cuts a torn tail
 //!   (reported in [`RecoveryReport::torn`], not an error) and refuses, with
 //!   [`WalError::Corrupt`] naming file and byte offset, any other damage, and any record
-//!   the callback refuses.
+//!   the callback refuses. It plans before it acts: a log it refuses is left on the disk
+//!   as it was found. A snapshot past the log's end (a follower's, from its leader)
+//!   covers the whole log, which starts again after it.
 //! - Compaction: the owner writes a snapshot of its state with [`write_snapshot`] (temp
 //!   file, fsync, rename, directory fsync), then [`Wal::remove_before`] removes the
 //!   segments it covers; or hands both to the log with [`Wal::submit_snapshot`]. The

@@ -21,8 +21,10 @@ pub struct RecoveryReport {
     pub segments: usize,
     /// The torn tail that was cut, if there was one.
     pub torn: Option<TornTail>,
-    /// Empty segments after the last one with data, removed (a crash after a segment was
-    /// created, before anything in it was synced).
+    /// Segments removed: those replay needs nothing of (below a gap under the lsn replay
+    /// starts at, or all of them when a snapshot covers the whole log), and empty ones
+    /// after the last with data (a crash after a segment was created, before anything in
+    /// it was synced).
     pub removed: Vec<PathBuf>,
 }
 
@@ -119,41 +121,120 @@ pub(crate) fn recycle_segment(
 /// [`Wal::open`](crate::Wal::open)).
 pub(crate) type Replay<'a> = dyn FnMut(Lsn, &[u8]) -> Result<(), String> + 'a;
 
-/// The segments of the log in `dir`, in lsn order, the first holding lsn `from` or
-/// before it: spares and trailing empty segments removed (the paths of the latter are
-/// the second value), and a first one made where there is none.
-fn segments_from(
-    storage: &dyn Storage,
-    dir: &Path,
-    options: &Options,
-    from: u64,
-) -> Result<(Vec<Segment>, Vec<PathBuf>), WalError> {
-    remove_spares(storage, dir)?;
-    let mut segments = open_segments(storage, dir)?;
-    let removed = remove_trailing_empty(storage, &mut segments)?;
-    if segments.is_empty() {
-        // A new log, or one started after a snapshot: its first record will be `from`.
-        segments.push(create_segment(
-            storage,
-            dir,
-            from.max(1),
-            options.segment_bytes,
-        )?);
-    }
-    if segments[0].first_lsn > from {
-        return Err(WalError::corrupt(
-            &segments[0].path,
-            0,
-            format!(
-                "the log starts at lsn {}, after lsn {from} that replay starts at",
-                segments[0].first_lsn
-            ),
-        ));
-    }
-    Ok((segments, removed))
+/// A torn tail to cut: `bytes` bytes zeroed from its offset.
+struct Cut {
+    torn: TornTail,
+    bytes: usize,
 }
 
-/// Recovers the log in `dir` (see [`Wal::open`](crate::Wal::open)).
+/// What recovery found, before it changes anything on the disk: the changes it makes
+/// once every check has passed.
+struct Plan {
+    /// Spare segments a compactor set aside for recycling before a crash or shutdown:
+    /// removed. Only spares set aside by the running log are recycled: a spare left from
+    /// before may hold frames of writes that a crash lost, with lsns the log has reused.
+    spares: Vec<PathBuf>,
+    /// The segments replay reads, in lsn order; none when the log has no segment yet.
+    segments: Vec<Segment>,
+    /// Empty segments after the last one with data: removed.
+    empty: Vec<Segment>,
+    /// Segments replay needs none of: removed.
+    covered: Vec<Segment>,
+    /// The torn tail of the last segment, to cut.
+    torn: Option<Cut>,
+    next_lsn: u64,
+    /// Where the next frame goes in the last segment.
+    pos: u64,
+    replayed: u64,
+}
+
+/// The files of the log in `dir`, found: its segments in lsn order (trailing empty ones
+/// apart) and its spare segments; replay starts at `from`. Reads only.
+fn find(storage: &dyn Storage, dir: &Path, from: u64) -> Result<Plan, WalError> {
+    let names = storage
+        .list(dir)
+        .map_err(|e| WalError::io(dir, "list", e))?;
+    let spares = (names.iter())
+        .filter(|n| n.ends_with(SPARE_SUFFIX))
+        .map(|n| dir.join(n))
+        .collect();
+    let mut segments = open_segments(storage, dir, &names)?;
+    let empty = trailing_empty(&mut segments)?;
+    Ok(Plan {
+        spares,
+        segments,
+        empty,
+        covered: Vec::new(),
+        torn: None,
+        // A new log, or one started after a snapshot: its first record will be `from`.
+        next_lsn: from.max(1),
+        pos: 0,
+        replayed: 0,
+    })
+}
+
+/// Checks the log in `dir` and replays it from `from` without changing the disk: what
+/// recovery is to do, or why the log cannot open.
+fn plan(
+    storage: &dyn Storage,
+    dir: &Path,
+    from: u64,
+    replay: &mut Replay<'_>,
+) -> Result<Plan, WalError> {
+    let mut plan = find(storage, dir, from)?;
+    let Some(first) = plan.segments.first() else {
+        return Ok(plan);
+    };
+    if first.first_lsn > from {
+        let detail = format!(
+            "the log starts at lsn {}, after lsn {from} that replay starts at",
+            first.first_lsn
+        );
+        return Err(WalError::corrupt(&first.path, 0, detail));
+    }
+    plan.next_lsn = first.first_lsn;
+    let last = plan.segments.len() - 1;
+    // How many segments, from the first, hold nothing replay needs.
+    let mut covered = 0;
+    for (i, segment) in plan.segments.iter().enumerate() {
+        if segment.first_lsn != plan.next_lsn {
+            // A gap below `from` is a removal of covered segments that a crash cut short
+            // (a directory's removals need not persist in order): those before it go.
+            if segment.first_lsn < plan.next_lsn || segment.first_lsn > from {
+                let detail = format!(
+                    "the segment starts at lsn {} but the one before ends before lsn {}",
+                    segment.first_lsn, plan.next_lsn
+                );
+                return Err(WalError::corrupt(&segment.path, 0, detail));
+            }
+            covered = i;
+            plan.next_lsn = segment.first_lsn;
+        }
+        let replayed = &mut plan.replayed;
+        let (end, next, cut) = replay_segment(segment, plan.next_lsn, i == last, &mut |lsn, p| {
+            if lsn.0 >= from {
+                replay(lsn, p)?;
+                *replayed += 1;
+            }
+            Ok(())
+        })?;
+        plan.torn = cut.or(plan.torn.take());
+        plan.next_lsn = next;
+        plan.pos = end;
+    }
+    if plan.next_lsn < from {
+        // A snapshot past the log's end (a follower's, installed from its leader) covers
+        // the whole log: it starts again at `from`.
+        covered = plan.segments.len();
+        (plan.next_lsn, plan.pos, plan.torn) = (from, 0, None);
+    }
+    let needed = plan.segments.split_off(covered);
+    plan.covered = std::mem::replace(&mut plan.segments, needed);
+    Ok(plan)
+}
+
+/// Recovers the log in `dir` (see [`Wal::open`](crate::Wal::open)). Every check comes
+/// first: a log that cannot open is left as it was found.
 pub(crate) fn recover(
     storage: &dyn Storage,
     dir: &Path,
@@ -161,68 +242,52 @@ pub(crate) fn recover(
     from: u64,
     replay: &mut Replay<'_>,
 ) -> Result<Recovered, WalError> {
-    let (mut segments, removed) = segments_from(storage, dir, options, from)?;
-    let mut next_lsn = segments[0].first_lsn;
-    let mut replayed = 0;
-    let mut torn = None;
-    let mut pos = 0;
-    let last = segments.len() - 1;
-    for (i, segment) in segments.iter().enumerate() {
-        if segment.first_lsn != next_lsn {
-            return Err(WalError::corrupt(
-                &segment.path,
-                0,
-                format!(
-                    "the segment starts at lsn {} but the one before ends before lsn {next_lsn}",
-                    segment.first_lsn
-                ),
-            ));
-        }
-        let (end, next, cut) = replay_segment(segment, next_lsn, i == last, &mut |lsn, p| {
-            if lsn.0 >= from {
-                replay(lsn, p)?;
-                replayed += 1;
-            }
-            Ok(())
-        })?;
-        torn = cut.or(torn);
-        next_lsn = next;
-        pos = end;
+    let plan = plan(storage, dir, from, replay)?;
+    for path in &plan.spares {
+        storage
+            .remove(path)
+            .map_err(|e| WalError::io(path, "remove", e))?;
     }
-    if next_lsn < from {
-        return Err(WalError::corrupt(
-            &segments[last].path,
-            pos,
-            format!(
-                "the log ends at lsn {}, before lsn {from} that replay starts at",
-                next_lsn - 1
-            ),
-        ));
+    let mut removed = Vec::with_capacity(plan.empty.len() + plan.covered.len());
+    for segment in plan.covered.into_iter().chain(plan.empty) {
+        storage
+            .remove(&segment.path)
+            .map_err(|e| WalError::io(&segment.path, "remove", e))?;
+        removed.push(segment.path);
+    }
+    let mut segments = plan.segments;
+    if segments.is_empty() {
+        let first = create_segment(storage, dir, plan.next_lsn, options.segment_bytes)?;
+        segments.push(first);
+    }
+    let last = segments.len() - 1;
+    if let Some(tail) = &plan.torn {
+        cut(&segments[last], tail.torn.offset, tail.bytes)?;
     }
     make_current(storage, dir, &mut segments[last], options.segment_bytes)?;
     let report = RecoveryReport {
-        next_lsn: Lsn(next_lsn),
-        replayed,
+        next_lsn: Lsn(plan.next_lsn),
+        replayed: plan.replayed,
         segments: segments.len(),
-        torn,
+        torn: plan.torn.map(|tail| tail.torn),
         removed,
     };
     Ok(Recovered {
         segments: segments.into_iter().map(Arc::new).collect(),
-        pos,
+        pos: plan.pos,
         report,
     })
 }
 
 /// Checks and replays one segment whose first record is `first_lsn`; returns where its
-/// records end, the next lsn, and the torn tail it cut (only the last segment may have
-/// one).
+/// records end, the next lsn, and the torn tail to cut, with how many bytes from its
+/// offset to zero (only the last segment may have one).
 fn replay_segment(
     segment: &Segment,
     first_lsn: u64,
     is_last: bool,
     replay: &mut Replay<'_>,
-) -> Result<(u64, u64, Option<TornTail>), WalError> {
+) -> Result<(u64, u64, Option<Cut>), WalError> {
     let buf = read_all(segment)?;
     // `max_record_bytes` limits what is appended from now on; records already written
     // under a larger limit are read back whole. Only the segment itself bounds a length.
@@ -243,39 +308,28 @@ fn replay_segment(
             // frames, or of a recycled segment's last use) can never read as records.
             let clear = clear.max(scan.end + HEADER).min(buf.len());
             let bytes = frame::nonzero_end(&buf[..clear], scan.end) - scan.end;
-            cut(segment, at, clear - scan.end)?;
-            Some(TornTail {
+            let torn = TornTail {
                 path: segment.path.clone(),
                 offset: at,
                 bytes: bytes as u64,
                 detail,
+            };
+            Some(Cut {
+                torn,
+                bytes: clear - scan.end,
             })
         }
     };
     Ok((at, scan.next_lsn, torn))
 }
 
-/// Removes the spare segments a compactor set aside for recycling before a crash or
-/// shutdown. Only spares set aside by the running log are recycled: a spare left from
-/// before may hold frames of writes that a crash lost, with lsns the log has reused.
-fn remove_spares(storage: &dyn Storage, dir: &Path) -> Result<(), WalError> {
-    let names = storage
-        .list(dir)
-        .map_err(|e| WalError::io(dir, "list", e))?;
-    for name in names.iter().filter(|n| n.ends_with(SPARE_SUFFIX)) {
-        let path = dir.join(name);
-        storage
-            .remove(&path)
-            .map_err(|e| WalError::io(&path, "remove", e))?;
-    }
-    Ok(())
-}
-
-/// Opens the segments in `dir`, in lsn order.
-fn open_segments(storage: &dyn Storage, dir: &Path) -> Result<Vec<Segment>, WalError> {
-    let mut found: Vec<u64> = storage
-        .list(dir)
-        .map_err(|e| WalError::io(dir, "list", e))?
+/// Opens the segments among `names`, the files of `dir`, in lsn order.
+fn open_segments(
+    storage: &dyn Storage,
+    dir: &Path,
+    names: &[String],
+) -> Result<Vec<Segment>, WalError> {
+    let mut found: Vec<u64> = names
         .iter()
         .filter_map(|name| parse_segment_name(name))
         .collect();
@@ -366,29 +420,20 @@ fn check_end(buf: &[u8], scan: &frame::Scan, max_payload: usize) -> End {
     }
 }
 
-/// Removes the segments after the last one with data (keeping the first if none has any).
+/// Takes the segments after the last one with data out of `segments` (keeping the first
+/// if none has any), to be removed.
 ///
 /// Such segments were created (or recycled) by a roll whose first write never reached
 /// the disk. A segment counts as empty only if its first header does not name its first
 /// lsn and it holds no valid frame of its own (one with an lsn at or past its first)
 /// anywhere: one whose first header is zero but that holds such a frame further on is
 /// kept and scanned, so that damage to a synced header cannot pass for an empty segment.
-fn remove_trailing_empty(
-    storage: &dyn Storage,
-    segments: &mut Vec<Segment>,
-) -> Result<Vec<PathBuf>, WalError> {
+fn trailing_empty(segments: &mut Vec<Segment>) -> Result<Vec<Segment>, WalError> {
     let mut keep = segments.len();
     while keep > 1 && is_empty(&segments[keep - 1])? {
         keep -= 1;
     }
-    let mut removed = Vec::new();
-    for segment in segments.drain(keep..) {
-        storage
-            .remove(&segment.path)
-            .map_err(|e| WalError::io(&segment.path, "remove", e))?;
-        removed.push(segment.path);
-    }
-    Ok(removed)
+    Ok(segments.split_off(keep))
 }
 
 fn is_empty(segment: &Segment) -> Result<bool, WalError> {

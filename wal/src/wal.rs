@@ -43,7 +43,11 @@ impl Wal {
     /// `replay` with every record from lsn `from` on, in order, and starts the syncer.
     ///
     /// Records before `from` (covered by a snapshot, in segments not yet removed) are
-    /// checked but not replayed. A torn tail is cut and described in the report.
+    /// checked but not replayed. A torn tail is cut and described in the report. Segments
+    /// replay needs nothing of are removed: those before a gap below `from` (a removal a
+    /// crash cut short), and all of them when the log ends before `from` (a snapshot past
+    /// its end, as a follower installs from its leader), the log then starting again at
+    /// `from`. Nothing on the disk changes until every check has passed.
     /// `replay` sees each record as soon as its frame checks out, before later segments
     /// are read: if `open` then fails, the caller discards what it replayed. A record
     /// `replay` refuses (its `Err` says why) is damage too: `open` stops there and fails
@@ -53,7 +57,7 @@ impl Wal {
     ///
     /// [`WalError::Locked`] if another opener holds the directory;
     /// [`WalError::Corrupt`] naming file and offset for a damaged record anywhere but
-    /// the torn tail, an lsn gap, or a log that starts after `from` or ends before it;
+    /// the torn tail, an lsn gap at or after `from`, or a log that starts after `from`;
     /// [`WalError::InvalidOptions`]; [`WalError::Io`] if the storage fails.
     pub fn open(
         storage: Arc<dyn Storage>,

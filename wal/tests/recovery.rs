@@ -3,7 +3,7 @@
 mod common;
 
 use common::*;
-use leasemq_wal::{Lsn, MemDisk, WalError};
+use leasemq_wal::{Lsn, MemDisk, Storage, WalError};
 
 #[test]
 fn records_round_trip_through_a_reopen() {
@@ -439,4 +439,90 @@ fn files_named_for_lsns_no_log_reaches_are_errors_naming_them() {
         }
         other => panic!("{:?}", other.map(|s| s.map(|s| s.lsn))),
     }
+}
+
+/// Every file of the log's directory, with its length and a hash of its bytes.
+fn image(disk: &MemDisk) -> Vec<(String, usize, u64)> {
+    use std::hash::{BuildHasher, BuildHasherDefault, DefaultHasher};
+    let mut names = disk.list(dir()).unwrap();
+    names.sort();
+    let hash = |bytes: &[u8]| BuildHasherDefault::<DefaultHasher>::default().hash_one(bytes);
+    let file = |name: &String| {
+        let bytes = disk.contents(&dir().join(name)).unwrap();
+        (name.clone(), bytes.len(), hash(&bytes))
+    };
+    names.iter().map(file).collect()
+}
+
+#[test]
+fn a_log_that_cannot_open_is_left_as_it_was_found() {
+    // What recovery would remove: a spare set aside by a compactor, an empty segment left
+    // by a roll. Then damage that refuses the open, found only as the log is read.
+    let disk = MemDisk::new();
+    let (mut wal, _, _) = open(&disk, small(256)).unwrap();
+    append_synced(&mut wal, 1..=40);
+    drop(wal);
+    let segments = segment_files(&disk);
+    for name in ["00000000000000000900.wal", "00000000000000000007.spare"] {
+        let file = disk.create(&dir().join(name)).unwrap();
+        file.allocate(256).unwrap();
+    }
+    disk.flip_bit(&segments[segments.len() - 2], 30, 2);
+    let found = image(&disk);
+    assert_eq!(found.len(), segments.len() + 2);
+    let err = open(&disk, small(256)).unwrap_err();
+    assert!(matches!(err, WalError::Corrupt { .. }), "{err}");
+    assert_eq!(image(&disk), found, "nothing removed, nothing zeroed");
+}
+
+#[test]
+fn a_snapshot_past_the_logs_end_starts_the_log_again_after_it() {
+    // A follower's log ends at 12 (its last write torn); the leader's snapshot covers up
+    // to 39.
+    let disk = log_with_last_write(12, 4, 4096);
+    let seg = &segment_files(&disk)[0];
+    let offsets = frame_offsets(&disk.contents(seg).unwrap());
+    disk.damage(seg, offsets[10] as u64 + 8, &[0xFF; 8]);
+    let arc = std::sync::Arc::new(disk.clone());
+    let (mut wal, records, report) = open_from(arc.clone(), dir(), small(4096), Lsn(40)).unwrap();
+    assert!(records.is_empty());
+    assert_eq!(report.next_lsn, Lsn(40));
+    assert_eq!(report.torn, None, "nothing of it is kept to cut");
+    assert_eq!(report.removed, std::slice::from_ref(seg));
+    assert_eq!(
+        segment_files(&disk),
+        [dir().join("00000000000000000040.wal")]
+    );
+    append_synced(&mut wal, 40..=45);
+    drop(wal);
+    let (_wal, records, _) = open_from(arc, dir(), small(4096), Lsn(40)).unwrap();
+    assert_eq!(records, expected(40..=45));
+}
+
+#[test]
+fn a_gap_below_where_replay_starts_is_a_removal_cut_short() {
+    let disk = MemDisk::new();
+    let (mut wal, _, _) = open(&disk, small(256)).unwrap();
+    append_synced(&mut wal, 1..=100);
+    drop(wal);
+    let segments = segment_files(&disk);
+    assert!(segments.len() > 6, "{} segments", segments.len());
+    // The removal of the segments a snapshot covered reached the third, not the first
+    // two; replay starts in the sixth.
+    disk.remove(&segments[2]).unwrap();
+    let first_of = |path: &std::path::Path| -> u64 {
+        let name = path.file_name().unwrap().to_str().unwrap();
+        name.trim_end_matches(".wal").parse().unwrap()
+    };
+    let from = first_of(&segments[5]) + 1;
+    let arc = std::sync::Arc::new(disk.clone());
+    let (_wal, records, report) = open_from(arc.clone(), dir(), small(256), Lsn(from)).unwrap();
+    assert_eq!(records, expected(from..=100));
+    assert_eq!(report.removed, segments[..2]);
+    assert_eq!(segment_files(&disk), segments[3..]);
+    drop(_wal);
+    // A gap at or past where replay starts is still lost records.
+    disk.remove(&segments[6]).unwrap();
+    let err = open_from(arc, dir(), small(256), Lsn(from)).unwrap_err();
+    assert!(matches!(err, WalError::Corrupt { .. }), "{err}");
 }
