@@ -3,7 +3,8 @@
 //! A frame is a 24-byte header, the payload, and zeros up to the next multiple of 8:
 //!
 //! ```text
-//!  0..4   crc32c of bytes 4..24 and of the payload (little-endian)
+//!  0..4   crc32c, seeded by the log and the segment (see `seed`), of bytes 4..24 and
+//!         of the payload (little-endian)
 //!  4..8   payload length, u32
 //!  8..16  lsn, u64
 //! 16..24  first: the lsn of the first record of the write that carried this frame, u64
@@ -24,6 +25,20 @@
 //! frames of that same write (`first` at or below the damaged record's lsn) is such a tear;
 //! a valid frame from a later write (`first` above it) proves the damaged bytes had been
 //! synced before it was written: that is corruption.
+
+/// The crc a frame's own crc continues from, in the segment whose first lsn is
+/// `first_lsn` of the log whose identity is `log` (see `ident`): the crc32c of both. A
+/// log of the first format (identity 0) seeds nothing: its frames' crcs are over their
+/// bytes alone.
+pub(crate) fn seed(log: u64, first_lsn: u64) -> u32 {
+    if log == 0 {
+        return 0;
+    }
+    let mut bytes = [0; 16];
+    bytes[..8].copy_from_slice(&log.to_le_bytes());
+    bytes[8..].copy_from_slice(&first_lsn.to_le_bytes());
+    crc32c::crc32c(&bytes)
+}
 
 /// Bytes in a frame header, and in the end marker.
 pub(crate) const HEADER: usize = 24;
@@ -46,14 +61,15 @@ pub(crate) fn push_unsealed(buf: &mut Vec<u8>, lsn: u64, payload: &[u8]) {
     buf.extend_from_slice(&[0; 8][..padding]);
 }
 
-/// Sets `first` and the crc of every frame in `buf`, which holds whole frames only.
-pub(crate) fn seal(buf: &mut [u8], first: u64) {
+/// Sets `first` and the crc (continued from `seed`) of every frame in `buf`, which holds
+/// whole frames only.
+pub(crate) fn seal(buf: &mut [u8], first: u64, seed: u32) {
     let mut at = 0;
     while at < buf.len() {
         let len = read_u32(buf, at + 4) as usize;
         let end = at + HEADER + len;
         buf[at + 16..at + 24].copy_from_slice(&first.to_le_bytes());
-        let crc = crc32c::crc32c(&buf[at + 4..end]);
+        let crc = crc32c::crc32c_append(seed, &buf[at + 4..end]);
         buf[at..at + 4].copy_from_slice(&crc.to_le_bytes());
         at += frame_len(len);
     }
@@ -77,8 +93,9 @@ pub(crate) enum Decoded<'a> {
     Damaged(String),
 }
 
-/// Reads the frame at `at` (a multiple of 8).
-pub(crate) fn decode(buf: &[u8], at: usize, max_payload: usize) -> Decoded<'_> {
+/// Reads the frame at `at` (a multiple of 8) of a segment whose frames' crcs continue from
+/// `seed`.
+pub(crate) fn decode(buf: &[u8], at: usize, seed: u32, max_payload: usize) -> Decoded<'_> {
     if buf.len() - at < HEADER {
         return if buf[at..].iter().all(|&b| b == 0) {
             Decoded::End
@@ -101,7 +118,7 @@ pub(crate) fn decode(buf: &[u8], at: usize, max_payload: usize) -> Decoded<'_> {
     if size > buf.len() - at {
         return Decoded::Damaged(format!("length {len} runs past the end of the segment"));
     }
-    let actual = crc32c::crc32c(&buf[at + 4..at + HEADER + len]);
+    let actual = crc32c::crc32c_append(seed, &buf[at + 4..at + HEADER + len]);
     if actual != crc {
         return Decoded::Damaged(format!(
             "crc32c {actual:#010x} where the header says {crc:#010x}"
@@ -142,11 +159,13 @@ pub(crate) struct Scan {
     pub(crate) stop: Stop,
 }
 
-/// Walks the frames of a segment from offset 0, expecting lsns from `first_lsn` on, and
-/// hands each good record to `on_record`; stops at one it refuses.
+/// Walks the frames of a segment from offset 0, expecting lsns from `first_lsn` on and
+/// crcs continued from `seed`, and hands each good record to `on_record`; stops at one it
+/// refuses.
 pub(crate) fn scan(
     buf: &[u8],
     first_lsn: u64,
+    seed: u32,
     max_payload: usize,
     mut on_record: impl FnMut(u64, &[u8]) -> Result<(), String>,
 ) -> Scan {
@@ -156,7 +175,7 @@ pub(crate) fn scan(
         if at == buf.len() {
             break Stop::Clean;
         }
-        match decode(buf, at, max_payload) {
+        match decode(buf, at, seed, max_payload) {
             Decoded::End => break Stop::Clean,
             Decoded::Damaged(detail) => break Stop::Damaged(detail),
             // Left from the segment's last use: the write that should have covered it,
@@ -204,7 +223,13 @@ pub(crate) struct AfterEnd {
 /// with an lsn at or past `due`, the lsn the records before `from` left due. Frames of a
 /// recycled segment's last use have lower lsns and are passed over; an offset whose lsn
 /// could not be in this segment is passed over before its crc is computed.
-pub(crate) fn after_end(buf: &[u8], from: usize, due: u64, max_payload: usize) -> AfterEnd {
+pub(crate) fn after_end(
+    buf: &[u8],
+    from: usize,
+    due: u64,
+    seed: u32,
+    max_payload: usize,
+) -> AfterEnd {
     let mut found = AfterEnd {
         end: from,
         ..AfterEnd::default()
@@ -216,7 +241,7 @@ pub(crate) fn after_end(buf: &[u8], from: usize, due: u64, max_payload: usize) -
     while at < stop && buf.len() - at >= HEADER {
         let lsn = header_lsn(buf, at);
         if (due..=highest).contains(&lsn) {
-            if let Decoded::Frame { first, size, .. } = decode(buf, at, max_payload) {
+            if let Decoded::Frame { first, size, .. } = decode(buf, at, seed, max_payload) {
                 if first > due {
                     found.later_write.get_or_insert(at);
                 } else {

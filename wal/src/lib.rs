@@ -43,7 +43,12 @@
 //! written, and a full disk shows when a segment is created, where the append that needs
 //! it can fail whole, rather than in a write after the append was accepted). Frames are
 //! described in `frame.rs`: crc32c (Castagnoli, hardware-accelerated on x86-64 and ARMv8)
-//! over the length, the lsn, the first lsn of the write, and the payload; 8-byte aligned.
+//! over the length, the lsn, the first lsn of the write, and the payload, seeded with the
+//! log's identity and the segment's first lsn; 8-byte aligned. The identity is a random
+//! number drawn when the log is made and kept in `wal.id` (see `ident.rs`), so that no
+//! bytes a record holds, and no frame of another log or of a segment's last use, check out
+//! as a frame of this segment. A log found with segments and no `wal.id` was written by
+//! the first format, whose crcs are unseeded, and is read and written as such.
 //! Every write ends with an all-zero header, which the next write overwrites: it ends
 //! the data.
 //!
@@ -100,6 +105,7 @@
 
 mod error;
 mod frame;
+mod ident;
 mod mem;
 mod recover;
 mod segment;

@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use crate::frame::{self, Stop, HEADER};
+use crate::ident;
 use crate::segment::{parse_segment_name, segment_name, Segment, SPARE_SUFFIX};
 use crate::storage::Storage;
 use crate::{Lsn, Options, WalError};
@@ -57,16 +58,20 @@ impl fmt::Display for TornTail {
 
 /// The log's state after recovery, for the writer.
 pub(crate) struct Recovered {
+    /// The log's identity (see `ident`).
+    pub(crate) log: u64,
     pub(crate) segments: VecDeque<Arc<Segment>>,
     /// Where the next frame goes in the last segment.
     pub(crate) pos: u64,
     pub(crate) report: RecoveryReport,
 }
 
-/// Creates, preallocates and opens a segment; nothing is synced.
+/// Creates, preallocates and opens a segment of the log whose identity is `log`; nothing
+/// is synced.
 pub(crate) fn create_segment(
     storage: &dyn Storage,
     dir: &Path,
+    log: u64,
     first_lsn: u64,
     capacity: u64,
 ) -> Result<Segment, WalError> {
@@ -88,6 +93,7 @@ pub(crate) fn create_segment(
         file,
         first_lsn,
         capacity,
+        seed: frame::seed(log, first_lsn),
     })
 }
 
@@ -98,6 +104,7 @@ pub(crate) fn create_segment(
 pub(crate) fn recycle_segment(
     storage: &dyn Storage,
     dir: &Path,
+    log: u64,
     spare: &Path,
     first_lsn: u64,
     capacity: u64,
@@ -114,6 +121,7 @@ pub(crate) fn recycle_segment(
         file,
         first_lsn,
         capacity,
+        seed: frame::seed(log, first_lsn),
     })
 }
 
@@ -130,6 +138,10 @@ struct Cut {
 /// What recovery found, before it changes anything on the disk: the changes it makes
 /// once every check has passed.
 struct Plan {
+    /// The log's identity (see `ident`).
+    log: u64,
+    /// The log is new: its identity is to be written before its first segment.
+    new_log: bool,
     /// Spare segments a compactor set aside for recycling before a crash or shutdown:
     /// removed. Only spares set aside by the running log are recycled: a spare left from
     /// before may hold frames of writes that a crash lost, with lsns the log has reused.
@@ -158,9 +170,15 @@ fn find(storage: &dyn Storage, dir: &Path, from: u64) -> Result<Plan, WalError> 
         .filter(|n| n.ends_with(SPARE_SUFFIX))
         .map(|n| dir.join(n))
         .collect();
-    let mut segments = open_segments(storage, dir, &names)?;
+    let found = ident::read(storage, dir)?;
+    let has_segments = names.iter().any(|n| parse_segment_name(n).is_some());
+    // Segments without an identity: a log of the first format (see `ident`).
+    let log = found.unwrap_or_else(|| if has_segments { 0 } else { ident::fresh(dir) });
+    let mut segments = open_segments(storage, dir, log, &names)?;
     let empty = trailing_empty(&mut segments)?;
     Ok(Plan {
+        log,
+        new_log: found.is_none() && !has_segments,
         spares,
         segments,
         empty,
@@ -255,9 +273,12 @@ pub(crate) fn recover(
             .map_err(|e| WalError::io(&segment.path, "remove", e))?;
         removed.push(segment.path);
     }
+    if plan.new_log {
+        ident::write(storage, dir, plan.log)?;
+    }
     let mut segments = plan.segments;
     if segments.is_empty() {
-        let first = create_segment(storage, dir, plan.next_lsn, options.segment_bytes)?;
+        let first = create_segment(storage, dir, plan.log, plan.next_lsn, options.segment_bytes)?;
         segments.push(first);
     }
     let last = segments.len() - 1;
@@ -273,6 +294,7 @@ pub(crate) fn recover(
         removed,
     };
     Ok(Recovered {
+        log: plan.log,
         segments: segments.into_iter().map(Arc::new).collect(),
         pos: plan.pos,
         report,
@@ -292,11 +314,11 @@ fn replay_segment(
     // `max_record_bytes` limits what is appended from now on; records already written
     // under a larger limit are read back whole. Only the segment itself bounds a length.
     let read_limit = buf.len();
-    let scan = frame::scan(&buf, first_lsn, read_limit, |lsn, payload| {
+    let scan = frame::scan(&buf, first_lsn, segment.seed, read_limit, |lsn, payload| {
         replay(Lsn(lsn), payload)
     });
     let at = scan.end as u64;
-    let torn = match check_end(&buf, &scan, read_limit) {
+    let torn = match check_end(&buf, &scan, segment.seed, read_limit) {
         End::Clean => None,
         End::Corrupt(detail) => return Err(WalError::corrupt(&segment.path, at, detail)),
         End::Tail { detail, .. } if !is_last => {
@@ -327,6 +349,7 @@ fn replay_segment(
 fn open_segments(
     storage: &dyn Storage,
     dir: &Path,
+    log: u64,
     names: &[String],
 ) -> Result<Vec<Segment>, WalError> {
     let mut found: Vec<u64> = names
@@ -350,6 +373,7 @@ fn open_segments(
             file,
             first_lsn: lsn,
             capacity,
+            seed: frame::seed(log, lsn),
         });
     }
     Ok(segments)
@@ -393,13 +417,13 @@ enum End {
     Corrupt(String),
 }
 
-fn check_end(buf: &[u8], scan: &frame::Scan, max_payload: usize) -> End {
+fn check_end(buf: &[u8], scan: &frame::Scan, seed: u32, max_payload: usize) -> End {
     let damage = match &scan.stop {
         Stop::Gap(detail) | Stop::Refused(detail) => return End::Corrupt(detail.clone()),
         Stop::Damaged(detail) => Some(detail.clone()),
         Stop::Clean => None,
     };
-    let found = frame::after_end(buf, scan.end, scan.next_lsn, max_payload);
+    let found = frame::after_end(buf, scan.end, scan.next_lsn, seed, max_payload);
     if let Some(at) = found.later_write {
         let what = damage.unwrap_or_else(|| "an end marker".to_string());
         return End::Corrupt(format!(
@@ -449,7 +473,7 @@ fn is_empty(segment: &Segment) -> Result<bool, WalError> {
         return Ok(false);
     }
     let buf = read_all(segment)?;
-    let found = frame::after_end(&buf, 0, segment.first_lsn, buf.len());
+    let found = frame::after_end(&buf, 0, segment.first_lsn, segment.seed, buf.len());
     Ok(found.later_write.is_none() && found.unfinished.is_none())
 }
 

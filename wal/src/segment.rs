@@ -14,6 +14,8 @@ pub(crate) struct Segment {
     pub(crate) first_lsn: u64,
     /// Its preallocated size: frames go below it.
     pub(crate) capacity: u64,
+    /// What its frames' crcs continue from (`frame::seed`).
+    pub(crate) seed: u32,
 }
 
 /// The file name of the segment whose first lsn is `lsn`.

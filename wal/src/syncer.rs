@@ -451,7 +451,7 @@ fn write_round(
             }
             &mut *scratch
         };
-        frame::seal(bytes, first);
+        frame::seal(bytes, first, segment.seed);
         // The end marker goes in the same write, where the segment has room for it. A
         // segment grown for a large first record (past the capacity it was opened with)
         // needs none: that record covers all it held before, and the rest is zeros.

@@ -20,6 +20,8 @@ use crate::{Lsn, Options, WalError};
 /// but not submitted is dropped.
 pub struct Wal {
     shared: Arc<Shared>,
+    /// The log's identity, which its new segments' frames are sealed with (see `ident`).
+    log: u64,
     syncer: Option<JoinHandle<()>>,
     /// Writes snapshots and removes segments, off the syncer's path (see `syncer`).
     compactor: Option<JoinHandle<()>>,
@@ -92,6 +94,7 @@ impl Wal {
             .map_or(options.segment_bytes, |s| s.capacity);
         let mut wal = Wal {
             shared,
+            log: recovered.log,
             syncer: None,
             compactor: None,
             max_record_bytes: options.max_record_bytes,
@@ -325,6 +328,7 @@ impl Wal {
             Some(spare) => recover::recycle_segment(
                 self.shared.storage(),
                 self.shared.dir(),
+                self.log,
                 &spare,
                 self.next_lsn,
                 segment_bytes,
@@ -332,6 +336,7 @@ impl Wal {
             None => recover::create_segment(
                 self.shared.storage(),
                 self.shared.dir(),
+                self.log,
                 self.next_lsn,
                 segment_bytes.max(frame),
             )?,

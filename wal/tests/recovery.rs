@@ -469,7 +469,11 @@ fn a_log_that_cannot_open_is_left_as_it_was_found() {
     }
     disk.flip_bit(&segments[segments.len() - 2], 30, 2);
     let found = image(&disk);
-    assert_eq!(found.len(), segments.len() + 2);
+    assert_eq!(
+        found.len(),
+        segments.len() + 3,
+        "with the spare, the empty one, wal.id"
+    );
     let err = open(&disk, small(256)).unwrap_err();
     assert!(matches!(err, WalError::Corrupt { .. }), "{err}");
     assert_eq!(image(&disk), found, "nothing removed, nothing zeroed");
@@ -525,4 +529,96 @@ fn a_gap_below_where_replay_starts_is_a_removal_cut_short() {
     disk.remove(&segments[6]).unwrap();
     let err = open_from(arc, dir(), small(256), Lsn(from)).unwrap_err();
     assert!(matches!(err, WalError::Corrupt { .. }), "{err}");
+}
+
+/// A frame as the first format sealed them, its crc over its own bytes only.
+fn plain_frame(lsn: u64, first: u64, payload: &[u8]) -> Vec<u8> {
+    let mut frame = vec![0; 4];
+    frame.extend_from_slice(&(payload.len() as u32).to_le_bytes());
+    frame.extend_from_slice(&lsn.to_le_bytes());
+    frame.extend_from_slice(&first.to_le_bytes());
+    frame.extend_from_slice(payload);
+    let crc = crc32c::crc32c(&frame[4..]);
+    frame[..4].copy_from_slice(&crc.to_le_bytes());
+    frame.resize(24 + payload.len().next_multiple_of(8), 0);
+    frame
+}
+
+#[test]
+fn a_record_that_holds_a_frame_image_never_passes_for_a_later_write() {
+    // A body stored whole in a record, holding the image of a frame that claims a later
+    // write than the one it came in.
+    let disk = MemDisk::new();
+    let (mut wal, _, _) = open(&disk, small(4096)).unwrap();
+    append_synced(&mut wal, 1..=8);
+    wal.append(&payload(9)).unwrap();
+    wal.append(&plain_frame(12, 12, b"forged")).unwrap();
+    wal.sync().unwrap();
+    drop(wal);
+    // The crash kept record 10 of the last write, and lost a sector of record 9.
+    let seg = &segment_files(&disk)[0];
+    let offsets = frame_offsets(&disk.contents(seg).unwrap());
+    disk.damage(seg, offsets[8] as u64 + 8, &[0xFF; 8]);
+    let (_wal, records, report) = open(&disk, small(4096)).unwrap();
+    assert_eq!(records, expected(1..=8), "a torn tail, not corruption");
+    assert_eq!(report.torn.unwrap().offset, offsets[8] as u64);
+}
+
+#[test]
+fn a_log_of_the_first_format_opens_and_goes_on_in_it() {
+    // Records 1..=3 as the first format wrote them: no wal.id, crcs unseeded.
+    let disk = MemDisk::new();
+    disk.create_dir_all(dir()).unwrap();
+    let mut image = Vec::new();
+    for lsn in 1..=3 {
+        image.extend(plain_frame(lsn, 1, &payload(lsn)));
+    }
+    let file = disk
+        .create(&dir().join("00000000000000000001.wal"))
+        .unwrap();
+    file.allocate(4096).unwrap();
+    file.write_at(&image, 0).unwrap();
+    file.sync_data().unwrap();
+    disk.sync_dir(dir()).unwrap();
+    let (mut wal, records, _) = open(&disk, small(4096)).unwrap();
+    assert_eq!(records, expected(1..=3));
+    append_synced(&mut wal, 4..=6);
+    drop(wal);
+    assert!(
+        disk.contents(&dir().join("wal.id")).is_none(),
+        "still the first format"
+    );
+    let (_wal, records, _) = open(&disk, small(4096)).unwrap();
+    assert_eq!(records, expected(1..=6));
+}
+
+#[test]
+fn a_log_identity_of_another_format_or_damaged_is_refused_naming_it() {
+    let disk = MemDisk::new();
+    let (mut wal, _, _) = open(&disk, small(4096)).unwrap();
+    append_synced(&mut wal, 1..=3);
+    drop(wal);
+    let id = dir().join("wal.id");
+    for (offset, bytes, says) in [
+        (8, &[3, 0, 0, 0][..], "crc32c"),
+        (20, &[0xFF][..], "crc32c"),
+        (0, &b"NOTAWAL!"[..], "magic"),
+    ] {
+        let damaged = disk.fork();
+        damaged.damage(&id, offset, bytes);
+        let err = open(&damaged, small(4096)).unwrap_err();
+        let WalError::Corrupt { path, detail, .. } = &err else {
+            panic!("{err}");
+        };
+        assert_eq!(path, &id);
+        assert!(detail.contains(says), "{detail}");
+    }
+    // A later format, whole: refused as one this build cannot read.
+    let mut bytes = disk.contents(&id).unwrap();
+    bytes[8..12].copy_from_slice(&3u32.to_le_bytes());
+    let crc = crc32c::crc32c(&bytes[..24]);
+    bytes[24..28].copy_from_slice(&crc.to_le_bytes());
+    disk.damage(&id, 0, &bytes);
+    let err = open(&disk, small(4096)).unwrap_err();
+    assert!(err.to_string().contains("log format 3"), "{err}");
 }

@@ -1,6 +1,8 @@
 use super::*;
 
 const MAX: usize = 1 << 20;
+/// The crc seed of the segment these tests write (see `seed`).
+const SEED: u32 = 0x5EED_0001;
 
 /// Frames for `payloads`, lsns from `first` on, all sealed as one write.
 fn write(first: u64, payloads: &[&[u8]]) -> Vec<u8> {
@@ -8,13 +10,13 @@ fn write(first: u64, payloads: &[&[u8]]) -> Vec<u8> {
     for (i, p) in payloads.iter().enumerate() {
         push_unsealed(&mut buf, first + i as u64, p);
     }
-    seal(&mut buf, first);
+    seal(&mut buf, first, SEED);
     buf
 }
 
 fn records(buf: &[u8], first: u64) -> (Vec<(u64, Vec<u8>)>, Scan) {
     let mut out = Vec::new();
-    let scan = scan(buf, first, MAX, |lsn, p| {
+    let scan = scan(buf, first, SEED, MAX, |lsn, p| {
         out.push((lsn, p.to_vec()));
         Ok(())
     });
@@ -105,7 +107,7 @@ fn a_length_past_the_limit_or_the_segment_is_damage() {
 }
 
 fn scan_with_max(buf: &[u8], max: usize) -> Scan {
-    scan(buf, 1, max, |_, _| Ok(()))
+    scan(buf, 1, SEED, max, |_, _| Ok(()))
 }
 
 #[test]
@@ -119,20 +121,20 @@ fn a_later_write_after_damage_is_found_and_so_is_the_same_write() {
     // Damage lsn 2 (offset 32): lsn 3 is the same write, lsn 4 a later one.
     let mut torn = buf.clone();
     torn[40] ^= 1;
-    let found = after_end(&torn, 32, 2, MAX);
+    let found = after_end(&torn, 32, 2, SEED, MAX);
     assert_eq!(found.later_write, Some(second));
     assert_eq!(found.unfinished, Some(64));
     assert_eq!(found.end, written);
     // Damage lsn 4: only lsn 5 follows, from the same write: a tear.
     let mut torn = buf.clone();
     torn[second + 24] ^= 1;
-    let found = after_end(&torn, second, 4, MAX);
+    let found = after_end(&torn, second, 4, SEED, MAX);
     assert_eq!(found.later_write, None);
     assert_eq!(found.unfinished, Some(second + 32));
     assert_eq!(found.end, written);
     // Past the last record there is nothing.
     assert_eq!(
-        after_end(&buf, written, 6, MAX),
+        after_end(&buf, written, 6, SEED, MAX),
         AfterEnd {
             end: written,
             ..AfterEnd::default()
@@ -158,7 +160,7 @@ fn the_frames_of_a_recycled_segments_last_use_are_never_records() {
     assert_eq!(got.len(), 2);
     assert_eq!((scan.end, scan.stop), (written, Stop::Clean));
     // Nothing of this segment's own writes lies past the end marker.
-    let found = after_end(&buf, written, 22, MAX);
+    let found = after_end(&buf, written, 22, SEED, MAX);
     assert_eq!((found.later_write, found.unfinished), (None, None));
     // Without the marker (its write lost), an old frame may sit where the next record
     // was due: it stops the scan as damage, never as a record or a gap.
@@ -181,4 +183,30 @@ fn nonzero_end_finds_the_last_written_byte() {
     buf[57] = 1;
     assert_eq!(nonzero_end(&buf, 10), 58);
     assert_eq!(nonzero_end(&buf, 60), 60);
+}
+
+#[test]
+fn a_frame_checks_out_only_in_the_segment_and_log_it_was_sealed_for() {
+    let log = 0x0123_4567_89AB_CDEF;
+    let mut buf = Vec::new();
+    push_unsealed(&mut buf, 9, b"a record");
+    seal(&mut buf, 9, seed(log, 9));
+    assert!(matches!(
+        decode(&buf, 0, seed(log, 9), MAX),
+        Decoded::Frame { lsn: 9, .. }
+    ));
+    for (other_log, first_lsn) in [(log, 8), (log ^ 1, 9), (0, 9)] {
+        let found = decode(&buf, 0, seed(other_log, first_lsn), MAX);
+        assert!(
+            matches!(found, Decoded::Damaged(_)),
+            "{other_log:#x} {first_lsn}: {found:?}"
+        );
+    }
+    // A log of the first format seeds nothing: its crcs are over the frame's bytes alone.
+    assert_eq!(seed(0, 9), 0);
+    let mut plain = Vec::new();
+    push_unsealed(&mut plain, 9, b"a record");
+    seal(&mut plain, 9, 0);
+    let crc = crc32c::crc32c(&plain[4..HEADER + 8]);
+    assert_eq!(plain[..4], crc.to_le_bytes());
 }
