@@ -97,8 +97,7 @@ impl DataDir {
         shards: Option<usize>,
         default: usize,
     ) -> Result<DataDir, Error> {
-        storage
-            .create_dir_all(path)
+        leasemq_wal::create_dir_durable(&**storage, path)
             .map_err(|e| io_error(path, "create the data dir", e))?;
         let lock = storage.lock(path).map_err(|e| {
             if e.kind() == std::io::ErrorKind::WouldBlock {
@@ -232,8 +231,7 @@ impl ShardLog {
         segment_bytes: u64,
         wake: Arc<Sleeper>,
     ) -> Result<ShardLog, Error> {
-        storage
-            .create_dir_all(&dir)
+        leasemq_wal::create_dir_durable(&*storage, &dir)
             .map_err(|e| io_error(&dir, "create directory", e))?;
         let snapshot = latest_snapshot(&*storage, &dir).map_err(storage_error)?;
         let mut from = Lsn(1);

@@ -121,7 +121,7 @@ pub use error::WalError;
 pub use mem::{Crash, MemDisk, SECTOR};
 pub use recover::{RecoveryReport, TornTail};
 pub use snapshot::{latest_snapshot, write_snapshot, Snapshot};
-pub use storage::{DirLock, DiskStorage, Storage, StorageFile, LOCK_FILE};
+pub use storage::{create_dir_durable, DirLock, DiskStorage, Storage, StorageFile, LOCK_FILE};
 pub use wal::Wal;
 
 /// Room [`Wal::reserve`] counts for each record beyond the first: its frame's header and

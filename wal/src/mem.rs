@@ -1,8 +1,9 @@
 //! [`MemDisk`]: an in-memory disk that models what survives a crash.
 //!
 //! Each file keeps two images: what the process sees, and what is durable (as of the last
-//! `sync_data`). Directory entries likewise: what the process sees, and what the last
-//! `sync_dir` of each directory made durable. [`MemDisk::crash`] returns a new disk built
+//! `sync_data`). Directory entries likewise, of files and of directories: what the process
+//! sees, and what the last `sync_dir` of each directory made durable. A directory whose
+//! own entry was not made durable in its parent is lost at a crash with all it holds. [`MemDisk::crash`] returns a new disk built
 //! from the durable state plus, depending on [`Crash`], some of what was not synced: every
 //! unsynced 512-byte sector is kept or lost independently (so a write can be torn at any
 //! sector, in any pattern), and the unsynced directory operations are kept or lost
@@ -56,6 +57,10 @@ struct State {
     next_inode: u64,
     names: BTreeMap<PathBuf, u64>,
     durable_names: BTreeMap<PathBuf, u64>,
+    /// Directories (the root is always there), and those whose entry in their parent
+    /// was synced.
+    dirs: BTreeSet<PathBuf>,
+    durable_dirs: BTreeSet<PathBuf>,
     locks: BTreeSet<PathBuf>,
     capacity: Option<u64>,
     data_syncs: u64,
@@ -99,11 +104,20 @@ impl MemDisk {
             Crash::LoseUnsynced => false,
             Crash::Tear { .. } => rng.bool(),
         };
-        let names = if keep_dir_ops {
-            state.names.clone()
+        let (mut names, mut dirs) = if keep_dir_ops {
+            (state.names.clone(), state.dirs.clone())
         } else {
-            state.durable_names.clone()
+            (state.durable_names.clone(), state.durable_dirs.clone())
         };
+        // What lies in a directory whose own entry was lost is lost with it.
+        let reachable = |path: &Path, dirs: &BTreeSet<PathBuf>| {
+            path.ancestors()
+                .skip(1)
+                .all(|a| is_root(a) || dirs.contains(a))
+        };
+        let kept = dirs.clone();
+        dirs.retain(|d| reachable(d, &kept));
+        names.retain(|p, _| reachable(p, &dirs));
         let mut inodes = HashMap::new();
         for &ino in names.values() {
             let inode = &state.inodes[&ino];
@@ -126,6 +140,8 @@ impl MemDisk {
             next_inode: state.next_inode,
             durable_names: names.clone(),
             names,
+            durable_dirs: dirs.clone(),
+            dirs,
             capacity: state.capacity,
             ..State::default()
         })
@@ -162,6 +178,8 @@ impl MemDisk {
             next_inode: state.next_inode,
             names: state.names.clone(),
             durable_names: state.names.clone(),
+            dirs: state.dirs.clone(),
+            durable_dirs: state.dirs.clone(),
             capacity: state.capacity,
             ..State::default()
         })
@@ -254,7 +272,24 @@ impl MemDisk {
     }
 }
 
+/// Whether `path` is the root of the file system (or of relative paths).
+fn is_root(path: &Path) -> bool {
+    path.parent().is_none() || path.as_os_str().is_empty()
+}
+
 impl State {
+    fn is_dir(&self, path: &Path) -> bool {
+        is_root(path) || self.dirs.contains(path)
+    }
+
+    /// An error of kind `NotFound` unless `path`'s directory exists.
+    fn check_parent(&self, path: &Path) -> io::Result<()> {
+        match path.parent() {
+            Some(dir) if !self.is_dir(dir) => Err(io::ErrorKind::NotFound.into()),
+            _ => Ok(()),
+        }
+    }
+
     fn used(&self) -> u64 {
         self.names
             .values()
@@ -338,8 +373,16 @@ impl Drop for MemLock {
 }
 
 impl Storage for MemDisk {
-    fn create_dir_all(&self, _dir: &Path) -> io::Result<()> {
-        MemDisk::check(&self.state())
+    fn create_dir_all(&self, dir: &Path) -> io::Result<()> {
+        let mut state = self.state();
+        MemDisk::check(&state)?;
+        for ancestor in dir.ancestors().filter(|a| !is_root(a)) {
+            if state.names.contains_key(ancestor) {
+                return Err(io::Error::other("a file where a directory should be"));
+            }
+            state.dirs.insert(ancestor.to_path_buf());
+        }
+        Ok(())
     }
 
     fn lock(&self, dir: &Path) -> io::Result<DirLock> {
@@ -357,9 +400,11 @@ impl Storage for MemDisk {
     fn list(&self, dir: &Path) -> io::Result<Vec<String>> {
         let state = self.state();
         MemDisk::check(&state)?;
-        Ok(state
-            .names
-            .keys()
+        if !state.is_dir(dir) {
+            return Err(io::ErrorKind::NotFound.into());
+        }
+        // Files and directories, as a directory listing has them.
+        Ok((state.names.keys().chain(&state.dirs))
             .filter(|p| p.parent() == Some(dir))
             .filter_map(|p| p.file_name()?.to_str().map(str::to_owned))
             .collect())
@@ -368,7 +413,8 @@ impl Storage for MemDisk {
     fn create(&self, path: &Path) -> io::Result<Box<dyn StorageFile>> {
         let mut state = self.state();
         MemDisk::check(&state)?;
-        if state.names.contains_key(path) {
+        state.check_parent(path)?;
+        if state.names.contains_key(path) || state.dirs.contains(path) {
             return Err(io::ErrorKind::AlreadyExists.into());
         }
         let ino = state.next_inode;
@@ -411,6 +457,7 @@ impl Storage for MemDisk {
     fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
         let mut state = self.state();
         MemDisk::check(&state)?;
+        state.check_parent(to)?;
         let ino = state.names.remove(from).ok_or(io::ErrorKind::NotFound)?;
         state.names.insert(to.to_path_buf(), ino);
         Ok(())
@@ -419,6 +466,15 @@ impl Storage for MemDisk {
     fn sync_dir(&self, dir: &Path) -> io::Result<()> {
         let mut state = self.state();
         MemDisk::check(&state)?;
+        if !state.is_dir(dir) {
+            return Err(io::ErrorKind::NotFound.into());
+        }
+        state.durable_dirs.retain(|p| p.parent() != Some(dir));
+        let dirs: Vec<PathBuf> = (state.dirs.iter())
+            .filter(|p| p.parent() == Some(dir))
+            .cloned()
+            .collect();
+        state.durable_dirs.extend(dirs);
         state.durable_names.retain(|p, _| p.parent() != Some(dir));
         let entries: Vec<(PathBuf, u64)> = state
             .names
@@ -495,5 +551,41 @@ impl StorageFile for MemFile {
         state.data_syncs += 1;
         state.inode(self.ino).sync();
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn file(disk: &MemDisk, path: &str) {
+        let file = disk.create(Path::new(path)).unwrap();
+        file.write_at(b"data", 0).unwrap();
+        file.sync_data().unwrap();
+    }
+
+    #[test]
+    fn a_directory_whose_entry_was_never_synced_is_lost_with_its_files() {
+        let disk = MemDisk::new();
+        let missing = disk.create(Path::new("/a/f")).unwrap_err();
+        assert_eq!(missing.kind(), io::ErrorKind::NotFound);
+        disk.create_dir_all(Path::new("/a/b")).unwrap();
+        file(&disk, "/a/b/f");
+        disk.sync_dir(Path::new("/a/b")).unwrap();
+        assert_eq!(disk.list(Path::new("/a")).unwrap(), ["b"]);
+        // The file's entry is durable in /a/b, but /a/b's own entry is not in /a.
+        let lost = disk.crash(Crash::LoseUnsynced);
+        assert_eq!(lost.contents(Path::new("/a/b/f")), None);
+        let gone = lost.list(Path::new("/a")).unwrap_err();
+        assert_eq!(gone.kind(), io::ErrorKind::NotFound);
+
+        let disk = MemDisk::new();
+        disk.create_dir_all(Path::new("/a/b")).unwrap();
+        file(&disk, "/a/b/f");
+        for dir in ["/", "/a", "/a/b"] {
+            disk.sync_dir(Path::new(dir)).unwrap();
+        }
+        let kept = disk.crash(Crash::LoseUnsynced);
+        assert_eq!(kept.contents(Path::new("/a/b/f")).unwrap(), b"data");
     }
 }

@@ -99,7 +99,7 @@ pub fn write_snapshot(
     Ok(path)
 }
 
-/// The newest snapshot in `dir`, checked, or `None` if there is none.
+/// The newest snapshot in `dir`, checked, or `None` if there is none (or no `dir`).
 ///
 /// # Errors
 ///
@@ -107,9 +107,12 @@ pub fn write_snapshot(
 /// before it was renamed into place, so damage is not a crash's doing);
 /// [`WalError::Io`] if reading fails.
 pub fn latest_snapshot(storage: &dyn Storage, dir: &Path) -> Result<Option<Snapshot>, WalError> {
-    let names = storage
-        .list(dir)
-        .map_err(|e| WalError::io(dir, "list", e))?;
+    let names = match storage.list(dir) {
+        Ok(names) => names,
+        // No directory yet: no log, and no snapshot.
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(WalError::io(dir, "list", e)),
+    };
     let Some(lsn) = names.iter().filter_map(|n| parse_name(n)).max() else {
         return Ok(None);
     };

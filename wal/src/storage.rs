@@ -18,7 +18,9 @@ pub type DirLock = Box<dyn Any + Send + Sync>;
 /// Directory operations (`create`, `rename`, `remove`) are durable only once
 /// [`sync_dir`](Storage::sync_dir) of their directory returned.
 pub trait Storage: Send + Sync + Debug {
-    /// Creates `dir` and its parents where missing.
+    /// Creates `dir` and its parents where missing. Like any directory operation, a new
+    /// directory is durable only once `sync_dir` of its parent returned (see
+    /// [`create_dir_durable`]).
     fn create_dir_all(&self, dir: &Path) -> io::Result<()>;
     /// Takes the exclusive lock of `dir`. A lock already held, by this or another process,
     /// is an error of kind [`io::ErrorKind::WouldBlock`].
@@ -35,6 +37,42 @@ pub trait Storage: Send + Sync + Debug {
     fn rename(&self, from: &Path, to: &Path) -> io::Result<()>;
     /// Makes the directory's entries durable (fsync of the directory).
     fn sync_dir(&self, dir: &Path) -> io::Result<()>;
+}
+
+/// Creates `dir` and its parents where missing, and makes each directory it creates
+/// durable in its parent (an fsync of the parent): until then a crash can lose the new
+/// directory, with everything synced into it.
+///
+/// # Errors
+///
+/// What the storage answers to listing, creating or syncing a directory.
+pub fn create_dir_durable(storage: &dyn Storage, dir: &Path) -> io::Result<()> {
+    // A relative path's last parent is empty: the working directory.
+    fn parent_of(path: &Path) -> Option<&Path> {
+        let parent = path.parent()?;
+        Some(if parent.as_os_str().is_empty() {
+            Path::new(".")
+        } else {
+            parent
+        })
+    }
+    let mut missing = Vec::new();
+    let mut at = Some(dir);
+    while let Some(path) = at.filter(|p| !p.as_os_str().is_empty()) {
+        match storage.list(path) {
+            Ok(_) => break,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => missing.push(path),
+            Err(e) => return Err(e),
+        }
+        at = path.parent();
+    }
+    storage.create_dir_all(dir)?;
+    for path in missing.iter().rev() {
+        if let Some(parent) = parent_of(path) {
+            storage.sync_dir(parent)?;
+        }
+    }
+    Ok(())
 }
 
 /// An open file.

@@ -69,8 +69,7 @@ impl Wal {
         mut replay: impl FnMut(Lsn, &[u8]) -> Result<(), String>,
     ) -> Result<(Wal, RecoveryReport), WalError> {
         options.check()?;
-        storage
-            .create_dir_all(dir)
+        crate::storage::create_dir_durable(&*storage, dir)
             .map_err(|e| WalError::io(dir, "create directory", e))?;
         let lock = storage.lock(dir).map_err(|e| {
             if e.kind() == std::io::ErrorKind::WouldBlock {

@@ -622,3 +622,16 @@ fn a_log_identity_of_another_format_or_damaged_is_refused_naming_it() {
     let err = open(&disk, small(4096)).unwrap_err();
     assert!(err.to_string().contains("log format 3"), "{err}");
 }
+
+#[test]
+fn a_new_logs_directory_survives_a_crash_with_what_was_synced_in_it() {
+    // The log's directory, and its parent, are made by the open: their entries must be
+    // durable before anything synced in them can be.
+    let disk = MemDisk::new();
+    let (mut wal, _, _) = open(&disk, small(4096)).unwrap();
+    append_synced(&mut wal, 1..=5);
+    let crashed = disk.crash(leasemq_wal::Crash::LoseUnsynced);
+    drop(wal);
+    let (_wal, records, _) = open(&crashed, small(4096)).unwrap();
+    assert_eq!(records, expected(1..=5));
+}

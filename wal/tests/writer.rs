@@ -384,6 +384,12 @@ fn compaction_never_removes_what_is_not_durable() {
 fn a_damaged_snapshot_is_an_error_and_an_interrupted_one_is_ignored() {
     let disk = MemDisk::new();
     let storage: &dyn leasemq_wal::Storage = &disk;
+    assert_eq!(
+        latest_snapshot(storage, dir()).unwrap(),
+        None,
+        "no directory yet"
+    );
+    storage.create_dir_all(dir()).unwrap();
     assert_eq!(latest_snapshot(storage, dir()).unwrap(), None);
     write_snapshot(storage, dir(), Lsn(5), b"five").unwrap();
     let path = write_snapshot(storage, dir(), Lsn(9), b"nine").unwrap();
