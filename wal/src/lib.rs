@@ -73,7 +73,9 @@
 //!   so only the last segment with data can hold an unsynced write at a crash.
 //! - A failed write or fsync **poisons** the log: that error, and nothing else, comes
 //!   back from every later call, and nothing is retried (after a failed fsync the page
-//!   cache may already have dropped the data: PostgreSQL's "fsyncgate").
+//!   cache may already have dropped the data: PostgreSQL's "fsyncgate"). The syncer then
+//!   leaves a marker, `wal.poisoned`, with the last durable lsn, and the next
+//!   [`Wal::open`] cuts every record after it, though the page cache may still show it.
 //! - A full disk when a segment must be created fails that append whole, without
 //!   poisoning.
 //!
@@ -107,6 +109,7 @@ mod error;
 mod frame;
 mod ident;
 mod mem;
+mod poison;
 mod recover;
 mod segment;
 mod snapshot;

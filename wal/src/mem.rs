@@ -253,7 +253,9 @@ impl MemDisk {
         }
     }
 
-    /// Makes the next `sync_data` fail with an IO error, as a failing device would.
+    /// Makes the next `sync_data` fail with an IO error, as a failing device would. Its
+    /// unsynced writes are then dropped as Linux drops them: the process still reads them,
+    /// but they are not written by a later sync and a crash loses them.
     pub fn fail_next_sync(&self) {
         self.state().fail_next_sync = true;
     }
@@ -546,6 +548,9 @@ impl StorageFile for MemFile {
         }
         MemDisk::check(&state)?;
         if std::mem::take(&mut state.fail_next_sync) {
+            // As Linux after a failed fsync: the pages count as clean, and what they hold
+            // reaches the disk only if it is written again.
+            state.inode(self.ino).dirty.clear();
             return Err(io::Error::other("injected fsync failure"));
         }
         state.data_syncs += 1;
@@ -587,5 +592,29 @@ mod tests {
         }
         let kept = disk.crash(Crash::LoseUnsynced);
         assert_eq!(kept.contents(Path::new("/a/b/f")).unwrap(), b"data");
+    }
+
+    #[test]
+    fn a_failed_sync_drops_what_it_should_have_written() {
+        let disk = MemDisk::new();
+        disk.create_dir_all(Path::new("/d")).unwrap();
+        let file = disk.create(Path::new("/d/f")).unwrap();
+        disk.sync_dir(Path::new("/")).unwrap();
+        disk.sync_dir(Path::new("/d")).unwrap();
+        file.write_at(b"lost", 0).unwrap();
+        disk.fail_next_sync();
+        assert!(file.sync_data().is_err());
+        file.sync_data().unwrap();
+        assert_eq!(
+            disk.contents(Path::new("/d/f")).unwrap(),
+            b"lost",
+            "still read"
+        );
+        let crashed = disk.crash(Crash::LoseUnsynced);
+        let image = crashed.contents(Path::new("/d/f")).unwrap();
+        assert_eq!(
+            image, [0; 4],
+            "its length kept by the later sync, its bytes never written"
+        );
     }
 }

@@ -6,9 +6,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use crate::frame::{self, Stop, HEADER};
-use crate::ident;
 use crate::segment::{parse_segment_name, segment_name, Segment, SPARE_SUFFIX};
 use crate::storage::Storage;
+use crate::{ident, poison};
 use crate::{Lsn, Options, WalError};
 
 /// What recovery found and did.
@@ -142,6 +142,9 @@ struct Plan {
     log: u64,
     /// The log is new: its identity is to be written before its first segment.
     new_log: bool,
+    /// The last lsn a poison marker says was durable: records after it are cut, then
+    /// the marker goes (see `poison`).
+    trusted: Option<u64>,
     /// Spare segments a compactor set aside for recycling before a crash or shutdown:
     /// removed. Only spares set aside by the running log are recycled: a spare left from
     /// before may hold frames of writes that a crash lost, with lsns the log has reused.
@@ -171,14 +174,22 @@ fn find(storage: &dyn Storage, dir: &Path, from: u64) -> Result<Plan, WalError> 
         .map(|n| dir.join(n))
         .collect();
     let found = ident::read(storage, dir)?;
+    let trusted = poison::read(storage, dir, &names)?;
     let has_segments = names.iter().any(|n| parse_segment_name(n).is_some());
     // Segments without an identity: a log of the first format (see `ident`).
     let log = found.unwrap_or_else(|| if has_segments { 0 } else { ident::fresh(dir) });
     let mut segments = open_segments(storage, dir, log, &names)?;
-    let empty = trailing_empty(&mut segments)?;
+    let mut empty = trailing_empty(&mut segments)?;
+    // Segments begun after the last durable record hold nothing durable.
+    if let Some(trusted) = trusted {
+        let keep = segments.partition_point(|s| s.first_lsn <= trusted).max(1);
+        let untrusted = segments.split_off(keep.min(segments.len()));
+        empty.splice(0..0, untrusted);
+    }
     Ok(Plan {
         log,
         new_log: found.is_none() && !has_segments,
+        trusted,
         spares,
         segments,
         empty,
@@ -229,13 +240,15 @@ fn plan(
             plan.next_lsn = segment.first_lsn;
         }
         let replayed = &mut plan.replayed;
-        let (end, next, cut) = replay_segment(segment, plan.next_lsn, i == last, &mut |lsn, p| {
-            if lsn.0 >= from {
-                replay(lsn, p)?;
-                *replayed += 1;
-            }
-            Ok(())
-        })?;
+        let limit = plan.trusted.unwrap_or(u64::MAX);
+        let (end, next, cut) =
+            replay_segment(segment, plan.next_lsn, i == last, limit, &mut |lsn, p| {
+                if lsn.0 >= from {
+                    replay(lsn, p)?;
+                    *replayed += 1;
+                }
+                Ok(())
+            })?;
         plan.torn = cut.or(plan.torn.take());
         plan.next_lsn = next;
         plan.pos = end;
@@ -286,6 +299,9 @@ pub(crate) fn recover(
         cut(&segments[last], tail.torn.offset, tail.bytes)?;
     }
     make_current(storage, dir, &mut segments[last], options.segment_bytes)?;
+    if plan.trusted.is_some() {
+        poison::remove(storage, dir)?;
+    }
     let report = RecoveryReport {
         next_lsn: Lsn(plan.next_lsn),
         replayed: plan.replayed,
@@ -301,13 +317,15 @@ pub(crate) fn recover(
     })
 }
 
-/// Checks and replays one segment whose first record is `first_lsn`; returns where its
-/// records end, the next lsn, and the torn tail to cut, with how many bytes from its
-/// offset to zero (only the last segment may have one).
+/// Checks and replays one segment whose first record is `first_lsn`, up to lsn `limit`;
+/// returns where its records end, the next lsn, and the torn tail to cut, with how many
+/// bytes from its offset to zero (only the last segment may have one). Records past
+/// `limit`, written after an fsync failed, are cut unread.
 fn replay_segment(
     segment: &Segment,
     first_lsn: u64,
     is_last: bool,
+    limit: u64,
     replay: &mut Replay<'_>,
 ) -> Result<(u64, u64, Option<Cut>), WalError> {
     let buf = read_all(segment)?;
@@ -315,10 +333,23 @@ fn replay_segment(
     // under a larger limit are read back whole. Only the segment itself bounds a length.
     let read_limit = buf.len();
     let scan = frame::scan(&buf, first_lsn, segment.seed, read_limit, |lsn, payload| {
+        if lsn > limit {
+            return Err(String::new());
+        }
         replay(Lsn(lsn), payload)
     });
     let at = scan.end as u64;
-    let torn = match check_end(&buf, &scan, segment.seed, read_limit) {
+    let end = if matches!(scan.stop, Stop::Refused(_)) && scan.next_lsn > limit {
+        let detail = format!(
+            "records from lsn {} on, written after an fsync failed",
+            scan.next_lsn
+        );
+        let clear = frame::after_end(&buf, scan.end, scan.next_lsn, segment.seed, read_limit).end;
+        End::Tail { detail, clear }
+    } else {
+        check_end(&buf, &scan, segment.seed, read_limit)
+    };
+    let torn = match end {
         End::Clean => None,
         End::Corrupt(detail) => return Err(WalError::corrupt(&segment.path, at, detail)),
         End::Tail { detail, .. } if !is_last => {

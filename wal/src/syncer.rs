@@ -19,10 +19,10 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
-use crate::frame;
 use crate::segment::Segment;
 use crate::storage::Storage;
 use crate::WalError;
+use crate::{frame, poison};
 
 /// Frames appended to one segment between two submits, not yet sealed (see `frame::seal`).
 #[derive(Debug)]
@@ -287,6 +287,10 @@ fn rounds(shared: &Shared) {
     while let Some((mut pieces, snapshot, removals)) = next_round(shared) {
         if let Err(error) = write_round(shared, &mut pieces, &mut scratch) {
             shared.poison(error);
+            // What this round wrote may sit in the page cache, never to reach the disk:
+            // the next opening must not take it for records (see `poison`). Only the
+            // syncer moves `durable`, and it stops here, so the lsn is final.
+            let _ = poison::write(&*shared.storage, &shared.dir, shared.durable());
             return;
         }
         let mut state = shared.lock();

@@ -635,3 +635,31 @@ fn a_new_logs_directory_survives_a_crash_with_what_was_synced_in_it() {
     let (_wal, records, _) = open(&crashed, small(4096)).unwrap();
     assert_eq!(records, expected(1..=5));
 }
+
+#[test]
+fn records_written_after_a_failed_fsync_never_come_back_and_leave_no_hole() {
+    let disk = MemDisk::new();
+    let (mut wal, _, _) = open(&disk, small(4096)).unwrap();
+    append_synced(&mut wal, 1..=5);
+    // A record filling sectors of its own, whose fsync fails: the disk drops it, the
+    // page cache still holds it.
+    disk.fail_next_sync();
+    wal.append(&[6; 1500]).unwrap();
+    assert!(wal.sync().is_err());
+    drop(wal);
+    // Opened again without a reboot: the refused record is not a record.
+    let (mut wal, records, report) = open(&disk, small(4096)).unwrap();
+    assert_eq!(records, expected(1..=5));
+    let detail = report.torn.unwrap().detail;
+    assert!(detail.contains("after an fsync failed"), "{detail}");
+    assert!(
+        disk.contents(&dir().join("wal.poisoned")).is_none(),
+        "done with"
+    );
+    append_synced(&mut wal, 6..=8);
+    drop(wal);
+    // A power loss then: everything the log called durable, and no hole.
+    let crashed = disk.crash(leasemq_wal::Crash::LoseUnsynced);
+    let (_wal, records, _) = open(&crashed, small(4096)).unwrap();
+    assert_eq!(records, expected(1..=8));
+}
