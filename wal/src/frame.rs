@@ -11,8 +11,11 @@
 //! 24..    payload, then zero padding to a multiple of 8
 //! ```
 //!
-//! Every write ends with an all-zero header, the **end marker** (cut short where the
-//! segment ends): the next write starts on it and overwrites it. A new segment is
+//! A submit's frames end with a **filler** frame (lsn 0, zeros) up to the next multiple of
+//! [`ALIGN`] bytes, so that the next write starts in a sector of its own and never
+//! rewrites one that holds durable data. Every write ends with an all-zero header, the
+//! **end marker** (cut short where the segment ends): the next write starts on it and
+//! overwrites it. A new segment is
 //! preallocated with zeros; a recycled one (see `syncer`) still holds the frames of its
 //! last use past the marker, all with lsns below the segment's first, and a scan treats
 //! such a frame like damage, never as a record. No real header is all zero: its lsn is
@@ -42,6 +45,33 @@ pub(crate) fn seed(log: u64, first_lsn: u64) -> u32 {
 
 /// Bytes in a frame header, and in the end marker.
 pub(crate) const HEADER: usize = 24;
+
+/// Where writes start: each submit's frames end with a filler frame up to the next
+/// multiple of this, so that a later write never rewrites a sector that holds durable
+/// data (a write torn by a power loss may garble the whole sector it was writing).
+pub(crate) const ALIGN: u64 = 512;
+
+/// Bytes of filler that take a write ending at `end` to the next multiple of [`ALIGN`]:
+/// 0 when it is one already, and never less than a header with a payload (an empty
+/// filler's header could read as all zeros, the end marker).
+pub(crate) fn filler_len(end: u64) -> u64 {
+    let pad = end.next_multiple_of(ALIGN) - end;
+    match pad {
+        0 => 0,
+        p if p < HEADER as u64 + 8 => p + ALIGN,
+        p => p,
+    }
+}
+
+/// Appends a filler frame of `len` bytes (a header, then zeros): lsn 0, which no record
+/// has; sealed like the frames before it, and passed over by a scan.
+pub(crate) fn push_filler(buf: &mut Vec<u8>, len: usize) {
+    debug_assert!(len >= HEADER && len % 8 == 0);
+    let payload = u32::try_from(len - HEADER).expect("a filler is short");
+    buf.extend_from_slice(&[0; 4]);
+    buf.extend_from_slice(&payload.to_le_bytes());
+    buf.resize(buf.len() + len - 8, 0);
+}
 
 /// Bytes a frame with a payload of `len` bytes takes.
 pub(crate) fn frame_len(len: usize) -> usize {
@@ -87,6 +117,8 @@ pub(crate) enum Decoded<'a> {
         /// Bytes the whole frame takes, padding included.
         size: usize,
     },
+    /// A filler frame whose crc matches: padding to where the next write starts.
+    Filler { size: usize },
     /// An all-zero header, or too few bytes left for a header: the end of written data.
     End,
     /// Not a frame.
@@ -123,6 +155,9 @@ pub(crate) fn decode(buf: &[u8], at: usize, seed: u32, max_payload: usize) -> De
         return Decoded::Damaged(format!(
             "crc32c {actual:#010x} where the header says {crc:#010x}"
         ));
+    }
+    if lsn == 0 {
+        return Decoded::Filler { size };
     }
     if first > lsn || first == 0 {
         return Decoded::Damaged(format!("first lsn {first} does not fit lsn {lsn}"));
@@ -178,6 +213,7 @@ pub(crate) fn scan(
         match decode(buf, at, seed, max_payload) {
             Decoded::End => break Stop::Clean,
             Decoded::Damaged(detail) => break Stop::Damaged(detail),
+            Decoded::Filler { size } => at += size,
             // Left from the segment's last use: the write that should have covered it,
             // or its end marker, did not reach the disk.
             Decoded::Frame { lsn, .. } if lsn < first_lsn => {

@@ -78,6 +78,27 @@
 //!   [`Wal::open`] cuts every record after it, though the page cache may still show it.
 //! - A full disk when a segment must be created fails that append whole, without
 //!   poisoning.
+//! - Each submit's frames end with a filler frame up to the next 512-byte boundary, so no
+//!   write rewrites a sector that holds durable data.
+//!
+//! # What the log assumes of the disk
+//!
+//! - `fdatasync` that returns success has made the file's data written before it
+//!   durable. One that fails may have lost it, and the page cache may still show it (see
+//!   the poison marker above).
+//! - `fsync` of a directory makes its entries durable: files and directories created,
+//!   renamed or removed in it. Until then a crash may keep or lose each of them. A rename
+//!   within a directory is atomic.
+//! - A write that a power loss cuts short may leave each 512-byte sector it was writing
+//!   old, new or garbled, in any pattern; sectors it was not writing are untouched. A
+//!   device whose atomic unit is larger (4 KiB sectors it rewrites whole) must not damage
+//!   what lies outside the bytes written, or have power-loss protection.
+//! - Data once synced reads back as written. Damage to it is found by its crc and refused
+//!   as corruption, naming file and offset, with one exception: damage to the last write
+//!   cannot be told from that write torn by a crash, and is cut and reported as a torn
+//!   tail (a later write's frames make damage before them corruption).
+//! - `fallocate` reserves the space it is given, so that writes inside it do not fail for
+//!   want of space.
 //!
 //! ```
 //! use std::sync::Arc;

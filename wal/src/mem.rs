@@ -70,6 +70,8 @@ struct State {
     hold_removes: Option<String>,
     held_removes: usize,
     fail_next_sync: bool,
+    /// A crash garbles the unsynced sectors it does not keep (see `garble_torn_sectors`).
+    garble: bool,
 }
 
 #[derive(Clone, Debug, Default)]
@@ -124,7 +126,7 @@ impl MemDisk {
             let image = match mode {
                 Crash::KeepUnsynced => inode.data.clone(),
                 Crash::LoseUnsynced => inode.durable.clone(),
-                Crash::Tear { .. } => inode.torn(&mut rng),
+                Crash::Tear { .. } => inode.torn(&mut rng, state.garble),
             };
             inodes.insert(
                 ino,
@@ -260,6 +262,14 @@ impl MemDisk {
         self.state().fail_next_sync = true;
     }
 
+    /// Makes a [`Crash::Tear`] garble every unsynced sector it does not keep, as a device
+    /// whose sector writes are not atomic may leave a sector it was writing at a power
+    /// loss: neither its old bytes nor its new ones. A sector a write rewrote is then lost
+    /// whole, whatever it held before.
+    pub fn garble_torn_sectors(&self) {
+        self.state().garble = true;
+    }
+
     /// Limits the bytes all files may hold together; `None` for no limit.
     pub fn set_capacity(&self, bytes: Option<u64>) {
         self.state().capacity = bytes;
@@ -325,8 +335,8 @@ impl Inode {
     }
 
     /// A crash image: the durable data, the length change kept or not, and some of the
-    /// unsynced sectors.
-    fn torn(&self, rng: &mut fastrand::Rng) -> Vec<u8> {
+    /// unsynced sectors; with `garble`, those not kept read as garbage.
+    fn torn(&self, rng: &mut fastrand::Rng, garble: bool) -> Vec<u8> {
         let len = if rng.bool() {
             self.data.len()
         } else {
@@ -339,12 +349,17 @@ impl Inode {
         let holes = rng.bool();
         for (i, &sector) in dirty.iter().enumerate() {
             let keep = if holes { rng.bool() } else { i < prefix };
+            let range = sector_range(sector, self.data.len());
             if keep {
-                let range = sector_range(sector, self.data.len());
                 if image.len() < range.end {
                     image.resize(range.end, 0);
                 }
                 image[range.clone()].copy_from_slice(&self.data[range]);
+            } else if garble {
+                let end = range.end.min(image.len());
+                for byte in &mut image[range.start.min(end)..end] {
+                    *byte = rng.u8(..);
+                }
             }
         }
         image

@@ -194,9 +194,29 @@ impl Wal {
     pub fn submit(&mut self) -> Result<(), WalError> {
         self.check()?;
         if !self.pending.is_empty() {
+            self.pad();
             self.shared.submit(&mut self.pending, Vec::new());
         }
         Ok(())
+    }
+
+    /// Ends what is pending in the current segment with a filler frame up to the next
+    /// multiple of [`frame::ALIGN`], where there is room: the next write then starts in a
+    /// sector of its own (see `frame`). Where less than a header is left, nothing more
+    /// fits in the segment anyway.
+    fn pad(&mut self) {
+        let Some(piece) = self.pending.last_mut() else {
+            return;
+        };
+        if !Arc::ptr_eq(&piece.segment, self.segments.back().expect("a segment")) {
+            return;
+        }
+        let room = self.capacity - self.pos;
+        let filler = frame::filler_len(self.pos).min(room);
+        if filler >= frame::HEADER as u64 {
+            frame::push_filler(&mut piece.bytes, filler as usize);
+            self.pos += filler;
+        }
     }
 
     /// Submits, then blocks until everything appended is durable and queued segment

@@ -32,6 +32,11 @@ fn run(seed: u64) {
     let segment_bytes = [256, 512, 2048, 8192][rng.u64(..4) as usize];
     let options = small(segment_bytes);
     let mut disk = MemDisk::new();
+    // Half the runs on a device whose torn sectors read as garbage.
+    let garble = rng.bool();
+    if garble {
+        disk.garble_torn_sectors();
+    }
     let (mut wal, _, _) = open_model(&disk, &options);
     let mut model = Model {
         records: Vec::new(),
@@ -99,6 +104,9 @@ fn run(seed: u64) {
                 let after = disk.crash(mode);
                 drop(wal); // its syncer meets the crashed disk and stops
                 disk = after;
+                if garble {
+                    disk.garble_torn_sectors();
+                }
                 held = false;
                 unsubmitted = false;
                 let (reopened, records, snapshot) = open_model(&disk, &options);

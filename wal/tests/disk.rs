@@ -50,7 +50,7 @@ fn a_second_opener_of_a_real_directory_is_locked_out() {
 #[test]
 fn a_torn_tail_in_a_real_file_is_cut_and_reported() {
     let tmp = tempfile::tempdir().unwrap();
-    let (mut wal, _, _) = open_disk(tmp.path(), small(4096)).unwrap();
+    let (mut wal, _, _) = open_disk(tmp.path(), small(16384)).unwrap();
     append_synced(&mut wal, 1..=10);
     let segment = wal.segments()[0].clone();
     drop(wal);
@@ -58,7 +58,7 @@ fn a_torn_tail_in_a_real_file_is_cut_and_reported() {
     let offsets = frame_offsets(&image);
     let file = OpenOptions::new().write(true).open(&segment).unwrap();
     file.write_all_at(&[0; 3], offsets[9] as u64 + 8).unwrap(); // the lsn of record 10
-    let (mut wal, records, report) = open_disk(tmp.path(), small(4096)).unwrap();
+    let (mut wal, records, report) = open_disk(tmp.path(), small(16384)).unwrap();
     assert_eq!(records, expected(1..=9));
     let torn = report.torn.expect("a torn tail");
     assert_eq!(
@@ -67,7 +67,7 @@ fn a_torn_tail_in_a_real_file_is_cut_and_reported() {
     );
     append_synced(&mut wal, 10..=12);
     drop(wal);
-    let (_wal, records, report) = open_disk(tmp.path(), small(4096)).unwrap();
+    let (_wal, records, report) = open_disk(tmp.path(), small(16384)).unwrap();
     assert_eq!(records, expected(1..=12));
     assert_eq!(report.torn, None);
 }

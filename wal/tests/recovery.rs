@@ -78,7 +78,7 @@ fn log_with_last_write(n: u64, torn: u64, segment_bytes: u64) -> MemDisk {
 #[test]
 fn a_torn_tail_is_cut_at_every_byte_offset_of_the_last_write() {
     // The last write carries records 9..=12; the crash keeps its first `cut` bytes only.
-    let disk = log_with_last_write(12, 4, 4096);
+    let disk = log_with_last_write(12, 4, 16384);
     let seg = &segment_files(&disk)[0];
     let image = disk.contents(seg).unwrap();
     let offsets = frame_offsets(&image);
@@ -94,7 +94,7 @@ fn a_torn_tail_is_cut_at_every_byte_offset_of_the_last_write() {
             .iter()
             .take_while(|&&o| o + 24 + payload_len(&image, o) <= cut)
             .count() as u64;
-        let (mut wal, records, report) = open(&damaged, small(4096)).unwrap();
+        let (mut wal, records, report) = open(&damaged, small(16384)).unwrap();
         assert_eq!(records, expected(1..=whole), "cut at byte {cut}");
         let next = whole + 1;
         assert_eq!(report.next_lsn, Lsn(next), "cut at byte {cut}");
@@ -112,19 +112,16 @@ fn a_torn_tail_is_cut_at_every_byte_offset_of_the_last_write() {
         // The log goes on after the cut, and the cut stays cut.
         append_synced(&mut wal, next..=next + 2);
         drop(wal);
-        let (_wal, records, report) = open(&damaged, small(4096)).unwrap();
+        let (_wal, records, report) = open(&damaged, small(16384)).unwrap();
         assert_eq!(records, expected(1..=next + 2), "cut at byte {cut}");
         assert_eq!(report.torn, None);
     }
 }
 
-/// The end of the written frames in a segment image.
+/// The end of the last record's frame in a segment image (the filler after it apart).
 fn written_end(image: &[u8]) -> usize {
-    image
-        .iter()
-        .rposition(|&b| b != 0)
-        .map_or(0, |i| i + 1)
-        .next_multiple_of(8)
+    let last = *frame_offsets(image).last().expect("a record");
+    last + 24 + payload_len(image, last).next_multiple_of(8)
 }
 
 fn payload_len(image: &[u8], at: usize) -> usize {
@@ -134,7 +131,7 @@ fn payload_len(image: &[u8], at: usize) -> usize {
 #[test]
 fn garbage_from_any_offset_of_the_last_write_is_a_torn_tail() {
     // A lost sector need not read as zeros on every device: fill the tail with 0xA5.
-    let disk = log_with_last_write(10, 3, 4096);
+    let disk = log_with_last_write(10, 3, 16384);
     let seg = &segment_files(&disk)[0];
     let image = disk.contents(seg).unwrap();
     let offsets = frame_offsets(&image);
@@ -142,7 +139,7 @@ fn garbage_from_any_offset_of_the_last_write_is_a_torn_tail() {
     for cut in offsets[7]..end {
         let damaged = disk.fork();
         damaged.damage(seg, cut as u64, &vec![0xA5; end - cut]);
-        let (_wal, records, report) = open(&damaged, small(4096)).unwrap();
+        let (_wal, records, report) = open(&damaged, small(16384)).unwrap();
         let whole = records.len() as u64;
         assert!((7..=10).contains(&whole), "cut at {cut}: {whole} records");
         assert_eq!(records, expected(1..=whole), "cut at byte {cut}");
@@ -152,26 +149,26 @@ fn garbage_from_any_offset_of_the_last_write_is_a_torn_tail() {
 
 #[test]
 fn a_hole_in_the_last_write_is_a_torn_tail_even_with_valid_frames_after_it() {
-    let disk = log_with_last_write(10, 5, 4096);
+    let disk = log_with_last_write(10, 5, 16384);
     let seg = &segment_files(&disk)[0];
     let offsets = frame_offsets(&disk.contents(seg).unwrap());
     // Record 7 (in the last write, 6..=10) lost; 8..=10 of the same write survived.
     disk.damage(seg, offsets[6] as u64 + 8, &[0xFF; 8]);
-    let (_wal, records, report) = open(&disk, small(4096)).unwrap();
+    let (_wal, records, report) = open(&disk, small(16384)).unwrap();
     assert_eq!(records, expected(1..=6));
     assert_eq!(report.torn.unwrap().offset, offsets[6] as u64);
 }
 
 #[test]
 fn a_damaged_record_followed_by_a_later_write_is_an_error_naming_file_and_offset() {
-    let disk = log_with_last_write(10, 5, 4096);
+    let disk = log_with_last_write(10, 5, 16384);
     let seg = &segment_files(&disk)[0];
     let offsets = frame_offsets(&disk.contents(seg).unwrap());
     // Record 3 was written (and synced) before the write of 6..=10.
     for byte in [0, 5, 9, 17, 25] {
         let damaged = disk.fork();
         damaged.flip_bit(seg, (offsets[2] + byte) as u64, 4);
-        match open(&damaged, small(4096)) {
+        match open(&damaged, small(16384)) {
             Err(WalError::Corrupt {
                 path,
                 offset,
@@ -179,7 +176,7 @@ fn a_damaged_record_followed_by_a_later_write_is_an_error_naming_file_and_offset
             }) => {
                 assert_eq!(&path, seg);
                 assert_eq!(offset, offsets[2] as u64, "{detail}");
-                let msg = format!("{}", open(&damaged, small(4096)).unwrap_err());
+                let msg = format!("{}", open(&damaged, small(16384)).unwrap_err());
                 assert!(
                     msg.contains("00000000000000000001.wal")
                         && msg.contains(&format!("byte {offset}")),
@@ -299,7 +296,7 @@ fn a_missing_segment_is_an_lsn_gap() {
 #[test]
 fn a_valid_record_with_the_wrong_lsn_is_an_error() {
     // Copy a record's frame over a later one's: a valid frame, the wrong lsn.
-    let disk = log_with_last_write(6, 1, 4096);
+    let disk = log_with_last_write(6, 1, 16384);
     let seg = &segment_files(&disk)[0];
     let image = disk.contents(seg).unwrap();
     let offsets = frame_offsets(&image);
@@ -310,7 +307,7 @@ fn a_valid_record_with_the_wrong_lsn_is_an_error() {
         .expect("two records of one frame size");
     let frame = image[offsets[a]..offsets[a + 1]].to_vec();
     disk.damage(seg, offsets[b] as u64, &frame);
-    match open(&disk, small(4096)) {
+    match open(&disk, small(16384)) {
         Err(WalError::Corrupt { offset, detail, .. }) => {
             assert_eq!(offset, offsets[b] as u64);
             assert!(
@@ -346,8 +343,8 @@ fn an_empty_segment_left_by_a_crash_during_a_roll_is_removed() {
 #[test]
 fn a_zeroed_header_of_synced_data_does_not_pass_for_an_empty_segment() {
     let disk = MemDisk::new();
-    let (mut wal, _, _) = open(&disk, small(256)).unwrap();
-    // One write per record, so the last segment holds several writes.
+    let (mut wal, _, _) = open(&disk, small(2048)).unwrap();
+    // One write per record, so the last segment holds several writes (one per sector).
     let mut n = 1;
     while segment_files(&disk).len() < 3
         || frame_offsets(&disk.contents(segment_files(&disk).last().unwrap()).unwrap()).len() < 3
@@ -358,7 +355,7 @@ fn a_zeroed_header_of_synced_data_does_not_pass_for_an_empty_segment() {
     drop(wal);
     let last = segment_files(&disk).last().unwrap().clone();
     disk.damage(&last, 0, &[0; 24]);
-    match open(&disk, small(256)) {
+    match open(&disk, small(2048)) {
         Err(WalError::Corrupt {
             path,
             offset,
@@ -483,12 +480,12 @@ fn a_log_that_cannot_open_is_left_as_it_was_found() {
 fn a_snapshot_past_the_logs_end_starts_the_log_again_after_it() {
     // A follower's log ends at 12 (its last write torn); the leader's snapshot covers up
     // to 39.
-    let disk = log_with_last_write(12, 4, 4096);
+    let disk = log_with_last_write(12, 4, 16384);
     let seg = &segment_files(&disk)[0];
     let offsets = frame_offsets(&disk.contents(seg).unwrap());
     disk.damage(seg, offsets[10] as u64 + 8, &[0xFF; 8]);
     let arc = std::sync::Arc::new(disk.clone());
-    let (mut wal, records, report) = open_from(arc.clone(), dir(), small(4096), Lsn(40)).unwrap();
+    let (mut wal, records, report) = open_from(arc.clone(), dir(), small(16384), Lsn(40)).unwrap();
     assert!(records.is_empty());
     assert_eq!(report.next_lsn, Lsn(40));
     assert_eq!(report.torn, None, "nothing of it is kept to cut");
@@ -499,7 +496,7 @@ fn a_snapshot_past_the_logs_end_starts_the_log_again_after_it() {
     );
     append_synced(&mut wal, 40..=45);
     drop(wal);
-    let (_wal, records, _) = open_from(arc, dir(), small(4096), Lsn(40)).unwrap();
+    let (_wal, records, _) = open_from(arc, dir(), small(16384), Lsn(40)).unwrap();
     assert_eq!(records, expected(40..=45));
 }
 
@@ -549,7 +546,7 @@ fn a_record_that_holds_a_frame_image_never_passes_for_a_later_write() {
     // A body stored whole in a record, holding the image of a frame that claims a later
     // write than the one it came in.
     let disk = MemDisk::new();
-    let (mut wal, _, _) = open(&disk, small(4096)).unwrap();
+    let (mut wal, _, _) = open(&disk, small(16384)).unwrap();
     append_synced(&mut wal, 1..=8);
     wal.append(&payload(9)).unwrap();
     wal.append(&plain_frame(12, 12, b"forged")).unwrap();
@@ -559,7 +556,7 @@ fn a_record_that_holds_a_frame_image_never_passes_for_a_later_write() {
     let seg = &segment_files(&disk)[0];
     let offsets = frame_offsets(&disk.contents(seg).unwrap());
     disk.damage(seg, offsets[8] as u64 + 8, &[0xFF; 8]);
-    let (_wal, records, report) = open(&disk, small(4096)).unwrap();
+    let (_wal, records, report) = open(&disk, small(16384)).unwrap();
     assert_eq!(records, expected(1..=8), "a torn tail, not corruption");
     assert_eq!(report.torn.unwrap().offset, offsets[8] as u64);
 }
@@ -662,4 +659,26 @@ fn records_written_after_a_failed_fsync_never_come_back_and_leave_no_hole() {
     let crashed = disk.crash(leasemq_wal::Crash::LoseUnsynced);
     let (_wal, records, _) = open(&crashed, small(4096)).unwrap();
     assert_eq!(records, expected(1..=8));
+}
+
+#[test]
+fn a_write_torn_on_a_device_without_atomic_sectors_never_damages_durable_records() {
+    for seed in 0..300 {
+        let disk = MemDisk::new();
+        disk.garble_torn_sectors();
+        let (mut wal, _, _) = open(&disk, small(16384)).unwrap();
+        append_synced(&mut wal, 1..=5);
+        // The next write is on its way when the power goes.
+        disk.hold_syncs();
+        for n in 6..=8 {
+            wal.append(&payload(n)).unwrap();
+        }
+        wal.submit().unwrap();
+        disk.wait_for_held_sync();
+        let crashed = disk.crash(leasemq_wal::Crash::Tear { seed });
+        drop(wal);
+        let (_wal, records, _) = open(&crashed, small(16384)).unwrap();
+        assert!(records.len() >= 5, "seed {seed}: {} records", records.len());
+        assert_eq!(records[..5], expected(1..=5), "seed {seed}");
+    }
 }

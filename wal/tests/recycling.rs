@@ -16,10 +16,10 @@ fn spares(disk: &MemDisk) -> Vec<String> {
         .collect()
 }
 
-/// A log of 512-byte segments holding records 1..=120, one write each, the first 100
+/// A log of 2 KiB segments holding records 1..=120, one write each, the first 100
 /// covered by a snapshot and their segments removed.
 fn compacted(disk: &MemDisk) -> Wal {
-    let (mut wal, _, _) = open(disk, small(512)).unwrap();
+    let (mut wal, _, _) = open(disk, small(2048)).unwrap();
     append_synced(&mut wal, 1..=120);
     write_snapshot(disk, dir(), Lsn(100), b"state up to 100").unwrap();
     assert!(wal.remove_before(Lsn(101)).unwrap() > 2);
@@ -28,17 +28,12 @@ fn compacted(disk: &MemDisk) -> Wal {
 }
 
 fn reopen(disk: &MemDisk) -> (Wal, Records, leasemq_wal::RecoveryReport) {
-    open_from(Arc::new(disk.clone()), dir(), small(512), Lsn(101)).unwrap()
+    open_from(Arc::new(disk.clone()), dir(), small(2048), Lsn(101)).unwrap()
 }
 
 /// Where the frames of a segment image end: at the first all-zero header.
 fn records_end(image: &[u8]) -> usize {
-    let offsets = frame_offsets(image);
-    offsets.last().map_or(0, |&at| {
-        at + 24
-            + (u32::from_le_bytes(image[at + 4..at + 8].try_into().unwrap()) as usize)
-                .next_multiple_of(8)
-    })
+    frames_end(image)
 }
 
 /// Appends one record per write until a roll took a spare; returns the next lsn.

@@ -10,7 +10,7 @@ use leasemq_wal::{latest_snapshot, write_snapshot, Crash, Lsn, MemDisk, Options,
 #[test]
 fn appends_during_an_inflight_fsync_ride_the_next_one() {
     let disk = MemDisk::new();
-    let (mut wal, _, _) = open(&disk, small(4096)).unwrap();
+    let (mut wal, _, _) = open(&disk, small(65536)).unwrap();
     let base = disk.data_syncs();
     disk.hold_syncs();
     wal.append(b"first").unwrap();
@@ -33,7 +33,7 @@ fn appends_during_an_inflight_fsync_ride_the_next_one() {
         "one fsync for record 1, one for 2..=20"
     );
     drop(wal);
-    let (_wal, records, _) = open(&disk, small(4096)).unwrap();
+    let (_wal, records, _) = open(&disk, small(65536)).unwrap();
     assert_eq!(records.len(), 20);
 }
 

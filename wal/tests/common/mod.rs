@@ -75,16 +75,31 @@ pub fn segment_files(disk: &MemDisk) -> Vec<PathBuf> {
     names.into_iter().map(|n| dir().join(n)).collect()
 }
 
-/// Byte offsets of the frames in a segment image (24-byte headers, 8-aligned payloads).
+/// Byte offsets of the records' frames in a segment image (24-byte headers, 8-aligned
+/// payloads), past the filler frames (lsn 0) that pad each write to a sector.
 pub fn frame_offsets(image: &[u8]) -> Vec<usize> {
     let mut at = 0;
     let mut out = Vec::new();
     while at + 24 <= image.len() && image[at..at + 24].iter().any(|&b| b != 0) {
-        out.push(at);
+        let lsn = u64::from_le_bytes(image[at + 8..at + 16].try_into().unwrap());
+        if lsn != 0 {
+            out.push(at);
+        }
         let len = u32::from_le_bytes(image[at + 4..at + 8].try_into().unwrap()) as usize;
         at += 24 + len.next_multiple_of(8);
     }
     out
+}
+
+/// Where the frames of a segment image end, filler frames included: at the first
+/// all-zero header (the end marker), or where no header fits.
+pub fn frames_end(image: &[u8]) -> usize {
+    let mut at = 0;
+    while at + 24 <= image.len() && image[at..at + 24].iter().any(|&b| b != 0) {
+        let len = u32::from_le_bytes(image[at + 4..at + 8].try_into().unwrap()) as usize;
+        at += 24 + len.next_multiple_of(8);
+    }
+    at
 }
 
 /// Spare segments (`*.spare`) in a log directory on real files.
