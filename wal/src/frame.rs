@@ -11,15 +11,15 @@
 //! 24..    payload, then zero padding to a multiple of 8
 //! ```
 //!
-//! A submit's frames end with a **filler** frame (lsn 0, zeros) up to the next multiple of
+//! A round's frames end with a **filler** frame (lsn 0, zeros) up to the next multiple of
 //! [`ALIGN`] bytes, so that the next write starts in a sector of its own and never
-//! rewrites one that holds durable data. Every write ends with an all-zero header, the
-//! **end marker** (cut short where the segment ends): the next write starts on it and
-//! overwrites it. A new segment is
-//! preallocated with zeros; a recycled one (see `syncer`) still holds the frames of its
-//! last use past the marker, all with lsns below the segment's first, and a scan treats
-//! such a frame like damage, never as a record. No real header is all zero: its lsn is
-//! at least 1.
+//! rewrites one that holds durable data. A write ends with an all-zero header, the **end
+//! marker** (cut short where the segment ends), which the next write overwrites. A
+//! segment the running log made needs none: it is preallocated with zeros, and zeros
+//! follow what was written. A recycled one (see `syncer`), or one found at recovery, may
+//! still hold the frames of its last use past its data, all sealed for another segment,
+//! and a scan treats such a frame like damage, never as a record. No real header is all
+//! zero: its lsn is at least 1.
 //!
 //! `first` tells apart, at recovery, a write torn by a crash from damage to data that was
 //! already synced. The syncer issues one write per segment per round and starts the next
@@ -46,10 +46,14 @@ pub(crate) fn seed(log: u64, first_lsn: u64) -> u32 {
 /// Bytes in a frame header, and in the end marker.
 pub(crate) const HEADER: usize = 24;
 
-/// Where writes start: each submit's frames end with a filler frame up to the next
+/// Where writes start: each round's frames end with a filler frame up to the next
 /// multiple of this, so that a later write never rewrites a sector that holds durable
 /// data (a write torn by a power loss may garble the whole sector it was writing).
 pub(crate) const ALIGN: u64 = 512;
+
+/// The most bytes a filler takes ([`filler_len`]): what an owner leaves free at the end
+/// of a segment, so that a write moved past a filler still fits.
+pub(crate) const MAX_FILLER: u64 = ALIGN + 32;
 
 /// Bytes of filler that take a write ending at `end` to the next multiple of [`ALIGN`]:
 /// 0 when it is one already, and never less than a header with a payload (an empty

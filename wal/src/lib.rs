@@ -49,8 +49,8 @@
 //! bytes a record holds, and no frame of another log or of a segment's last use, check out
 //! as a frame of this segment. A log found with segments and no `wal.id` was written by
 //! the first format, whose crcs are unseeded, and is read and written as such.
-//! Every write ends with an all-zero header, which the next write overwrites: it ends
-//! the data.
+//! A write ends with an all-zero header, which the next write overwrites: it ends the
+//! data (in a segment made by the running log, the zeros already there do).
 //!
 //! **Recycling.** Unlinking a preallocated segment takes milliseconds on ext4 and stalls
 //! concurrent fsyncs behind its journal commit; appends into fresh `fallocate`d blocks
@@ -78,8 +78,10 @@
 //!   [`Wal::open`] cuts every record after it, though the page cache may still show it.
 //! - A full disk when a segment must be created fails that append whole, without
 //!   poisoning.
-//! - Each submit's frames end with a filler frame up to the next 512-byte boundary, so no
-//!   write rewrites a sector that holds durable data.
+//! - Each round's frames end with a filler frame up to the next 512-byte boundary, so no
+//!   write rewrites a sector that holds durable data. A piece the owner placed where the
+//!   round ended moves past the filler as it is submitted; appends leave room for that at
+//!   the end of a segment.
 //!
 //! # What the log assumes of the disk
 //!

@@ -94,6 +94,7 @@ pub(crate) fn create_segment(
         first_lsn,
         capacity,
         seed: frame::seed(log, first_lsn),
+        zeroed: true,
     })
 }
 
@@ -122,6 +123,7 @@ pub(crate) fn recycle_segment(
         first_lsn,
         capacity,
         seed: frame::seed(log, first_lsn),
+        zeroed: false,
     })
 }
 
@@ -405,6 +407,7 @@ fn open_segments(
             first_lsn: lsn,
             capacity,
             seed: frame::seed(log, lsn),
+            zeroed: false,
         });
     }
     Ok(segments)

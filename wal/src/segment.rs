@@ -16,6 +16,10 @@ pub(crate) struct Segment {
     pub(crate) capacity: u64,
     /// What its frames' crcs continue from (`frame::seed`).
     pub(crate) seed: u32,
+    /// Made by this log as it runs (`create_segment`): zeros past what it wrote, so its
+    /// writes need no end marker. A recycled segment, or one found at recovery, may hold
+    /// older bytes there.
+    pub(crate) zeroed: bool,
 }
 
 /// The file name of the segment whose first lsn is `lsn`.

@@ -64,6 +64,10 @@ pub(crate) struct Shared {
 #[derive(Default)]
 struct State {
     queue: Vec<Piece>,
+    /// Where the last round's filler took the end of its last segment (see
+    /// `next_round`): the owner's next piece there, placed where the round ended, moves
+    /// to after the filler when it is submitted.
+    skip: Option<Skip>,
     removals: Vec<Arc<Segment>>,
     /// A snapshot to write once the round's records are durable: its lsn and bytes.
     snapshot: Option<(u64, Vec<u8>)>,
@@ -87,6 +91,13 @@ struct State {
     /// Callers waiting in `wait_idle`: the syncer and the compactor wake them only if
     /// there are some.
     idle_waiters: usize,
+}
+
+/// A filler a round ended with: in `segment`, from byte `from` to byte `to`.
+struct Skip {
+    segment: Arc<Segment>,
+    from: u64,
+    to: u64,
 }
 
 impl State {
@@ -195,20 +206,42 @@ impl Shared {
     }
 
     /// Queues pieces and removals for the syncer and wakes it.
-    pub(crate) fn submit(&self, pieces: &mut Vec<Piece>, removals: Vec<Arc<Segment>>) {
-        self.submit_with(pieces, None, removals);
+    pub(crate) fn submit(&self, pieces: &mut Vec<Piece>, removals: Vec<Arc<Segment>>) -> u64 {
+        self.submit_with(pieces, None, removals)
     }
 
     /// Queues pieces, then a snapshot (written once they are durable), then removals (done
     /// once the snapshot is), and wakes the syncer. A later snapshot replaces one not yet
     /// written.
+    ///
+    /// A piece placed where the last round ended moves past the filler that round ended
+    /// with (see `next_round`); returns by how many bytes, 0 if none moved, for the owner
+    /// to move its position in that segment by as much.
     pub(crate) fn submit_with(
         &self,
         pieces: &mut Vec<Piece>,
         snapshot: Option<(u64, Vec<u8>)>,
         removals: Vec<Arc<Segment>>,
-    ) {
+    ) -> u64 {
         let mut state = self.lock();
+        let mut moved = 0;
+        let after = |skip: &Skip, piece: &Piece| {
+            Arc::ptr_eq(&piece.segment, &skip.segment) && piece.offset >= skip.from
+        };
+        match state.skip.take() {
+            Some(skip) if pieces.iter().any(|p| after(&skip, p)) => {
+                let by = skip.to - skip.from;
+                for piece in pieces.iter_mut().filter(|p| after(&skip, p)) {
+                    piece.offset += by;
+                }
+                // The owner's position moves with its last piece, in its current segment.
+                if pieces.last().is_some_and(|p| after(&skip, p)) {
+                    moved = by;
+                }
+            }
+            // Kept until a piece comes after it in its segment.
+            kept => state.skip = kept,
+        }
         state.queue.append(pieces);
         if snapshot.is_some() {
             state.snapshot = snapshot;
@@ -218,6 +251,7 @@ impl Shared {
         if !state.busy {
             self.work.notify_one();
         }
+        moved
     }
 
     /// Blocks until the syncer is idle with nothing queued, or the log is poisoned.
@@ -405,8 +439,12 @@ fn next_round(shared: &Shared) -> Option<Round> {
         let work = !state.queue.is_empty() || !state.removals.is_empty();
         if work || state.snapshot.is_some() {
             state.busy = true;
+            let mut pieces = std::mem::take(&mut state.queue);
+            if let Some(skip) = end_on_a_sector(&mut pieces) {
+                state.skip = Some(skip);
+            }
             return Some((
-                std::mem::take(&mut state.queue),
+                pieces,
                 state.snapshot.take(),
                 std::mem::take(&mut state.removals),
             ));
@@ -416,6 +454,27 @@ fn next_round(shared: &Shared) -> Option<Round> {
         }
         state = shared.work.wait(state).unwrap_or_else(|e| e.into_inner());
     }
+}
+
+/// Ends a round's last piece with a filler frame up to the next multiple of
+/// [`frame::ALIGN`], where its segment has room, so that the next round starts in a
+/// sector of its own and never rewrites one that holds durable data (see `frame`).
+/// Decided as the round is taken, under the lock: a piece the owner submits later, placed
+/// where this round ends, moves past the filler (`submit_with`). Only the last piece
+/// needs one: the owner writes no more to the segments of earlier pieces.
+fn end_on_a_sector(pieces: &mut [Piece]) -> Option<Skip> {
+    let last = pieces.last_mut()?;
+    let from = last.offset + last.bytes.len() as u64;
+    let filler = frame::filler_len(from).min(last.segment.capacity.saturating_sub(from));
+    if filler < frame::HEADER as u64 {
+        return None;
+    }
+    frame::push_filler(&mut last.bytes, filler as usize);
+    Some(Skip {
+        segment: Arc::clone(&last.segment),
+        from,
+        to: from + filler,
+    })
 }
 
 /// Writes and syncs a round's pieces, segment by segment, publishing the durable lsn
@@ -458,10 +517,17 @@ fn write_round(
         frame::seal(bytes, first, segment.seed);
         // The end marker goes in the same write, where the segment has room for it. A
         // segment grown for a large first record (past the capacity it was opened with)
-        // needs none: that record covers all it held before, and the rest is zeros.
+        // needs none: that record covers all it held before, and the rest is zeros. Nor
+        // does a segment this log made: zeros follow what it wrote, and a write that
+        // stays in its sectors touches one page fewer.
         let written = bytes.len();
         let room = segment.capacity.saturating_sub(offset + written as u64);
-        bytes.resize(written + (frame::HEADER as u64).min(room) as usize, 0);
+        let marker = if segment.zeroed {
+            0
+        } else {
+            frame::HEADER as u64
+        };
+        bytes.resize(written + marker.min(room) as usize, 0);
         let result = segment.file.write_at(bytes, offset);
         bytes.truncate(written);
         result.map_err(|e| WalError::io(&segment.path, "write", e))?;

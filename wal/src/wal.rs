@@ -136,7 +136,8 @@ impl Wal {
             });
         }
         let size = frame::frame_len(payload.len()) as u64;
-        if self.pos + size > self.capacity {
+        // Room is left for a filler the last round may have ended with (see `submit`).
+        if self.pos + size + frame::MAX_FILLER > self.capacity {
             self.roll(size)?;
         }
         let lsn = self.next_lsn;
@@ -178,7 +179,7 @@ impl Wal {
     pub fn reserve(&mut self, bytes: usize) -> Result<(), WalError> {
         self.check()?;
         let size = frame::frame_len(bytes) as u64;
-        if self.pos + size > self.capacity {
+        if self.pos + size + frame::MAX_FILLER > self.capacity {
             self.roll(size)?;
         }
         Ok(())
@@ -194,29 +195,10 @@ impl Wal {
     pub fn submit(&mut self) -> Result<(), WalError> {
         self.check()?;
         if !self.pending.is_empty() {
-            self.pad();
-            self.shared.submit(&mut self.pending, Vec::new());
+            // Past the filler the last round ended with, if this starts where it did.
+            self.pos += self.shared.submit(&mut self.pending, Vec::new());
         }
         Ok(())
-    }
-
-    /// Ends what is pending in the current segment with a filler frame up to the next
-    /// multiple of [`frame::ALIGN`], where there is room: the next write then starts in a
-    /// sector of its own (see `frame`). Where less than a header is left, nothing more
-    /// fits in the segment anyway.
-    fn pad(&mut self) {
-        let Some(piece) = self.pending.last_mut() else {
-            return;
-        };
-        if !Arc::ptr_eq(&piece.segment, self.segments.back().expect("a segment")) {
-            return;
-        }
-        let room = self.capacity - self.pos;
-        let filler = frame::filler_len(self.pos).min(room);
-        if filler >= frame::HEADER as u64 {
-            frame::push_filler(&mut piece.bytes, filler as usize);
-            self.pos += filler;
-        }
     }
 
     /// Submits, then blocks until everything appended is durable and queued segment
@@ -298,8 +280,8 @@ impl Wal {
             let segment = self.segments.pop_front().expect("more than one segment");
             removals.push(segment);
         }
-        self.shared
-            .submit_with(&mut self.pending, Some((lsn, data)), removals);
+        let moved = (self.shared).submit_with(&mut self.pending, Some((lsn, data)), removals);
+        self.pos += moved;
         Ok(Lsn(lsn))
     }
 

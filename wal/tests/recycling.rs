@@ -16,10 +16,10 @@ fn spares(disk: &MemDisk) -> Vec<String> {
         .collect()
 }
 
-/// A log of 2 KiB segments holding records 1..=120, one write each, the first 100
+/// A log of 1.5 KiB segments holding records 1..=120, one write each, the first 100
 /// covered by a snapshot and their segments removed.
 fn compacted(disk: &MemDisk) -> Wal {
-    let (mut wal, _, _) = open(disk, small(2048)).unwrap();
+    let (mut wal, _, _) = open(disk, small(1536)).unwrap();
     append_synced(&mut wal, 1..=120);
     write_snapshot(disk, dir(), Lsn(100), b"state up to 100").unwrap();
     assert!(wal.remove_before(Lsn(101)).unwrap() > 2);
@@ -28,7 +28,7 @@ fn compacted(disk: &MemDisk) -> Wal {
 }
 
 fn reopen(disk: &MemDisk) -> (Wal, Records, leasemq_wal::RecoveryReport) {
-    open_from(Arc::new(disk.clone()), dir(), small(2048), Lsn(101)).unwrap()
+    open_from(Arc::new(disk.clone()), dir(), small(1536), Lsn(101)).unwrap()
 }
 
 /// Where the frames of a segment image end: at the first all-zero header.
@@ -97,12 +97,20 @@ fn spares_left_by_a_shutdown_are_removed_at_the_next_open() {
 fn a_torn_tail_in_a_recycled_segment_is_cut_at_every_byte_offset_of_the_last_write() {
     let disk = MemDisk::new();
     let mut wal = compacted(&disk);
-    let n = roll_into_a_spare(&mut wal, &disk, 121);
+    // Appends, unsynced, until a roll takes a spare: record `n` is the recycled
+    // segment's first, and its first write carries it and two more.
+    let taken = spares(&disk).len();
+    let mut n = 121;
+    while spares(&disk).len() == taken {
+        wal.append(&payload(n)).unwrap();
+        n += 1;
+    }
+    n -= 1;
     let seg = segment_files(&disk).last().unwrap().clone();
     let before = disk.contents(&seg).unwrap();
-    // The last write carries three records; sectors the crash lost read as they were
-    // before it: the old frames of the segment's last use, not zeros.
-    for k in n..n + 3 {
+    // Sectors the crash lost read as they were before the write: the old frames of the
+    // segment's last use, not zeros.
+    for k in n + 1..n + 3 {
         wal.append(&payload(k)).unwrap();
     }
     assert_eq!(wal.sync().unwrap(), Lsn(n + 2));
