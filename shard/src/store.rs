@@ -247,6 +247,7 @@ impl ShardLog {
             segment_bytes,
             max_record_bytes: MAX_RECORD_BYTES,
             on_progress: Some(Arc::new(move || wake.wake())),
+            ..Options::default()
         };
         let mut since_snapshot = 0;
         // A record that does not decode or does not fit stops the open, which names its

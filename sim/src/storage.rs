@@ -29,7 +29,7 @@ fn options() -> Options {
     Options {
         segment_bytes: SEGMENT_BYTES,
         max_record_bytes: MAX_RECORD_BYTES,
-        on_progress: None,
+        ..Options::default()
     }
 }
 

@@ -77,7 +77,12 @@
 //!   leaves a marker, `wal.poisoned`, with the last durable lsn, and the next
 //!   [`Wal::open`] cuts every record after it, though the page cache may still show it.
 //! - A full disk when a segment must be created fails that append whole, without
-//!   poisoning.
+//!   poisoning. A segment file left by such a failed creation is made anew by the next
+//!   roll into it.
+//! - Dropping the log waits for its threads to finish what was submitted, at most
+//!   [`Options::close_wait`]: past it (an fsync that hangs) the log is poisoned, so its
+//!   threads write nothing more when the fsync returns, and the drop returns; the
+//!   directory stays locked until they end.
 //! - Each round's frames end with a filler frame up to the next 512-byte boundary, so no
 //!   write rewrites a sector that holds durable data. A piece the owner placed where the
 //!   round ended moves past the filler as it is submitted; appends leave room for that at
@@ -142,6 +147,7 @@ mod wal;
 
 use std::fmt;
 use std::sync::Arc;
+use std::time::Duration;
 
 pub use error::WalError;
 pub use mem::{Crash, MemDisk, SECTOR};
@@ -181,6 +187,11 @@ pub struct Options {
     /// Called on the syncer thread after each round of fsyncs (when [`Wal::durable`] may
     /// have moved) and when the log is poisoned. Keep it short: wake the owner.
     pub on_progress: Option<Arc<dyn Fn() + Send + Sync>>,
+    /// How long dropping the log waits for its threads to finish what was submitted.
+    /// Past it (an fsync that hangs) the drop returns: the log is poisoned, so that its
+    /// threads write nothing more once the fsync returns, and the directory stays locked
+    /// until they end. Default 30 s.
+    pub close_wait: Duration,
 }
 
 impl Default for Options {
@@ -189,6 +200,7 @@ impl Default for Options {
             segment_bytes: 64 << 20,
             max_record_bytes: 16 << 20,
             on_progress: None,
+            close_wait: Duration::from_secs(30),
         }
     }
 }
@@ -199,6 +211,7 @@ impl fmt::Debug for Options {
             .field("segment_bytes", &self.segment_bytes)
             .field("max_record_bytes", &self.max_record_bytes)
             .field("on_progress", &self.on_progress.is_some())
+            .field("close_wait", &self.close_wait)
             .finish()
     }
 }

@@ -70,6 +70,7 @@ struct State {
     hold_removes: Option<String>,
     held_removes: usize,
     fail_next_sync: bool,
+    fail_next_remove: bool,
     /// A crash garbles the unsynced sectors it does not keep (see `garble_torn_sectors`).
     garble: bool,
 }
@@ -260,6 +261,11 @@ impl MemDisk {
     /// but they are not written by a later sync and a crash loses them.
     pub fn fail_next_sync(&self) {
         self.state().fail_next_sync = true;
+    }
+
+    /// Makes the next `remove` fail with an IO error, the file left in place.
+    pub fn fail_next_remove(&self) {
+        self.state().fail_next_remove = true;
     }
 
     /// Makes a [`Crash::Tear`] garble every unsynced sector it does not keep, as a device
@@ -467,6 +473,9 @@ impl Storage for MemDisk {
             state.held_removes -= 1;
         }
         MemDisk::check(&state)?;
+        if std::mem::take(&mut state.fail_next_remove) {
+            return Err(io::Error::other("injected remove failure"));
+        }
         state.names.remove(path).ok_or(io::ErrorKind::NotFound)?;
         Ok(())
     }

@@ -76,11 +76,23 @@ pub(crate) fn create_segment(
     capacity: u64,
 ) -> Result<Segment, WalError> {
     let path = dir.join(segment_name(first_lsn));
-    let file = storage
-        .create(&path)
-        .map_err(|e| WalError::io(&path, "create", e))?;
+    let file = match storage.create(&path) {
+        Ok(file) => file,
+        // Left by a creation that failed, whose removal failed too: no record goes to a
+        // segment before its creation succeeds, so it holds nothing, and goes now.
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            storage
+                .remove(&path)
+                .map_err(|e| WalError::io(&path, "remove", e))?;
+            storage
+                .create(&path)
+                .map_err(|e| WalError::io(&path, "create", e))?
+        }
+        Err(e) => return Err(WalError::io(&path, "create", e)),
+    };
     if let Err(e) = file.allocate(capacity) {
-        // Best effort: a leftover empty segment is removed by the next recovery anyway.
+        // Best effort: a leftover empty segment is removed by the next roll into it, or
+        // by the next recovery.
         let _ = storage.remove(&path);
         return Err(if e.kind() == std::io::ErrorKind::StorageFull {
             WalError::NoSpace { path }

@@ -20,7 +20,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
 use crate::segment::Segment;
-use crate::storage::Storage;
+use crate::storage::{DirLock, Storage};
 use crate::WalError;
 use crate::{frame, poison};
 
@@ -47,6 +47,11 @@ pub(crate) struct Shared {
     work: Condvar,
     /// The compactor waits here for a compaction.
     compaction: Condvar,
+    /// A closing owner waits here for the threads to end (`wait_exited`).
+    exited: Condvar,
+    /// The directory's lock, held while the log or any of its threads lives: a thread
+    /// left behind by a close that gave up on a hung fsync keeps others out.
+    _dir_lock: DirLock,
     /// Callers of [`wait_idle`](Shared::wait_idle) wait here.
     idle: Condvar,
     durable: AtomicU64,
@@ -91,6 +96,8 @@ struct State {
     /// Callers waiting in `wait_idle`: the syncer and the compactor wake them only if
     /// there are some.
     idle_waiters: usize,
+    /// Threads of the log that have ended.
+    exited: usize,
 }
 
 /// A filler a round ended with: in `segment`, from byte `from` to byte `to`.
@@ -123,6 +130,7 @@ impl Shared {
     pub(crate) fn new(
         storage: Arc<dyn Storage>,
         dir: PathBuf,
+        dir_lock: DirLock,
         segment_bytes: u64,
         durable: u64,
         on_progress: Option<Arc<dyn Fn() + Send + Sync>>,
@@ -139,6 +147,8 @@ impl Shared {
             dir,
             segment_bytes,
             on_progress,
+            exited: Condvar::new(),
+            _dir_lock: dir_lock,
         }
     }
 
@@ -175,14 +185,20 @@ impl Shared {
 
     /// Poisons the log with `error` (the first error sticks) and returns the error it holds.
     pub(crate) fn poison(&self, error: WalError) -> WalError {
+        let error = self.poison_quietly(error);
+        self.notify_owner();
+        error
+    }
+
+    /// Poisons the log as [`poison`](Shared::poison) does, without calling the owner's
+    /// callback: for the owner itself.
+    pub(crate) fn poison_quietly(&self, error: WalError) -> WalError {
         let mut state = self.lock();
         let error = state.error.get_or_insert(error).clone();
         self.poisoned.store(true, Ordering::Release);
         self.work.notify_one();
         self.compaction.notify_one();
         self.idle.notify_all();
-        drop(state);
-        self.notify_owner();
         error
     }
 
@@ -280,6 +296,22 @@ impl Shared {
 
     /// Asks the syncer to finish what is queued and stop, and the compactor to stop once
     /// the syncer has and nothing is left for it.
+    /// Waits until `threads` threads of the log have ended, or `deadline` passed;
+    /// whether they did.
+    pub(crate) fn wait_exited(&self, threads: usize, deadline: std::time::Instant) -> bool {
+        let mut state = self.lock();
+        while state.exited < threads {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                return false;
+            }
+            state = (self.exited.wait_timeout(state, left))
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+        true
+    }
+
     pub(crate) fn stop(&self) {
         self.lock().stop = true;
         self.work.notify_one();
@@ -306,6 +338,15 @@ pub(crate) fn run_compactor(shared: Arc<Shared>) {
 }
 
 fn guarded(shared: &Shared, thread: &str, op: &'static str, body: fn(&Shared)) {
+    /// Counts the thread ended however it ends, a panic in `poison`'s callback included.
+    struct Ended<'a>(&'a Shared);
+    impl Drop for Ended<'_> {
+        fn drop(&mut self) {
+            self.0.lock().exited += 1;
+            self.0.exited.notify_all();
+        }
+    }
+    let _ended = Ended(shared);
     let body = std::panic::AssertUnwindSafe(|| body(shared));
     if std::panic::catch_unwind(body).is_err() {
         let gone = std::io::Error::other(format!("the log's {thread} thread panicked"));
@@ -436,6 +477,10 @@ type Round = (Vec<Piece>, Option<(u64, Vec<u8>)>, Vec<Arc<Segment>>);
 fn next_round(shared: &Shared) -> Option<Round> {
     let mut state = shared.lock();
     loop {
+        // A poisoned log writes nothing more (a close may have given up on it).
+        if state.error.is_some() {
+            return None;
+        }
         let work = !state.queue.is_empty() || !state.removals.is_empty();
         if work || state.snapshot.is_some() {
             state.busy = true;
@@ -486,6 +531,9 @@ fn write_round(
 ) -> Result<(), WalError> {
     let mut rest = pieces;
     while let Some(head) = rest.first() {
+        if let Some(error) = shared.error() {
+            return Err(error);
+        }
         let segment = Arc::clone(&head.segment);
         let n = rest
             .iter()

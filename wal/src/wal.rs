@@ -8,7 +8,7 @@ use std::thread::JoinHandle;
 use crate::frame;
 use crate::recover::{self, RecoveryReport};
 use crate::segment::Segment;
-use crate::storage::{DirLock, Storage};
+use crate::storage::Storage;
 use crate::syncer::{self, Piece, Shared};
 use crate::{Lsn, Options, WalError};
 
@@ -37,7 +37,8 @@ pub struct Wal {
     fresh: bool,
     /// The current segment's preallocated size.
     capacity: u64,
-    _lock: DirLock,
+    /// How long a drop waits for the threads ([`Options::close_wait`]).
+    close_wait: std::time::Duration,
 }
 
 impl Wal {
@@ -83,6 +84,7 @@ impl Wal {
         let shared = Arc::new(Shared::new(
             storage,
             dir.to_path_buf(),
+            lock,
             options.segment_bytes,
             next_lsn - 1,
             options.on_progress.clone(),
@@ -103,7 +105,7 @@ impl Wal {
             next_lsn,
             fresh: false,
             capacity,
-            _lock: lock,
+            close_wait: options.close_wait,
         };
         // On an error here, dropping `wal` stops and joins what was started.
         let compactor = spawn(&wal.shared, "compactor", syncer::run_compactor);
@@ -376,13 +378,24 @@ fn spawn(
 impl Drop for Wal {
     fn drop(&mut self) {
         self.shared.stop();
-        // A panic in either would be a bug in this crate; it was printed already.
-        if let Some(syncer) = self.syncer.take() {
-            let _ = syncer.join();
-        }
         // The compactor stops once it did what the syncer's last rounds handed over.
-        if let Some(compactor) = self.compactor.take() {
-            let _ = compactor.join();
+        let threads: Vec<JoinHandle<()>> = (self.syncer.take().into_iter())
+            .chain(self.compactor.take())
+            .collect();
+        let deadline = std::time::Instant::now() + self.close_wait;
+        if self.shared.wait_exited(threads.len(), deadline) {
+            for thread in threads {
+                // A panic would be a bug in this crate; it was printed already.
+                let _ = thread.join();
+            }
+            return;
         }
+        // An fsync hangs: the threads are left to end on their own. Poisoned, they write
+        // nothing more once it returns, and the directory stays locked until they end.
+        let hung = std::io::Error::other(format!(
+            "the log was closed while an fsync had hung for over {:?}",
+            self.close_wait
+        ));
+        (self.shared).poison_quietly(WalError::io(self.shared.dir(), "close", hung));
     }
 }

@@ -499,3 +499,70 @@ fn reserve_makes_room_before_the_append_and_fails_alone_on_a_full_disk() {
     let lens: Vec<usize> = replayed.iter().map(|(_, r)| r.len()).collect();
     assert_eq!(lens, [2000, 2000]);
 }
+
+#[test]
+fn a_segment_left_by_a_failed_creation_does_not_block_the_next_roll() {
+    let disk = MemDisk::new();
+    let (mut wal, _, _) = open(&disk, small(4096)).unwrap();
+    append_synced(&mut wal, 1..=3);
+    // No room for the next segment, and the half-made one cannot be removed either.
+    disk.set_capacity(Some(4096 + 32 + 64));
+    disk.fail_next_remove();
+    let mut n = 4;
+    let err = loop {
+        match wal.append(&payload(n)) {
+            Ok(_) => n += 1,
+            Err(e) => break e,
+        }
+    };
+    assert!(matches!(err, WalError::NoSpace { .. }), "{err}");
+    // Room again: the roll makes the segment anew over what was left.
+    disk.set_capacity(None);
+    assert_eq!(wal.append(&payload(n)).unwrap(), Lsn(n));
+    append_synced(&mut wal, n + 1..=n + 3);
+    drop(wal);
+    let (_wal, records, _) = open(&disk, small(4096)).unwrap();
+    assert_eq!(records, expected(1..=n + 3));
+}
+
+#[test]
+fn a_close_gives_up_on_a_hung_fsync_and_the_log_then_writes_nothing_more() {
+    let disk = MemDisk::new();
+    let options = Options {
+        close_wait: std::time::Duration::from_millis(50),
+        ..small(4096)
+    };
+    let storage = Arc::new(disk.clone());
+    let (mut wal, _, _) = open_from(storage, dir(), options, Lsn(1)).unwrap();
+    append_synced(&mut wal, 1..=3);
+    disk.hold_syncs();
+    wal.append(&payload(4)).unwrap();
+    wal.submit().unwrap();
+    disk.wait_for_held_sync(); // the fsync of record 4 hangs
+    wal.append(&payload(5)).unwrap();
+    wal.submit().unwrap(); // queued behind it
+    let (done, closed) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        drop(wal);
+        done.send(()).unwrap();
+    });
+    closed
+        .recv_timeout(std::time::Duration::from_secs(20))
+        .expect("the close returns though the fsync hangs");
+    // The thread left behind keeps the directory.
+    let err = open(&disk, small(4096)).unwrap_err();
+    assert!(matches!(err, WalError::Locked { .. }), "{err}");
+    // The fsync returns: record 4 is on the disk, and nothing more is written.
+    disk.release_syncs();
+    let started = std::time::Instant::now();
+    let records = loop {
+        match open(&disk, small(4096)) {
+            Ok((_wal, records, _)) => break records,
+            Err(WalError::Locked { .. }) if started.elapsed().as_secs() < 20 => {
+                std::thread::yield_now();
+            }
+            Err(e) => panic!("{e}"),
+        }
+    };
+    assert_eq!(records, expected(1..=4));
+}

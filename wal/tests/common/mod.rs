@@ -17,7 +17,7 @@ pub fn small(segment_bytes: u64) -> Options {
     Options {
         segment_bytes,
         max_record_bytes: segment_bytes as usize - 24,
-        on_progress: None,
+        ..Options::default()
     }
 }
 
