@@ -461,6 +461,9 @@ impl ShardLog {
             Err(e @ WalError::NoSpace { .. }) => Err(Error::Storage(format!(
                 "{e}; the change was refused whole, and durable queues go on once there is room"
             ))),
+            Err(e @ WalError::Behind { .. }) => Err(Error::Storage(format!(
+                "{e}; the change was refused whole, and durable queues go on once it catches up"
+            ))),
             Err(e) => {
                 self.fail(e);
                 Err(self.failed.clone().expect("just failed"))

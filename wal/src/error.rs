@@ -54,6 +54,18 @@ pub enum WalError {
     },
     /// [`Options`](crate::Options) that cannot work, with the reason.
     InvalidOptions(String),
+    /// The disk is not keeping up: more than
+    /// [`Options::max_unsynced_bytes`](crate::Options::max_unsynced_bytes) were appended
+    /// and are not durable yet, or an fsync has run for longer than
+    /// [`Options::stall_after`](crate::Options::stall_after).
+    /// [`Wal::reserve`](crate::Wal::reserve) refused the change whole; the log is not
+    /// poisoned, and goes on once the disk catches up.
+    Behind {
+        /// Bytes appended and not durable.
+        unsynced: u64,
+        /// How long the fsync in flight has run, if one has run past `stall_after`.
+        stalled: Option<std::time::Duration>,
+    },
 }
 
 impl WalError {
@@ -99,6 +111,18 @@ impl fmt::Display for WalError {
                 write!(f, "record of {len} bytes exceeds the limit of {max}")
             }
             WalError::InvalidOptions(why) => write!(f, "invalid log options: {why}"),
+            WalError::Behind {
+                unsynced,
+                stalled: Some(stalled),
+            } => write!(
+                f,
+                "the disk is not keeping up: an fsync has not returned for {stalled:?}, \
+                 with {unsynced} bytes waiting for it"
+            ),
+            WalError::Behind { unsynced, .. } => write!(
+                f,
+                "the disk is not keeping up: {unsynced} bytes were written and wait for fsync"
+            ),
         }
     }
 }

@@ -79,6 +79,10 @@
 //! - A full disk when a segment must be created fails that append whole, without
 //!   poisoning. A segment file left by such a failed creation is made anew by the next
 //!   roll into it.
+//! - What waits for the disk is bounded: [`Wal::reserve`] refuses a change whole with
+//!   [`WalError::Behind`] while more than [`Options::max_unsynced_bytes`] are appended and
+//!   not durable, or once an fsync has run past [`Options::stall_after`]; the log is not
+//!   poisoned, and takes changes again once the disk catches up.
 //! - Dropping the log waits for its threads to finish what was submitted, at most
 //!   [`Options::close_wait`]: past it (an fsync that hangs) the log is poisoned, so its
 //!   threads write nothing more when the fsync returns, and the drop returns; the
@@ -192,6 +196,13 @@ pub struct Options {
     /// threads write nothing more once the fsync returns, and the directory stays locked
     /// until they end. Default 30 s.
     pub close_wait: Duration,
+    /// The most bytes appended and not yet durable: past it, [`Wal::reserve`] refuses with
+    /// [`WalError::Behind`] until the syncer catches up, so that a slow or hung disk
+    /// bounds what waits in memory. Default 64 MiB.
+    pub max_unsynced_bytes: u64,
+    /// How long an fsync may run before [`Wal::reserve`] refuses with
+    /// [`WalError::Behind`], saying how long it has hung. Default 10 s.
+    pub stall_after: Duration,
 }
 
 impl Default for Options {
@@ -201,6 +212,8 @@ impl Default for Options {
             max_record_bytes: 16 << 20,
             on_progress: None,
             close_wait: Duration::from_secs(30),
+            max_unsynced_bytes: 64 << 20,
+            stall_after: Duration::from_secs(10),
         }
     }
 }
@@ -212,6 +225,8 @@ impl fmt::Debug for Options {
             .field("max_record_bytes", &self.max_record_bytes)
             .field("on_progress", &self.on_progress.is_some())
             .field("close_wait", &self.close_wait)
+            .field("max_unsynced_bytes", &self.max_unsynced_bytes)
+            .field("stall_after", &self.stall_after)
             .finish()
     }
 }

@@ -49,6 +49,12 @@ pub(crate) struct Shared {
     compaction: Condvar,
     /// A closing owner waits here for the threads to end (`wait_exited`).
     exited: Condvar,
+    /// Bytes submitted and not durable yet; read without the lock by `backlog`.
+    unsynced: AtomicU64,
+    /// When the round in flight began, in nanoseconds after `epoch` plus one; 0 when no
+    /// round is in flight.
+    round_began: AtomicU64,
+    epoch: std::time::Instant,
     /// The directory's lock, held while the log or any of its threads lives: a thread
     /// left behind by a close that gave up on a hung fsync keeps others out.
     _dir_lock: DirLock,
@@ -148,6 +154,9 @@ impl Shared {
             segment_bytes,
             on_progress,
             exited: Condvar::new(),
+            unsynced: AtomicU64::new(0),
+            round_began: AtomicU64::new(0),
+            epoch: std::time::Instant::now(),
             _dir_lock: dir_lock,
         }
     }
@@ -258,6 +267,8 @@ impl Shared {
             // Kept until a piece comes after it in its segment.
             kept => state.skip = kept,
         }
+        let bytes: u64 = pieces.iter().map(|p| p.bytes.len() as u64).sum();
+        self.unsynced.fetch_add(bytes, Ordering::Relaxed);
         state.queue.append(pieces);
         if snapshot.is_some() {
             state.snapshot = snapshot;
@@ -296,6 +307,16 @@ impl Shared {
 
     /// Asks the syncer to finish what is queued and stop, and the compactor to stop once
     /// the syncer has and nothing is left for it.
+    /// Bytes submitted and not durable yet, and how long the round in flight has run.
+    pub(crate) fn backlog(&self) -> (u64, Option<std::time::Duration>) {
+        let began = self.round_began.load(Ordering::Relaxed);
+        let running = (began != 0).then(|| {
+            let since = std::time::Duration::from_nanos(began - 1);
+            self.epoch.elapsed().saturating_sub(since)
+        });
+        (self.unsynced.load(Ordering::Relaxed), running)
+    }
+
     /// Waits until `threads` threads of the log have ended, or `deadline` passed;
     /// whether they did.
     pub(crate) fn wait_exited(&self, threads: usize, deadline: std::time::Instant) -> bool {
@@ -377,6 +398,9 @@ fn rounds(shared: &Shared) {
         }
         state.compact_removals.extend(removals);
         state.busy = false;
+        shared.round_began.store(0, Ordering::Relaxed);
+        let written: u64 = pieces.iter().map(|p| p.bytes.len() as u64).sum();
+        shared.unsynced.fetch_sub(written, Ordering::Relaxed);
         for piece in pieces {
             if state.spare.len() < SPARE_BUFFERS {
                 let mut bytes = piece.bytes;
@@ -484,8 +508,13 @@ fn next_round(shared: &Shared) -> Option<Round> {
         let work = !state.queue.is_empty() || !state.removals.is_empty();
         if work || state.snapshot.is_some() {
             state.busy = true;
+            let began = shared.epoch.elapsed().as_nanos() as u64 + 1;
+            shared.round_began.store(began, Ordering::Relaxed);
             let mut pieces = std::mem::take(&mut state.queue);
             if let Some(skip) = end_on_a_sector(&mut pieces) {
+                shared
+                    .unsynced
+                    .fetch_add(skip.to - skip.from, Ordering::Relaxed);
                 state.skip = Some(skip);
             }
             return Some((

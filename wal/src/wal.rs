@@ -39,6 +39,10 @@ pub struct Wal {
     capacity: u64,
     /// How long a drop waits for the threads ([`Options::close_wait`]).
     close_wait: std::time::Duration,
+    /// See [`Options::max_unsynced_bytes`].
+    max_unsynced_bytes: u64,
+    /// See [`Options::stall_after`].
+    stall_after: std::time::Duration,
 }
 
 impl Wal {
@@ -106,6 +110,8 @@ impl Wal {
             fresh: false,
             capacity,
             close_wait: options.close_wait,
+            max_unsynced_bytes: options.max_unsynced_bytes,
+            stall_after: options.stall_after,
         };
         // On an error here, dropping `wal` stops and joins what was started.
         let compactor = spawn(&wal.shared, "compactor", syncer::run_compactor);
@@ -181,6 +187,15 @@ impl Wal {
     pub fn reserve(&mut self, bytes: usize) -> Result<(), WalError> {
         self.check()?;
         let size = frame::frame_len(bytes) as u64;
+        // A disk that does not keep up refuses the change, rather than let what waits
+        // for it grow without bound.
+        let (submitted, running) = self.shared.backlog();
+        let pending: u64 = self.pending.iter().map(|p| p.bytes.len() as u64).sum();
+        let unsynced = submitted + pending;
+        let stalled = running.filter(|&d| d > self.stall_after);
+        if unsynced + size > self.max_unsynced_bytes || stalled.is_some() {
+            return Err(WalError::Behind { unsynced, stalled });
+        }
         if self.pos + size + frame::MAX_FILLER > self.capacity {
             self.roll(size)?;
         }

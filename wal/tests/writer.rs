@@ -566,3 +566,57 @@ fn a_close_gives_up_on_a_hung_fsync_and_the_log_then_writes_nothing_more() {
     };
     assert_eq!(records, expected(1..=4));
 }
+
+#[test]
+fn a_disk_that_does_not_keep_up_refuses_changes_until_it_catches_up() {
+    let disk = MemDisk::new();
+    let options = Options {
+        max_unsynced_bytes: 2048,
+        stall_after: std::time::Duration::from_millis(20),
+        ..small(65536)
+    };
+    let storage = Arc::new(disk.clone());
+    let (mut wal, _, _) = open_from(storage, dir(), options, Lsn(1)).unwrap();
+    append_synced(&mut wal, 1..=3);
+    disk.hold_syncs();
+    wal.append(&payload(4)).unwrap();
+    wal.submit().unwrap();
+    disk.wait_for_held_sync(); // its fsync hangs
+                               // What waits for the disk is bounded: past 2 KiB, a change is refused whole.
+    let mut n = 5;
+    let refused = loop {
+        match wal.reserve(100) {
+            Ok(()) => {
+                wal.append(&payload(n)).unwrap();
+                wal.submit().unwrap();
+                n += 1;
+            }
+            Err(e) => break e,
+        }
+        assert!(n < 100, "no bound");
+    };
+    let WalError::Behind { unsynced, .. } = refused else {
+        panic!("{refused}");
+    };
+    assert!(unsynced + 100 > 2048, "{unsynced}");
+    // And once the fsync has hung past `stall_after`, the refusal says so.
+    let started = std::time::Instant::now();
+    let stalled = loop {
+        if let Err(WalError::Behind {
+            stalled: Some(d), ..
+        }) = wal.reserve(0)
+        {
+            break d;
+        }
+        assert!(started.elapsed().as_secs() < 20, "never reported");
+        std::thread::yield_now();
+    };
+    assert!(stalled >= std::time::Duration::from_millis(20));
+    // The disk catches up: changes are taken again, and nothing was lost.
+    disk.release_syncs();
+    assert_eq!(wal.sync().unwrap(), Lsn(n - 1));
+    wal.reserve(100).unwrap();
+    drop(wal);
+    let (_wal, records, _) = open(&disk, small(65536)).unwrap();
+    assert_eq!(records, expected(1..=n - 1));
+}
