@@ -78,7 +78,10 @@
 //!   [`Wal::open`] cuts every record after it, though the page cache may still show it.
 //! - A full disk when a segment must be created fails that append whole, without
 //!   poisoning. A segment file left by such a failed creation is made anew by the next
-//!   roll into it.
+//!   roll into it. A write that a full disk refuses inside a segment's preallocated space
+//!   (a copy-on-write file system needs new blocks there too) poisons nothing either: the
+//!   syncer makes it again, whole, once there is room, and [`Wal::reserve`] refuses
+//!   changes with [`WalError::NoSpace`] meanwhile.
 //! - What waits for the disk is bounded: [`Wal::reserve`] refuses a change whole with
 //!   [`WalError::Behind`] while more than [`Options::max_unsynced_bytes`] are appended and
 //!   not durable, or once an fsync has run past [`Options::stall_after`]; the log is not
@@ -108,8 +111,9 @@
 //!   as corruption, naming file and offset, with one exception: damage to the last write
 //!   cannot be told from that write torn by a crash, and is cut and reported as a torn
 //!   tail (a later write's frames make damage before them corruption).
-//! - `fallocate` reserves the space it is given, so that writes inside it do not fail for
-//!   want of space.
+//! - A write refused for want of space left nothing durable and dropped nothing, so it
+//!   can be made again: `fallocate` reserves space on most file systems, and where it
+//!   does not (copy-on-write), the write waits for room.
 //!
 //! ```
 //! use std::sync::Arc;

@@ -71,6 +71,8 @@ struct State {
     held_removes: usize,
     fail_next_sync: bool,
     fail_next_remove: bool,
+    /// Writes need room even inside a file's length (`copy_on_write`).
+    cow: bool,
     /// A crash garbles the unsynced sectors it does not keep (see `garble_torn_sectors`).
     garble: bool,
 }
@@ -261,6 +263,18 @@ impl MemDisk {
     /// but they are not written by a later sync and a crash loses them.
     pub fn fail_next_sync(&self) {
         self.state().fail_next_sync = true;
+    }
+
+    /// Makes writes need free space even inside a file's preallocated length, as on a
+    /// copy-on-write file system, which writes new blocks and frees the old ones after:
+    /// on a full disk, such a write fails with [`io::ErrorKind::StorageFull`].
+    pub fn copy_on_write(&self) {
+        self.state().cow = true;
+    }
+
+    /// The bytes all files hold together.
+    pub fn used(&self) -> u64 {
+        self.state().used()
     }
 
     /// Makes the next `remove` fail with an IO error, the file left in place.
@@ -539,6 +553,10 @@ impl StorageFile for MemFile {
         let old = state.inode(self.ino).data.len() as u64;
         let end = offset + buf.len() as u64;
         state.reserve(old, end)?;
+        let no_room = |cap| state.used() + buf.len() as u64 > cap;
+        if state.cow && state.capacity.is_some_and(no_room) {
+            return Err(io::ErrorKind::StorageFull.into());
+        }
         let inode = state.inode(self.ino);
         if inode.data.len() < end as usize {
             inode.data.resize(end as usize, 0);

@@ -51,6 +51,8 @@ pub(crate) struct Shared {
     exited: Condvar,
     /// Bytes submitted and not durable yet; read without the lock by `backlog`.
     unsynced: AtomicU64,
+    /// A round's write waits for room on a full disk (`write_when_room`).
+    pub(crate) no_space: AtomicBool,
     /// When the round in flight began, in nanoseconds after `epoch` plus one; 0 when no
     /// round is in flight.
     round_began: AtomicU64,
@@ -155,6 +157,7 @@ impl Shared {
             on_progress,
             exited: Condvar::new(),
             unsynced: AtomicU64::new(0),
+            no_space: AtomicBool::new(false),
             round_began: AtomicU64::new(0),
             epoch: std::time::Instant::now(),
             _dir_lock: dir_lock,
@@ -551,6 +554,34 @@ fn end_on_a_sector(pieces: &mut [Piece]) -> Option<Skip> {
     })
 }
 
+/// Writes `bytes` at `offset` of `segment`, waiting while the disk is full. A
+/// copy-on-write file system needs new blocks even inside preallocated space, so a full
+/// disk can refuse a write there; nothing of it is durable, and no fsync failed, so the
+/// write is made again, whole, once there is room. Meanwhile `Wal::reserve` refuses
+/// changes with `NoSpace` (see `Shared::no_space`). Gives up once the log is poisoned
+/// (a close that stopped waiting for it).
+fn write_when_room(
+    shared: &Shared,
+    segment: &Segment,
+    bytes: &[u8],
+    offset: u64,
+) -> std::io::Result<()> {
+    let mut wait = std::time::Duration::from_millis(1);
+    loop {
+        match segment.file.write_at(bytes, offset) {
+            Err(e) if e.kind() == std::io::ErrorKind::StorageFull && shared.error().is_none() => {
+                shared.no_space.store(true, Ordering::Relaxed);
+                std::thread::sleep(wait);
+                wait = (wait * 2).min(std::time::Duration::from_secs(1));
+            }
+            result => {
+                shared.no_space.store(false, Ordering::Relaxed);
+                return result;
+            }
+        }
+    }
+}
+
 /// Writes and syncs a round's pieces, segment by segment, publishing the durable lsn
 /// after each segment's fsync.
 fn write_round(
@@ -605,7 +636,7 @@ fn write_round(
             frame::HEADER as u64
         };
         bytes.resize(written + marker.min(room) as usize, 0);
-        let result = segment.file.write_at(bytes, offset);
+        let result = write_when_room(shared, &segment, bytes, offset);
         bytes.truncate(written);
         result.map_err(|e| WalError::io(&segment.path, "write", e))?;
         segment

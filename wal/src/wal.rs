@@ -187,6 +187,16 @@ impl Wal {
     pub fn reserve(&mut self, bytes: usize) -> Result<(), WalError> {
         self.check()?;
         let size = frame::frame_len(bytes) as u64;
+        // A write waits for room on a full disk: the change is refused as one would be
+        // that needs a new segment.
+        if self
+            .shared
+            .no_space
+            .load(std::sync::atomic::Ordering::Relaxed)
+        {
+            let path = self.current().path.clone();
+            return Err(WalError::NoSpace { path });
+        }
         // A disk that does not keep up refuses the change, rather than let what waits
         // for it grow without bound.
         let (submitted, running) = self.shared.backlog();

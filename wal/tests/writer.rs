@@ -620,3 +620,33 @@ fn a_disk_that_does_not_keep_up_refuses_changes_until_it_catches_up() {
     let (_wal, records, _) = open(&disk, small(65536)).unwrap();
     assert_eq!(records, expected(1..=n - 1));
 }
+
+#[test]
+fn a_full_disk_inside_preallocated_space_refuses_changes_and_the_log_goes_on() {
+    let disk = MemDisk::new();
+    disk.copy_on_write();
+    let (mut wal, _, _) = open(&disk, small(4096)).unwrap();
+    append_synced(&mut wal, 1..=3);
+    // Full: the next write needs room though its segment is preallocated.
+    disk.set_capacity(Some(disk.used()));
+    wal.append(&payload(4)).unwrap();
+    wal.submit().unwrap();
+    let started = std::time::Instant::now();
+    let refused = loop {
+        match wal.reserve(100) {
+            Err(e) => break e,
+            Ok(()) => assert!(started.elapsed().as_secs() < 20, "never refused"),
+        }
+        std::thread::yield_now();
+    };
+    assert!(matches!(refused, WalError::NoSpace { .. }), "{refused}");
+    assert!(wal.check().is_ok(), "not poisoned");
+    // Room again: the write is made, and changes are taken.
+    disk.set_capacity(None);
+    assert_eq!(wal.sync().unwrap(), Lsn(4));
+    wal.reserve(100).unwrap();
+    append_synced(&mut wal, 5..=6);
+    drop(wal);
+    let (_wal, records, _) = open(&disk, small(4096)).unwrap();
+    assert_eq!(records, expected(1..=6));
+}
