@@ -18,7 +18,7 @@
 use std::hash::BuildHasher;
 use std::path::Path;
 
-use crate::storage::Storage;
+use crate::storage::{read_small, write_small, Storage};
 use crate::WalError;
 
 /// The file that holds a log's identity.
@@ -33,21 +33,10 @@ pub(crate) fn read(storage: &dyn Storage, dir: &Path) -> Result<Option<u64>, Wal
     let names = storage
         .list(dir)
         .map_err(|e| WalError::io(dir, "list", e))?;
-    if !names.iter().any(|n| n == FILE) {
+    let Some(bytes) = read_small(storage, dir, &names, FILE, LEN, "a log identity")? else {
         return Ok(None);
-    }
+    };
     let path = dir.join(FILE);
-    let file = storage
-        .open(&path)
-        .map_err(|e| WalError::io(&path, "open", e))?;
-    let len = file.size().map_err(|e| WalError::io(&path, "stat", e))?;
-    if len != LEN as u64 {
-        let detail = format!("{len} bytes where a log identity has {LEN}");
-        return Err(WalError::corrupt(&path, 0, detail));
-    }
-    let mut bytes = [0; LEN];
-    file.read_at(&mut bytes, 0)
-        .map_err(|e| WalError::io(&path, "read", e))?;
     if &bytes[..8] != MAGIC {
         return Err(WalError::corrupt(
             &path,
@@ -75,8 +64,6 @@ pub(crate) fn read(storage: &dyn Storage, dir: &Path) -> Result<Option<u64>, Wal
 
 /// Writes `id` as the identity of the log in `dir`, durably.
 pub(crate) fn write(storage: &dyn Storage, dir: &Path, id: u64) -> Result<(), WalError> {
-    let path = dir.join(FILE);
-    let tmp = path.with_extension("id.tmp");
     let mut bytes = Vec::with_capacity(LEN);
     bytes.extend_from_slice(MAGIC);
     bytes.extend_from_slice(&FORMAT.to_le_bytes());
@@ -84,20 +71,7 @@ pub(crate) fn write(storage: &dyn Storage, dir: &Path, id: u64) -> Result<(), Wa
     bytes.extend_from_slice(&id.to_le_bytes());
     bytes.extend_from_slice(&crc32c::crc32c(&bytes).to_le_bytes());
     bytes.extend_from_slice(&[0; 4]);
-    let _ = storage.remove(&tmp); // a leftover from a crash, if any
-    let file = storage
-        .create(&tmp)
-        .map_err(|e| WalError::io(&tmp, "create", e))?;
-    file.write_at(&bytes, 0)
-        .map_err(|e| WalError::io(&tmp, "write", e))?;
-    file.sync_data()
-        .map_err(|e| WalError::io(&tmp, "fdatasync", e))?;
-    storage
-        .rename(&tmp, &path)
-        .map_err(|e| WalError::io(&tmp, "rename", e))?;
-    storage
-        .sync_dir(dir)
-        .map_err(|e| WalError::io(dir, "fsync directory", e))
+    write_small(storage, dir, FILE, &bytes).map_err(|e| WalError::io(dir.join(FILE), "write", e))
 }
 
 /// A new identity: random (the standard library's hasher keys come from the operating

@@ -14,7 +14,7 @@
 
 use std::path::Path;
 
-use crate::storage::Storage;
+use crate::storage::{read_small, write_small, Storage};
 use crate::WalError;
 
 /// The file that marks a log poisoned.
@@ -28,24 +28,16 @@ pub(crate) fn read(
     dir: &Path,
     names: &[String],
 ) -> Result<Option<u64>, WalError> {
-    if !names.iter().any(|n| n == FILE) {
+    let Some(bytes) = read_small(storage, dir, names, FILE, LEN, "a poison marker")? else {
         return Ok(None);
-    }
-    let path = dir.join(FILE);
-    let file = storage
-        .open(&path)
-        .map_err(|e| WalError::io(&path, "open", e))?;
-    let len = file.size().map_err(|e| WalError::io(&path, "stat", e))?;
-    if len != LEN as u64 {
-        let detail = format!("{len} bytes where a poison marker has {LEN}");
-        return Err(WalError::corrupt(&path, 0, detail));
-    }
-    let mut bytes = [0; LEN];
-    file.read_at(&mut bytes, 0)
-        .map_err(|e| WalError::io(&path, "read", e))?;
+    };
     let crc = u32::from_le_bytes(bytes[16..20].try_into().expect("4 bytes"));
     if &bytes[..8] != MAGIC || crc != crc32c::crc32c(&bytes[8..16]) {
-        return Err(WalError::corrupt(&path, 0, "a damaged poison marker"));
+        return Err(WalError::corrupt(
+            dir.join(FILE),
+            0,
+            "a damaged poison marker",
+        ));
     }
     Ok(Some(u64::from_le_bytes(
         bytes[8..16].try_into().expect("8 bytes"),
@@ -54,19 +46,12 @@ pub(crate) fn read(
 
 /// Marks the log in `dir` poisoned, with `durable` its last durable lsn.
 pub(crate) fn write(storage: &dyn Storage, dir: &Path, durable: u64) -> std::io::Result<()> {
-    let path = dir.join(FILE);
-    let tmp = path.with_extension("poisoned.tmp");
     let mut bytes = Vec::with_capacity(LEN);
     bytes.extend_from_slice(MAGIC);
     bytes.extend_from_slice(&durable.to_le_bytes());
     bytes.extend_from_slice(&crc32c::crc32c(&durable.to_le_bytes()).to_le_bytes());
     bytes.extend_from_slice(&[0; 4]);
-    let _ = storage.remove(&tmp); // a leftover, if any
-    let file = storage.create(&tmp)?;
-    file.write_at(&bytes, 0)?;
-    file.sync_data()?;
-    storage.rename(&tmp, &path)?;
-    storage.sync_dir(dir)
+    write_small(storage, dir, FILE, &bytes)
 }
 
 /// Removes the marker once what it asked for is done and durable.

@@ -75,6 +75,54 @@ pub fn create_dir_durable(storage: &dyn Storage, dir: &Path) -> io::Result<()> {
     Ok(())
 }
 
+/// Reads the small file `name` of `dir` whole, which must be `len` bytes (what it holds
+/// is told by `what`, for the error); `None` if `names`, the files of `dir`, lack it.
+pub(crate) fn read_small(
+    storage: &dyn Storage,
+    dir: &Path,
+    names: &[String],
+    name: &str,
+    len: usize,
+    what: &str,
+) -> Result<Option<Vec<u8>>, crate::WalError> {
+    use crate::WalError;
+    if !names.iter().any(|n| n == name) {
+        return Ok(None);
+    }
+    let path = dir.join(name);
+    let file = storage
+        .open(&path)
+        .map_err(|e| WalError::io(&path, "open", e))?;
+    let size = file.size().map_err(|e| WalError::io(&path, "stat", e))?;
+    if size != len as u64 {
+        let detail = format!("{size} bytes where {what} has {len}");
+        return Err(WalError::corrupt(&path, 0, detail));
+    }
+    let mut bytes = vec![0; len];
+    file.read_at(&mut bytes, 0)
+        .map_err(|e| WalError::io(&path, "read", e))?;
+    Ok(Some(bytes))
+}
+
+/// Writes `bytes` as the file `name` of `dir`, atomically and durably: to a temporary
+/// file first, synced, renamed into place, and the directory synced. A crash leaves the
+/// old file (or none) or the new one, never part of one.
+pub(crate) fn write_small(
+    storage: &dyn Storage,
+    dir: &Path,
+    name: &str,
+    bytes: &[u8],
+) -> io::Result<()> {
+    let path = dir.join(name);
+    let tmp = dir.join(format!("{name}.tmp"));
+    let _ = storage.remove(&tmp); // a leftover from a crash, if any
+    let file = storage.create(&tmp)?;
+    file.write_at(bytes, 0)?;
+    file.sync_data()?;
+    storage.rename(&tmp, &path)?;
+    storage.sync_dir(dir)
+}
+
 /// An open file.
 pub trait StorageFile: Send + Sync + Debug {
     /// The file's length in bytes.

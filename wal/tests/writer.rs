@@ -525,20 +525,26 @@ fn a_segment_left_by_a_failed_creation_does_not_block_the_next_roll() {
     assert_eq!(records, expected(1..=n + 3));
 }
 
-#[test]
-fn a_close_gives_up_on_a_hung_fsync_and_the_log_then_writes_nothing_more() {
+/// A log opened with `options`, holding records 1..=3, whose fsync of record 4 hangs:
+/// the disk holds syncs until released.
+fn with_a_hung_fsync(options: Options) -> (MemDisk, leasemq_wal::Wal) {
     let disk = MemDisk::new();
-    let options = Options {
-        close_wait: std::time::Duration::from_millis(50),
-        ..small(4096)
-    };
     let storage = Arc::new(disk.clone());
     let (mut wal, _, _) = open_from(storage, dir(), options, Lsn(1)).unwrap();
     append_synced(&mut wal, 1..=3);
     disk.hold_syncs();
     wal.append(&payload(4)).unwrap();
     wal.submit().unwrap();
-    disk.wait_for_held_sync(); // the fsync of record 4 hangs
+    disk.wait_for_held_sync();
+    (disk, wal)
+}
+
+#[test]
+fn a_close_gives_up_on_a_hung_fsync_and_the_log_then_writes_nothing_more() {
+    let (disk, mut wal) = with_a_hung_fsync(Options {
+        close_wait: std::time::Duration::from_millis(50),
+        ..small(4096)
+    });
     wal.append(&payload(5)).unwrap();
     wal.submit().unwrap(); // queued behind it
     let (done, closed) = std::sync::mpsc::channel();
@@ -569,20 +575,12 @@ fn a_close_gives_up_on_a_hung_fsync_and_the_log_then_writes_nothing_more() {
 
 #[test]
 fn a_disk_that_does_not_keep_up_refuses_changes_until_it_catches_up() {
-    let disk = MemDisk::new();
-    let options = Options {
+    let (disk, mut wal) = with_a_hung_fsync(Options {
         max_unsynced_bytes: 2048,
         stall_after: std::time::Duration::from_millis(20),
         ..small(65536)
-    };
-    let storage = Arc::new(disk.clone());
-    let (mut wal, _, _) = open_from(storage, dir(), options, Lsn(1)).unwrap();
-    append_synced(&mut wal, 1..=3);
-    disk.hold_syncs();
-    wal.append(&payload(4)).unwrap();
-    wal.submit().unwrap();
-    disk.wait_for_held_sync(); // its fsync hangs
-                               // What waits for the disk is bounded: past 2 KiB, a change is refused whole.
+    });
+    // What waits for the disk is bounded: past 2 KiB, a change is refused whole.
     let mut n = 5;
     let refused = loop {
         match wal.reserve(100) {
