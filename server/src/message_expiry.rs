@@ -10,8 +10,9 @@
 //! it either (`connection/channel.rs`); on a queue with a dead-letter exchange the
 //! consumer's connection hands such a delivery here ([`MessageExpiry::hand_over`]).
 //!
-//! Watched are the queues with `x-message-ttl`, those that dead-letter through an
-//! exchange, and any queue a message with an `expiration` is published to. Connections
+//! Watched are the queues with `x-message-ttl`, any queue a message with an `expiration`
+//! is published to, and, after a restart, the durable queues that dead-letter through an
+//! exchange (messages with an `expiration` may wait in them). Connections
 //! read no clock: after a batch of publishes that may expire (every publish to a queue with
 //! `x-message-ttl`, one with an `expiration` to any queue) they poke the queue
 //! ([`MessageExpiry::published`]), which arms it unless it is armed already, so a busy
@@ -30,7 +31,10 @@
 //!   leased or delayed, looked at again after [`RECHECK`], since those come back with no
 //!   publish (a requeue, a lease that ran out).
 //!
-//! Each look that hands a head back counts in the queue's `delivered` and `released`.
+//! Each look that hands a head back counts in the queue's `delivered` and `released`. A
+//! look holds the messages it took for a moment: a `basic.get` that meets nothing while
+//! one is under way takes again once it has ended (`connection/get.rs`), so that a look
+//! never makes a get answer `get-empty` on a queue with messages ready.
 //!
 //! Dead-lettering an expired message of a durable queue is a put to the holding queue,
 //! then an ack: a crash in between dead-letters it again after the restart (dead letters
@@ -43,8 +47,9 @@
 //! both by hand.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Condvar, Mutex, MutexGuard};
+use std::time::Duration;
 
 use leasemq::{Delivery, Queue};
 use tokio::sync::Notify;
@@ -73,6 +78,11 @@ pub struct MessageExpiry {
     state: Mutex<State>,
     /// Wakes `VHost::expire_messages` when a queue was poked or a delivery handed over.
     pub(crate) wake: Notify,
+    /// Counts each look's beginning and its end: odd while a look holds messages taken
+    /// from a head. A `basic.get` that met nothing while it moved looks again.
+    looks: AtomicU64,
+    /// Signalled when a look ends.
+    look_ended: Condvar,
 }
 
 #[derive(Debug, Default)]
@@ -86,6 +96,8 @@ struct State {
     /// (milliseconds since the Unix epoch). Kept, not released: a consumer would take
     /// one straight back and hand it over again.
     retry: Vec<(u64, Queue, Delivery)>,
+    /// The queue whose head is being looked at, if any.
+    looking: Option<String>,
     /// When a queue's head is looked at next (milliseconds since the Unix epoch),
     /// earliest first; one per queue at most.
     deadlines: BTreeSet<(u64, String)>,
@@ -320,8 +332,49 @@ impl MessageExpiry {
         self.recount(&state);
     }
 
+    /// Marks a look at `queue`'s head as begun, until the guard it returns is dropped (a
+    /// look that panics ends too).
+    pub(crate) fn begin_look(&self, queue: &Queue) -> LookGuard<'_> {
+        self.lock().looking = Some(queue.name().to_string());
+        self.looks.fetch_add(1, Ordering::SeqCst);
+        LookGuard { expiry: self }
+    }
+
+    /// Where the looks stand now: what [`may_have_hidden`](MessageExpiry::may_have_hidden)
+    /// compares with.
+    pub fn looks(&self) -> u64 {
+        self.looks.load(Ordering::SeqCst)
+    }
+
+    /// Whether a look may have held messages of some queue since `looks` was read: one
+    /// was under way then, or one began or ended since.
+    pub fn may_have_hidden(&self, looks: u64) -> bool {
+        looks % 2 == 1 || self.looks() != looks
+    }
+
+    /// Waits, at most `timeout`, until no look holds messages of the queue called `name`.
+    pub fn wait_for_look(&self, name: &str, timeout: Duration) {
+        let state = self.lock();
+        let busy = |state: &mut State| state.looking.as_deref() == Some(name);
+        let waited = self.look_ended.wait_timeout_while(state, timeout, busy);
+        drop(waited.unwrap_or_else(|e| e.into_inner()));
+    }
+
     fn recount(&self, state: &State) {
         self.watched.store(state.queues.len(), Ordering::Relaxed);
+    }
+}
+
+/// A look under way ([`MessageExpiry::begin_look`]); dropped, it ends.
+pub(crate) struct LookGuard<'a> {
+    expiry: &'a MessageExpiry,
+}
+
+impl Drop for LookGuard<'_> {
+    fn drop(&mut self) {
+        self.expiry.lock().looking = None;
+        self.expiry.looks.fetch_add(1, Ordering::SeqCst);
+        self.expiry.look_ended.notify_all();
     }
 }
 

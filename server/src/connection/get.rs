@@ -2,6 +2,7 @@
 //! (or `get-empty`), its lease held on the channel until it is settled.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use amq_protocol::protocol::{basic, AMQPClass};
 use amq_protocol::types::ShortString;
@@ -33,13 +34,16 @@ impl Connection {
             no_ack: get.no_ack,
         };
         if !queue.is_durable() {
-            let taken = take.run();
-            return self.got(ch, number, &queue, taken, &m);
+            let taken = take.run(false);
+            if !matches!(&taken, Ok(Taken { again: true, .. })) {
+                return self.got(ch, number, &queue, taken, &m);
+            }
+            // A look at the queue's head held its messages: off this thread, once it ends.
         }
         // The consume and the settles wait for the disk: off this thread.
         self.await_offloaded(
             ch,
-            move || take.run(),
+            move || take.run(true),
             move |conn, taken| conn.got(ch, number, &queue, taken, &m),
         );
         Ok(())
@@ -60,6 +64,7 @@ impl Connection {
             delivery,
             kept,
             ready,
+            ..
         } = taken.map_err(|e| broker_fault(ch, &e, m))?;
         let Some(delivery) = delivery else {
             let empty = basic::AMQPMethod::GetEmpty(basic::GetEmpty {});
@@ -147,16 +152,41 @@ struct Taken {
     kept: Option<Consumer>,
     /// How many messages are ready after it.
     ready: usize,
+    /// It took nothing while a look at the queue's head (`message_expiry.rs`) may have
+    /// held the queue's messages, and was not to wait for the look: take again.
+    again: bool,
 }
 
 impl Take {
+    /// Takes as [`take`](Take::take) does. A look at the head (`message_expiry.rs`) holds
+    /// the queue's messages for a moment, and a take meets nothing then: one that met
+    /// nothing while a look was under way takes again after the look, if it `waits`, else
+    /// answers `again`.
+    fn run(&self, waits: bool) -> Result<Taken, leasemq::Error> {
+        let expiry = &self.vhost.message_expiry;
+        let mut tries = 1;
+        loop {
+            let looks = expiry.looks();
+            let mut taken = self.take()?;
+            if taken.delivery.is_some() || tries == GET_TRIES || !expiry.may_have_hidden(looks) {
+                return Ok(taken);
+            }
+            if !waits {
+                taken.again = true;
+                return Ok(taken);
+            }
+            expiry.wait_for_look(self.queue.name(), LOOK_WAIT);
+            tries += 1;
+        }
+    }
+
     /// Takes the first ready message that has not expired through a consumer of
     /// prefetch 1. The consume call is a barrier: a message that was ready is in the
     /// consumer then. An expired one is dropped or dead-lettered, and its ack (also a
     /// barrier) lets the next in; a long run of them is dropped over several gets. The
     /// consumer is stopped before an ack at once: else the credit the ack frees would take
     /// the next message, and the cancel would hand it back to the front of the queue.
-    fn run(self) -> Result<Taken, leasemq::Error> {
+    fn take(&self) -> Result<Taken, leasemq::Error> {
         let config = ConsumerConfig { prefetch: 1 };
         let consumer = self.queue.consume(&self.consumer, config)?;
         let mut seen = PropertiesSeen::default();
@@ -200,8 +230,14 @@ impl Take {
             delivery,
             kept,
             ready,
+            again: false,
         })
     }
 }
+/// How many times one `basic.get` takes from a queue whose head a look held.
+const GET_TRIES: u32 = 3;
+/// The longest a `basic.get` waits for a look at its queue's head to end.
+const LOOK_WAIT: Duration = Duration::from_secs(1);
+
 /// The most expired messages one `basic.get` drops before it answers `get-empty`.
 pub(super) const GET_DROPS_AT_MOST: usize = 1024;

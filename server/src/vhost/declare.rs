@@ -13,7 +13,7 @@ use super::VHost;
 use crate::arguments::{self, Refused};
 use crate::code;
 use crate::declared::Declared;
-use crate::{dead_letter, message_expiry, names};
+use crate::{dead_letter, names};
 
 /// A `queue.declare` that may make a queue (not a passive one), as the virtual host
 /// takes it.
@@ -212,8 +212,10 @@ impl VHost {
             // Every publish is stamped with its arrival from now on.
             self.message_ttl_used.store(true, Ordering::Relaxed);
         }
-        if message_ttl.is_some() || message_expiry::dead_letters(queue) {
+        if message_ttl.is_some() {
             // Its messages expire at the head, dead-lettered if it has an exchange for it.
+            // (Without a TTL, only messages with an `expiration` of their own do: the first
+            // publish of one watches the queue.)
             self.message_expiry.watch(queue, message_ttl);
         }
         if let Some(ms) = expires {

@@ -194,7 +194,9 @@ impl VHost {
                         }
                     }
                     for look in due.queues {
+                        let looking = expiry.begin_look(&look.queue);
                         let next = vhost.look_at_head(&broker, &look);
+                        drop(looking);
                         expiry.looked(&look.queue, next);
                     }
                 });

@@ -354,7 +354,9 @@ impl Client {
         }
         let mut looked = Vec::new();
         for look in due.queues {
+            let looking = expiry.begin_look(&look.queue);
             let next = vhost.look_at_head(&self.broker, &look);
+            drop(looking);
             expiry.looked(&look.queue, next);
             looked.push(look.queue.name().to_string());
         }

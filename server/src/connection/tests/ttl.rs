@@ -317,8 +317,8 @@ fn an_expired_message_met_by_a_get_or_a_consumer_is_dead_lettered_where_the_queu
         Client::publish_frames("jobs", properties, body)
     };
     let jobs = || vec!["jobs".to_string()];
-    assert_eq!(c.expire_at(1_000_000, &now), (jobs(), None));
-    // With no TTL of its own, the queue is armed only by a message with one.
+    // With no TTL of its own, the queue is watched only once a message with one comes.
+    assert_eq!(c.expire_at(1_000_000, &now), (vec![], None));
     c.publish("jobs", b"plain");
     assert_eq!(c.expire_at(1_000_000, &now), (vec![], None));
     c.feed(&expiring(b"by get"));
@@ -407,4 +407,35 @@ fn an_expired_delivery_returned_before_it_is_dead_lettered_is_dead_lettered_once
     assert_eq!(c.stats("jobs").ready, 0);
     c.expire_at(1_001_200, &now);
     assert_eq!(c.stats(&holding).ready, 1);
+}
+
+#[test]
+fn a_get_that_meets_the_head_under_a_look_takes_it_once_the_look_hands_it_back() {
+    let (mut c, _now) = Client::with_clock();
+    c.declare_with("jobs", &[("x-message-ttl", AMQPValue::LongInt(60_000))]);
+    c.publish("jobs", b"job");
+    // A look at the head, as `VHost::look_at_head` makes it, holds the only message.
+    let (vhost, queue) = (c.conn.vhost.clone(), c.broker.queue("jobs").unwrap());
+    let looking = vhost.message_expiry.begin_look(&queue);
+    let config = ConsumerConfig { prefetch: 1 };
+    let look = queue
+        .consume(crate::message_expiry::CONSUMER, config)
+        .unwrap();
+    let head = look.try_recv().unwrap().expect("the head");
+    look.stop();
+    // The get meets nothing, and takes again, off the connection's thread, once the look
+    // has handed the head back.
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    let _inside = runtime.enter();
+    c.conn.handle_input(&encode(&[get("jobs", false)]));
+    assert!(c.conn.awaits_call(), "the get waits for the look");
+    assert!(head.release());
+    look.cancel();
+    drop(looking);
+    c.answered();
+    let out = c.feed(&[]);
+    assert_eq!(delivered_bodies(&out), [b"job".to_vec()]);
+    assert_eq!(c.stats("jobs").leased, 1);
 }
