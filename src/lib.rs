@@ -206,9 +206,9 @@ pub use leasemq_engine::{
 };
 pub use leasemq_shard::{
     host_load, set_thread_time_slice, shard_for, Broker, BrokerBuilder, CallerTurns, Consumer,
-    Delivery, HostLoad, PendingPutBatch, Queue, SyncPolicy, TurnStats, DEFAULT_LOG_SEGMENT_BYTES,
-    DEFAULT_SHARD_TIME_SLICE, DEFAULT_YIELD_BUDGET, HOST_SAMPLE_EVERY, MAX_LOG_SEGMENT_BYTES,
-    MAX_TIME_SLICE, MAX_YIELD_BUDGET, MIN_LOG_SEGMENT_BYTES, MIN_TIME_SLICE,
+    Delivery, HostLoad, LogLag, PendingPutBatch, Queue, SyncPolicy, TurnStats,
+    DEFAULT_LOG_SEGMENT_BYTES, DEFAULT_SHARD_TIME_SLICE, DEFAULT_YIELD_BUDGET, HOST_SAMPLE_EVERY,
+    MAX_LOG_SEGMENT_BYTES, MAX_TIME_SLICE, MAX_YIELD_BUDGET, MIN_LOG_SEGMENT_BYTES, MIN_TIME_SLICE,
 };
 
 /// The code blocks of `README.md`, compiled and run by `cargo test --doc` so that the

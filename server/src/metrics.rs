@@ -5,7 +5,11 @@
 //! `leasemq_channels`, `leasemq_connection_incoming_bytes_total`,
 //! `leasemq_queue_messages_ready{queue}`, `leasemq_queue_messages_unacked{queue}`,
 //! `leasemq_queue_consumers{queue}`, `leasemq_alarms_memory_used_watermark`, … Per-queue figures are read from the broker
-//! (`Queue::stats`) at each scrape, so a deleted queue drops out of the next one.
+//! (`Queue::stats`) at each scrape, so a deleted queue drops out of the next one. With a
+//! data dir, each shard's log says what it owes the disk (`leasemq_log_unsynced_bytes`,
+//! `leasemq_log_fsync_running_seconds`) and raises `leasemq_log_stalled` while it refuses
+//! changes because the disk does not keep up or is full, `leasemq_log_failed` once a write
+//! or fsync failed.
 //!
 //! The HTTP side answers `GET /metrics` and nothing else, one request per connection; a
 //! general HTTP server would be more code than it replaces here.
@@ -13,7 +17,7 @@
 use std::fmt::Write as _;
 use std::time::Duration;
 
-use leasemq::{Broker, QueueStats};
+use leasemq::{Broker, LogLag, QueueStats};
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
 use prometheus_client::metrics::counter::{ConstCounter, Counter};
@@ -105,6 +109,11 @@ impl Metrics {
             "1 while the memory alarm blocks publishers",
             self.memory_alarm.clone(),
         );
+        if !broker.log_lag().is_empty() {
+            registry.register_collector(Box::new(Logs {
+                broker: broker.clone(),
+            }));
+        }
         registry.register_collector(Box::new(Queues { broker }));
         registry
     }
@@ -220,6 +229,55 @@ impl Collector for Queues {
     }
 }
 
+/// Each shard's log with a data dir: what it owes the disk, and whether it takes changes.
+#[derive(Debug)]
+struct Logs {
+    broker: Broker,
+}
+
+/// Per-shard log gauges: (name after `leasemq_log_`, help, value).
+type LogField = fn(&LogLag) -> f64;
+
+const LOG_GAUGES: [(&str, &str, LogField); 4] = [
+    (
+        "unsynced_bytes",
+        "Bytes of a shard's log written or queued and not yet fsynced",
+        |l| l.unsynced_bytes as f64,
+    ),
+    (
+        "fsync_running_seconds",
+        "How long the fsync in flight on a shard's log has run (0 with none)",
+        |l| l.fsync_running.map_or(0.0, |d| d.as_secs_f64()),
+    ),
+    (
+        "stalled",
+        "1 while a shard's log refuses changes as its disk does not keep up or has no room",
+        |l| f64::from(u8::from(l.stalled || l.waits_for_room)),
+    ),
+    (
+        "failed",
+        "1 once a write or fsync of a shard's log failed: its durable queues refuse changes until a restart",
+        |l| f64::from(u8::from(l.failed)),
+    ),
+];
+
+impl Collector for Logs {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let lags = self.broker.log_lag();
+        for (name, help, field) in LOG_GAUGES {
+            let name = format!("log_{name}");
+            let metric = ConstGauge::new(0.0).metric_type();
+            let mut family = encoder.encode_descriptor(&name, help, None, metric)?;
+            for (shard, lag) in lags.iter().enumerate() {
+                let shard = shard.to_string();
+                let labels = [("shard", shard.as_str())];
+                ConstGauge::new(field(lag)).encode(family.encode_family(&labels)?)?;
+            }
+        }
+        Ok(())
+    }
+}
+
 /// The text a scrape gets.
 pub fn render(registry: &Registry) -> String {
     let mut text = String::new();
@@ -322,6 +380,10 @@ mod tests {
                 "no line {line:?} in\n{text}"
             );
         }
+        assert!(
+            !text.contains("leasemq_log_"),
+            "no data dir, no log:\n{text}"
+        );
         drop(worker);
         jobs.close();
         let text = render(&metrics.registry(broker));
@@ -329,5 +391,41 @@ mod tests {
             !text.contains("queue=\"jobs\""),
             "a closed queue drops out:\n{text}"
         );
+    }
+
+    #[test]
+    fn a_scrape_says_what_each_shards_log_owes_the_disk() {
+        let dir = std::env::temp_dir().join(format!("leasemq-metrics-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let broker = (Broker::builder().shards(2).manual_clock())
+            .data_dir(&dir)
+            .build()
+            .unwrap();
+        let config = QueueConfig {
+            durable: true,
+            ..QueueConfig::default()
+        };
+        let jobs = broker.declare_queue("jobs", config).unwrap();
+        jobs.put(Message::new("one")).unwrap();
+        let text = render(&Metrics::default().registry(broker.clone()));
+        for line in [
+            "leasemq_log_unsynced_bytes{shard=\"0\"} 0.0",
+            "leasemq_log_unsynced_bytes{shard=\"1\"} 0.0",
+            "leasemq_log_stalled{shard=\"0\"} 0.0",
+            "leasemq_log_failed{shard=\"1\"} 0.0",
+        ] {
+            assert!(
+                text.lines().any(|l| l == line),
+                "no line {line:?} in\n{text}"
+            );
+        }
+        let lag = broker.log_lag();
+        assert_eq!(lag.len(), 2);
+        assert!(
+            lag.iter().any(|l| l.durable.0 > 0),
+            "the put is durable: {lag:?}"
+        );
+        broker.shutdown();
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -17,6 +17,7 @@ use crate::slice::BusySlice;
 use crate::store::{DataDir, ShardLog, SyncPolicy};
 use crate::turns::{CallerTurns, TurnStats, Turns};
 use crate::wait::{Sleeper, YieldBudget};
+use crate::LogLag;
 
 /// Builds a [`Broker`]: how many shards, which clock, how long a tick. Start with
 /// [`Broker::builder`].
@@ -407,9 +408,11 @@ impl BrokerBuilder {
             })
             .unzip();
         let sleepers: Vec<Arc<Sleeper>> = receivers.iter().map(|(_, s)| s.clone()).collect();
-        let mut engines = self
-            .engines(data_dir.as_ref(), &time, &sleepers)?
-            .into_iter();
+        let engines = self.engines(data_dir.as_ref(), &time, &sleepers)?;
+        let probes = (engines.iter())
+            .filter_map(|(_, log, _)| log.as_ref().map(ShardLog::probe))
+            .collect();
+        let mut engines = engines.into_iter();
         let mut threads = Vec::with_capacity(shards);
         // Each shard thread says whether its setup ran, before it serves anything.
         let (setup_done, setups) = crossbeam_channel::bounded::<bool>(shards);
@@ -444,6 +447,7 @@ impl BrokerBuilder {
                 self.manual_clock,
                 threads,
                 data_dir,
+                probes,
             )),
         };
         if !(0..shards).all(|_| setups.recv() == Ok(true)) {
@@ -816,6 +820,19 @@ impl Broker {
     /// (contract §3 `shutdown`).
     pub fn shutdown(&self) {
         self.inner.shutdown();
+    }
+
+    /// How far the disk is behind each shard's log, by shard; empty without a data dir.
+    /// Read from atomics the logs keep, without a word to the shards: for metrics and
+    /// health checks, which should raise an alarm on a log that is `stalled`, waits for
+    /// room, or `failed` (its durable queues then refuse changes with
+    /// [`Error::Storage`]). After [`shutdown`](Broker::shutdown), what the logs left.
+    pub fn log_lag(&self) -> Vec<LogLag> {
+        self.inner
+            .logs
+            .iter()
+            .map(leasemq_wal::Probe::lag)
+            .collect()
     }
 
     /// Whether [`shutdown`](Broker::shutdown) was called, through this handle or a clone.

@@ -26,6 +26,8 @@ pub(crate) struct BrokerInner {
     /// queue's name: such a queue may not be declared again without `durable`, or the
     /// dead letters it takes would not survive a crash.
     pub durable_dead_letters: Mutex<HashMap<String, String>>,
+    /// What each shard's log owes the disk, read by `Broker::log_lag`.
+    pub logs: Vec<leasemq_wal::Probe>,
 }
 
 impl BrokerInner {
@@ -36,6 +38,7 @@ impl BrokerInner {
         manual: bool,
         threads: Vec<JoinHandle<()>>,
         data_dir: Option<DataDir>,
+        logs: Vec<leasemq_wal::Probe>,
     ) -> BrokerInner {
         BrokerInner {
             shards,
@@ -46,6 +49,7 @@ impl BrokerInner {
             durable: data_dir.is_some(),
             data_dir: Mutex::new(data_dir),
             durable_dead_letters: Mutex::default(),
+            logs,
         }
     }
 

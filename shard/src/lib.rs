@@ -46,6 +46,8 @@ pub use broker::{
 };
 pub use consumer::{Consumer, Delivery};
 pub use host::{host_load, HostLoad, HOST_SAMPLE_EVERY};
+/// How far the disk is behind a shard's log: see [`Broker::log_lag`].
+pub use leasemq_wal::Lag as LogLag;
 pub use queue::{PendingPutBatch, Queue};
 pub use router::shard_for;
 pub use slice::{set_thread_time_slice, MAX_TIME_SLICE, MIN_TIME_SLICE};

@@ -281,6 +281,11 @@ impl ShardLog {
         })
     }
 
+    /// A probe that reads how far the disk is behind this log (`Broker::log_lag`).
+    pub fn probe(&self) -> leasemq_wal::Probe {
+        self.wal.probe()
+    }
+
     /// The error durable queues answer with once the log failed.
     pub fn failed(&self) -> Option<&Error> {
         self.failed.as_ref()

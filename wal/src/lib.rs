@@ -33,8 +33,13 @@
 //!   start, and replay starts after its lsn. Disk use follows what the snapshot and the
 //!   live records hold, plus the spares.
 //! - [`Storage`] and [`StorageFile`] are the only way to the disk: [`DiskStorage`] is
-//!   `std::fs`; [`MemDisk`] is a fake disk that, on [`MemDisk::crash`], keeps only what
-//!   was synced plus any subset of unsynced sectors, for crash tests.
+//!   `std::fs`; [`MemDisk`] is a fake disk as unkind as the assumptions below allow, for
+//!   crash tests: on [`MemDisk::crash`] it keeps what was synced plus any subset of the
+//!   unsynced sectors (the others perhaps garbled) and of the unsynced directory
+//!   operations, and it fails fsyncs (dropping their dirty data), reads, removes and
+//!   writes into a full disk on demand.
+//! - A [`Probe`] ([`Wal::probe`]) reads from any thread what the log owes the disk and
+//!   whether it refuses changes for it: for metrics and health checks.
 //!
 //! # On disk
 //!
@@ -107,6 +112,8 @@
 //!   old, new or garbled, in any pattern; sectors it was not writing are untouched. A
 //!   device whose atomic unit is larger (4 KiB sectors it rewrites whole) must not damage
 //!   what lies outside the bytes written, or have power-loss protection.
+//! - A read that fails says so: recovery then fails the open with [`WalError::Io`],
+//!   changing nothing, and never takes the bytes it could not read for a torn tail.
 //! - Data once synced reads back as written. Damage to it is found by its crc and refused
 //!   as corruption, naming file and offset, with one exception: damage to the last write
 //!   cannot be told from that write torn by a crash, and is cut and reported as a torn
@@ -146,6 +153,7 @@ mod frame;
 mod ident;
 mod mem;
 mod poison;
+mod probe;
 mod recover;
 mod segment;
 mod snapshot;
@@ -159,6 +167,7 @@ use std::time::Duration;
 
 pub use error::WalError;
 pub use mem::{Crash, MemDisk, SECTOR};
+pub use probe::{Lag, Probe};
 pub use recover::{RecoveryReport, TornTail};
 pub use snapshot::{latest_snapshot, write_snapshot, Snapshot};
 pub use storage::{create_dir_durable, DirLock, DiskStorage, Storage, StorageFile, LOCK_FILE};

@@ -16,9 +16,10 @@
 //! segment's last use wrote changes no metadata, so its fsync flushes data only.
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
+use crate::probe::Gauges;
 use crate::segment::Segment;
 use crate::storage::{DirLock, Storage};
 use crate::WalError;
@@ -49,21 +50,13 @@ pub(crate) struct Shared {
     compaction: Condvar,
     /// A closing owner waits here for the threads to end (`wait_exited`).
     exited: Condvar,
-    /// Bytes submitted and not durable yet; read without the lock by `backlog`.
-    unsynced: AtomicU64,
-    /// A round's write waits for room on a full disk (`write_when_room`).
-    pub(crate) no_space: AtomicBool,
-    /// When the round in flight began, in nanoseconds after `epoch` plus one; 0 when no
-    /// round is in flight.
-    round_began: AtomicU64,
-    epoch: std::time::Instant,
+    /// What the disk owes, read without the lock by the owner and by a `Probe`.
+    pub(crate) gauges: Arc<Gauges>,
     /// The directory's lock, held while the log or any of its threads lives: a thread
     /// left behind by a close that gave up on a hung fsync keeps others out.
     _dir_lock: DirLock,
     /// Callers of [`wait_idle`](Shared::wait_idle) wait here.
     idle: Condvar,
-    durable: AtomicU64,
-    poisoned: AtomicBool,
     /// Set with `State::skipped_snapshot`, so that the owner, which asks after every
     /// turn, takes the lock only when there is something to take.
     snapshot_skipped: AtomicBool,
@@ -148,18 +141,13 @@ impl Shared {
             work: Condvar::new(),
             compaction: Condvar::new(),
             idle: Condvar::new(),
-            durable: AtomicU64::new(durable),
-            poisoned: AtomicBool::new(false),
+            gauges: Arc::new(Gauges::new(durable)),
             snapshot_skipped: AtomicBool::new(false),
             storage,
             dir,
             segment_bytes,
             on_progress,
             exited: Condvar::new(),
-            unsynced: AtomicU64::new(0),
-            no_space: AtomicBool::new(false),
-            round_began: AtomicU64::new(0),
-            epoch: std::time::Instant::now(),
             _dir_lock: dir_lock,
         }
     }
@@ -183,12 +171,12 @@ impl Shared {
     }
 
     pub(crate) fn durable(&self) -> u64 {
-        self.durable.load(Ordering::Acquire)
+        self.gauges.durable.load(Ordering::Acquire)
     }
 
     /// The poisoning error, if the log is poisoned.
     pub(crate) fn error(&self) -> Option<WalError> {
-        if self.poisoned.load(Ordering::Acquire) {
+        if self.gauges.poisoned.load(Ordering::Acquire) {
             self.lock().error.clone()
         } else {
             None
@@ -207,7 +195,7 @@ impl Shared {
     pub(crate) fn poison_quietly(&self, error: WalError) -> WalError {
         let mut state = self.lock();
         let error = state.error.get_or_insert(error).clone();
-        self.poisoned.store(true, Ordering::Release);
+        self.gauges.poisoned.store(true, Ordering::Release);
         self.work.notify_one();
         self.compaction.notify_one();
         self.idle.notify_all();
@@ -271,7 +259,7 @@ impl Shared {
             kept => state.skip = kept,
         }
         let bytes: u64 = pieces.iter().map(|p| p.bytes.len() as u64).sum();
-        self.unsynced.fetch_add(bytes, Ordering::Relaxed);
+        self.gauges.unsynced.fetch_add(bytes, Ordering::Relaxed);
         state.queue.append(pieces);
         if snapshot.is_some() {
             state.snapshot = snapshot;
@@ -308,16 +296,9 @@ impl Shared {
         }
     }
 
-    /// Asks the syncer to finish what is queued and stop, and the compactor to stop once
-    /// the syncer has and nothing is left for it.
     /// Bytes submitted and not durable yet, and how long the round in flight has run.
     pub(crate) fn backlog(&self) -> (u64, Option<std::time::Duration>) {
-        let began = self.round_began.load(Ordering::Relaxed);
-        let running = (began != 0).then(|| {
-            let since = std::time::Duration::from_nanos(began - 1);
-            self.epoch.elapsed().saturating_sub(since)
-        });
-        (self.unsynced.load(Ordering::Relaxed), running)
+        self.gauges.backlog()
     }
 
     /// Waits until `threads` threads of the log have ended, or `deadline` passed;
@@ -336,6 +317,8 @@ impl Shared {
         true
     }
 
+    /// Asks the syncer to finish what is queued and stop, and the compactor to stop once
+    /// the syncer has and nothing is left for it.
     pub(crate) fn stop(&self) {
         self.lock().stop = true;
         self.work.notify_one();
@@ -401,9 +384,9 @@ fn rounds(shared: &Shared) {
         }
         state.compact_removals.extend(removals);
         state.busy = false;
-        shared.round_began.store(0, Ordering::Relaxed);
+        shared.gauges.round_began.store(0, Ordering::Relaxed);
         let written: u64 = pieces.iter().map(|p| p.bytes.len() as u64).sum();
-        shared.unsynced.fetch_sub(written, Ordering::Relaxed);
+        shared.gauges.unsynced.fetch_sub(written, Ordering::Relaxed);
         for piece in pieces {
             if state.spare.len() < SPARE_BUFFERS {
                 let mut bytes = piece.bytes;
@@ -511,13 +494,11 @@ fn next_round(shared: &Shared) -> Option<Round> {
         let work = !state.queue.is_empty() || !state.removals.is_empty();
         if work || state.snapshot.is_some() {
             state.busy = true;
-            let began = shared.epoch.elapsed().as_nanos() as u64 + 1;
-            shared.round_began.store(began, Ordering::Relaxed);
+            let began = shared.gauges.epoch.elapsed().as_nanos() as u64 + 1;
+            shared.gauges.round_began.store(began, Ordering::Relaxed);
             let mut pieces = std::mem::take(&mut state.queue);
             if let Some(skip) = end_on_a_sector(&mut pieces) {
-                shared
-                    .unsynced
-                    .fetch_add(skip.to - skip.from, Ordering::Relaxed);
+                (shared.gauges.unsynced).fetch_add(skip.to - skip.from, Ordering::Relaxed);
                 state.skip = Some(skip);
             }
             return Some((
@@ -570,12 +551,12 @@ fn write_when_room(
     loop {
         match segment.file.write_at(bytes, offset) {
             Err(e) if e.kind() == std::io::ErrorKind::StorageFull && shared.error().is_none() => {
-                shared.no_space.store(true, Ordering::Relaxed);
+                shared.gauges.no_space.store(true, Ordering::Relaxed);
                 std::thread::sleep(wait);
                 wait = (wait * 2).min(std::time::Duration::from_secs(1));
             }
             result => {
-                shared.no_space.store(false, Ordering::Relaxed);
+                shared.gauges.no_space.store(false, Ordering::Relaxed);
                 return result;
             }
         }
@@ -644,7 +625,7 @@ fn write_round(
             .sync_data()
             .map_err(|e| WalError::io(&segment.path, "fdatasync", e))?;
         let last = group[n - 1].last;
-        shared.durable.store(last, Ordering::Release);
+        shared.gauges.durable.store(last, Ordering::Release);
     }
     Ok(())
 }

@@ -191,6 +191,7 @@ impl Wal {
         // that needs a new segment.
         if self
             .shared
+            .gauges
             .no_space
             .load(std::sync::atomic::Ordering::Relaxed)
         {
@@ -318,6 +319,11 @@ impl Wal {
     /// covered until a later snapshot is written.
     pub fn take_skipped_snapshot(&self) -> Option<WalError> {
         self.shared.take_skipped_snapshot()
+    }
+
+    /// A probe that reads, from any thread, how far the disk is behind this log.
+    pub fn probe(&self) -> crate::Probe {
+        crate::Probe::new(&self.shared.gauges, self.stall_after)
     }
 
     /// The paths of the live segments, oldest first.

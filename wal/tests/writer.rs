@@ -87,6 +87,9 @@ fn a_failed_fsync_poisons_the_log_for_good() {
     assert_eq!(op, "fdatasync");
     assert!(path.ends_with("00000000000000000001.wal"));
     assert_eq!(wal.durable(), Lsn(3));
+    let lag = wal.probe().lag();
+    assert!(lag.failed && !lag.stalled, "{lag:?}");
+    assert_eq!(lag.durable, Lsn(3));
     // Every later call answers the same error; the fsync is not tried again.
     let syncs = disk.data_syncs();
     for _ in 0..3 {
@@ -610,10 +613,20 @@ fn a_disk_that_does_not_keep_up_refuses_changes_until_it_catches_up() {
         std::thread::yield_now();
     };
     assert!(stalled >= std::time::Duration::from_millis(20));
+    // A probe, from any thread, sees the same.
+    let probe = wal.probe();
+    let lag = std::thread::spawn(move || probe.lag()).join().unwrap();
+    assert!(lag.stalled && !lag.failed && !lag.waits_for_room, "{lag:?}");
+    assert!(lag.fsync_running.unwrap() >= stalled, "{lag:?}");
+    assert!(lag.unsynced_bytes + 100 > 2048, "{lag:?}");
+    assert_eq!(lag.durable, Lsn(3));
     // The disk catches up: changes are taken again, and nothing was lost.
     disk.release_syncs();
     assert_eq!(wal.sync().unwrap(), Lsn(n - 1));
     wal.reserve(100).unwrap();
+    let lag = wal.probe().lag();
+    assert!(!lag.stalled && lag.fsync_running.is_none(), "{lag:?}");
+    assert_eq!((lag.unsynced_bytes, lag.durable), (0, Lsn(n - 1)));
     drop(wal);
     let (_wal, records, _) = open(&disk, small(65536)).unwrap();
     assert_eq!(records, expected(1..=n - 1));
@@ -638,6 +651,7 @@ fn a_full_disk_inside_preallocated_space_refuses_changes_and_the_log_goes_on() {
         std::thread::yield_now();
     };
     assert!(matches!(refused, WalError::NoSpace { .. }), "{refused}");
+    assert!(wal.probe().lag().waits_for_room);
     assert!(wal.check().is_ok(), "not poisoned");
     // Room again: the write is made, and changes are taken.
     disk.set_capacity(None);
