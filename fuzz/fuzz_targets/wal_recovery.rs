@@ -1,14 +1,16 @@
 //! Recovery of the write-ahead log (`leasemq-wal`) from whatever a crash and damage leave.
 //!
 //! Arbitrary bytes become a log on the fake disk (`MemDisk`) with small segments: records
-//! of chosen sizes, one write per submit, syncs, and snapshots after which the covered
-//! segments are removed or set aside and recycled, so that segments hold the old frames
-//! of their last use. Then a crash (unsynced sectors kept, lost, or torn, with the last
-//! write possibly still in its fsync), and perhaps a few overwrites of chosen bytes of
-//! chosen files. The target panics when:
+//! of chosen sizes, one write per submit, syncs (one of which may fail, poisoning the
+//! log), and snapshots after which the covered segments are removed or set aside and
+//! recycled, so that segments hold the old frames of their last use. Then a crash
+//! (unsynced sectors kept, lost, or torn, perhaps garbled, and each directory operation
+//! kept or lost, with the last write possibly still in its fsync), and perhaps a few
+//! overwrites of chosen bytes of chosen files. The target panics when:
 //!
 //! - recovery fails, or gives back anything but the records appended, with every record
-//!   that was durable, after a crash alone;
+//!   that was durable, after a crash alone; or gives back a record written after a failed
+//!   fsync;
 //! - recovery after damage gives back records that are not numbered one after another
 //!   from the snapshot on;
 //! - a log that recovery accepted does not reopen with the same records and no torn
@@ -71,6 +73,8 @@ fuzz_target!(|data: &[u8]| {
     let mut appended: Vec<Vec<u8>> = Vec::new();
     let mut snapshot = 0;
     let mut unsubmitted = false;
+    // The durable lsn when an fsync failed: nothing after it may come back.
+    let mut poisoned = None;
     for _ in 0..MAX_STEPS {
         if input.is_empty() {
             break;
@@ -87,6 +91,12 @@ fuzz_target!(|data: &[u8]| {
             4 | 5 => {
                 wal.submit().expect("a submit");
                 unsubmitted = false;
+            }
+            6 if unsubmitted && input.take(1) % 8 == 0 => {
+                disk.fail_next_sync();
+                wal.sync().expect_err("the failed fsync poisons the log");
+                poisoned = Some(wal.durable().0);
+                break;
             }
             6 => {
                 wal.sync().expect("a sync");
@@ -106,7 +116,7 @@ fuzz_target!(|data: &[u8]| {
         }
     }
     // The crash, perhaps with the last write written and its fsync not done.
-    if unsubmitted && input.take(1).is_multiple_of(2) {
+    if unsubmitted && poisoned.is_none() && input.take(1).is_multiple_of(2) {
         disk.hold_syncs();
         wal.submit().expect("a submit");
         disk.wait_for_held_sync();
@@ -119,6 +129,9 @@ fuzz_target!(|data: &[u8]| {
             seed: input.take(8),
         },
     };
+    if input.take(1).is_multiple_of(2) {
+        disk.garble_torn_sectors();
+    }
     let crashed = disk.crash(mode);
     drop(wal); // its syncer meets the crashed disk and stops
     let damages = input.take(1) % 4;
@@ -156,6 +169,10 @@ fuzz_target!(|data: &[u8]| {
         assert!(
             kept >= durable,
             "recovered up to {kept}, durable was {durable}"
+        );
+        assert!(
+            poisoned.is_none_or(|p| kept <= p),
+            "a record written after the failed fsync came back"
         );
         assert!(
             from.is_none_or(|f| f == snapshot + 1),

@@ -131,7 +131,8 @@ impl Disks {
     }
 
     /// Crashes every disk: what was appended and not synced is written (not fsynced), then
-    /// each disk keeps all of it, none of it, or a seeded torn subset of its sectors.
+    /// each disk keeps all of it, none of it, or a seeded torn subset of its sectors and
+    /// of its directory operations; on half the disks a sector not kept is garbled.
     /// The logs on the old disks are gone with the process.
     pub fn crash(self, seed: u64) -> Vec<Crashed> {
         let mut rng = Rng::new(seed);
@@ -152,6 +153,10 @@ impl Disks {
                         seed: rng.next_u64(),
                     },
                 };
+                // Half the disks write sectors that a power loss may leave garbled.
+                if rng.below(2) == 0 {
+                    d.disk.garble_torn_sectors();
+                }
                 let disk = d.disk.crash(mode);
                 // Its syncer, held at the gate, fails on the crashed disk and stops.
                 drop(wal);

@@ -6,12 +6,14 @@
 //! own entry was not made durable in its parent is lost at a crash with all it holds. [`MemDisk::crash`] returns a new disk built
 //! from the durable state plus, depending on [`Crash`], some of what was not synced: every
 //! unsynced 512-byte sector is kept or lost independently (so a write can be torn at any
-//! sector, in any pattern), and the unsynced directory operations are kept or lost
-//! together. The crashed disk fails every later call, so a log still running on it is
+//! sector, in any pattern), and each unsynced directory operation (a create, a remove, a
+//! rename, a new directory) is kept or lost on its own, those kept applied in order, a
+//! rename whole. The crashed disk fails every later call, so a log still running on it is
 //! poisoned rather than writing into the new one.
 //!
 //! Tests also use its hooks: flip a bit in durable data, count data syncs, hold syncs
-//! at a gate (to see what a second fsync carries), fail the next sync, fill the disk.
+//! at a gate (to see what a second fsync carries), fail the next sync, remove or read,
+//! fill the disk.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::io;
@@ -61,6 +63,9 @@ struct State {
     /// was synced.
     dirs: BTreeSet<PathBuf>,
     durable_dirs: BTreeSet<PathBuf>,
+    /// The directory operations since the last sync of their directories, in order: what
+    /// turns `durable_names` and `durable_dirs` into `names` and `dirs`.
+    dir_ops: Vec<DirOp>,
     locks: BTreeSet<PathBuf>,
     capacity: Option<u64>,
     data_syncs: u64,
@@ -71,10 +76,52 @@ struct State {
     held_removes: usize,
     fail_next_sync: bool,
     fail_next_remove: bool,
+    /// The file whose next read fails.
+    fail_read: Option<u64>,
     /// Writes need room even inside a file's length (`copy_on_write`).
     cow: bool,
     /// A crash garbles the unsynced sectors it does not keep (see `garble_torn_sectors`).
     garble: bool,
+}
+
+/// A directory operation not yet made durable by a sync of its directory.
+#[derive(Clone, Debug)]
+enum DirOp {
+    Create(PathBuf, u64),
+    Remove(PathBuf),
+    Rename(PathBuf, PathBuf),
+    MakeDir(PathBuf),
+}
+
+impl DirOp {
+    /// Whether a sync of `dir` makes it durable: every entry it changes lies in `dir`.
+    fn lies_in(&self, dir: &Path) -> bool {
+        match self {
+            DirOp::Create(p, _) | DirOp::Remove(p) | DirOp::MakeDir(p) => p.parent() == Some(dir),
+            DirOp::Rename(from, to) => from.parent() == Some(dir) && to.parent() == Some(dir),
+        }
+    }
+
+    /// Applies it to a crash image's entries, as far as they allow (what it needs may
+    /// have been lost).
+    fn apply(&self, names: &mut BTreeMap<PathBuf, u64>, dirs: &mut BTreeSet<PathBuf>) {
+        match self {
+            DirOp::Create(path, ino) => {
+                names.insert(path.clone(), *ino);
+            }
+            DirOp::Remove(path) => {
+                names.remove(path);
+            }
+            DirOp::Rename(from, to) => {
+                if let Some(ino) = names.remove(from) {
+                    names.insert(to.clone(), ino);
+                }
+            }
+            DirOp::MakeDir(path) => {
+                dirs.insert(path.clone());
+            }
+        }
+    }
 }
 
 #[derive(Clone, Debug, Default)]
@@ -104,15 +151,17 @@ impl MemDisk {
             Crash::Tear { seed } => seed,
             _ => 0,
         });
-        let keep_dir_ops = match mode {
-            Crash::KeepUnsynced => true,
-            Crash::LoseUnsynced => false,
-            Crash::Tear { .. } => rng.bool(),
-        };
-        let (mut names, mut dirs) = if keep_dir_ops {
-            (state.names.clone(), state.dirs.clone())
-        } else {
-            (state.durable_names.clone(), state.durable_dirs.clone())
+        let (mut names, mut dirs) = match mode {
+            Crash::KeepUnsynced => (state.names.clone(), state.dirs.clone()),
+            Crash::LoseUnsynced => (state.durable_names.clone(), state.durable_dirs.clone()),
+            Crash::Tear { .. } => {
+                let mut names = state.durable_names.clone();
+                let mut dirs = state.durable_dirs.clone();
+                for op in state.dir_ops.iter().filter(|_| rng.bool()) {
+                    op.apply(&mut names, &mut dirs);
+                }
+                (names, dirs)
+            }
         };
         // What lies in a directory whose own entry was lost is lost with it.
         let reachable = |path: &Path, dirs: &BTreeSet<PathBuf>| {
@@ -282,6 +331,13 @@ impl MemDisk {
         self.state().fail_next_remove = true;
     }
 
+    /// Makes the next `read_at` of the file at `path` fail with an IO error, as a sector
+    /// the device cannot read would. Panics if there is no such file.
+    pub fn fail_next_read(&self, path: &Path) {
+        let mut state = self.state();
+        state.fail_read = Some(state.names[path]);
+    }
+
     /// Makes a [`Crash::Tear`] garble every unsynced sector it does not keep, as a device
     /// whose sector writes are not atomic may leave a sector it was writing at a power
     /// loss: neither its old bytes nor its new ones. A sector a write rewrote is then lost
@@ -417,7 +473,13 @@ impl Storage for MemDisk {
             if state.names.contains_key(ancestor) {
                 return Err(io::Error::other("a file where a directory should be"));
             }
-            state.dirs.insert(ancestor.to_path_buf());
+        }
+        // Outermost first, as `mkdir -p` makes them.
+        let ancestors: Vec<&Path> = dir.ancestors().filter(|a| !is_root(a)).collect();
+        for ancestor in ancestors.into_iter().rev() {
+            if state.dirs.insert(ancestor.to_path_buf()) {
+                state.dir_ops.push(DirOp::MakeDir(ancestor.to_path_buf()));
+            }
         }
         Ok(())
     }
@@ -458,6 +520,7 @@ impl Storage for MemDisk {
         state.next_inode += 1;
         state.inodes.insert(ino, Inode::default());
         state.names.insert(path.to_path_buf(), ino);
+        state.dir_ops.push(DirOp::Create(path.to_path_buf(), ino));
         Ok(Box::new(MemFile {
             disk: self.clone(),
             ino,
@@ -491,6 +554,7 @@ impl Storage for MemDisk {
             return Err(io::Error::other("injected remove failure"));
         }
         state.names.remove(path).ok_or(io::ErrorKind::NotFound)?;
+        state.dir_ops.push(DirOp::Remove(path.to_path_buf()));
         Ok(())
     }
 
@@ -500,6 +564,7 @@ impl Storage for MemDisk {
         state.check_parent(to)?;
         let ino = state.names.remove(from).ok_or(io::ErrorKind::NotFound)?;
         state.names.insert(to.to_path_buf(), ino);
+        (state.dir_ops).push(DirOp::Rename(from.to_path_buf(), to.to_path_buf()));
         Ok(())
     }
 
@@ -523,6 +588,7 @@ impl Storage for MemDisk {
             .map(|(p, &ino)| (p.clone(), ino))
             .collect();
         state.durable_names.extend(entries);
+        state.dir_ops.retain(|op| !op.lies_in(dir));
         Ok(())
     }
 }
@@ -537,6 +603,10 @@ impl StorageFile for MemFile {
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
         let mut state = self.disk.state();
         MemDisk::check(&state)?;
+        if state.fail_read == Some(self.ino) {
+            state.fail_read = None;
+            return Err(io::Error::other("injected read failure"));
+        }
         let data = &state.inode(self.ino).data;
         let start = offset as usize;
         let end = start + buf.len();
@@ -658,5 +728,59 @@ mod tests {
             image, [0; 4],
             "its length kept by the later sync, its bytes never written"
         );
+    }
+
+    #[test]
+    fn each_directory_operation_is_kept_or_lost_on_its_own_and_a_rename_whole() {
+        // Two creates and a rename since /d was last synced.
+        let unsynced = || {
+            let disk = MemDisk::new();
+            disk.create_dir_all(Path::new("/d")).unwrap();
+            disk.sync_dir(Path::new("/")).unwrap();
+            file(&disk, "/d/old");
+            disk.sync_dir(Path::new("/d")).unwrap();
+            file(&disk, "/d/a");
+            file(&disk, "/d/b");
+            disk.rename(Path::new("/d/old"), Path::new("/d/new"))
+                .unwrap();
+            disk
+        };
+        let names = |disk: &MemDisk| {
+            let mut names = disk.list(Path::new("/d")).unwrap();
+            names.sort();
+            names
+        };
+        let mut seen = BTreeSet::new();
+        for seed in 0..64 {
+            let image = names(&unsynced().crash(Crash::Tear { seed }));
+            let renamed = image.contains(&"new".to_string());
+            assert_ne!(
+                renamed,
+                image.contains(&"old".to_string()),
+                "a rename is kept whole: {image:?}"
+            );
+            seen.insert(image);
+        }
+        // Both creates, either, or neither; the rename kept or not: every mix comes up.
+        assert_eq!(seen.len(), 8, "{seen:?}");
+        // A sync of the directory makes them all durable.
+        let disk = unsynced();
+        disk.sync_dir(Path::new("/d")).unwrap();
+        assert_eq!(
+            names(&disk.crash(Crash::Tear { seed: 0 })),
+            ["a", "b", "new"]
+        );
+    }
+
+    #[test]
+    fn a_failed_read_fails_once_and_changes_nothing() {
+        let disk = MemDisk::new();
+        file(&disk, "/f");
+        let f = disk.open(Path::new("/f")).unwrap();
+        disk.fail_next_read(Path::new("/f"));
+        let mut buf = [0; 4];
+        assert!(f.read_at(&mut buf, 0).is_err());
+        f.read_at(&mut buf, 0).unwrap();
+        assert_eq!(&buf, b"data");
     }
 }

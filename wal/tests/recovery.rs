@@ -477,6 +477,27 @@ fn a_log_that_cannot_open_is_left_as_it_was_found() {
 }
 
 #[test]
+fn a_read_error_fails_the_open_and_is_never_taken_for_a_torn_tail() {
+    let disk = MemDisk::new();
+    let (mut wal, _, _) = open(&disk, small(4096)).unwrap();
+    append_synced(&mut wal, 1..=40);
+    drop(wal);
+    let found = image(&disk);
+    for segment in segment_files(&disk) {
+        disk.fail_next_read(&segment);
+        let err = open(&disk, small(4096)).unwrap_err();
+        let WalError::Io { ref path, .. } = err else {
+            panic!("{err}");
+        };
+        assert_eq!(path, &segment);
+        assert_eq!(image(&disk), found, "nothing cut, nothing removed");
+    }
+    let (_wal, records, report) = open(&disk, small(4096)).unwrap();
+    assert_eq!(records, expected(1..=40));
+    assert!(report.torn.is_none());
+}
+
+#[test]
 fn a_snapshot_past_the_logs_end_starts_the_log_again_after_it() {
     // A follower's log ends at 12 (its last write torn); the leader's snapshot covers up
     // to 39.
