@@ -368,11 +368,13 @@ fn rounds(shared: &Shared) {
     let mut scratch = Vec::new();
     while let Some((mut pieces, snapshot, removals)) = next_round(shared) {
         if let Err(error) = write_round(shared, &mut pieces, &mut scratch) {
-            shared.poison(error);
             // What this round wrote may sit in the page cache, never to reach the disk:
             // the next opening must not take it for records (see `poison`). Only the
-            // syncer moves `durable`, and it stops here, so the lsn is final.
+            // syncer moves `durable`, and it stops here, so the lsn is final. The marker
+            // goes first: once the owner learns of the failure it refuses what waited for
+            // this round, and a process that dies just after must not bring that back.
             let _ = poison::write(&*shared.storage, &shared.dir, shared.durable());
+            shared.poison(error);
             return;
         }
         let mut state = shared.lock();

@@ -683,6 +683,24 @@ fn records_written_after_a_failed_fsync_never_come_back_and_leave_no_hole() {
 }
 
 #[test]
+fn a_process_that_dies_as_an_fsync_failure_is_answered_never_brings_back_what_it_refused() {
+    for _ in 0..50 {
+        let disk = MemDisk::new();
+        let (mut wal, _, _) = open(&disk, small(4096)).unwrap();
+        append_synced(&mut wal, 1..=5);
+        disk.fail_next_sync();
+        wal.append(&[6; 1500]).unwrap();
+        assert!(wal.sync().is_err());
+        // The process dies the moment its owner learns of the failure (and could refuse
+        // what waited on it); the page cache, holding the record, outlives it.
+        let crashed = disk.crash(leasemq_wal::Crash::KeepUnsynced);
+        drop(wal);
+        let (_wal, records, _) = open(&crashed, small(4096)).unwrap();
+        assert_eq!(records, expected(1..=5));
+    }
+}
+
+#[test]
 fn a_write_torn_on_a_device_without_atomic_sectors_never_damages_durable_records() {
     for seed in 0..300 {
         let disk = MemDisk::new();
