@@ -2,8 +2,9 @@
 //!
 //! Arbitrary bytes become a log on the fake disk (`MemDisk`) with small segments: records
 //! of chosen sizes, one write per submit, syncs (one of which may fail, poisoning the
-//! log), and snapshots after which the covered segments are removed or set aside and
-//! recycled, so that segments hold the old frames of their last use. Then a crash
+//! log), snapshots after which the covered segments are removed or set aside and
+//! recycled, so that segments hold the old frames of their last use, truncations of the
+//! tail, and snapshots installed inside the log or past its end. Then a crash
 //! (unsynced sectors kept, lost, or torn, perhaps garbled, and each directory operation
 //! kept or lost, with the last write possibly still in its fsync), and perhaps a few
 //! overwrites of chosen bytes of chosen files. The target panics when:
@@ -100,6 +101,26 @@ fuzz_target!(|data: &[u8]| {
             }
             6 => {
                 wal.sync().expect("a sync");
+                unsubmitted = false;
+            }
+            7 if input.take(1).is_multiple_of(2) => {
+                // A truncation, as a Raft follower makes: never of what a snapshot covers.
+                let last = appended.len() as u64;
+                let keep = snapshot + input.take(1) % (last - snapshot + 1);
+                wal.truncate_after(Lsn(keep)).expect("a truncation");
+                appended.truncate(keep as usize);
+                unsubmitted = false;
+            }
+            7 if input.take(1).is_multiple_of(2) => {
+                // A leader's snapshot, past the log's end or inside it.
+                let lsn = snapshot + 1 + input.take(1) % (appended.len() as u64 + 8 - snapshot);
+                wal.install_snapshot(Lsn(lsn), &lsn.to_le_bytes())
+                    .expect("an installed snapshot");
+                if appended.len() < lsn as usize {
+                    // Records it covers are never replayed.
+                    appended.resize(lsn as usize, Vec::new());
+                }
+                snapshot = lsn;
                 unsubmitted = false;
             }
             _ => {

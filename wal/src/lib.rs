@@ -38,6 +38,10 @@
 //!   unsynced sectors (the others perhaps garbled) and of the unsynced directory
 //!   operations, and it fails fsyncs (dropping their dirty data), reads, removes and
 //!   writes into a full disk on demand.
+//! - **Rewriting the tail**, as a Raft follower must where its log conflicts with its
+//!   leader's: [`Wal::truncate_after`] discards every record after an lsn, and
+//!   [`Wal::install_snapshot`] writes a leader's snapshot and goes on after it, past the
+//!   log's end if need be. Both block until what they did is durable.
 //! - A [`Probe`] ([`Wal::probe`]) reads from any thread what the log owes the disk and
 //!   whether it refuses changes for it: for metrics and health checks.
 //!
@@ -69,6 +73,16 @@
 //! tells a torn write from the end of the data by frames with an lsn at or past the one
 //! due. Spares found at a start are removed: after a crash one may hold frames of lost
 //! writes, whose lsns the log reuses.
+//!
+//! **Truncation.** A truncation never writes over durable records. It removes the
+//! segments that begin after the lsn it keeps (newest first, each removal synced, so that
+//! a crash leaves a prefix of the log), then makes a new segment for the next lsn under a
+//! temporary name and renames it into place, synced. That segment is the truncation's
+//! record: a segment's records are read only up to where the next segment begins, so the
+//! discarded records left in the segment before it are never read again, and no record is
+//! ever written over them (were one written there, a discarded frame just after it could
+//! pass for the next record). Recovery keeps an empty last segment that supersedes
+//! records as the segment to append to, and removes a temporary one a crash left.
 //!
 //! # Durability rules
 //!

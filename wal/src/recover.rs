@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use crate::frame::{self, Stop, HEADER};
-use crate::segment::{parse_segment_name, segment_name, Segment, SPARE_SUFFIX};
+use crate::segment::{parse_segment_name, segment_name, Segment, SPARE_SUFFIX, TRUNCATING_SUFFIX};
 use crate::storage::Storage;
 use crate::{ident, poison};
 use crate::{Lsn, Options, WalError};
@@ -75,7 +75,20 @@ pub(crate) fn create_segment(
     first_lsn: u64,
     capacity: u64,
 ) -> Result<Segment, WalError> {
-    let path = dir.join(segment_name(first_lsn));
+    create_segment_named(storage, dir, log, first_lsn, capacity, "")
+}
+
+/// As [`create_segment`], in a file named as the segment's with `suffix` (one a
+/// truncation renames into place).
+pub(crate) fn create_segment_named(
+    storage: &dyn Storage,
+    dir: &Path,
+    log: u64,
+    first_lsn: u64,
+    capacity: u64,
+    suffix: &str,
+) -> Result<Segment, WalError> {
+    let path = dir.join(segment_name(first_lsn) + suffix);
     let file = match storage.create(&path) {
         Ok(file) => file,
         // Left by a creation that failed, whose removal failed too: no record goes to a
@@ -183,8 +196,9 @@ fn find(storage: &dyn Storage, dir: &Path, from: u64) -> Result<Plan, WalError> 
     let names = storage
         .list(dir)
         .map_err(|e| WalError::io(dir, "list", e))?;
+    // Spares, and segments a truncation made and a crash left unnamed: they go.
     let spares = (names.iter())
-        .filter(|n| n.ends_with(SPARE_SUFFIX))
+        .filter(|n| n.ends_with(SPARE_SUFFIX) || n.ends_with(TRUNCATING_SUFFIX))
         .map(|n| dir.join(n))
         .collect();
     let found = ident::read(storage, dir)?;
@@ -239,6 +253,7 @@ fn plan(
     let last = plan.segments.len() - 1;
     // How many segments, from the first, hold nothing replay needs.
     let mut covered = 0;
+    let mut truncated = false;
     for (i, segment) in plan.segments.iter().enumerate() {
         if segment.first_lsn != plan.next_lsn {
             // A gap below `from` is a removal of covered segments that a crash cut short
@@ -255,8 +270,14 @@ fn plan(
         }
         let replayed = &mut plan.replayed;
         let limit = plan.trusted.unwrap_or(u64::MAX);
-        let (end, next, cut) =
-            replay_segment(segment, plan.next_lsn, i == last, limit, &mut |lsn, p| {
+        // Where the next segment begins; after the last with data, an empty one a
+        // truncation made. (After a failed fsync, what follows the last durable record
+        // is cut from the last segment it reaches, truncated or not.)
+        let marker = plan.empty.first().filter(|_| plan.trusted.is_none());
+        let after = plan.segments.get(i + 1).or(marker);
+        let ends = (i == last, after.map_or(u64::MAX, |s| s.first_lsn));
+        let (end, next, cut, superseded) =
+            replay_segment(segment, plan.next_lsn, ends, limit, &mut |lsn, p| {
                 if lsn.0 >= from {
                     replay(lsn, p)?;
                     *replayed += 1;
@@ -266,6 +287,15 @@ fn plan(
         plan.torn = cut.or(plan.torn.take());
         plan.next_lsn = next;
         plan.pos = end;
+        truncated = superseded && i == last;
+    }
+    if truncated {
+        // The records from where it begins on were discarded by a truncation: the empty
+        // segment after them, which says so, is where the log goes on. (Else an empty
+        // segment there is one a crash cut short as it was made: it goes.)
+        let current = plan.empty.remove(0);
+        (plan.next_lsn, plan.pos, plan.torn) = (current.first_lsn, 0, None);
+        plan.segments.push(current);
     }
     if plan.next_lsn < from {
         // A snapshot past the log's end (a follower's, installed from its leader) covers
@@ -334,26 +364,34 @@ pub(crate) fn recover(
 /// Checks and replays one segment whose first record is `first_lsn`, up to lsn `limit`;
 /// returns where its records end, the next lsn, and the torn tail to cut, with how many
 /// bytes from its offset to zero (only the last segment may have one). Records past
-/// `limit`, written after an fsync failed, are cut unread.
+/// `limit`, written after an fsync failed, are cut unread. Records at or after
+/// `next_segment`, where the next segment begins, were discarded by a truncation
+/// (`Wal::truncate_after`): the segment ends before them, and the last value returned
+/// says there were some.
 fn replay_segment(
     segment: &Segment,
     first_lsn: u64,
-    is_last: bool,
+    (is_last, next_segment): (bool, u64),
     limit: u64,
     replay: &mut Replay<'_>,
-) -> Result<(u64, u64, Option<Cut>), WalError> {
+) -> Result<(u64, u64, Option<Cut>, bool), WalError> {
     let buf = read_all(segment)?;
     // `max_record_bytes` limits what is appended from now on; records already written
     // under a larger limit are read back whole. Only the segment itself bounds a length.
     let read_limit = buf.len();
     let scan = frame::scan(&buf, first_lsn, segment.seed, read_limit, |lsn, payload| {
-        if lsn > limit {
+        if lsn > limit || lsn >= next_segment {
             return Err(String::new());
         }
         replay(Lsn(lsn), payload)
     });
     let at = scan.end as u64;
-    let end = if matches!(scan.stop, Stop::Refused(_)) && scan.next_lsn > limit {
+    let refused = matches!(scan.stop, Stop::Refused(_));
+    let superseded = refused && scan.next_lsn >= next_segment;
+    let end = if superseded {
+        // Records a truncation discarded: the next segment begins before them.
+        End::Clean
+    } else if refused && scan.next_lsn > limit {
         let detail = format!(
             "records from lsn {} on, written after an fsync failed",
             scan.next_lsn
@@ -387,7 +425,7 @@ fn replay_segment(
             })
         }
     };
-    Ok((at, scan.next_lsn, torn))
+    Ok((at, scan.next_lsn, torn, superseded))
 }
 
 /// Opens the segments among `names`, the files of `dir`, in lsn order.

@@ -30,6 +30,10 @@ pub(crate) fn segment_name(lsn: u64) -> String {
 /// How a spare segment's name ends: `<number, 20 digits>.spare`.
 pub(crate) const SPARE_SUFFIX: &str = ".spare";
 
+/// How the name of a segment a truncation makes ends until it is renamed into place
+/// (`Wal::truncate_after`); one found at recovery is a truncation a crash cut short.
+pub(crate) const TRUNCATING_SUFFIX: &str = ".truncating";
+
 /// The file name of spare segment number `n`.
 pub(crate) fn spare_name(n: u64) -> String {
     format!("{n:020}{SPARE_SUFFIX}")

@@ -183,6 +183,15 @@ impl Shared {
         }
     }
 
+    /// The owner's log goes on at `next` (after a truncation, or a snapshot past its
+    /// end), with nothing in flight: every record before it is durable.
+    pub(crate) fn restart_at(&self, next: u64) {
+        let state = self.lock();
+        debug_assert!(state.syncer_idle(), "restarted with a round in flight");
+        self.gauges.durable.store(next - 1, Ordering::Release);
+        drop(state);
+    }
+
     /// Poisons the log with `error` (the first error sticks) and returns the error it holds.
     pub(crate) fn poison(&self, error: WalError) -> WalError {
         let error = self.poison_quietly(error);

@@ -7,7 +7,7 @@ use std::thread::JoinHandle;
 
 use crate::frame;
 use crate::recover::{self, RecoveryReport};
-use crate::segment::Segment;
+use crate::segment::{self, Segment};
 use crate::storage::Storage;
 use crate::syncer::{self, Piece, Shared};
 use crate::{Lsn, Options, WalError};
@@ -319,6 +319,128 @@ impl Wal {
     /// covered until a later snapshot is written.
     pub fn take_skipped_snapshot(&self) -> Option<WalError> {
         self.shared.take_skipped_snapshot()
+    }
+
+    /// Discards every record after `lsn`: the next append gets `lsn + 1`, as a Raft
+    /// follower rewrites the tail of its log where it conflicts with its leader's.
+    /// Nothing to discard (`lsn` at or past the last record appended) changes nothing.
+    ///
+    /// Blocks until the truncation is durable. What was appended is made durable first.
+    /// Then the segments that begin after `lsn` are removed, newest first, each removal
+    /// synced, so that a crash leaves a prefix of the log; and a new segment for `lsn + 1`
+    /// is made and synced into the directory. It marks the truncation: a segment's records
+    /// are read only up to where the next segment begins, so those the truncation
+    /// discarded in the segment holding `lsn` are never read again, and records are never
+    /// again written over them. A snapshot handed over at an lsn after `lsn` must not be
+    /// (a log truncates only what no snapshot covers).
+    ///
+    /// # Errors
+    ///
+    /// [`WalError::InvalidOptions`] if `lsn` lies before the log's first live record,
+    /// whose segment a snapshot let go; [`WalError::NoSpace`] if the new segment found no
+    /// room: nothing was discarded, and the log goes on. The poisoning error once the log
+    /// is poisoned; an IO error on the way poisons it.
+    pub fn truncate_after(&mut self, lsn: Lsn) -> Result<(), WalError> {
+        self.check()?;
+        if lsn.0 >= self.next_lsn - 1 {
+            return Ok(());
+        }
+        let first = self.segments.front().map_or(1, |s| s.first_lsn);
+        if lsn.0 + 1 < first {
+            return Err(WalError::InvalidOptions(format!(
+                "cannot truncate after lsn {}: the log's first live record is {first}",
+                lsn.0
+            )));
+        }
+        self.sync()?;
+        // Made first, under a temporary name, so that a full disk discards nothing.
+        let mut segment = self.new_segment(lsn.0 + 1, segment::TRUNCATING_SUFFIX)?;
+        let shared = Arc::clone(&self.shared);
+        let (storage, dir) = (shared.storage(), shared.dir().to_path_buf());
+        let step = |what: &'static str, path: &Path, result: std::io::Result<()>| {
+            result.map_err(|e| shared.poison_quietly(WalError::io(path, what, e)))
+        };
+        while self.segments.back().is_some_and(|s| s.first_lsn > lsn.0) {
+            let gone = self.segments.pop_back().expect("just looked");
+            step("remove", &gone.path, storage.remove(&gone.path))?;
+            step("sync", &dir, storage.sync_dir(&dir))?;
+        }
+        let path = dir.join(segment::segment_name(lsn.0 + 1));
+        step(
+            "rename",
+            &segment.path,
+            storage.rename(&segment.path, &path),
+        )?;
+        step("sync", &dir, storage.sync_dir(&dir))?;
+        segment.path = path;
+        self.start_at(segment, lsn.0 + 1);
+        Ok(())
+    }
+
+    /// Writes `data` as the snapshot at `lsn`, as a Raft follower installs its leader's:
+    /// once the snapshot is durable, the records it covers go, and the log goes on after
+    /// it. When `lsn` is past the last record appended, the next append gets
+    /// `lsn + 1`, and every segment goes (a crash before they are gone leaves a snapshot
+    /// past the log's end, which [`open`](Wal::open) starts after). When the log holds
+    /// records after `lsn`, they stay: a caller whose records there conflict with the
+    /// snapshot's truncates them first ([`truncate_after`](Wal::truncate_after)).
+    ///
+    /// Blocks until the snapshot is durable; what was appended is made durable first.
+    ///
+    /// # Errors
+    ///
+    /// [`WalError::NoSpace`] if the snapshot or a new segment found no room: the log goes
+    /// on without it. The poisoning error once the log is poisoned; another IO error
+    /// poisons it.
+    pub fn install_snapshot(&mut self, lsn: Lsn, data: &[u8]) -> Result<(), WalError> {
+        self.sync()?;
+        let dir = self.shared.dir().to_path_buf();
+        match crate::write_snapshot(self.shared.storage(), &dir, lsn, data) {
+            Ok(_) => {}
+            Err(e @ WalError::NoSpace { .. }) => return Err(e),
+            Err(e) => return Err(self.shared.poison_quietly(e)),
+        }
+        // Past the log's end, it goes on after the snapshot; at its end, as it was.
+        if lsn.0 >= self.next_lsn {
+            let segment = self.new_segment(lsn.0 + 1, "")?;
+            let storage = self.shared.storage();
+            let synced = storage.sync_dir(&dir);
+            synced.map_err(|e| (self.shared).poison_quietly(WalError::io(&dir, "sync", e)))?;
+            self.start_at(segment, lsn.0 + 1);
+        }
+        self.remove_before(Lsn(lsn.0 + 1))?;
+        Ok(())
+    }
+
+    /// A new segment, preallocated, for records from `first_lsn` on, in a file named as
+    /// that segment's with `suffix`; its directory entry is not synced.
+    fn new_segment(&self, first_lsn: u64, suffix: &str) -> Result<Segment, WalError> {
+        let storage = self.shared.storage();
+        let dir = self.shared.dir();
+        let made = recover::create_segment_named(
+            storage,
+            dir,
+            self.log,
+            first_lsn,
+            self.shared.segment_bytes(),
+            suffix,
+        );
+        made.map_err(|e| match e {
+            WalError::NoSpace { .. } => e,
+            e => self.shared.poison_quietly(e),
+        })
+    }
+
+    /// Makes `segment`, synced into the directory, the one appended to, and `next` the
+    /// next lsn; every record before `next` is durable.
+    fn start_at(&mut self, segment: Segment, next: u64) {
+        self.pending.clear();
+        self.capacity = segment.capacity;
+        self.segments.push_back(Arc::new(segment));
+        self.pos = 0;
+        self.fresh = false;
+        self.next_lsn = next;
+        self.shared.restart_at(next);
     }
 
     /// A probe that reads, from any thread, how far the disk is behind this log.
