@@ -342,7 +342,14 @@ pub(crate) fn recover(
     if let Some(tail) = &plan.torn {
         cut(&segments[last], tail.torn.offset, tail.bytes)?;
     }
-    make_current(storage, dir, &mut segments[last], options.segment_bytes)?;
+    let end = (plan.pos, plan.next_lsn);
+    let pos = make_current(
+        storage,
+        dir,
+        &mut segments[last],
+        options.segment_bytes,
+        end,
+    )?;
     if plan.trusted.is_some() {
         poison::remove(storage, dir)?;
     }
@@ -356,7 +363,7 @@ pub(crate) fn recover(
     Ok(Recovered {
         log: plan.log,
         segments: segments.into_iter().map(Arc::new).collect(),
-        pos: plan.pos,
+        pos,
         report,
     })
 }
@@ -463,13 +470,16 @@ fn open_segments(
     Ok(segments)
 }
 
-/// Readies the last segment for appends: preallocated, and synced with its directory.
+/// Readies the last segment for appends: preallocated, its data ending on a sector
+/// (`end_on_a_sector`, from `pos`), and synced with its directory; returns where the next
+/// write goes.
 fn make_current(
     storage: &dyn Storage,
     dir: &Path,
     current: &mut Segment,
     segment_bytes: u64,
-) -> Result<(), WalError> {
+    (pos, next_lsn): (u64, u64),
+) -> Result<u64, WalError> {
     if current.capacity < segment_bytes {
         // A crash lost the preallocation, or the segment size grew since.
         current
@@ -478,16 +488,19 @@ fn make_current(
             .map_err(|e| WalError::io(&current.path, "fallocate", e))?;
         current.capacity = segment_bytes;
     }
+    let pos = end_on_a_sector(current, pos, next_lsn)?;
     // What recovery read may be in the page cache only (the process died, the machine
-    // did not): sync it before calling any of it durable. Only the last segment can
-    // hold unsynced data: the syncer syncs a segment before it writes the next.
+    // did not): sync it, with what was cut and the filler, before calling any of it
+    // durable. Only the last segment can hold unsynced data: the syncer syncs a segment
+    // before it writes the next.
     current
         .file
         .sync_data()
         .map_err(|e| WalError::io(&current.path, "fdatasync", e))?;
     storage
         .sync_dir(dir)
-        .map_err(|e| WalError::io(dir, "fsync directory", e))
+        .map_err(|e| WalError::io(dir, "fsync directory", e))?;
+    Ok(pos)
 }
 
 /// How the data of a segment ends, past its last good record.
@@ -570,14 +583,35 @@ fn read_all(segment: &Segment) -> Result<Vec<u8>, WalError> {
     Ok(buf)
 }
 
-/// Zeroes `bytes` bytes from `offset` and syncs them.
+/// Zeroes `bytes` bytes from `offset` (synced by `make_current`).
 fn cut(segment: &Segment, offset: u64, bytes: usize) -> Result<(), WalError> {
     segment
         .file
         .write_at(&vec![0; bytes], offset)
-        .map_err(|e| WalError::io(&segment.path, "write", e))?;
+        .map_err(|e| WalError::io(&segment.path, "write", e))
+}
+
+/// Takes the end of the data at `pos` to the next sector with a filler frame (sealed as
+/// the write of record `next_lsn` would be) and an end marker after it, so that the
+/// first write after recovery starts a sector of its own, as every later one does: a
+/// torn write must not garble records that recovery is about to call durable. The data
+/// ends mid-sector where a torn write was cut inside it (the bytes before the cut were
+/// never synced), or in a log written before fillers. Not synced here. Returns where the
+/// next write goes.
+fn end_on_a_sector(segment: &Segment, pos: u64, next_lsn: u64) -> Result<u64, WalError> {
+    let len = frame::filler_len(pos);
+    if len == 0 || pos + len + HEADER as u64 > segment.capacity {
+        // At a sector already; or too near the segment's end for the next record, which
+        // then starts a segment of its own.
+        return Ok(pos);
+    }
+    let mut buf = Vec::with_capacity(len as usize + HEADER);
+    frame::push_filler(&mut buf, len as usize);
+    frame::seal(&mut buf, next_lsn, segment.seed);
+    buf.resize(buf.len() + HEADER, 0);
     segment
         .file
-        .sync_data()
-        .map_err(|e| WalError::io(&segment.path, "fdatasync", e))
+        .write_at(&buf, pos)
+        .map_err(|e| WalError::io(&segment.path, "write", e))?;
+    Ok(pos + len)
 }

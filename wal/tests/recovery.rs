@@ -701,6 +701,47 @@ fn a_process_that_dies_as_an_fsync_failure_is_answered_never_brings_back_what_it
 }
 
 #[test]
+fn a_write_after_a_recovery_that_cut_a_torn_write_never_garbles_what_it_recovered() {
+    use leasemq_wal::Crash;
+    let mut cut_mid_sector = 0;
+    for seed in 0..200 {
+        // Records 1..=3 synced, then a round of 4..=9 written and never synced, torn.
+        let disk = MemDisk::new();
+        let (mut wal, _, _) = open(&disk, small(65536)).unwrap();
+        append_synced(&mut wal, 1..=3);
+        disk.hold_syncs();
+        // Large enough that the write spans sectors, and its frames straddle them.
+        for n in 4..=9 {
+            wal.append(&[n as u8; 200]).unwrap();
+        }
+        wal.submit().unwrap();
+        disk.wait_for_held_sync();
+        let torn = disk.crash(Crash::Tear { seed });
+        disk.release_syncs();
+        drop(wal);
+        let (mut wal, recovered, report) = open(&torn, small(65536)).unwrap();
+        let kept = recovered.len() as u64;
+        if report.torn.is_some_and(|t| t.offset % 512 != 0) {
+            cut_mid_sector += 1;
+        }
+        // All it replayed is durable now. The next write, torn on a device that garbles
+        // the sectors it was writing, must not take any of it.
+        torn.hold_syncs();
+        wal.append(&[0xEE; 200]).unwrap();
+        wal.submit().unwrap();
+        torn.wait_for_held_sync();
+        torn.garble_torn_sectors();
+        let again = torn.crash(Crash::Tear { seed: seed + 1000 });
+        torn.release_syncs();
+        drop(wal);
+        let (_wal, records, _) = open(&again, small(65536)).unwrap();
+        assert!(records.len() as u64 >= kept, "seed {seed}: {records:?}");
+        assert_eq!(records[..kept as usize], recovered[..], "seed {seed}");
+    }
+    assert!(cut_mid_sector > 10, "{cut_mid_sector} cuts inside a sector");
+}
+
+#[test]
 fn a_write_torn_on_a_device_without_atomic_sectors_never_damages_durable_records() {
     for seed in 0..300 {
         let disk = MemDisk::new();
