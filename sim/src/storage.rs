@@ -130,9 +130,10 @@ impl Disks {
         Ok(durable)
     }
 
-    /// Crashes every disk: what was appended and not synced is written (not fsynced), then
-    /// each disk keeps all of it, none of it, or a seeded torn subset of its sectors and
-    /// of its directory operations; on half the disks a sector not kept is garbled.
+    /// Crashes every disk: what was appended and not synced is written (not fsynced), or
+    /// on a quarter of the disks its fsync fails, then each disk keeps all of it, none of
+    /// it, or a seeded torn subset of its sectors and of its directory operations; on half
+    /// the disks a sector not kept is garbled.
     /// The logs on the old disks are gone with the process.
     pub fn crash(self, seed: u64) -> Vec<Crashed> {
         let mut rng = Rng::new(seed);
@@ -142,9 +143,16 @@ impl Disks {
                 let durable = d.wal.durable();
                 let mut wal = d.wal;
                 if wal.last_appended() > durable {
-                    d.disk.hold_syncs();
-                    wal.submit().expect("a working log takes a submit");
-                    d.disk.wait_for_held_sync();
+                    if rng.below(4) == 0 {
+                        // Or the fsync fails, and the process stops on it, as a shard does
+                        // (PostgreSQL's rule): the page cache keeps what the disk dropped.
+                        d.disk.fail_next_sync();
+                        wal.sync().expect_err("the failed fsync poisons the log");
+                    } else {
+                        d.disk.hold_syncs();
+                        wal.submit().expect("a working log takes a submit");
+                        d.disk.wait_for_held_sync();
+                    }
                 }
                 let mode = match rng.below(4) {
                     0 => Crash::KeepUnsynced,
