@@ -654,16 +654,21 @@ fn a_new_logs_directory_survives_a_crash_with_what_was_synced_in_it() {
     assert_eq!(records, expected(1..=5));
 }
 
-#[test]
-fn records_written_after_a_failed_fsync_never_come_back_and_leave_no_hole() {
+/// A log holding records 1..=5, then a record filling sectors of its own whose fsync
+/// failed: the disk dropped it, the page cache still holds it.
+fn with_a_failed_fsync() -> (MemDisk, leasemq_wal::Wal) {
     let disk = MemDisk::new();
     let (mut wal, _, _) = open(&disk, small(4096)).unwrap();
     append_synced(&mut wal, 1..=5);
-    // A record filling sectors of its own, whose fsync fails: the disk drops it, the
-    // page cache still holds it.
     disk.fail_next_sync();
     wal.append(&[6; 1500]).unwrap();
     assert!(wal.sync().is_err());
+    (disk, wal)
+}
+
+#[test]
+fn records_written_after_a_failed_fsync_never_come_back_and_leave_no_hole() {
+    let (disk, wal) = with_a_failed_fsync();
     drop(wal);
     // Opened again without a reboot: the refused record is not a record.
     let (mut wal, records, report) = open(&disk, small(4096)).unwrap();
@@ -685,12 +690,7 @@ fn records_written_after_a_failed_fsync_never_come_back_and_leave_no_hole() {
 #[test]
 fn a_process_that_dies_as_an_fsync_failure_is_answered_never_brings_back_what_it_refused() {
     for _ in 0..50 {
-        let disk = MemDisk::new();
-        let (mut wal, _, _) = open(&disk, small(4096)).unwrap();
-        append_synced(&mut wal, 1..=5);
-        disk.fail_next_sync();
-        wal.append(&[6; 1500]).unwrap();
-        assert!(wal.sync().is_err());
+        let (disk, wal) = with_a_failed_fsync();
         // The process dies the moment its owner learns of the failure (and could refuse
         // what waited on it); the page cache, holding the record, outlives it.
         let crashed = disk.crash(leasemq_wal::Crash::KeepUnsynced);

@@ -28,11 +28,17 @@ fn reopen(disk: &MemDisk, segment_bytes: u64) -> (leasemq_wal::Wal, Records) {
     (wal, records)
 }
 
+/// A log of records 1..=`n`, synced, in segments of `segment_bytes`.
+fn synced_log(segment_bytes: u64, n: u64) -> (MemDisk, leasemq_wal::Wal) {
+    let disk = MemDisk::new();
+    let (mut wal, _, _) = open(&disk, small(segment_bytes)).unwrap();
+    append_synced(&mut wal, 1..=n);
+    (disk, wal)
+}
+
 #[test]
 fn truncated_records_never_come_back_and_the_log_goes_on_after_the_kept_ones() {
-    let disk = MemDisk::new();
-    let (mut wal, _, _) = open(&disk, small(65536)).unwrap();
-    append_synced(&mut wal, 1..=10);
+    let (disk, mut wal) = synced_log(65536, 10);
     wal.truncate_after(Lsn(5)).unwrap();
     assert_eq!(wal.last_appended(), Lsn(5));
     assert_eq!(wal.durable(), Lsn(5));
@@ -80,9 +86,7 @@ fn a_rewritten_record_never_lets_a_discarded_one_after_it_pass_for_the_next() {
 
 #[test]
 fn a_truncation_reaches_back_across_segments_and_again() {
-    let disk = MemDisk::new();
-    let (mut wal, _, _) = open(&disk, small(256)).unwrap();
-    append_synced(&mut wal, 1..=40);
+    let (disk, mut wal) = synced_log(256, 40);
     let before = segment_files(&disk).len();
     wal.truncate_after(Lsn(12)).unwrap();
     assert!(
@@ -111,9 +115,7 @@ fn a_truncation_reaches_back_across_segments_and_again() {
 #[test]
 fn a_crash_after_a_truncation_keeps_the_kept_records_and_a_prefix_of_the_new_ones() {
     for seed in 0..64 {
-        let disk = MemDisk::new();
-        let (mut wal, _, _) = open(&disk, small(512)).unwrap();
-        append_synced(&mut wal, 1..=30);
+        let (disk, mut wal) = synced_log(512, 30);
         wal.truncate_after(Lsn(9)).unwrap();
         for n in 10..=14 {
             wal.append(&rewritten(n)).unwrap();
@@ -136,9 +138,7 @@ fn a_crash_after_a_truncation_keeps_the_kept_records_and_a_prefix_of_the_new_one
 #[test]
 fn a_crash_in_the_middle_of_a_truncation_leaves_a_prefix_of_the_log() {
     for seed in 0..32 {
-        let disk = MemDisk::new();
-        let (mut wal, _, _) = open(&disk, small(256)).unwrap();
-        append_synced(&mut wal, 1..=40);
+        let (disk, mut wal) = synced_log(256, 40);
         // The crash comes as the third segment from the end is removed.
         let segments = segment_files(&disk);
         let third = &segments[segments.len() - 3];
@@ -160,9 +160,7 @@ fn a_crash_in_the_middle_of_a_truncation_leaves_a_prefix_of_the_log() {
 
 #[test]
 fn a_truncation_before_the_first_live_record_is_refused() {
-    let disk = MemDisk::new();
-    let (mut wal, _, _) = open(&disk, small(256)).unwrap();
-    append_synced(&mut wal, 1..=40);
+    let (_disk, mut wal) = synced_log(256, 40);
     wal.install_snapshot(Lsn(30), b"state at 30").unwrap();
     let err = wal.truncate_after(Lsn(2)).unwrap_err();
     assert!(matches!(err, WalError::InvalidOptions(_)), "{err}");
@@ -174,9 +172,7 @@ fn a_truncation_before_the_first_live_record_is_refused() {
 #[test]
 fn a_snapshot_installed_past_the_logs_end_starts_the_log_after_it() {
     let installed = || {
-        let disk = MemDisk::new();
-        let (mut wal, _, _) = open(&disk, small(256)).unwrap();
-        append_synced(&mut wal, 1..=20);
+        let (disk, mut wal) = synced_log(256, 20);
         wal.install_snapshot(Lsn(100), b"the leader's state")
             .unwrap();
         assert_eq!(wal.durable(), Lsn(100));
@@ -206,9 +202,7 @@ fn a_snapshot_installed_past_the_logs_end_starts_the_log_after_it() {
 
 #[test]
 fn a_snapshot_installed_inside_the_log_keeps_the_records_after_it() {
-    let disk = MemDisk::new();
-    let (mut wal, _, _) = open(&disk, small(256)).unwrap();
-    append_synced(&mut wal, 1..=40);
+    let (disk, mut wal) = synced_log(256, 40);
     wal.install_snapshot(Lsn(25), b"state at 25").unwrap();
     assert_eq!(wal.append(&payload(41)).unwrap(), Lsn(41));
     wal.sync().unwrap();
@@ -219,9 +213,7 @@ fn a_snapshot_installed_inside_the_log_keeps_the_records_after_it() {
 
 #[test]
 fn a_snapshot_installed_where_a_truncation_left_the_log_lets_it_go_on() {
-    let disk = MemDisk::new();
-    let (mut wal, _, _) = open(&disk, small(256)).unwrap();
-    append_synced(&mut wal, 1..=6);
+    let (disk, mut wal) = synced_log(256, 6);
     wal.truncate_after(Lsn(1)).unwrap();
     wal.install_snapshot(Lsn(1), b"state at 1").unwrap();
     for n in 2..=4 {
