@@ -132,6 +132,73 @@ fn a_full_disk_fails_the_put_with_a_storage_error() {
     broker.shutdown();
 }
 
+#[test]
+fn a_full_copy_on_write_disk_refuses_changes_and_the_write_it_refused_waits_for_room() {
+    let disk = MemDisk::new();
+    disk.copy_on_write();
+    let (broker, jobs, _) = jobs_and_scratch(&disk);
+    let put = |id: &str| jobs.put(Message::new("x").with_id(id));
+    assert_eq!(put("ok"), Ok(PutOutcome::Enqueued));
+    // Full: the next write needs new blocks, even inside the preallocated segment.
+    disk.set_capacity(Some(disk.used()));
+    let waiting = {
+        let jobs = jobs.clone();
+        std::thread::spawn(move || jobs.put(Message::new("x").with_id("waited")))
+    };
+    let started = std::time::Instant::now();
+    while !broker.log_lag()[0].waits_for_room {
+        assert!(
+            started.elapsed().as_secs() < 20,
+            "the write never met the full disk"
+        );
+        std::thread::yield_now();
+    }
+    // Meanwhile changes are refused whole, and the log is not failed.
+    match put("refused") {
+        Err(Error::Storage(why)) => assert!(why.contains("room"), "{why}"),
+        other => panic!("expected a storage error, got {other:?}"),
+    }
+    assert!(!broker.log_lag()[0].failed);
+    // Room again: the waiting put is answered, and puts are taken.
+    disk.set_capacity(None);
+    assert_eq!(waiting.join().unwrap(), Ok(PutOutcome::Enqueued));
+    assert_eq!(put("after"), Ok(PutOutcome::Enqueued));
+    let image = disk.crash(Crash::LoseUnsynced);
+    broker.shutdown();
+    let broker = open(&image, 1).unwrap();
+    let mut ids = ids_in(&broker, "jobs");
+    ids.sort();
+    assert_eq!(ids, ["after", "ok", "waited"]);
+    broker.shutdown();
+}
+
+#[test]
+fn a_read_error_at_the_start_refuses_it_and_changes_nothing() {
+    let disk = MemDisk::new();
+    let (broker, jobs, _) = jobs_and_scratch(&disk);
+    for i in 0..3 {
+        jobs.put(Message::new("x").with_id(format!("ok{i}")))
+            .unwrap();
+    }
+    broker.shutdown();
+    let dir = std::path::Path::new(DIR).join("shard-0");
+    let segment = (leasemq_wal::Storage::list(&disk, &dir).unwrap().into_iter())
+        .find(|name| name.ends_with(".wal"))
+        .map(|name| dir.join(name))
+        .expect("a segment");
+    disk.fail_next_read(&segment);
+    match open(&disk, 1) {
+        Err(Error::Storage(why)) => assert!(why.contains("read"), "{why}"),
+        other => panic!("expected a storage error, got {other:?}"),
+    }
+    // Nothing was cut or removed: the next start has everything.
+    let broker = open(&disk, 1).unwrap();
+    let mut ids = ids_in(&broker, "jobs");
+    ids.sort();
+    assert_eq!(ids, ["ok0", "ok1", "ok2"]);
+    broker.shutdown();
+}
+
 /// §7 recovery: a record whose frame checks out but that the broker cannot take (one a
 /// later build wrote, of a kind this one does not know) refuses the start with `Storage`
 /// naming the segment file and the byte the record starts at, not a shard half restored.

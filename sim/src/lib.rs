@@ -29,9 +29,12 @@
 //! [`Op::Sync`] fsyncs that shard's log; the `Wal`'s syncer thread runs only inside that
 //! call, so a run stays deterministic. [`Op::Crash`] loses everything in memory (queues in
 //! memory, consumers, what waited, what was between shards), has the syncer write what
-//! was appended without fsyncing it, and crashes each disk so that it keeps, loses or
-//! tears (per 512-byte sector) those writes; with `flip`, a bit of an old record (synced,
-//! with a later write after it) flips first. Then the shards come back as
+//! was appended without fsyncing it (or, on some disks, has that fsync fail, the page
+//! cache keeping what the disk dropped), and crashes each disk so that it keeps, loses or
+//! tears (per 512-byte sector, some disks garbling what they do not keep) those writes
+//! and each unsynced directory operation; with `flip`, a bit of an old record (synced,
+//! with a later write after it) flips first, and some starts meet a read error first,
+//! which recovery must refuse without changing the disk. Then the shards come back as
 //! `BrokerBuilder::build` brings them back: each log recovered into a fresh `Shard`
 //! (`Shard::restore`), broker ids reserved past every restored one, the log epoch moved
 //! on by the downtime, `finish_restore`, and the dead letters it made sent on; the
@@ -208,6 +211,8 @@ pub struct Stats {
     pub torn: u64,
     /// Logs with a flipped bit that recovery refused, as it must.
     pub refusals: u64,
+    /// Starts that met a read error, which recovery refused changing nothing, as it must.
+    pub read_errors: u64,
 }
 
 impl Stats {
@@ -240,6 +245,7 @@ impl Stats {
         self.restored += o.restored;
         self.torn += o.torn;
         self.refusals += o.refusals;
+        self.read_errors += o.read_errors;
     }
 }
 
@@ -288,8 +294,9 @@ impl fmt::Display for Stats {
         if self.crashes > 0 {
             write!(
                 f,
-                "\n  crashes {}, messages restored {}, torn tails cut {}, damaged logs refused {}",
-                self.crashes, self.restored, self.torn, self.refusals
+                "\n  crashes {}, messages restored {}, torn tails cut {}, damaged logs refused {}, \
+                 read errors refused {}",
+                self.crashes, self.restored, self.torn, self.refusals, self.read_errors
             )?;
         }
         Ok(())

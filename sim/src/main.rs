@@ -8,7 +8,8 @@
 //!
 //! `--seeds N` runs seeds `from .. from + N` (`--from`, default 0) on every core; `--seed S`
 //! runs that seed alone. `--durable` runs them with a data dir: durable queues logged to
-//! simulated disks, crashes, torn writes and flipped bits (`leasemq_sim::run_durable_seed`).
+//! simulated disks, crashes, torn and garbled writes, failed fsyncs, read errors and flipped
+//! bits (`leasemq_sim::run_durable_seed`).
 //! A violation prints the seed and its shrunk trace and exits with 1.
 
 use std::process::ExitCode;

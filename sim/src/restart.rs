@@ -36,6 +36,11 @@ impl World {
             self.damage_and_refuse(&mut crashed, &mut rng)?;
         }
         let epoch = crashed_at + rng.pick(&DOWNTIMES) * tick_nanos;
+        // One start in four meets a read error on one shard's disk first.
+        if rng.one_in(4) {
+            let shard = rng.index(crashed.len());
+            self.read_error_refuses(&crashed[shard], shard, rng.next_u64())?;
+        }
         let (shards, wals) = self.recover_all(&crashed)?;
         let at = Restart {
             old_epoch,
@@ -109,6 +114,40 @@ impl World {
             };
         }
         Ok(())
+    }
+
+    /// A start whose read of one of shard `index`'s segments (picked by `pick`) fails:
+    /// recovery must refuse it, and leave the disk as it was, for the next start.
+    fn read_error_refuses(
+        &mut self,
+        crashed: &Crashed,
+        index: usize,
+        pick: u64,
+    ) -> Result<(), Violation> {
+        let segments = storage::segments_of(&crashed.disk, index);
+        if segments.is_empty() {
+            return Ok(());
+        }
+        let segment = &segments[(pick % segments.len() as u64) as usize];
+        let before = storage::image_of(&crashed.disk, index);
+        crashed.disk.fail_next_read(segment);
+        let mut probe = Shard::new(index as u16, self.setup().tick);
+        let opened = storage::recover(&crashed.disk, index, &mut probe);
+        let detail = |what: &str| format!("{what} a read error in {}", segment.display());
+        match opened {
+            Ok(_) => Err(Violation::new(
+                "read-error-accepted",
+                detail("recovery opened past"),
+            )),
+            Err(_) if storage::image_of(&crashed.disk, index) != before => Err(Violation::new(
+                "read-error-changed-disk",
+                detail("recovery changed the disk though it refused"),
+            )),
+            Err(_) => {
+                self.ledger.stats.read_errors += 1;
+                Ok(())
+            }
+        }
     }
 
     /// Each shard's engine restored from its log; a torn tail is cut, a synced record

@@ -241,15 +241,7 @@ pub(crate) fn flip_old_bit(crashed: &Crashed, shard: usize, rng: &mut Rng) -> Op
         return None;
     }
     let lsn = rng.range(1, crashed.older.0);
-    let dir = shard_dir(shard);
-    let mut segments: Vec<PathBuf> = Storage::list(&crashed.disk, &dir)
-        .unwrap_or_default()
-        .into_iter()
-        .filter(|name| name.ends_with(".wal"))
-        .map(|name| dir.join(name))
-        .collect();
-    segments.sort();
-    for path in segments {
+    for path in segments_of(&crashed.disk, shard) {
         let data = crashed.disk.contents(&path)?;
         if let Some((frame, len)) = find_frame(&data, lsn) {
             let at = frame + rng.below(24 + len);
@@ -278,6 +270,30 @@ fn find_frame(data: &[u8], lsn: u64) -> Option<(u64, u64)> {
         at += 24 + (len as usize).next_multiple_of(8);
     }
     None
+}
+
+/// The segment files of shard `index`'s log on `disk`, in lsn order.
+pub(crate) fn segments_of(disk: &MemDisk, index: usize) -> Vec<PathBuf> {
+    let dir = shard_dir(index);
+    let mut segments: Vec<PathBuf> = (Storage::list(disk, &dir).unwrap_or_default().into_iter())
+        .filter(|name| name.ends_with(".wal"))
+        .map(|name| dir.join(name))
+        .collect();
+    segments.sort();
+    segments
+}
+
+/// Every file of shard `index`'s log directory on `disk`, with its bytes.
+pub(crate) fn image_of(disk: &MemDisk, index: usize) -> Vec<(String, Option<Vec<u8>>)> {
+    let dir = shard_dir(index);
+    let mut names = Storage::list(disk, &dir).unwrap_or_default();
+    names.sort();
+    (names.into_iter())
+        .map(|name| {
+            let bytes = disk.contents(&dir.join(&name));
+            (name, bytes)
+        })
+        .collect()
 }
 
 /// The path of shard `index`'s log directory, for messages.
