@@ -41,7 +41,8 @@
 //! - **Rewriting the tail**, as a Raft follower must where its log conflicts with its
 //!   leader's: [`Wal::truncate_after`] discards every record after an lsn, and
 //!   [`Wal::install_snapshot`] writes a leader's snapshot and goes on after it, past the
-//!   log's end if need be. Both block until what they did is durable.
+//!   log's end if need be. Both block until what they did is durable. [`Wal::read`]
+//!   reads durable records back, as a leader sends them to a follower that is behind.
 //! - A [`Probe`] ([`Wal::probe`]) reads from any thread what the log owes the disk and
 //!   whether it refuses changes for it: for metrics and health checks.
 //!

@@ -443,6 +443,65 @@ impl Wal {
         self.shared.restart_at(next);
     }
 
+    /// Reads back the records from `from` up to `to` (not included), in order: what a
+    /// Raft leader sends a follower that is behind, or what a follower replays. Every
+    /// record asked for must be durable, and not in a segment a snapshot let go.
+    ///
+    /// It reads the segments that hold them from the disk (the page cache, mostly), each
+    /// from its start: a caller that reads the same records often keeps them in memory.
+    ///
+    /// # Errors
+    ///
+    /// [`WalError::InvalidOptions`] for a range that is not durable yet, or begins before
+    /// the first live record; [`WalError::Corrupt`], naming file and offset, for a record
+    /// damaged since it was written; [`WalError::Io`] if a read fails (the log goes on).
+    pub fn read(&self, from: Lsn, to: Lsn) -> Result<Vec<(Lsn, Vec<u8>)>, WalError> {
+        let first = self.segments.front().map_or(1, |s| s.first_lsn);
+        let durable = self.durable().0;
+        if from.0 < first || to.0 > durable + 1 || from.0 > to.0 {
+            return Err(WalError::InvalidOptions(format!(
+                "cannot read records {}..{}: the log holds {first}..={durable} durably",
+                from.0, to.0
+            )));
+        }
+        let mut records = Vec::with_capacity((to.0 - from.0) as usize);
+        let mut next = from.0;
+        // The segment holding `from`, and those after it, while records are wanted.
+        let start = self.segments.partition_point(|s| s.first_lsn <= from.0);
+        for (i, segment) in self.segments.iter().enumerate().skip(start.max(1) - 1) {
+            if next >= to.0 {
+                break;
+            }
+            // A segment's records end where the next one begins (a truncation may have
+            // left discarded ones after them).
+            let ends = (self.segments.get(i + 1)).map_or(to.0, |s| s.first_lsn.min(to.0));
+            let len = if i == self.segments.len() - 1 {
+                self.pos
+            } else {
+                segment.capacity
+            };
+            let mut buf = vec![0; len as usize];
+            (segment.file.read_at(&mut buf, 0))
+                .map_err(|e| WalError::io(&segment.path, "read", e))?;
+            let seed = segment.seed;
+            let scan = frame::scan(&buf, segment.first_lsn, seed, buf.len(), |lsn, payload| {
+                if lsn >= ends {
+                    return Err(String::new());
+                }
+                if lsn >= from.0 {
+                    records.push((Lsn(lsn), payload.to_vec()));
+                }
+                Ok(())
+            });
+            next = scan.next_lsn.max(next);
+            if next < ends {
+                let detail = format!("record {next} cannot be read back: {:?}", scan.stop);
+                return Err(WalError::corrupt(&segment.path, scan.end as u64, detail));
+            }
+        }
+        Ok(records)
+    }
+
     /// A probe that reads, from any thread, how far the disk is behind this log.
     pub fn probe(&self) -> crate::Probe {
         crate::Probe::new(&self.shared.gauges, self.stall_after)
