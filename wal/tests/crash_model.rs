@@ -1,5 +1,6 @@
-//! Model-based crash test: random appends, submits, syncs, snapshots and crashes on the
-//! fake disk, against a plain `Vec` of what was appended.
+//! Model-based crash test: random appends, submits, syncs, snapshots, truncations of the
+//! tail and crashes on the fake disk, against a plain `Vec` of what was appended; after
+//! each sync, what the log reads back.
 //!
 //! After every crash, recovery must give back a prefix of what was appended that holds
 //! every record the log had called durable; the model is cut to that prefix and the run
@@ -52,7 +53,20 @@ fn run(seed: u64) {
             held = false;
         }
         match rng.u64(..100) {
-            0..=54 => {
+            0..=2 => {
+                // A truncation, never of what a snapshot covers; it syncs first.
+                disk.release_syncs();
+                held = false;
+                unsubmitted = false;
+                let len = model.records.len() as u64;
+                let keep = model.snapshot + rng.u64(..=len - model.snapshot);
+                wal.truncate_after(Lsn(keep)).unwrap();
+                model.records.truncate(keep as usize);
+                if keep < len {
+                    assert_eq!(wal.durable().0, keep, "seed {seed} step {step}");
+                }
+            }
+            3..=54 => {
                 let max = if rng.u64(..10) == 0 { 200 } else { 40 };
                 let len = rng.u64(..max) as usize;
                 let payload: Vec<u8> = (0..len).map(|_| rng.u8(..)).collect();
@@ -82,6 +96,12 @@ fn run(seed: u64) {
                     model.records.len() as u64,
                     "seed {seed} step {step}"
                 );
+                let from = model.snapshot + 1;
+                let read = wal.read(Lsn(from), Lsn(durable.0 + 1)).unwrap();
+                let want: Records = (from..=durable.0)
+                    .map(|lsn| (Lsn(lsn), model.records[lsn as usize - 1].clone()))
+                    .collect();
+                assert_eq!(read, want, "seed {seed} step {step}: read back");
             }
             83..=87 => {
                 // A snapshot covers what is durable; then the segments before it go.
