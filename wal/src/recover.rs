@@ -120,6 +120,7 @@ pub(crate) fn create_segment_named(
         capacity,
         seed: frame::seed(log, first_lsn),
         zeroed: true,
+        marks: Default::default(),
     })
 }
 
@@ -149,6 +150,7 @@ pub(crate) fn recycle_segment(
         capacity,
         seed: frame::seed(log, first_lsn),
         zeroed: false,
+        marks: Default::default(),
     })
 }
 
@@ -465,6 +467,7 @@ fn open_segments(
             capacity,
             seed: frame::seed(log, lsn),
             zeroed: false,
+            marks: Default::default(),
         });
     }
     Ok(segments)

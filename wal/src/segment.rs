@@ -1,6 +1,8 @@
 //! One segment file of the log, and how segments and spares are named in its directory.
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
+use std::sync::Mutex;
 
 use crate::storage::StorageFile;
 
@@ -20,6 +22,35 @@ pub(crate) struct Segment {
     /// writes need no end marker. A recycled segment, or one found at recovery, may hold
     /// older bytes there.
     pub(crate) zeroed: bool,
+    /// Where some of its durable records begin, by lsn: filled as `Wal::read` scans it,
+    /// one record in [`MARK_EVERY`], so that later reads start and stop near the records
+    /// they want. Written bytes never move, so a mark stays true.
+    pub(crate) marks: Mutex<BTreeMap<u64, u64>>,
+}
+
+/// One record in this many gets a mark (`Segment::marks`).
+pub(crate) const MARK_EVERY: u64 = 64;
+
+impl Segment {
+    /// The mark at or before record `lsn`, or the segment's start.
+    pub(crate) fn mark_before(&self, lsn: u64) -> (u64, u64) {
+        let marks = self.marks.lock().unwrap_or_else(|e| e.into_inner());
+        (marks.range(..=lsn).next_back()).map_or((self.first_lsn, 0), |(&l, &at)| (l, at))
+    }
+
+    /// Where the first marked record at or after `lsn` begins, if one is marked.
+    pub(crate) fn mark_after(&self, lsn: u64) -> Option<u64> {
+        let marks = self.marks.lock().unwrap_or_else(|e| e.into_inner());
+        marks.range(lsn..).next().map(|(_, &at)| at)
+    }
+
+    /// Marks record `lsn` as beginning at `at`, if it is one that gets a mark.
+    pub(crate) fn mark(&self, lsn: u64, at: u64) {
+        if (lsn - self.first_lsn) % MARK_EVERY == 0 {
+            let mut marks = self.marks.lock().unwrap_or_else(|e| e.into_inner());
+            marks.insert(lsn, at);
+        }
+    }
 }
 
 /// The file name of the segment whose first lsn is `lsn`.

@@ -447,8 +447,11 @@ impl Wal {
     /// Raft leader sends a follower that is behind, or what a follower replays. Every
     /// record asked for must be durable, and not in a segment a snapshot let go.
     ///
-    /// It reads the segments that hold them from the disk (the page cache, mostly), each
-    /// from its start: a caller that reads the same records often keeps them in memory.
+    /// It reads the segments that hold them from the disk (the page cache, mostly). A
+    /// read marks one record in 64 of those it passes with where it begins, so that later
+    /// reads of a segment start and stop within 64 records of what they want; the first
+    /// read of a segment scans it from its start. A caller that reads the same records
+    /// often keeps them in memory.
     ///
     /// # Errors
     ///
@@ -465,10 +468,12 @@ impl Wal {
             )));
         }
         let mut records = Vec::with_capacity((to.0 - from.0) as usize);
-        let mut next = from.0;
         // The segment holding `from`, and those after it, while records are wanted.
         let start = self.segments.partition_point(|s| s.first_lsn <= from.0);
         for (i, segment) in self.segments.iter().enumerate().skip(start.max(1) - 1) {
+            let next = records
+                .last()
+                .map_or(from.0, |(lsn, _): &(Lsn, _)| lsn.0 + 1);
             if next >= to.0 {
                 break;
             }
@@ -480,24 +485,7 @@ impl Wal {
             } else {
                 segment.capacity
             };
-            let mut buf = vec![0; len as usize];
-            (segment.file.read_at(&mut buf, 0))
-                .map_err(|e| WalError::io(&segment.path, "read", e))?;
-            let seed = segment.seed;
-            let scan = frame::scan(&buf, segment.first_lsn, seed, buf.len(), |lsn, payload| {
-                if lsn >= ends {
-                    return Err(String::new());
-                }
-                if lsn >= from.0 {
-                    records.push((Lsn(lsn), payload.to_vec()));
-                }
-                Ok(())
-            });
-            next = scan.next_lsn.max(next);
-            if next < ends {
-                let detail = format!("record {next} cannot be read back: {:?}", scan.stop);
-                return Err(WalError::corrupt(&segment.path, scan.end as u64, detail));
-            }
+            read_segment(segment, len, (next, ends), &mut records)?;
         }
         Ok(records)
     }
@@ -573,6 +561,43 @@ impl std::fmt::Debug for Wal {
             .field("durable", &self.durable())
             .finish_non_exhaustive()
     }
+}
+
+/// Appends to `records` the records `from..ends` of `segment`, whose bytes end at `len`:
+/// read from the mark before `from` to the mark after `ends` (or `len`), marking the
+/// records it passes (see `Segment::marks`).
+fn read_segment(
+    segment: &Segment,
+    len: u64,
+    (from, ends): (u64, u64),
+    records: &mut Vec<(Lsn, Vec<u8>)>,
+) -> Result<(), WalError> {
+    let (mut due, start) = segment.mark_before(from);
+    let stop = segment.mark_after(ends).map_or(len, |at| at.min(len));
+    let mut buf = vec![0; stop.saturating_sub(start) as usize];
+    (segment.file.read_at(&mut buf, start)).map_err(|e| WalError::io(&segment.path, "read", e))?;
+    let mut at = 0;
+    while due < ends && at < buf.len() {
+        match frame::decode(&buf, at, segment.seed, buf.len()) {
+            frame::Decoded::Filler { size } => at += size,
+            frame::Decoded::Frame {
+                lsn, payload, size, ..
+            } if lsn == due => {
+                segment.mark(lsn, start + at as u64);
+                if lsn >= from {
+                    records.push((Lsn(lsn), payload.to_vec()));
+                }
+                due += 1;
+                at += size;
+            }
+            _ => break,
+        }
+    }
+    if due < ends {
+        let detail = format!("record {due} cannot be read back");
+        return Err(WalError::corrupt(&segment.path, start + at as u64, detail));
+    }
+    Ok(())
 }
 
 /// Starts one of the log's threads, `leasemq-wal-<role>`.

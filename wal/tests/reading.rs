@@ -102,3 +102,36 @@ fn a_record_damaged_since_it_was_written_is_an_error_naming_its_file() {
     let first_of_next = wal.read(Lsn(1), Lsn(2)).unwrap();
     assert_eq!(first_of_next, expected(1..=1));
 }
+
+#[test]
+fn reads_that_start_and_stop_inside_a_segment_agree_with_whole_ones() {
+    let disk = MemDisk::new();
+    let (mut wal, _, _) = open(&disk, small(1 << 20)).unwrap();
+    append_synced(&mut wal, 1..=300);
+    let mut rng = fastrand::Rng::with_seed(7);
+    let mut ranges: Vec<(u64, u64)> = (0..40)
+        .map(|_| {
+            let a = rng.u64(1..=300);
+            (a, rng.u64(a..=301))
+        })
+        .collect();
+    // Before any read marked the segment, after a whole one did, and between.
+    ranges.insert(20, (1, 301));
+    for (from, to) in ranges {
+        let want = if from == to {
+            Vec::new()
+        } else {
+            expected(from..=to - 1)
+        };
+        assert_eq!(wal.read(Lsn(from), Lsn(to)).unwrap(), want, "{from}..{to}");
+    }
+    // Marks past a truncation point stop reads at the kept records.
+    wal.truncate_after(Lsn(100)).unwrap();
+    for n in 101..=150 {
+        wal.append(&rewritten(n)).unwrap();
+    }
+    wal.sync().unwrap();
+    let mut want = expected(90..=100);
+    want.extend((101..=150).map(|n| (Lsn(n), rewritten(n))));
+    assert_eq!(wal.read(Lsn(90), Lsn(151)).unwrap(), want);
+}
