@@ -395,10 +395,9 @@ mod tests {
 
     #[test]
     fn a_scrape_says_what_each_shards_log_owes_the_disk() {
-        let dir = std::env::temp_dir().join(format!("leasemq-metrics-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
+        let dir = tempfile::tempdir().unwrap();
         let broker = (Broker::builder().shards(2).manual_clock())
-            .data_dir(&dir)
+            .data_dir(dir.path())
             .build()
             .unwrap();
         let config = QueueConfig {
@@ -426,6 +425,5 @@ mod tests {
             "the put is durable: {lag:?}"
         );
         broker.shutdown();
-        let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -199,14 +199,14 @@ pub(crate) struct Scan {
 }
 
 /// Walks the frames of a segment from offset 0, expecting lsns from `first_lsn` on and
-/// crcs continued from `seed`, and hands each good record to `on_record`; stops at one it
-/// refuses.
+/// crcs continued from `seed`, and hands each good record, with the offset its frame
+/// begins at, to `on_record`; stops at one it refuses.
 pub(crate) fn scan(
     buf: &[u8],
     first_lsn: u64,
     seed: u32,
     max_payload: usize,
-    mut on_record: impl FnMut(u64, &[u8]) -> Result<(), String>,
+    mut on_record: impl FnMut(u64, usize, &[u8]) -> Result<(), String>,
 ) -> Scan {
     let mut at = 0;
     let mut next_lsn = first_lsn;
@@ -229,7 +229,7 @@ pub(crate) fn scan(
                 break Stop::Gap(format!("lsn {lsn} where {next_lsn} was due"));
             }
             Decoded::Frame { payload, size, .. } => {
-                if let Err(detail) = on_record(next_lsn, payload) {
+                if let Err(detail) = on_record(next_lsn, at, payload) {
                     break Stop::Refused(format!("record {next_lsn}: {detail}"));
                 }
                 next_lsn += 1;

@@ -388,12 +388,18 @@ fn replay_segment(
     // `max_record_bytes` limits what is appended from now on; records already written
     // under a larger limit are read back whole. Only the segment itself bounds a length.
     let read_limit = buf.len();
-    let scan = frame::scan(&buf, first_lsn, segment.seed, read_limit, |lsn, payload| {
-        if lsn > limit || lsn >= next_segment {
-            return Err(String::new());
-        }
-        replay(Lsn(lsn), payload)
-    });
+    let scan = frame::scan(
+        &buf,
+        first_lsn,
+        segment.seed,
+        read_limit,
+        |lsn, _, payload| {
+            if lsn > limit || lsn >= next_segment {
+                return Err(String::new());
+            }
+            replay(Lsn(lsn), payload)
+        },
+    );
     let at = scan.end as u64;
     let refused = matches!(scan.stop, Stop::Refused(_));
     let superseded = refused && scan.next_lsn >= next_segment;

@@ -305,11 +305,6 @@ impl Shared {
         }
     }
 
-    /// Bytes submitted and not durable yet, and how long the round in flight has run.
-    pub(crate) fn backlog(&self) -> (u64, Option<std::time::Duration>) {
-        self.gauges.backlog()
-    }
-
     /// Waits until `threads` threads of the log have ended, or `deadline` passed;
     /// whether they did.
     pub(crate) fn wait_exited(&self, threads: usize, deadline: std::time::Instant) -> bool {
@@ -550,7 +545,7 @@ fn end_on_a_sector(pieces: &mut [Piece]) -> Option<Skip> {
 /// copy-on-write file system needs new blocks even inside preallocated space, so a full
 /// disk can refuse a write there; nothing of it is durable, and no fsync failed, so the
 /// write is made again, whole, once there is room. Meanwhile `Wal::reserve` refuses
-/// changes with `NoSpace` (see `Shared::no_space`). Gives up once the log is poisoned
+/// changes with `NoSpace` (see `Gauges::no_space`). Gives up once the log is poisoned
 /// (a close that stopped waiting for it).
 fn write_when_room(
     shared: &Shared,

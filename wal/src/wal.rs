@@ -189,18 +189,14 @@ impl Wal {
         let size = frame::frame_len(bytes) as u64;
         // A write waits for room on a full disk: the change is refused as one would be
         // that needs a new segment.
-        if self
-            .shared
-            .gauges
-            .no_space
-            .load(std::sync::atomic::Ordering::Relaxed)
-        {
+        let gauges = &self.shared.gauges;
+        if gauges.no_space.load(std::sync::atomic::Ordering::Relaxed) {
             let path = self.current().path.clone();
             return Err(WalError::NoSpace { path });
         }
         // A disk that does not keep up refuses the change, rather than let what waits
         // for it grow without bound.
-        let (submitted, running) = self.shared.backlog();
+        let (submitted, running) = gauges.backlog();
         let pending: u64 = self.pending.iter().map(|p| p.bytes.len() as u64).sum();
         let unsynced = submitted + pending;
         let stalled = running.filter(|&d| d > self.stall_after);
@@ -572,30 +568,30 @@ fn read_segment(
     (from, ends): (u64, u64),
     records: &mut Vec<(Lsn, Vec<u8>)>,
 ) -> Result<(), WalError> {
-    let (mut due, start) = segment.mark_before(from);
+    let (due, start) = segment.mark_before(from);
     let stop = segment.mark_after(ends).map_or(len, |at| at.min(len));
     let mut buf = vec![0; stop.saturating_sub(start) as usize];
     (segment.file.read_at(&mut buf, start)).map_err(|e| WalError::io(&segment.path, "read", e))?;
-    let mut at = 0;
-    while due < ends && at < buf.len() {
-        match frame::decode(&buf, at, segment.seed, buf.len()) {
-            frame::Decoded::Filler { size } => at += size,
-            frame::Decoded::Frame {
-                lsn, payload, size, ..
-            } if lsn == due => {
-                segment.mark(lsn, start + at as u64);
-                if lsn >= from {
-                    records.push((Lsn(lsn), payload.to_vec()));
-                }
-                due += 1;
-                at += size;
-            }
-            _ => break,
+    let scan = frame::scan(&buf, due, segment.seed, buf.len(), |lsn, at, payload| {
+        if lsn >= ends {
+            return Err(String::new());
         }
-    }
-    if due < ends {
-        let detail = format!("record {due} cannot be read back");
-        return Err(WalError::corrupt(&segment.path, start + at as u64, detail));
+        segment.mark(lsn, start + at as u64);
+        if lsn >= from {
+            records.push((Lsn(lsn), payload.to_vec()));
+        }
+        Ok(())
+    });
+    if scan.next_lsn < ends {
+        let detail = format!(
+            "record {} cannot be read back: {:?}",
+            scan.next_lsn, scan.stop
+        );
+        return Err(WalError::corrupt(
+            &segment.path,
+            start + scan.end as u64,
+            detail,
+        ));
     }
     Ok(())
 }

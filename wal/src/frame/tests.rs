@@ -16,7 +16,7 @@ fn write(first: u64, payloads: &[&[u8]]) -> Vec<u8> {
 
 fn records(buf: &[u8], first: u64) -> (Vec<(u64, Vec<u8>)>, Scan) {
     let mut out = Vec::new();
-    let scan = scan(buf, first, SEED, MAX, |lsn, p| {
+    let scan = scan(buf, first, SEED, MAX, |lsn, _, p| {
         out.push((lsn, p.to_vec()));
         Ok(())
     });
@@ -107,7 +107,7 @@ fn a_length_past_the_limit_or_the_segment_is_damage() {
 }
 
 fn scan_with_max(buf: &[u8], max: usize) -> Scan {
-    scan(buf, 1, SEED, max, |_, _| Ok(()))
+    scan(buf, 1, SEED, max, |_, _, _| Ok(()))
 }
 
 #[test]
