@@ -121,6 +121,7 @@ pub(crate) fn create_segment_named(
         seed: frame::seed(log, first_lsn),
         zeroed: true,
         marks: Default::default(),
+        grown_to: Default::default(),
     })
 }
 
@@ -151,6 +152,7 @@ pub(crate) fn recycle_segment(
         seed: frame::seed(log, first_lsn),
         zeroed: false,
         marks: Default::default(),
+        grown_to: Default::default(),
     })
 }
 
@@ -474,6 +476,7 @@ fn open_segments(
             seed: frame::seed(log, lsn),
             zeroed: false,
             marks: Default::default(),
+            grown_to: Default::default(),
         });
     }
     Ok(segments)

@@ -2,6 +2,7 @@
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
 use crate::storage::StorageFile;
@@ -14,8 +15,12 @@ pub(crate) struct Segment {
     pub(crate) file: Box<dyn StorageFile>,
     /// The lsn in its name: its first record's, if it has one.
     pub(crate) first_lsn: u64,
-    /// Its preallocated size: frames go below it.
+    /// Its preallocated size when it was made or found: frames go below it, or below
+    /// `grown_to`.
     pub(crate) capacity: u64,
+    /// The size the owner grew it to, empty, for a first record larger than `capacity`
+    /// (`Wal::roll`); 0 if it never did.
+    pub(crate) grown_to: AtomicU64,
     /// What its frames' crcs continue from (`frame::seed`).
     pub(crate) seed: u32,
     /// Made by this log as it runs (`create_segment`): zeros past what it wrote, so its
@@ -32,6 +37,11 @@ pub(crate) struct Segment {
 pub(crate) const MARK_EVERY: u64 = 64;
 
 impl Segment {
+    /// How far its frames may reach: its capacity, or the size it was grown to.
+    pub(crate) fn extent(&self) -> u64 {
+        self.capacity.max(self.grown_to.load(Ordering::Relaxed))
+    }
+
     /// The mark at or before record `lsn`, or the segment's start.
     pub(crate) fn mark_before(&self, lsn: u64) -> (u64, u64) {
         let marks = self.marks.lock().unwrap_or_else(|e| e.into_inner());

@@ -2,6 +2,7 @@
 
 use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
@@ -479,7 +480,7 @@ impl Wal {
             let len = if i == self.segments.len() - 1 {
                 self.pos
             } else {
-                segment.capacity
+                segment.extent()
             };
             read_segment(segment, len, (next, ends), &mut records)?;
         }
@@ -510,6 +511,7 @@ impl Wal {
             let current = self.current();
             return match current.file.allocate(frame) {
                 Ok(()) => {
+                    current.grown_to.store(frame, Ordering::Relaxed);
                     self.capacity = frame;
                     Ok(())
                 }

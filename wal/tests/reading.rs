@@ -135,3 +135,25 @@ fn reads_that_start_and_stop_inside_a_segment_agree_with_whole_ones() {
     want.extend((101..=150).map(|n| (Lsn(n), rewritten(n))));
     assert_eq!(wal.read(Lsn(90), Lsn(151)).unwrap(), want);
 }
+
+#[test]
+fn a_record_larger_than_a_segment_reads_back_once_later_ones_follow_it() {
+    let disk = MemDisk::new();
+    let options = leasemq_wal::Options {
+        max_record_bytes: 8192,
+        ..small(1024)
+    };
+    let (mut wal, _, _) = open(&disk, options).unwrap();
+    // The first record of the empty first segment grows it; the next ones go to a
+    // segment of their own size, then to ordinary ones.
+    let big = |n: u8| vec![n; 3000];
+    let records = [big(1), big(2), b"small".to_vec(), big(4)];
+    for record in &records {
+        wal.append(record).unwrap();
+    }
+    wal.sync().unwrap();
+    assert!(segment_files(&disk).len() >= 3, "the records span segments");
+    let got = wal.read(Lsn(1), Lsn(5)).unwrap();
+    let want: Vec<(Lsn, Vec<u8>)> = (1..).map(Lsn).zip(records).collect();
+    assert_eq!(got, want);
+}
