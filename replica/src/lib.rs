@@ -1,0 +1,133 @@
+//! A shard's log and state on Raft (openraft).
+//!
+//! In a cluster every shard is one Raft group. Its leader's engine executes, and the
+//! change records a turn logs (the bytes a single broker writes to its write-ahead log)
+//! become one Raft entry, a [`Batch`]; a put or settle is answered once its entry is
+//! committed, fsynced on a majority. Every replica applies committed entries through the
+//! engine's restore path. This crate is the seam between openraft and the rest:
+//!
+//! - [`ShardRaft`], the group's type configuration: node ids are `u64`, entries carry
+//!   [`Batch`]es, responses are `()`.
+//! - [`LogStore`] and [`LogReader`]: openraft's log storage over [`leasemq_wal::Wal`].
+//!   One entry is one record, at lsn = index + 1 (openraft's first index is 0, the log's
+//!   first lsn is 1). An append is acknowledged to openraft from the log's group commit:
+//!   when the fsync that covers it returns, never before.
+//! - [`StateMachine`]: openraft's state machine, which keeps what was applied, the
+//!   membership and the snapshots, and hands each committed [`Batch`] to an [`Applier`]
+//!   (the shard) and asks it for the image a snapshot holds.
+//!
+//! Everything openraft-facing lives here, so that the pinned alpha is upgraded in one
+//! place.
+
+mod entry;
+mod log_store;
+mod state_machine;
+
+use std::path::Path;
+use std::sync::Arc;
+
+pub use entry::{decode_entry, encode_entry};
+pub use log_store::{LogReader, LogStore};
+pub use openraft;
+pub use state_machine::{Applied, Applier, SnapshotBuilder, StateMachine};
+
+use leasemq_wal::Storage;
+use serde::{Deserialize, Serialize};
+
+openraft::declare_raft_types!(
+    /// The type configuration of a shard's Raft group.
+    pub ShardRaft:
+        D = Batch,
+        R = (),
+        NodeId = u64,
+        Node = openraft::BasicNode,
+);
+
+/// A log id of a shard's group: the leader that wrote the entry (term, node) and its index.
+pub type LogId = openraft::alias::LogIdOf<ShardRaft>;
+/// A vote of a shard's group.
+pub type Vote = openraft::alias::VoteOf<ShardRaft>;
+/// An entry of a shard's log.
+pub type Entry = openraft::alias::EntryOf<ShardRaft>;
+/// A group's voters and learners with their addresses.
+pub type Membership = openraft::Membership<u64, openraft::BasicNode>;
+/// A membership with the log id of the entry that set it.
+pub type StoredMembership = openraft::alias::StoredMembershipOf<ShardRaft>;
+/// What a snapshot covers.
+pub type SnapshotMeta = openraft::alias::SnapshotMetaOf<ShardRaft>;
+
+/// The log id of the entry at `index` written by the leader of `term` on `node`.
+pub fn log_id(term: u64, node: u64, index: u64) -> LogId {
+    let leader = openraft::impls::leader_id_adv::LeaderId {
+        term,
+        node_id: node,
+    };
+    LogId::new(leader, index)
+}
+
+/// The changes one turn of a leader's engine made, as one Raft entry.
+///
+/// A leader runs ahead of commit: each turn's changes are computed on top of the last
+/// turn's, before either is committed. So each batch names its place in the leader's
+/// chain of proposals, `(inc, p)` under the entry's leader id: replicas apply a batch
+/// only if it follows the last one of its chain (or starts a newer chain at `p = 1`),
+/// so a proposal openraft refused leaves no hole that later ones were computed across.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Batch {
+    /// The incarnation of the leader's chain: it grows when the leader rebuilt its
+    /// engine after a refused proposal.
+    pub inc: u32,
+    /// The proposal's number in its chain, from 1.
+    pub p: u64,
+    /// The engine's change records, encoded as the log of a single broker holds them.
+    pub changes: Vec<u8>,
+}
+
+impl std::fmt::Display for Batch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let (inc, p, n) = (self.inc, self.p, self.changes.len());
+        write!(f, "batch {p} of chain {inc}, {n} bytes of changes")
+    }
+}
+
+/// Where a group keeps its files: the log, the vote and the state machine's snapshots,
+/// each in a directory of its own under one group directory.
+#[derive(Clone, Debug)]
+pub struct GroupDir {
+    /// The disk (a fake one in tests).
+    pub storage: Arc<dyn Storage>,
+    /// The group's directory.
+    pub dir: std::path::PathBuf,
+}
+
+impl GroupDir {
+    /// The group directory `dir` on `storage`.
+    pub fn new(storage: Arc<dyn Storage>, dir: impl AsRef<Path>) -> GroupDir {
+        GroupDir {
+            storage,
+            dir: dir.as_ref().to_path_buf(),
+        }
+    }
+
+    fn log(&self) -> std::path::PathBuf {
+        self.dir.join("log")
+    }
+
+    fn vote(&self) -> std::path::PathBuf {
+        self.dir.join("vote")
+    }
+
+    fn state(&self) -> std::path::PathBuf {
+        self.dir.join("state")
+    }
+}
+
+/// An io error of kind `InvalidData` saying what was wrong with stored bytes.
+fn invalid(detail: impl Into<String>) -> std::io::Error {
+    std::io::Error::new(std::io::ErrorKind::InvalidData, detail.into())
+}
+
+/// The log's error as an io error, as openraft's storage traits take them.
+fn io(e: leasemq_wal::WalError) -> std::io::Error {
+    std::io::Error::other(e)
+}
