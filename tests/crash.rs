@@ -45,7 +45,7 @@ fn config(dead_letter: bool) -> QueueConfig {
 /// roll and compact more often, and a log written with one size is reopened with the
 /// other.
 fn segment_bytes(cycle: u64) -> u64 {
-    if cycle % 2 == 0 {
+    if cycle.is_multiple_of(2) {
         leasemq::MIN_LOG_SEGMENT_BYTES
     } else {
         leasemq::DEFAULT_LOG_SEGMENT_BYTES

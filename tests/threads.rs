@@ -105,11 +105,11 @@ fn run_worker(w: Worker, ledger: Arc<Ledger>, total: usize) {
         }
         let h = fnv(&d.envelope().id);
         let attempt = d.envelope().attempt;
-        if attempt == 1 && h % 7 == 0 {
+        if attempt == 1 && h.is_multiple_of(7) {
             ledger.give_back(w.queue_index, &d);
             assert!(d.nack(), "nack of a live lease");
             ledger.nacks[w.queue_index].fetch_add(1, Ordering::SeqCst);
-        } else if attempt == 1 && h % 11 == 0 && d.tag().0 % 2 == 0 {
+        } else if attempt == 1 && h.is_multiple_of(11) && d.tag().0 % 2 == 0 {
             ledger.give_back(w.queue_index, &d);
             assert!(w.queue.release(d.tag()), "release of a live lease");
         } else {

@@ -93,7 +93,7 @@ fuzz_target!(|data: &[u8]| {
                 wal.submit().expect("a submit");
                 unsubmitted = false;
             }
-            6 if unsubmitted && input.take(1) % 8 == 0 => {
+            6 if unsubmitted && input.take(1).is_multiple_of(8) => {
                 disk.fail_next_sync();
                 wal.sync().expect_err("the failed fsync poisons the log");
                 poisoned = Some(wal.durable().0);

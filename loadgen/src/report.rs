@@ -300,7 +300,7 @@ pub fn thousands(n: u64) -> String {
     // The first group holds 1 to 3 digits, every later one 3.
     let first = (digits.len() + 2) % 3 + 1;
     for (i, c) in digits.chars().enumerate() {
-        if i >= first && (i - first) % 3 == 0 {
+        if i >= first && (i - first).is_multiple_of(3) {
             out.push(',');
         }
         out.push(c);

@@ -291,7 +291,7 @@ impl BrokerBuilder {
         }
         let segment = self.log_segment_bytes;
         let sizes = crate::store::MIN_LOG_SEGMENT_BYTES..=crate::store::MAX_LOG_SEGMENT_BYTES;
-        if segment % 8 != 0 || !sizes.contains(&segment) {
+        if !segment.is_multiple_of(8) || !sizes.contains(&segment) {
             return Err(Error::InvalidConfig(format!(
                 "log_segment_bytes must be a multiple of 8 from 1 MiB to 1 GiB, got {segment}"
             )));

@@ -70,7 +70,7 @@ pub(crate) fn filler_len(end: u64) -> u64 {
 /// Appends a filler frame of `len` bytes (a header, then zeros): lsn 0, which no record
 /// has; sealed like the frames before it, and passed over by a scan.
 pub(crate) fn push_filler(buf: &mut Vec<u8>, len: usize) {
-    debug_assert!(len >= HEADER && len % 8 == 0);
+    debug_assert!(len >= HEADER && len.is_multiple_of(8));
     let payload = u32::try_from(len - HEADER).expect("a filler is short");
     buf.extend_from_slice(&[0; 4]);
     buf.extend_from_slice(&payload.to_le_bytes());

@@ -261,7 +261,7 @@ impl fmt::Debug for Options {
 
 impl Options {
     fn check(&self) -> Result<(), WalError> {
-        let why = if self.segment_bytes % 8 != 0 {
+        let why = if !self.segment_bytes.is_multiple_of(8) {
             "segment_bytes must be a multiple of 8"
         } else if u32::try_from(self.max_record_bytes).is_err() {
             "max_record_bytes must fit in 32 bits"

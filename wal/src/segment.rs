@@ -56,7 +56,7 @@ impl Segment {
 
     /// Marks record `lsn` as beginning at `at`, if it is one that gets a mark.
     pub(crate) fn mark(&self, lsn: u64, at: u64) {
-        if (lsn - self.first_lsn) % MARK_EVERY == 0 {
+        if (lsn - self.first_lsn).is_multiple_of(MARK_EVERY) {
             let mut marks = self.marks.lock().unwrap_or_else(|e| e.into_inner());
             marks.insert(lsn, at);
         }

@@ -107,7 +107,7 @@ mod tests {
             x ^= x << 17;
             // Deliver while fewer than 1 000 are live; settle a random live one otherwise,
             // never the oldest (so the front drop alone cannot keep up).
-            if live.len() < 1_000 && x % 3 != 0 {
+            if live.len() < 1_000 && !x.is_multiple_of(3) {
                 tags.push(next);
                 live.insert(next);
                 next += 1;

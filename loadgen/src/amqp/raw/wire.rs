@@ -318,7 +318,7 @@ mod tests {
         let deliver = basic::Deliver {
             consumer_tag: "c".into(),
             delivery_tag: tag,
-            redelivered: tag % 2 == 0,
+            redelivered: tag.is_multiple_of(2),
             exchange: "".into(),
             routing_key: "q".into(),
         };
@@ -342,7 +342,7 @@ mod tests {
     fn expected(tag: u64, body: &[u8]) -> Event {
         Event::Delivery(Delivery {
             tag,
-            redelivered: tag % 2 == 0,
+            redelivered: tag.is_multiple_of(2),
             body: body.to_vec(),
         })
     }
