@@ -74,6 +74,8 @@ pub struct Shard {
     wheel: Wheel<Timer>,
     queues: Slab<QueueState>,
     names: HashMap<Arc<str>, QueueKey, RandomState>,
+    /// The live durable queues by their number in the log.
+    numbers: HashMap<u32, QueueKey, RandomState>,
     consumers: Slab<ConsumerState>,
     next_gen: u32,
     next_auto_id: u64,
@@ -121,6 +123,7 @@ impl Shard {
             wheel: Wheel::new(),
             queues: Slab::new(),
             names: HashMap::with_hasher(fixed_state()),
+            numbers: HashMap::with_hasher(fixed_state()),
             consumers: Slab::new(),
             next_gen: 0,
             next_auto_id: 0,
@@ -385,6 +388,19 @@ impl Shard {
         self.names.get(name).copied()
     }
 
+    /// The number of a live durable queue in the log (see [`durable`]): given when it was
+    /// declared, never reused in a data dir, and the same in every shard that restores
+    /// its log, where slots and generations of [`QueueKey`]s are not. `None` for a queue
+    /// that is not durable, or not live. Also while a restore is under way.
+    pub fn queue_number(&self, queue: QueueKey) -> Option<u32> {
+        self.live(queue).and_then(|idx| self.queues[idx].log)
+    }
+
+    /// The live durable queue numbered `number` in the log (see [`Shard::queue_number`]).
+    pub fn queue_by_number(&self, number: u32) -> Option<QueueKey> {
+        self.numbers.get(&number).copied()
+    }
+
     /// The names of the live queues this shard holds, in no particular order.
     pub fn queue_names(&self) -> impl Iterator<Item = &str> {
         self.names.keys().map(|name| &**name)
@@ -446,6 +462,7 @@ impl Shard {
         if durable {
             self.next_log_queue += 1;
             queue.log = Some(self.next_log_queue);
+            self.numbers.insert(self.next_log_queue, key);
             out.log.push(durable::Change::Declared {
                 queue: self.next_log_queue,
                 name: queue.name.clone(),
@@ -489,6 +506,7 @@ impl Shard {
         let state = self.queues.remove(idx);
         self.names.remove(&*state.name);
         if let Some(queue) = state.log {
+            self.numbers.remove(&queue);
             out.log.push(durable::Change::Closed { queue });
         }
         let (_, mut ctx) = ctx!(self, out);
@@ -500,13 +518,19 @@ impl Shard {
     pub fn check_invariants(&self) {
         self.wheel.check_invariants();
         let mut timers = 0;
+        let mut durable = 0;
         for (idx, queue) in self.queues.iter() {
             assert_eq!(queue.key.idx as usize, idx, "queue key matches its slot");
             assert_eq!(self.names.get(&*queue.name), Some(&queue.key), "name index");
+            if let Some(number) = queue.log {
+                assert_eq!(self.numbers.get(&number), Some(&queue.key), "number index");
+                durable += 1;
+            }
             queue.check_invariants(self.now, &self.consumers, &self.wheel);
             timers += queue.timer_count();
         }
         assert_eq!(self.names.len(), self.queues.len(), "no stale names");
+        assert_eq!(self.numbers.len(), durable, "no stale numbers");
         for (_, consumer) in self.consumers.iter() {
             assert!(
                 self.queues.contains(consumer.queue as usize),

@@ -56,7 +56,7 @@ fn shrunk_room(len: usize, room: usize) -> Option<usize> {
 }
 
 /// Shrinks `map` if [`shrunk_room`] says so.
-fn shrink_sparse<K: Eq + std::hash::Hash, V>(map: &mut Map<K, V>) {
+pub(crate) fn shrink_sparse<K: Eq + std::hash::Hash, V>(map: &mut Map<K, V>) {
     if let Some(room) = shrunk_room(map.len(), map.capacity()) {
         map.shrink_to(room);
     }

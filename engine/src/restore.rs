@@ -1,5 +1,10 @@
 //! Restoring a shard's durable queues from their log, and the snapshot image that
 //! shortens it (see [`crate::durable`]).
+//!
+//! A restore may last: a follower of a replicated shard stays in restore mode, applying
+//! the changes its leader logged, until it leads. So the tables a restore keeps are
+//! bounded by what is still pending (dedup windows that ended by the log's clock are
+//! pruned as they pile up), and [`Shard::image`] works in the middle of a restore too.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -7,10 +12,20 @@ use std::sync::Arc;
 use ahash::RandomState;
 
 use crate::durable::{Change, RestoreError};
-use crate::queue::{fixed_state, Ctx, QueueState};
+use crate::queue::{fixed_state, shrink_sparse, Ctx, QueueState};
 use crate::{Effects, MsgId, QueueConfig, QueueKey, Shard, Tick};
 
+mod image;
+#[cfg(test)]
+mod tests;
+
+pub(crate) use image::Pending;
+
 type Map<K, V> = HashMap<K, V, RandomState>;
+
+/// A queue's table of dedup windows is pruned once it holds this many, and after that
+/// each time it has doubled since the last prune.
+const MIN_PRUNE: usize = 64;
 
 /// What a restore keeps between changes.
 pub(crate) struct Restoring {
@@ -20,16 +35,76 @@ pub(crate) struct Restoring {
     msgs: Map<u64, (u32, u32)>,
     /// Message number → log time it becomes ready, for the delayed ones.
     ready_at: Map<u64, u64>,
-    /// (durable queue number, id) → log time its dedup window ends.
-    windows: Map<(u32, Arc<str>), u64>,
-    /// The latest [`Change::Clock`].
+    /// Durable queue number → the dedup windows of its ids.
+    windows: Map<u32, Windows>,
+    /// The latest [`Change::Clock`]: the highest, should a restart have set the clock back.
     clock: Option<u64>,
     /// The highest broker id sequence seen, by the shard that made it: a dead letter
     /// keeps its id, so ids of one shard can be in another's log.
     auto_ids: Map<u16, u64>,
 }
 
+/// The dedup windows a restore has seen for one queue.
+pub(crate) struct Windows {
+    /// Id → log time its window ends.
+    until: Map<Arc<str>, u64>,
+    /// The length of `until` at which it is next pruned.
+    prune_at: usize,
+}
+
+impl Windows {
+    fn new() -> Windows {
+        Windows {
+            until: Map::with_hasher(fixed_state()),
+            prune_at: MIN_PRUNE,
+        }
+    }
+
+    /// Sets the window of `id`. Each time the table has doubled since it was last pruned,
+    /// the windows that ended by `clock` go: nothing else would take them out, since a
+    /// restore runs no timers. Amortised, that is a constant cost per window set.
+    fn insert(&mut self, id: Arc<str>, until: u64, clock: Option<u64>) {
+        self.until.insert(id, until);
+        if self.until.len() < self.prune_at {
+            return;
+        }
+        if let Some(clock) = clock {
+            self.until.retain(|_, until| !ended(*until, Some(clock)));
+            shrink_sparse(&mut self.until);
+        }
+        self.prune_at = (2 * self.until.len()).max(MIN_PRUNE);
+    }
+
+    /// When the window of `id` ends, unless it has ended by `clock`.
+    pub(crate) fn get(&self, id: &str, clock: Option<u64>) -> Option<u64> {
+        let until = *self.until.get(id)?;
+        (!ended(until, clock)).then_some(until)
+    }
+
+    /// The windows that have not ended by `clock`: (id, log time it ends).
+    pub(crate) fn open(&self, clock: Option<u64>) -> impl Iterator<Item = (&Arc<str>, u64)> {
+        self.until
+            .iter()
+            .map(|(id, &until)| (id, until))
+            .filter(move |&(_, until)| !ended(until, clock))
+    }
+}
+
+/// Whether a dedup window ending at log time `until` has ended by the log's `clock`. The
+/// shard that logged it fires its timers before it handles anything at a tick, and the
+/// clock a batch of changes carries is its time then: what ended by it was over there.
+pub(crate) fn ended(until: u64, clock: Option<u64>) -> bool {
+    clock.is_some_and(|clock| until <= clock)
+}
+
 impl Restoring {
+    /// Sets a dedup window of queue number `queue`.
+    fn window(&mut self, queue: u32, id: Arc<str>, until: u64) {
+        let clock = self.clock;
+        let windows = self.windows.entry(queue).or_insert_with(Windows::new);
+        windows.insert(id, until, clock);
+    }
+
     fn queue(&self, queue: u32) -> Result<u32, RestoreError> {
         self.queues
             .get(&queue)
@@ -134,7 +209,7 @@ impl Shard {
             }
             Change::Windowed { queue, id, until } => {
                 r.queue(queue)?;
-                r.windows.insert((queue, id), until);
+                r.window(queue, id, until);
             }
         }
         Ok(())
@@ -148,7 +223,8 @@ impl Shard {
         name: Arc<str>,
         config: QueueConfig,
     ) -> Result<(), RestoreError> {
-        if r.queues.contains_key(&queue) || self.names.contains_key(&name) {
+        let taken = r.queues.contains_key(&queue) || self.numbers.contains_key(&queue);
+        if taken || self.names.contains_key(&name) {
             return Err(RestoreError(format!(
                 "queue {name:?} (number {queue}) declared twice"
             )));
@@ -177,6 +253,7 @@ impl Shard {
         let state = entry.insert(QueueState::new(key, &name, config, self.tick));
         state.log = Some(queue);
         self.names.insert(name, key);
+        self.numbers.insert(queue, key);
         r.queues.insert(queue, idx);
         self.next_log_queue = self.next_log_queue.max(queue);
         Ok(())
@@ -187,9 +264,10 @@ impl Shard {
         let idx = r.queue(queue)?;
         let state = self.queues.remove(idx as usize);
         self.names.remove(&*state.name);
+        self.numbers.remove(&queue);
         r.queues.remove(&queue);
         r.msgs.retain(|_, (q, _)| *q != idx);
-        r.windows.retain(|(q, _), _| *q != queue);
+        r.windows.remove(&queue);
         // Nothing is in the wheel yet; the effects of closing are empty.
         let mut out = Effects::new();
         let (_, mut ctx) = ctx!(self, &mut out);
@@ -230,7 +308,7 @@ impl Shard {
             }
         }
         if let (MsgId::Given(given), Some(until)) = (&id, dedup_until) {
-            r.windows.insert((queue, given.clone()), until);
+            r.window(queue, given.clone(), until);
         }
         let q = &mut self.queues[idx as usize];
         let slot = q.restore_enqueue(seq, id, body, attempt, priority, death)?;
@@ -285,9 +363,11 @@ impl Shard {
 
     /// Ends a restore (a no-op when nothing was restored): sets the delays and dedup
     /// windows that end after now, by the log epoch set with [`Shard::set_log_epoch`], and
-    /// lines up the ready messages. A message leased at the crash after its last allowed
-    /// delivery (`max_deliveries`) is dead-lettered: the runtime routes
-    /// `out.dead_letters` and writes `out.log` as after any command.
+    /// lines up the ready messages. A dedup window that ended by the last log time the
+    /// restore saw ([`Shard::restored_clock`]) has ended, as it had for the shard that
+    /// logged it. A message leased at the crash after its last allowed delivery
+    /// (`max_deliveries`) is dead-lettered: the runtime routes `out.dead_letters` and
+    /// writes `out.log` as after any command.
     pub fn finish_restore(&mut self, out: &mut Effects) {
         let Some(r) = self.restoring.take() else {
             return;
@@ -305,37 +385,22 @@ impl Shard {
                 ready_at.insert(seq, tick);
             }
         }
-        let mut windows: Map<u32, Vec<(Arc<str>, Tick)>> = Map::with_hasher(fixed_state());
-        for ((queue, id), &until) in &r.windows {
-            if let Some(tick) = after_now(until) {
-                windows.entry(*queue).or_default().push((id.clone(), tick));
-            }
-        }
-        for (&queue, &idx) in &r.queues {
-            let mut ours = windows.remove(&queue).unwrap_or_default();
-            ours.sort();
+        // In the order of their numbers, so that what comes out (timers, dead letters)
+        // does not depend on the history of a hash table.
+        let mut queues: Vec<(u32, u32)> = r.queues.iter().map(|(&q, &idx)| (q, idx)).collect();
+        queues.sort_unstable();
+        for (queue, idx) in queues {
+            let mut windows: Vec<(Arc<str>, Tick)> = match r.windows.get(&queue) {
+                Some(windows) => windows
+                    .open(r.clock)
+                    .filter_map(|(id, until)| Some((id.clone(), after_now(until)?)))
+                    .collect(),
+                None => Vec::new(),
+            };
+            windows.sort();
             let (queues, mut ctx) = ctx!(self, out);
-            queues[idx as usize].finish_restore(&mut ctx, |seq| ready_at.get(&seq).copied(), ours);
-        }
-    }
-
-    /// The changes that rebuild what this shard's durable queues hold now: a snapshot.
-    /// Restoring them into a new shard gives the same queues, messages, attempts, ids,
-    /// delays, dedup windows and next tags as restoring the whole log would.
-    pub fn image(&self, mut emit: impl FnMut(Change)) {
-        emit(Change::Clock {
-            now: self.log_time(self.now),
-        });
-        emit(Change::Counters {
-            next_queue: self.next_log_queue,
-            next_seq: self.next_seq,
-            next_auto_id: self.next_auto_id,
-        });
-        let mut durable: Vec<&QueueState> = self.queues.iter().map(|(_, q)| q).collect();
-        durable.retain(|q| q.log.is_some());
-        durable.sort_by_key(|q| q.log);
-        for queue in durable {
-            queue.image(&self.wheel, |tick| self.log_time(tick), &mut emit);
+            let ready_at = |seq| ready_at.get(&seq).copied();
+            queues[idx as usize].finish_restore(&mut ctx, ready_at, windows);
         }
     }
 }

@@ -5,7 +5,7 @@
 //! its last delivery had (one more when next delivered), tags go on above every tag handed
 //! out, and a snapshot restores exactly what the whole log does. The restarted shard then
 //! carries on, so that logs written by several runs, and logs cut short by a snapshot,
-//! are restored too.
+//! are restored too. `image` checks the images a shard takes in the middle of a restore.
 
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
@@ -16,6 +16,9 @@ use leasemq_engine::{
     Command, ConsumerConfig, ConsumerKey, DeliveryTag, Effects, Message, PutOutcome, QueueConfig,
     QueueKey, Reply, RetryPolicy, Settle, Shard, Tick,
 };
+
+#[path = "durable/image.rs"]
+mod image;
 
 const WEEK_TICKS: Tick = 8 * 24 * 3600 * 1000;
 

@@ -13,6 +13,7 @@ use bytes::Bytes;
 use super::{Ctx, DedupEntry, Msg, MsgId, MsgState, QueueState, Timer};
 use crate::durable::{Change, RestoreError};
 use crate::leases::LeaseTable;
+use crate::restore::{ended, Pending};
 use crate::types::{DeathReason, DeathRecord};
 use crate::wheel::{Tick, Wheel};
 
@@ -87,14 +88,17 @@ impl QueueState {
         windows: Vec<(Arc<str>, Tick)>,
     ) {
         let mut ready: Vec<(u64, u32, bool)> = Vec::new();
-        let mut delayed: Vec<(u32, Tick)> = Vec::new();
+        let mut delayed: Vec<(u64, u32, Tick)> = Vec::new();
         for (slot, msg) in self.msgs.iter() {
             match ready_at(msg.seq) {
-                Some(at) => delayed.push((slot as u32, at)),
+                Some(at) => delayed.push((msg.seq, slot as u32, at)),
                 None => ready.push((msg.seq, slot as u32, msg.attempt > 0)),
             }
         }
-        for (slot, at) in delayed {
+        // Timers of one deadline fire in the order they were set: that of first enqueue,
+        // whatever slots the messages landed in.
+        delayed.sort_unstable();
+        for (_, slot, at) in delayed {
             self.delay_message(ctx, slot, at);
         }
         ready.sort_unstable();
@@ -139,14 +143,19 @@ impl QueueState {
         }
     }
 
-    /// The changes that rebuild this durable queue (see `Shard::image`).
+    /// The changes that rebuild this durable queue (see `Shard::image`); nothing for a
+    /// queue that is not durable. Delays and dedup windows are read from the wheel, and
+    /// while a restore is under way from what it has `pending` too.
     pub fn image(
         &self,
         wheel: &Wheel<Timer>,
         log_time: impl Fn(Tick) -> u64,
+        pending: Option<&Pending>,
         emit: &mut impl FnMut(Change),
     ) {
-        let queue = self.log.expect("only durable queues have an image");
+        let Some(queue) = self.log else {
+            return;
+        };
         emit(Change::Declared {
             queue,
             name: self.name.clone(),
@@ -156,10 +165,16 @@ impl QueueState {
             queue,
             next: self.leases.next_tag(),
         });
+        let window = |id: &MsgId| match id {
+            MsgId::Given(id) => self.image_window(wheel, &log_time, pending, id),
+            MsgId::Auto(_) => None,
+        };
         for (_, m) in self.msgs.iter() {
+            // A leased message comes back ready with its attempt kept, as after a crash.
             let ready_at = match m.state {
                 MsgState::Delayed(timer) => Some(log_time(wheel.deadline(timer))),
-                MsgState::Ready | MsgState::Leased(_) => None,
+                MsgState::Ready => pending.and_then(|p| p.ready_at.get(&m.seq).copied()),
+                MsgState::Leased(_) => None,
             };
             emit(Change::Enqueued {
                 queue,
@@ -169,7 +184,7 @@ impl QueueState {
                 attempt: m.attempt,
                 priority: m.priority,
                 ready_at,
-                dedup_until: self.window_end(wheel, &m.id).map(&log_time),
+                dedup_until: window(&m.id),
                 death: m.death.clone(),
             });
         }
@@ -185,16 +200,62 @@ impl QueueState {
                 attempt: d.attempt,
                 priority: d.priority,
                 ready_at: None,
-                dedup_until: self.window_end(wheel, &d.id).map(&log_time),
+                dedup_until: window(&d.id),
                 death: d.death.clone(),
             });
         }
+        self.image_windowed(queue, wheel, &log_time, pending, emit);
+    }
+
+    /// When the dedup window of the given id `id` ends, in log time: from its timer, or
+    /// else from what a restore has pending; `None` when it has none, or it has ended.
+    fn image_window(
+        &self,
+        wheel: &Wheel<Timer>,
+        log_time: impl Fn(Tick) -> u64,
+        pending: Option<&Pending>,
+        id: &str,
+    ) -> Option<u64> {
+        let timer = self.dedup.get(id).and_then(|entry| entry.window);
+        match (timer, pending) {
+            (Some(timer), _) => {
+                let until = log_time(wheel.deadline(timer));
+                (!pending.is_some_and(|p| ended(until, p.clock))).then_some(until)
+            }
+            (None, Some(pending)) => pending.window(id),
+            (None, None) => None,
+        }
+    }
+
+    /// The dedup windows of ids no message here holds any more: `Windowed` changes.
+    fn image_windowed(
+        &self,
+        queue: u32,
+        wheel: &Wheel<Timer>,
+        log_time: impl Fn(Tick) -> u64,
+        pending: Option<&Pending>,
+        emit: &mut impl FnMut(Change),
+    ) {
         for (id, entry) in &self.dedup {
-            if let (false, Some(timer)) = (entry.live, entry.window) {
+            if entry.live || entry.window.is_none() {
+                continue;
+            }
+            if let Some(until) = self.image_window(wheel, &log_time, pending, id) {
                 emit(Change::Windowed {
                     queue,
                     id: id.clone(),
-                    until: log_time(wheel.deadline(timer)),
+                    until,
+                });
+            }
+        }
+        // Those of the restore under way, but for ids with a timer (listed above) or a
+        // live message (whose `Enqueued` carries its window).
+        for (id, until) in pending.into_iter().flat_map(Pending::open_windows) {
+            if !self.dedup.contains_key(&**id) {
+                emit(Change::Windowed {
+                    queue,
+                    id: id.clone(),
+                    until,
                 });
             }
         }
