@@ -21,10 +21,12 @@
 
 mod entry;
 mod log_store;
+pub mod mem_net;
 mod state_machine;
 
 use std::path::Path;
 use std::sync::Arc;
+use std::time::Duration;
 
 pub use entry::{decode_entry, encode_entry};
 pub use log_store::{LogReader, LogStore};
@@ -55,6 +57,65 @@ pub type Membership = openraft::Membership<u64, openraft::BasicNode>;
 pub type StoredMembership = openraft::alias::StoredMembershipOf<ShardRaft>;
 /// What a snapshot covers.
 pub type SnapshotMeta = openraft::alias::SnapshotMetaOf<ShardRaft>;
+
+/// A replica of a shard's group, whose state is behind an [`Applier`] `A`.
+pub type Raft<A> = openraft::Raft<ShardRaft, StateMachine<A>>;
+
+/// openraft's settings for a shard's group. A leader that hears from no majority for
+/// `election_timeout` steps down, and a follower that hears from no leader for between
+/// one and two of them stands for election, after a pre-vote (so that a node cut off
+/// and back does not disturb a working group); leaders send heartbeats ten times per
+/// election timeout. Snapshots are taken when the group's owner asks for them, and the
+/// last 64 entries they cover are kept, for followers a little behind.
+///
+/// # Errors
+///
+/// openraft's refusal of an election timeout under 10 ms.
+pub fn config(
+    cluster: &str,
+    election_timeout: Duration,
+) -> Result<openraft::Config, openraft::ConfigError> {
+    let election = election_timeout.as_millis().min(u64::MAX as u128) as u64;
+    openraft::Config {
+        cluster_name: cluster.to_string(),
+        heartbeat_interval: (election / 10).max(1),
+        election_timeout_min: election,
+        election_timeout_max: election * 2,
+        enable_pre_vote: Some(true),
+        snapshot_policy: openraft::SnapshotPolicy::Never,
+        max_in_snapshot_log_to_keep: 64,
+        max_payload_entries: 64,
+        ..openraft::Config::default()
+    }
+    .validate()
+}
+
+/// Starts node `id`'s replica of the group kept in `group`: opens its log (with the
+/// write-ahead log's `options`) and its state machine over `applier`, and runs openraft
+/// on them, talking to the other replicas through `network`.
+///
+/// # Errors
+///
+/// The log's or the state machine's error if either does not open; openraft's if it
+/// does not start.
+pub async fn start<A, N>(
+    id: u64,
+    config: Arc<openraft::Config>,
+    group: &GroupDir,
+    options: leasemq_wal::Options,
+    applier: A,
+    network: N,
+) -> std::io::Result<Raft<A>>
+where
+    A: Applier,
+    N: openraft::RaftNetworkFactory<ShardRaft>,
+    N::Network: openraft::network::NetSnapshot<ShardRaft, SnapshotData = std::io::Cursor<Vec<u8>>>,
+{
+    let log = LogStore::open(group, options)?;
+    let state = StateMachine::open(group, applier).await?;
+    let raft = openraft::Raft::new(id, config, network, log, state).await;
+    raft.map_err(std::io::Error::other)
+}
 
 /// The log id of the entry at `index` written by the leader of `term` on `node`.
 pub fn log_id(term: u64, node: u64, index: u64) -> LogId {
