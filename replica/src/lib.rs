@@ -15,6 +15,10 @@
 //! - [`StateMachine`]: openraft's state machine, which keeps what was applied, the
 //!   membership and the snapshots, and hands each committed [`Batch`] to an [`Applier`]
 //!   (the shard) and asks it for the image a snapshot holds.
+//! - [`Replay`]: a follower's copy of a shard, an engine restoring committed batches
+//!   under the chain rule ([`Chain`]), which a replica promoted to lead takes over;
+//!   [`ReplayApplier`] is the applier over one.
+//! - [`start`] runs a replica over these; [`mem_net`] joins the replicas of one process.
 //!
 //! Everything openraft-facing lives here, so that the pinned alpha is upgraded in one
 //! place.
@@ -22,6 +26,7 @@
 mod entry;
 mod log_store;
 pub mod mem_net;
+mod replay;
 mod state_machine;
 
 use std::path::Path;
@@ -31,6 +36,7 @@ use std::time::Duration;
 pub use entry::{decode_entry, encode_entry};
 pub use log_store::{LogReader, LogStore};
 pub use openraft;
+pub use replay::{Chain, Replay, ReplayApplier};
 pub use state_machine::{Applied, Applier, SnapshotBuilder, StateMachine};
 
 use leasemq_wal::Storage;

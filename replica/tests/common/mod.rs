@@ -1,6 +1,9 @@
-//! What the replica tests share: an applier that records what it is given.
+//! What the replica tests share: an applier that records what it is given, and three
+//! replicas of a group over the in-memory network.
 
 #![allow(dead_code)]
+
+pub mod group;
 
 use std::io;
 use std::sync::{Arc, Mutex};
@@ -28,6 +31,16 @@ impl Applier for Recorder {
     }
 
     async fn image(&self) -> io::Result<Vec<u8>> {
+        Ok(self.encode())
+    }
+
+    async fn install(&self, image: Vec<u8>) -> io::Result<()> {
+        self.decode(&image)
+    }
+}
+
+impl Recorder {
+    fn encode(&self) -> Vec<u8> {
         let applied = self.applied.lock().unwrap();
         let mut bytes = Vec::new();
         for (index, batch) in applied.iter() {
@@ -37,12 +50,12 @@ impl Applier for Recorder {
             bytes.extend_from_slice(&(batch.changes.len() as u64).to_le_bytes());
             bytes.extend_from_slice(&batch.changes);
         }
-        Ok(bytes)
+        bytes
     }
 
-    async fn install(&self, image: Vec<u8>) -> io::Result<()> {
+    fn decode(&self, image: &[u8]) -> io::Result<()> {
         let mut batches = Vec::new();
-        let mut rest = &image[..];
+        let mut rest = image;
         let take = |n: usize, rest: &mut &[u8]| -> io::Result<Vec<u8>> {
             if rest.len() < n {
                 return Err(io::Error::new(
@@ -64,5 +77,15 @@ impl Applier for Recorder {
         }
         *self.applied.lock().unwrap() = batches;
         Ok(())
+    }
+}
+
+impl group::TestApplier for Recorder {
+    fn fresh() -> Recorder {
+        Recorder::default()
+    }
+
+    fn state(&self) -> Vec<u8> {
+        self.encode()
     }
 }
