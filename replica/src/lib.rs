@@ -24,6 +24,8 @@
 //! place.
 
 mod entry;
+mod handshake;
+pub mod link;
 mod log_store;
 pub mod mem_net;
 mod replay;
@@ -34,6 +36,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub use entry::{decode_entry, encode_entry};
+pub use handshake::Identity;
 pub use log_store::{LogReader, LogStore};
 pub use openraft;
 pub use replay::{Chain, Replay, ReplayApplier};
