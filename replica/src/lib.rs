@@ -28,6 +28,7 @@ mod handshake;
 pub mod link;
 mod log_store;
 pub mod mem_net;
+mod proposer;
 mod replay;
 mod state_machine;
 
@@ -39,6 +40,7 @@ pub use entry::{decode_entry, encode_entry};
 pub use handshake::Identity;
 pub use log_store::{LogReader, LogStore};
 pub use openraft;
+pub use proposer::{Outcome, Proposer};
 pub use replay::{Chain, Replay, ReplayApplier};
 pub use state_machine::{Applied, Applier, SnapshotBuilder, StateMachine};
 
