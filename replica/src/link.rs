@@ -19,7 +19,7 @@ use std::io;
 use std::io::Cursor;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use openraft::errors::{RPCError, ReplicationClosed, StreamingError, Unreachable};
 use openraft::network::v2::RaftNetworkV2;
@@ -47,6 +47,7 @@ const APPEND: u8 = 1;
 const VOTE: u8 = 2;
 const PRE_VOTE: u8 = 3;
 const SNAPSHOT: u8 = 4;
+const PING: u8 = 5;
 const ANSWER: u8 = 128;
 const REFUSED: u8 = 129;
 
@@ -72,6 +73,8 @@ struct Inner<A: Applier> {
     dialled: tokio::sync::Mutex<HashMap<u64, Arc<Connection>>>,
     /// This node's replica of each shard's group, once started.
     groups: RwLock<Vec<Option<Raft<A>>>>,
+    /// When each peer was last heard from: an answer to a call, or a call it made.
+    heard: Mutex<HashMap<u64, Instant>>,
 }
 
 /// Where a call's answer goes: its body, or why the peer refused it.
@@ -97,6 +100,7 @@ impl<A: Applier> Link<A> {
                 peers,
                 dialled: tokio::sync::Mutex::new(HashMap::new()),
                 groups: RwLock::new(groups),
+                heard: Mutex::new(HashMap::new()),
             }),
         }
     }
@@ -115,6 +119,32 @@ impl<A: Applier> Link<A> {
             link: self.clone(),
             shard,
         }
+    }
+
+    /// Calls every peer every `every`, so that [`last_heard`](Link::last_heard) tells
+    /// which it reaches, even a peer this node's groups have nothing to send (a follower
+    /// of every shard that another node leads); until the task running it is dropped.
+    pub async fn ping(self, every: Duration) {
+        let peers: Vec<u64> = self.inner.peers.keys().copied().collect();
+        let me = self.inner.identity.node;
+        loop {
+            for &peer in peers.iter().filter(|&&p| p != me) {
+                let link = self.clone();
+                tokio::spawn(async move { link.call(peer, PING, 0, &[], every).await });
+            }
+            tokio::time::sleep(every).await;
+        }
+    }
+
+    /// When `peer` was last heard from over the link, if ever.
+    pub fn last_heard(&self, peer: u64) -> Option<Instant> {
+        let heard = self.inner.heard.lock().unwrap_or_else(|e| e.into_inner());
+        heard.get(&peer).copied()
+    }
+
+    fn heard(&self, peer: u64) {
+        let mut heard = self.inner.heard.lock().unwrap_or_else(|e| e.into_inner());
+        heard.insert(peer, Instant::now());
     }
 
     /// Serves the peers that connect to `listener`, until the task running it is
@@ -136,7 +166,7 @@ impl<A: Applier> Link<A> {
     async fn serve_connection(&self, mut stream: TcpStream) -> io::Result<()> {
         stream.set_nodelay(true)?;
         let accept = handshake::accept(&mut stream, &self.inner.identity);
-        tokio::time::timeout(CONNECT_TIMEOUT, accept)
+        let peer = tokio::time::timeout(CONNECT_TIMEOUT, accept)
             .await
             .map_err(|_| timed_out())??;
         let (mut reader, writer) = stream.into_split();
@@ -145,6 +175,7 @@ impl<A: Applier> Link<A> {
             let Some((kind, shard, call, body)) = read_frame(&mut reader).await? else {
                 return Ok(());
             };
+            self.heard(peer);
             let (link, writer) = (self.clone(), Arc::clone(&writer));
             tokio::spawn(async move {
                 let (kind, answer) = match link.answer(kind, shard, body).await {
@@ -160,6 +191,9 @@ impl<A: Applier> Link<A> {
 
     /// Hands a peer's call to this node's replica of its shard's group.
     async fn answer(&self, kind: u8, shard: u16, body: Vec<u8>) -> Result<Vec<u8>, String> {
+        if kind == PING {
+            return Ok(Vec::new());
+        }
         let raft = {
             let groups = self.inner.groups.read().unwrap_or_else(|e| e.into_inner());
             groups.get(usize::from(shard)).cloned().flatten()
@@ -220,7 +254,10 @@ impl<A: Applier> Link<A> {
             return Err(format!("node {peer}: {e}"));
         }
         match tokio::time::timeout(limit, rx).await {
-            Ok(Ok(answer)) => answer,
+            Ok(Ok(answer)) => {
+                self.heard(peer);
+                answer
+            }
             Ok(Err(_)) => Err(format!("node {peer}: the connection broke")),
             Err(_) => {
                 connection
