@@ -7,6 +7,8 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use leasemq::SyncPolicy;
 
+use crate::amqp::queue_args::{parse_queue_arg, QueueArg};
+
 /// Drives an in-process leasemq broker and measures it into HDR histograms.
 #[derive(Debug, Parser)]
 #[command(name = "leasemq-loadgen", version, about)]
@@ -302,8 +304,16 @@ pub struct AmqpArgs {
     /// Run the workload over AMQP 0-9-1 against this server (leasemqd, RabbitMQ): each
     /// producer and consumer is a client connection of its own. Closed loop only; --shards,
     /// --api, --put-batch and --settle-batch do not apply [default: the embedded broker].
-    #[arg(long, value_name = "amqp://USER:PASS@HOST:PORT/%2f")]
-    pub target: Option<String>,
+    /// Repeat it for the nodes of a cluster: the connections are dealt out over the
+    /// targets round robin (consumers first, then producers), and the queues are declared
+    /// through the first.
+    #[arg(long = "target", value_name = "amqp://USER:PASS@HOST:PORT/%2f")]
+    pub targets: Vec<String>,
+    /// --target: an entry for the arguments table of every `queue.declare`, e.g.
+    /// x-queue-type=quorum; repeat it for several. A whole number goes as a signed 64-bit
+    /// integer, true or false as a boolean, anything else as a string.
+    #[arg(long = "queue-arg", value_name = "KEY=VALUE", value_parser = parse_queue_arg)]
+    pub queue_args: Vec<QueueArg>,
     /// --target: publish with publisher confirms (`confirm.select`), at most
     /// --max-in-flight unconfirmed, and measure publish→confirm.
     #[arg(long)]
@@ -392,7 +402,7 @@ impl AmqpArgs {
 
     /// A flag that only --target uses, given without it.
     pub fn misplaced_flag(&self) -> Option<&'static str> {
-        if self.target.is_some() {
+        if !self.targets.is_empty() {
             return None;
         }
         [
@@ -400,6 +410,7 @@ impl AmqpArgs {
             (self.ack.is_some(), "--ack"),
             (self.no_ack, "--no-ack"),
             (self.client.is_some(), "--client"),
+            (!self.queue_args.is_empty(), "--queue-arg"),
         ]
         .into_iter()
         .find_map(|(given, flag)| given.then_some(flag))
@@ -797,14 +808,12 @@ mod tests {
             })
         };
         let embedded = parse(&[]).unwrap();
-        assert_eq!(
-            (embedded.target.as_deref(), embedded.ack_mode()),
-            (None, AckMode::Each)
-        );
+        assert!(embedded.targets.is_empty() && embedded.queue_args.is_empty());
+        assert_eq!(embedded.ack_mode(), AckMode::Each);
         assert_eq!(embedded.misplaced_flag(), None);
         let uri = "amqp://guest:guest@127.0.0.1:5672/%2f";
         let a = parse(&["--target", uri, "--confirms", "--ack", "multiple:64"]).unwrap();
-        assert_eq!(a.target.as_deref(), Some(uri));
+        assert_eq!(a.targets, [uri]);
         assert!(a.confirms);
         assert_eq!(a.ack_mode(), AckMode::Multiple(64));
         let a = parse(&["--target", uri, "--no-ack"]).unwrap();
@@ -838,6 +847,50 @@ mod tests {
         for mode in [AckMode::Each, AckMode::Multiple(8)] {
             assert_eq!(parse_ack(&mode.text()), Ok(mode));
         }
+    }
+
+    #[test]
+    fn targets_and_queue_args_repeat() {
+        let parse = |extra: &[&str]| {
+            let mut argv = vec!["leasemq-loadgen", "throughput"];
+            argv.extend(extra);
+            Cli::try_parse_from(argv).map(|cli| match cli.command {
+                Command::Throughput(args) => args.amqp,
+                _ => panic!("wrong subcommand"),
+            })
+        };
+        let uris = [
+            "amqp://a:5672/%2f",
+            "amqp://b:5673/%2f",
+            "amqp://c:5674/%2f",
+        ];
+        let a = parse(&[
+            "--target",
+            uris[0],
+            "--target",
+            uris[1],
+            "--target",
+            uris[2],
+            "--queue-arg",
+            "x-queue-type=quorum",
+            "--queue-arg",
+            "x-max-length=1000",
+        ])
+        .unwrap();
+        assert_eq!(a.targets, uris);
+        let args: Vec<String> = a.queue_args.iter().map(|q| q.to_string()).collect();
+        assert_eq!(args, ["x-queue-type=quorum", "x-max-length=1000"]);
+        assert_eq!(a.misplaced_flag(), None);
+        for bad in ["x-queue-type", "=quorum"] {
+            let err = parse(&["--target", uris[0], "--queue-arg", bad]).unwrap_err();
+            assert_eq!(err.kind(), clap::error::ErrorKind::ValueValidation, "{bad}");
+        }
+        assert_eq!(
+            parse(&["--queue-arg", "x-queue-type=quorum"])
+                .unwrap()
+                .misplaced_flag(),
+            Some("--queue-arg")
+        );
     }
 
     #[test]

@@ -654,12 +654,42 @@ fn bad_flags_exit_non_zero_with_a_message() {
     assert!(text(&output.stderr).contains("connecting to"));
 }
 
+#[test]
+fn bad_queue_args_exit_non_zero_with_a_message() {
+    let output = run(&["throughput", "--queue-arg", "x-queue-type=quorum"]);
+    assert_eq!(output.status.code(), Some(2));
+    assert!(text(&output.stderr).contains("--queue-arg applies to an AMQP run: it needs --target"));
+    let uri = "amqp://guest:guest@127.0.0.1:1/%2f";
+    for (bad, says) in [
+        ("x-queue-type", "KEY=VALUE"),
+        ("=quorum", "key before `=` is empty"),
+    ] {
+        let output = run(&["throughput", "--target", uri, "--queue-arg", bad]);
+        assert_eq!(output.status.code(), Some(2), "{bad}");
+        assert!(
+            text(&output.stderr).contains(says),
+            "{bad}: {}",
+            text(&output.stderr)
+        );
+    }
+    let output = run(&[
+        "throughput",
+        "--target",
+        uri,
+        "--queue-arg",
+        "x-queue-type=quorum",
+    ]);
+    assert_eq!(output.status.code(), Some(2));
+    assert!(text(&output.stderr).contains("add --durable"));
+}
+
 /// leasemqd served in-process on a loopback port, for `throughput --target`; it stops
 /// when the value is dropped.
 struct Leasemqd {
     _runtime: tokio::runtime::Runtime,
     broker: leasemq::Broker,
     uri: String,
+    addr: std::net::SocketAddr,
 }
 
 impl Leasemqd {
@@ -688,6 +718,7 @@ impl Leasemqd {
             _runtime: runtime,
             broker,
             uri: format!("amqp://guest:guest@{addr}/%2f"),
+            addr,
         }
     }
 }
@@ -1010,4 +1041,149 @@ fn sweep_stops_at_the_first_step_that_breaks() {
     assert!(steps[0]["broke"][0].as_str().unwrap().starts_with("p99 "));
     assert_eq!(s["max_sustainable"][0]["max_sustainable_rate"], Value::Null);
     assert_eq!(s["max_sustainable"][0]["first_broken_rate"], 5000);
+}
+
+/// A second loopback port in front of a server, as another node of a cluster would be:
+/// it forwards every connection to the server and counts them.
+struct Forwarder {
+    _runtime: tokio::runtime::Runtime,
+    uri: String,
+    accepted: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl Forwarder {
+    fn start(to: std::net::SocketAddr) -> Forwarder {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .expect("a tokio runtime");
+        let listener = runtime
+            .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+            .unwrap();
+        let addr = listener.local_addr().unwrap();
+        let accepted = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counter = accepted.clone();
+        runtime.spawn(async move {
+            while let Ok((mut client, _)) = listener.accept().await {
+                counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                tokio::spawn(async move {
+                    if let Ok(mut server) = tokio::net::TcpStream::connect(to).await {
+                        let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+                    }
+                });
+            }
+        });
+        Forwarder {
+            _runtime: runtime,
+            uri: format!("amqp://guest:guest@{addr}/%2f"),
+            accepted,
+        }
+    }
+
+    fn accepted(&self) -> usize {
+        self.accepted.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+#[test]
+fn throughput_over_amqp_spread_over_two_targets_with_queue_args() {
+    for client in ["lapin", "raw"] {
+        let server = Leasemqd::start();
+        let second = Forwarder::start(server.addr);
+        let s = run_and_check(
+            &format!("amqp-{client}-two-targets"),
+            &[
+                "throughput",
+                "--target",
+                &server.uri,
+                "--target",
+                &second.uri,
+                "--client",
+                client,
+                "--duration",
+                "1s",
+                "--warmup",
+                "200ms",
+                "--producers",
+                "3",
+                "--consumers",
+                "3",
+                "--queues",
+                "3",
+                "--queue-arg",
+                "x-queue-type=classic",
+                "--queue-arg",
+                "x-max-length=1000000",
+                "--queue-arg",
+                "x-single-active-consumer=false",
+            ],
+        );
+        // Connections 0..6 (three consumers, then three producers) alternate between the
+        // targets: the second takes consumer 1 and producers 0 and 2; the setup connection
+        // goes to the first.
+        assert_eq!(second.accepted(), 3, "{client}");
+        let masked = |uri: &str| uri.replace("guest:guest@", "guest:***@");
+        let (first, other) = (masked(&server.uri), masked(&second.uri));
+        assert_eq!(s["config"]["target"], first.as_str());
+        assert_eq!(s["config"]["targets"], serde_json::json!([first, other]));
+        assert_eq!(
+            s["config"]["queue_args"],
+            serde_json::json!({
+                "x-queue-type": "classic",
+                "x-max-length": 1_000_000,
+                "x-single-active-consumer": false,
+            })
+        );
+        let title = s["title"].as_str().unwrap();
+        assert!(
+            title.starts_with(&format!("AMQP {first}, {other} ({client} client)")),
+            "{title}"
+        );
+        assert!(title.contains("3 queue(s) with x-queue-type=classic, x-max-length=1000000, x-single-active-consumer=false;"), "{title}");
+        assert!(rate(&s, "acked") > 0.0, "{client}");
+    }
+}
+
+#[test]
+fn each_connection_goes_to_its_target_in_turn() {
+    // The second target refuses connections: consumer 0 connects to the first, consumer 1
+    // to the second, and the run stops there, naming it.
+    let server = Leasemqd::start();
+    for client in ["lapin", "raw"] {
+        let output = run(&[
+            "throughput",
+            "--target",
+            &server.uri,
+            "--target",
+            "amqp://guest:guest@127.0.0.1:1/%2f",
+            "--client",
+            client,
+            "--consumers",
+            "2",
+        ]);
+        let stderr = text(&output.stderr);
+        assert_eq!(output.status.code(), Some(2), "{client}: {stderr}");
+        assert!(
+            stderr.contains("consumer: connecting to amqp://guest:***@127.0.0.1:1/%2f"),
+            "{client}: {stderr}"
+        );
+    }
+}
+
+#[test]
+fn queue_args_reach_the_server() {
+    // leasemqd checks x-max-length as RabbitMQ does: a string is refused at the declare.
+    let server = Leasemqd::start();
+    let output = run(&[
+        "throughput",
+        "--target",
+        &server.uri,
+        "--queue-arg",
+        "x-max-length=many",
+    ]);
+    let stderr = text(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("declaring a queue"), "{stderr}");
+    assert!(stderr.contains("x-max-length"), "{stderr}");
 }

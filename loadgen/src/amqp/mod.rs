@@ -5,7 +5,10 @@
 //!
 //! Each producer and each consumer is a connection of its own with one channel, as separate
 //! client processes would be; all are tasks on one tokio runtime (`--runtime-threads`), and
-//! lapin reads and writes each connection's socket on a thread of its own. Producers
+//! lapin reads and writes each connection's socket on a thread of its own. With several
+//! `--target`s (the nodes of a cluster) the connections are dealt out over them round
+//! robin (`targets`); the queues are declared through the first (`setup`), with the
+//! `--queue-arg`s in each declaration's arguments table (`queue_args`). Producers
 //! publish through the default exchange, round robin over the run's queues (fresh names per
 //! run, so an earlier run's leftovers never count), with publisher confirms or without
 //! (`--confirms`); consumers set `basic.qos` to `--prefetch` and ack each delivery, or
@@ -23,9 +26,7 @@
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, SystemTime};
 
-use lapin::options::{QueueDeclareOptions, QueueDeleteOptions};
-use lapin::types::FieldTable;
-use lapin::{Channel, Connection, ConnectionProperties};
+use lapin::{Connection, ConnectionProperties};
 
 use crate::cli::{format_duration, AckMode, Client, ThroughputArgs};
 use crate::common::{nanos, Clock};
@@ -33,7 +34,10 @@ use crate::intervals::{IntervalClock, IntervalLog, Piece, TimedRecorder};
 use crate::progress::Progress;
 use crate::report::cpu_now;
 use crate::Run;
+use queue_args::{QueueArg, QueueArgValue};
+use setup::Setup;
 use summary::{finish_recorders, summarise, Outcome};
+use targets::Targets;
 use tokio::task::JoinHandle;
 use workers::{
     consume, open_consumers, open_producers, produce, ConsumerResult, ProducerResult, Publisher,
@@ -92,8 +96,11 @@ impl Plan {
     }
 }
 
+pub mod queue_args;
 mod raw;
+mod setup;
 mod summary;
+mod targets;
 mod workers;
 
 /// `uri` with its password hidden, for titles and `summary.json`.
@@ -110,15 +117,16 @@ pub fn masked(uri: &str) -> String {
     }
 }
 
-/// Runs `throughput` against `target` and summarises it as the embedded run is.
+/// Runs `throughput` against its `--target`s and summarises it as the embedded run is.
 ///
 /// # Errors
 ///
 /// Flags that make no AMQP run, a server that cannot be reached or refuses the setup.
-pub fn run(args: &ThroughputArgs, target: &str) -> Result<Run, String> {
+pub fn run(args: &ThroughputArgs) -> Result<Run, String> {
     validate(args)?;
     let plan = plan_of(args);
     let w = &args.workload;
+    let targets = Targets::new(&args.amqp.targets, w.consumers as usize);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(w.runtime_threads as usize)
         .thread_name("loadgen-amqp")
@@ -126,27 +134,14 @@ pub fn run(args: &ThroughputArgs, target: &str) -> Result<Run, String> {
         .build()
         .map_err(|e| format!("starting the tokio runtime: {e}"))?;
     let queues = queue_names(w.queues);
-    let setup = runtime.block_on(Setup::open(target, &queues, w.storage.durable))?;
-    let (consumers, producers) = match plan.client {
-        Client::Lapin => (
-            Consumers::Lapin(runtime.block_on(open_consumers(
-                target,
-                &queues,
-                &plan,
-                w.consumers,
-            ))?),
-            Producers::Lapin(runtime.block_on(open_producers(target, &plan))?),
-        ),
-        Client::Raw => (
-            Consumers::Raw(runtime.block_on(raw::open_consumers(
-                target,
-                &queues,
-                &plan,
-                w.consumers,
-            ))?),
-            Producers::Raw(runtime.block_on(raw::open_producers(target, &plan))?),
-        ),
-    };
+    let setup = runtime.block_on(Setup::open(
+        targets.first(),
+        &queues,
+        w.storage.durable,
+        &args.amqp.queue_args,
+    ))?;
+    let opening = open_connections(targets, &queues, &plan, w.consumers);
+    let (consumers, producers) = runtime.block_on(opening)?;
 
     let progress = Progress::new(args.warmup + args.duration, args.output.quiet);
     let clock = Clock::start();
@@ -179,7 +174,7 @@ pub fn run(args: &ThroughputArgs, target: &str) -> Result<Run, String> {
     progress.finish();
     Ok(summarise(
         args,
-        target,
+        targets,
         &plan,
         Outcome {
             produced,
@@ -190,6 +185,26 @@ pub fn run(args: &ThroughputArgs, target: &str) -> Result<Run, String> {
             intervals,
         },
     ))
+}
+
+/// Opens the `consumers` consumers' connections, then the producers', through the run's
+/// client, each to its target.
+async fn open_connections(
+    targets: Targets<'_>,
+    queues: &[String],
+    plan: &Plan,
+    consumers: u32,
+) -> Result<(Consumers, Producers), String> {
+    Ok(match plan.client {
+        Client::Lapin => (
+            Consumers::Lapin(open_consumers(targets, queues, plan, consumers).await?),
+            Producers::Lapin(open_producers(targets, plan).await?),
+        ),
+        Client::Raw => (
+            Consumers::Raw(raw::open_consumers(targets, queues, plan, consumers).await?),
+            Producers::Raw(raw::open_producers(targets, plan).await?),
+        ),
+    })
 }
 
 /// The consumers' connections, opened by either client.
@@ -318,7 +333,26 @@ fn validate(args: &ThroughputArgs) -> Result<(), String> {
                 .into(),
         );
     }
-    Ok(())
+    validate_queue_args(&args.amqp.queue_args, w.storage.durable)
+}
+
+/// `--queue-arg`s that make no run: a key given twice; a RabbitMQ queue type that is
+/// durable only (quorum, stream), on queues not declared `--durable`.
+fn validate_queue_args(queue_args: &[QueueArg], durable: bool) -> Result<(), String> {
+    if let Some(key) = queue_args::repeated_key(queue_args) {
+        return Err(format!("--queue-arg {key}=… is given more than once"));
+    }
+    let durable_only = queue_args.iter().find(|a| {
+        let durable_type =
+            matches!(&a.value, QueueArgValue::Text(t) if t == "quorum" || t == "stream");
+        a.key == "x-queue-type" && durable_type
+    });
+    match durable_only {
+        Some(a) if !durable => Err(format!(
+            "--queue-arg {a}: RabbitMQ declares such a queue durable only; add --durable"
+        )),
+        _ => Ok(()),
+    }
 }
 
 fn plan_of(args: &ThroughputArgs) -> Plan {
@@ -368,64 +402,6 @@ pub(super) async fn connect(target: &str, role: &str) -> Result<Connection, Stri
 
 pub(super) fn amqp_error(what: &str) -> impl Fn(lapin::Error) -> String + '_ {
     move |e| format!("{what}: {e}")
-}
-
-/// The connection that declares the run's queues, and at the end counts and deletes them.
-struct Setup {
-    conn: Connection,
-    channel: Channel,
-}
-
-impl Setup {
-    async fn open(target: &str, queues: &[String], durable: bool) -> Result<Setup, String> {
-        let conn = connect(target, "setup").await?;
-        let channel = conn
-            .create_channel()
-            .await
-            .map_err(amqp_error("opening a channel"))?;
-        let options = QueueDeclareOptions {
-            durable,
-            ..QueueDeclareOptions::default()
-        };
-        for q in queues {
-            channel
-                .queue_declare(q.as_str().into(), options, FieldTable::default())
-                .await
-                .map_err(amqp_error("declaring a queue"))?;
-        }
-        Ok(Setup { conn, channel })
-    }
-
-    /// The messages still ready in `queues`; then deletes them where the server serves
-    /// `queue.delete` (a server that does not may close the connection: nothing is lost).
-    async fn close(self, queues: &[String]) -> Result<u64, String> {
-        let passive = QueueDeclareOptions {
-            passive: true,
-            ..QueueDeclareOptions::default()
-        };
-        let mut ready = 0;
-        for q in queues {
-            let answer = self
-                .channel
-                .queue_declare(q.as_str().into(), passive, FieldTable::default())
-                .await
-                .map_err(amqp_error("counting what is left in a queue"))?;
-            ready += u64::from(answer.message_count());
-        }
-        for q in queues {
-            let options = QueueDeleteOptions::default();
-            if self
-                .channel
-                .queue_delete(q.as_str().into(), options)
-                .await
-                .is_err()
-            {
-                break;
-            }
-        }
-        let _ = self.conn.close(200, "run over".into()).await;
-        Ok(ready)
-    }
 }
 
 /// The thread that started the run, while the tasks run: folds finished intervals into the
@@ -524,6 +500,29 @@ impl<'a> Watch<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn quorum_queues_need_durable_and_keys_come_once() {
+        let parse = |texts: &[&str]| -> Vec<QueueArg> {
+            texts
+                .iter()
+                .map(|t| queue_args::parse_queue_arg(t).unwrap())
+                .collect()
+        };
+        let quorum = parse(&["x-queue-type=quorum"]);
+        let err = validate_queue_args(&quorum, false).unwrap_err();
+        assert!(err.contains("add --durable"), "{err}");
+        assert_eq!(validate_queue_args(&quorum, true), Ok(()));
+        let classic = parse(&["x-queue-type=classic", "x-max-length=10"]);
+        assert_eq!(validate_queue_args(&classic, false), Ok(()));
+        let twice = parse(&["x-max-length=10", "x-max-length=20"]);
+        let err = validate_queue_args(&twice, true).unwrap_err();
+        assert!(
+            err.contains("x-max-length=… is given more than once"),
+            "{err}"
+        );
+        assert_eq!(validate_queue_args(&[], false), Ok(()));
+    }
 
     #[test]
     fn passwords_are_masked() {

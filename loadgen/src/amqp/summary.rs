@@ -3,8 +3,9 @@
 use leasemq::QueueStats;
 use serde_json::json;
 
+use super::targets::Targets;
 use super::workers::{ConsumerResult, ProducerResult};
-use super::{masked, Plan, ACK, CONFIRM, DELIVER, HISTOGRAMS, SETTLE};
+use super::{masked, queue_args, Plan, ACK, CONFIRM, DELIVER, HISTOGRAMS, SETTLE};
 use crate::cli::{format_duration, AckMode, Client, ThroughputArgs};
 use crate::common::Ledger;
 use crate::cpu::CpuTime;
@@ -45,7 +46,12 @@ pub(super) fn finish_recorders(
     recorders
 }
 
-pub(super) fn summarise(args: &ThroughputArgs, target: &str, plan: &Plan, out: Outcome) -> Run {
+pub(super) fn summarise(
+    args: &ThroughputArgs,
+    targets: Targets<'_>,
+    plan: &Plan,
+    out: Outcome,
+) -> Run {
     let seconds = args.duration.as_secs_f64();
     let recorders = out.recorders;
     let (mut ledger, mut problems) = (Ledger::default(), Vec::new());
@@ -75,10 +81,8 @@ pub(super) fn summarise(args: &ThroughputArgs, target: &str, plan: &Plan, out: O
     };
     let accounting = account(seen, out.still_ready);
     let (cpu_start, cpu_end) = out.cpu;
-    let process = ProcessStats::over_window(cpu_start, cpu_end, seconds, acked_in_window);
-    let (title, config) = describe(args, target, plan);
+    let (title, config) = describe(args, targets, plan);
     let slots = plan.slots();
-    let details = settle_details(plan, acked, settle_calls);
     let summary = Summary {
         tool: "leasemq-loadgen",
         version: env!("CARGO_PKG_VERSION"),
@@ -95,9 +99,9 @@ pub(super) fn summarise(args: &ThroughputArgs, target: &str, plan: &Plan, out: O
             .iter()
             .map(|&i| recorders[i].summary(HISTOGRAMS[i].0, HISTOGRAMS[i].1))
             .collect(),
-        details,
+        details: settle_details(plan, acked, settle_calls),
         accounting,
-        process,
+        process: ProcessStats::over_window(cpu_start, cpu_end, seconds, acked_in_window),
         load_average: load_average(),
         // The broker runs in the server, not here.
         host: None,
@@ -106,28 +110,47 @@ pub(super) fn summarise(args: &ThroughputArgs, target: &str, plan: &Plan, out: O
         plots: Vec::new(),
         notes: notes(plan),
     };
-    let mut named: Vec<Option<Recorder>> = recorders.into_iter().map(Some).collect();
     Run {
         summary,
-        recorders: slots
-            .iter()
-            .map(|&i| (HISTOGRAMS[i].0.to_string(), named[i].take().expect("once")))
-            .collect(),
+        recorders: named_recorders(recorders, &slots),
         intervals: out.intervals,
     }
 }
 
-/// The run's title and its flags for `summary.json`.
-fn describe(args: &ThroughputArgs, target: &str, plan: &Plan) -> (String, serde_json::Value) {
+/// The histograms the run measured (`slots`), each with its file name.
+fn named_recorders(recorders: Vec<Recorder>, slots: &[usize]) -> Vec<(String, Recorder)> {
+    let mut named: Vec<Option<Recorder>> = recorders.into_iter().map(Some).collect();
+    slots
+        .iter()
+        .map(|&i| (HISTOGRAMS[i].0.to_string(), named[i].take().expect("once")))
+        .collect()
+}
+
+/// The run's title and its flags for `summary.json`. With several targets the title names
+/// them all and `config` lists them in `targets` (`target` is the first, which declared
+/// the queues); with `--queue-arg` the title gives the arguments after the queue count
+/// and `config` has them in `queue_args`.
+fn describe(
+    args: &ThroughputArgs,
+    targets: Targets<'_>,
+    plan: &Plan,
+) -> (String, serde_json::Value) {
     let w = &args.workload;
     let seconds = args.duration.as_secs_f64();
     let ack_text = plan.ack.text();
     let confirms = if plan.confirms { "on" } else { "off" };
+    let queue_args = &args.amqp.queue_args;
+    let with_args = if queue_args.is_empty() {
+        String::new()
+    } else {
+        let each: Vec<String> = queue_args.iter().map(|a| a.to_string()).collect();
+        format!(" with {}", each.join(", "))
+    };
     let title = format!(
-        "AMQP {} ({} client): {} producer(s), {} consumer(s), {} queue(s); {}-byte bodies; \
-         prefetch {}, ack {ack_text}, confirms {confirms}; closed loop, at most {} in flight; \
-         {} measured after {} warm-up",
-        masked(target),
+        "AMQP {} ({} client): {} producer(s), {} consumer(s), {} queue(s){with_args}; \
+         {}-byte bodies; prefetch {}, ack {ack_text}, confirms {confirms}; closed loop, at \
+         most {} in flight; {} measured after {} warm-up",
+        targets.text(),
         plan.client.text(),
         w.producers,
         w.consumers,
@@ -138,14 +161,20 @@ fn describe(args: &ThroughputArgs, target: &str, plan: &Plan) -> (String, serde_
         format_duration(args.duration),
         format_duration(args.warmup)
     );
-    let config = json!({
-        "target": masked(target), "client": plan.client.text(), "producers": w.producers, "consumers": w.consumers,
+    let mut config = json!({
+        "target": masked(targets.first()), "client": plan.client.text(), "producers": w.producers, "consumers": w.consumers,
         "queues": w.queues, "body_bytes": w.body_bytes, "prefetch": plan.prefetch,
         "ack": ack_text, "confirms": plan.confirms, "durable": w.storage.durable,
         "runtime_threads": w.runtime_threads, "duration_s": seconds,
         "warmup_s": args.warmup.as_secs_f64(), "rate": null,
         "max_in_flight": plan.max_in_flight,
     });
+    if targets.len() > 1 {
+        config["targets"] = targets.masked().into();
+    }
+    if !queue_args.is_empty() {
+        config["queue_args"] = queue_args::to_json(queue_args);
+    }
     (title, config)
 }
 

@@ -19,6 +19,7 @@ use lapin::options::{
 use lapin::types::FieldTable;
 use lapin::{BasicProperties, Channel, Connection, PublisherConfirm};
 
+use super::targets::Targets;
 use super::{amqp_error, connect, Plan};
 use crate::cli::{format_duration, AckMode};
 use crate::common::{nanos, read_header, seq_of, BodyWriter, Clock, Ledger};
@@ -80,17 +81,17 @@ pub(super) struct Subscriber {
     pub(super) consumer: lapin::Consumer,
 }
 
-/// Opens `count` consumers, consumer i on queue i mod Q, each on its own connection with
-/// `basic.qos` set to the prefetch.
+/// Opens `count` consumers, consumer i on queue i mod Q, each on its own connection (to
+/// its target, see [`Targets`]) with `basic.qos` set to the prefetch.
 pub(super) async fn open_consumers(
-    target: &str,
+    targets: Targets<'_>,
     queues: &[String],
     plan: &Plan,
     count: u32,
 ) -> Result<Vec<Subscriber>, String> {
     let mut subscribers = Vec::with_capacity(count as usize);
     for i in 0..count as usize {
-        let conn = connect(target, "consumer").await?;
+        let conn = connect(targets.consumer(i), "consumer").await?;
         let channel = conn
             .create_channel()
             .await
@@ -128,11 +129,14 @@ pub(super) struct Publisher {
     pub(super) channel: Channel,
 }
 
-/// Opens one connection and channel per producer.
-pub(super) async fn open_producers(target: &str, plan: &Plan) -> Result<Vec<Publisher>, String> {
+/// Opens one connection (to its target, see [`Targets`]) and channel per producer.
+pub(super) async fn open_producers(
+    targets: Targets<'_>,
+    plan: &Plan,
+) -> Result<Vec<Publisher>, String> {
     let mut publishers = Vec::with_capacity(plan.producers as usize);
-    for _ in 0..plan.producers {
-        let conn = connect(target, "producer").await?;
+    for j in 0..plan.producers as usize {
+        let conn = connect(targets.producer(j), "producer").await?;
         let channel = conn
             .create_channel()
             .await

@@ -27,8 +27,8 @@ mod workers;
 use step::{run_step, Step, StepOutcome, ACK_TIMEOUT};
 
 pub fn run(args: &ThroughputArgs) -> Result<Run, String> {
-    if let Some(target) = &args.amqp.target {
-        return crate::amqp::run(args, target);
+    if !args.amqp.targets.is_empty() {
+        return crate::amqp::run(args);
     }
     if let Some(flag) = args.amqp.misplaced_flag() {
         return Err(format!("{flag} applies to an AMQP run: it needs --target"));

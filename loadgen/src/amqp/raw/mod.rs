@@ -25,6 +25,7 @@ use amq_protocol::types::{AMQPValue, FieldTable};
 use amq_protocol::uri::{AMQPUri, AMQPUserInfo};
 use tokio::net::TcpStream;
 
+use super::targets::Targets;
 use super::workers::{ConsumerResult, ProducerResult, Shared, DRAIN_LIMIT, FULL_PAUSE, IDLE_WAIT};
 use super::{masked, Plan, CONNECT_LIMIT};
 use crate::cli::{format_duration, AckMode};
@@ -339,17 +340,18 @@ fn refused(m: &AMQPClass) -> Option<String> {
     }
 }
 
-/// Opens `count` consumers, consumer i on queue i mod Q, each on its own connection with
-/// `basic.qos` set to the prefetch and `basic.consume` (`no_ack` with `--no-ack`).
+/// Opens `count` consumers, consumer i on queue i mod Q, each on its own connection (to
+/// its target, see [`Targets`]) with `basic.qos` set to the prefetch and `basic.consume`
+/// (`no_ack` with `--no-ack`).
 pub(super) async fn open_consumers(
-    target: &str,
+    targets: Targets<'_>,
     queues: &[String],
     plan: &Plan,
     count: u32,
 ) -> Result<Vec<Conn>, String> {
     let mut consumers = Vec::with_capacity(count as usize);
     for i in 0..count as usize {
-        let mut conn = Conn::open(target, "consumer").await?;
+        let mut conn = Conn::open(targets.consumer(i), "consumer").await?;
         let qos = basic::Qos {
             prefetch_count: plan.prefetch,
             global: false,
@@ -382,11 +384,12 @@ pub(super) async fn open_consumers(
     Ok(consumers)
 }
 
-/// Opens one connection per producer, its channel in confirm mode with `--confirms`.
-pub(super) async fn open_producers(target: &str, plan: &Plan) -> Result<Vec<Conn>, String> {
+/// Opens one connection per producer (to its target, see [`Targets`]), its channel in
+/// confirm mode with `--confirms`.
+pub(super) async fn open_producers(targets: Targets<'_>, plan: &Plan) -> Result<Vec<Conn>, String> {
     let mut producers = Vec::with_capacity(plan.producers as usize);
-    for _ in 0..plan.producers {
-        let mut conn = Conn::open(target, "producer").await?;
+    for j in 0..plan.producers as usize {
+        let mut conn = Conn::open(targets.producer(j), "producer").await?;
         if plan.confirms {
             let select = confirm::Select { nowait: false };
             conn.call_expecting(
