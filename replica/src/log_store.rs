@@ -24,6 +24,7 @@ use std::collections::VecDeque;
 use std::fmt::Debug;
 use std::io;
 use std::ops::{Bound, RangeBounds};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use leasemq_wal::{Lsn, Options, Probe, Wal};
@@ -51,6 +52,8 @@ pub struct LogReader {
 struct Shared {
     state: Mutex<State>,
     flush: Arc<Flush>,
+    /// Bytes of records replayed at open and appended since.
+    appended: Arc<AtomicU64>,
 }
 
 struct State {
@@ -105,9 +108,10 @@ impl LogStore {
         });
         let notify = Arc::clone(&flush);
         options.on_progress = Some(Arc::new(move || notify.progress()));
-        let mut last = None;
+        let (mut last, mut replayed) = (None, 0);
         let replay = |lsn: Lsn, record: &[u8]| {
             last = Some(entry_log_id(record, lsn.0 - 1).map_err(|e| e.to_string())?);
+            replayed += record.len() as u64;
             Ok(())
         };
         let (wal, _report) = Wal::open(
@@ -135,8 +139,16 @@ impl LogStore {
         let shared = Arc::new(Shared {
             state: Mutex::new(state),
             flush,
+            appended: Arc::new(AtomicU64::new(replayed)),
         });
         Ok(LogStore { shared })
+    }
+
+    /// A counter of the bytes of records the log holds past its purge point at open,
+    /// and appended since, read from any thread: how much the log grew, for the rule
+    /// that takes snapshots.
+    pub fn appended(&self) -> Arc<AtomicU64> {
+        Arc::clone(&self.shared.appended)
     }
 
     /// A probe of the log under the store, for metrics.
@@ -197,7 +209,8 @@ impl Shared {
 }
 
 impl State {
-    fn append(&mut self, entry: Entry) -> io::Result<()> {
+    /// Appends an entry; returns the size of its record.
+    fn append(&mut self, entry: Entry) -> io::Result<usize> {
         let lsn = entry.log_id.index + 1;
         let next = self.wal.last_appended().0 + 1;
         if lsn < next {
@@ -229,7 +242,7 @@ impl State {
         self.tail_bytes += self.buf.len();
         self.last = Some(entry.log_id);
         self.tail.push_back(entry);
-        Ok(())
+        Ok(self.buf.len())
     }
 
     /// Lets go of durable entries past what the tail keeps.
@@ -404,7 +417,10 @@ impl RaftLogStorage<ShardRaft> for LogStore {
         let last = {
             let mut state = self.shared.lock();
             for entry in entries {
-                state.append(entry)?;
+                let bytes = state.append(entry)?;
+                self.shared
+                    .appended
+                    .fetch_add(bytes as u64, Ordering::Relaxed);
             }
             state.wal.submit().map_err(wal_io)?;
             state.trim_tail();

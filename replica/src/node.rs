@@ -11,6 +11,7 @@
 use std::collections::BTreeMap;
 use std::io;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -21,9 +22,11 @@ use openraft::BasicNode;
 use serde::Serialize;
 
 use crate::link::Link;
-use crate::{invalid, GroupDir, Identity, Raft, Replay, ReplayApplier};
+use crate::{invalid, GroupDir, Identity, LogStore, Raft, Replay, ReplayApplier, StateMachine};
 
 const META_FORMAT: &str = "leasemq cluster node, format 1";
+/// How often a group's log growth is looked at.
+const SNAPSHOT_CHECK: Duration = Duration::from_millis(250);
 
 /// What a node is and where it keeps its data.
 #[derive(Clone, Debug)]
@@ -217,21 +220,52 @@ async fn open_groups(
         let dir = config.dir.join(format!("shard-{shard}"));
         let group = GroupDir::new(Arc::clone(&config.storage), dir);
         let replay = ReplayApplier::new(Replay::new(shard, config.tick));
-        let network = link.network(shard);
-        let options = config.log.clone();
-        let raft = crate::start(
-            config.identity.node,
-            Arc::clone(&raft_config),
-            &group,
-            options,
-            replay.clone(),
-            network,
-        )
-        .await?;
+        let log = LogStore::open(&group, config.log.clone())?;
+        let appended = log.appended();
+        let state = StateMachine::open(&group, replay.clone()).await?;
+        let snapshot_bytes = state.snapshot_bytes();
+        let (id, raft_config) = (config.identity.node, Arc::clone(&raft_config));
+        let raft = openraft::Raft::new(id, raft_config, link.network(shard), log, state).await;
+        let raft = raft.map_err(io::Error::other)?;
         link.serve_group(shard, raft.clone());
+        let growth = Growth {
+            appended,
+            snapshot_bytes,
+            segment_bytes: config.log.segment_bytes,
+        };
+        tokio::spawn(take_snapshots(raft.clone(), growth));
         groups.push((raft, replay));
     }
     Ok(groups)
+}
+
+/// How far a group's log grew since its last snapshot.
+struct Growth {
+    appended: Arc<AtomicU64>,
+    snapshot_bytes: Arc<AtomicU64>,
+    segment_bytes: u64,
+}
+
+/// Has the group take a snapshot once its log grew by two segments since the last one,
+/// or by twice the last snapshot's size, whichever is more, as a single broker's shard
+/// does: disk use follows what the queues hold, and a snapshot costs time in proportion
+/// to the log it saves. openraft then lets go of the entries it covers but the last few.
+/// Ends when the replica stops.
+async fn take_snapshots(raft: Raft<ReplayApplier>, growth: Growth) {
+    let mut at = 0;
+    loop {
+        tokio::time::sleep(SNAPSHOT_CHECK).await;
+        let appended = growth.appended.load(Ordering::Relaxed);
+        let last = growth.snapshot_bytes.load(Ordering::Relaxed);
+        let due = (2 * growth.segment_bytes).max(2 * last);
+        if appended.saturating_sub(at) < due {
+            continue;
+        }
+        if raft.trigger().snapshot().await.is_err() {
+            return;
+        }
+        at = appended;
+    }
 }
 
 /// Checks that `dir` was made for this node of this cluster, with this shard count;

@@ -11,6 +11,7 @@
 use std::future::Future;
 use std::io;
 use std::io::Cursor;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use futures_util::TryStreamExt;
@@ -60,6 +61,8 @@ pub struct SnapshotBuilder<A> {
 
 struct Shared<A> {
     applier: A,
+    /// The size of the newest snapshot's image.
+    snapshot_bytes: Arc<AtomicU64>,
     storage: Arc<dyn Storage>,
     dir: std::path::PathBuf,
     state: Mutex<Applying>,
@@ -85,13 +88,16 @@ impl<A: Applier> StateMachine<A> {
             applied: None,
             membership: StoredMembership::default(),
         };
+        let snapshot_bytes = Arc::new(AtomicU64::new(0));
         if let Some((meta, image)) = read_snapshot(&*storage, &dir)? {
+            snapshot_bytes.store(image.len() as u64, Ordering::Relaxed);
             applier.install(image).await?;
             applying.applied = meta.last_log_id;
             applying.membership = meta.last_membership;
         }
         let shared = Arc::new(Shared {
             applier,
+            snapshot_bytes,
             storage,
             dir,
             state: Mutex::new(applying),
@@ -102,6 +108,11 @@ impl<A: Applier> StateMachine<A> {
     /// The applier.
     pub fn applier(&self) -> &A {
         &self.shared.applier
+    }
+
+    /// The size of the newest snapshot's image, read from any thread.
+    pub fn snapshot_bytes(&self) -> Arc<AtomicU64> {
+        Arc::clone(&self.shared.snapshot_bytes)
     }
 }
 
@@ -166,7 +177,9 @@ impl<A: Applier> RaftStateMachine<ShardRaft> for StateMachine<A> {
         let mut state = self.shared.state.lock().await;
         let image = snapshot.into_inner();
         write_snapshot(&*self.shared.storage, &self.shared.dir, meta, &image)?;
+        let size = image.len() as u64;
         self.shared.applier.install(image).await?;
+        self.shared.snapshot_bytes.store(size, Ordering::Relaxed);
         state.applied = meta.last_log_id;
         state.membership = meta.last_membership.clone();
         Ok(())
@@ -196,6 +209,8 @@ impl<A: Applier> RaftSnapshotBuilder<ShardRaft> for SnapshotBuilder<A> {
             last_membership: state.membership.clone(),
         };
         write_snapshot(&*self.shared.storage, &self.shared.dir, &meta, &image)?;
+        let size = image.len() as u64;
+        self.shared.snapshot_bytes.store(size, Ordering::Relaxed);
         Ok(SnapshotOf::<ShardRaft, _> {
             meta,
             snapshot: Cursor::new(image),

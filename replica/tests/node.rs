@@ -7,8 +7,9 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use leasemq_replica::{ClusterStatus, Identity, Node, NodeConfig};
+use leasemq_replica::{Batch, ClusterStatus, Identity, Node, NodeConfig, Outcome, Proposer};
 use leasemq_wal::{DiskStorage, Options};
+use openraft::async_runtime::WatchReceiver;
 
 const SHARDS: u16 = 2;
 
@@ -63,6 +64,28 @@ fn peers() -> BTreeMap<u64, String> {
     (1..=3)
         .map(|id| (id, format!("127.0.0.1:{}", free_port())))
         .collect()
+}
+
+/// Proposes `n` batches with no changes on `leader`'s replica of shard 0, and waits
+/// until every one is committed.
+fn propose(nodes: &[Node], leader: u64, n: u64) {
+    let node = &nodes[leader as usize - 1];
+    let (raft, _) = node.group(0).unwrap();
+    let vote = raft.metrics().borrow_watched().vote;
+    let (tx, rx) = std::sync::mpsc::channel();
+    let report = move |outcome| {
+        let _ = tx.send(outcome);
+    };
+    let leader_id = (vote.leader_id.term, vote.leader_id.node_id);
+    let proposer = Proposer::start(raft.clone(), leader_id, report, node.runtime());
+    for p in 1..=n {
+        let changes = Vec::new();
+        proposer.propose(Batch { inc: 0, p, changes });
+    }
+    for _ in 0..n {
+        let outcome = rx.recv_timeout(Duration::from_secs(30)).unwrap();
+        assert!(matches!(outcome, Outcome::Committed { .. }), "{outcome:?}");
+    }
 }
 
 #[test]
@@ -144,4 +167,37 @@ fn a_directory_made_for_another_node_is_refused() {
         );
     }
     Node::start(made).unwrap().shutdown();
+}
+
+#[test]
+fn a_group_whose_log_grew_takes_a_snapshot_and_lets_its_log_go() {
+    let tmp = tempfile::tempdir().unwrap();
+    let peers = peers();
+    let small = |id| NodeConfig {
+        log: Options {
+            segment_bytes: 16 << 10,
+            ..Options::default()
+        },
+        ..config(tmp.path(), id, &peers)
+    };
+    let nodes: Vec<Node> = (1..=3).map(|id| Node::start(small(id)).unwrap()).collect();
+    nodes[0].init().unwrap();
+    let leader = settled(&nodes)[0].shards[0].leader.unwrap();
+    // About 40 bytes a record: over twice the 32 KiB of two segments.
+    propose(&nodes, leader, 2_000);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    for node in &nodes {
+        let (raft, _) = node.group(0).unwrap();
+        loop {
+            let metrics = raft.metrics().borrow_watched().clone();
+            if metrics.snapshot.is_some() && metrics.purged.is_some() {
+                break;
+            }
+            assert!(Instant::now() < deadline, "no snapshot: {metrics:?}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+    for node in nodes {
+        node.shutdown();
+    }
 }
