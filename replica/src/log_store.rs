@@ -58,6 +58,8 @@ struct Shared {
 
 struct State {
     wal: Wal,
+    /// The appends waiting for their fsync (shared with [`Shared::flush`]).
+    flush: Arc<Flush>,
     group: GroupDir,
     vote: Option<Vote>,
     /// The number the vote was last written under.
@@ -126,6 +128,7 @@ impl LogStore {
         let last = last.or(purged);
         let state = State {
             wal,
+            flush: Arc::clone(&flush),
             group: group.clone(),
             vote,
             vote_number,
@@ -229,6 +232,7 @@ impl State {
             // a purge past the end, the log already goes on where it left off); the
             // test suite's stores begin anywhere.
             let record = encode_purged(self.purged);
+            self.settle()?;
             self.wal
                 .install_snapshot(Lsn(lsn - 1), &record)
                 .map_err(wal_io)?;
@@ -239,10 +243,20 @@ impl State {
         self.buf.clear();
         encode_entry(&entry, &mut self.buf)?;
         self.wal.append(&self.buf).map_err(wal_io)?;
-        self.tail_bytes += self.buf.len();
+        // Counted as it is counted when it goes, so that the sum never drifts.
+        self.tail_bytes += entry_bytes(&entry);
         self.last = Some(entry.log_id);
         self.tail.push_back(entry);
         Ok(self.buf.len())
+    }
+
+    /// Makes everything appended durable and completes every append waiting for it,
+    /// before a truncation or a restart of the log moves its durable lsn back: the
+    /// syncer's next report would read the moved lsn, and never complete them.
+    fn settle(&mut self) -> io::Result<()> {
+        let durable = self.wal.sync().map_err(wal_io)?;
+        self.flush.complete_up_to(durable);
+        Ok(())
     }
 
     /// Lets go of durable entries past what the tail keeps.
@@ -266,6 +280,7 @@ impl State {
         if keep_index >= self.last.map(|l| l.index) {
             return Ok(());
         }
+        self.settle()?;
         self.wal
             .truncate_after(Lsn(keep_index.map_or(0, |i| i + 1)))
             .map_err(wal_io)?;
@@ -286,6 +301,7 @@ impl State {
             return Ok(());
         }
         let record = encode_purged(Some(upto));
+        self.settle()?;
         self.wal
             .install_snapshot(Lsn(upto.index + 1), &record)
             .map_err(wal_io)?;
@@ -327,6 +343,15 @@ impl Flush {
             Some(lag) if lag.durable >= lsn => done.io_completed(Ok(())),
             Some(lag) if lag.failed => done.io_completed(Err(failed())),
             _ => waiting.push_back((lsn, done)),
+        }
+    }
+
+    /// Completes the appends waiting for lsns up to `durable`.
+    fn complete_up_to(&self, durable: Lsn) {
+        let mut waiting = self.waiting.lock().unwrap_or_else(|e| e.into_inner());
+        while waiting.front().is_some_and(|(lsn, _)| *lsn <= durable) {
+            let (_, done) = waiting.pop_front().expect("just looked");
+            done.io_completed(Ok(()));
         }
     }
 
@@ -395,7 +420,12 @@ impl RaftLogStorage<ShardRaft> for LogStore {
         let state = self.shared.lock();
         Ok(LogState {
             last_purged_log_id: state.purged,
-            last_log_id: state.last.max(state.purged),
+            // The later by index: a purge past the end (a snapshot installed) moves the
+            // last log id forward.
+            last_log_id: match (state.last, state.purged) {
+                (Some(last), Some(purged)) if purged.index > last.index => Some(purged),
+                (last, purged) => last.or(purged),
+            },
         })
     }
 
