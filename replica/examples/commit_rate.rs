@@ -125,7 +125,7 @@ async fn main() {
         move |outcome: Outcome| {
             room.add_permits(1);
             let p = match outcome {
-                Outcome::Committed { p, .. } | Outcome::Refused { p } => p,
+                Outcome::Committed { p, .. } | Outcome::Unknown { p } => p,
             };
             let at = started.lock().expect("not poisoned").remove(&p);
             let _ = tx.send((outcome, at.map(|at| at.elapsed())));

@@ -3,11 +3,13 @@
 //!
 //! A batch is committed once a majority of the group holds it durably; openraft says so
 //! before the batch is applied anywhere, and the leader lets out what waited on it then.
-//! A batch is refused when it never will be: this node stopped leading under the leader
-//! id it was proposed under (`with_leader`), or its lease ran out, or a leadership
-//! transfer began. A later batch may still commit after a refused one, so outcomes are
-//! reported for every batch, in order, and the leader's chain rule decides what they
-//! mean (see `replay.rs`).
+//! When openraft gives up on a batch without committing it (this node stopped leading
+//! under the leader id it was proposed under, its lease ran out, a leadership transfer
+//! began, the replica stopped), the batch may still be in the log, and a later leader
+//! may commit it: its fate is unknown. So is the fate of every later batch of the chain,
+//! even one openraft then commits: replicas apply it only if they applied the one before
+//! (the chain rule, `replay.rs`). The leader answers what waited on them `Unavailable`,
+//! and rebuilds from what its group applied.
 
 use std::collections::VecDeque;
 
@@ -27,9 +29,9 @@ pub enum Outcome {
         /// Where it is in the log.
         log_id: LogId,
     },
-    /// Batch `p` never will be: the log does not hold it, or holds it where no replica
-    /// applies it.
-    Refused {
+    /// Batch `p` may or may not be applied: openraft gave up on it or on one before it
+    /// in the chain.
+    Unknown {
         /// The batch's number in its chain.
         p: u64,
     },
@@ -66,7 +68,7 @@ impl Proposer {
                     .write(batch)
                     .with_leader(leader_id)
                     .responder(responder);
-                // A replica that stopped (fatal) drops the responder: refused, below.
+                // A replica that stopped (fatal) drops the responder: unknown, below.
                 let _ = write.await;
                 if written.send((p, committed, completed)).is_err() {
                     break;
@@ -77,10 +79,15 @@ impl Proposer {
             // Completions (applied, or failed) come after commits; they are held only so
             // that openraft finds someone to tell, and let go once told.
             let mut completing = VecDeque::new();
+            let mut broken = false;
             while let Some((p, committed, completed)) = to_resolve.recv().await {
                 let outcome = match committed.await {
-                    Ok(log_id) => Outcome::Committed { p, log_id },
-                    Err(_) => Outcome::Refused { p },
+                    Ok(log_id) if !broken => Outcome::Committed { p, log_id },
+                    Ok(_) => Outcome::Unknown { p },
+                    Err(_) => {
+                        broken = true;
+                        Outcome::Unknown { p }
+                    }
                 };
                 report(outcome);
                 completing.push_back(completed);

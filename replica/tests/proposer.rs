@@ -1,6 +1,6 @@
 //! A leader's proposals over three replicas: outcomes come in proposal order, committed
-//! ones are applied everywhere, and proposals of a leader cut off are refused and applied
-//! nowhere.
+//! ones are applied everywhere, and proposals of a leader cut off come back unknown (and
+//! here applied nowhere).
 
 mod common;
 
@@ -71,7 +71,7 @@ async fn proposals_commit_in_order_and_every_replica_applies_them() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn proposals_of_a_leader_cut_off_are_refused_and_applied_nowhere() {
+async fn proposals_of_a_leader_cut_off_come_back_unknown_and_are_applied_nowhere() {
     let group = Group::<Recorder>::new().await;
     let old = group.leader(&[1, 2, 3]).await;
     let (proposer, mut outcomes) = proposer(&group, old);
@@ -88,14 +88,15 @@ async fn proposals_of_a_leader_cut_off_are_refused_and_applied_nowhere() {
     let new = group.leader(&rest).await;
     group.write(new, [batch(5, 1)]).await;
     // Cut off, the old leader cannot commit: what it appended waits (the shard's answers
-    // time out meanwhile) until it learns of its successor, whose log replaces its own.
+    // time out meanwhile) until it learns of its successor, whose log replaces its own;
+    // openraft gives up on them then, and their fate is unknown to the proposer.
     assert!(
         outcomes.try_recv().is_err(),
         "nothing resolved while cut off"
     );
     group.net.heal(old);
     for p in 2..=6 {
-        assert_eq!(next(&mut outcomes).await, Outcome::Refused { p });
+        assert_eq!(next(&mut outcomes).await, Outcome::Unknown { p });
     }
     group.converged(new, &[1, 2, 3]).await;
     for id in 1..=3 {
