@@ -2,17 +2,20 @@
 //!
 //! ```text
 //! dialler  → hello: "LMQLINK1", version, node id, shard count, nonce (32 bytes), name
-//! listener → hello, then its proof: HMAC-SHA256(secret, "server" | nonces | ids)
-//! dialler  → its proof: HMAC-SHA256(secret, "client" | nonces | ids)
-//! listener → 1 (welcome)
+//! listener → its hello
+//! dialler  → its proof: HMAC-SHA256(secret, "client" | both hellos)
+//! listener → its proof: HMAC-SHA256(secret, "server" | both hellos)
 //! ```
 //!
 //! Each side checks the other's cluster name and shard count against its own, and the
-//! dialler checks it reached the node it meant to. The nonces are fresh on each side, so
-//! a proof is good for one connection only; the two proofs are labelled apart, so one
-//! side's proof never serves as the other's; and the secret itself never crosses the wire
+//! dialler checks it reached the node it meant to. A proof covers both hellos whole
+//! (nonces, ids, versions, shard counts, names), so it is good for one connection only,
+//! and the two are labelled apart, so one side's never serves as the other's. The
+//! dialler proves itself first: a listener gives nothing that depends on the secret to
+//! a dialler that has not shown it knows it. The secret itself never crosses the wire
 //! (as the Erlang cookie does not, between RabbitMQ's nodes). A side that finds anything
-//! wrong closes the connection.
+//! wrong closes the connection. What follows the handshake is not authenticated frame
+//! by frame: the link is for a trusted network until TLS comes to it.
 
 use std::io;
 
@@ -25,7 +28,6 @@ const MAGIC: &[u8; 8] = b"LMQLINK1";
 const VERSION: u8 = 1;
 const NONCE: usize = 32;
 const PROOF: usize = 32;
-const WELCOME: u8 = 1;
 /// The longest cluster name.
 pub const MAX_NAME: usize = 255;
 
@@ -52,97 +54,78 @@ impl std::fmt::Debug for Identity {
     }
 }
 
-/// What a hello says that outlives its checks.
-struct Hello {
-    node: u64,
-    nonce: [u8; NONCE],
-}
-
-/// Dials' side: proves this node to `peer`, which must prove itself.
+/// Dialler's side: proves this node to `peer`, which must prove itself.
 ///
 /// # Errors
 ///
 /// An io error saying what did not match or did not check out; the caller drops the
 /// connection.
 pub(crate) async fn connect(stream: &mut TcpStream, me: &Identity, peer: u64) -> io::Result<()> {
-    let ours = fresh_nonce()?;
-    write_hello(stream, me, &ours).await?;
-    let theirs = read_hello(stream, me).await?;
-    if theirs.node != peer {
+    let mut transcript = write_hello(stream, me).await?;
+    let theirs = read_hello(stream, me, &mut transcript).await?;
+    if theirs != peer {
         return Err(refused(format!(
-            "reached node {} where node {peer} was expected",
-            theirs.node
+            "reached node {theirs} where node {peer} was expected"
         )));
     }
+    let client = prove(me, b"client", &transcript);
+    stream.write_all(&client.finalize().into_bytes()).await?;
     let mut proof = [0; PROOF];
-    stream.read_exact(&mut proof).await?;
-    let server = prove(me, b"server", &ours, &theirs.nonce, me.node, theirs.node);
+    stream.read_exact(&mut proof).await.map_err(|e| {
+        refused(format!(
+            "node {peer} refused this node's proof (or closed): {e}"
+        ))
+    })?;
+    let server = prove(me, b"server", &transcript);
     server.verify_slice(&proof).map_err(|_| {
         refused(format!(
             "node {peer} could not prove it knows the cluster secret"
         ))
-    })?;
-    let client = prove(me, b"client", &theirs.nonce, &ours, me.node, theirs.node);
-    stream.write_all(&client.finalize().into_bytes()).await?;
-    if stream.read_u8().await? != WELCOME {
-        return Err(refused(format!("node {peer} refused this node")));
-    }
-    Ok(())
+    })
 }
 
-/// Listener's side: learns who dialled and checks its proof. Returns its node id.
+/// Listener's side: learns who dialled and checks its proof, then proves itself.
+/// Returns the dialler's node id.
 ///
 /// # Errors
 ///
 /// As [`connect`].
 pub(crate) async fn accept(stream: &mut TcpStream, me: &Identity) -> io::Result<u64> {
-    let theirs = read_hello(stream, me).await?;
-    if theirs.node == me.node {
+    let mut transcript = Vec::new();
+    let theirs = read_hello(stream, me, &mut transcript).await?;
+    if theirs == me.node {
         return Err(refused(format!(
             "a peer calls itself node {}, as this node is",
             me.node
         )));
     }
-    let ours = fresh_nonce()?;
-    write_hello(stream, me, &ours).await?;
-    let server = prove(me, b"server", &theirs.nonce, &ours, theirs.node, me.node);
-    stream.write_all(&server.finalize().into_bytes()).await?;
+    transcript.extend_from_slice(&write_hello(stream, me).await?);
     let mut proof = [0; PROOF];
     stream.read_exact(&mut proof).await?;
-    let client = prove(me, b"client", &ours, &theirs.nonce, theirs.node, me.node);
+    let client = prove(me, b"client", &transcript);
     client.verify_slice(&proof).map_err(|_| {
         refused(format!(
-            "node {} could not prove it knows the cluster secret",
-            theirs.node
+            "node {theirs} could not prove it knows the cluster secret"
         ))
     })?;
-    stream.write_u8(WELCOME).await?;
-    Ok(theirs.node)
+    let server = prove(me, b"server", &transcript);
+    stream.write_all(&server.finalize().into_bytes()).await?;
+    Ok(theirs)
 }
 
-/// The proof that one side knows the secret: HMAC-SHA256 over a label, the nonces (the
-/// listener's view: the dialler's first) and the ids (dialler, listener).
-fn prove(
-    me: &Identity,
-    label: &[u8],
-    first: &[u8],
-    second: &[u8],
-    dialler: u64,
-    listener: u64,
-) -> Hmac<Sha256> {
+/// The proof that one side knows the secret: HMAC-SHA256 over a label and the
+/// transcript (the dialler's hello, then the listener's).
+fn prove(me: &Identity, label: &[u8], transcript: &[u8]) -> Hmac<Sha256> {
     let mut mac =
         Hmac::<Sha256>::new_from_slice(&me.secret).expect("HMAC takes a key of any length");
     mac.update(b"leasemq node link ");
     mac.update(label);
-    mac.update(first);
-    mac.update(second);
-    mac.update(&dialler.to_be_bytes());
-    mac.update(&listener.to_be_bytes());
-    mac.update(me.cluster.as_bytes());
+    mac.update(transcript);
     mac
 }
 
-async fn write_hello(stream: &mut TcpStream, me: &Identity, nonce: &[u8; NONCE]) -> io::Result<()> {
+/// Sends this node's hello, with a fresh nonce; returns what it sent.
+async fn write_hello(stream: &mut TcpStream, me: &Identity) -> io::Result<Vec<u8>> {
     let name = me.cluster.as_bytes();
     if name.len() > MAX_NAME {
         return Err(refused(format!("a cluster name of {} bytes", name.len())));
@@ -152,32 +135,38 @@ async fn write_hello(stream: &mut TcpStream, me: &Identity, nonce: &[u8; NONCE])
     hello.push(VERSION);
     hello.extend_from_slice(&me.node.to_be_bytes());
     hello.extend_from_slice(&me.shards.to_be_bytes());
-    hello.extend_from_slice(nonce);
+    hello.extend_from_slice(&fresh_nonce()?);
     hello.push(name.len() as u8);
     hello.extend_from_slice(name);
-    stream.write_all(&hello).await
+    stream.write_all(&hello).await?;
+    Ok(hello)
 }
 
-async fn read_hello(stream: &mut TcpStream, me: &Identity) -> io::Result<Hello> {
-    let mut magic = [0; 8];
-    stream.read_exact(&mut magic).await?;
-    if &magic != MAGIC {
+/// Reads the other side's hello, checks it, and adds it to `transcript`; returns the
+/// other side's node id.
+async fn read_hello(
+    stream: &mut TcpStream,
+    me: &Identity,
+    transcript: &mut Vec<u8>,
+) -> io::Result<u64> {
+    let mut head = [0; 8 + 1 + 8 + 2 + NONCE + 1];
+    stream.read_exact(&mut head).await?;
+    if &head[..8] != MAGIC {
         return Err(refused("not a leasemq node link".to_string()));
     }
-    let version = stream.read_u8().await?;
+    let version = head[8];
     if version != VERSION {
         return Err(refused(format!(
             "node link version {version}, this node speaks {VERSION}"
         )));
     }
-    let node = stream.read_u64().await?;
-    let shards = stream.read_u16().await?;
-    let mut nonce = [0; NONCE];
-    stream.read_exact(&mut nonce).await?;
-    let len = stream.read_u8().await?;
-    let mut name = vec![0; usize::from(len)];
+    let node = u64::from_be_bytes(head[9..17].try_into().expect("8 bytes"));
+    let shards = u16::from_be_bytes(head[17..19].try_into().expect("2 bytes"));
+    let mut name = vec![0; usize::from(head[head.len() - 1])];
     stream.read_exact(&mut name).await?;
-    let cluster = String::from_utf8_lossy(&name).into_owned();
+    transcript.extend_from_slice(&head);
+    transcript.extend_from_slice(&name);
+    let cluster = String::from_utf8_lossy(&name);
     if cluster != me.cluster {
         return Err(refused(format!(
             "node {node} is of cluster {cluster:?}, this node of {:?}",
@@ -190,7 +179,7 @@ async fn read_hello(stream: &mut TcpStream, me: &Identity) -> io::Result<Hello> 
             me.shards
         )));
     }
-    Ok(Hello { node, nonce })
+    Ok(node)
 }
 
 fn fresh_nonce() -> io::Result<[u8; NONCE]> {
@@ -250,16 +239,23 @@ mod tests {
 
     #[tokio::test]
     async fn a_dialler_without_the_secret_is_refused_and_so_is_a_listener() {
+        // The dialler proves itself first: the listener checks, refuses, and gives
+        // nothing back that depends on the secret.
         let (dialled, accepted) = meet(
             identity("orders", 1, 4, b"guess"),
             identity("orders", 2, 4, b"s3cret"),
             2,
         )
         .await;
+        let err = accepted.unwrap_err();
+        assert!(err.to_string().contains("node 1 could not prove"), "{err}");
         let err = dialled.unwrap_err();
-        assert!(err.to_string().contains("node 2 could not prove"), "{err}");
-        // The dialler found the listener's proof wrong and never sent its own.
-        assert!(accepted.is_err());
+        assert!(
+            err.to_string().contains("node 2 refused this node's proof"),
+            "{err}"
+        );
+        // A listener that does not know the secret cannot check the dialler's proof,
+        // nor prove itself.
         let (dialled, accepted) = meet(
             identity("orders", 1, 4, b"s3cret"),
             identity("orders", 2, 4, b"guess"),

@@ -98,6 +98,8 @@ pub fn config(
         snapshot_policy: openraft::SnapshotPolicy::Never,
         max_in_snapshot_log_to_keep: 64,
         max_payload_entries: 64,
+        // A snapshot goes whole, and may take a while to send and install.
+        install_snapshot_timeout: 60_000,
         ..openraft::Config::default()
     }
     .validate()

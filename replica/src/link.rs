@@ -21,9 +21,11 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
-use openraft::errors::{RPCError, ReplicationClosed, StreamingError, Unreachable};
+use openraft::errors::{
+    NetworkError, RPCError, ReplicationClosed, StreamingError, Timeout, Unreachable,
+};
 use openraft::network::v2::RaftNetworkV2;
-use openraft::network::RPCOption;
+use openraft::network::{RPCOption, RPCTypes};
 use openraft::raft::{
     AppendEntriesRequest, AppendEntriesResponse, SnapshotResponse, VoteRequest, VoteResponse,
 };
@@ -33,7 +35,7 @@ use serde::Serialize;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::oneshot;
+use tokio::sync::{mpsc, oneshot};
 
 use crate::handshake::{self, Identity};
 use crate::{Applier, Raft, ShardRaft, SnapshotMeta, Vote};
@@ -69,8 +71,9 @@ struct Inner<A: Applier> {
     identity: Identity,
     /// Where each peer listens, by node id.
     peers: HashMap<u64, String>,
-    /// The connection to each peer this node dialled, while it works.
-    dialled: tokio::sync::Mutex<HashMap<u64, Arc<Connection>>>,
+    /// The connection to each peer that this node dialled, while it works. One lock per
+    /// peer: a dial holds up only the calls to its peer.
+    dialled: HashMap<u64, tokio::sync::Mutex<Option<Arc<Connection>>>>,
     /// This node's replica of each shard's group, once started.
     groups: RwLock<Vec<Option<Raft<A>>>>,
     /// When each peer was last heard from: an answer to a call, or a call it made.
@@ -80,13 +83,59 @@ struct Inner<A: Applier> {
 /// Where a call's answer goes: its body, or why the peer refused it.
 type Answer = oneshot::Sender<Result<Vec<u8>, String>>;
 
-/// One dialled connection: calls go out on it, answers come back on it.
+/// One dialled connection. Frames go out whole through its writer task, so that a
+/// caller that gives up (openraft drops a call that runs out of time) never leaves half
+/// a frame on the wire. Dropping it (once no call holds it) ends the writer, which
+/// closes the connection.
 struct Connection {
-    writer: tokio::sync::Mutex<OwnedWriteHalf>,
+    frames: mpsc::UnboundedSender<Vec<u8>>,
+    calls: Arc<Calls>,
+}
+
+/// The calls in flight on a connection, shared with its reader.
+#[derive(Default)]
+struct Calls {
     waiting: Mutex<HashMap<u64, Answer>>,
-    next_call: AtomicU64,
-    /// Its reader ended: the peer closed it, or it broke.
+    next: AtomicU64,
+    /// The connection broke: its reader or writer ended.
     broken: AtomicBool,
+}
+
+impl Calls {
+    /// Marks the connection broken; every caller still waiting learns so (its sender is
+    /// dropped).
+    fn break_off(&self) {
+        self.broken.store(true, Ordering::Release);
+        self.waiting
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clear();
+    }
+}
+
+/// Takes a call out of the waiting map when its caller is done with it, answered or not.
+struct Waiting<'a> {
+    calls: &'a Calls,
+    call: u64,
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        let mut waiting = self.calls.waiting.lock().unwrap_or_else(|e| e.into_inner());
+        waiting.remove(&self.call);
+    }
+}
+
+/// Why a call got no answer.
+enum CallError {
+    /// No connection to the peer could be made.
+    Unreachable(String),
+    /// The connection broke, or was found broken: the next call dials again.
+    Broken(String),
+    /// No answer in the call's time limit.
+    TimedOut(Duration),
+    /// The peer answered with an error.
+    Refused(String),
 }
 
 impl<A: Applier> Link<A> {
@@ -97,10 +146,12 @@ impl<A: Applier> Link<A> {
         Link {
             inner: Arc::new(Inner {
                 identity,
-                peers,
-                dialled: tokio::sync::Mutex::new(HashMap::new()),
+                dialled: (peers.keys())
+                    .map(|&id| (id, tokio::sync::Mutex::new(None)))
+                    .collect(),
                 groups: RwLock::new(groups),
                 heard: Mutex::new(HashMap::new()),
+                peers,
             }),
         }
     }
@@ -151,8 +202,14 @@ impl<A: Applier> Link<A> {
     /// dropped.
     pub async fn serve(self, listener: TcpListener) {
         loop {
-            let Ok((stream, from)) = listener.accept().await else {
-                continue;
+            let (stream, from) = match listener.accept().await {
+                Ok(accepted) => accepted,
+                Err(e) => {
+                    // Out of file descriptors, say: wait rather than spin.
+                    eprintln!("leasemq: node link: accept: {e}");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
             };
             let link = self.clone();
             tokio::spawn(async move {
@@ -170,21 +227,24 @@ impl<A: Applier> Link<A> {
             .await
             .map_err(|_| timed_out())??;
         let (mut reader, writer) = stream.into_split();
-        let writer = Arc::new(tokio::sync::Mutex::new(writer));
+        let (answers, to_write) = mpsc::unbounded_channel();
+        tokio::spawn(write_frames(writer, to_write, None));
         loop {
             let Some((kind, shard, call, body)) = read_frame(&mut reader).await? else {
                 return Ok(());
             };
             self.heard(peer);
-            let (link, writer) = (self.clone(), Arc::clone(&writer));
+            let (link, answers) = (self.clone(), answers.clone());
             tokio::spawn(async move {
                 let (kind, answer) = match link.answer(kind, shard, body).await {
                     Ok(answer) => (ANSWER, answer),
                     Err(e) => (REFUSED, e.into_bytes()),
                 };
-                let mut writer = writer.lock().await;
-                // A write that fails ends the connection; its reader sees it.
-                let _ = write_frame(&mut writer, kind, shard, call, &answer).await;
+                // An answer that cannot be framed, or a connection gone, is not sent:
+                // the caller's time limit runs out.
+                if let Ok(frame) = frame(kind, shard, call, &answer) {
+                    let _ = answers.send(frame);
+                }
             });
         }
     }
@@ -225,7 +285,8 @@ impl<A: Applier> Link<A> {
         }
     }
 
-    /// Makes a call to `peer` and waits for its answer, at most `limit`.
+    /// Makes a call to `peer` and waits for its answer: dialling, sending and waiting
+    /// all within `limit`.
     async fn call(
         &self,
         peer: u64,
@@ -233,80 +294,68 @@ impl<A: Applier> Link<A> {
         shard: u16,
         body: &[u8],
         limit: Duration,
-    ) -> Result<Vec<u8>, String> {
-        let connection = self.connection(peer).await?;
-        let call = connection.next_call.fetch_add(1, Ordering::Relaxed);
-        let (tx, rx) = oneshot::channel();
-        connection
-            .waiting
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(call, tx);
-        if connection.broken.load(Ordering::Acquire) {
-            return Err(format!("node {peer}: the connection broke"));
-        }
-        let sent = {
-            let mut writer = connection.writer.lock().await;
-            write_frame(&mut writer, kind, shard, call, body).await
+    ) -> Result<Vec<u8>, CallError> {
+        let work = async {
+            let connection = self.connection(peer).await?;
+            let calls = &connection.calls;
+            let call = calls.next.fetch_add(1, Ordering::Relaxed);
+            let (tx, rx) = oneshot::channel();
+            calls
+                .waiting
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(call, tx);
+            let _waiting = Waiting { calls, call };
+            let broke = || CallError::Broken(format!("node {peer}: the connection broke"));
+            if calls.broken.load(Ordering::Acquire) {
+                return Err(broke());
+            }
+            let frame =
+                frame(kind, shard, call, body).map_err(|e| CallError::Refused(e.to_string()))?;
+            connection.frames.send(frame).map_err(|_| broke())?;
+            let answer = rx.await.map_err(|_| broke())?;
+            self.heard(peer);
+            answer.map_err(CallError::Refused)
         };
-        if let Err(e) = sent {
-            self.forget(peer, &connection).await;
-            return Err(format!("node {peer}: {e}"));
-        }
-        match tokio::time::timeout(limit, rx).await {
-            Ok(Ok(answer)) => {
-                self.heard(peer);
-                answer
-            }
-            Ok(Err(_)) => Err(format!("node {peer}: the connection broke")),
-            Err(_) => {
-                connection
-                    .waiting
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .remove(&call);
-                Err(format!("node {peer}: no answer within {limit:?}"))
-            }
+        match tokio::time::timeout(limit, work).await {
+            Ok(answer) => answer,
+            Err(_) => Err(CallError::TimedOut(limit)),
         }
     }
 
-    /// The working connection to `peer`, dialled now if there is none. Dialling holds
-    /// up no call to another peer.
-    async fn connection(&self, peer: u64) -> Result<Arc<Connection>, String> {
-        {
-            let dialled = self.inner.dialled.lock().await;
-            if let Some(connection) = dialled.get(&peer) {
-                if !connection.broken.load(Ordering::Acquire) {
-                    return Ok(Arc::clone(connection));
-                }
+    /// The working connection to `peer`, dialled now if there is none or it broke.
+    async fn connection(&self, peer: u64) -> Result<Arc<Connection>, CallError> {
+        let unknown = || CallError::Unreachable(format!("node {peer} is no peer"));
+        let slot = self.inner.dialled.get(&peer).ok_or_else(unknown)?;
+        let mut slot = slot.lock().await;
+        if let Some(connection) = slot.as_ref() {
+            if !connection.calls.broken.load(Ordering::Acquire) {
+                return Ok(Arc::clone(connection));
             }
         }
-        let addr = self
-            .inner
-            .peers
-            .get(&peer)
-            .ok_or_else(|| format!("node {peer} is no peer"))?;
-        let dial = self.dial(peer, addr);
-        let stream = match tokio::time::timeout(CONNECT_TIMEOUT, dial).await {
+        // A broken connection closes once the calls that hold it let go.
+        *slot = None;
+        let addr = self.inner.peers.get(&peer).ok_or_else(unknown)?;
+        let stream = match tokio::time::timeout(CONNECT_TIMEOUT, self.dial(peer, addr)).await {
             Ok(Ok(stream)) => stream,
-            Ok(Err(e)) => return Err(format!("node {peer} at {addr}: {e}")),
+            Ok(Err(e)) => {
+                return Err(CallError::Unreachable(format!(
+                    "node {peer} at {addr}: {e}"
+                )))
+            }
             Err(_) => {
-                return Err(format!(
-                    "node {peer} at {addr}: no connection within {CONNECT_TIMEOUT:?}"
-                ))
+                let detail =
+                    format!("node {peer} at {addr}: no connection within {CONNECT_TIMEOUT:?}");
+                return Err(CallError::Unreachable(detail));
             }
         };
         let (reader, writer) = stream.into_split();
-        let connection = Arc::new(Connection {
-            writer: tokio::sync::Mutex::new(writer),
-            waiting: Mutex::new(HashMap::new()),
-            next_call: AtomicU64::new(0),
-            broken: AtomicBool::new(false),
-        });
-        tokio::spawn(read_answers(reader, Arc::clone(&connection)));
-        // Another call may have dialled meanwhile: the newer connection serves.
-        let mut dialled = self.inner.dialled.lock().await;
-        dialled.insert(peer, Arc::clone(&connection));
+        let calls = Arc::new(Calls::default());
+        let (frames, to_write) = mpsc::unbounded_channel();
+        tokio::spawn(write_frames(writer, to_write, Some(Arc::clone(&calls))));
+        tokio::spawn(read_answers(reader, Arc::clone(&calls)));
+        let connection = Arc::new(Connection { frames, calls });
+        *slot = Some(Arc::clone(&connection));
         Ok(connection)
     }
 
@@ -316,28 +365,34 @@ impl<A: Applier> Link<A> {
         handshake::connect(&mut stream, &self.inner.identity, peer).await?;
         Ok(stream)
     }
+}
 
-    /// Drops the connection to `peer` if it is still `connection`: the next call dials.
-    async fn forget(&self, peer: u64, connection: &Arc<Connection>) {
-        let mut dialled = self.inner.dialled.lock().await;
-        if dialled
-            .get(&peer)
-            .is_some_and(|c| Arc::ptr_eq(c, connection))
-        {
-            dialled.remove(&peer);
+/// Writes a connection's frames, whole and in order, until every sender is gone (then
+/// the connection closes) or a write fails (then its calls, if it has any, break).
+async fn write_frames(
+    mut writer: OwnedWriteHalf,
+    mut frames: mpsc::UnboundedReceiver<Vec<u8>>,
+    calls: Option<Arc<Calls>>,
+) {
+    while let Some(frame) = frames.recv().await {
+        if writer.write_all(&frame).await.is_err() {
+            break;
         }
+    }
+    if let Some(calls) = calls {
+        calls.break_off();
     }
 }
 
 /// Reads a dialled connection's answers and hands each to its caller; when it breaks,
-/// every caller still waiting learns so.
-async fn read_answers(mut reader: OwnedReadHalf, connection: Arc<Connection>) {
+/// every caller still waiting learns so, and the next call dials again.
+async fn read_answers(mut reader: OwnedReadHalf, calls: Arc<Calls>) {
     loop {
         let frame = read_frame(&mut reader).await;
         let Ok(Some((kind, _, call, body))) = frame else {
             break;
         };
-        let waiter = connection
+        let waiter = calls
             .waiting
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -350,14 +405,7 @@ async fn read_answers(mut reader: OwnedReadHalf, connection: Arc<Connection>) {
             let _ = waiter.send(answer);
         }
     }
-    // Dropping the senders tells each waiting caller the connection broke; the next
-    // call dials again.
-    connection.broken.store(true, Ordering::Release);
-    connection
-        .waiting
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .clear();
+    calls.break_off();
 }
 
 async fn read_frame(reader: &mut OwnedReadHalf) -> io::Result<Option<(u8, u16, u64, Vec<u8>)>> {
@@ -380,25 +428,19 @@ async fn read_frame(reader: &mut OwnedReadHalf) -> io::Result<Option<(u8, u16, u
     Ok(Some((kind, shard, call, body)))
 }
 
-async fn write_frame(
-    writer: &mut OwnedWriteHalf,
-    kind: u8,
-    shard: u16,
-    call: u64,
-    body: &[u8],
-) -> io::Result<()> {
+/// A frame: its header, then `body`.
+fn frame(kind: u8, shard: u16, call: u64, body: &[u8]) -> io::Result<Vec<u8>> {
     let len = u32::try_from(body.len() + 11)
         .ok()
         .filter(|&len| len <= MAX_FRAME)
         .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "a frame over 1 GiB"))?;
-    let mut head = Vec::with_capacity(15);
-    head.extend_from_slice(&len.to_be_bytes());
-    head.push(kind);
-    head.extend_from_slice(&shard.to_be_bytes());
-    head.extend_from_slice(&call.to_be_bytes());
-    writer.write_all(&head).await?;
-    writer.write_all(body).await?;
-    writer.flush().await
+    let mut frame = Vec::with_capacity(15 + body.len());
+    frame.extend_from_slice(&len.to_be_bytes());
+    frame.push(kind);
+    frame.extend_from_slice(&shard.to_be_bytes());
+    frame.extend_from_slice(&call.to_be_bytes());
+    frame.extend_from_slice(body);
+    Ok(frame)
 }
 
 fn encode<T: Serialize>(value: &T) -> Result<Vec<u8>, String> {
@@ -444,16 +486,29 @@ impl<A: Applier> RaftNetworkFactory<ShardRaft> for LinkNetwork<A> {
 impl<A: Applier> LinkConnection<A> {
     async fn call<Q: Serialize, R: DeserializeOwned>(
         &self,
+        action: RPCTypes,
         kind: u8,
         rpc: &Q,
         limit: Duration,
-    ) -> Result<R, Unreachable<ShardRaft>> {
-        let body = encode(rpc).map_err(Unreachable::from_string)?;
+    ) -> Result<R, RPCError<ShardRaft>> {
+        let unreachable = |e: String| RPCError::Unreachable(Unreachable::from_string(e));
+        let body = encode(rpc).map_err(unreachable)?;
         let answer = self
             .link
             .call(self.peer, kind, self.shard, &body, limit)
             .await;
-        decode(&answer.map_err(Unreachable::from_string)?).map_err(Unreachable::from_string)
+        let answer = answer.map_err(|e| match e {
+            CallError::Unreachable(e) | CallError::Refused(e) => unreachable(e),
+            // Dial again at once.
+            CallError::Broken(e) => RPCError::Network(NetworkError::from_string(e)),
+            CallError::TimedOut(timeout) => RPCError::Timeout(Timeout {
+                action,
+                id: self.link.inner.identity.node,
+                target: self.peer,
+                timeout,
+            }),
+        })?;
+        decode(&answer).map_err(unreachable)
     }
 }
 
@@ -465,7 +520,8 @@ impl<A: Applier> RaftNetworkV2<ShardRaft> for LinkConnection<A> {
         rpc: AppendEntriesRequest<ShardRaft>,
         option: RPCOption,
     ) -> Result<AppendEntriesResponse<ShardRaft>, RPCError<ShardRaft>> {
-        Ok(self.call(APPEND, &rpc, option.soft_ttl()).await?)
+        self.call(RPCTypes::AppendEntries, APPEND, &rpc, option.soft_ttl())
+            .await
     }
 
     async fn vote(
@@ -473,7 +529,8 @@ impl<A: Applier> RaftNetworkV2<ShardRaft> for LinkConnection<A> {
         rpc: VoteRequest<ShardRaft>,
         option: RPCOption,
     ) -> Result<VoteResponse<ShardRaft>, RPCError<ShardRaft>> {
-        Ok(self.call(VOTE, &rpc, option.soft_ttl()).await?)
+        self.call(RPCTypes::Vote, VOTE, &rpc, option.soft_ttl())
+            .await
     }
 
     async fn pre_vote(
@@ -481,7 +538,8 @@ impl<A: Applier> RaftNetworkV2<ShardRaft> for LinkConnection<A> {
         rpc: VoteRequest<ShardRaft>,
         option: RPCOption,
     ) -> Result<VoteResponse<ShardRaft>, RPCError<ShardRaft>> {
-        Ok(self.call(PRE_VOTE, &rpc, option.soft_ttl()).await?)
+        self.call(RPCTypes::Vote, PRE_VOTE, &rpc, option.soft_ttl())
+            .await
     }
 
     async fn full_snapshot(
@@ -492,6 +550,19 @@ impl<A: Applier> RaftNetworkV2<ShardRaft> for LinkConnection<A> {
         option: RPCOption,
     ) -> Result<SnapshotResponse<ShardRaft>, StreamingError<ShardRaft>> {
         let call = (vote, snapshot.meta, snapshot.snapshot.into_inner());
-        Ok(self.call(SNAPSHOT, &call, option.soft_ttl()).await?)
+        let answer = self
+            .call(
+                RPCTypes::InstallSnapshot,
+                SNAPSHOT,
+                &call,
+                option.soft_ttl(),
+            )
+            .await;
+        answer.map_err(|e| match e {
+            RPCError::Timeout(e) => StreamingError::Timeout(e),
+            RPCError::Network(e) => StreamingError::Network(e),
+            RPCError::Unreachable(e) => StreamingError::Unreachable(e),
+            RPCError::RemoteError(e) => StreamingError::Unreachable(Unreachable::from_string(e)),
+        })
     }
 }

@@ -126,6 +126,10 @@ fn a_cluster_formed_once_leads_every_shard_and_comes_back_formed() {
         .peers
         .iter()
         .any(|p| p.node == 2 && p.reachable));
+    // Back, it is reached again: the others find their old connections broken and
+    // dial anew.
+    nodes.push(Node::start(config(tmp.path(), 3, &peers)).unwrap());
+    settled(&nodes);
     for node in nodes {
         node.shutdown();
     }
