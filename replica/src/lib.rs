@@ -78,8 +78,9 @@ pub type Raft<A> = openraft::Raft<ShardRaft, StateMachine<A>>;
 /// `election_timeout` steps down, and a follower that hears from no leader for between
 /// one and two of them stands for election, after a pre-vote (so that a node cut off
 /// and back does not disturb a working group); leaders send heartbeats ten times per
-/// election timeout. Snapshots are taken when the group's owner asks for them, and the
-/// last 64 entries they cover are kept, for followers a little behind.
+/// election timeout. A leader that restarts stands for election again. Snapshots are
+/// taken when the group's owner asks for them, and the last 64 entries they cover are
+/// kept, for followers a little behind.
 ///
 /// # Errors
 ///
@@ -100,6 +101,11 @@ pub fn config(
         max_payload_entries: 64,
         // A snapshot goes whole, and may take a while to send and install.
         install_snapshot_timeout: 60_000,
+        // A leader that restarts stands for election again, in a new term. Restored
+        // without one, it would write new entries under its old leader id, at indexes
+        // where its followers may hold entries it sent before its own fsync and lost in
+        // the crash: two entries under one log id, and a committed one replaced.
+        enable_leader_restore: Some(false),
         ..openraft::Config::default()
     }
     .validate()

@@ -105,19 +105,30 @@ impl<A: TestApplier> Group<A> {
         }
     }
 
-    /// Waits until `ids` applied everything `leader` has, checks their states are equal,
-    /// and returns the leader's.
+    /// Waits until `ids` applied everything `leader` has (and the leader's log stopped
+    /// growing meanwhile: a write given up on may still commit), checks their states
+    /// are equal, and returns the leader's.
     pub async fn converged(&self, leader: u64, ids: &[u64]) -> Vec<u8> {
-        let last = self.nodes[&leader]
-            .raft
-            .metrics()
-            .borrow_watched()
-            .last_log_index;
-        for id in ids {
-            let wait = self.nodes[id].raft.wait(WAIT);
-            wait.applied_index_at_least(last, "caught up")
-                .await
-                .unwrap();
+        let last_index = || {
+            self.nodes[&leader]
+                .raft
+                .metrics()
+                .borrow_watched()
+                .last_log_index
+        };
+        let mut last = last_index();
+        loop {
+            for id in ids {
+                let wait = self.nodes[id].raft.wait(WAIT);
+                wait.applied_index_at_least(last, "caught up")
+                    .await
+                    .unwrap();
+            }
+            let now = last_index();
+            if now == last {
+                break;
+            }
+            last = now;
         }
         let expected = self.nodes[&leader].applier.state();
         for id in ids {
@@ -150,10 +161,31 @@ impl<A: TestApplier> Group<A> {
     /// Stops node `id`, crashes its disk (losing what was not synced) and starts it again
     /// from that disk.
     pub async fn restart(&mut self, id: u64) {
-        let node = self.nodes.remove(&id).unwrap();
-        node.raft.shutdown().await.unwrap();
-        self.net.remove(id);
-        let restarted = start(&self.net, id, node.disk.crash(Crash::LoseUnsynced)).await;
-        self.nodes.insert(id, restarted);
+        self.restart_with(id, Crash::LoseUnsynced).await;
+    }
+
+    /// Crashes node `id` as a power loss would (its disk keeping what `crash` says of
+    /// what was not synced at that instant), then starts it again from that disk.
+    pub async fn restart_with(&mut self, id: u64, crash: Crash) {
+        self.restart_all_with(&[id], crash).await;
+    }
+
+    /// Crashes nodes `ids` at one instant, as a power loss would, then starts them
+    /// again from their disks.
+    pub async fn restart_all_with(&mut self, ids: &[u64], crash: Crash) {
+        // The disks' images first: what the node does after this instant is lost.
+        let images: Vec<MemDisk> = ids
+            .iter()
+            .map(|id| self.nodes[id].disk.crash(crash))
+            .collect();
+        for id in ids {
+            let node = self.nodes.remove(id).unwrap();
+            self.net.remove(*id);
+            let _ = node.raft.shutdown().await;
+        }
+        for (id, image) in ids.iter().zip(images) {
+            let restarted = start(&self.net, *id, image).await;
+            self.nodes.insert(*id, restarted);
+        }
     }
 }
