@@ -136,6 +136,22 @@ impl Shard {
         self.log_epoch.saturating_add(self.tick.start_of(tick))
     }
 
+    /// Applies a batch of logged changes, as [`crate::durable::begin_batch`] and
+    /// [`Change::encode`] wrote them: a record of the log, a snapshot, or a replicated
+    /// entry.
+    ///
+    /// # Errors
+    ///
+    /// Why the batch does not decode, or why a change does not fit (see
+    /// [`restore`](Shard::restore)); the changes before it were applied.
+    pub fn restore_batch(&mut self, batch: bytes::Bytes) -> Result<(), String> {
+        match crate::durable::decode_batch(batch, |change| self.restore(change)) {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => Err(e.to_string()),
+            Err(e) => Err(e.to_string()),
+        }
+    }
+
     /// Applies one logged change, in log order, before the shard handles any command.
     ///
     /// # Errors

@@ -797,16 +797,19 @@ mod tests {
         assert_eq!(args.ack_timeout, None);
     }
 
+    /// The AMQP flags of a `throughput` command line with `extra`.
+    fn amqp_args(extra: &[&str]) -> Result<AmqpArgs, clap::Error> {
+        let mut argv = vec!["leasemq-loadgen", "throughput"];
+        argv.extend(extra);
+        Cli::try_parse_from(argv).map(|cli| match cli.command {
+            Command::Throughput(args) => args.amqp,
+            _ => panic!("wrong subcommand"),
+        })
+    }
+
     #[test]
     fn amqp_flags_parse() {
-        let parse = |extra: &[&str]| {
-            let mut argv = vec!["leasemq-loadgen", "throughput"];
-            argv.extend(extra);
-            Cli::try_parse_from(argv).map(|cli| match cli.command {
-                Command::Throughput(args) => args.amqp,
-                _ => panic!("wrong subcommand"),
-            })
-        };
+        let parse = amqp_args;
         let embedded = parse(&[]).unwrap();
         assert!(embedded.targets.is_empty() && embedded.queue_args.is_empty());
         assert_eq!(embedded.ack_mode(), AckMode::Each);
@@ -851,14 +854,7 @@ mod tests {
 
     #[test]
     fn targets_and_queue_args_repeat() {
-        let parse = |extra: &[&str]| {
-            let mut argv = vec!["leasemq-loadgen", "throughput"];
-            argv.extend(extra);
-            Cli::try_parse_from(argv).map(|cli| match cli.command {
-                Command::Throughput(args) => args.amqp,
-                _ => panic!("wrong subcommand"),
-            })
-        };
+        let parse = amqp_args;
         let uris = [
             "amqp://a:5672/%2f",
             "amqp://b:5673/%2f",

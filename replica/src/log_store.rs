@@ -400,19 +400,6 @@ impl RaftLogReader<ShardRaft> for LogReader {
     }
 }
 
-impl RaftLogReader<ShardRaft> for LogStore {
-    async fn try_get_log_entries<RB: RangeBounds<u64> + Clone + Debug + OptionalSend>(
-        &mut self,
-        range: RB,
-    ) -> io::Result<Vec<Entry>> {
-        self.shared.entries(range)
-    }
-
-    async fn read_vote(&mut self) -> io::Result<Option<Vote>> {
-        Ok(self.shared.lock().vote)
-    }
-}
-
 impl RaftLogStorage<ShardRaft> for LogStore {
     type LogReader = LogReader;
 

@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
-use leasemq_engine::durable::{begin_batch, decode_batch, Change};
+use leasemq_engine::durable::begin_batch;
 use leasemq_engine::{Effects, Shard};
 
 use crate::{invalid, Applied, Applier};
@@ -92,7 +92,8 @@ impl Replay {
         }
         if !batch.changes.is_empty() {
             let index = applied.log_id.index;
-            restore(&mut self.engine, Bytes::from(batch.changes.clone()))
+            (self.engine)
+                .restore_batch(Bytes::from(batch.changes.clone()))
                 .map_err(|e| invalid(format!("entry {index}: {e}")))?;
         }
         Ok(true)
@@ -167,7 +168,9 @@ impl Replay {
         };
         let mut engine = Shard::new(self.index, self.tick);
         let changes = Bytes::copy_from_slice(&image[CHAIN_BYTES..]);
-        restore(&mut engine, changes).map_err(|e| invalid(format!("image: {e}")))?;
+        engine
+            .restore_batch(changes)
+            .map_err(|e| invalid(format!("image: {e}")))?;
         (self.engine, self.chain) = (engine, chain);
         Ok(())
     }
@@ -213,15 +216,6 @@ impl Applier for ReplayApplier {
 
     async fn install(&self, image: Vec<u8>) -> std::io::Result<()> {
         self.lock().install(&image)
-    }
-}
-
-/// Restores one batch of changes into `engine`.
-fn restore(engine: &mut Shard, batch: Bytes) -> Result<(), String> {
-    match decode_batch(batch, |change: Change| engine.restore(change)) {
-        Ok(Ok(())) => Ok(()),
-        Ok(Err(e)) => Err(e.to_string()),
-        Err(e) => Err(e.to_string()),
     }
 }
 

@@ -130,11 +130,16 @@ async fn check(store: &mut LogStore, model: &mut Model, seed: u64) {
         "seed {seed}: purge point"
     );
     assert_eq!(
-        store.read_vote().await.unwrap(),
+        store.get_log_reader().await.read_vote().await.unwrap(),
         model.vote,
         "seed {seed}: vote"
     );
-    let held = store.try_get_log_entries(..).await.unwrap();
+    let held = store
+        .get_log_reader()
+        .await
+        .try_get_log_entries(..)
+        .await
+        .unwrap();
     assert!(
         held.len() <= model.entries.len(),
         "seed {seed}: more than was appended"

@@ -42,7 +42,11 @@ async fn append(log: &mut LogStore, entries: Vec<Entry>) {
 }
 
 async fn all(log: &mut LogStore) -> Vec<Entry> {
-    log.try_get_log_entries(..).await.unwrap()
+    log.get_log_reader()
+        .await
+        .try_get_log_entries(..)
+        .await
+        .unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -104,7 +108,7 @@ async fn the_vote_and_the_purge_survive_a_crash() {
     drop(log);
     let mut log = open(&disk.crash(Crash::LoseUnsynced));
     assert_eq!(
-        log.read_vote().await.unwrap(),
+        log.get_log_reader().await.read_vote().await.unwrap(),
         Some(Vote::new_committed(4, 1))
     );
     let state = log.get_log_state().await.unwrap();
@@ -152,7 +156,12 @@ async fn entries_let_go_from_memory_are_read_back_from_the_log() {
     }
     assert_eq!(all(&mut log).await, entries);
     for (from, to) in [(0, 1), (10, 70), (63, 65), (100, 128), (127, 200), (5, 5)] {
-        let read = log.try_get_log_entries(from..to).await.unwrap();
+        let read = log
+            .get_log_reader()
+            .await
+            .try_get_log_entries(from..to)
+            .await
+            .unwrap();
         let wanted = &entries[from as usize..(to as usize).min(128).max(from as usize)];
         assert_eq!(read, wanted, "{from}..{to}");
     }

@@ -22,7 +22,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use leasemq_engine::durable::{begin_batch, decode_batch, Change};
+use leasemq_engine::durable::{begin_batch, Change};
 use leasemq_engine::{ConsumerKey, Delivered, Error, Message, QueueKey, QueueStats, Shard};
 use leasemq_wal::{latest_snapshot, DirLock, Lsn, Options, Storage, Wal, WalError};
 
@@ -239,7 +239,8 @@ impl ShardLog {
         if let Some(snapshot) = snapshot {
             let path = snapshot.path.display().to_string();
             snapshot_bytes = snapshot.data.len() as u64;
-            restore_batch(engine, Bytes::from(snapshot.data))
+            engine
+                .restore_batch(Bytes::from(snapshot.data))
                 .map_err(|e| Error::Storage(format!("{path}: {e}")))?;
             from = Lsn(snapshot.lsn.0 + 1);
         }
@@ -254,7 +255,7 @@ impl ShardLog {
         // file and offset.
         let (wal, report) = Wal::open(storage.clone(), &dir, options, from, |_, payload| {
             since_snapshot += payload.len() as u64;
-            restore_batch(engine, Bytes::copy_from_slice(payload))
+            engine.restore_batch(Bytes::copy_from_slice(payload))
         })
         .map_err(storage_error)?;
         if let Some(torn) = &report.torn {
@@ -581,14 +582,6 @@ impl ShardLog {
 
 /// Restores one batch of changes into `engine`; `Err` says why one does not decode or does
 /// not fit (the caller names where the batch came from).
-fn restore_batch(engine: &mut Shard, batch: Bytes) -> Result<(), String> {
-    match decode_batch(batch, |change| engine.restore(change)) {
-        Ok(Ok(())) => Ok(()),
-        Ok(Err(e)) => Err(e.to_string()),
-        Err(e) => Err(e.to_string()),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
