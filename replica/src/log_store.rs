@@ -153,11 +153,6 @@ impl LogStore {
     pub fn appended(&self) -> Arc<AtomicU64> {
         Arc::clone(&self.shared.appended)
     }
-
-    /// A probe of the log under the store, for metrics.
-    pub fn probe(&self) -> Probe {
-        self.shared.lock().wal.probe()
-    }
 }
 
 impl Shared {

@@ -99,21 +99,6 @@ impl Replay {
         Ok(true)
     }
 
-    /// The chain as it stands.
-    pub fn chain(&self) -> Chain {
-        self.chain
-    }
-
-    /// The engine, restoring.
-    pub fn engine(&self) -> &Shard {
-        &self.engine
-    }
-
-    /// The engine and the chain, as they stand.
-    pub fn into_parts(self) -> (Shard, Chain) {
-        (self.engine, self.chain)
-    }
-
     /// Ends the replay for a replica that takes the lead, once it applied everything
     /// its group committed: the engine's log time goes on from the later of `wall` (the
     /// new leader's clock, ns) and the last log time its changes carry, so that it never

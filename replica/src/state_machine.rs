@@ -105,11 +105,6 @@ impl<A: Applier> StateMachine<A> {
         Ok(StateMachine { shared })
     }
 
-    /// The applier.
-    pub fn applier(&self) -> &A {
-        &self.shared.applier
-    }
-
     /// The size of the newest snapshot's image, read from any thread.
     pub fn snapshot_bytes(&self) -> Arc<AtomicU64> {
         Arc::clone(&self.shared.snapshot_bytes)
