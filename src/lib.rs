@@ -205,10 +205,12 @@ pub use leasemq_engine::{
     PutOutcome, QueueConfig, QueueStats, RetryPolicy, Settle,
 };
 pub use leasemq_shard::{
-    host_load, set_thread_time_slice, shard_for, Broker, BrokerBuilder, CallerTurns, Consumer,
-    Delivery, HostLoad, LogLag, PendingPutBatch, Queue, SyncPolicy, TurnStats,
-    DEFAULT_LOG_SEGMENT_BYTES, DEFAULT_SHARD_TIME_SLICE, DEFAULT_YIELD_BUDGET, HOST_SAMPLE_EVERY,
-    MAX_LOG_SEGMENT_BYTES, MAX_TIME_SLICE, MAX_YIELD_BUDGET, MIN_LOG_SEGMENT_BYTES, MIN_TIME_SLICE,
+    host_load, set_thread_time_slice, shard_for, Broker, BrokerBuilder, CallerTurns, Cluster,
+    ClusterHandle, ClusterStatus, Consumer, Delivery, HostLoad, LogLag, PeerStatus,
+    PendingPutBatch, Queue, ShardStatus, SyncPolicy, TurnStats, DEFAULT_CALL_TIMEOUT,
+    DEFAULT_ELECTION_TIMEOUT, DEFAULT_LOG_SEGMENT_BYTES, DEFAULT_SHARD_TIME_SLICE,
+    DEFAULT_YIELD_BUDGET, HOST_SAMPLE_EVERY, MAX_LOG_SEGMENT_BYTES, MAX_NODES, MAX_TIME_SLICE,
+    MAX_YIELD_BUDGET, MIN_LOG_SEGMENT_BYTES, MIN_TIME_SLICE,
 };
 
 /// The code blocks of `README.md`, compiled and run by `cargo test --doc` so that the

@@ -26,6 +26,19 @@ impl QueueKey {
     pub fn slot(self) -> usize {
         self.idx as usize
     }
+
+    /// The key as one number, for a runtime that keeps it in an atomic.
+    pub fn to_bits(self) -> u64 {
+        (u64::from(self.gen) << 32) | u64::from(self.idx)
+    }
+
+    /// The key [`to_bits`](QueueKey::to_bits) made `bits` from.
+    pub fn from_bits(bits: u64) -> QueueKey {
+        QueueKey {
+            idx: bits as u32,
+            gen: (bits >> 32) as u32,
+        }
+    }
 }
 
 /// A consumer of one shard, with a generation like [`QueueKey`].

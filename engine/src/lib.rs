@@ -143,6 +143,20 @@ impl Shard {
         self
     }
 
+    /// The same shard, whose queue and consumer keys get generations after `gen`: a
+    /// runtime that replaces one engine of a shard by another starts the new one after
+    /// the old one's [`next_generation`](Shard::next_generation), so that no key the old
+    /// one gave out names anything in the new one.
+    pub fn generations_after(mut self, gen: u32) -> Shard {
+        self.next_gen = self.next_gen.max(gen);
+        self
+    }
+
+    /// The generation of the last key given out (see [`Shard::generations_after`]).
+    pub fn next_generation(&self) -> u32 {
+        self.next_gen
+    }
+
     /// The shard's number, as given to [`Shard::new`].
     pub fn index(&self) -> u16 {
         self.index

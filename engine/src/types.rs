@@ -407,6 +407,10 @@ pub enum Error {
     ShutDown,
     /// The data dir failed: says which file and what went wrong (contract §7).
     Storage(String),
+    /// In a cluster, the call found no leader for its shard within the call timeout, or
+    /// was at the leader when it lost the lead: its outcome is unknown (a put may have been
+    /// taken, a settle applied). Says why (contract §9 R6).
+    Unavailable(String),
 }
 
 impl fmt::Display for Error {
@@ -439,6 +443,11 @@ impl fmt::Display for Error {
             }
             Error::ShutDown => f.write_str("the broker is shut down"),
             Error::Storage(why) => write!(f, "storage failed: {why}"),
+            Error::Unavailable(why) => write!(
+                f,
+                "unavailable: {why}; the outcome is unknown (a put may have been taken, \
+                 a settle applied): put again with an id, settle again"
+            ),
         }
     }
 }

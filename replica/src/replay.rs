@@ -120,6 +120,11 @@ impl Replay {
         (engine, chain)
     }
 
+    /// The engine as far as the replay went.
+    pub fn engine(&self) -> &Shard {
+        &self.engine
+    }
+
     /// The replay's state as bytes [`install`](Replay::install) takes: the chain, then
     /// the engine's image as one batch of changes.
     pub fn image(&self) -> Vec<u8> {
@@ -141,6 +146,20 @@ impl Replay {
     /// An image that does not decode or fit a fresh engine; the replay is then as it
     /// was.
     pub fn install(&mut self, image: &[u8]) -> std::io::Result<()> {
+        let fresh = Shard::new(self.index, self.tick);
+        *self = Replay::resume(fresh, image)?;
+        Ok(())
+    }
+
+    /// A replay that goes on from `image` (as [`image`](Replay::image) made it) in
+    /// `engine`, a fresh engine of the same shard: the way a replica that takes the lead
+    /// makes its live engine, set up as its runtime needs it (a real clock's slack, key
+    /// generations after its last engine's), from its group's copy.
+    ///
+    /// # Errors
+    ///
+    /// An image that does not decode or fit the engine.
+    pub fn resume(mut engine: Shard, image: &[u8]) -> std::io::Result<Replay> {
         if image.len() < CHAIN_BYTES {
             return Err(invalid(format!("an image of {} bytes", image.len())));
         }
@@ -151,13 +170,16 @@ impl Replay {
             inc,
             last: u64_at(20),
         };
-        let mut engine = Shard::new(self.index, self.tick);
         let changes = Bytes::copy_from_slice(&image[CHAIN_BYTES..]);
         engine
             .restore_batch(changes)
             .map_err(|e| invalid(format!("image: {e}")))?;
-        (self.engine, self.chain) = (engine, chain);
-        Ok(())
+        Ok(Replay {
+            index: engine.index(),
+            tick: engine.tick_length().as_duration(),
+            engine,
+            chain,
+        })
     }
 }
 

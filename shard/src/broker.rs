@@ -7,12 +7,13 @@ use std::time::{Duration, Instant};
 
 use leasemq_engine::{validate, Command, Effects, Error, QueueConfig, Shard};
 
+use crate::cluster::{Cluster, ClusterHandle, ClusterInner, Replica};
 use crate::inner::BrokerInner;
 use crate::protocol::{Answer, Inbox, ReplyTo, Request};
 use crate::queue::Queue;
 use crate::reply::{call, fan_in};
 use crate::router::shard_for;
-use crate::runtime::{new_engine, ShardThread, TimeSource};
+use crate::runtime::{new_engine, ShardThread, Steering, TimeSource};
 use crate::slice::BusySlice;
 use crate::store::{DataDir, ShardLog, SyncPolicy};
 use crate::turns::{CallerTurns, TurnStats, Turns};
@@ -44,6 +45,7 @@ pub struct BrokerBuilder {
     sync: SyncPolicy,
     log_segment_bytes: u64,
     storage: Option<Arc<dyn leasemq_wal::Storage>>,
+    cluster: Option<Cluster>,
 }
 
 impl Default for BrokerBuilder {
@@ -60,6 +62,7 @@ impl Default for BrokerBuilder {
             sync: SyncPolicy::Always,
             log_segment_bytes: crate::store::DEFAULT_LOG_SEGMENT_BYTES,
             storage: None,
+            cluster: None,
         }
     }
 }
@@ -270,6 +273,17 @@ impl BrokerBuilder {
         self
     }
 
+    /// Makes the broker a node of a cluster (contract §9): every queue is replicated to
+    /// the cluster's nodes, and its changes are answered once a majority of them holds
+    /// them on disk. Needs [`data_dir`](Self::data_dir); refuses
+    /// [`manual_clock`](Self::manual_clock) and [`SyncPolicy::Interval`]. `build` starts
+    /// the node; a new cluster serves nothing until [`ClusterHandle::init`] has been called
+    /// once, on any one node.
+    pub fn cluster(mut self, cluster: Cluster) -> Self {
+        self.cluster = Some(cluster);
+        self
+    }
+
     /// Starts the shard threads, after replaying the data dir's logs if there is one.
     ///
     /// # Errors
@@ -280,7 +294,30 @@ impl BrokerBuilder {
     /// [`on_shard_start`](Self::on_shard_start) setup panics (the broker is shut down
     /// again first). [`Error::Storage`] when the data dir is locked by another broker,
     /// cannot be read or written, or holds a damaged record (naming file and offset).
+    /// For a [`cluster`](Self::cluster)'s node, also [`Error::InvalidConfig`] for its
+    /// settings, for a data dir made for another node or for a single broker (naming
+    /// both), and when the node link cannot listen.
     pub fn build(self) -> Result<Broker, Error> {
+        if let Some(cluster) = &self.cluster {
+            cluster.check()?;
+            if self.data_dir.is_none() {
+                return Err(Error::InvalidConfig(
+                    "cluster: a node needs a data dir (BrokerBuilder::data_dir)".into(),
+                ));
+            }
+            if self.manual_clock {
+                return Err(Error::InvalidConfig(
+                    "cluster: a node runs on the system clock, not manual_clock()".into(),
+                ));
+            }
+            if self.sync != SyncPolicy::Always {
+                return Err(Error::InvalidConfig(
+                    "cluster: a node answers once a majority fsynced, so sync must be \
+                     SyncPolicy::Always"
+                        .into(),
+                ));
+            }
+        }
         let default_shards = std::thread::available_parallelism().map_or(1, |n| n.get());
         if let SyncPolicy::Interval(d) = self.sync {
             if d.is_zero() || d > leasemq_engine::MAX_DURATION {
@@ -305,7 +342,14 @@ impl BrokerBuilder {
                     .storage
                     .clone()
                     .unwrap_or_else(|| Arc::new(leasemq_wal::DiskStorage));
-                Some(DataDir::open(&storage, path, self.shards, default_shards)?)
+                let node = (self.cluster.as_ref()).map(|c| (c.name.as_str(), c.id));
+                Some(DataDir::open(
+                    &storage,
+                    path,
+                    self.shards,
+                    default_shards,
+                    node,
+                )?)
             }
             None => None,
         };
@@ -354,6 +398,9 @@ impl BrokerBuilder {
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));
         let log = (self.sync, self.log_segment_bytes);
+        // A node's shards start idle: each is built from its group's copy when the node
+        // takes the lead.
+        let data_dir = data_dir.filter(|_| self.cluster.is_none());
         let engines = restore(data_dir, log, sleepers, |index| {
             new_engine(index, time, self.tick)
         })?;
@@ -395,44 +442,40 @@ impl BrokerBuilder {
         } else {
             TimeSource::System(Instant::now())
         };
-        let yields = YieldBudget(self.yield_budget);
-        // Each shard's turns: its thread's state, which blocking callers may run turns on.
-        let turns: Vec<Arc<Turns<ShardThread>>> = (0..shards)
-            .map(|_| Arc::new(Turns::new(self.caller_turns)))
-            .collect();
-        let (senders, receivers): (Vec<_>, Vec<_>) = turns
-            .iter()
-            .map(|turns| {
-                let (inbox, rx, sleeper) = Inbox::new(yields, turns.clone());
-                (inbox, (rx, sleeper))
-            })
-            .unzip();
+        let (turns, senders, receivers) = self.inboxes(shards);
         let sleepers: Vec<Arc<Sleeper>> = receivers.iter().map(|(_, s)| s.clone()).collect();
         let engines = self.engines(data_dir.as_ref(), &time, &sleepers)?;
         let probes = (engines.iter())
-            .filter_map(|(_, log, _)| log.as_ref().map(ShardLog::probe))
+            .filter_map(|(_, log, _)| log.as_ref().and_then(ShardLog::probe))
             .collect();
         let mut engines = engines.into_iter();
+        let (cluster, mut replicas) = self.start_node(data_dir.as_ref(), &sleepers)?;
         let mut threads = Vec::with_capacity(shards);
         // Each shard thread says whether its setup ran, before it serves anything.
         let (setup_done, setups) = crossbeam_channel::bounded::<bool>(shards);
         for (index, (inbox, sleeper)) in receivers.into_iter().enumerate() {
+            let engine = engines.next().expect("one engine per shard");
+            let shard = ShardThread::new(
+                index,
+                inbox.clone(),
+                sleeper,
+                senders.clone(),
+                time.clone(),
+                engine,
+            );
+            let shard = match replicas.get_mut(index).and_then(Option::take) {
+                Some(replica) => shard.in_cluster(Steering::new(replica)),
+                None => shard,
+            };
             let start = ShardStart {
                 index,
                 setup: self.on_shard_start.clone(),
                 slice: self.shard_time_slice,
                 setup_done: setup_done.clone(),
-                after_panic: inbox.clone(),
+                after_panic: inbox,
                 own_inbox: senders[index].clone(),
                 turns: turns[index].clone(),
-                shard: ShardThread::new(
-                    index,
-                    inbox,
-                    sleeper,
-                    senders.clone(),
-                    time.clone(),
-                    engines.next().expect("one engine per shard"),
-                ),
+                shard,
             };
             let thread = std::thread::Builder::new()
                 .name(format!("leasemq-shard-{index}"))
@@ -448,6 +491,7 @@ impl BrokerBuilder {
                 threads,
                 data_dir,
                 probes,
+                cluster,
             )),
         };
         if !(0..shards).all(|_| setups.recv() == Ok(true)) {
@@ -456,10 +500,97 @@ impl BrokerBuilder {
                 "the on_shard_start setup panicked on a shard thread".into(),
             ));
         }
-        if broker.inner.durable {
+        if broker.inner.durable && broker.inner.cluster.is_none() {
             broker.settle_restore()?;
         }
         Ok(broker)
+    }
+
+    /// Each shard's turns (its thread's state, which blocking callers may run turns on)
+    /// and inbox: the senders every handle shares, and what each thread reads and sleeps on.
+    #[allow(clippy::type_complexity)]
+    fn inboxes(
+        &self,
+        shards: usize,
+    ) -> (
+        Vec<Arc<Turns<ShardThread>>>,
+        Vec<Inbox>,
+        Vec<(crossbeam_channel::Receiver<Request>, Arc<Sleeper>)>,
+    ) {
+        let yields = YieldBudget(self.yield_budget);
+        let turns: Vec<Arc<Turns<ShardThread>>> = (0..shards)
+            .map(|_| Arc::new(Turns::new(self.caller_turns)))
+            .collect();
+        let (senders, receivers) = turns
+            .iter()
+            .map(|turns| {
+                let (inbox, rx, sleeper) = Inbox::new(yields, turns.clone());
+                (inbox, (rx, sleeper))
+            })
+            .unzip();
+        (turns, senders, receivers)
+    }
+
+    /// For a cluster's node, starts the node in its data dir: the node link and every
+    /// shard's group, each shard thread woken when its shard's leader changes. Gives the
+    /// node and each shard's replica; nothing for a single broker.
+    #[allow(clippy::type_complexity)]
+    fn start_node(
+        &self,
+        dir: Option<&DataDir>,
+        sleepers: &[Arc<Sleeper>],
+    ) -> Result<(Option<Arc<ClusterInner>>, Vec<Option<Arc<Replica>>>), Error> {
+        let (Some(cluster), Some(dir)) = (&self.cluster, dir) else {
+            return Ok((None, Vec::new()));
+        };
+        let shards = u16::try_from(dir.shards).expect("at most MAX_SHARDS");
+        let identity = leasemq_replica::Identity {
+            cluster: cluster.name.clone(),
+            node: cluster.id,
+            shards,
+            secret: cluster.secret.clone(),
+        };
+        let log = leasemq_wal::Options {
+            segment_bytes: self.log_segment_bytes,
+            // A batch of the largest record a shard writes, and the entry's header.
+            max_record_bytes: crate::store::MAX_RECORD_BYTES + 4096,
+            ..leasemq_wal::Options::default()
+        };
+        let config = leasemq_replica::NodeConfig {
+            identity,
+            listen: cluster.listen.clone().expect("checked"),
+            peers: cluster.peers.clone(),
+            election_timeout: cluster.election_timeout,
+            dir: dir.path.clone(),
+            storage: Arc::clone(&dir.storage),
+            log,
+            tick: self.tick,
+        };
+        let node = leasemq_replica::Node::start(config).map_err(|e| {
+            let what = match e.kind() {
+                std::io::ErrorKind::InvalidInput | std::io::ErrorKind::AddrInUse => {
+                    Error::InvalidConfig
+                }
+                _ => Error::Storage,
+            };
+            what(format!("cluster: node {} cannot start: {e}", cluster.id))
+        })?;
+        let replicas = (0..shards)
+            .map(|shard| {
+                let group = node.group(shard).expect("one group per shard").clone();
+                let runtime = node.runtime().clone();
+                let sleeper = sleepers[usize::from(shard)].clone();
+                let timeout = cluster.call_timeout;
+                Some(Replica::start(
+                    shard, cluster.id, group, runtime, timeout, sleeper,
+                ))
+            })
+            .collect();
+        let inner = ClusterInner {
+            id: cluster.id,
+            node: std::sync::Mutex::new(Some(node)),
+        };
+        Ok((Some(Arc::new(inner)), replicas))
     }
 }
 
@@ -647,6 +778,14 @@ impl Broker {
         }
         validate::queue_name(name)?;
         validate::queue_config(name, &config)?;
+        if self.inner.cluster.is_some() && (!config.durable || config.dead_letter.is_some()) {
+            return Err(Error::InvalidConfig(
+                "in a cluster every queue is replicated, hence durable, and dead-lettering \
+                 is not served yet (contract §9): declare it with durable: true and no \
+                 dead_letter"
+                    .into(),
+            ));
+        }
         if config.durable && !self.inner.durable {
             return Err(Error::InvalidConfig(
                 "durable: a durable queue needs a broker with a data dir \
@@ -686,8 +825,8 @@ impl Broker {
             cmd,
             reply,
         }) {
-            Answer::Queue(Ok(Some((key, cell)))) => {
-                let queue = Queue::new(self.inner.clone(), name, shard, key, cell);
+            Answer::Queue(Ok(Some((_, cell)))) => {
+                let queue = Queue::new(self.inner.clone(), name, shard, cell);
                 self.note_dead_letter_queue(&queue);
                 Ok(queue)
             }
@@ -759,7 +898,7 @@ impl Broker {
             reply,
         }) {
             Answer::Queue(Ok(found)) => {
-                Ok(found.map(|(key, cell)| Queue::new(self.inner.clone(), name, shard, key, cell)))
+                Ok(found.map(|(_, cell)| Queue::new(self.inner.clone(), name, shard, cell)))
             }
             Answer::Queue(Err(e)) => Err(e),
             Answer::ShutDown => Err(Error::ShutDown),
@@ -833,6 +972,12 @@ impl Broker {
             .iter()
             .map(leasemq_wal::Probe::lag)
             .collect()
+    }
+
+    /// This broker as a node of its cluster; `None` for a broker built without
+    /// [`BrokerBuilder::cluster`].
+    pub fn cluster(&self) -> Option<ClusterHandle> {
+        (self.inner.cluster.clone()).map(|inner| ClusterHandle { inner })
     }
 
     /// Whether [`shutdown`](Broker::shutdown) was called, through this handle or a clone.

@@ -82,6 +82,9 @@ impl Consumer {
         if self.owner.queue.cell().is_closed() {
             return Err(Error::Closed);
         }
+        if let Some(e) = self.stood_down() {
+            return Err(e);
+        }
         Ok(Delivery {
             tag: delivered.tag,
             envelope: delivered.into_envelope(),
@@ -130,8 +133,27 @@ impl Consumer {
         }
     }
 
-    /// Why the channel ended: the queue closed, or the broker shut down.
+    /// In a cluster, once the shard's leader stood down: the consumer ended with it, and
+    /// what its channel still holds was handed out under leases that ended too.
+    fn stood_down(&self) -> Option<Error> {
+        self.readers
+            .unavailable
+            .load(std::sync::atomic::Ordering::Acquire)
+            .then(|| {
+                Error::Unavailable(format!(
+                    "the leader of shard {} stood down, ending its consumers and their \
+                     leases; consume again",
+                    self.owner.queue.shard()
+                ))
+            })
+    }
+
+    /// Why the channel ended: the queue closed, the broker shut down, or (in a cluster)
+    /// the shard's leader stood down.
     fn ended(&self) -> Error {
+        if let Some(e) = self.stood_down() {
+            return e;
+        }
         if !self.owner.queue.cell().is_closed() && self.owner.queue.broker().is_shut_down() {
             Error::ShutDown
         } else {
@@ -191,7 +213,7 @@ impl Consumer {
         match self.rx().try_recv() {
             Ok(delivered) => self.wrap(delivered).map(Some),
             Err(TryRecvError::Empty) => Ok(None),
-            Err(TryRecvError::Disconnected) => Err(Error::Closed),
+            Err(TryRecvError::Disconnected) => Err(self.stood_down().unwrap_or(Error::Closed)),
         }
     }
 

@@ -4,9 +4,10 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
+use crate::cluster::ClusterInner;
 use crate::protocol::{Inbox, Request};
 use crate::store::DataDir;
 
@@ -28,6 +29,8 @@ pub(crate) struct BrokerInner {
     pub durable_dead_letters: Mutex<HashMap<String, String>>,
     /// What each shard's log owes the disk, read by `Broker::log_lag`.
     pub logs: Vec<leasemq_wal::Probe>,
+    /// The node, when the broker is one of a cluster's.
+    pub cluster: Option<Arc<ClusterInner>>,
 }
 
 impl BrokerInner {
@@ -39,6 +42,7 @@ impl BrokerInner {
         threads: Vec<JoinHandle<()>>,
         data_dir: Option<DataDir>,
         logs: Vec<leasemq_wal::Probe>,
+        cluster: Option<Arc<ClusterInner>>,
     ) -> BrokerInner {
         BrokerInner {
             shards,
@@ -50,6 +54,7 @@ impl BrokerInner {
             data_dir: Mutex::new(data_dir),
             durable_dead_letters: Mutex::default(),
             logs,
+            cluster,
         }
     }
 
@@ -73,6 +78,10 @@ impl BrokerInner {
         }
         for thread in threads.drain(..) {
             let _ = thread.join();
+        }
+        // The node's groups stop once no shard thread proposes to them.
+        if let Some(cluster) = &self.cluster {
+            cluster.shutdown();
         }
         // Every shard has synced and closed its log: another broker may open the dir.
         drop(

@@ -26,6 +26,7 @@
 #![warn(missing_docs)]
 
 mod broker;
+mod cluster;
 mod consumer;
 mod host;
 mod inner;
@@ -43,6 +44,10 @@ mod wait;
 pub use broker::{
     Broker, BrokerBuilder, DEFAULT_SHARD_TIME_SLICE, DEFAULT_YIELD_BUDGET, MAX_SHARDS,
     MAX_YIELD_BUDGET,
+};
+pub use cluster::{
+    Cluster, ClusterHandle, ClusterStatus, PeerStatus, ShardStatus, DEFAULT_CALL_TIMEOUT,
+    DEFAULT_ELECTION_TIMEOUT, MAX_NODES,
 };
 pub use consumer::{Consumer, Delivery};
 pub use host::{host_load, HostLoad, HOST_SAMPLE_EVERY};

@@ -2,7 +2,7 @@
 //! the answers that come back and where they go, and what a queue's handles and a
 //! consumer's channel share with the shard that owns them.
 
-use std::sync::atomic::{fence, AtomicBool, Ordering};
+use std::sync::atomic::{fence, AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use atomic_waker::AtomicWaker;
@@ -128,6 +128,12 @@ impl Inbox {
 #[derive(Debug, Default)]
 pub struct QueueCell {
     closed: AtomicBool,
+    /// The queue's key in its shard's engine ([`QueueKey::to_bits`]): fixed on a single
+    /// broker; in a cluster, set anew by each engine that leads the shard.
+    key: AtomicU64,
+    /// The queue's durable number (contract §7), the same in every engine that restores
+    /// its log; `None` for a queue that is not durable.
+    number: Option<u32>,
     frozen: OnceLock<QueueStats>,
     /// The config the queue was declared with.
     config: QueueConfig,
@@ -135,11 +141,28 @@ pub struct QueueCell {
 
 impl QueueCell {
     /// The cell of a new handle's queue.
-    pub(crate) fn new(config: QueueConfig) -> QueueCell {
+    pub(crate) fn new(config: QueueConfig, key: QueueKey, number: Option<u32>) -> QueueCell {
         QueueCell {
             config,
+            key: AtomicU64::new(key.to_bits()),
+            number,
             ..QueueCell::default()
         }
+    }
+
+    /// The queue's key in the engine that leads its shard now.
+    pub(crate) fn key(&self) -> QueueKey {
+        QueueKey::from_bits(self.key.load(Ordering::Acquire))
+    }
+
+    /// Gives the queue its key in a new engine.
+    pub(crate) fn set_key(&self, key: QueueKey) {
+        self.key.store(key.to_bits(), Ordering::Release);
+    }
+
+    /// The queue's durable number, if it is durable.
+    pub(crate) fn number(&self) -> Option<u32> {
+        self.number
     }
 
     pub(crate) fn is_durable(&self) -> bool {
@@ -177,6 +200,9 @@ impl QueueCell {
 pub(crate) struct Readers {
     pub task: AtomicWaker,
     pub threads: Bell,
+    /// Set before the channel closes when the consumer ended because its shard's leader
+    /// stood down (contract §9 R3).
+    pub unavailable: AtomicBool,
 }
 
 impl Readers {

@@ -35,7 +35,6 @@ pub(crate) struct QueueInner {
     broker: Arc<BrokerInner>,
     name: String,
     shard: usize,
-    key: QueueKey,
     cell: Arc<QueueCell>,
 }
 
@@ -59,7 +58,6 @@ impl Queue {
         broker: Arc<BrokerInner>,
         name: &str,
         shard: usize,
-        key: QueueKey,
         cell: Arc<QueueCell>,
     ) -> Queue {
         Queue {
@@ -67,7 +65,6 @@ impl Queue {
                 broker,
                 name: name.to_string(),
                 shard,
-                key,
                 cell,
             }),
         }
@@ -101,8 +98,10 @@ impl Queue {
         &self.inner.cell
     }
 
+    /// The queue's key in its shard's engine, which the cell keeps current (in a cluster
+    /// a new leader's engine gives the queue a new key).
     pub(crate) fn key(&self) -> QueueKey {
-        self.inner.key
+        self.inner.cell.key()
     }
 
     fn request(&self, cmd: Command) -> Outcome {
@@ -163,7 +162,7 @@ impl Queue {
     /// ```
     pub fn put(&self, message: Message) -> Result<PutOutcome, Error> {
         let cmd = Command::Put {
-            queue: self.inner.key,
+            queue: self.key(),
             message,
         };
         put_result(self.request(cmd))
@@ -181,7 +180,7 @@ impl Queue {
     /// enqueued do not fit under `max_length`.
     pub fn put_batch(&self, messages: Vec<Message>) -> Result<Vec<PutOutcome>, Error> {
         let cmd = Command::PutBatch {
-            queue: self.inner.key,
+            queue: self.key(),
             messages,
         };
         put_batch_result(self.request(cmd))
@@ -249,7 +248,7 @@ impl Queue {
     /// that a stopped shard refuses is dropped, and `reply` with it.
     fn send_put_batch(&self, messages: Vec<Message>, reply: ReplyTo) {
         let cmd = Command::PutBatch {
-            queue: self.inner.key,
+            queue: self.key(),
             messages,
         };
         let inbox = self.inner.broker.inbox(self.inner.shard);
@@ -263,7 +262,7 @@ impl Queue {
     /// As [`put`](Queue::put).
     pub async fn put_async(&self, message: Message) -> Result<PutOutcome, Error> {
         let cmd = Command::Put {
-            queue: self.inner.key,
+            queue: self.key(),
             message,
         };
         put_result(self.request_async(cmd).await)
@@ -276,7 +275,7 @@ impl Queue {
     /// As [`put_batch`](Queue::put_batch).
     pub async fn put_batch_async(&self, messages: Vec<Message>) -> Result<Vec<PutOutcome>, Error> {
         let cmd = Command::PutBatch {
-            queue: self.inner.key,
+            queue: self.key(),
             messages,
         };
         put_batch_result(self.request_async(cmd).await)
@@ -289,7 +288,7 @@ impl Queue {
             return false;
         }
         let cmd = Command::Settle {
-            queue: self.inner.key,
+            queue: self.key(),
             tag,
             op,
         };
@@ -301,7 +300,7 @@ impl Queue {
             return false;
         }
         let cmd = Command::Settle {
-            queue: self.inner.key,
+            queue: self.key(),
             tag,
             op,
         };
@@ -393,7 +392,7 @@ impl Queue {
             return vec![false; settles.len()];
         }
         let cmd = Command::SettleBatch {
-            queue: self.inner.key,
+            queue: self.key(),
             settles: settles.to_vec(),
         };
         settled_batch(self.request(cmd), settles.len())
@@ -411,7 +410,7 @@ impl Queue {
             return;
         }
         let cmd = Command::SettleBatch {
-            queue: self.inner.key,
+            queue: self.key(),
             settles: settles.to_vec(),
         };
         let inbox = self.inner.broker.inbox(self.inner.shard);
@@ -458,7 +457,7 @@ impl Queue {
             return vec![false; settles.len()];
         }
         let cmd = Command::SettleBatch {
-            queue: self.inner.key,
+            queue: self.key(),
             settles: settles.to_vec(),
         };
         settled_batch(self.request_async(cmd).await, settles.len())
@@ -471,9 +470,9 @@ impl Queue {
     /// when its shard stopped.
     pub fn stats(&self) -> QueueStats {
         if !self.inner.cell.is_closed() {
-            if let Outcome::Reply(Reply::Stats(Some(stats))) = self.request(Command::Stats {
-                queue: self.inner.key,
-            }) {
+            if let Outcome::Reply(Reply::Stats(Some(stats))) =
+                self.request(Command::Stats { queue: self.key() })
+            {
                 return *stats;
             }
         }
@@ -511,9 +510,7 @@ impl Queue {
         if self.inner.cell.is_closed() {
             return Err(Error::QueueClosed);
         }
-        match self.request(Command::Purge {
-            queue: self.inner.key,
-        }) {
+        match self.request(Command::Purge { queue: self.key() }) {
             Outcome::Reply(Reply::Purged(result)) => result,
             Outcome::ShutDown => Err(Error::ShutDown),
             Outcome::Reply(other) => unreachable!("purge answered {other:?}"),
@@ -530,9 +527,7 @@ impl Queue {
         if self.inner.cell.is_closed() {
             return Err(Error::QueueClosed);
         }
-        let cmd = Command::Purge {
-            queue: self.inner.key,
-        };
+        let cmd = Command::Purge { queue: self.key() };
         match self.request_async(cmd).await {
             Outcome::Reply(Reply::Purged(result)) => result,
             Outcome::ShutDown => Err(Error::ShutDown),
@@ -550,9 +545,7 @@ impl Queue {
             return false;
         }
         let closed = matches!(
-            self.request(Command::Close {
-                queue: self.inner.key
-            }),
+            self.request(Command::Close { queue: self.key() }),
             Outcome::Reply(Reply::Closed(Some(_)))
         );
         if closed && self.is_durable() {

@@ -19,6 +19,10 @@ use leasemq_engine::{
     Shard, Tick, TickLength,
 };
 
+mod lead;
+
+pub(crate) use lead::Steering;
+
 use crate::host;
 use crate::protocol::{Answer, Deferred, Inbox, QueueCell, ReplyTo, Request, Sink};
 use crate::route::{self, Backlog, Driver, Hop};
@@ -67,6 +71,8 @@ pub(crate) struct ShardThread {
     /// The thread's time slice, short while the host is busy (`slice.rs`); `None` keeps
     /// whatever slice it has.
     busy_slice: Option<BusySlice>,
+    /// In a cluster: the shard's role, and the calls that wait for a leader.
+    cluster: Option<Box<Steering>>,
 }
 
 impl ShardThread {
@@ -101,7 +107,15 @@ impl ShardThread {
             manual_now: 0,
             stopping: false,
             busy_slice: None,
+            cluster: None,
         }
+    }
+
+    /// The same thread as its node's replica of the shard in a cluster: it serves only
+    /// while the node leads the shard.
+    pub fn in_cluster(mut self, steering: Steering) -> Self {
+        self.cluster = Some(Box::new(steering));
+        self
     }
 
     /// The same thread, switching to a short time slice while the host is busy. Made on the
@@ -125,11 +139,13 @@ impl ShardThread {
 
     /// Serves until shut down. The state lives in the shard's [`Turns`] from here on: the
     /// thread holds it for each of its turns, and where the shard lends its turns (no log,
-    /// the system clock) releases it while it waits, for a blocking caller to run a turn
+    /// not a cluster's, the system clock) releases it while it waits, for a blocking caller to run a turn
     /// itself (see `turns.rs`).
     pub fn run(self, turns: &Turns<ShardThread>) {
         self.sleeper.bind();
-        let lends = self.log.is_none() && matches!(self.time, TimeSource::System(_));
+        let lends = self.log.is_none()
+            && self.cluster.is_none()
+            && matches!(self.time, TimeSource::System(_));
         let sleeper = self.sleeper.clone();
         let inbox = self.inbox.clone();
         let yields = self.peers[self.index].yields();
@@ -148,7 +164,10 @@ impl ShardThread {
                 match held.wait() {
                     Some(Woke::Request(req)) => turns.handled_by_thread(held.turn(Some(req))),
                     Some(Woke::Gone) => break,
-                    Some(Woke::Durable) | None => held.pump_log(),
+                    Some(Woke::Durable) | None => {
+                        held.pump_log();
+                        held.steer();
+                    }
                 }
                 continue;
             }
@@ -178,6 +197,7 @@ impl ShardThread {
     /// One turn: handles `first` and up to a batch of requests more from the inbox, then
     /// flushes what they caused. Returns how many it handled.
     fn turn(&mut self, first: Option<Request>) -> usize {
+        self.steer();
         let mut handled = 0;
         if let Some(req) = first {
             self.process(req);
@@ -193,6 +213,7 @@ impl ShardThread {
         self.flush();
         self.pump_log();
         self.retry_backlog();
+        self.steer();
         handled
     }
 
@@ -231,6 +252,7 @@ impl ShardThread {
         };
         let mut woken: Option<usize> = None;
         let now = self.now();
+        let replicated = log.is_replicated();
         log.release(|what, failed| match what {
             Held::Delivery(key, delivered) => {
                 // Once the log failed, a delivery of a durable queue never leaves: its
@@ -245,8 +267,12 @@ impl ShardThread {
             // The engine dropped the queue either way: its handles see it closed now, and
             // after a failed log also (the close's answer is then refused: `close` says
             // `false`, and a restart brings the queue back).
+            // In a cluster, a close whose commit is unknown may yet happen or not: the
+            // handles keep the queue, and learn from the next leader.
             Held::Close(_, cell, frozen, sinks) => {
-                cell.close(frozen);
+                if failed.is_none() || !replicated {
+                    cell.close(frozen);
+                }
                 // Dropping each sink closes its channel, then wakes its readers.
                 drop(sinks);
             }
@@ -351,15 +377,7 @@ impl ShardThread {
         };
         let log = self.log.as_mut().expect("checked above");
         let e = log.reserve(needed).err()?;
-        Some(match cmd {
-            Command::Put { .. } => Reply::Put(Err(e)),
-            Command::PutBatch { .. } => Reply::PutBatch(Err(e)),
-            Command::SettleBatch { settles, .. } => Reply::SettledBatch(vec![false; settles.len()]),
-            Command::AckUpTo { .. } => Reply::Count(0),
-            Command::Purge { .. } => Reply::Purged(Err(e)),
-            Command::Close { .. } => Reply::Closed(None),
-            _ => Reply::Settled(false),
-        })
+        Some(refusal(cmd, e))
     }
 
     /// Whether `cmd` is about a durable queue.
@@ -387,18 +405,23 @@ impl ShardThread {
     fn wait(&mut self) -> Option<Woke> {
         let wake_at = self.before_wait();
         let inbox = &self.inbox;
-        let log = &self.log;
+        let log = &mut self.log;
+        let holding = log.as_ref().is_some_and(ShardLog::is_holding);
+        let cluster = &self.cluster;
         let attempt = || match inbox.try_recv() {
             Ok(req) => Some(Woke::Request(req)),
             Err(TryRecvError::Disconnected) => Some(Woke::Gone),
-            Err(TryRecvError::Empty) => log
-                .as_ref()
-                .is_some_and(ShardLog::progressed)
-                .then_some(Woke::Durable),
+            Err(TryRecvError::Empty) => {
+                if log.as_mut().is_some_and(ShardLog::progressed) {
+                    Some(Woke::Durable)
+                } else {
+                    (cluster.as_ref().is_some_and(|c| c.has_news())).then_some(Woke::Durable)
+                }
+            }
         };
         // While the log holds things back, what comes next is most likely the fsync,
         // a fraction of a millisecond away: park, and leave the core to the syncer.
-        let got = if log.as_ref().is_some_and(ShardLog::is_holding) {
+        let got = if holding {
             self.sleeper.wait_parked(wake_at, attempt)
         } else {
             // Its own inbox says how long a wait on this shard may yield.
@@ -441,11 +464,16 @@ impl ShardThread {
             let retry = Instant::now() + Duration::from_micros(100);
             Some(wake_at.map_or(retry, |at| at.min(retry)))
         };
-        let submit_at = self.log.as_ref().and_then(ShardLog::submit_at);
-        let wake_at = match (wake_at, submit_at) {
+        let earliest = |a: Option<Instant>, b: Option<Instant>| match (a, b) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         };
+        let submit_at = self.log.as_ref().and_then(ShardLog::submit_at);
+        let wake_at = earliest(wake_at, submit_at);
+        // In a cluster: a held batch or a waiting call that runs out of time.
+        let check_at = self.log.as_ref().and_then(ShardLog::check_at);
+        let wake_at = earliest(wake_at, check_at);
+        let wake_at = earliest(wake_at, self.cluster.as_ref().and_then(|c| c.deadline()));
         if let Some(slice) = &mut self.busy_slice {
             slice.follow(host::busy());
         }
@@ -457,6 +485,10 @@ impl ShardThread {
     /// deadline must meet the lease expired (the late ack is refused). `now()` is never
     /// behind the engine, which a dead letter from another shard may have moved on.
     fn process(&mut self, req: Request) {
+        if self.cluster.as_ref().is_some_and(|c| !c.is_leading()) {
+            self.follow_request(req);
+            return;
+        }
         let now = self.now();
         self.logged = false;
         self.request_start = (self.out.deliveries.len(), self.replies.len());
@@ -679,7 +711,8 @@ impl ShardThread {
             Some((k, cell)) if *k == key => (key, cell.clone()),
             _ => {
                 let config = self.engine.config(key).cloned().unwrap_or_default();
-                let cell = Arc::new(QueueCell::new(config));
+                let number = self.engine.queue_number(key);
+                let cell = Arc::new(QueueCell::new(config, key, number));
                 self.cells[idx] = Some((key, cell.clone()));
                 (key, cell)
             }
@@ -764,8 +797,11 @@ impl ShardThread {
         for deferred in self.replies.drain(..) {
             // A step of the manual clock answers once everything before it went out, and a
             // put to a durable queue once what it may duplicate is on disk.
+            // In a cluster every answer does, reads included: a lookup must not find a
+            // queue whose declare may yet be lost with the lead.
             let step = matches!(deferred.answer, Answer::Step { .. });
-            let behind = depends || (deferred.is_durable_put() && log.is_behind());
+            let must_follow = deferred.is_durable_put() || log.is_replicated();
+            let behind = depends || (must_follow && log.is_behind());
             if behind || (step && log.is_holding()) {
                 log.hold(behind, Held::Reply(deferred));
             } else {
@@ -955,6 +991,23 @@ fn far_future() -> Instant {
 fn wake(sinks: &[Option<Sink>], slot: Option<usize>) {
     if let Some(Some(sink)) = slot.and_then(|s| sinks.get(s)) {
         sink.readers.0.wake();
+    }
+}
+
+/// What `cmd` answers when it is refused whole, before the engine saw it, for `e`.
+fn refusal(cmd: &Command, e: leasemq_engine::Error) -> Reply {
+    match cmd {
+        Command::Put { .. } => Reply::Put(Err(e)),
+        Command::PutBatch { .. } => Reply::PutBatch(Err(e)),
+        Command::SettleBatch { settles, .. } => Reply::SettledBatch(vec![false; settles.len()]),
+        Command::AckUpTo { .. } => Reply::Count(0),
+        Command::Purge { .. } => Reply::Purged(Err(e)),
+        Command::Close { .. } => Reply::Closed(None),
+        Command::Stats { .. } => Reply::Stats(None),
+        Command::Declare { .. } => Reply::Declared(Err(e)),
+        Command::Lookup { .. } => Reply::Found(None),
+        Command::Consume { .. } => Reply::Consumed(Err(e)),
+        _ => Reply::Settled(false),
     }
 }
 

@@ -26,6 +26,8 @@ use leasemq_engine::durable::{begin_batch, Change};
 use leasemq_engine::{ConsumerKey, Delivered, Error, Message, QueueKey, QueueStats, Shard};
 use leasemq_wal::{latest_snapshot, DirLock, Lsn, Options, Storage, Wal, WalError};
 
+use crate::cluster::{Ending, Proposing};
+
 use crate::protocol::{Deferred, QueueCell, Sink};
 use crate::route::Hop;
 use crate::wait::Sleeper;
@@ -57,7 +59,7 @@ pub const MIN_LOG_SEGMENT_BYTES: u64 = 1 << 20;
 /// The largest segment [`BrokerBuilder::log_segment_bytes`](crate::BrokerBuilder::log_segment_bytes) takes.
 pub const MAX_LOG_SEGMENT_BYTES: u64 = 1 << 30;
 /// The largest record: a batch holding one largest body, with room for the rest.
-const MAX_RECORD_BYTES: usize = leasemq_engine::MAX_BODY_LIMIT + (1 << 20);
+pub(crate) const MAX_RECORD_BYTES: usize = leasemq_engine::MAX_BODY_LIMIT + (1 << 20);
 /// What a put's or settle's changes take in the log beyond bodies and ids: an `Enqueued`
 /// or `Removed` or `Returned`, and a delivery's `Delivered`, with room to spare.
 const PER_MESSAGE_BYTES: usize = 128;
@@ -90,12 +92,14 @@ fn io_error(path: &Path, what: &str, e: std::io::Error) -> Error {
 
 impl DataDir {
     /// Opens (or makes) the data dir at `path` on `storage` and takes its lock; `shards`
-    /// is the count the builder asked for, if it did.
+    /// is the count the builder asked for, if it did; `node` the cluster and node id of a
+    /// cluster's node, whose data dir a single broker does not open, nor the reverse.
     pub fn open(
         storage: &Arc<dyn Storage>,
         path: &Path,
         shards: Option<usize>,
         default: usize,
+        node: Option<(&str, u64)>,
     ) -> Result<DataDir, Error> {
         leasemq_wal::create_dir_durable(&**storage, path)
             .map_err(|e| io_error(path, "create the data dir", e))?;
@@ -113,12 +117,25 @@ impl DataDir {
         let meta = path.join(META_FILE);
         let shards = match read_meta(&**storage, &meta) {
             Ok(text) => {
-                let stored = parse_meta(&text).ok_or_else(|| {
+                let (stored, made_for) = parse_meta(&text).ok_or_else(|| {
                     Error::Storage(format!(
                         "{}: not a leasemq data dir file (expected \"{META_FORMAT}\")",
                         meta.display()
                     ))
                 })?;
+                let asked = node.map(|(name, id)| (name.to_string(), id));
+                if made_for != asked {
+                    let say = |who: &Option<(String, u64)>| match who {
+                        Some((name, id)) => format!("node {id} of cluster {name:?}"),
+                        None => "a single broker".to_string(),
+                    };
+                    return Err(Error::InvalidConfig(format!(
+                        "data_dir: {} was made for {}, and this broker is {}",
+                        path.display(),
+                        say(&made_for),
+                        say(&asked)
+                    )));
+                }
                 match shards {
                     Some(asked) if asked != stored => {
                         return Err(Error::InvalidConfig(format!(
@@ -133,7 +150,7 @@ impl DataDir {
             }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 let shards = shards.unwrap_or(default);
-                write_meta(&**storage, path, &meta, shards)?;
+                write_meta(&**storage, path, &meta, shards, node)?;
                 shards
             }
             Err(e) => return Err(io_error(&meta, "read", e)),
@@ -152,12 +169,23 @@ impl DataDir {
     }
 }
 
-fn parse_meta(text: &str) -> Option<usize> {
+/// The shard count a meta file records, and the cluster and node it was made for, if
+/// a cluster's node made it.
+fn parse_meta(text: &str) -> Option<(usize, Option<(String, u64)>)> {
     let mut lines = text.lines();
     if lines.next()? != META_FORMAT {
         return None;
     }
-    lines.next()?.strip_prefix("shards ")?.parse().ok()
+    let shards = lines.next()?.strip_prefix("shards ")?.parse().ok()?;
+    let node = match lines.next() {
+        None => None,
+        Some(line) => {
+            let cluster = line.strip_prefix("cluster ")?.to_string();
+            let id = lines.next()?.strip_prefix("node ")?.parse().ok()?;
+            Some((cluster, id))
+        }
+    };
+    Some((shards, node))
 }
 
 fn read_meta(storage: &dyn Storage, meta: &Path) -> std::io::Result<String> {
@@ -168,9 +196,18 @@ fn read_meta(storage: &dyn Storage, meta: &Path) -> std::io::Result<String> {
 }
 
 /// Writes the meta file whole: a temp file, fsynced, renamed, the directory fsynced.
-fn write_meta(storage: &dyn Storage, dir: &Path, meta: &Path, shards: usize) -> Result<(), Error> {
+fn write_meta(
+    storage: &dyn Storage,
+    dir: &Path,
+    meta: &Path,
+    shards: usize,
+    node: Option<(&str, u64)>,
+) -> Result<(), Error> {
     let tmp = meta.with_extension("tmp");
-    let text = format!("{META_FORMAT}\nshards {shards}\n");
+    let mut text = format!("{META_FORMAT}\nshards {shards}\n");
+    if let Some((cluster, id)) = node {
+        text.push_str(&format!("cluster {cluster}\nnode {id}\n"));
+    }
     let _ = storage.remove(&tmp); // a leftover from a crash, if any
     let file = storage
         .create(&tmp)
@@ -197,14 +234,47 @@ pub(crate) enum Held {
     Close(QueueKey, Arc<QueueCell>, QueueStats, Vec<Sink>),
 }
 
+/// Where a shard's log goes: its write-ahead log on a single broker; in a cluster, while
+/// this node leads the shard, its group, as a chain of proposed batches.
+enum Backend {
+    Wal(Wal),
+    Raft(Proposing),
+}
+
+impl Backend {
+    /// The last record appended (an lsn, or a batch of the chain).
+    fn last_appended(&self) -> u64 {
+        match self {
+            Backend::Wal(wal) => wal.last_appended().0,
+            Backend::Raft(chain) => chain.last_proposed(),
+        }
+    }
+
+    /// The last record up to which every one is durable: fsynced, or committed.
+    fn durable(&self) -> u64 {
+        match self {
+            Backend::Wal(wal) => wal.durable().0,
+            Backend::Raft(chain) => chain.committed(),
+        }
+    }
+
+    /// `Err` once the log failed: a write or fsync did, or the chain broke.
+    fn check(&mut self) -> Result<(), Error> {
+        match self {
+            Backend::Wal(wal) => wal.check().map_err(storage_error),
+            Backend::Raft(chain) => chain.check(Instant::now()),
+        }
+    }
+}
+
 /// One shard's log, and what waits on it.
 pub(crate) struct ShardLog {
-    wal: Wal,
+    backend: Backend,
     policy: SyncPolicy,
     buf: Vec<u8>,
-    /// What waits for the disk, each behind the lsn that must be durable first, and
+    /// What waits for the disk, each behind the record that must be durable first, and
     /// whether it depends on the log (else it only keeps its place in the order).
-    held: VecDeque<(Lsn, bool, Held)>,
+    held: VecDeque<(u64, bool, Held)>,
     /// Consumers with deliveries in `held`, and how many.
     held_consumers: HashMap<ConsumerKey, usize>,
     /// Durable queues whose close is in `held`: answers about them wait behind it.
@@ -267,7 +337,7 @@ impl ShardLog {
             );
         }
         Ok(ShardLog {
-            wal,
+            backend: Backend::Wal(wal),
             policy,
             buf: Vec::new(),
             held: VecDeque::new(),
@@ -282,9 +352,58 @@ impl ShardLog {
         })
     }
 
-    /// A probe that reads how far the disk is behind this log (`Broker::log_lag`).
-    pub fn probe(&self) -> leasemq_wal::Probe {
-        self.wal.probe()
+    /// The log of a shard this node leads in a cluster: each record is proposed to the
+    /// shard's group, and what waits on it goes once the group committed it.
+    pub fn proposing(chain: Proposing) -> ShardLog {
+        ShardLog {
+            backend: Backend::Raft(chain),
+            policy: SyncPolicy::Always,
+            buf: Vec::new(),
+            held: VecDeque::new(),
+            held_consumers: HashMap::new(),
+            closing: HashSet::new(),
+            unsubmitted: false,
+            last_submit: Instant::now(),
+            since_snapshot: 0,
+            snapshot_bytes: 0,
+            segment_bytes: 0,
+            failed: None,
+        }
+    }
+
+    /// A probe that reads how far the disk is behind this log (`Broker::log_lag`); none
+    /// for a cluster's log.
+    pub fn probe(&self) -> Option<leasemq_wal::Probe> {
+        match &self.backend {
+            Backend::Wal(wal) => Some(wal.probe()),
+            Backend::Raft(_) => None,
+        }
+    }
+
+    /// Whether the log is a cluster's: what waits on it waits for the group's commit.
+    pub fn is_replicated(&self) -> bool {
+        matches!(self.backend, Backend::Raft(_))
+    }
+
+    /// When the log must be looked at again: a cluster's fails once a batch waited the
+    /// call timeout for its commit.
+    pub fn check_at(&self) -> Option<Instant> {
+        match &self.backend {
+            Backend::Raft(chain) if !self.held.is_empty() && self.failed.is_none() => {
+                chain.deadline()
+            }
+            _ => None,
+        }
+    }
+
+    /// Ends a cluster's chain: from now on the log refuses what it holds with `why`.
+    /// Gives back what a new chain must wait for.
+    pub fn end_chain(&mut self, why: Error) -> Option<Ending> {
+        self.fail_with(why);
+        match &self.backend {
+            Backend::Raft(chain) => Some(chain.ending()),
+            Backend::Wal(_) => None,
+        }
     }
 
     /// The error durable queues answer with once the log failed.
@@ -305,6 +424,10 @@ impl ShardLog {
     }
 
     fn snapshot_due(&self) -> bool {
+        // A cluster's group takes its snapshots from its own copy of the shard.
+        if self.is_replicated() {
+            return false;
+        }
         let after = SNAPSHOT_AFTER_SEGMENTS * self.segment_bytes;
         self.since_snapshot > after.max(2 * self.snapshot_bytes)
     }
@@ -318,7 +441,8 @@ impl ShardLog {
     /// held, or (under `Always`, or once the log failed) records appended are not yet on
     /// disk, such as those of a timer that sent nothing.
     pub fn is_behind(&self) -> bool {
-        self.is_holding() || (self.holds_back() && self.wal.last_appended() > self.wal.durable())
+        self.is_holding()
+            || (self.holds_back() && self.backend.last_appended() > self.backend.durable())
     }
 
     /// Whether a delivery to `consumer` waits, so that the next one must too.
@@ -359,12 +483,16 @@ impl ShardLog {
         if self.failed.is_some() {
             return;
         }
-        match self.wal.append(&self.buf) {
-            Ok(_) => {
+        let appended = match &mut self.backend {
+            Backend::Wal(wal) => wal.append(&self.buf).map(drop).map_err(storage_error),
+            Backend::Raft(chain) => chain.propose(&self.buf).map(drop),
+        };
+        match appended {
+            Ok(()) => {
                 self.unsubmitted = true;
                 self.since_snapshot += self.buf.len() as u64;
             }
-            Err(e) => self.fail(e),
+            Err(e) => self.fail_with(e),
         }
     }
 
@@ -377,8 +505,8 @@ impl ShardLog {
         // Once the log failed, what depends on it waits for a record that never came: no
         // lsn covers it.
         let lsn = match self.failed {
-            Some(_) => Lsn(u64::MAX),
-            None => self.wal.last_appended(),
+            Some(_) => u64::MAX,
+            None => self.backend.last_appended(),
         };
         self.held.push_back((lsn, depends, what));
     }
@@ -462,7 +590,12 @@ impl ShardLog {
         if let Some(e) = &self.failed {
             return Err(e.clone());
         }
-        match self.wal.reserve(bytes) {
+        // A cluster's log has no room to make here: a replica whose disk is full stops,
+        // and the group goes on if a majority is left (contract §9).
+        let Backend::Wal(wal) = &mut self.backend else {
+            return Ok(());
+        };
+        match wal.reserve(bytes) {
             Ok(()) => Ok(()),
             Err(e @ WalError::NoSpace { .. }) => Err(Error::Storage(format!(
                 "{e}; the change was refused whole, and durable queues go on once there is room"
@@ -490,8 +623,10 @@ impl ShardLog {
         }
         self.unsubmitted = false;
         self.last_submit = now;
-        if let Err(e) = self.wal.submit() {
-            self.fail(e);
+        if let Backend::Wal(wal) = &mut self.backend {
+            if let Err(e) = wal.submit() {
+                self.fail(e);
+            }
         }
     }
 
@@ -504,11 +639,11 @@ impl ShardLog {
     }
 
     /// Whether something held may leave now (an fsync finished, or the log failed).
-    pub fn progressed(&self) -> bool {
+    pub fn progressed(&mut self) -> bool {
         self.held
             .front()
-            .is_some_and(|(lsn, _, _)| *lsn <= self.wal.durable())
-            || (!self.held.is_empty() && (self.failed.is_some() || self.wal.check().is_err()))
+            .is_some_and(|(lsn, _, _)| *lsn <= self.backend.durable())
+            || (!self.held.is_empty() && (self.failed.is_some() || self.backend.check().is_err()))
     }
 
     /// What may leave now, in order: what the disk covers; once the log failed, also
@@ -516,11 +651,11 @@ impl ShardLog {
     /// disk (to be refused), or without if it only kept its place in the order.
     pub fn release(&mut self, mut each: impl FnMut(Held, Option<&Error>)) {
         if self.failed.is_none() {
-            if let Err(e) = self.wal.check() {
-                self.fail(e);
+            if let Err(e) = self.backend.check() {
+                self.fail_with(e);
             }
         }
-        let durable = self.wal.durable();
+        let durable = self.backend.durable();
         while let Some(&(lsn, depends, _)) = self.held.front() {
             let covered = lsn <= durable;
             if !covered && self.failed.is_none() {
@@ -540,7 +675,11 @@ impl ShardLog {
     /// the segments it covers. The shard thread only encodes the image (bodies are shared,
     /// not copied, until then) and goes on.
     pub fn maybe_snapshot(&mut self, engine: &Shard) {
-        if let Some(e) = self.wal.take_skipped_snapshot() {
+        // A cluster's group takes its snapshots from its own copy of the shard.
+        let Backend::Wal(wal) = &mut self.backend else {
+            return;
+        };
+        if let Some(e) = wal.take_skipped_snapshot() {
             // Not an error of the log: its records are on disk, only the compaction waits.
             eprintln!(
                 "leasemq: a snapshot was left out ({e}); the log keeps the segments it \
@@ -550,11 +689,14 @@ impl ShardLog {
         if !self.snapshot_due() || self.failed.is_some() {
             return;
         }
+        let Backend::Wal(wal) = &mut self.backend else {
+            return;
+        };
         let mut image = Vec::new();
         begin_batch(&mut image);
         engine.image(|change| change.encode(&mut image));
         let len = image.len() as u64;
-        match self.wal.submit_snapshot(image) {
+        match wal.submit_snapshot(image) {
             Ok(_) => {
                 self.unsubmitted = false;
                 self.since_snapshot = 0;
@@ -566,17 +708,19 @@ impl ShardLog {
 
     /// At shutdown: everything appended goes to disk.
     pub fn close(&mut self) {
-        if self.failed.is_none() {
-            if let Err(e) = self.wal.sync() {
+        if let (None, Backend::Wal(wal)) = (&self.failed, &mut self.backend) {
+            if let Err(e) = wal.sync() {
                 self.fail(e);
             }
         }
     }
 
     fn fail(&mut self, e: WalError) {
-        if self.failed.is_none() {
-            self.failed = Some(storage_error(e));
-        }
+        self.fail_with(storage_error(e));
+    }
+
+    fn fail_with(&mut self, e: Error) {
+        self.failed.get_or_insert(e);
     }
 }
 
@@ -588,8 +732,17 @@ mod tests {
 
     #[test]
     fn the_meta_file_says_its_format_and_shard_count() {
-        assert_eq!(parse_meta(&format!("{META_FORMAT}\nshards 4\n")), Some(4));
+        assert_eq!(
+            parse_meta(&format!("{META_FORMAT}\nshards 4\n")),
+            Some((4, None))
+        );
         assert_eq!(parse_meta("shards 4\n"), None);
         assert_eq!(parse_meta(&format!("{META_FORMAT}\nshards x\n")), None);
+        let node = format!("{META_FORMAT}\nshards 4\ncluster orders\nnode 2\n");
+        assert_eq!(parse_meta(&node), Some((4, Some(("orders".into(), 2)))));
+        assert_eq!(
+            parse_meta(&format!("{META_FORMAT}\nshards 4\ncluster orders\n")),
+            None
+        );
     }
 }
