@@ -97,13 +97,27 @@ fn what_a_leader_answered_survives_it_and_its_leases_come_back() {
     let first = leader(&nodes, shard, None);
     let on = |nodes: &[Option<Broker>], id: u64| nodes[id as usize - 1].clone().unwrap();
 
-    let jobs = on(&nodes, first)
+    // Any node serves every queue: a node that does not lead the shard forwards (R6).
+    let follower = (1..=3).find(|&id| id != first).unwrap();
+    let anywhere = on(&nodes, follower)
         .declare_queue("jobs", jobs_config())
         .unwrap();
     for i in 0..10 {
-        let put = jobs.put(Message::new(format!("job {i}")).with_id(format!("m{i}")));
+        let put = anywhere.put(Message::new(format!("job {i}")).with_id(format!("m{i}")));
         assert_eq!(put, Ok(PutOutcome::Enqueued));
     }
+    let again = anywhere.put(Message::new("job 0").with_id("m0"));
+    assert_eq!(again, Ok(PutOutcome::Duplicate));
+    assert_eq!(anywhere.stats().ready, 10);
+    // Consumers are served on the node that leads the shard.
+    match anywhere.consume("w", ConsumerConfig::default()) {
+        Err(Error::Unavailable(why)) => assert!(why.contains(&format!("node {first}")), "{why}"),
+        other => panic!("a follower answered {other:?}"),
+    }
+
+    let jobs = on(&nodes, first)
+        .declare_queue("jobs", jobs_config())
+        .unwrap();
     let worker = jobs.consume("w", ConsumerConfig { prefetch: 6 }).unwrap();
     let mut old_tags = Vec::new();
     let mut held = Vec::new();
@@ -121,23 +135,21 @@ fn what_a_leader_answered_survives_it_and_its_leases_come_back() {
         }
     }
 
-    // A node that does not lead the shard says which one does.
-    let follower = (1..=3).find(|&id| id != first).unwrap();
-    match on(&nodes, follower).declare_queue("jobs", jobs_config()) {
-        Err(Error::Unavailable(why)) => assert!(why.contains(&format!("node {first}")), "{why}"),
-        other => panic!("a follower answered {other:?}"),
-    }
-
     // The leader dies; a majority is left.
     on(&nodes, first).shutdown();
     nodes[first as usize - 1] = None;
     drop(held);
     let second = leader(&nodes, shard, Some(first));
-    let jobs = on(&nodes, second)
-        .declare_queue("jobs", jobs_config())
-        .unwrap();
-    let stats = jobs.stats();
+    // The handle on the surviving node goes on, to the new leader wherever it is.
+    let stats = anywhere.stats();
     assert_eq!((stats.ready, stats.leased), (7, 0), "{stats:?}");
+    // A handle made through another node serves there once that node leads.
+    let jobs = match second == follower {
+        true => anywhere.clone(),
+        false => on(&nodes, second)
+            .declare_queue("jobs", jobs_config())
+            .unwrap(),
+    };
 
     let worker = jobs.consume("w", ConsumerConfig { prefetch: 100 }).unwrap();
     let mut ids = Vec::new();
@@ -252,4 +264,67 @@ fn a_cluster_s_settings_and_data_dir_are_checked() {
         build(Broker::builder().data_dir(&single).cluster(c())),
         "made for a single broker",
     );
+}
+
+#[test]
+fn every_kind_of_call_reaches_the_leader_from_another_node() {
+    let dir = tempfile::tempdir().unwrap();
+    let (nodes, _) = three(dir.path(), Duration::from_secs(10));
+    let shard = leasemq::shard_for("jobs", SHARDS);
+    let first = leader(&nodes, shard, None);
+    let on = |id: u64| nodes[id as usize - 1].clone().unwrap();
+    let follower = (1..=3).find(|&id| id != first).unwrap();
+    let anywhere = on(follower).declare_queue("jobs", jobs_config()).unwrap();
+    let here = on(first)
+        .queue("jobs")
+        .expect("declared through the follower");
+
+    let batch = (0..4).map(|i| Message::new(format!("b{i}"))).collect();
+    assert_eq!(anywhere.put_batch(batch).unwrap().len(), 4);
+    anywhere.put_batch_nowait(vec![Message::new("n0"), Message::new("n1")]);
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let put = runtime.block_on(anywhere.put_async(Message::new("a0")));
+    assert_eq!(put, Ok(PutOutcome::Enqueued));
+    // A nowait call forwarded to the leader may land after a later call: look until it has.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while anywhere.stats().ready < 7 {
+        assert!(Instant::now() < deadline, "the nowait batch never landed");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+
+    let worker = here.consume("w", ConsumerConfig::default()).unwrap();
+    let tags: Vec<_> = (0..7)
+        .map(|_| {
+            worker
+                .recv_timeout(Duration::from_secs(10))
+                .unwrap()
+                .unwrap()
+                .tag()
+        })
+        .collect();
+    assert!(anywhere.ack(tags[0]));
+    assert!(!anywhere.ack(tags[0]), "a second ack is stale");
+    assert!(runtime.block_on(anywhere.ack_async(tags[1])));
+    let settles = [
+        (tags[2], leasemq::Settle::Ack),
+        (tags[3], leasemq::Settle::Ack),
+    ];
+    assert_eq!(anywhere.settle_batch(&settles), vec![true, true]);
+    anywhere.settle_batch_nowait(&[(tags[4], leasemq::Settle::Ack)]);
+    while anywhere.stats().acked < 5 {
+        assert!(Instant::now() < deadline, "the nowait settle never landed");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let stats = anywhere.stats();
+    assert_eq!((stats.acked, stats.leased), (5, 2), "{stats:?}");
+    assert_eq!(anywhere.purge(), Ok(0), "nothing ready");
+    assert!(anywhere.close());
+    assert!(on(first).queue("jobs").is_none());
+    drop(runtime);
+    for node in nodes.into_iter().flatten() {
+        node.shutdown();
+    }
 }

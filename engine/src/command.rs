@@ -15,6 +15,7 @@ use crate::wheel::Tick;
 /// A queue of one shard: its slot and the generation that tells it from a later queue in the
 /// same slot, so that handles of a closed queue never reach its successor.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct QueueKey {
     pub(crate) idx: u32,
     pub(crate) gen: u32,
@@ -43,6 +44,7 @@ impl QueueKey {
 
 /// A consumer of one shard, with a generation like [`QueueKey`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct ConsumerKey {
     pub(crate) idx: u32,
     pub(crate) gen: u32,
@@ -58,6 +60,7 @@ impl ConsumerKey {
 
 /// A delivery as it leaves the engine; the consumer turns it into an [`Envelope`].
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct Delivered {
     /// The new lease's tag.
     pub tag: DeliveryTag,
@@ -85,6 +88,7 @@ impl Delivered {
 
 /// Identifies the queue a dead letter came from, across shards.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct Origin {
     /// The index of the shard the letter came from.
     pub shard: u16,
@@ -96,6 +100,7 @@ pub struct Origin {
 
 /// A message on its way to a dead-letter queue, which may live on another shard.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct DeadLetter {
     /// The dead-letter queue's name, looked up when the letter arrives.
     pub to: Arc<str>,
@@ -114,6 +119,7 @@ pub struct DeadLetter {
 /// Whether a dead-letter queue took a letter; the origin counts it in `dead_lettered` or
 /// `dropped`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct DeathOutcome {
     /// The queue the letter came from.
     pub origin: Origin,
@@ -124,6 +130,7 @@ pub struct DeathOutcome {
 /// A request to a shard. Each is answered with exactly one [`Reply`] in
 /// [`Effects::reply`], except the ones documented as silent.
 #[derive(Clone, Debug, PartialEq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub enum Command {
     /// → [`Reply::Declared`]. The caller has checked that the config's dead-letter queue exists.
     Declare {
@@ -231,6 +238,7 @@ pub enum Command {
 
 /// The answer to one command.
 #[derive(Clone, Debug, PartialEq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub enum Reply {
     /// The queue declared or found, or why not.
     Declared(Result<QueueKey, Error>),
@@ -284,6 +292,7 @@ impl Effects {
 
 /// Converts durations to whole ticks, rounding up so that nothing fires early.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct TickLength {
     nanos: u64,
 }

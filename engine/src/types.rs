@@ -24,6 +24,7 @@ pub const MAX_NAME_BYTES: usize = 255;
 
 /// A delivery's tag: 1, 2, 3, … per queue in delivery order, never reused.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct DeliveryTag(pub u64);
 
 impl fmt::Display for DeliveryTag {
@@ -34,6 +35,7 @@ impl fmt::Display for DeliveryTag {
 
 /// What a producer puts: a body, an optional id, an optional delay and a priority.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct Message {
     pub(crate) body: Bytes,
     /// In the form the queue keeps it, made by the producer's thread rather than the
@@ -102,6 +104,7 @@ impl Message {
 
 /// What `put` did with a message (contract §3 `put`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub enum PutOutcome {
     /// The message is live in the queue: ready, or delayed.
     Enqueued,
@@ -112,6 +115,7 @@ pub enum PutOutcome {
 
 /// Why a message was dead-lettered (contract §3 Dead-lettering).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub enum DeathReason {
     /// A consumer rejected it.
     Rejected,
@@ -121,6 +125,7 @@ pub enum DeathReason {
 
 /// Where and why a dead letter died; carried by the envelope in the dead-letter queue.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct DeathRecord {
     /// The queue the message died in.
     pub queue: String,
@@ -133,6 +138,7 @@ pub struct DeathRecord {
 
 /// What a consumer sees of a message.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct Envelope {
     /// The message's id: the one its producer gave, or the one the broker assigned.
     pub id: String,
@@ -154,6 +160,7 @@ impl Envelope {
 /// One settle in a `settle_batch` ([`Command::SettleBatch`](crate::Command::SettleBatch)
 /// in the engine): each variant does what the call of the same name does (contract §3).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub enum Settle {
     /// Finish the delivery: the message is gone (contract §3 `ack`).
     Ack,
@@ -184,6 +191,7 @@ pub enum Settle {
 /// assert_eq!(RetryPolicy::immediate().base_delay(5), Duration::ZERO);
 /// ```
 #[derive(Clone, Debug, PartialEq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct RetryPolicy {
     /// The delay after the first delivery's nack (default 1 s; at most 7 days).
     pub initial: Duration,
@@ -243,6 +251,7 @@ impl RetryPolicy {
 /// assert_eq!(config.max_body_bytes, 1024 * 1024);
 /// ```
 #[derive(Clone, Debug, PartialEq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct QueueConfig {
     /// Lease length, from 1 ms to 7 days (default 30 s).
     pub ack_timeout: Duration,
@@ -300,6 +309,7 @@ impl Default for QueueConfig {
 /// What a put to a full queue (one holding `max_length` live messages) does; contract §3
 /// Overflow.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub enum Overflow {
     /// The put is refused with `QueueFull` (RabbitMQ's `reject-publish`).
     #[default]
@@ -314,6 +324,7 @@ pub enum Overflow {
 
 /// A consumer's settings.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct ConsumerConfig {
     /// The most live leases this consumer may hold at once (1 to 65 535).
     pub prefetch: u32,
@@ -328,6 +339,7 @@ impl Default for ConsumerConfig {
 /// A queue's gauges (what it holds now) and counters (what happened since it was declared);
 /// contract §3 `stats`.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct QueueStats {
     /// Gauge: messages waiting for a consumer with credit.
     pub ready: usize,
@@ -378,6 +390,7 @@ impl QueueStats {
 /// Everything that can go wrong, with a message a person can act on. A call that fails
 /// changes nothing (contract §3).
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub enum Error {
     /// A queue or consumer name is empty, too long or has characters outside the allowed set
     /// (contract §3 Limits).
@@ -457,6 +470,7 @@ impl std::error::Error for Error {}
 /// A message's id as the engine keeps it: a caller's id is shared, never copied; a broker
 /// id is a number, turned into text only when a consumer reads it.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub enum MsgId {
     /// Assigned by the broker: the shard's index in the top 16 bits, a per-shard sequence below.
     Auto(u64),

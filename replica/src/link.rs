@@ -50,6 +50,7 @@ const VOTE: u8 = 2;
 const PRE_VOTE: u8 = 3;
 const SNAPSHOT: u8 = 4;
 const PING: u8 = 5;
+const FORWARD: u8 = 6;
 const ANSWER: u8 = 128;
 const REFUSED: u8 = 129;
 
@@ -78,6 +79,29 @@ struct Inner<A: Applier> {
     groups: RwLock<Vec<Option<Raft<A>>>>,
     /// When each peer was last heard from: an answer to a call, or a call it made.
     heard: Mutex<HashMap<u64, Instant>>,
+    /// What serves the calls peers forward here, once set.
+    forwarded: RwLock<Option<Forwarded>>,
+}
+
+/// What serves the calls peers forward to this node (a broker's calls for a shard this
+/// node leads): given the shard and the call's bytes, the answer's bytes, or why none.
+pub type Forwarded = Arc<
+    dyn Fn(u16, Vec<u8>) -> std::pin::Pin<Box<dyn Future<Output = Result<Vec<u8>, String>> + Send>>
+        + Send
+        + Sync,
+>;
+
+/// Why a forwarded call got no answer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ForwardError {
+    /// No connection to the peer could be made: the call was not sent.
+    Unreachable(String),
+    /// The call may have reached the peer and run there: the connection broke, or no
+    /// answer came within the time limit.
+    Lost(String),
+    /// The peer could not serve the call (it does not decode, or nothing serves
+    /// forwarded calls there).
+    Refused(String),
 }
 
 /// Where a call's answer goes: its body, or why the peer refused it.
@@ -151,6 +175,7 @@ impl<A: Applier> Link<A> {
                     .collect(),
                 groups: RwLock::new(groups),
                 heard: Mutex::new(HashMap::new()),
+                forwarded: RwLock::new(None),
                 peers,
             }),
         }
@@ -161,6 +186,38 @@ impl<A: Applier> Link<A> {
         let mut groups = self.inner.groups.write().unwrap_or_else(|e| e.into_inner());
         if let Some(slot) = groups.get_mut(usize::from(shard)) {
             *slot = Some(raft);
+        }
+    }
+
+    /// Makes `serve` what answers the calls peers forward here.
+    pub fn serve_forwarded(&self, serve: Forwarded) {
+        *self
+            .inner
+            .forwarded
+            .write()
+            .unwrap_or_else(|e| e.into_inner()) = Some(serve);
+    }
+
+    /// Forwards a call for `shard` to `peer`, and waits for its answer within `limit`.
+    ///
+    /// # Errors
+    ///
+    /// Whether the call was not sent, may have run, or was refused: [`ForwardError`].
+    pub async fn forward(
+        &self,
+        peer: u64,
+        shard: u16,
+        call: &[u8],
+        limit: Duration,
+    ) -> Result<Vec<u8>, ForwardError> {
+        match self.call(peer, FORWARD, shard, call, limit).await {
+            Ok(answer) => Ok(answer),
+            Err(CallError::Unreachable(e)) => Err(ForwardError::Unreachable(e)),
+            Err(CallError::Broken(e)) => Err(ForwardError::Lost(e)),
+            Err(CallError::TimedOut(limit)) => Err(ForwardError::Lost(format!(
+                "node {peer} did not answer within {limit:?}"
+            ))),
+            Err(CallError::Refused(e)) => Err(ForwardError::Refused(e)),
         }
     }
 
@@ -253,6 +310,13 @@ impl<A: Applier> Link<A> {
     async fn answer(&self, kind: u8, shard: u16, body: Vec<u8>) -> Result<Vec<u8>, String> {
         if kind == PING {
             return Ok(Vec::new());
+        }
+        if kind == FORWARD {
+            let serve = (self.inner.forwarded.read())
+                .unwrap_or_else(|e| e.into_inner())
+                .clone();
+            let serve = serve.ok_or("nothing serves forwarded calls here")?;
+            return serve(shard, body).await;
         }
         let raft = {
             let groups = self.inner.groups.read().unwrap_or_else(|e| e.into_inner());

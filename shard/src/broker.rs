@@ -450,6 +450,9 @@ impl BrokerBuilder {
             .collect();
         let mut engines = engines.into_iter();
         let (cluster, mut replicas) = self.start_node(data_dir.as_ref(), &sleepers)?;
+        if let Some(cluster) = &cluster {
+            cluster.serve_forwarded(crate::forward::server(senders.clone()));
+        }
         let mut threads = Vec::with_capacity(shards);
         // Each shard thread says whether its setup ran, before it serves anything.
         let (setup_done, setups) = crossbeam_channel::bounded::<bool>(shards);
@@ -575,7 +578,7 @@ impl BrokerBuilder {
             };
             what(format!("cluster: node {} cannot start: {e}", cluster.id))
         })?;
-        let replicas = (0..shards)
+        let replicas: Vec<Option<Arc<Replica>>> = (0..shards)
             .map(|shard| {
                 let group = node.group(shard).expect("one group per shard").clone();
                 let runtime = node.runtime().clone();
@@ -588,6 +591,10 @@ impl BrokerBuilder {
             .collect();
         let inner = ClusterInner {
             id: cluster.id,
+            replicas: replicas.iter().flatten().cloned().collect(),
+            link: node.link().clone(),
+            runtime: node.runtime().clone(),
+            call_timeout: cluster.call_timeout,
             node: std::sync::Mutex::new(Some(node)),
         };
         Ok((Some(Arc::new(inner)), replicas))
@@ -821,10 +828,7 @@ impl Broker {
             name: name.to_string(),
             config: Box::new(config),
         };
-        match call(self.inner.inbox(shard), |reply| Request::Declare {
-            cmd,
-            reply,
-        }) {
+        match self.declare_call(shard, cmd) {
             Answer::Queue(Ok(Some((_, cell)))) => {
                 let queue = Queue::new(self.inner.clone(), name, shard, cell);
                 self.note_dead_letter_queue(&queue);
@@ -833,6 +837,16 @@ impl Broker {
             Answer::Queue(Err(e)) => Err(e),
             Answer::ShutDown => Err(Error::ShutDown),
             other => unreachable!("declare answered {other:?}"),
+        }
+    }
+
+    /// Sends a declare or lookup to `shard` (in a cluster, to its leader) and waits for
+    /// the answer.
+    fn declare_call(&self, shard: usize, cmd: Command) -> Answer {
+        let inbox = self.inner.inbox(shard);
+        match &self.inner.cluster {
+            Some(cluster) => cluster.call(inbox, shard, crate::forward::Call::Declare { cmd }),
+            None => call(inbox, |reply| Request::Declare { cmd, reply }),
         }
     }
 
@@ -893,10 +907,7 @@ impl Broker {
         let cmd = Command::Lookup {
             name: name.to_string(),
         };
-        match call(self.inner.inbox(shard), |reply| Request::Declare {
-            cmd,
-            reply,
-        }) {
+        match self.declare_call(shard, cmd) {
             Answer::Queue(Ok(found)) => {
                 Ok(found.map(|(_, cell)| Queue::new(self.inner.clone(), name, shard, cell)))
             }

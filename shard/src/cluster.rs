@@ -237,9 +237,24 @@ pub(crate) struct ClusterInner {
     pub id: u64,
     /// Taken at shutdown, after the shard threads stopped.
     pub node: Mutex<Option<leasemq_replica::Node>>,
+    /// Each shard's replica here, which knows the shard's leader.
+    pub replicas: Vec<Arc<Replica>>,
+    /// The node link, for calls forwarded to a shard's leader.
+    pub link: leasemq_replica::link::Link<ReplayApplier>,
+    /// The node's runtime, which forwarded calls run on.
+    pub runtime: tokio::runtime::Handle,
+    pub call_timeout: Duration,
 }
 
 impl ClusterInner {
+    /// Has the calls peers forward here served by `serve`.
+    pub fn serve_forwarded(&self, serve: leasemq_replica::link::Forwarded) {
+        let node = self.node.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(node) = node.as_ref() {
+            node.serve_forwarded(serve);
+        }
+    }
+
     /// Stops the node's groups and its link.
     pub fn shutdown(&self) {
         let node = self.node.lock().unwrap_or_else(|e| e.into_inner()).take();
@@ -263,6 +278,8 @@ pub(crate) struct Replica {
     /// Set while the thread waits for its group to settle: every change of the group's
     /// metrics wakes it then, not only a change of leader.
     wants_every_change: AtomicBool,
+    /// The node that leads the shard as this replica last heard; 0 for none.
+    leader: AtomicU64,
 }
 
 /// Who leads a shard, as its thread acts on it.
@@ -297,6 +314,7 @@ impl Replica {
             call_timeout,
             version: AtomicU64::new(1),
             wants_every_change: AtomicBool::new(false),
+            leader: AtomicU64::new(0),
         });
         replica
             .runtime
@@ -316,6 +334,11 @@ impl Replica {
             ready: leading && applied.is_some_and(|a| a.leader_id.term == m.current_term),
             settled: applied.map(|a| a.index) >= m.last_log_index,
         }
+    }
+
+    /// The node that leads the shard, as this replica last heard.
+    pub fn leader(&self) -> Option<u64> {
+        Some(self.leader.load(Ordering::Acquire)).filter(|&node| node != 0)
     }
 
     /// A number that moves whenever [`view`](Replica::view) may have changed.
@@ -344,6 +367,7 @@ async fn watch(replica: std::sync::Weak<Replica>, sleeper: Arc<Sleeper>) {
         let leader = (view.leader, view.term, view.ready);
         if last != Some(leader) || replica.wants_every_change.load(Ordering::Acquire) {
             last = Some(leader);
+            (replica.leader).store(view.leader.unwrap_or(0), Ordering::Release);
             replica.version.fetch_add(1, Ordering::AcqRel);
             sleeper.wake();
         }

@@ -28,6 +28,7 @@
 mod broker;
 mod cluster;
 mod consumer;
+mod forward;
 mod host;
 mod inner;
 mod protocol;

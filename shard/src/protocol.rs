@@ -124,6 +124,18 @@ impl Inbox {
     }
 }
 
+/// The key that names durable queue `number` in a cluster, whatever engine leads its
+/// shard: a generation no engine gives out, and the number as the slot.
+pub(crate) fn numbered_key(number: u32) -> QueueKey {
+    QueueKey::from_bits((u64::from(u32::MAX) << 32) | u64::from(number))
+}
+
+/// The durable number a [`numbered_key`] names.
+pub(crate) fn number_of(key: QueueKey) -> Option<u32> {
+    let bits = key.to_bits();
+    (bits >> 32 == u64::from(u32::MAX)).then_some(bits as u32)
+}
+
 /// What every handle of one queue shares: set by the shard when the queue closes.
 #[derive(Debug, Default)]
 pub struct QueueCell {
@@ -150,14 +162,9 @@ impl QueueCell {
         }
     }
 
-    /// The queue's key in the engine that leads its shard now.
+    /// The queue's key in its shard's engine; in a cluster, [`numbered_key`].
     pub(crate) fn key(&self) -> QueueKey {
         QueueKey::from_bits(self.key.load(Ordering::Acquire))
-    }
-
-    /// Gives the queue its key in a new engine.
-    pub(crate) fn set_key(&self, key: QueueKey) {
-        self.key.store(key.to_bits(), Ordering::Release);
     }
 
     /// The queue's durable number, if it is durable.
@@ -301,6 +308,13 @@ pub(crate) enum Request {
         cmd: Command,
         reply: ReplyTo,
     },
+    /// In a cluster: a command about the queue numbered `number` (its durable number,
+    /// which every engine that leads the shard knows), whose queue key the shard sets.
+    ByNumber {
+        number: u32,
+        cmd: Command,
+        reply: ReplyTo,
+    },
     /// Declare or look up a queue: answered with the queue and its shared cell.
     Declare {
         cmd: Command,
@@ -364,6 +378,11 @@ pub(crate) enum Answer {
     Names(Vec<String>),
     /// The shard stopped before answering.
     ShutDown,
+    /// In a cluster: this node does not lead the shard, and the request did not run; the
+    /// node that leads it, if known.
+    NotLeader(Option<u64>),
+    /// In a cluster: the request failed on its way to the leader, and may have run there.
+    Failed(Error),
 }
 
 enum Target {

@@ -13,6 +13,8 @@ use leasemq_engine::{
 };
 use tokio::sync::oneshot;
 
+use crate::cluster::ClusterInner;
+use crate::forward::Call;
 use crate::inner::BrokerInner;
 use crate::protocol::{Answer, QueueCell, ReplyTo, Request};
 use crate::reply::{call, call_async, call_parked};
@@ -98,10 +100,21 @@ impl Queue {
         &self.inner.cell
     }
 
-    /// The queue's key in its shard's engine, which the cell keeps current (in a cluster
-    /// a new leader's engine gives the queue a new key).
+    /// The queue's key in its shard's engine; in a cluster, the key that names it by its
+    /// durable number, whichever engine leads the shard.
     pub(crate) fn key(&self) -> QueueKey {
         self.inner.cell.key()
+    }
+
+    /// In a cluster, `cmd` as a call for the shard's leader: the queue by its number.
+    /// `Err` gives `cmd` back on a single broker.
+    fn cluster_call(&self, cmd: Command) -> Result<(&Arc<ClusterInner>, Call), Command> {
+        let Some(cluster) = self.inner.broker.cluster.as_ref() else {
+            return Err(cmd);
+        };
+        // Every queue of a cluster is durable, hence numbered.
+        let number = self.inner.cell.number().unwrap_or(u32::MAX);
+        Ok((cluster, Call::Engine { number, cmd }))
     }
 
     fn request(&self, cmd: Command) -> Outcome {
@@ -109,6 +122,10 @@ impl Queue {
             return Outcome::ShutDown;
         }
         let inbox = self.inner.broker.inbox(self.inner.shard);
+        let cmd = match self.cluster_call(cmd) {
+            Ok((cluster, call)) => return outcome(cluster.call(inbox, self.inner.shard, call)),
+            Err(cmd) => cmd,
+        };
         let request = |reply| Request::Engine { cmd, reply };
         // A durable queue answers after an fsync: no point spinning for it.
         let answer = if self.inner.cell.is_durable() {
@@ -124,6 +141,13 @@ impl Queue {
             return Outcome::ShutDown;
         }
         let inbox = self.inner.broker.inbox(self.inner.shard);
+        let cmd = match self.cluster_call(cmd) {
+            Ok((cluster, call)) => {
+                let call = Arc::clone(cluster).call_async(inbox.clone(), self.inner.shard, call);
+                return outcome(call.await);
+            }
+            Err(cmd) => cmd,
+        };
         outcome(call_async(inbox, |reply: ReplyTo| Request::Engine { cmd, reply }).await)
     }
 
@@ -252,6 +276,10 @@ impl Queue {
             messages,
         };
         let inbox = self.inner.broker.inbox(self.inner.shard);
+        let cmd = match self.cluster_call(cmd) {
+            Ok((cluster, call)) => return cluster.send(inbox, self.inner.shard, call, reply),
+            Err(cmd) => cmd,
+        };
         drop(inbox.send(Request::Engine { cmd, reply }));
     }
 
@@ -414,6 +442,12 @@ impl Queue {
             settles: settles.to_vec(),
         };
         let inbox = self.inner.broker.inbox(self.inner.shard);
+        let cmd = match self.cluster_call(cmd) {
+            Ok((cluster, call)) => {
+                return cluster.send(inbox, self.inner.shard, call, ReplyTo::nobody())
+            }
+            Err(cmd) => cmd,
+        };
         // A shard that stopped refuses it; there is no one to tell.
         drop(inbox.send(Request::Engine {
             cmd,

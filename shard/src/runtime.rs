@@ -15,8 +15,8 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, TryRecvError, TrySendError};
 use leasemq_engine::{
-    Command, ConsumerKey, Delivered, DeliveryTag, Effects, Message, QueueKey, QueueStats, Reply,
-    Shard, Tick, TickLength,
+    Command, ConsumerKey, Delivered, DeliveryTag, Effects, Error, Message, QueueKey, QueueStats,
+    Reply, Shard, Tick, TickLength,
 };
 
 mod lead;
@@ -24,7 +24,9 @@ mod lead;
 pub(crate) use lead::Steering;
 
 use crate::host;
-use crate::protocol::{Answer, Deferred, Inbox, QueueCell, ReplyTo, Request, Sink};
+use crate::protocol::{
+    number_of, numbered_key, Answer, Deferred, Inbox, QueueCell, ReplyTo, Request, Sink,
+};
 use crate::route::{self, Backlog, Driver, Hop};
 use crate::slice::BusySlice;
 use crate::store::{Held, ShardLog};
@@ -510,6 +512,12 @@ impl ShardThread {
     fn dispatch(&mut self, now: Tick, req: Request) -> bool {
         match req {
             Request::Engine { cmd, reply } => return self.engine_request(now, cmd, reply),
+            Request::ByNumber { number, cmd, reply } => {
+                return match self.engine.queue_by_number(number) {
+                    Some(queue) => self.engine_request(now, with_queue(cmd, queue), reply),
+                    None => self.gone(reply, refusal(&cmd, Error::QueueClosed)),
+                };
+            }
             Request::Declare { cmd, reply } => return self.declare(now, cmd, reply),
             Request::Consume {
                 queue,
@@ -519,6 +527,12 @@ impl ShardThread {
                 sink,
                 reply,
             } => {
+                // In a cluster, the queue by its number.
+                let found =
+                    number_of(queue).map_or(Some(queue), |n| self.engine.queue_by_number(n));
+                let Some(queue) = found else {
+                    return self.gone(reply, Reply::Consumed(Err(Error::QueueClosed)));
+                };
                 let cmd = Command::Consume {
                     queue,
                     name: name.into_string(),
@@ -563,6 +577,14 @@ impl ShardThread {
             Request::Shutdown => self.stopping = true,
         }
         true
+    }
+
+    /// Answers a request about a queue that is gone with `refused`; `false`, as the engine
+    /// never saw it.
+    fn gone(&mut self, reply: ReplyTo, refused: Reply) -> bool {
+        self.replies
+            .push(Deferred::plain(reply, Answer::Engine(refused)));
+        false
     }
 
     /// A command answered with the engine's reply, once the dead letters it caused have
@@ -712,7 +734,13 @@ impl ShardThread {
             _ => {
                 let config = self.engine.config(key).cloned().unwrap_or_default();
                 let number = self.engine.queue_number(key);
-                let cell = Arc::new(QueueCell::new(config, key, number));
+                // In a cluster, handles name the queue by its number: another engine may
+                // lead the shard by the time they call.
+                let handle_key = match number {
+                    Some(n) if self.cluster.is_some() => numbered_key(n),
+                    _ => key,
+                };
+                let cell = Arc::new(QueueCell::new(config, handle_key, number));
                 self.cells[idx] = Some((key, cell.clone()));
                 (key, cell)
             }
@@ -994,8 +1022,24 @@ fn wake(sinks: &[Option<Sink>], slot: Option<usize>) {
     }
 }
 
+/// `cmd` about `queue` instead of the queue it names.
+fn with_queue(mut cmd: Command, key: QueueKey) -> Command {
+    match &mut cmd {
+        Command::Put { queue, .. }
+        | Command::PutBatch { queue, .. }
+        | Command::Settle { queue, .. }
+        | Command::SettleBatch { queue, .. }
+        | Command::Consume { queue, .. }
+        | Command::Purge { queue }
+        | Command::Stats { queue }
+        | Command::Close { queue } => *queue = key,
+        _ => {}
+    }
+    cmd
+}
+
 /// What `cmd` answers when it is refused whole, before the engine saw it, for `e`.
-fn refusal(cmd: &Command, e: leasemq_engine::Error) -> Reply {
+pub(crate) fn refusal(cmd: &Command, e: Error) -> Reply {
     match cmd {
         Command::Put { .. } => Reply::Put(Err(e)),
         Command::PutBatch { .. } => Reply::PutBatch(Err(e)),

@@ -84,8 +84,8 @@ impl Steering {
         let shard = self.replica.shard;
         Error::Unavailable(match view.leader {
             Some(node) if node != self.replica.node => format!(
-                "shard {shard} is led by node {node}, and calls are served on the node \
-                 that leads their shard"
+                "shard {shard} is led by node {node}, and a consumer is served on the node \
+                 that leads its queue's shard"
             ),
             _ => format!(
                 "shard {shard} found no leader within the call timeout ({:?})",
@@ -200,7 +200,16 @@ impl ShardThread {
                 break;
             }
             let (_, req) = steering.pending.pop_front().expect("looked at it");
-            refuse_request(req, steering.unavailable(view));
+            match (elsewhere, req) {
+                // Did not run: the caller takes it to the leader.
+                (
+                    true,
+                    Request::Engine { reply, .. }
+                    | Request::ByNumber { reply, .. }
+                    | Request::Declare { reply, .. },
+                ) => reply.send(Answer::NotLeader(view.leader)),
+                (_, req) => refuse_request(req, steering.unavailable(view)),
+            }
         }
     }
 
@@ -245,8 +254,8 @@ impl ShardThread {
         self.pump_log();
     }
 
-    /// Gives each queue's handles its key in the new engine, found by its durable number;
-    /// a queue that is gone (another leader closed it) is closed for them.
+    /// Finds each queue's cell its slot in the new engine, by the queue's durable number;
+    /// a queue that is gone (another leader closed it) is closed for its handles.
     fn rekey_cells(&mut self) {
         let cells: Vec<_> = self.cells.drain(..).flatten().collect();
         for (_, cell) in cells {
@@ -255,7 +264,6 @@ impl ShardThread {
                 cell.close(QueueStats::default());
                 continue;
             };
-            cell.set_key(key);
             let slot = key.slot();
             if self.cells.len() <= slot {
                 self.cells.resize_with(slot + 1, || None);
@@ -298,7 +306,9 @@ impl ShardThread {
 /// Answers a call that found no leader: `Unavailable`, in the shape its caller reads.
 fn refuse_request(req: Request, e: Error) {
     let (reply, answer) = match req {
-        Request::Engine { cmd, reply } => (reply, Answer::Engine(super::refusal(&cmd, e))),
+        Request::Engine { cmd, reply } | Request::ByNumber { cmd, reply, .. } => {
+            (reply, Answer::Engine(super::refusal(&cmd, e)))
+        }
         Request::Declare { reply, .. } => (reply, Answer::Queue(Err(e))),
         Request::Consume { reply, .. } => (reply, Answer::Engine(Reply::Consumed(Err(e)))),
         // Nothing else waits for a leader.
