@@ -109,12 +109,6 @@ fn what_a_leader_answered_survives_it_and_its_leases_come_back() {
     let again = anywhere.put(Message::new("job 0").with_id("m0"));
     assert_eq!(again, Ok(PutOutcome::Duplicate));
     assert_eq!(anywhere.stats().ready, 10);
-    // Consumers are served on the node that leads the shard.
-    match anywhere.consume("w", ConsumerConfig::default()) {
-        Err(Error::Unavailable(why)) => assert!(why.contains(&format!("node {first}")), "{why}"),
-        other => panic!("a follower answered {other:?}"),
-    }
-
     let jobs = on(&nodes, first)
         .declare_queue("jobs", jobs_config())
         .unwrap();
@@ -324,6 +318,76 @@ fn every_kind_of_call_reaches_the_leader_from_another_node() {
     assert!(anywhere.close());
     assert!(on(first).queue("jobs").is_none());
     drop(runtime);
+    for node in nodes.into_iter().flatten() {
+        node.shutdown();
+    }
+}
+
+#[test]
+fn a_consumer_on_any_node_gets_its_deliveries_and_ends_with_the_lead() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut nodes, _) = three(dir.path(), Duration::from_secs(10));
+    let shard = leasemq::shard_for("jobs", SHARDS);
+    let first = leader(&nodes, shard, None);
+    let on = |nodes: &[Option<Broker>], id: u64| nodes[id as usize - 1].clone().unwrap();
+    let follower = (1..=3).find(|&id| id != first).unwrap();
+    let jobs = on(&nodes, follower)
+        .declare_queue("jobs", jobs_config())
+        .unwrap();
+    let worker = jobs.consume("w", ConsumerConfig { prefetch: 4 }).unwrap();
+    for i in 0..10 {
+        jobs.put(Message::new(format!("job {i}")).with_id(format!("m{i}")))
+            .unwrap();
+    }
+    let recv = |w: &leasemq::Consumer| w.recv_timeout(Duration::from_secs(10)).unwrap().unwrap();
+    let got: Vec<_> = (0..4).map(|_| recv(&worker)).collect();
+    let ids: Vec<_> = got.iter().map(|d| d.envelope().id.to_string()).collect();
+    assert_eq!(
+        ids,
+        ["m0", "m1", "m2", "m3"],
+        "in order, up to the prefetch"
+    );
+    assert!(got[0].ack(), "a settle goes to the leader");
+    assert_eq!(
+        worker.ack_up_to(got[2].tag()),
+        2,
+        "ack_up_to goes to the consumer's node"
+    );
+    let more = recv(&worker);
+    assert_eq!(more.envelope().id, "m4", "credit came back");
+    worker.stop();
+    assert!(matches!(worker.try_recv(), Err(Error::Closed)));
+    assert!(got[3].ack(), "a stopped consumer keeps its leases");
+    worker.cancel();
+    let stats = jobs.stats();
+    assert_eq!(
+        (stats.acked, stats.leased, stats.consumers),
+        (4, 0, 0),
+        "{stats:?}"
+    );
+
+    let worker = jobs.consume("w", ConsumerConfig::default()).unwrap();
+    let held = recv(&worker);
+    // The leader dies: the consumer's lead is over.
+    on(&nodes, first).shutdown();
+    nodes[first as usize - 1] = None;
+    loop {
+        match worker.recv_timeout(Duration::from_secs(10)) {
+            Ok(Some(_)) => continue,
+            Err(Error::Unavailable(_)) => break,
+            other => panic!("the consumer read {other:?}"),
+        }
+    }
+    assert!(!held.ack(), "its lease ended with the lead");
+    let second = leader(&nodes, shard, Some(first));
+    let jobs = on(&nodes, second).queue("jobs").unwrap();
+    let worker = jobs.consume("w", ConsumerConfig::default()).unwrap();
+    let rest: Vec<_> = (0..6).map(|_| recv(&worker)).collect();
+    let again = rest.iter().find(|d| d.envelope().id == held.envelope().id);
+    let again = again.expect("what was leased comes back");
+    assert_eq!(again.envelope().attempt, held.envelope().attempt + 1);
+    assert!(rest.iter().all(|d| d.ack()));
+    assert_eq!(jobs.stats().ready, 0);
     for node in nodes.into_iter().flatten() {
         node.shutdown();
     }

@@ -51,6 +51,7 @@ const PRE_VOTE: u8 = 3;
 const SNAPSHOT: u8 = 4;
 const PING: u8 = 5;
 const FORWARD: u8 = 6;
+const ADMIN: u8 = 7;
 const ANSWER: u8 = 128;
 const REFUSED: u8 = 129;
 
@@ -81,15 +82,34 @@ struct Inner<A: Applier> {
     heard: Mutex<HashMap<u64, Instant>>,
     /// What serves the calls peers forward here, once set.
     forwarded: RwLock<Option<Forwarded>>,
+    /// What serves an admin tool's calls, once set.
+    admin: RwLock<Option<Admin>>,
 }
 
-/// What serves the calls peers forward to this node (a broker's calls for a shard this
-/// node leads): given the shard and the call's bytes, the answer's bytes, or why none.
-pub type Forwarded = Arc<
-    dyn Fn(u16, Vec<u8>) -> std::pin::Pin<Box<dyn Future<Output = Result<Vec<u8>, String>> + Send>>
+/// What an admin tool asks of a node over its link (`leasemqd cluster ...`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, serde::Deserialize)]
+pub enum AdminCall {
+    /// Form the cluster ([`Node::init`](crate::Node::init)).
+    Init,
+    /// Where the cluster stands as the node sees it, as JSON.
+    Status,
+}
+
+/// What serves an admin tool's calls: the answer's bytes, or why none.
+pub type Admin = Arc<
+    dyn Fn(AdminCall) -> std::pin::Pin<Box<dyn Future<Output = Result<Vec<u8>, String>> + Send>>
         + Send
         + Sync,
 >;
+
+/// What serves the calls peers forward to this node (a broker's calls for a shard this
+/// node leads): given the shard and the call's bytes, the answer's bytes, or why none.
+/// It is called as each call comes off its connection, in order, before the next is read:
+/// what it does before it returns its future happens in the order the calls were sent.
+pub type Forwarded = Arc<dyn Fn(u16, Vec<u8>) -> Answering + Send + Sync>;
+
+/// An answer on its way: its bytes, or why none.
+pub type Answering = std::pin::Pin<Box<dyn Future<Output = Result<Vec<u8>, String>> + Send>>;
 
 /// Why a forwarded call got no answer.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -138,12 +158,12 @@ impl Calls {
 }
 
 /// Takes a call out of the waiting map when its caller is done with it, answered or not.
-struct Waiting<'a> {
-    calls: &'a Calls,
+struct Waiting {
+    calls: Arc<Calls>,
     call: u64,
 }
 
-impl Drop for Waiting<'_> {
+impl Drop for Waiting {
     fn drop(&mut self) {
         let mut waiting = self.calls.waiting.lock().unwrap_or_else(|e| e.into_inner());
         waiting.remove(&self.call);
@@ -176,6 +196,7 @@ impl<A: Applier> Link<A> {
                 groups: RwLock::new(groups),
                 heard: Mutex::new(HashMap::new()),
                 forwarded: RwLock::new(None),
+                admin: RwLock::new(None),
                 peers,
             }),
         }
@@ -187,6 +208,11 @@ impl<A: Applier> Link<A> {
         if let Some(slot) = groups.get_mut(usize::from(shard)) {
             *slot = Some(raft);
         }
+    }
+
+    /// Makes `serve` what answers an admin tool's calls.
+    pub fn serve_admin(&self, serve: Admin) {
+        *self.inner.admin.write().unwrap_or_else(|e| e.into_inner()) = Some(serve);
     }
 
     /// Makes `serve` what answers the calls peers forward here.
@@ -210,15 +236,7 @@ impl<A: Applier> Link<A> {
         call: &[u8],
         limit: Duration,
     ) -> Result<Vec<u8>, ForwardError> {
-        match self.call(peer, FORWARD, shard, call, limit).await {
-            Ok(answer) => Ok(answer),
-            Err(CallError::Unreachable(e)) => Err(ForwardError::Unreachable(e)),
-            Err(CallError::Broken(e)) => Err(ForwardError::Lost(e)),
-            Err(CallError::TimedOut(limit)) => Err(ForwardError::Lost(format!(
-                "node {peer} did not answer within {limit:?}"
-            ))),
-            Err(CallError::Refused(e)) => Err(ForwardError::Refused(e)),
-        }
+        (self.call(peer, FORWARD, shard, call, limit).await).map_err(|e| forward_error(peer, e))
     }
 
     /// The network `shard`'s replica sends through.
@@ -291,9 +309,19 @@ impl<A: Applier> Link<A> {
                 return Ok(());
             };
             self.heard(peer);
-            let (link, answers) = (self.clone(), answers.clone());
+            // A forwarded call is handed on before the next frame is read, so that the
+            // calls of one connection reach their shard in the order they were sent.
+            let answering = match (peer == handshake::ADMIN_NODE && kind != ADMIN, kind) {
+                (true, _) => Box::pin(async { Err("an admin tool makes admin calls only".into()) }),
+                (false, FORWARD) => self.forwarded(shard, body),
+                (false, _) => {
+                    let link = self.clone();
+                    Box::pin(async move { link.answer(kind, shard, body).await })
+                }
+            };
+            let answers = answers.clone();
             tokio::spawn(async move {
-                let (kind, answer) = match link.answer(kind, shard, body).await {
+                let (kind, answer) = match answering.await {
                     Ok(answer) => (ANSWER, answer),
                     Err(e) => (REFUSED, e.into_bytes()),
                 };
@@ -311,13 +339,14 @@ impl<A: Applier> Link<A> {
         if kind == PING {
             return Ok(Vec::new());
         }
-        if kind == FORWARD {
-            let serve = (self.inner.forwarded.read())
+        if kind == ADMIN {
+            let serve = (self.inner.admin.read())
                 .unwrap_or_else(|e| e.into_inner())
                 .clone();
-            let serve = serve.ok_or("nothing serves forwarded calls here")?;
-            return serve(shard, body).await;
+            let serve = serve.ok_or("nothing serves admin calls here")?;
+            return serve(decode(&body)?).await;
         }
+
         let raft = {
             let groups = self.inner.groups.read().unwrap_or_else(|e| e.into_inner());
             groups.get(usize::from(shard)).cloned().flatten()
@@ -349,6 +378,17 @@ impl<A: Applier> Link<A> {
         }
     }
 
+    /// Hands a forwarded call to what serves them here; the future gives its answer.
+    fn forwarded(&self, shard: u16, body: Vec<u8>) -> Answering {
+        let serve = (self.inner.forwarded.read())
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        match serve {
+            Some(serve) => serve(shard, body),
+            None => Box::pin(async { Err("nothing serves forwarded calls here".into()) }),
+        }
+    }
+
     /// Makes a call to `peer` and waits for its answer: dialling, sending and waiting
     /// all within `limit`.
     async fn call(
@@ -360,31 +400,87 @@ impl<A: Applier> Link<A> {
         limit: Duration,
     ) -> Result<Vec<u8>, CallError> {
         let work = async {
-            let connection = self.connection(peer).await?;
-            let calls = &connection.calls;
-            let call = calls.next.fetch_add(1, Ordering::Relaxed);
-            let (tx, rx) = oneshot::channel();
-            calls
-                .waiting
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .insert(call, tx);
-            let _waiting = Waiting { calls, call };
-            let broke = || CallError::Broken(format!("node {peer}: the connection broke"));
-            if calls.broken.load(Ordering::Acquire) {
-                return Err(broke());
-            }
-            let frame =
-                frame(kind, shard, call, body).map_err(|e| CallError::Refused(e.to_string()))?;
-            connection.frames.send(frame).map_err(|_| broke())?;
-            let answer = rx.await.map_err(|_| broke())?;
-            self.heard(peer);
-            answer.map_err(CallError::Refused)
+            let sent = self.send_call(peer, kind, shard, body).await?;
+            self.answer_to(sent).await
         };
         match tokio::time::timeout(limit, work).await {
             Ok(answer) => answer,
             Err(_) => Err(CallError::TimedOut(limit)),
         }
+    }
+
+    /// Puts a call to `peer` on its connection's queue of frames (dialling first if there
+    /// is no working connection): calls sent one after another go out in that order.
+    async fn send_call(
+        &self,
+        peer: u64,
+        kind: u8,
+        shard: u16,
+        body: &[u8],
+    ) -> Result<Sent, CallError> {
+        let connection = self.connection(peer).await?;
+        let calls = Arc::clone(&connection.calls);
+        let call = calls.next.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = oneshot::channel();
+        calls
+            .waiting
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(call, tx);
+        let waiting = Waiting { calls, call };
+        if waiting.calls.broken.load(Ordering::Acquire) {
+            return Err(broke(peer));
+        }
+        let frame =
+            frame(kind, shard, call, body).map_err(|e| CallError::Refused(e.to_string()))?;
+        connection.frames.send(frame).map_err(|_| broke(peer))?;
+        Ok(Sent {
+            peer,
+            rx,
+            _waiting: waiting,
+        })
+    }
+
+    /// Waits for the answer to a call sent.
+    async fn answer_to(&self, sent: Sent) -> Result<Vec<u8>, CallError> {
+        let answer = sent.rx.await.map_err(|_| broke(sent.peer))?;
+        self.heard(sent.peer);
+        answer.map_err(CallError::Refused)
+    }
+
+    /// Forwards a call for `shard` to `peer` in two steps: this puts it on the queue of
+    /// frames to `peer` (dialling first if need be), so that calls forwarded one after
+    /// another reach `peer` in that order; the future it gives waits for the answer
+    /// within `limit`.
+    ///
+    /// # Errors
+    ///
+    /// [`ForwardError::Unreachable`] where the call could not be sent.
+    pub async fn send_forward(
+        &self,
+        peer: u64,
+        shard: u16,
+        call: &[u8],
+        limit: Duration,
+    ) -> Result<impl Future<Output = Result<Vec<u8>, ForwardError>> + Send + 'static, ForwardError>
+    {
+        let sent =
+            match tokio::time::timeout(limit, self.send_call(peer, FORWARD, shard, call)).await {
+                Ok(Ok(sent)) => sent,
+                Ok(Err(e)) => return Err(forward_error(peer, e)),
+                Err(_) => {
+                    return Err(ForwardError::Unreachable(format!(
+                        "node {peer}: no connection within {limit:?}"
+                    )))
+                }
+            };
+        let link = self.clone();
+        Ok(async move {
+            match tokio::time::timeout(limit, link.answer_to(sent)).await {
+                Ok(answer) => answer.map_err(|e| forward_error(peer, e)),
+                Err(_) => Err(forward_error(peer, CallError::TimedOut(limit))),
+            }
+        })
     }
 
     /// The working connection to `peer`, dialled now if there is none or it broke.
@@ -428,6 +524,29 @@ impl<A: Applier> Link<A> {
         stream.set_nodelay(true)?;
         handshake::connect(&mut stream, &self.inner.identity, peer).await?;
         Ok(stream)
+    }
+}
+
+/// A call on its connection's queue, waiting for its answer.
+struct Sent {
+    peer: u64,
+    rx: oneshot::Receiver<Result<Vec<u8>, String>>,
+    _waiting: Waiting,
+}
+
+fn broke(peer: u64) -> CallError {
+    CallError::Broken(format!("node {peer}: the connection broke"))
+}
+
+/// What a forwarded call that got no answer tells its caller: whether it may have run.
+fn forward_error(peer: u64, e: CallError) -> ForwardError {
+    match e {
+        CallError::Unreachable(e) => ForwardError::Unreachable(e),
+        CallError::Broken(e) => ForwardError::Lost(e),
+        CallError::TimedOut(limit) => {
+            ForwardError::Lost(format!("node {peer} did not answer within {limit:?}"))
+        }
+        CallError::Refused(e) => ForwardError::Refused(e),
     }
 }
 
@@ -505,6 +624,47 @@ fn frame(kind: u8, shard: u16, call: u64, body: &[u8]) -> io::Result<Vec<u8>> {
     frame.extend_from_slice(&call.to_be_bytes());
     frame.extend_from_slice(body);
     Ok(frame)
+}
+
+/// Makes an admin call on the node whose link listens at `addr`, proving that this tool
+/// knows the cluster's `secret`; waits for the answer within `limit`.
+///
+/// # Errors
+///
+/// The connection's, the handshake's (a wrong secret), or the node's refusal.
+pub async fn admin_call(
+    addr: &str,
+    secret: &[u8],
+    call: AdminCall,
+    limit: Duration,
+) -> io::Result<Vec<u8>> {
+    let me = Identity {
+        cluster: String::new(),
+        node: handshake::ADMIN_NODE,
+        shards: 0,
+        secret: secret.to_vec(),
+    };
+    let work = async {
+        let mut stream = TcpStream::connect(addr).await?;
+        handshake::connect(&mut stream, &me, handshake::ADMIN_NODE).await?;
+        let body = encode(&call).map_err(io::Error::other)?;
+        stream.write_all(&frame(ADMIN, 0, 1, &body)?).await?;
+        let (mut reader, _writer) = stream.into_split();
+        let closed = || io::Error::new(io::ErrorKind::UnexpectedEof, "the node closed the link");
+        let (kind, _, _, body) = read_frame(&mut reader).await?.ok_or_else(closed)?;
+        match kind {
+            ANSWER => Ok(body),
+            _ => Err(io::Error::other(
+                String::from_utf8_lossy(&body).into_owned(),
+            )),
+        }
+    };
+    tokio::time::timeout(limit, work).await.map_err(|_| {
+        io::Error::new(
+            io::ErrorKind::TimedOut,
+            format!("no answer within {limit:?}"),
+        )
+    })?
 }
 
 fn encode<T: Serialize>(value: &T) -> Result<Vec<u8>, String> {

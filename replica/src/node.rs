@@ -19,9 +19,9 @@ use leasemq_wal::{Options, Storage};
 use openraft::async_runtime::WatchReceiver;
 use openraft::errors::{InitializeError, RaftError};
 use openraft::BasicNode;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
-use crate::link::Link;
+use crate::link::{Admin, AdminCall, Link};
 use crate::{invalid, GroupDir, Identity, LogStore, Raft, Replay, ReplayApplier, StateMachine};
 
 const META_FORMAT: &str = "leasemq cluster node, format 1";
@@ -59,7 +59,7 @@ pub struct Node {
 }
 
 /// Where a cluster stands, as one node sees it.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ClusterStatus {
     /// This node's id.
     pub node: u64,
@@ -70,7 +70,7 @@ pub struct ClusterStatus {
 }
 
 /// A shard's group, as one node sees it.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ShardStatus {
     /// The shard.
     pub shard: u16,
@@ -87,7 +87,7 @@ pub struct ShardStatus {
 }
 
 /// A peer, as one node sees it.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PeerStatus {
     /// Its node id.
     pub node: u64,
@@ -128,6 +128,7 @@ impl Node {
         let listener = runtime.block_on(tokio::net::TcpListener::bind(&config.listen))?;
         runtime.spawn(link.clone().serve(listener));
         runtime.spawn(link.clone().ping(config.election_timeout / 2));
+        link.serve_admin(admin(&groups, &link, &config));
         Ok(Node {
             config,
             runtime,
@@ -143,48 +144,15 @@ impl Node {
     ///
     /// A group's error.
     pub fn init(&self) -> io::Result<()> {
-        let members: BTreeMap<u64, BasicNode> = (self.config.peers.iter())
-            .map(|(&id, addr)| (id, BasicNode::new(addr)))
-            .collect();
-        self.runtime.block_on(async {
-            for (raft, _) in &self.groups {
-                match raft.initialize(members.clone()).await {
-                    Ok(()) | Err(RaftError::APIError(InitializeError::NotAllowed(_))) => {}
-                    Err(e) => return Err(io::Error::other(e)),
-                }
-            }
-            Ok(())
-        })
+        let rafts: Vec<_> = self.groups.iter().map(|(raft, _)| raft.clone()).collect();
+        self.runtime
+            .block_on(init(rafts, self.config.peers.clone()))
     }
 
     /// Where the cluster stands, as this node sees it.
     pub fn status(&self) -> ClusterStatus {
-        let shards = (self.groups.iter().zip(0u16..))
-            .map(|((raft, _), shard)| {
-                let metrics = raft.metrics().borrow_watched().clone();
-                ShardStatus {
-                    shard,
-                    leader: metrics.current_leader,
-                    term: metrics.current_term,
-                    voters: metrics.membership_config.voter_ids().collect(),
-                    committed: metrics.local_committed.map(|id| id.index),
-                    applied: metrics.last_applied.map(|id| id.index),
-                }
-            })
-            .collect();
-        let recent = 2 * self.config.election_timeout;
-        let peers = (self.config.peers.keys())
-            .filter(|&&id| id != self.config.identity.node)
-            .map(|&node| PeerStatus {
-                node,
-                reachable: (self.link.last_heard(node)).is_some_and(|at| at.elapsed() < recent),
-            })
-            .collect();
-        ClusterStatus {
-            node: self.config.identity.node,
-            shards,
-            peers,
-        }
+        let rafts: Vec<_> = self.groups.iter().map(|(raft, _)| raft.clone()).collect();
+        status(&rafts, &self.link, &self.config)
     }
 
     /// This node's replica of `shard`'s group, and its replay of the shard.
@@ -230,6 +198,80 @@ impl Node {
             }
         });
         self.runtime.shutdown_timeout(Duration::from_secs(5));
+    }
+}
+
+/// Serves an admin tool's calls on the node of `config`.
+fn admin(
+    groups: &[(Raft<ReplayApplier>, ReplayApplier)],
+    link: &Link<ReplayApplier>,
+    config: &NodeConfig,
+) -> Admin {
+    let rafts: Vec<_> = groups.iter().map(|(raft, _)| raft.clone()).collect();
+    let (link, config) = (link.clone(), config.clone());
+    Arc::new(move |call| {
+        let (rafts, link, config) = (rafts.clone(), link.clone(), config.clone());
+        Box::pin(async move {
+            match call {
+                AdminCall::Init => init(rafts, config.peers.clone())
+                    .await
+                    .map(|()| Vec::new())
+                    .map_err(|e| e.to_string()),
+                AdminCall::Status => {
+                    serde_json::to_vec(&status(&rafts, &link, &config)).map_err(|e| e.to_string())
+                }
+            }
+        })
+    })
+}
+
+/// Forms the cluster of `peers`: each becomes a voter of every group. A formed group
+/// stays as it is.
+async fn init(rafts: Vec<Raft<ReplayApplier>>, peers: BTreeMap<u64, String>) -> io::Result<()> {
+    let members: BTreeMap<u64, BasicNode> = (peers.iter())
+        .map(|(&id, addr)| (id, BasicNode::new(addr)))
+        .collect();
+    for raft in &rafts {
+        match raft.initialize(members.clone()).await {
+            Ok(()) | Err(RaftError::APIError(InitializeError::NotAllowed(_))) => {}
+            Err(e) => return Err(io::Error::other(e)),
+        }
+    }
+    Ok(())
+}
+
+/// Where the cluster stands, as the node of `config` sees it through its `rafts` and its
+/// `link`.
+fn status(
+    rafts: &[Raft<ReplayApplier>],
+    link: &Link<ReplayApplier>,
+    config: &NodeConfig,
+) -> ClusterStatus {
+    let shards = (rafts.iter().zip(0u16..))
+        .map(|(raft, shard)| {
+            let metrics = raft.metrics().borrow_watched().clone();
+            ShardStatus {
+                shard,
+                leader: metrics.current_leader,
+                term: metrics.current_term,
+                voters: metrics.membership_config.voter_ids().collect(),
+                committed: metrics.local_committed.map(|id| id.index),
+                applied: metrics.last_applied.map(|id| id.index),
+            }
+        })
+        .collect();
+    let recent = 2 * config.election_timeout;
+    let peers = (config.peers.keys())
+        .filter(|&&id| id != config.identity.node)
+        .map(|&node| PeerStatus {
+            node,
+            reachable: (link.last_heard(node)).is_some_and(|at| at.elapsed() < recent),
+        })
+        .collect();
+    ClusterStatus {
+        node: config.identity.node,
+        shards,
+        peers,
     }
 }
 

@@ -6,8 +6,9 @@ use std::process::ExitCode;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use clap::Parser;
-use leasemq::Broker;
+use clap::{Parser, Subcommand};
+use leasemq::{Broker, Cluster, ClusterStatus};
+use leasemq_replica::link::{admin_call, AdminCall};
 use leasemq_server::exchange::Exchanges;
 use leasemq_server::{memory, serve, Settings, VHost};
 use mimalloc::MiMalloc;
@@ -37,7 +38,54 @@ fn tune_allocator() {
 
 /// leasemqd: leasemq queues for AMQP 0-9-1 clients (pika, lapin, amqplib).
 #[derive(Parser, Debug)]
-#[command(version)]
+#[command(version, args_conflicts_with_subcommands = true)]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+    #[command(flatten)]
+    args: Args,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Talks to a running node of a cluster over its node link (contract §9).
+    Cluster {
+        #[command(subcommand)]
+        action: ClusterAction,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+enum ClusterAction {
+    /// Forms the cluster: every peer becomes a voter of every shard's group. Once per
+    /// cluster, on any node; on a formed cluster it does nothing.
+    Init {
+        #[command(flatten)]
+        node: NodeAddress,
+    },
+    /// Where the cluster stands, as one node sees it: per shard its leader, term, voters,
+    /// committed and applied index; per peer whether it is reachable.
+    Status {
+        #[command(flatten)]
+        node: NodeAddress,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// How `leasemqd cluster` reaches a node.
+#[derive(clap::Args, Debug)]
+struct NodeAddress {
+    /// The node's node link (its --raft-listen or --raft-advertise address).
+    #[arg(long, value_name = "ADDR")]
+    raft: String,
+    /// The file holding the cluster's secret.
+    #[arg(long, value_name = "FILE")]
+    cluster_secret_file: PathBuf,
+}
+
+#[derive(clap::Args, Debug)]
 struct Args {
     /// Address to listen on (port 0 picks a free port; the ready line names it).
     #[arg(long, default_value = "127.0.0.1:5672")]
@@ -69,11 +117,51 @@ struct Args {
     /// blocks every publish.
     #[arg(long, value_name = "LIMIT", default_value = "0.4", value_parser = memory::parse_watermark)]
     memory_high_watermark: memory::Watermark,
+    /// Makes this server a node of the cluster of this name (contract §9): every queue is
+    /// replicated to the nodes of --peers, and a publish is confirmed once a majority of
+    /// them holds it on disk. Needs --data-dir, --node-id, --raft-listen, --peers and
+    /// --cluster-secret-file.
+    #[arg(long, value_name = "NAME")]
+    cluster: Option<String>,
+    /// This node's id in the cluster (1 or more).
+    #[arg(long, value_name = "N")]
+    node_id: Option<u64>,
+    /// Where this node serves the node link (Raft and forwarded calls).
+    #[arg(long, value_name = "ADDR")]
+    raft_listen: Option<String>,
+    /// The address the other nodes dial for this one, where it differs from
+    /// --raft-listen; it must be this node's --peers entry.
+    #[arg(long, value_name = "ADDR")]
+    raft_advertise: Option<String>,
+    /// Every node of the cluster, this one included, as ID=ADDR (their node links).
+    #[arg(long, value_name = "ID=ADDR,...", value_delimiter = ',')]
+    peers: Vec<String>,
+    /// The file holding the secret the cluster's nodes share (as RabbitMQ's Erlang cookie;
+    /// surrounding whitespace is ignored).
+    #[arg(long, value_name = "FILE")]
+    cluster_secret_file: Option<PathBuf>,
+    /// How long a call waits for its shard's leader (default 10 000).
+    #[arg(long, value_name = "MS")]
+    cluster_call_timeout: Option<u64>,
+    /// How long a node waits to hear from a shard's leader before it stands for election
+    /// (default 1 000; drawn up to twice that).
+    #[arg(long, value_name = "MS")]
+    raft_election_timeout_ms: Option<u64>,
 }
 
 fn main() -> ExitCode {
     tune_allocator();
-    let args = Args::parse();
+    let cli = Cli::parse();
+    if let Some(Command::Cluster { action }) = cli.command {
+        return match cluster_command(action) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("leasemqd cluster: {e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
+    let args = cli.args;
     // Logs go to stderr; the ready line stays on stdout, where scripts read it.
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
@@ -109,11 +197,18 @@ fn run(args: Args) -> Result<(), String> {
         builder = builder.data_dir(dir);
         settings.durable = true;
     }
+    let cluster = cluster_of(&args)?;
+    if let Some(cluster) = &cluster {
+        builder = builder.cluster(cluster.clone());
+        settings.cluster = true;
+    }
     let broker = builder
         .build()
         .map_err(|e| format!("cannot start the broker: {e}"))?;
     let mut vhost = VHost::new(&settings);
-    if let Some(dir) = &args.data_dir {
+    // A cluster's node keeps no exchanges, bindings or queue arguments of its own: they
+    // would not be replicated (contract §9).
+    if let (Some(dir), None) = (&args.data_dir, &cluster) {
         // Bindings are kept for the queues that came back: the durable ones.
         let exchanges = Exchanges::open(dir, |queue| broker.queue(queue).is_some())?;
         vhost.exchanges = Mutex::new(exchanges);
@@ -124,9 +219,13 @@ fn run(args: Args) -> Result<(), String> {
         .enable_all()
         .build()
         .map_err(|e| format!("cannot start the runtime: {e}"))?;
-    let storage = match &args.data_dir {
-        Some(dir) => format!("durable queues in {}", dir.display()),
-        None => "every queue is in memory (no --data-dir)".to_string(),
+    let storage = match (&args.data_dir, &args.cluster, args.node_id) {
+        (Some(dir), Some(name), Some(id)) => format!(
+            "node {id} of cluster {name:?}, replicated queues in {}",
+            dir.display()
+        ),
+        (Some(dir), _, _) => format!("durable queues in {}", dir.display()),
+        (None, _, _) => "every queue is in memory (no --data-dir)".to_string(),
     };
     let memory_limit = args.memory_high_watermark.bytes();
     let result = runtime.block_on(serve_until_signal(
@@ -140,6 +239,117 @@ fn run(args: Args) -> Result<(), String> {
     ));
     broker.shutdown();
     result
+}
+
+/// The cluster this server is a node of, from its flags; `None` without --cluster.
+fn cluster_of(args: &Args) -> Result<Option<Cluster>, String> {
+    let Some(name) = &args.cluster else {
+        let given = args.node_id.is_some() || args.raft_listen.is_some() || !args.peers.is_empty();
+        if given {
+            return Err("--node-id, --raft-listen and --peers need --cluster NAME".into());
+        }
+        return Ok(None);
+    };
+    let need = |what: &str| format!("--cluster needs {what}");
+    if args.data_dir.is_none() {
+        return Err(need("--data-dir"));
+    }
+    let id = args.node_id.ok_or_else(|| need("--node-id N"))?;
+    let listen = args
+        .raft_listen
+        .clone()
+        .ok_or_else(|| need("--raft-listen ADDR"))?;
+    let secret_file =
+        (args.cluster_secret_file.as_ref()).ok_or_else(|| need("--cluster-secret-file FILE"))?;
+    if args.peers.is_empty() {
+        return Err(need("--peers ID=ADDR,ID=ADDR,..."));
+    }
+    let mut cluster = Cluster::new(name.clone(), id)
+        .listen(listen)
+        .secret(read_secret(secret_file)?);
+    if let Some(addr) = &args.raft_advertise {
+        cluster = cluster.advertise(addr.clone());
+    }
+    for peer in &args.peers {
+        let parsed = peer
+            .split_once('=')
+            .and_then(|(id, addr)| Some((id.trim().parse().ok()?, addr.trim())));
+        let Some((id, addr)) = parsed.filter(|(_, addr)| !addr.is_empty()) else {
+            return Err(format!("--peers: {peer:?} is not ID=ADDR"));
+        };
+        cluster = cluster.peer(id, addr);
+    }
+    if let Some(ms) = args.cluster_call_timeout {
+        cluster = cluster.call_timeout(Duration::from_millis(ms));
+    }
+    if let Some(ms) = args.raft_election_timeout_ms {
+        cluster = cluster.election_timeout(Duration::from_millis(ms));
+    }
+    Ok(Some(cluster))
+}
+
+/// The cluster secret in `path`, without surrounding whitespace.
+fn read_secret(path: &std::path::Path) -> Result<Vec<u8>, String> {
+    let bytes = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let secret = bytes.trim_ascii();
+    if secret.is_empty() {
+        return Err(format!("{}: the cluster secret is empty", path.display()));
+    }
+    Ok(secret.to_vec())
+}
+
+/// `leasemqd cluster init|status`: one admin call on a node's link.
+fn cluster_command(action: ClusterAction) -> Result<(), String> {
+    let (node, call, json) = match &action {
+        ClusterAction::Init { node } => (node, AdminCall::Init, false),
+        ClusterAction::Status { node, json } => (node, AdminCall::Status, *json),
+    };
+    let secret = read_secret(&node.cluster_secret_file)?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| format!("cannot start the runtime: {e}"))?;
+    let limit = Duration::from_secs(30);
+    let answer = runtime
+        .block_on(admin_call(&node.raft, &secret, call, limit))
+        .map_err(|e| format!("node at {}: {e}", node.raft))?;
+    match call {
+        AdminCall::Init => println!("the cluster is formed"),
+        AdminCall::Status if json => println!("{}", String::from_utf8_lossy(&answer)),
+        AdminCall::Status => {
+            let status: ClusterStatus = serde_json::from_slice(&answer)
+                .map_err(|e| format!("node at {}: a status that does not read: {e}", node.raft))?;
+            print_status(&status);
+        }
+    }
+    Ok(())
+}
+
+/// A cluster's status, as a table.
+fn print_status(status: &ClusterStatus) {
+    println!("node {}", status.node);
+    println!("shard  leader  term  voters   committed  applied");
+    let or_dash = |v: Option<u64>| v.map_or("-".to_string(), |v| v.to_string());
+    for s in &status.shards {
+        let voters: Vec<String> = s.voters.iter().map(u64::to_string).collect();
+        println!(
+            "{:<6} {:<7} {:<5} {:<8} {:<10} {}",
+            s.shard,
+            or_dash(s.leader),
+            s.term,
+            voters.join(","),
+            or_dash(s.committed),
+            or_dash(s.applied)
+        );
+    }
+    for p in &status.peers {
+        let reach = if p.reachable {
+            "reachable"
+        } else {
+            "unreachable"
+        };
+        println!("peer {}: {reach}", p.node);
+    }
 }
 
 /// How long a shutdown waits for clients to answer `connection.close`.

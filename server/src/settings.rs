@@ -36,6 +36,9 @@ pub struct Settings {
     pub handshake_timeout: Duration,
     /// The broker has a data dir: `queue.declare` with `durable` makes a durable queue.
     pub durable: bool,
+    /// The broker is a node of a cluster (contract §9): exchanges and bindings are not
+    /// served, and every queue is durable.
+    pub cluster: bool,
     /// When messages arrive and expire (message TTL).
     pub clock: WallClock,
     /// Raised while the server's memory is over its limit: publishing connections wait.
@@ -62,6 +65,7 @@ impl Default for Settings {
             ack_timeout: Duration::from_secs(30 * 60),
             max_message_bytes: 16 << 20,
             durable: false,
+            cluster: false,
             heartbeat: 60,
             handshake_timeout: Duration::from_secs(10),
             clock: WallClock::default(),

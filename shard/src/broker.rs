@@ -451,7 +451,7 @@ impl BrokerBuilder {
         let mut engines = engines.into_iter();
         let (cluster, mut replicas) = self.start_node(data_dir.as_ref(), &sleepers)?;
         if let Some(cluster) = &cluster {
-            cluster.serve_forwarded(crate::forward::server(senders.clone()));
+            cluster.serve_calls(senders.clone());
         }
         let mut threads = Vec::with_capacity(shards);
         // Each shard thread says whether its setup ran, before it serves anything.
@@ -578,14 +578,25 @@ impl BrokerBuilder {
             };
             what(format!("cluster: node {} cannot start: {e}", cluster.id))
         })?;
+        let streams = Arc::new(crate::remote::Streams::default());
+        node.runtime().spawn(crate::remote::end_unheard(
+            Arc::downgrade(&streams),
+            node.link().clone(),
+            cluster.election_timeout,
+        ));
         let replicas: Vec<Option<Arc<Replica>>> = (0..shards)
             .map(|shard| {
                 let group = node.group(shard).expect("one group per shard").clone();
                 let runtime = node.runtime().clone();
                 let sleeper = sleepers[usize::from(shard)].clone();
-                let timeout = cluster.call_timeout;
+                let (timeout, streams) = (cluster.call_timeout, Arc::clone(&streams));
+                let at = (shard, cluster.id);
                 Some(Replica::start(
-                    shard, cluster.id, group, runtime, timeout, sleeper,
+                    at,
+                    group,
+                    runtime,
+                    timeout,
+                    (sleeper, streams),
                 ))
             })
             .collect();
@@ -595,6 +606,8 @@ impl BrokerBuilder {
             link: node.link().clone(),
             runtime: node.runtime().clone(),
             call_timeout: cluster.call_timeout,
+            outgoing: crate::forward::dispatchers(&node, cluster),
+            streams,
             node: std::sync::Mutex::new(Some(node)),
         };
         Ok((Some(Arc::new(inner)), replicas))

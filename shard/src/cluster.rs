@@ -241,20 +241,16 @@ pub(crate) struct ClusterInner {
     pub replicas: Vec<Arc<Replica>>,
     /// The node link, for calls forwarded to a shard's leader.
     pub link: leasemq_replica::link::Link<ReplayApplier>,
+    /// Each peer's queue of forwarded calls (`forward::dispatch`).
+    pub outgoing: std::collections::HashMap<u64, tokio::sync::mpsc::UnboundedSender<Outgoing>>,
     /// The node's runtime, which forwarded calls run on.
     pub runtime: tokio::runtime::Handle,
     pub call_timeout: Duration,
+    /// This node's consumers of queues that another node leads.
+    pub streams: Arc<crate::remote::Streams>,
 }
 
 impl ClusterInner {
-    /// Has the calls peers forward here served by `serve`.
-    pub fn serve_forwarded(&self, serve: leasemq_replica::link::Forwarded) {
-        let node = self.node.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(node) = node.as_ref() {
-            node.serve_forwarded(serve);
-        }
-    }
-
     /// Stops the node's groups and its link.
     pub fn shutdown(&self) {
         let node = self.node.lock().unwrap_or_else(|e| e.into_inner()).take();
@@ -262,6 +258,13 @@ impl ClusterInner {
             node.shutdown();
         }
     }
+}
+
+/// A call forwarded to a peer, on its way to the link's queue of frames.
+pub(crate) struct Outgoing {
+    pub shard: u16,
+    pub bytes: Vec<u8>,
+    pub answer: tokio::sync::oneshot::Sender<Result<Vec<u8>, leasemq_replica::link::ForwardError>>,
 }
 
 /// One shard's replica as its shard thread sees it.
@@ -297,13 +300,14 @@ pub(crate) struct RoleView {
 impl Replica {
     /// Shard `shard`'s replica on node `node`: its thread (`sleeper`) is woken whenever
     /// the shard's leader changes.
+    /// The consumers here whose queue another node leads end when it stops leading
+    /// (`streams`).
     pub fn start(
-        shard: u16,
-        node: u64,
+        (shard, node): (u16, u64),
         (raft, replay): (Raft<ReplayApplier>, ReplayApplier),
         runtime: tokio::runtime::Handle,
         call_timeout: Duration,
-        sleeper: Arc<Sleeper>,
+        (sleeper, streams): (Arc<Sleeper>, Arc<crate::remote::Streams>),
     ) -> Arc<Replica> {
         let replica = Arc::new(Replica {
             shard,
@@ -318,7 +322,7 @@ impl Replica {
         });
         replica
             .runtime
-            .spawn(watch(Arc::downgrade(&replica), sleeper));
+            .spawn(watch(Arc::downgrade(&replica), sleeper, streams));
         replica
     }
 
@@ -354,7 +358,11 @@ impl Replica {
 
 /// Wakes the shard thread when the view of its role may have changed. Ends when the
 /// group stops or the replica is dropped.
-async fn watch(replica: std::sync::Weak<Replica>, sleeper: Arc<Sleeper>) {
+async fn watch(
+    replica: std::sync::Weak<Replica>,
+    sleeper: Arc<Sleeper>,
+    streams: Arc<crate::remote::Streams>,
+) {
     let Some(mut metrics) = replica.upgrade().map(|r| r.raft.metrics()) else {
         return;
     };
@@ -367,7 +375,10 @@ async fn watch(replica: std::sync::Weak<Replica>, sleeper: Arc<Sleeper>) {
         let leader = (view.leader, view.term, view.ready);
         if last != Some(leader) || replica.wants_every_change.load(Ordering::Acquire) {
             last = Some(leader);
-            (replica.leader).store(view.leader.unwrap_or(0), Ordering::Release);
+            let before = (replica.leader).swap(view.leader.unwrap_or(0), Ordering::AcqRel);
+            if before != view.leader.unwrap_or(0) {
+                streams.leader_changed(replica.shard, view.leader);
+            }
             replica.version.fetch_add(1, Ordering::AcqRel);
             sleeper.wake();
         }

@@ -5,11 +5,13 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{unbounded, Receiver, TryRecvError};
+use crossbeam_channel::{unbounded, Receiver, Sender, TryRecvError};
 use leasemq_engine::{
     validate, Command, ConsumerConfig, ConsumerKey, Delivered, DeliveryTag, Envelope, Error, Reply,
 };
 
+use crate::cluster::ClusterInner;
+use crate::forward::Call;
 use crate::protocol::{Answer, Readers, Request, Sink, WakeOnDrop};
 use crate::queue::Queue;
 use crate::reply::call;
@@ -26,6 +28,10 @@ pub struct Consumer {
     key: ConsumerKey,
     rx: Option<Receiver<Delivered>>,
     readers: Arc<Readers>,
+    /// In a cluster, for a consumer registered on the node that leads its queue's shard
+    /// while this one does not: that node, and the stream its deliveries come by
+    /// (`remote.rs`).
+    remote: Option<(u64, u64)>,
 }
 
 /// What every delivery of a consumer shares.
@@ -59,6 +65,38 @@ impl Consumer {
             key,
             rx: Some(rx),
             readers,
+            remote: None,
+        }
+    }
+
+    /// The same consumer as registered on node `peer`, its deliveries coming by `stream`.
+    pub(crate) fn remote(mut self, peer: u64, stream: u64) -> Consumer {
+        self.remote = Some((peer, stream));
+        self
+    }
+
+    /// Ends a remote consumer's stream here, and tells its node to stop it (keeping its
+    /// leases) or cancel it, with the deliveries this node held unread; waits for the
+    /// answer where `wait`.
+    fn end_remote(&self, rx: &Receiver<Delivered>, keep_leases: bool, wait: bool) {
+        let Some((peer, stream)) = self.remote else {
+            return;
+        };
+        let queue = &self.owner.queue;
+        let Some(cluster) = queue.broker().cluster.as_ref() else {
+            return;
+        };
+        cluster.streams.end(stream, false);
+        let unread = rx.try_iter().map(|d| d.tag).collect();
+        let call = Call::End {
+            consumer: self.key,
+            unread,
+            keep_leases,
+        };
+        if wait {
+            cluster.call_at(peer, queue.shard(), &call);
+        } else {
+            cluster.tell(peer, queue.shard(), &call);
         }
     }
 
@@ -151,14 +189,11 @@ impl Consumer {
     /// Why the channel ended: the queue closed, the broker shut down, or (in a cluster)
     /// the shard's leader stood down.
     fn ended(&self) -> Error {
-        if let Some(e) = self.stood_down() {
-            return e;
+        let queue = &self.owner.queue;
+        if !queue.cell().is_closed() && queue.broker().is_shut_down() {
+            return Error::ShutDown;
         }
-        if !self.owner.queue.cell().is_closed() && self.owner.queue.broker().is_shut_down() {
-            Error::ShutDown
-        } else {
-            Error::Closed
-        }
+        self.stood_down().unwrap_or(Error::Closed)
     }
 
     /// Like [`recv`](Consumer::recv), but waits at most `timeout`: `Ok(None)` then.
@@ -268,6 +303,16 @@ impl Consumer {
         if queue.broker().is_shut_down() || queue.cell().is_closed() {
             return 0;
         }
+        if let (Some((peer, _)), Some(cluster)) = (self.remote, &queue.broker().cluster) {
+            let call = Call::AckUpTo {
+                consumer: self.key,
+                tag,
+            };
+            return match cluster.call_at(peer, queue.shard(), &call) {
+                Answer::Engine(Reply::Count(n)) => n,
+                _ => 0,
+            };
+        }
         let cmd = Command::AckUpTo {
             consumer: self.key,
             tag,
@@ -310,11 +355,15 @@ impl Consumer {
         if queue.broker().is_shut_down() || queue.cell().is_closed() {
             return;
         }
+        if self.remote.is_some() {
+            return self.end_remote(rx, true, true);
+        }
         let consumer = self.key;
         let rx = rx.clone();
         call(queue.broker().inbox(queue.shard()), |reply| Request::Stop {
             consumer,
             rx,
+            unread: Vec::new(),
             reply,
         });
     }
@@ -327,11 +376,15 @@ impl Consumer {
         if queue.broker().is_shut_down() || queue.cell().is_closed() {
             return;
         }
+        if self.remote.is_some() {
+            return self.end_remote(&rx, false, true);
+        }
         let consumer = self.key;
         call(queue.broker().inbox(queue.shard()), |reply| {
             Request::Cancel {
                 consumer,
                 rx,
+                unread: Vec::new(),
                 reply: Some(reply),
             }
         });
@@ -347,9 +400,13 @@ impl Drop for Consumer {
         if queue.broker().is_shut_down() || queue.cell().is_closed() {
             return;
         }
+        if self.remote.is_some() {
+            return self.end_remote(&rx, false, false);
+        }
         let _ = queue.broker().inbox(queue.shard()).send(Request::Cancel {
             consumer: self.key,
             rx,
+            unread: Vec::new(),
             reply: None,
         });
     }
@@ -518,6 +575,11 @@ impl Queue {
         validate::consumer_config(&config)?;
         let (tx, rx) = unbounded();
         let readers = Arc::new(Readers::default());
+        if let Some(cluster) = &self.broker().cluster {
+            if let Some(peer) = cluster.elsewhere(self.shard()) {
+                return self.consume_at(cluster, peer, (name, config, priority), (tx, rx, readers));
+            }
+        }
         let sink = Sink {
             tx,
             rx: rx.clone(),
@@ -543,5 +605,44 @@ impl Queue {
             Answer::ShutDown => Err(Error::ShutDown),
             other => unreachable!("consume answered {other:?}"),
         }
+    }
+}
+
+impl Queue {
+    /// In a cluster, registers a consumer on node `peer`, which leads the queue's shard,
+    /// and streams its deliveries here (`remote.rs`).
+    #[allow(clippy::type_complexity)]
+    fn consume_at(
+        &self,
+        cluster: &ClusterInner,
+        peer: u64,
+        (name, config, priority): (&str, ConsumerConfig, i64),
+        (tx, rx, readers): (Sender<Delivered>, Receiver<Delivered>, Arc<Readers>),
+    ) -> Result<Consumer, Error> {
+        let shard = u16::try_from(self.shard()).expect("at most MAX_SHARDS");
+        let stream = cluster.streams.open(shard, peer, tx, readers.clone());
+        let call = Call::Consume {
+            // Every queue of a cluster is durable, hence numbered.
+            number: self.cell().number().unwrap_or(u32::MAX),
+            name: name.to_string(),
+            config,
+            priority,
+            from: cluster.id,
+            stream,
+        };
+        let e = match cluster.call_at(peer, self.shard(), &call) {
+            Answer::Engine(Reply::Consumed(Ok(key))) => {
+                let consumer = Consumer::new(self.clone(), name, key, rx, readers);
+                return Ok(consumer.remote(peer, stream));
+            }
+            Answer::Engine(Reply::Consumed(Err(e))) | Answer::Failed(e) => e,
+            Answer::NotLeader(_) => Error::Unavailable(format!(
+                "node {peer} no longer leads shard {shard}; consume again"
+            )),
+            Answer::ShutDown => Error::ShutDown,
+            other => unreachable!("consume answered {other:?}"),
+        };
+        cluster.streams.end(stream, false);
+        Err(e)
     }
 }

@@ -33,6 +33,7 @@ mod host;
 mod inner;
 mod protocol;
 mod queue;
+mod remote;
 mod reply;
 pub mod route;
 mod router;

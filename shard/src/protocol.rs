@@ -8,8 +8,8 @@ use std::sync::{Arc, OnceLock};
 use atomic_waker::AtomicWaker;
 use crossbeam_channel::{Receiver, SendError, Sender, TrySendError};
 use leasemq_engine::{
-    Command, ConsumerConfig, ConsumerKey, Delivered, Error, QueueConfig, QueueKey, QueueStats,
-    Reply,
+    Command, ConsumerConfig, ConsumerKey, Delivered, DeliveryTag, Error, QueueConfig, QueueKey,
+    QueueStats, Reply,
 };
 use tokio::sync::oneshot;
 
@@ -334,6 +334,9 @@ pub(crate) enum Request {
     Cancel {
         consumer: ConsumerKey,
         rx: Receiver<Delivered>,
+        /// Unread deliveries the channel no longer holds, before those it holds: a remote
+        /// consumer's (`remote.rs`).
+        unread: Vec<DeliveryTag>,
         reply: Option<ReplyTo>,
     },
     /// A consumer stops taking deliveries and keeps its leases; its channel's unread
@@ -341,6 +344,8 @@ pub(crate) enum Request {
     Stop {
         consumer: ConsumerKey,
         rx: Receiver<Delivered>,
+        /// As `Cancel`'s.
+        unread: Vec<DeliveryTag>,
         reply: ReplyTo,
     },
     /// Manual clock: fire every timer due by `nanos` since the epoch.

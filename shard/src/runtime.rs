@@ -544,16 +544,18 @@ impl ShardThread {
             Request::Cancel {
                 consumer,
                 rx,
+                unread,
                 reply,
             } => {
-                self.cancel(now, consumer, &rx, reply);
+                self.cancel(now, consumer, (&rx, unread), reply);
             }
             Request::Stop {
                 consumer,
                 rx,
+                unread,
                 reply,
             } => {
-                self.stop_consumer(now, consumer, &rx, reply);
+                self.stop_consumer(now, consumer, (&rx, unread), reply);
             }
             Request::Advance { nanos, reply } => {
                 if let TimeSource::Manual = self.time {
@@ -659,10 +661,14 @@ impl ShardThread {
 
     /// The tags a consumer never read: what its channel `rx` still holds, and what this
     /// shard holds back for it.
-    fn unread(&mut self, consumer: ConsumerKey, rx: &Receiver<Delivered>) -> Vec<DeliveryTag> {
+    fn unread(
+        &mut self,
+        consumer: ConsumerKey,
+        (rx, mut unread): (&Receiver<Delivered>, Vec<DeliveryTag>),
+    ) -> Vec<DeliveryTag> {
         // What this shard still holds for the consumer counts as unread too.
         self.flush_deliveries();
-        let mut unread: Vec<_> = rx.try_iter().map(|d| d.tag).collect();
+        unread.extend(rx.try_iter().map(|d| d.tag));
         if let Some(log) = &mut self.log {
             let held = log.take_deliveries_of(consumer);
             unread.extend(held.into_iter().map(|d| d.tag));
@@ -676,10 +682,10 @@ impl ShardThread {
         &mut self,
         now: Tick,
         consumer: ConsumerKey,
-        rx: &Receiver<Delivered>,
+        channel: (&Receiver<Delivered>, Vec<DeliveryTag>),
         reply: Option<ReplyTo>,
     ) {
-        let unread = self.unread(consumer, rx);
+        let unread = self.unread(consumer, channel);
         self.engine
             .handle(now, Command::Cancel { consumer, unread }, &mut self.out);
         self.drop_gone_sinks();
@@ -692,13 +698,13 @@ impl ShardThread {
         &mut self,
         now: Tick,
         consumer: ConsumerKey,
-        rx: &Receiver<Delivered>,
+        channel: (&Receiver<Delivered>, Vec<DeliveryTag>),
         reply: ReplyTo,
     ) {
         // A consumer that ended already (its slot may serve another by now) has nothing
         // to stop.
         if self.engine.leases_held(consumer).is_some() {
-            let unread = self.unread(consumer, rx);
+            let unread = self.unread(consumer, channel);
             self.engine
                 .handle(now, Command::Stop { consumer, unread }, &mut self.out);
             // Nothing more will come: the channel ends, so a `recv` returns at once.
@@ -894,6 +900,13 @@ impl ShardThread {
                 if let Some(stats) = self.engine.stats(key) {
                     cell.freeze(stats);
                 }
+            }
+        }
+        // In a cluster the shard's lead here ends with the node: a consumer another node
+        // streams from here ends as at any end of a lead.
+        if self.cluster.is_some() {
+            for sink in self.sinks.iter().flatten() {
+                (sink.readers.0.unavailable).store(true, std::sync::atomic::Ordering::Release);
             }
         }
         // Each sink closes its channel, then wakes its readers.

@@ -220,7 +220,11 @@ impl Connection {
                 // a delete takes what the queue holds: confirmed, as RabbitMQ confirms the
                 // publishes a deleted queue still owed (only a crashed one's are nacked).
                 Ok(_) | Err(Error::QueueClosed) => {}
-                Err(Error::QueueFull | Error::Storage(_)) if state.confirm => {
+                // In a cluster, a put whose outcome is unknown (contract §9 R6) is nacked:
+                // the client publishes it again.
+                Err(Error::QueueFull | Error::Storage(_) | Error::Unavailable(_))
+                    if state.confirm =>
+                {
                     state.refused.extend(&awaited.numbers);
                 }
                 // Dropped without confirms (a commit's puts too, whose commit is answered all

@@ -145,6 +145,14 @@ impl Connection {
 
     /// A `queue` method on open channel `ch`.
     pub(super) fn queue_method(&mut self, ch: u16, method: queue::AMQPMethod) -> Result<(), Fault> {
+        if self.settings.cluster
+            && matches!(
+                method,
+                queue::AMQPMethod::Bind(_) | queue::AMQPMethod::Unbind(_)
+            )
+        {
+            return not_in_a_cluster(AMQPClass::Queue(method));
+        }
         match method {
             queue::AMQPMethod::Declare(declare) => self.declare(ch, declare),
             queue::AMQPMethod::Purge(purge) => self.purge(ch, purge),
@@ -161,6 +169,9 @@ impl Connection {
         ch: u16,
         method: exchange::AMQPMethod,
     ) -> Result<(), Fault> {
+        if self.settings.cluster {
+            return not_in_a_cluster(AMQPClass::Exchange(method));
+        }
         match method {
             exchange::AMQPMethod::Declare(declare) => self.exchange_declare(ch, declare),
             exchange::AMQPMethod::Delete(delete) => self.exchange_delete(ch, delete),
@@ -227,6 +238,17 @@ impl Connection {
 }
 
 /// A method the server does not serve (yet): the connection closes with 540.
+/// What a cluster's node does not serve yet (contract §9): exchanges and bindings; the
+/// default exchange routes.
+fn not_in_a_cluster(method: AMQPClass) -> Result<(), Fault> {
+    let text = format!(
+        "NOT_IMPLEMENTED - {} is not served by a cluster yet (contract §9): the default \
+         exchange routes",
+        method_name(&method)
+    );
+    Err(Fault::connection(code::NOT_IMPLEMENTED, text).for_method(&method))
+}
+
 pub(super) fn unsupported(method: AMQPClass) -> Result<(), Fault> {
     let text = format!("{} is not supported by leasemqd yet", method_name(&method));
     Err(Fault::connection(code::NOT_IMPLEMENTED, text).for_method(&method))
