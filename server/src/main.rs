@@ -12,6 +12,9 @@ use leasemq_replica::link::{admin_call, AdminCall};
 use leasemq_server::exchange::Exchanges;
 use leasemq_server::{memory, serve, Settings, VHost};
 use mimalloc::MiMalloc;
+use tracing_subscriber::filter::Targets;
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
 
 #[global_allocator]
 static GLOBAL: MiMalloc = MiMalloc;
@@ -162,12 +165,17 @@ fn main() -> ExitCode {
         };
     }
     let args = cli.args;
-    // Logs go to stderr; the ready line stays on stdout, where scripts read it.
-    tracing_subscriber::fmt()
+    // Logs go to stderr; the ready line stays on stdout, where scripts read it. openraft
+    // (a cluster's groups) says at info what a broker's operator does not need: its
+    // warnings and errors only.
+    let raft_level = std::cmp::min(args.log_level, tracing::Level::WARN);
+    let filter = Targets::new()
+        .with_default(args.log_level)
+        .with_target("openraft", raft_level);
+    let log = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
-        .with_max_level(args.log_level)
-        .with_target(false)
-        .init();
+        .with_target(false);
+    tracing_subscriber::registry().with(log).with(filter).init();
     match run(args) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
