@@ -89,16 +89,23 @@ fn jobs_config() -> QueueConfig {
     }
 }
 
+/// Three formed nodes in a new dir; the node that leads the shard of queue "jobs", and one
+/// that does not.
+fn formed() -> (tempfile::TempDir, Vec<Option<Broker>>, u64, u64) {
+    let dir = tempfile::tempdir().unwrap();
+    let (nodes, _) = three(dir.path(), Duration::from_secs(10));
+    let first = leader(&nodes, leasemq::shard_for("jobs", SHARDS), None);
+    let follower = (1..=3).find(|&id| id != first).unwrap();
+    (dir, nodes, first, follower)
+}
+
 #[test]
 fn what_a_leader_answered_survives_it_and_its_leases_come_back() {
-    let dir = tempfile::tempdir().unwrap();
-    let (mut nodes, _) = three(dir.path(), Duration::from_secs(10));
+    let (_dir, mut nodes, first, follower) = formed();
     let shard = leasemq::shard_for("jobs", SHARDS);
-    let first = leader(&nodes, shard, None);
     let on = |nodes: &[Option<Broker>], id: u64| nodes[id as usize - 1].clone().unwrap();
 
     // Any node serves every queue: a node that does not lead the shard forwards (R6).
-    let follower = (1..=3).find(|&id| id != first).unwrap();
     let anywhere = on(&nodes, follower)
         .declare_queue("jobs", jobs_config())
         .unwrap();
@@ -262,12 +269,8 @@ fn a_cluster_s_settings_and_data_dir_are_checked() {
 
 #[test]
 fn every_kind_of_call_reaches_the_leader_from_another_node() {
-    let dir = tempfile::tempdir().unwrap();
-    let (nodes, _) = three(dir.path(), Duration::from_secs(10));
-    let shard = leasemq::shard_for("jobs", SHARDS);
-    let first = leader(&nodes, shard, None);
+    let (_dir, nodes, first, follower) = formed();
     let on = |id: u64| nodes[id as usize - 1].clone().unwrap();
-    let follower = (1..=3).find(|&id| id != first).unwrap();
     let anywhere = on(follower).declare_queue("jobs", jobs_config()).unwrap();
     let here = on(first)
         .queue("jobs")
@@ -325,12 +328,9 @@ fn every_kind_of_call_reaches_the_leader_from_another_node() {
 
 #[test]
 fn a_consumer_on_any_node_gets_its_deliveries_and_ends_with_the_lead() {
-    let dir = tempfile::tempdir().unwrap();
-    let (mut nodes, _) = three(dir.path(), Duration::from_secs(10));
+    let (_dir, mut nodes, first, follower) = formed();
     let shard = leasemq::shard_for("jobs", SHARDS);
-    let first = leader(&nodes, shard, None);
     let on = |nodes: &[Option<Broker>], id: u64| nodes[id as usize - 1].clone().unwrap();
-    let follower = (1..=3).find(|&id| id != first).unwrap();
     let jobs = on(&nodes, follower)
         .declare_queue("jobs", jobs_config())
         .unwrap();

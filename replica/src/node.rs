@@ -165,21 +165,6 @@ impl Node {
         self.link.serve_forwarded(serve);
     }
 
-    /// Forwards a call for `shard` to node `peer` and waits for its answer within `limit`.
-    ///
-    /// # Errors
-    ///
-    /// Whether the call was not sent, may have run, or was refused.
-    pub async fn forward(
-        &self,
-        peer: u64,
-        shard: u16,
-        call: &[u8],
-        limit: Duration,
-    ) -> Result<Vec<u8>, crate::link::ForwardError> {
-        self.link.forward(peer, shard, call, limit).await
-    }
-
     /// The node link, which forwarded calls travel on.
     pub fn link(&self) -> &Link<ReplayApplier> {
         &self.link

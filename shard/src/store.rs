@@ -336,8 +336,16 @@ impl ShardLog {
                 torn.offset
             );
         }
-        Ok(ShardLog {
-            backend: Backend::Wal(wal),
+        let sizes = (since_snapshot, snapshot_bytes, segment_bytes);
+        Ok(ShardLog::new(Backend::Wal(wal), policy, sizes))
+    }
+
+    /// A log over `backend`; `sizes` are the bytes since the last snapshot, the last
+    /// snapshot's and a segment's.
+    fn new(backend: Backend, policy: SyncPolicy, sizes: (u64, u64, u64)) -> ShardLog {
+        let (since_snapshot, snapshot_bytes, segment_bytes) = sizes;
+        ShardLog {
+            backend,
             policy,
             buf: Vec::new(),
             held: VecDeque::new(),
@@ -349,26 +357,14 @@ impl ShardLog {
             snapshot_bytes,
             segment_bytes,
             failed: None,
-        })
+        }
     }
 
     /// The log of a shard this node leads in a cluster: each record is proposed to the
     /// shard's group, and what waits on it goes once the group committed it.
     pub fn proposing(chain: Proposing) -> ShardLog {
-        ShardLog {
-            backend: Backend::Raft(chain),
-            policy: SyncPolicy::Always,
-            buf: Vec::new(),
-            held: VecDeque::new(),
-            held_consumers: HashMap::new(),
-            closing: HashSet::new(),
-            unsubmitted: false,
-            last_submit: Instant::now(),
-            since_snapshot: 0,
-            snapshot_bytes: 0,
-            segment_bytes: 0,
-            failed: None,
-        }
+        // Snapshots are the group's: no sizes to keep here.
+        ShardLog::new(Backend::Raft(chain), SyncPolicy::Always, (0, 0, 0))
     }
 
     /// A probe that reads how far the disk is behind this log (`Broker::log_lag`); none
