@@ -83,10 +83,9 @@ impl Steering {
     fn unavailable(&self, view: &RoleView) -> Error {
         let shard = self.replica.shard;
         Error::Unavailable(match view.leader {
-            Some(node) if node != self.replica.node => format!(
-                "shard {shard} is led by node {node}, and a consumer is served on the node \
-                 that leads its queue's shard"
-            ),
+            Some(node) if node != self.replica.node => {
+                format!("shard {shard} is led by node {node} now, not this one; call again")
+            }
             _ => format!(
                 "shard {shard} found no leader within the call timeout ({:?})",
                 self.replica.call_timeout
