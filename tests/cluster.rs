@@ -65,7 +65,7 @@ fn leader(nodes: &[Option<Broker>], shard: usize, not: Option<u64>) -> u64 {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let seen: BTreeSet<Option<u64>> = (nodes.iter().flatten())
-            .map(|b| b.cluster().unwrap().status().unwrap().shards[shard].leader)
+            .map(|b| b.cluster().unwrap().status().shards[shard].leader)
             .collect();
         if let [Some(leader)] = seen.iter().copied().collect::<Vec<_>>()[..] {
             if Some(leader) != not {

@@ -221,14 +221,18 @@ impl ClusterHandle {
     }
 
     /// Where the cluster stands, as this node sees it: per shard its leader, term, voters,
-    /// committed and applied index; per peer whether it is reachable.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::ShutDown`] after the broker's shutdown.
-    pub fn status(&self) -> Result<ClusterStatus, Error> {
+    /// committed and applied index; per peer whether it is reachable. After the broker's
+    /// shutdown the node has no shards or peers left to report.
+    pub fn status(&self) -> ClusterStatus {
         let node = self.inner.node.lock().unwrap_or_else(|e| e.into_inner());
-        Ok(node.as_ref().ok_or(Error::ShutDown)?.status())
+        match node.as_ref() {
+            Some(node) => node.status(),
+            None => ClusterStatus {
+                node: self.inner.id,
+                shards: Vec::new(),
+                peers: Vec::new(),
+            },
+        }
     }
 }
 
