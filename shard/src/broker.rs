@@ -842,8 +842,8 @@ impl Broker {
             config: Box::new(config),
         };
         match self.declare_call(shard, cmd) {
-            Answer::Queue(Ok(Some((_, cell)))) => {
-                let queue = Queue::new(self.inner.clone(), name, shard, cell);
+            Answer::Queue(Ok(Some((key, cell)))) => {
+                let queue = Queue::new(self.inner.clone(), name, shard, key, cell);
                 self.note_dead_letter_queue(&queue);
                 Ok(queue)
             }
@@ -922,7 +922,7 @@ impl Broker {
         };
         match self.declare_call(shard, cmd) {
             Answer::Queue(Ok(found)) => {
-                Ok(found.map(|(_, cell)| Queue::new(self.inner.clone(), name, shard, cell)))
+                Ok(found.map(|(key, cell)| Queue::new(self.inner.clone(), name, shard, key, cell)))
             }
             Answer::Queue(Err(e)) => Err(e),
             Answer::ShutDown => Err(Error::ShutDown),

@@ -248,7 +248,7 @@ impl Consumer {
         match self.rx().try_recv() {
             Ok(delivered) => self.wrap(delivered).map(Some),
             Err(TryRecvError::Empty) => Ok(None),
-            Err(TryRecvError::Disconnected) => Err(self.stood_down().unwrap_or(Error::Closed)),
+            Err(TryRecvError::Disconnected) => Err(self.ended()),
         }
     }
 

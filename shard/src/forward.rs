@@ -37,9 +37,9 @@ const LINK_SLACK: Duration = Duration::from_secs(2);
 /// A call for a shard's leader.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub(crate) enum Call {
-    /// A command about the queue numbered `number`; its own queue key is set by the
-    /// leader's shard thread.
-    Engine { number: u32, cmd: Command },
+    /// A command; the queue it names by number (`protocol::numbered_key`), the leader's
+    /// shard thread finds.
+    Engine { cmd: Command },
     /// A declare or a lookup.
     Declare { cmd: Command },
     /// A consumer of the queue numbered `number` for node `from`, whose deliveries are
@@ -78,7 +78,7 @@ impl Call {
     /// about consumers and streams, which the forward server serves itself.
     fn into_request(self, reply: ReplyTo) -> Request {
         match self {
-            Call::Engine { number, cmd } => Request::ByNumber { number, cmd, reply },
+            Call::Engine { cmd } => Request::Engine { cmd, reply },
             Call::Declare { cmd } => Request::Declare { cmd, reply },
             call => unreachable!("{call:?} is no call for a shard thread"),
         }
@@ -87,7 +87,7 @@ impl Call {
     /// The answer to this call when it is refused for `e`.
     fn refused(&self, e: Error) -> Answer {
         match self {
-            Call::Engine { cmd, .. } => Answer::Engine(crate::runtime::refusal(cmd, e)),
+            Call::Engine { cmd } => Answer::Engine(crate::runtime::refusal(cmd, e)),
             Call::Declare { .. } => Answer::Queue(Err(e)),
             Call::Consume { .. } => Answer::Engine(Reply::Consumed(Err(e))),
             Call::AckUpTo { .. } => Answer::Engine(Reply::Count(0)),
@@ -136,7 +136,7 @@ impl Answered {
             Answered::Queue(found) => Answer::Queue(found.map(|q| {
                 q.map(|(config, number)| {
                     let key = numbered_key(number.unwrap_or(u32::MAX));
-                    (key, Arc::new(QueueCell::new(config, key, number)))
+                    (key, Arc::new(QueueCell::new(config, number)))
                 })
             })),
             Answered::NotLeader(hint) => Answer::NotLeader(hint),
@@ -218,7 +218,10 @@ impl Forwarding {
                 Some(answer) => answer,
                 None => return Ok(Answered::Done),
             },
-            call => call_async(inbox, |reply| call.into_request(reply)).await,
+            // Handed to the shard thread as they came (`server`).
+            Call::Engine { .. } | Call::Declare { .. } => {
+                return Err("a call for the shard thread went astray".into())
+            }
         };
         Ok(Answered::from_answer(answer))
     }
@@ -318,17 +321,7 @@ impl Forwarding {
                 return;
             }
             if !matches!(pushed, Some(Answered::Pushed(true))) {
-                let entry = self.pumps().remove(&key);
-                if let Some((rx, _)) = entry {
-                    let inbox = &self.inboxes[usize::from(shard)];
-                    let request = |reply| Request::Cancel {
-                        consumer: pump.consumer,
-                        rx,
-                        unread: Vec::new(),
-                        reply: Some(reply),
-                    };
-                    call_async(inbox, request).await;
-                }
+                self.end(shard, pump.consumer, Vec::new(), false).await;
                 return;
             }
         }

@@ -2,7 +2,7 @@
 //! the answers that come back and where they go, and what a queue's handles and a
 //! consumer's channel share with the shard that owns them.
 
-use std::sync::atomic::{fence, AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{fence, AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use atomic_waker::AtomicWaker;
@@ -125,7 +125,8 @@ impl Inbox {
 }
 
 /// The key that names durable queue `number` in a cluster, whatever engine leads its
-/// shard: a generation no engine gives out, and the number as the slot.
+/// shard: a generation no engine gives out, and the number as the slot. A cluster's
+/// handles name their queues so, and its shard threads find the engine's key by number.
 pub(crate) fn numbered_key(number: u32) -> QueueKey {
     QueueKey::from_bits((u64::from(u32::MAX) << 32) | u64::from(number))
 }
@@ -140,9 +141,6 @@ pub(crate) fn number_of(key: QueueKey) -> Option<u32> {
 #[derive(Debug, Default)]
 pub struct QueueCell {
     closed: AtomicBool,
-    /// The queue's key in its shard's engine ([`QueueKey::to_bits`]): fixed on a single
-    /// broker; in a cluster, set anew by each engine that leads the shard.
-    key: AtomicU64,
     /// The queue's durable number (contract §7), the same in every engine that restores
     /// its log; `None` for a queue that is not durable.
     number: Option<u32>,
@@ -153,18 +151,12 @@ pub struct QueueCell {
 
 impl QueueCell {
     /// The cell of a new handle's queue.
-    pub(crate) fn new(config: QueueConfig, key: QueueKey, number: Option<u32>) -> QueueCell {
+    pub(crate) fn new(config: QueueConfig, number: Option<u32>) -> QueueCell {
         QueueCell {
             config,
-            key: AtomicU64::new(key.to_bits()),
             number,
             ..QueueCell::default()
         }
-    }
-
-    /// The queue's key in its shard's engine; in a cluster, [`numbered_key`].
-    pub(crate) fn key(&self) -> QueueKey {
-        QueueKey::from_bits(self.key.load(Ordering::Acquire))
     }
 
     /// The queue's durable number, if it is durable.
@@ -305,13 +297,6 @@ pub(crate) fn refused(answer: Answer, e: &Error) -> Answer {
 pub(crate) enum Request {
     /// A command answered with the engine's reply.
     Engine {
-        cmd: Command,
-        reply: ReplyTo,
-    },
-    /// In a cluster: a command about the queue numbered `number` (its durable number,
-    /// which every engine that leads the shard knows), whose queue key the shard sets.
-    ByNumber {
-        number: u32,
         cmd: Command,
         reply: ReplyTo,
     },

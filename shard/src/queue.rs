@@ -37,6 +37,7 @@ pub(crate) struct QueueInner {
     broker: Arc<BrokerInner>,
     name: String,
     shard: usize,
+    key: QueueKey,
     cell: Arc<QueueCell>,
 }
 
@@ -60,6 +61,7 @@ impl Queue {
         broker: Arc<BrokerInner>,
         name: &str,
         shard: usize,
+        key: QueueKey,
         cell: Arc<QueueCell>,
     ) -> Queue {
         Queue {
@@ -67,6 +69,7 @@ impl Queue {
                 broker,
                 name: name.to_string(),
                 shard,
+                key,
                 cell,
             }),
         }
@@ -101,20 +104,18 @@ impl Queue {
     }
 
     /// The queue's key in its shard's engine; in a cluster, the key that names it by its
-    /// durable number, whichever engine leads the shard.
+    /// durable number, whichever engine leads the shard (`protocol::numbered_key`).
     pub(crate) fn key(&self) -> QueueKey {
-        self.inner.cell.key()
+        self.inner.key
     }
 
-    /// In a cluster, `cmd` as a call for the shard's leader: the queue by its number.
-    /// `Err` gives `cmd` back on a single broker.
+    /// In a cluster, `cmd` as a call for the shard's leader; `Err` gives `cmd` back on a
+    /// single broker.
     fn cluster_call(&self, cmd: Command) -> Result<(&Arc<ClusterInner>, Call), Command> {
-        let Some(cluster) = self.inner.broker.cluster.as_ref() else {
-            return Err(cmd);
-        };
-        // Every queue of a cluster is durable, hence numbered.
-        let number = self.inner.cell.number().unwrap_or(u32::MAX);
-        Ok((cluster, Call::Engine { number, cmd }))
+        match self.inner.broker.cluster.as_ref() {
+            Some(cluster) => Ok((cluster, Call::Engine { cmd })),
+            None => Err(cmd),
+        }
     }
 
     fn request(&self, cmd: Command) -> Outcome {

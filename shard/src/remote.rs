@@ -88,29 +88,24 @@ impl Streams {
     /// Ends every stream of `shard` that comes from another node than `leader`: the lead
     /// it came with is over.
     pub fn leader_changed(&self, shard: u16, leader: Option<u64>) {
-        let ended: Vec<Stream> = {
-            let mut open = self.lock();
-            let gone: Vec<u64> = (open.iter())
-                .filter(|(_, s)| s.shard == shard && Some(s.from) != leader)
-                .map(|(&id, _)| id)
-                .collect();
-            gone.iter().filter_map(|id| open.remove(id)).collect()
-        };
-        for stream in ended {
-            stream.finish(true);
-        }
+        self.end_where(|s| s.shard == shard && Some(s.from) != leader);
     }
 
     /// Ends every stream whose node this one no longer hears from (`heard`): the link to
     /// it is cut, and its pushes cannot come.
     pub fn end_unheard(&self, heard: impl Fn(u64) -> bool) {
+        self.end_where(|s| !heard(s.from));
+    }
+
+    /// Ends, as their lead ended, the streams `gone` picks.
+    fn end_where(&self, gone: impl Fn(&Stream) -> bool) {
         let ended: Vec<Stream> = {
             let mut open = self.lock();
-            let gone: Vec<u64> = (open.iter())
-                .filter(|(_, s)| !heard(s.from))
+            let ids: Vec<u64> = (open.iter())
+                .filter(|(_, s)| gone(s))
                 .map(|(&id, _)| id)
                 .collect();
-            gone.iter().filter_map(|id| open.remove(id)).collect()
+            ids.iter().filter_map(|id| open.remove(id)).collect()
         };
         for stream in ended {
             stream.finish(true);

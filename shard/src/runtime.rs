@@ -511,12 +511,17 @@ impl ShardThread {
     /// saw it.
     fn dispatch(&mut self, now: Tick, req: Request) -> bool {
         match req {
-            Request::Engine { cmd, reply } => return self.engine_request(now, cmd, reply),
-            Request::ByNumber { number, cmd, reply } => {
-                return match self.engine.queue_by_number(number) {
-                    Some(queue) => self.engine_request(now, with_queue(cmd, queue), reply),
-                    None => self.gone(reply, refusal(&cmd, Error::QueueClosed)),
-                };
+            Request::Engine { mut cmd, reply } => {
+                // In a cluster, the queue by its number.
+                if self.cluster.is_some() {
+                    if let Some(queue) = named_queue(&mut cmd) {
+                        let Some(found) = self.by_number(*queue) else {
+                            return self.gone(reply, refusal(&cmd, Error::QueueClosed));
+                        };
+                        *queue = found;
+                    }
+                }
+                return self.engine_request(now, cmd, reply);
             }
             Request::Declare { cmd, reply } => return self.declare(now, cmd, reply),
             Request::Consume {
@@ -528,9 +533,7 @@ impl ShardThread {
                 reply,
             } => {
                 // In a cluster, the queue by its number.
-                let found =
-                    number_of(queue).map_or(Some(queue), |n| self.engine.queue_by_number(n));
-                let Some(queue) = found else {
+                let Some(queue) = self.by_number(queue) else {
                     return self.gone(reply, Reply::Consumed(Err(Error::QueueClosed)));
                 };
                 let cmd = Command::Consume {
@@ -579,6 +582,12 @@ impl ShardThread {
             Request::Shutdown => self.stopping = true,
         }
         true
+    }
+
+    /// The engine's key of the queue a handle's `key` names: itself, or in a cluster the
+    /// live queue of its number, if any.
+    fn by_number(&self, key: QueueKey) -> Option<QueueKey> {
+        number_of(key).map_or(Some(key), |n| self.engine.queue_by_number(n))
     }
 
     /// Answers a request about a queue that is gone with `refused`; `false`, as the engine
@@ -729,27 +738,27 @@ impl ShardThread {
         self.now()
     }
 
-    /// The shared cell of a live queue, made on first sight.
+    /// The key handles name a live queue by, and its shared cell, made on first sight. In a
+    /// cluster handles name the queue by its number: another engine may lead the shard by
+    /// the time they call.
     fn cell(&mut self, key: QueueKey) -> (QueueKey, Arc<QueueCell>) {
         let idx = key.slot();
         if self.cells.len() <= idx {
             self.cells.resize_with(idx + 1, || None);
         }
-        match &self.cells[idx] {
-            Some((k, cell)) if *k == key => (key, cell.clone()),
+        let cell = match &self.cells[idx] {
+            Some((k, cell)) if *k == key => cell.clone(),
             _ => {
                 let config = self.engine.config(key).cloned().unwrap_or_default();
                 let number = self.engine.queue_number(key);
-                // In a cluster, handles name the queue by its number: another engine may
-                // lead the shard by the time they call.
-                let handle_key = match number {
-                    Some(n) if self.cluster.is_some() => numbered_key(n),
-                    _ => key,
-                };
-                let cell = Arc::new(QueueCell::new(config, handle_key, number));
+                let cell = Arc::new(QueueCell::new(config, number));
                 self.cells[idx] = Some((key, cell.clone()));
-                (key, cell)
+                cell
             }
+        };
+        match cell.number() {
+            Some(number) if self.cluster.is_some() => (numbered_key(number), cell),
+            _ => (key, cell),
         }
     }
 
@@ -905,9 +914,7 @@ impl ShardThread {
         // In a cluster the shard's lead here ends with the node: a consumer another node
         // streams from here ends as at any end of a lead.
         if self.cluster.is_some() {
-            for sink in self.sinks.iter().flatten() {
-                (sink.readers.0.unavailable).store(true, std::sync::atomic::Ordering::Release);
-            }
+            self.end_consumers_with_lead();
         }
         // Each sink closes its channel, then wakes its readers.
         self.sinks.clear();
@@ -1035,9 +1042,9 @@ fn wake(sinks: &[Option<Sink>], slot: Option<usize>) {
     }
 }
 
-/// `cmd` about `queue` instead of the queue it names.
-fn with_queue(mut cmd: Command, key: QueueKey) -> Command {
-    match &mut cmd {
+/// The queue `cmd` names, if it names one.
+fn named_queue(cmd: &mut Command) -> Option<&mut QueueKey> {
+    match cmd {
         Command::Put { queue, .. }
         | Command::PutBatch { queue, .. }
         | Command::Settle { queue, .. }
@@ -1045,10 +1052,9 @@ fn with_queue(mut cmd: Command, key: QueueKey) -> Command {
         | Command::Consume { queue, .. }
         | Command::Purge { queue }
         | Command::Stats { queue }
-        | Command::Close { queue } => *queue = key,
-        _ => {}
+        | Command::Close { queue } => Some(queue),
+        _ => None,
     }
-    cmd
 }
 
 /// What `cmd` answers when it is refused whole, before the engine saw it, for `e`.

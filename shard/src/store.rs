@@ -720,8 +720,6 @@ impl ShardLog {
     }
 }
 
-/// Restores one batch of changes into `engine`; `Err` says why one does not decode or does
-/// not fit (the caller names where the batch came from).
 #[cfg(test)]
 mod tests {
     use super::*;

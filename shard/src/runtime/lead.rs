@@ -201,12 +201,9 @@ impl ShardThread {
             let (_, req) = steering.pending.pop_front().expect("looked at it");
             match (elsewhere, req) {
                 // Did not run: the caller takes it to the leader.
-                (
-                    true,
-                    Request::Engine { reply, .. }
-                    | Request::ByNumber { reply, .. }
-                    | Request::Declare { reply, .. },
-                ) => reply.send(Answer::NotLeader(view.leader)),
+                (true, Request::Engine { reply, .. } | Request::Declare { reply, .. }) => {
+                    reply.send(Answer::NotLeader(view.leader))
+                }
                 (_, req) => refuse_request(req, steering.unavailable(view)),
             }
         }
@@ -271,17 +268,23 @@ impl ShardThread {
         }
     }
 
+    /// Ends every consumer of the shard with its lead: each reads `Unavailable` once its
+    /// channel, closed here, is empty.
+    pub(super) fn end_consumers_with_lead(&mut self) {
+        for sink in self.sinks.drain(..).flatten() {
+            sink.readers.0.unavailable.store(true, Ordering::Release);
+            // Dropping it closes the channel, then wakes its readers.
+            drop(sink);
+        }
+    }
+
     /// Ends this node's lead of the shard (contract §9 R3): what waits on the log is
     /// refused with `why`, every consumer ends, the engine goes.
     fn stand_down(&mut self, why: Error) {
         self.flush();
         let ending = self.log.as_mut().and_then(|log| log.end_chain(why.clone()));
         self.release_held();
-        for sink in self.sinks.drain(..).flatten() {
-            sink.readers.0.unavailable.store(true, Ordering::Release);
-            // Dropping it closes the channel, then wakes its readers.
-            drop(sink);
-        }
+        self.end_consumers_with_lead();
         let steering = self.cluster.as_mut().expect("a cluster shard");
         let Mode::Leading { term } = steering.mode else {
             return;
@@ -305,9 +308,7 @@ impl ShardThread {
 /// Answers a call that found no leader: `Unavailable`, in the shape its caller reads.
 fn refuse_request(req: Request, e: Error) {
     let (reply, answer) = match req {
-        Request::Engine { cmd, reply } | Request::ByNumber { cmd, reply, .. } => {
-            (reply, Answer::Engine(super::refusal(&cmd, e)))
-        }
+        Request::Engine { cmd, reply } => (reply, Answer::Engine(super::refusal(&cmd, e))),
         Request::Declare { reply, .. } => (reply, Answer::Queue(Err(e))),
         Request::Consume { reply, .. } => (reply, Answer::Engine(Reply::Consumed(Err(e)))),
         // Nothing else waits for a leader.
