@@ -36,6 +36,7 @@ mod reply_to;
 mod subscription;
 mod timers;
 mod tx;
+mod unserved;
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;

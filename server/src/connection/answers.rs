@@ -74,6 +74,9 @@ pub(crate) enum Pending {
         channel: u16,
         queue: Queue,
         settles: Vec<(DeliveryTag, Settle)>,
+        /// Made waiting for its answer, even of acks: a transaction's, whose `commit-ok`
+        /// follows once they are made (on a durable queue, on disk).
+        awaited: bool,
     },
 }
 
@@ -496,9 +499,19 @@ impl Connection {
                 // contract asks. So acks need no answer: the connection goes on without
                 // waiting for the shard (or, on a durable queue, for the disk). A nack or
                 // reject waits, so that a dead letter it causes is in its queue before the
-                // channel's next method is served.
-                Pending::Settle { queue, settles, .. } => {
-                    if settles.iter().all(|(_, s)| *s == Settle::Ack) {
+                // channel's next method is served; so does a commit's settle, so that its
+                // `commit-ok` follows them.
+                Pending::Settle {
+                    queue,
+                    settles,
+                    awaited,
+                    ..
+                } => {
+                    if awaited {
+                        self.await_commit_settles(ch, queue, settles);
+                        self.pending.extend(ops);
+                        break;
+                    } else if settles.iter().all(|(_, s)| *s == Settle::Ack) {
                         queue.settle_batch_nowait(&settles);
                     } else if queue.is_durable() {
                         // Its log waits for the disk: awaited, and what was gathered after
@@ -513,5 +526,26 @@ impl Connection {
             }
         }
         self.drop_settled_consumers();
+    }
+
+    /// Makes a transaction's settles of one queue on channel `ch`, awaited. One that was not
+    /// made (its lease had run out, or its queue was unavailable: the message will come
+    /// again) fails the channel in place of the `commit-ok`, which must mean that every
+    /// settle of the transaction took effect.
+    fn await_commit_settles(&mut self, ch: u16, queue: Queue, settles: Vec<(DeliveryTag, Settle)>) {
+        self.await_call(async move {
+            let made = queue.settle_batch_async(&settles).await;
+            let missed = made.iter().filter(|made| !**made).count();
+            Box::new(move |conn: &mut Connection| {
+                if missed > 0 {
+                    let text = format!(
+                        "PRECONDITION_FAILED - {missed} of the transaction's acks, nacks or rejects on queue '{}' could not be made: a lease that had run out, or a queue that was unavailable; those messages will be delivered again",
+                        crate::names::amqp(queue.name())
+                    );
+                    let m = AMQPClass::Tx(tx::AMQPMethod::Commit(tx::Commit {}));
+                    conn.fail(Fault::channel(ch, code::PRECONDITION_FAILED, text, &m));
+                }
+            }) as Then
+        });
     }
 }

@@ -9,7 +9,7 @@ use super::answers::Pending;
 use super::channel::{requeue, SettleRequest, Stopped, Unacked};
 use super::fault::{broker_fault, Fault};
 use super::subscription::{Subscription, Waiting};
-use super::{code, reply_to, Connection};
+use super::{code, reply_to, unserved, Connection};
 use crate::content::PropertiesSeen;
 use crate::declared::Declared;
 use crate::message_expiry;
@@ -25,6 +25,11 @@ impl Connection {
             let tag = &consume.consumer_tag;
             let text = format!("NOT_ALLOWED - attempt to reuse consumer tag '{tag}'");
             return Err(Fault::connection(code::NOT_ALLOWED, text).for_method(&m));
+        }
+        if self.settings.cluster {
+            if let Some(fault) = unserved::consume(ch, &consume) {
+                return Err(fault);
+            }
         }
         let (queue, priority) = self.consume_queue(ch, &consume, &m)?;
         self.vhost.expiring.touch(queue.name());
@@ -284,33 +289,51 @@ impl Connection {
     ) -> Result<(), Fault> {
         let state = self.channels.get_mut(&ch).expect("checked by the caller");
         let settles = state.settle(ch, tag, multiple, how, m)?;
-        self.gather_settles(ch, settles);
+        self.gather_settles(ch, settles, false);
         Ok(())
     }
 
     /// Settles `taken`, deliveries already taken from channel `ch`'s unacked ones, as
     /// `how` says: gathered into this read's settle batches.
     pub(super) fn settle_taken(&mut self, ch: u16, taken: Vec<(u64, Unacked)>, how: Settle) {
+        self.settle_taken_then(ch, taken, how, false);
+    }
+
+    /// [`settle_taken`](Connection::settle_taken); with `awaited`, the batches are made
+    /// waiting for their answers (and, on a durable queue, the disk), as a commit's are.
+    pub(super) fn settle_taken_then(
+        &mut self,
+        ch: u16,
+        taken: Vec<(u64, Unacked)>,
+        how: Settle,
+        awaited: bool,
+    ) {
         let Some(state) = self.channels.get_mut(&ch) else {
             return;
         };
         let settles = state.settles_of(taken, how);
-        self.gather_settles(ch, settles);
+        self.gather_settles(ch, settles, awaited);
     }
 
-    /// Gathers `settles`, asked for by channel `ch`, into this read's settle batches.
-    fn gather_settles(&mut self, ch: u16, settles: Vec<SettleRequest>) {
+    /// Gathers `settles`, asked for by channel `ch`, into this read's settle batches; a
+    /// batch is awaited if any settle in it asks to be.
+    fn gather_settles(&mut self, ch: u16, settles: Vec<SettleRequest>, awaited: bool) {
         for (queue, tag, how) in settles {
             match self.pending.last_mut() {
                 Some(Pending::Settle {
                     channel,
                     queue: q,
                     settles,
-                }) if *channel == ch && q.name() == queue.name() => settles.push((tag, how)),
+                    awaited: a,
+                }) if *channel == ch && q.name() == queue.name() => {
+                    settles.push((tag, how));
+                    *a |= awaited;
+                }
                 _ => self.pending.push(Pending::Settle {
                     channel: ch,
                     queue,
                     settles: vec![(tag, how)],
+                    awaited,
                 }),
             }
         }

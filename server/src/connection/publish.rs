@@ -11,7 +11,7 @@ use leasemq::{Message, Queue};
 use super::answers::Pending;
 use super::fault::{exchange_fault, publish_method, Fault};
 use super::incoming::{into_message, Content, Incoming};
-use super::{code, reply_to, Connection, Phase};
+use super::{code, reply_to, unserved, Connection, Phase};
 use crate::content::{self};
 use crate::exchange::Refusal;
 use crate::names;
@@ -323,6 +323,9 @@ impl Connection {
             .as_ref()
             .map(|id| id.as_str().to_owned());
         let mut refused = refused_properties(properties, &self.settings.user);
+        if self.settings.cluster && refused.is_none() {
+            refused = unserved::properties(properties);
+        }
         let mut refuse = |text: String| {
             refused.get_or_insert(text);
         };

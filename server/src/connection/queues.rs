@@ -12,12 +12,17 @@ use leasemq::{Queue, QueueConfig};
 
 use super::fault::{broker_fault, locked, no_queue, refused_fault, Fault};
 use super::QUEUES_SWEPT_FROM;
-use super::{code, reply_to, Connection};
+use super::{code, reply_to, unserved, Connection};
 use crate::vhost::declare::{DeclareError, QueueDeclare, QueueDeclared};
 use crate::{dead_letter, names, offload};
 
 impl Connection {
     pub(super) fn declare(&mut self, ch: u16, declare: queue::Declare) -> Result<(), Fault> {
+        if self.settings.cluster {
+            if let Some(fault) = unserved::declare(ch, &declare) {
+                return Err(fault);
+            }
+        }
         let m = AMQPClass::Queue(queue::AMQPMethod::Declare(declare.clone()));
         // An empty name asks the server to pick one, as RabbitMQ's `amq.gen-…`.
         // The broker's name for it (`names.rs`): a client's name with bytes the broker does

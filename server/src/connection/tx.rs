@@ -7,8 +7,9 @@
 //! the commit. `tx.rollback` drops the held publishes and gives the held deliveries back to
 //! the channel's unacked ones, to be settled again; nothing is requeued. The commit puts
 //! the held publishes in order, as a confirming channel's are (numbered, their answers
-//! awaited), makes the held settles, and answers `commit-ok` once every put is answered:
-//! on a durable queue, once it is on disk. A publish a full queue refuses is dropped, as
+//! awaited), makes the held settles (their answers awaited too), and answers `commit-ok`
+//! once every put and settle is answered: on a durable queue, once it is on disk; in a
+//! cluster, once a majority of the nodes holds it. A publish a full queue refuses is dropped, as
 //! without a transaction; a failed log is a channel error instead of the `commit-ok`.
 //! Closing the channel drops what it holds: the publishes are lost, and the deliveries go
 //! back to their queues with the channel's consumers.
@@ -29,8 +30,9 @@ pub(super) const HELD_BYTES: usize = 64 << 20;
 
 impl Connection {
     /// `tx.commit` on channel `ch`: the held publishes are put in order, as a confirming
-    /// channel's are (numbered, their answers awaited), the held settles are made, and the
-    /// commit is answered once every put up to here is (see `send_confirms`). `select` and
+    /// channel's are (numbered, their answers awaited), the held settles are made and
+    /// awaited, and the commit is answered once every put up to here is, and every settle
+    /// (see `send_confirms`). `select` and
     /// `rollback` are the channel's own (`Channel::handle`).
     pub(super) fn commit(&mut self, ch: u16, commit: tx::Commit) -> Result<(), Fault> {
         let state = self.channels.get_mut(&ch).expect("checked by the caller");
@@ -47,7 +49,7 @@ impl Connection {
             self.put_copies(ch, queues, message, Some(number));
         }
         for (taken, how) in held.settles {
-            self.settle_taken(ch, taken, how);
+            self.settle_taken_then(ch, taken, how, true);
         }
         let state = self.channels.get_mut(&ch).expect("open");
         state.commits.push_back(state.published);

@@ -202,3 +202,52 @@ fn commit_ok_waits_for_the_answers_of_the_committed_puts() {
     assert_eq!(decode(&out), [commit_ok]);
     assert_eq!(c.stats("tx.awaited").ready, 1);
 }
+
+#[test]
+fn commit_ok_waits_for_the_committed_settles_on_disk() {
+    use amq_protocol::protocol::tx;
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = Client::open_durable(dir.path());
+    c.declare("tx.durable");
+    assert!(c.broker.queue("tx.durable").unwrap().is_durable());
+    c.publish("tx.durable", b"one");
+    c.feed(&[get("tx.durable", false)]);
+    c.feed(&[tx_method(tx::AMQPMethod::Select(tx::Select {}))]);
+    c.feed(&[ack(1, false)]);
+    let commit = encode(&[tx_method(tx::AMQPMethod::Commit(tx::Commit {}))]);
+    c.conn.handle_input(&commit);
+    assert!(c.conn.awaits_answers(), "the ack went out awaited");
+    let mut out = Vec::new();
+    c.conn.take_output(&mut out);
+    assert!(
+        decode(&out).is_empty(),
+        "no commit-ok before the ack is answered"
+    );
+    c.answered();
+    c.conn.take_output(&mut out);
+    let commit_ok = tx_method(tx::AMQPMethod::CommitOk(tx::CommitOk {}));
+    assert_eq!(decode(&out), [commit_ok]);
+    let stats = c.stats("tx.durable");
+    assert_eq!((stats.ready, stats.leased, stats.acked), (0, 0, 1));
+}
+
+#[test]
+fn a_commit_whose_ack_was_not_made_fails_in_place_of_its_commit_ok() {
+    use amq_protocol::protocol::tx;
+    let mut c = Client::open();
+    c.declare("tx.stale");
+    c.publish("tx.stale", b"one");
+    c.publish("tx.stale", b"two");
+    c.feed(&[get("tx.stale", false), get("tx.stale", false)]);
+    c.feed(&[tx_method(tx::AMQPMethod::Select(tx::Select {}))]);
+    c.feed(&[ack(1, false)]);
+    // The first delivery's lease runs out before the commit: its message is delivered again,
+    // so a commit-ok would tell the client an ack took effect that did not.
+    c.broker.advance(Duration::from_secs(11)).unwrap();
+    let out = c.feed(&[tx_method(tx::AMQPMethod::Commit(tx::Commit {}))]);
+    assert_eq!(channel_close_code(&out), Some(406), "{out:?}");
+    let commit_ok = tx_method(tx::AMQPMethod::CommitOk(tx::CommitOk {}));
+    assert!(!out.contains(&commit_ok));
+    let stats = c.stats("tx.stale");
+    assert_eq!((stats.ready, stats.acked), (2, 0));
+}
