@@ -221,6 +221,67 @@ fn a_leader_without_a_majority_answers_unavailable_and_ends_its_consumers() {
 }
 
 #[test]
+fn calls_made_during_an_election_reach_the_leader_it_elects() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut nodes, _) = three(dir.path(), Duration::from_secs(10));
+    let shard = leasemq::shard_for("jobs", SHARDS);
+    let first = leader(&nodes, shard, None);
+    let here = (1..=3).find(|&id| id != first).unwrap();
+    let broker = nodes[here as usize - 1].clone().unwrap();
+    let jobs = broker.declare_queue("jobs", jobs_config()).unwrap();
+
+    // The leader dies. While the two left elect one of them, this node's shard thread
+    // knows no leader for a moment, and the calls made then wait in it: those whose
+    // callers do not make them again (pipelined, not waited for) must reach the leader
+    // elected, wherever it is, or be answered `Unavailable`.
+    nodes[first as usize - 1].take().unwrap().shutdown();
+    let mut pipelined = Vec::new();
+    let mut elected_at = None;
+    for i in 0.. {
+        let id = format!("m{i}");
+        jobs.put_batch_nowait(vec![Message::new("not waited for").with_id(format!("n{i}"))]);
+        pipelined.push((
+            id.clone(),
+            jobs.begin_put_batch(vec![Message::new("pipelined").with_id(id)]),
+        ));
+        let known = broker.cluster().unwrap().status().shards[shard].leader;
+        if elected_at.is_none() && known.is_some_and(|l| l != first) {
+            elected_at = Some(i);
+        }
+        if elected_at.is_some_and(|at| i > at + 200) {
+            break;
+        }
+        assert!(i < 100_000, "no new leader");
+        std::thread::sleep(Duration::from_micros(500));
+    }
+    let mut enqueued = 0;
+    for (id, mut answer) in pipelined {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let answer = loop {
+            if let Some(answer) = answer.try_answer() {
+                break answer;
+            }
+            assert!(Instant::now() < deadline, "{id} was not answered");
+            std::thread::sleep(Duration::from_millis(1));
+        };
+        match answer {
+            Ok(outcomes) => {
+                assert_eq!(outcomes, [PutOutcome::Enqueued], "{id}");
+                enqueued += 1;
+            }
+            Err(Error::Unavailable(_)) => {}
+            Err(e) => panic!("{id}: {e:?}"),
+        }
+    }
+    // Every put answered `Enqueued` is there (with the nowait ones that made it).
+    let stats = jobs.stats();
+    assert!(stats.ready >= enqueued, "{} < {enqueued}", stats.ready);
+    for node in nodes.into_iter().flatten() {
+        node.shutdown();
+    }
+}
+
+#[test]
 fn a_cluster_s_settings_and_data_dir_are_checked() {
     let dir = tempfile::tempdir().unwrap();
     let addrs = ports(3);

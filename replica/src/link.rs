@@ -75,7 +75,7 @@ struct Inner<A: Applier> {
     peers: HashMap<u64, String>,
     /// The connection to each peer that this node dialled, while it works. One lock per
     /// peer: a dial holds up only the calls to its peer.
-    dialled: HashMap<u64, tokio::sync::Mutex<Option<Arc<Connection>>>>,
+    dialled: HashMap<u64, tokio::sync::Mutex<Dialled>>,
     /// This node's replica of each shard's group, once started.
     groups: RwLock<Vec<Option<Raft<A>>>>,
     /// When each peer was last heard from: an answer to a call, or a call it made.
@@ -191,7 +191,7 @@ impl<A: Applier> Link<A> {
             inner: Arc::new(Inner {
                 identity,
                 dialled: (peers.keys())
-                    .map(|&id| (id, tokio::sync::Mutex::new(None)))
+                    .map(|&id| (id, tokio::sync::Mutex::default()))
                     .collect(),
                 groups: RwLock::new(groups),
                 heard: Mutex::new(HashMap::new()),
@@ -488,34 +488,33 @@ impl<A: Applier> Link<A> {
         let unknown = || CallError::Unreachable(format!("node {peer} is no peer"));
         let slot = self.inner.dialled.get(&peer).ok_or_else(unknown)?;
         let mut slot = slot.lock().await;
-        if let Some(connection) = slot.as_ref() {
+        if let Some(connection) = slot.connection.as_ref() {
             if !connection.calls.broken.load(Ordering::Acquire) {
                 return Ok(Arc::clone(connection));
             }
         }
         // A broken connection closes once the calls that hold it let go.
-        *slot = None;
+        slot.connection = None;
         let addr = self.inner.peers.get(&peer).ok_or_else(unknown)?;
         let stream = match tokio::time::timeout(CONNECT_TIMEOUT, self.dial(peer, addr)).await {
             Ok(Ok(stream)) => stream,
-            Ok(Err(e)) => {
-                return Err(CallError::Unreachable(format!(
-                    "node {peer} at {addr}: {e}"
-                )))
-            }
+            Ok(Err(e)) => return Err(slot.failed(format!("node {peer} at {addr}: {e}"))),
             Err(_) => {
                 let detail =
                     format!("node {peer} at {addr}: no connection within {CONNECT_TIMEOUT:?}");
-                return Err(CallError::Unreachable(detail));
+                return Err(slot.failed(detail));
             }
         };
+        if std::mem::take(&mut slot.unreachable) {
+            eprintln!("leasemq: node link: node {peer} at {addr} is reachable again");
+        }
         let (reader, writer) = stream.into_split();
         let calls = Arc::new(Calls::default());
         let (frames, to_write) = mpsc::unbounded_channel();
         tokio::spawn(write_frames(writer, to_write, Some(Arc::clone(&calls))));
         tokio::spawn(read_answers(reader, Arc::clone(&calls)));
         let connection = Arc::new(Connection { frames, calls });
-        *slot = Some(Arc::clone(&connection));
+        slot.connection = Some(Arc::clone(&connection));
         Ok(connection)
     }
 
@@ -524,6 +523,26 @@ impl<A: Applier> Link<A> {
         stream.set_nodelay(true)?;
         handshake::connect(&mut stream, &self.inner.identity, peer).await?;
         Ok(stream)
+    }
+}
+
+/// The connection this node dialled to a peer, while it works, and whether the last dial
+/// failed.
+#[derive(Default)]
+struct Dialled {
+    connection: Option<Arc<Connection>>,
+    unreachable: bool,
+}
+
+impl Dialled {
+    /// A dial that failed, for `detail`'s reason. It is logged when the peer becomes
+    /// unreachable, not at every dial after (each call dials again), and its coming back
+    /// is logged too: a peer down for an hour is two lines.
+    fn failed(&mut self, detail: String) -> CallError {
+        if !std::mem::replace(&mut self.unreachable, true) {
+            eprintln!("leasemq: node link: {detail}; dialling on");
+        }
+        CallError::Unreachable(detail)
     }
 }
 

@@ -355,14 +355,15 @@ impl PropertiesSeen {
 }
 
 /// What [`delivered`] would give, still encoded, where nothing needs writing anew: `None`
-/// for a dead letter (it gains `x-death` headers) and for a body [`delivered`] would not
-/// take apart (one put through the Rust API), which then go through [`delivered`].
+/// for a dead letter (it gains `x-death` headers), a redelivery (it gains
+/// `x-delivery-count`) and a body [`delivered`] would not take apart (one put through the
+/// Rust API), which then go through [`delivered`].
 pub fn delivered_encoded<'a>(
     envelope: &'a Envelope,
     queue: &'a str,
     seen: &mut PropertiesSeen,
 ) -> Option<Encoded<'a>> {
-    if envelope.death.is_some() {
+    if envelope.death.is_some() || envelope.redelivered() {
         return None;
     }
     let parts = split(&envelope.body)?;
@@ -410,8 +411,25 @@ impl Delivered {
 /// routing key and payload, and for a dead letter RabbitMQ's `x-death` headers (`x-death`
 /// with `count`, `reason` — `rejected` or `delivery_limit` —, `queue`, `exchange` and
 /// `routing-keys`; `x-first-death-queue`, `-reason` and `-exchange`), so that a consumer
-/// of a dead-letter queue reads why as it would from RabbitMQ.
+/// of a dead-letter queue reads why as it would from RabbitMQ. A redelivery also carries
+/// `x-delivery-count`, as from a RabbitMQ quorum queue: how many times it was delivered
+/// before.
 pub fn delivered(envelope: &Envelope, queue: &str) -> Delivered {
+    let mut delivered = delivered_as_stored(envelope, queue);
+    if envelope.redelivered() {
+        let mut headers = delivered.properties.headers().clone().unwrap_or_default();
+        let before = i64::from(envelope.attempt - 1);
+        headers.insert(DELIVERY_COUNT.into(), AMQPValue::LongLongInt(before));
+        delivered.properties = delivered.properties.with_headers(headers);
+    }
+    delivered
+}
+
+/// The header of a redelivery that says how many times it was delivered before.
+pub const DELIVERY_COUNT: &str = "x-delivery-count";
+
+/// [`delivered`] without `x-delivery-count`.
+fn delivered_as_stored(envelope: &Envelope, queue: &str) -> Delivered {
     let stored = decode_stored(&envelope.body).unwrap_or_else(|| Stored {
         properties: BasicProperties::default(),
         route: None,
@@ -994,7 +1012,7 @@ mod tests {
             let envelope = Envelope {
                 id: "m".into(),
                 body,
-                attempt: 2,
+                attempt: 1,
                 death: None,
             };
             let encoded = delivered_encoded(&envelope, "jobs", &mut seen).unwrap();
@@ -1006,6 +1024,28 @@ mod tests {
             assert_eq!(encoded.routing_key, parsed.routing_key);
             assert_eq!(encoded.payload, &parsed.payload[..]);
         }
+    }
+
+    #[test]
+    fn a_redelivery_says_how_many_times_it_was_delivered_before() {
+        let mut headers = FieldTable::default();
+        headers.insert("trace".into(), AMQPValue::LongString("t-1".into()));
+        let properties = BasicProperties::default().with_headers(headers.clone());
+        let mut envelope = Envelope {
+            id: "m".into(),
+            body: encode(&properties, b"job").unwrap(),
+            attempt: 1,
+            death: None,
+        };
+        let first = delivered(&envelope, "jobs").properties;
+        assert_eq!(first, properties, "a first delivery as it was published");
+        envelope.attempt = 3;
+        let mut seen = PropertiesSeen::default();
+        assert!(delivered_encoded(&envelope, "jobs", &mut seen).is_none());
+        let again = delivered(&envelope, "jobs");
+        headers.insert(DELIVERY_COUNT.into(), AMQPValue::LongLongInt(2));
+        assert_eq!(again.properties.headers().as_ref(), Some(&headers));
+        assert_eq!(&again.payload[..], b"job");
     }
 
     #[test]

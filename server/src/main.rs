@@ -166,9 +166,14 @@ fn main() -> ExitCode {
     }
     let args = cli.args;
     // Logs go to stderr; the ready line stays on stdout, where scripts read it. openraft
-    // (a cluster's groups) says at info what a broker's operator does not need: its
-    // warnings and errors only.
-    let raft_level = std::cmp::min(args.log_level, tracing::Level::WARN);
+    // (a cluster's groups) says at info and warn what a broker's operator does not need:
+    // a warning at every heartbeat a peer misses, dozens a second. Its errors only, its
+    // warnings too at debug; the node link says once when a peer is unreachable.
+    let raft_level = if args.log_level >= tracing::Level::DEBUG {
+        tracing::Level::WARN
+    } else {
+        tracing::Level::ERROR
+    };
     let filter = Targets::new()
         .with_default(args.log_level)
         .with_target("openraft", raft_level);

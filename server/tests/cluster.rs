@@ -245,20 +245,17 @@ async fn refusals(conn: &Connection) {
         ),
     ];
     for (properties, what) in published {
+        // Under confirms, the refusal answers the publish's own confirm.
         let ch = conn.create_channel().await.unwrap();
-        let options = BasicPublishOptions::default();
-        ch.basic_publish("".into(), "plain".into(), options, b"x", properties)
+        ch.confirm_select(ConfirmSelectOptions::default())
             .await
             .unwrap();
-        // The refusal closes the channel; the next call on it finds out.
-        let passive = QueueDeclareOptions {
-            passive: true,
-            ..QueueDeclareOptions::default()
-        };
-        let e = ch
-            .queue_declare("plain".into(), passive, FieldTable::default())
-            .await;
-        expect(e.unwrap_err(), what);
+        let options = BasicPublishOptions::default();
+        let confirm = ch
+            .basic_publish("".into(), "plain".into(), options, b"x", properties)
+            .await
+            .unwrap();
+        expect(timeout(WAIT, confirm).await.unwrap().unwrap_err(), what);
     }
 }
 

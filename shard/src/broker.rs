@@ -466,10 +466,8 @@ impl BrokerBuilder {
                 time.clone(),
                 engine,
             );
-            let shard = match replicas.get_mut(index).and_then(Option::take) {
-                Some(replica) => shard.in_cluster(Steering::new(replica)),
-                None => shard,
-            };
+            let replica = replicas.get_mut(index).and_then(Option::take);
+            let shard = steered(shard, replica, cluster.as_ref(), &senders[index]);
             let start = ShardStart {
                 index,
                 setup: self.on_shard_start.clone(),
@@ -611,6 +609,23 @@ impl BrokerBuilder {
             node: std::sync::Mutex::new(Some(node)),
         };
         Ok((Some(Arc::new(inner)), replicas))
+    }
+}
+
+/// The shard thread `shard`, steered by its group in a cluster (where it has a `replica`).
+fn steered(
+    shard: ShardThread,
+    replica: Option<Arc<Replica>>,
+    cluster: Option<&Arc<ClusterInner>>,
+    own_inbox: &Inbox,
+) -> ShardThread {
+    match (replica, cluster) {
+        (Some(replica), Some(cluster)) => shard.in_cluster(Steering::new(
+            replica,
+            Arc::clone(cluster),
+            own_inbox.clone(),
+        )),
+        _ => shard,
     }
 }
 

@@ -365,7 +365,7 @@ pub(crate) fn server(state: Arc<Forwarding>) -> Forwarded {
                 let (tx, rx) = tokio::sync::oneshot::channel();
                 if let Some(inbox) = state.inboxes.get(usize::from(shard)) {
                     // A stopped shard drops it, which answers `ShutDown`.
-                    drop(inbox.send(call.into_request(ReplyTo::oneshot(tx))));
+                    drop(inbox.send(call.into_request(ReplyTo::peer(tx))));
                 }
                 Box::pin(async move {
                     let answer = rx.await.unwrap_or(Answer::ShutDown);
@@ -479,12 +479,26 @@ impl ClusterInner {
         }
     }
 
-    /// Sends `call` to `shard`'s leader and its answer to `reply`, without waiting.
+    /// Sends `call` to `shard`'s leader and its answer to `reply`, without waiting. Where
+    /// this node's shard thread takes it and finds that another node leads, the thread
+    /// takes it there ([`send_to`](ClusterInner::send_to)).
     pub fn send(self: &Arc<Self>, inbox: &Inbox, shard: usize, call: Call, reply: ReplyTo) {
-        let Some(peer) = self.elsewhere(shard) else {
-            drop(inbox.send(call.into_request(reply)));
-            return;
-        };
+        match self.elsewhere(shard) {
+            None => drop(inbox.send(call.into_request(reply))),
+            Some(peer) => self.send_to(peer, inbox, shard, call, reply),
+        }
+    }
+
+    /// Sends `call` to `shard`'s leader, which `peer` is thought to be, and its answer to
+    /// `reply`, without waiting.
+    pub fn send_to(
+        self: &Arc<Self>,
+        peer: u64,
+        inbox: &Inbox,
+        shard: usize,
+        call: Call,
+        reply: ReplyTo,
+    ) {
         // Forwarded now, in order with this thread's other calls; tried again elsewhere
         // only where it did not run.
         let first = self.forward(peer, shard, &call);

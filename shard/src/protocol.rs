@@ -381,6 +381,9 @@ enum Target {
     /// A channel read by a plain blocking `recv`.
     Sync(Sender<Answer>),
     Async(oneshot::Sender<Answer>),
+    /// A call another node forwarded here (`forward.rs`): a `NotLeader` answer goes back
+    /// to it, where a call made on this node is taken to the leader by the shard thread.
+    Peer(oneshot::Sender<Answer>),
 }
 
 /// Where an answer goes. Dropping one unanswered (a shard stopping with requests still in
@@ -396,7 +399,7 @@ impl Target {
                 caller.wake();
             }
             Target::Sync(tx) => drop(tx.try_send(answer)),
-            Target::Async(tx) => drop(tx.send(answer)),
+            Target::Async(tx) | Target::Peer(tx) => drop(tx.send(answer)),
         }
     }
 }
@@ -420,6 +423,16 @@ impl ReplyTo {
     /// No one: the answer is dropped (a `nowait` request).
     pub fn nobody() -> ReplyTo {
         ReplyTo(None)
+    }
+
+    /// An answer for a call another node forwarded here.
+    pub fn peer(tx: oneshot::Sender<Answer>) -> ReplyTo {
+        ReplyTo(Some(Target::Peer(tx)))
+    }
+
+    /// Whether the call came from another node.
+    pub fn is_from_peer(&self) -> bool {
+        matches!(self.0, Some(Target::Peer(_)))
     }
 
     pub fn send(mut self, answer: Answer) {

@@ -529,9 +529,10 @@ impl Connection {
     }
 
     /// Makes a transaction's settles of one queue on channel `ch`, awaited. One that was not
-    /// made (its lease had run out, or its queue was unavailable: the message will come
-    /// again) fails the channel in place of the `commit-ok`, which must mean that every
-    /// settle of the transaction took effect.
+    /// answered as made fails the channel in place of the `commit-ok`, which must mean that
+    /// every settle of the transaction took effect: its lease had run out (the message
+    /// comes again), or its queue was unavailable (in a cluster; then, as for any call
+    /// answered `Unavailable`, it may still have been made).
     fn await_commit_settles(&mut self, ch: u16, queue: Queue, settles: Vec<(DeliveryTag, Settle)>) {
         self.await_call(async move {
             let made = queue.settle_batch_async(&settles).await;
@@ -539,7 +540,7 @@ impl Connection {
             Box::new(move |conn: &mut Connection| {
                 if missed > 0 {
                     let text = format!(
-                        "PRECONDITION_FAILED - {missed} of the transaction's acks, nacks or rejects on queue '{}' could not be made: a lease that had run out, or a queue that was unavailable; those messages will be delivered again",
+                        "PRECONDITION_FAILED - {missed} of the transaction's acks, nacks or rejects on queue '{}' were not answered as made: a lease that had run out, or a queue that was unavailable; a message whose ack was not made will be delivered again",
                         crate::names::amqp(queue.name())
                     );
                     let m = AMQPClass::Tx(tx::AMQPMethod::Commit(tx::Commit {}));

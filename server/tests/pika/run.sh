@@ -30,9 +30,9 @@ if [ -n "${AMQP_URL:-}" ]; then
         "$here/test_clients.py" "$@"
 fi
 
-# The test profile, as `cargo test` builds the workspace: after a test run only the server
-# crate itself is built again, and the server runs optimised.
-cargo build --locked --profile test -p leasemq-server --bin leasemqd
+# leasemqd as `cargo test --workspace` builds it (the test profile, optimised, with the
+# workspace's features): after a test run nothing is built again.
+cargo test --locked --workspace --no-run
 log="$(mktemp)"
 target/debug/leasemqd --listen 127.0.0.1:0 --shards 2 >"$log" 2>&1 &
 server=$!

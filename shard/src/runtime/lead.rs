@@ -4,7 +4,9 @@
 //! proposals breaks.
 //!
 //! - **Following**: the engine is idle. Calls wait in `pending` for a leader here, up to
-//!   the call timeout; once another node leads, they are answered `Unavailable`, naming it.
+//!   the call timeout. Once another node leads, the calls made on this node are taken to
+//!   it from here, and those a peer forwarded are answered `NotLeader` for the peer to
+//!   take there; the rest (consumers, streams) are answered `Unavailable`, naming it.
 //! - **Leading**: the engine is built from the group's copy of the shard (its replay's
 //!   image) in the state a restart leaves (contract §9 R3: every lease ended, attempts
 //!   kept), with key generations after every earlier engine's here, so that no key given
@@ -24,14 +26,19 @@ use leasemq_engine::{Error, QueueStats, Reply, Shard};
 use leasemq_replica::Replay;
 
 use super::{new_engine, ShardThread, TimeSource};
-use crate::cluster::{Ending, Proposing, Replica, RoleView};
-use crate::protocol::{Answer, Deferred, Request};
+use crate::cluster::{ClusterInner, Ending, Proposing, Replica, RoleView};
+use crate::forward::Call;
+use crate::protocol::{Answer, Deferred, Inbox, Request};
 use crate::route;
 use crate::store::ShardLog;
 
 /// A cluster shard thread's role, and the calls that wait for it.
 pub(crate) struct Steering {
     replica: Arc<Replica>,
+    /// The node's cluster, to take a call made on this node to the leader elsewhere, and
+    /// this shard's own inbox, where it comes back should that leader be gone.
+    cluster: Arc<ClusterInner>,
+    inbox: Inbox,
     /// The role version last acted on.
     seen: u64,
     mode: Mode,
@@ -53,9 +60,11 @@ enum Mode {
 }
 
 impl Steering {
-    pub fn new(replica: Arc<Replica>) -> Steering {
+    pub fn new(replica: Arc<Replica>, cluster: Arc<ClusterInner>, inbox: Inbox) -> Steering {
         Steering {
             replica,
+            cluster,
+            inbox,
             seen: 0,
             mode: Mode::Following,
             pending: VecDeque::new(),
@@ -199,10 +208,25 @@ impl ShardThread {
                 break;
             }
             let (_, req) = steering.pending.pop_front().expect("looked at it");
-            match (elsewhere, req) {
-                // Did not run: the caller takes it to the leader.
-                (true, Request::Engine { reply, .. } | Request::Declare { reply, .. }) => {
+            let leader = view.leader.filter(|_| elsewhere);
+            match (leader, req) {
+                // Did not run: a peer that forwarded it takes it to the leader.
+                (Some(_), Request::Engine { reply, .. } | Request::Declare { reply, .. })
+                    if reply.is_from_peer() =>
+                {
                     reply.send(Answer::NotLeader(view.leader))
+                }
+                // Made on this node: taken there from here, so that a call whose caller
+                // does not wait (or cannot go again) is not lost.
+                (Some(leader), Request::Engine { cmd, reply }) => {
+                    let (index, call) = (steering.replica.shard, Call::Engine { cmd });
+                    let (cluster, inbox) = (&steering.cluster, &steering.inbox);
+                    cluster.send_to(leader, inbox, usize::from(index), call, reply);
+                }
+                (Some(leader), Request::Declare { cmd, reply }) => {
+                    let (index, call) = (steering.replica.shard, Call::Declare { cmd });
+                    let (cluster, inbox) = (&steering.cluster, &steering.inbox);
+                    cluster.send_to(leader, inbox, usize::from(index), call, reply);
                 }
                 (_, req) => refuse_request(req, steering.unavailable(view)),
             }
