@@ -92,13 +92,21 @@
 //! about it. `engine/tests/model/` pins those orders down on one shard. Retry jitter is
 //! zero here, so every nack's wait is known to the tick.
 //!
+//! **Replicated runs** ([`replicated`], `--replicated`) take one shard to a cluster
+//! (contract §9): three replicas of its group on openraft, on openraft's simulated
+//! runtime (one thread, virtual time, a seeded random source), under crashes, cuts
+//! between replicas and clocks that disagree; the leader's engine is built and its
+//! changes proposed as a cluster's shard thread does it. The module says what it checks.
+//!
 //! # Running it
 //!
 //! `cargo test -p leasemq-sim` runs 500 seeds × 2 000 steps (`LEASEMQ_SIM_SEEDS`,
 //! `LEASEMQ_SIM_STEPS` change that), 500 durable seeds × 1 000 steps with crashes
 //! (`LEASEMQ_SIM_DURABLE_SEEDS`, `LEASEMQ_SIM_DURABLE_STEPS`), and shows that planted bugs
-//! ([`Fault`]) are caught. `cargo run -p leasemq-sim --release -- --seeds N [--steps M]
-//! [--from S] [--durable]` soaks on every core; `--seed S` replays one seed.
+//! ([`Fault`]) are caught; `sim/tests/replicated.rs` runs 16 replicated seeds × 300
+//! steps. `cargo run -p leasemq-sim --release -- --seeds N [--steps M] [--from S]
+//! [--durable | --replicated]` soaks (the replicated runs one seed after another);
+//! `--seed S` replays one seed.
 //!
 //! # Replay and shrinking
 //!
@@ -120,6 +128,7 @@ mod gen;
 mod hold;
 mod ledger;
 mod op;
+pub mod replicated;
 mod restart;
 mod rng;
 mod setup;

@@ -4,12 +4,15 @@
 //! cargo run -p leasemq-sim --release -- --seeds 20000 --steps 2000   # a soak
 //! cargo run -p leasemq-sim --release -- --seed 1234 --steps 2000     # replay one seed
 //! cargo run -p leasemq-sim --release -- --durable --seeds 2000        # crashes and disks
+//! cargo run -p leasemq-sim --release -- --replicated --seeds 200 --steps 500
 //! ```
 //!
 //! `--seeds N` runs seeds `from .. from + N` (`--from`, default 0) on every core; `--seed S`
 //! runs that seed alone. `--durable` runs them with a data dir: durable queues logged to
 //! simulated disks, crashes, torn and garbled writes, failed fsyncs, read errors and flipped
-//! bits (`leasemq_sim::run_durable_seed`).
+//! bits (`leasemq_sim::run_durable_seed`). `--replicated` runs one shard's group of three
+//! replicas on openraft under crashes, partitions and clocks that disagree
+//! (`leasemq_sim::replicated`), one seed after another.
 //! A violation prints the seed and its shrunk trace and exits with 1.
 
 use std::process::ExitCode;
@@ -25,10 +28,11 @@ struct Args {
     steps: usize,
     threads: usize,
     durable: bool,
+    replicated: bool,
 }
 
 const USAGE: &str =
-    "usage: leasemq-sim [--seeds N] [--from S] [--seed S] [--steps M] [--threads T] [--durable]";
+    "usage: leasemq-sim [--seeds N] [--from S] [--seed S] [--steps M] [--threads T] [--durable | --replicated]";
 
 fn parse() -> Result<Args, String> {
     let mut args = Args {
@@ -37,6 +41,7 @@ fn parse() -> Result<Args, String> {
         steps: 2000,
         threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
         durable: false,
+        replicated: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -45,6 +50,10 @@ fn parse() -> Result<Args, String> {
         }
         if flag == "--durable" {
             args.durable = true;
+            continue;
+        }
+        if flag == "--replicated" {
+            args.replicated = true;
             continue;
         }
         let value = it
@@ -76,6 +85,9 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    if args.replicated {
+        return replicated(&args);
+    }
     let started = Instant::now();
     let next = AtomicU64::new(args.from);
     let end = args.from + args.seeds;
@@ -129,4 +141,19 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// `--replicated`: each seed in turn, its summary printed; the first violation ends it.
+fn replicated(args: &Args) -> ExitCode {
+    let steps = u32::try_from(args.steps).unwrap_or(u32::MAX);
+    for seed in args.from..args.from + args.seeds {
+        match leasemq_sim::replicated::run_replicated_seed(seed, steps) {
+            Ok(summary) => println!("seed {seed}: {summary:?}"),
+            Err(v) => {
+                eprintln!("seed {seed}: {}: {}", v.check, v.detail);
+                return ExitCode::FAILURE;
+            }
+        }
+    }
+    ExitCode::SUCCESS
 }

@@ -19,8 +19,9 @@ def sh(*args, check=True):
 class Net:
     def __init__(self, nodes, tag=None):
         self.nodes = nodes
-        # Short names: an interface name is at most 15 bytes.
-        self.tag = tag or f"lmq{os.getpid() % 100000}"
+        # Short names (an interface name is at most 15 bytes) that carry the pid, so that
+        # what a run killed before its clean-up left behind can be told and removed.
+        self.tag = tag or f"lmq{os.getpid()}"
         self.bridge = f"{self.tag}br"
         self.cuts = set()
 
@@ -31,6 +32,7 @@ class Net:
         return f"{SUBNET}.{node}"
 
     def up(self):
+        remove_stale()
         sh("ip", "link", "add", self.bridge, "type", "bridge")
         sh("ip", "addr", "add", f"{BRIDGE_ADDR}/24", "dev", self.bridge)
         sh("ip", "link", "set", self.bridge, "up")
@@ -94,3 +96,20 @@ class Net:
                     if time.monotonic() > deadline:
                         raise RuntimeError(f"node {a} does not reach node {b} after a heal")
                     time.sleep(0.1)
+
+
+def remove_stale():
+    """Removes the namespaces and links of runs whose process is gone (killed before
+    their clean-up): they would hold this run's addresses."""
+    import re
+    names = sh("ip", "netns", "list").stdout.split() + [
+        line.split(":")[1].strip().split("@")[0]
+        for line in sh("ip", "-o", "link", "show").stdout.splitlines()]
+    for name in names:
+        m = re.fullmatch(r"lmq(\d+)(n\d+|v\d+|br)", name)
+        if not m or os.path.exists(f"/proc/{m.group(1)}"):
+            continue
+        if m.group(2).startswith("n"):
+            sh("ip", "netns", "del", name, check=False)
+        else:
+            sh("ip", "link", "del", name, check=False)
