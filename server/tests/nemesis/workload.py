@@ -43,71 +43,15 @@ class Stop:
         return self.event.is_set()
 
 
-class Producer(threading.Thread):
-    def __init__(self, name, nodes, queues, stop, first=0):
+class Client(threading.Thread):
+    """A client that goes on with the next node whenever its connection ends, until
+    stopped; `session` is what it does on one connection."""
+
+    def __init__(self, name, nodes, queues, stop, first):
         super().__init__(daemon=True)
         self.name_, self.nodes, self.queues, self.stop = name, nodes, queues, stop
         self.first = first
-        # (id, queue, confirmed-or-None for unknown, when answered)
-        self.sent = []
         self.connects = 0
-
-    def run(self):
-        seq, turn = 0, self.first
-        while not self.stop.is_set():
-            addr, port = self.nodes[turn % len(self.nodes)]
-            turn += 1
-            try:
-                conn = pika.BlockingConnection(params(addr, port))
-            except Exception:
-                time.sleep(0.2)
-                continue
-            self.connects += 1
-            try:
-                ch = conn.channel()
-                ch.confirm_delivery()
-                for q in self.queues:
-                    ch.queue_declare(q, durable=True)
-                while not self.stop.is_set():
-                    seq += 1
-                    mid = f"{self.name_}-{seq}"
-                    q = self.queues[seq % len(self.queues)]
-                    props = pika.BasicProperties(delivery_mode=2, message_id=mid)
-                    try:
-                        ch.basic_publish("", q, mid.encode(), props)
-                        self.sent.append((mid, q, True, time.monotonic()))
-                    except pika.exceptions.NackError:
-                        # Unavailable: its outcome is unknown.
-                        self.sent.append((mid, q, None, time.monotonic()))
-                    except Exception:
-                        self.sent.append((mid, q, None, time.monotonic()))
-                        raise
-            except Exception:
-                pass
-            finally:
-                try:
-                    conn.close()
-                except Exception:
-                    pass
-
-
-class Consumer(threading.Thread):
-    BATCH = 20
-
-    def __init__(self, name, nodes, queues, stop, first=0):
-        super().__init__(daemon=True)
-        self.name_, self.nodes, self.queues, self.stop = name, nodes, queues, stop
-        self.first = first
-        # (id, count before, when)
-        self.delivered = []
-        # (id, count before, when its commit-ok came)
-        self.acked = []
-        # (id, count before) of acks whose commit failed: their outcome is unknown (a
-        # commit answered by a queue that was unavailable may still have taken effect)
-        self.tried = []
-        self.failed_commits = 0
-        self.connects = 0
-        self.last_delivery = time.monotonic()
 
     def run(self):
         turn = self.first
@@ -121,7 +65,7 @@ class Consumer(threading.Thread):
                 continue
             self.connects += 1
             try:
-                self.consume(conn)
+                self.session(conn)
             except Exception:
                 pass
             finally:
@@ -130,7 +74,51 @@ class Consumer(threading.Thread):
                 except Exception:
                     pass
 
-    def consume(self, conn):
+
+class Producer(Client):
+    def __init__(self, name, nodes, queues, stop, first=0):
+        super().__init__(name, nodes, queues, stop, first)
+        # (id, queue, confirmed-or-None for unknown, when answered)
+        self.sent = []
+        self.seq = 0
+
+    def session(self, conn):
+        ch = conn.channel()
+        ch.confirm_delivery()
+        for q in self.queues:
+            ch.queue_declare(q, durable=True)
+        while not self.stop.is_set():
+            self.seq += 1
+            mid = f"{self.name_}-{self.seq}"
+            q = self.queues[self.seq % len(self.queues)]
+            props = pika.BasicProperties(delivery_mode=2, message_id=mid)
+            try:
+                ch.basic_publish("", q, mid.encode(), props)
+                self.sent.append((mid, q, True, time.monotonic()))
+            except pika.exceptions.NackError:
+                # Unavailable: its outcome is unknown.
+                self.sent.append((mid, q, None, time.monotonic()))
+            except Exception:
+                self.sent.append((mid, q, None, time.monotonic()))
+                raise
+
+
+class Consumer(Client):
+    BATCH = 20
+
+    def __init__(self, name, nodes, queues, stop, first=0):
+        super().__init__(name, nodes, queues, stop, first)
+        # (id, count before, when)
+        self.delivered = []
+        # (id, count before, when its commit-ok came)
+        self.acked = []
+        # (id, count before) of acks whose commit failed: their outcome is unknown (a
+        # commit answered by a queue that was unavailable may still have taken effect)
+        self.tried = []
+        self.failed_commits = 0
+        self.last_delivery = time.monotonic()
+
+    def session(self, conn):
         ch = conn.channel()
         ch.basic_qos(prefetch_count=self.BATCH)
         ch.tx_select()
