@@ -34,8 +34,11 @@ use openraft::{LogState, OptionalSend, RaftLogReader};
 use crate::entry::{decode_entry, encode_entry, entry_log_id};
 use crate::{invalid, io as wal_io, Entry, GroupDir, LogId, ShardRaft, Vote};
 
-/// Durable entries kept in memory after the newest, for followers a little behind.
-const TAIL_BYTES: usize = 4 << 20;
+/// Durable entries kept in memory after the newest, per group: for followers a little
+/// behind, and for the leader's own state machine, which under load applies entries some
+/// way behind their commit. Read back from the log instead, they cost a loaded leader a
+/// fifth of its rate (`docs/performance.md`).
+const TAIL_BYTES: usize = 16 << 20;
 
 /// A shard's Raft log, over its write-ahead log. Opened once per group and handed to
 /// openraft, which reads through [`LogReader`]s.
