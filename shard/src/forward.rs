@@ -84,6 +84,16 @@ impl Call {
         }
     }
 
+    /// The call a request for a shard thread makes, and where its answer goes; the
+    /// request itself where it is no such call.
+    pub(crate) fn from_request(req: Request) -> Result<(Call, ReplyTo), Request> {
+        match req {
+            Request::Engine { cmd, reply } => Ok((Call::Engine { cmd }, reply)),
+            Request::Declare { cmd, reply } => Ok((Call::Declare { cmd }, reply)),
+            req => Err(req),
+        }
+    }
+
     /// The answer to this call when it is refused for `e`.
     fn refused(&self, e: Error) -> Answer {
         match self {

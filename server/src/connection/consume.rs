@@ -272,7 +272,7 @@ impl Connection {
         // At once, outside any transaction, as RabbitMQ requeues: not held to a commit.
         let state = self.channels.get_mut(&ch).expect("checked by the caller");
         let taken = std::mem::take(&mut state.unacked).into_iter().collect();
-        self.settle_taken(ch, taken, self::requeue(true));
+        self.settle_taken(ch, taken, self::requeue(true), false);
         Ok(())
     }
 
@@ -294,14 +294,10 @@ impl Connection {
     }
 
     /// Settles `taken`, deliveries already taken from channel `ch`'s unacked ones, as
-    /// `how` says: gathered into this read's settle batches.
-    pub(super) fn settle_taken(&mut self, ch: u16, taken: Vec<(u64, Unacked)>, how: Settle) {
-        self.settle_taken_then(ch, taken, how, false);
-    }
-
-    /// [`settle_taken`](Connection::settle_taken); with `awaited`, the batches are made
-    /// waiting for their answers (and, on a durable queue, the disk), as a commit's are.
-    pub(super) fn settle_taken_then(
+    /// `how` says: gathered into this read's settle batches. With `awaited`, the batches
+    /// are made waiting for their answers (and, on a durable queue, the disk), as a
+    /// commit's are.
+    pub(super) fn settle_taken(
         &mut self,
         ch: u16,
         taken: Vec<(u64, Unacked)>,

@@ -49,7 +49,7 @@ impl Connection {
             self.put_copies(ch, queues, message, Some(number));
         }
         for (taken, how) in held.settles {
-            self.settle_taken_then(ch, taken, how, true);
+            self.settle_taken(ch, taken, how, true);
         }
         let state = self.channels.get_mut(&ch).expect("open");
         state.commits.push_back(state.published);

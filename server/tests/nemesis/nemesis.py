@@ -21,6 +21,7 @@ import argparse
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -206,7 +207,6 @@ def drain(producers, consumers, stop_producers, limit=90, quiet=5):
 
 
 def main():
-    global START
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--bin", required=True)
     ap.add_argument("--seconds", type=float, default=60)
@@ -256,7 +256,7 @@ def main():
     if bad:
         print("nemesis: FAILED", file=sys.stderr)
         sys.exit(1)
-    shutil_rmtree(work)
+    shutil.rmtree(work, ignore_errors=True)
     print("nemesis: passed")
 
 
@@ -302,11 +302,6 @@ def run(args, rng, net, cluster):
     summary["seconds"] = round(time.monotonic() - START, 1)
     summary["connects"] = sum(t.connects for t in producers + consumers)
     return summary
-
-
-def shutil_rmtree(path):
-    import shutil
-    shutil.rmtree(path, ignore_errors=True)
 
 
 START = time.monotonic()

@@ -218,17 +218,15 @@ impl ShardThread {
                 }
                 // Made on this node: taken there from here, so that a call whose caller
                 // does not wait (or cannot go again) is not lost.
-                (Some(leader), Request::Engine { cmd, reply }) => {
-                    let (index, call) = (steering.replica.shard, Call::Engine { cmd });
-                    let (cluster, inbox) = (&steering.cluster, &steering.inbox);
-                    cluster.send_to(leader, inbox, usize::from(index), call, reply);
-                }
-                (Some(leader), Request::Declare { cmd, reply }) => {
-                    let (index, call) = (steering.replica.shard, Call::Declare { cmd });
-                    let (cluster, inbox) = (&steering.cluster, &steering.inbox);
-                    cluster.send_to(leader, inbox, usize::from(index), call, reply);
-                }
-                (_, req) => refuse_request(req, steering.unavailable(view)),
+                (Some(leader), req) => match Call::from_request(req) {
+                    Ok((call, reply)) => {
+                        let (cluster, inbox) = (&steering.cluster, &steering.inbox);
+                        let shard = usize::from(steering.replica.shard);
+                        cluster.send_to(leader, inbox, shard, call, reply);
+                    }
+                    Err(req) => refuse_request(req, steering.unavailable(view)),
+                },
+                (None, req) => refuse_request(req, steering.unavailable(view)),
             }
         }
     }
