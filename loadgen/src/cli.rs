@@ -330,6 +330,10 @@ pub struct AmqpArgs {
     /// publishes per write, and the acks of one read in one write) [default: lapin].
     #[arg(long, value_enum)]
     pub client: Option<Client>,
+    /// --target amqps://…: the CA (PEM) the servers' certificates must chain to. TLS 1.3
+    /// or 1.2; the target's host is the name the certificate must hold.
+    #[arg(long, value_name = "FILE")]
+    pub tls_ca: Option<std::path::PathBuf>,
 }
 
 /// The AMQP client of a `--target` run.
@@ -411,6 +415,7 @@ impl AmqpArgs {
             (self.no_ack, "--no-ack"),
             (self.client.is_some(), "--client"),
             (!self.queue_args.is_empty(), "--queue-arg"),
+            (self.tls_ca.is_some(), "--tls-ca"),
         ]
         .into_iter()
         .find_map(|(given, flag)| given.then_some(flag))

@@ -723,6 +723,72 @@ impl Leasemqd {
     }
 }
 
+/// leasemqd served over TLS only, with a certificate for localhost that a CA of the
+/// test's own signed; `ca` is that CA's PEM file.
+struct TlsLeasemqd {
+    server: Leasemqd,
+    ca: std::path::PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl TlsLeasemqd {
+    fn start() -> TlsLeasemqd {
+        use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};
+        let dir = tempfile::tempdir().unwrap();
+        let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
+        ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        let ca = CertifiedIssuer::self_signed(ca_params, KeyPair::generate().unwrap()).unwrap();
+        let key = KeyPair::generate().unwrap();
+        let cert = CertificateParams::new(vec!["localhost".to_string()])
+            .unwrap()
+            .signed_by(&key, &ca)
+            .unwrap();
+        let path = |name: &str| dir.path().join(name);
+        fs::write(path("ca.pem"), ca.pem()).unwrap();
+        fs::write(path("server.pem"), cert.pem()).unwrap();
+        fs::write(path("server.key"), key.serialize_pem()).unwrap();
+        let tls = leasemq_server::tls::Tls::new(leasemq_server::tls::TlsFiles {
+            cert: path("server.pem"),
+            key: path("server.key"),
+            client_ca: None,
+        })
+        .unwrap();
+
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .expect("a tokio runtime");
+        let broker = leasemq::Broker::builder().shards(1).build().unwrap();
+        let listener = runtime
+            .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+            .unwrap();
+        let addr = listener.local_addr().unwrap();
+        let settings = std::sync::Arc::new(leasemq_server::Settings::default());
+        let vhost = std::sync::Arc::new(leasemq_server::VHost::new(&settings));
+        let listeners = leasemq_server::serve::Listeners {
+            plain: None,
+            tls: Some((listener, std::sync::Arc::new(tls))),
+        };
+        runtime.spawn(leasemq_server::serve::serve(
+            listeners,
+            broker.clone(),
+            settings,
+            vhost,
+        ));
+        TlsLeasemqd {
+            server: Leasemqd {
+                _runtime: runtime,
+                broker,
+                uri: format!("amqps://guest:guest@localhost:{}/%2f", addr.port()),
+                addr,
+            },
+            ca: path("ca.pem"),
+            _dir: dir,
+        }
+    }
+}
+
 impl Drop for Leasemqd {
     fn drop(&mut self) {
         self.broker.shutdown();
@@ -839,6 +905,50 @@ fn per_settle_call(summary: &Value) -> f64 {
         .find(|d| d["name"] == "messages per settle call")
         .and_then(|d| d["value"].as_f64())
         .unwrap()
+}
+
+#[test]
+fn throughput_over_amqps_with_either_client() {
+    let tls = TlsLeasemqd::start();
+    let ca = tls.ca.to_str().unwrap();
+    for client in ["lapin", "raw"] {
+        let s = run_and_check(
+            &format!("amqps-{client}"),
+            &[
+                "throughput",
+                "--target",
+                &tls.server.uri,
+                "--tls-ca",
+                ca,
+                "--client",
+                client,
+                "--duration",
+                "1s",
+                "--warmup",
+                "200ms",
+                "--prefetch",
+                "100",
+                "--body-bytes",
+                "4096",
+            ],
+        );
+        assert!(rate(&s, "acked") > 0.0, "{client}");
+        assert_eq!(s["accounting"]["redelivered"].as_u64(), Some(0));
+    }
+    // An amqps:// target without the CA to trust is refused before anything runs.
+    let output = run(&[
+        "throughput",
+        "--target",
+        &tls.server.uri,
+        "--duration",
+        "1s",
+    ]);
+    assert!(!output.status.success());
+    assert!(
+        text(&output.stderr).contains("--tls-ca"),
+        "{}",
+        text(&output.stderr)
+    );
 }
 
 #[test]

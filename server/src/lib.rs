@@ -41,6 +41,7 @@ pub mod names;
 pub mod offload;
 pub mod serve;
 pub mod settings;
+pub mod tls;
 pub mod vhost;
 pub mod wire;
 

@@ -10,6 +10,8 @@ use clap::{Parser, Subcommand};
 use leasemq::{Broker, Cluster, ClusterStatus};
 use leasemq_replica::link::{admin_call, AdminCall};
 use leasemq_server::exchange::Exchanges;
+use leasemq_server::serve::Listeners;
+use leasemq_server::tls::{Tls, TlsFiles};
 use leasemq_server::{memory, serve, Settings, VHost};
 use mimalloc::MiMalloc;
 use tracing_subscriber::filter::Targets;
@@ -90,9 +92,24 @@ struct NodeAddress {
 
 #[derive(clap::Args, Debug)]
 struct Args {
-    /// Address to listen on (port 0 picks a free port; the ready line names it).
-    #[arg(long, default_value = "127.0.0.1:5672")]
-    listen: SocketAddr,
+    /// Address to serve plain AMQP on (port 0 picks a free port; the ready line names it),
+    /// or `none` for no plain listener (with --tls-listen).
+    #[arg(long, value_name = "ADDR|none", default_value = "127.0.0.1:5672", value_parser = parse_listen)]
+    listen: Listen,
+    /// Address to serve AMQP over TLS on (RabbitMQ's 5671), with --tls-cert and --tls-key.
+    #[arg(long, value_name = "ADDR")]
+    tls_listen: Option<SocketAddr>,
+    /// The server's certificate chain (PEM), its own certificate first. SIGHUP reads it
+    /// again, for the connections accepted from then on.
+    #[arg(long, value_name = "FILE")]
+    tls_cert: Option<PathBuf>,
+    /// The certificate's private key (PEM: PKCS#8, PKCS#1 or SEC1). SIGHUP reads it again.
+    #[arg(long, value_name = "FILE")]
+    tls_key: Option<PathBuf>,
+    /// Requires every TLS client to show a certificate this CA (PEM) signed (RabbitMQ's
+    /// verify_peer with fail_if_no_peer_cert).
+    #[arg(long, value_name = "FILE")]
+    tls_client_ca: Option<PathBuf>,
     /// Shard threads of the broker (default: the machine's parallelism).
     #[arg(long)]
     shards: Option<usize>,
@@ -152,6 +169,43 @@ struct Args {
     raft_election_timeout_ms: Option<u64>,
 }
 
+/// `--listen`: an address, or none.
+#[derive(Debug, Clone, Copy)]
+struct Listen(Option<SocketAddr>);
+
+fn parse_listen(value: &str) -> Result<Listen, String> {
+    if value == "none" {
+        return Ok(Listen(None));
+    }
+    value
+        .parse()
+        .map(|addr| Listen(Some(addr)))
+        .map_err(|e| format!("{e}: an address such as 127.0.0.1:5672, or none"))
+}
+
+/// The TLS listener's config from the flags, if it has one; an error names what is
+/// missing or what is wrong with which file.
+fn tls_of(args: &Args) -> Result<Option<Arc<Tls>>, String> {
+    let Some(_) = args.tls_listen else {
+        if args.tls_cert.is_some() || args.tls_key.is_some() || args.tls_client_ca.is_some() {
+            return Err("--tls-cert, --tls-key and --tls-client-ca need --tls-listen ADDR".into());
+        }
+        if args.listen.0.is_none() {
+            return Err("--listen none leaves no listener: give --tls-listen".into());
+        }
+        return Ok(None);
+    };
+    let (Some(cert), Some(key)) = (&args.tls_cert, &args.tls_key) else {
+        return Err("--tls-listen needs --tls-cert FILE and --tls-key FILE".into());
+    };
+    let files = TlsFiles {
+        cert: cert.clone(),
+        key: key.clone(),
+        client_ca: args.tls_client_ca.clone(),
+    };
+    Tls::new(files).map(|tls| Some(Arc::new(tls)))
+}
+
 fn main() -> ExitCode {
     tune_allocator();
     let cli = Cli::parse();
@@ -191,6 +245,7 @@ fn main() -> ExitCode {
 }
 
 fn run(args: Args) -> Result<(), String> {
+    let tls = tls_of(&args)?;
     let mut settings = Settings::default();
     if let Some(user) = &args.user {
         let Some((name, password)) = user.split_once(':').filter(|(n, _)| !n.is_empty()) else {
@@ -242,8 +297,11 @@ fn run(args: Args) -> Result<(), String> {
     };
     let memory_limit = args.memory_high_watermark.bytes();
     let result = runtime.block_on(serve_until_signal(
-        args.listen,
-        args.metrics,
+        Addresses {
+            plain: args.listen.0,
+            tls: args.tls_listen.zip(tls),
+            metrics: args.metrics,
+        },
         memory_limit,
         broker.clone(),
         Arc::new(settings),
@@ -365,23 +423,71 @@ fn print_status(status: &ClusterStatus) {
     }
 }
 
+/// Reads the TLS certificate and key again at every SIGHUP (a future to spawn). Only a
+/// server with TLS watches SIGHUP: one without keeps the signal's default, which ends it.
+fn reload_on_hangup(tls: Arc<Tls>) -> Result<impl std::future::Future<Output = ()>, String> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut hangups =
+        signal(SignalKind::hangup()).map_err(|e| format!("cannot watch SIGHUP: {e}"))?;
+    Ok(async move {
+        while hangups.recv().await.is_some() {
+            match tls.reload() {
+                Ok(()) => tracing::info!("SIGHUP: TLS certificate and key read again"),
+                Err(e) => tracing::error!(
+                    "SIGHUP: TLS certificate and key not reloaded, the old ones serve on: {e}"
+                ),
+            }
+        }
+    })
+}
+
 /// How long a shutdown waits for clients to answer `connection.close`.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
 
-async fn serve_until_signal(
-    listen: SocketAddr,
+/// Where a server listens.
+struct Addresses {
+    /// Plain AMQP.
+    plain: Option<SocketAddr>,
+    /// AMQP over TLS, with its config.
+    tls: Option<(SocketAddr, Arc<Tls>)>,
+    /// `--metrics`.
     metrics: Option<SocketAddr>,
+}
+
+/// Binds the AMQP listeners of `addresses`; the ready line's words for them.
+async fn bind(addresses: &Addresses) -> Result<(Listeners, String), String> {
+    let mut listeners = Listeners::default();
+    let mut words = Vec::new();
+    let bind = |addr: SocketAddr| async move {
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .map_err(|e| format!("cannot listen on {addr}: {e}"))?;
+        let local = listener.local_addr().map_err(|e| e.to_string())?;
+        Ok::<_, String>((listener, local))
+    };
+    if let Some(addr) = addresses.plain {
+        let (listener, local) = bind(addr).await?;
+        listeners.plain = Some(listener);
+        words.push(format!("AMQP 0-9-1 on {local}"));
+    }
+    if let Some((addr, tls)) = &addresses.tls {
+        let (listener, local) = bind(*addr).await?;
+        listeners.tls = Some((listener, Arc::clone(tls)));
+        words.push(format!("AMQP 0-9-1 over TLS on {local}"));
+    }
+    Ok((listeners, words.join(", ")))
+}
+
+async fn serve_until_signal(
+    addresses: Addresses,
     memory_limit: Option<u64>,
     broker: Broker,
     settings: Arc<Settings>,
     vhost: Arc<VHost>,
     storage: String,
 ) -> Result<(), String> {
-    let listener = tokio::net::TcpListener::bind(listen)
-        .await
-        .map_err(|e| format!("cannot listen on {listen}: {e}"))?;
-    let local = listener.local_addr().map_err(|e| e.to_string())?;
-    let metrics_line = match metrics {
+    let (listeners, amqp_line) = bind(&addresses).await?;
+    let metrics_line = match addresses.metrics {
         Some(addr) => {
             let metrics_listener = tokio::net::TcpListener::bind(addr)
                 .await
@@ -407,12 +513,15 @@ async fn serve_until_signal(
     let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .map_err(|e| format!("cannot watch SIGTERM: {e}"))?;
     println!(
-        "leasemqd {} ready: AMQP 0-9-1 on {local}, {} shards; {storage}; {memory_line}{metrics_line}",
+        "leasemqd {} ready: {amqp_line}, {} shards; {storage}; {memory_line}{metrics_line}",
         env!("CARGO_PKG_VERSION"),
         broker.shard_count(),
     );
+    if let Some((_, tls)) = addresses.tls {
+        tokio::spawn(reload_on_hangup(tls)?);
+    }
     tokio::select! {
-        () = serve::serve(listener, broker, settings.clone(), vhost) => {}
+        () = serve::serve(listeners, broker, settings.clone(), vhost) => {}
         _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: shutting down"),
         _ = sigterm.recv() => tracing::info!("SIGTERM: shutting down"),
     }

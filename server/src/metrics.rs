@@ -41,6 +41,8 @@ pub struct Metrics {
     pub incoming_bytes: Counter,
     /// Bytes written to clients.
     pub outgoing_bytes: Counter,
+    /// TLS handshakes that failed or did not finish in time (`--tls-listen`).
+    pub tls_handshake_failures: Counter,
     /// Messages dropped as a consumer or `basic.get` reached them, their TTL run out.
     pub ttl_expired: Counter,
     /// Dead letters dropped: their dead-letter exchange routed them nowhere, or a queue
@@ -83,6 +85,11 @@ impl Metrics {
             "connection_outgoing_bytes",
             "Bytes written to AMQP clients",
             self.outgoing_bytes.clone(),
+        );
+        registry.register(
+            "tls_handshake_failures",
+            "TLS handshakes that failed or did not finish in time",
+            self.tls_handshake_failures.clone(),
         );
         registry.register(
             "ttl_expired_messages",

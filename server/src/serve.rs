@@ -10,11 +10,12 @@ use std::task::Poll;
 use std::time::Duration;
 
 use leasemq::Broker;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadHalf, WriteHalf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::time::{sleep_until, Instant};
 
 use crate::metrics::Metrics;
+use crate::tls::Tls;
 use crate::{Connection, ConsumerSlot, Settings, TimedOut, VHost};
 
 /// How long a thread waiting on the broker yields before it parks (see
@@ -43,17 +44,30 @@ fn feed(conn: &mut Connection, input: &mut Vec<u8>, channels: &mut Channels<'_>)
     !input.is_empty() && (full || !conn.wants_input())
 }
 
+/// Where a server takes its connections: plain TCP, TLS, or both.
+#[derive(Debug, Default)]
+pub struct Listeners {
+    /// The plain listener (`--listen`).
+    pub plain: Option<TcpListener>,
+    /// The TLS listener (`--tls-listen`), with the config it accepts with.
+    pub tls: Option<(TcpListener, Arc<Tls>)>,
+}
+
 /// Accepts connections on `listener` into a fresh virtual host (in memory) until the
 /// future ends (it never does on its own); each runs in its own task.
 pub async fn accept_loop(listener: TcpListener, broker: Broker, settings: Arc<Settings>) {
     let vhost = Arc::new(VHost::new(&settings));
-    serve(listener, broker, settings, vhost).await;
+    let listeners = Listeners {
+        plain: Some(listener),
+        tls: None,
+    };
+    serve(listeners, broker, settings, vhost).await;
 }
 
-/// Accepts connections on `listener` into `vhost` until the future ends (it never does
+/// Accepts connections on `listeners` into `vhost` until the future ends (it never does
 /// on its own); each runs in its own task, and the virtual host's own tasks run alongside.
 pub async fn serve(
-    listener: TcpListener,
+    listeners: Listeners,
     broker: Broker,
     settings: Arc<Settings>,
     vhost: Arc<VHost>,
@@ -67,37 +81,144 @@ pub async fn serve(
     // Message TTL at the heads of queues, and expired messages dead-lettered.
     let expiry = tokio::spawn(Arc::clone(&vhost).expire_messages(broker.clone()));
     let _message_expiry = AbortOnDrop(expiry);
-    let ids = AtomicU64::new(0);
-    loop {
-        let (stream, peer) = match listener.accept().await {
-            Ok(accepted) => accepted,
-            Err(e) => {
-                // Out of file descriptors and the like: wait a moment, as a busy server must.
-                tracing::warn!(error = %e, "accept failed");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                continue;
-            }
+    let accepting = Arc::new(Accepting {
+        broker,
+        settings,
+        vhost,
+        ids: AtomicU64::new(0),
+    });
+    let plain = async {
+        match listeners.plain {
+            Some(listener) => Arc::clone(&accepting).accept(listener, None).await,
+            None => std::future::pending().await,
+        }
+    };
+    let tls = async {
+        match listeners.tls {
+            Some((listener, tls)) => Arc::clone(&accepting).accept(listener, Some(tls)).await,
+            None => std::future::pending().await,
+        }
+    };
+    tokio::join!(plain, tls);
+}
+
+/// What every accepted connection is made with.
+struct Accepting {
+    broker: Broker,
+    settings: Arc<Settings>,
+    vhost: Arc<VHost>,
+    /// The last connection id given, over all listeners.
+    ids: AtomicU64,
+}
+
+impl Accepting {
+    /// Accepts connections on `listener`, over TLS with `tls`, each in a task of its own.
+    async fn accept(self: Arc<Self>, listener: TcpListener, tls: Option<Arc<Tls>>) {
+        loop {
+            let (stream, peer) = match listener.accept().await {
+                Ok(accepted) => accepted,
+                Err(e) => {
+                    // Out of file descriptors and the like: wait a moment, as a busy server
+                    // must.
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            };
+            let id = self.ids.fetch_add(1, Ordering::Relaxed) + 1;
+            tracing::debug!(connection = id, %peer, "accepted");
+            let accepting = Arc::clone(&self);
+            match &tls {
+                None => tokio::spawn(async move { accepting.run(stream, peer, id).await }),
+                Some(tls) => {
+                    let acceptor = tls.acceptor();
+                    tokio::spawn(async move {
+                        if let Some(stream) =
+                            accepting.tls_handshake(acceptor, stream, peer, id).await
+                        {
+                            accepting.run(stream, peer, id).await;
+                        }
+                    })
+                }
+            };
+        }
+    }
+
+    /// The TLS handshake of connection `id`, within the AMQP handshake's time: `None`, logged
+    /// and counted, when it failed (a client speaking plain AMQP to this port, a certificate
+    /// refused) or did not finish in time. Only this connection ends.
+    async fn tls_handshake(
+        &self,
+        acceptor: tokio_rustls::TlsAcceptor,
+        stream: TcpStream,
+        peer: SocketAddr,
+        id: u64,
+    ) -> Option<tokio_rustls::server::TlsStream<TcpStream>> {
+        // The handshake's few small records go out at once.
+        let _ = stream.set_nodelay(true);
+        let limit = self.settings.handshake_timeout;
+        let why = match tokio::time::timeout(limit, acceptor.accept(stream)).await {
+            Ok(Ok(stream)) => return Some(stream),
+            Ok(Err(e)) => e.to_string(),
+            Err(_) => format!("not finished within {limit:?}"),
         };
-        let id = ids.fetch_add(1, Ordering::Relaxed) + 1;
+        self.settings.metrics.tls_handshake_failures.inc();
+        tracing::info!(connection = id, %peer, error = why, "TLS handshake failed");
+        None
+    }
+
+    /// Serves connection `id` on `stream` until it ends, counted in the metrics.
+    async fn run<S: Transport>(&self, stream: S, peer: SocketAddr, id: u64) {
         let conn = Connection::new(
-            broker.clone(),
-            settings.clone(),
-            Arc::clone(&vhost),
+            self.broker.clone(),
+            self.settings.clone(),
+            Arc::clone(&self.vhost),
             id,
             peer.ip().is_loopback(),
         );
-        let metrics = settings.metrics.clone();
+        let metrics = self.settings.metrics.clone();
         metrics.connections_opened.inc();
         metrics.connections.inc();
-        tracing::debug!(connection = id, %peer, "accepted");
-        tokio::spawn(async move {
-            match run_connection(stream, peer, conn).await {
-                Ok(()) => tracing::debug!(connection = id, %peer, "closed"),
-                Err(e) => tracing::info!(connection = id, %peer, error = %e, "connection ended"),
-            }
-            metrics.connections.dec();
-            metrics.connections_closed.inc();
-        });
+        match run_connection(stream, peer, conn).await {
+            Ok(()) => tracing::debug!(connection = id, %peer, "closed"),
+            Err(e) => tracing::info!(connection = id, %peer, error = %e, "connection ended"),
+        }
+        metrics.connections.dec();
+        metrics.connections_closed.inc();
+    }
+}
+
+/// A connection's byte stream as [`run_connection`] drives it: plain TCP or TLS over it.
+pub trait Transport: Send + 'static {
+    /// The half it is read through.
+    type Reader: AsyncRead + Unpin + Send;
+    /// The half it is written through.
+    type Writer: AsyncWrite + Unpin + Send;
+    /// Whether the writer may keep written bytes back until it is flushed (TLS records
+    /// waiting for a socket that was full), so that output that is all written must still
+    /// be flushed.
+    const HOLDS_BACK: bool;
+    /// The two halves, the socket set up for frames (no Nagle delay).
+    fn halves(self) -> io::Result<(Self::Reader, Self::Writer)>;
+}
+
+impl Transport for TcpStream {
+    type Reader = tokio::net::tcp::OwnedReadHalf;
+    type Writer = tokio::net::tcp::OwnedWriteHalf;
+    const HOLDS_BACK: bool = false;
+    fn halves(self) -> io::Result<(Self::Reader, Self::Writer)> {
+        self.set_nodelay(true)?;
+        Ok(self.into_split())
+    }
+}
+
+impl Transport for tokio_rustls::server::TlsStream<TcpStream> {
+    type Reader = ReadHalf<Self>;
+    type Writer = WriteHalf<Self>;
+    const HOLDS_BACK: bool = true;
+    fn halves(self) -> io::Result<(Self::Reader, Self::Writer)> {
+        self.get_ref().0.set_nodelay(true)?;
+        Ok(tokio::io::split(self))
     }
 }
 
@@ -106,7 +227,7 @@ pub async fn serve(
 /// client can close a connection in the middle of writing a large body (amqplib writes
 /// `connection.close` ahead of the rest of a publish): were the socket closed at once,
 /// its writes would fail before it read our `close-ok`, and it could not finish its close.
-async fn linger(reader: &mut tokio::net::tcp::OwnedReadHalf, buffer: &mut Vec<u8>) {
+async fn linger(reader: &mut (impl AsyncRead + Unpin), buffer: &mut Vec<u8>) {
     let deadline = Instant::now() + LINGER;
     loop {
         buffer.clear();
@@ -129,7 +250,7 @@ impl Drop for AbortOnDrop {
 /// Drives one connection until it closes or its socket fails, counting its bytes and
 /// channels in the server's metrics.
 pub async fn run_connection(
-    stream: TcpStream,
+    stream: impl Transport,
     peer: SocketAddr,
     mut conn: Connection,
 ) -> io::Result<()> {
@@ -164,8 +285,8 @@ impl Channels<'_> {
     }
 }
 
-async fn drive(
-    stream: TcpStream,
+async fn drive<S: Transport>(
+    stream: S,
     conn: &mut Connection,
     metrics: &Metrics,
     channels: &mut Channels<'_>,
@@ -175,19 +296,17 @@ async fn drive(
     if forced {
         conn.force_close();
     }
-    stream.set_nodelay(true)?;
-    let (mut reader, mut writer) = stream.into_split();
+    let (mut reader, mut writer) = stream.halves()?;
     let mut input = Vec::with_capacity(64 * 1024);
-    let mut output: Vec<u8> = Vec::new();
-    let mut written = 0;
+    let mut out = Outgoing::default();
     // Whole frames of the input the connection left for later (see `handle_input`).
     let mut input_left = false;
     let mut memory_alarm = conn.settings().memory_alarm.subscribe();
     loop {
         // A connection the memory alarm blocked goes on once it has cleared.
         conn.unblock();
-        gather(conn, &mut output, written);
-        let pending = output.len() - written;
+        gather(conn, &mut out);
+        let pending = out.pending();
         if conn.is_closed() && pending == 0 {
             return end(&mut writer, &mut reader, &mut input, forced).await;
         }
@@ -217,15 +336,13 @@ async fn drive(
                 conn.on_read(std::time::Instant::now());
                 input_left = feed(conn, &mut input, channels);
             }
-            n = writer.write(&output[written..]), if pending > 0 => {
+            n = write_or_flush(&mut writer, out.unwritten()), if pending > 0 || out.unflushed => {
                 let n = n?;
-                metrics.outgoing_bytes.inc_by(n as u64);
-                written += n;
-                conn.on_written(std::time::Instant::now());
-                if written == output.len() {
-                    output.clear();
-                    written = 0;
+                if pending > 0 {
+                    metrics.outgoing_bytes.inc_by(n as u64);
+                    conn.on_written(std::time::Instant::now());
                 }
+                out.wrote(n, S::HOLDS_BACK);
             }
             delivery = answers_or_delivery(conn, room), if (room && !conn.is_closed()) || conn.awaits_answers() => {
                 if let Some((i, d)) = delivery {
@@ -252,8 +369,8 @@ async fn drive(
 /// the peer still sends, unless the server shuts down (`forced`): a server that shuts
 /// down does not wait on its clients' last writes.
 async fn end(
-    writer: &mut tokio::net::tcp::OwnedWriteHalf,
-    reader: &mut tokio::net::tcp::OwnedReadHalf,
+    writer: &mut (impl AsyncWrite + Unpin),
+    reader: &mut (impl AsyncRead + Unpin),
     input: &mut Vec<u8>,
     forced: bool,
 ) -> io::Result<()> {
@@ -264,17 +381,64 @@ async fn end(
     Ok(())
 }
 
+/// Writes what it can of `output`, or with nothing left to write flushes what the writer
+/// held back (and returns 0).
+async fn write_or_flush(
+    writer: &mut (impl AsyncWrite + Unpin),
+    output: &[u8],
+) -> io::Result<usize> {
+    if output.is_empty() {
+        writer.flush().await.map(|()| 0)
+    } else {
+        writer.write(output).await
+    }
+}
+
+/// The bytes on their way to the socket.
+#[derive(Default)]
+struct Outgoing {
+    bytes: Vec<u8>,
+    /// How many of `bytes` the socket took.
+    written: usize,
+    /// All written to a transport that may hold bytes back, not flushed since.
+    unflushed: bool,
+}
+
+impl Outgoing {
+    fn pending(&self) -> usize {
+        self.bytes.len() - self.written
+    }
+
+    fn unwritten(&self) -> &[u8] {
+        &self.bytes[self.written..]
+    }
+
+    /// `n` more bytes written, or with none pending a flush done; a transport that
+    /// `holds_back` is flushed once all is written.
+    fn wrote(&mut self, n: usize, holds_back: bool) {
+        if self.pending() == 0 {
+            self.unflushed = false;
+            return;
+        }
+        self.written += n;
+        if self.written == self.bytes.len() {
+            self.bytes.clear();
+            self.written = 0;
+            self.unflushed = holds_back;
+        }
+    }
+}
+
 /// Lets the deliveries that are already waiting out with what is being written, up to
-/// [`HIGH_WATER`], and appends the connection's output to `output` (of which `written`
-/// bytes are gone).
-fn gather(conn: &mut Connection, output: &mut Vec<u8>, written: usize) {
-    while output.len() - written + conn.output_len() < HIGH_WATER {
+/// [`HIGH_WATER`], and appends the connection's output to `out`.
+fn gather(conn: &mut Connection, out: &mut Outgoing) {
+    while out.pending() + conn.output_len() < HIGH_WATER {
         match conn.try_delivery() {
             Some((i, d)) => conn.handle_delivery(i, d),
             None => break,
         }
     }
-    conn.take_output(output);
+    conn.take_output(&mut out.bytes);
 }
 
 /// The answers to awaited puts, taken as they come (then `None`), or what a consumer's

@@ -26,6 +26,7 @@
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, SystemTime};
 
+use lapin::tcp::OwnedTLSConfig;
 use lapin::{Connection, ConnectionProperties};
 
 use crate::cli::{format_duration, AckMode, Client, ThroughputArgs};
@@ -37,7 +38,8 @@ use crate::Run;
 use queue_args::{QueueArg, QueueArgValue};
 use setup::Setup;
 use summary::{finish_recorders, summarise, Outcome};
-use targets::Targets;
+use targets::{Target, Targets};
+use tls::ClientTls;
 use tokio::task::JoinHandle;
 use workers::{
     consume, open_consumers, open_producers, produce, ConsumerResult, ProducerResult, Publisher,
@@ -101,6 +103,7 @@ mod raw;
 mod setup;
 mod summary;
 mod targets;
+mod tls;
 mod workers;
 
 /// `uri` with its password hidden, for titles and `summary.json`.
@@ -126,7 +129,11 @@ pub fn run(args: &ThroughputArgs) -> Result<Run, String> {
     validate(args)?;
     let plan = plan_of(args);
     let w = &args.workload;
-    let targets = Targets::new(&args.amqp.targets, w.consumers as usize);
+    let tls = match &args.amqp.tls_ca {
+        Some(path) => Some(ClientTls::load(path)?),
+        None => None,
+    };
+    let targets = Targets::new(&args.amqp.targets, w.consumers as usize, tls.as_ref());
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(w.runtime_threads as usize)
         .thread_name("loadgen-amqp")
@@ -316,6 +323,16 @@ fn validate(args: &ThroughputArgs) -> Result<(), String> {
     if args.rate.is_some() {
         return Err("--target runs a closed loop only: leave out --rate".into());
     }
+    let tls_targets = args
+        .amqp
+        .targets
+        .iter()
+        .filter(|t| t.starts_with("amqps://"));
+    if args.amqp.tls_ca.is_none() && tls_targets.count() > 0 {
+        return Err(
+            "an amqps:// --target needs --tls-ca FILE: the CA its certificate chains to".into(),
+        );
+    }
     if w.storage.data_dir.is_some() || w.storage.sync.is_some() {
         return Err(
             "--data-dir and --sync set up the embedded broker; with --target the server \
@@ -387,14 +404,28 @@ fn queue_names(count: u32) -> Vec<String> {
         .collect()
 }
 
-pub(super) async fn connect(target: &str, role: &str) -> Result<Connection, String> {
-    let connecting = Connection::connect(target, ConnectionProperties::default());
+pub(super) async fn connect(target: Target<'_>, role: &str) -> Result<Connection, String> {
+    // `--tls-ca` for an amqps:// target; lapin's defaults otherwise.
+    let config = OwnedTLSConfig {
+        identity: None,
+        cert_chain: target.tls.map(|tls| tls.ca_pem.clone()),
+    };
+    let connecting = async {
+        let runtime = lapin::runtime::default_runtime()?;
+        Connection::connect_with_config(
+            target.uri,
+            ConnectionProperties::default(),
+            config,
+            runtime,
+        )
+        .await
+    };
     match tokio::time::timeout(CONNECT_LIMIT, connecting).await {
         Ok(Ok(conn)) => Ok(conn),
-        Ok(Err(e)) => Err(format!("{role}: connecting to {}: {e}", masked(target))),
+        Ok(Err(e)) => Err(format!("{role}: connecting to {}: {e}", masked(target.uri))),
         Err(_) => Err(format!(
             "{role}: no connection to {} within {}",
-            masked(target),
+            masked(target.uri),
             format_duration(CONNECT_LIMIT)
         )),
     }

@@ -6,6 +6,7 @@ use lapin::types::FieldTable;
 use lapin::{Channel, Connection};
 
 use super::queue_args::{field_table, QueueArg};
+use super::targets::Target;
 use super::{amqp_error, connect};
 
 /// The connection that declares the run's queues, and at the end counts and deletes them.
@@ -25,7 +26,7 @@ impl Setup {
     /// A server that cannot be reached, or refuses a declaration (e.g. RabbitMQ refuses a
     /// quorum queue that is not durable).
     pub(super) async fn open(
-        target: &str,
+        target: Target<'_>,
         queues: &[String],
         durable: bool,
         queue_args: &[QueueArg],

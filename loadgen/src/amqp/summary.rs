@@ -162,7 +162,7 @@ fn describe(
         format_duration(args.warmup)
     );
     let mut config = json!({
-        "target": masked(targets.first()), "client": plan.client.text(), "producers": w.producers, "consumers": w.consumers,
+        "target": masked(targets.first().uri), "client": plan.client.text(), "producers": w.producers, "consumers": w.consumers,
         "queues": w.queues, "body_bytes": w.body_bytes, "prefetch": plan.prefetch,
         "ack": ack_text, "confirms": plan.confirms, "durable": w.storage.durable,
         "runtime_threads": w.runtime_threads, "duration_s": seconds,

@@ -2,6 +2,16 @@
 //! cluster) and which of them each connection goes to.
 
 use super::masked;
+use super::tls::ClientTls;
+
+/// One server a connection goes to: its URI, and the CA that `amqps://` trusts.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Target<'a> {
+    /// As the user gave it.
+    pub(crate) uri: &'a str,
+    /// `--tls-ca`, where given.
+    pub(crate) tls: Option<&'a ClientTls>,
+}
 
 /// The `--target` URIs in the order given, and the run's consumer count.
 ///
@@ -14,32 +24,46 @@ use super::masked;
 pub(super) struct Targets<'a> {
     uris: &'a [String],
     consumers: usize,
+    tls: Option<&'a ClientTls>,
 }
 
 impl<'a> Targets<'a> {
-    /// The targets of a run with `consumers` consumers; `uris` holds at least one.
-    pub(super) fn new(uris: &'a [String], consumers: usize) -> Targets<'a> {
+    /// The targets of a run with `consumers` consumers, trusting `tls` over TLS; `uris`
+    /// holds at least one.
+    pub(super) fn new(
+        uris: &'a [String],
+        consumers: usize,
+        tls: Option<&'a ClientTls>,
+    ) -> Targets<'a> {
         assert!(!uris.is_empty(), "an AMQP run has a target");
-        Targets { uris, consumers }
+        Targets {
+            uris,
+            consumers,
+            tls,
+        }
     }
 
     /// Where the queues are declared, counted and deleted.
-    pub(super) fn first(&self) -> &'a str {
-        &self.uris[0]
+    pub(super) fn first(&self) -> Target<'a> {
+        self.target(0)
     }
 
     /// The server of consumer `i`'s connection.
-    pub(super) fn consumer(&self, i: usize) -> &'a str {
-        self.nth_connection(i)
+    pub(super) fn consumer(&self, i: usize) -> Target<'a> {
+        self.target(i)
     }
 
     /// The server of producer `j`'s connection.
-    pub(super) fn producer(&self, j: usize) -> &'a str {
-        self.nth_connection(self.consumers + j)
+    pub(super) fn producer(&self, j: usize) -> Target<'a> {
+        self.target(self.consumers + j)
     }
 
-    fn nth_connection(&self, k: usize) -> &'a str {
-        &self.uris[k % self.uris.len()]
+    /// The server of the `k`th connection.
+    fn target(&self, k: usize) -> Target<'a> {
+        Target {
+            uri: &self.uris[k % self.uris.len()],
+            tls: self.tls,
+        }
     }
 
     /// The targets, passwords hidden, for the title: "amqp://u:***@a/%2f" or, for
@@ -72,20 +96,20 @@ mod tests {
     #[test]
     fn one_target_takes_every_connection() {
         let all = uris(1);
-        let t = Targets::new(&all, 4);
-        assert!((0..4).all(|i| t.consumer(i) == all[0]));
-        assert!((0..4).all(|j| t.producer(j) == all[0]));
-        assert_eq!(t.first(), all[0]);
+        let t = Targets::new(&all, 4, None);
+        assert!((0..4).all(|i| t.consumer(i).uri == all[0]));
+        assert!((0..4).all(|j| t.producer(j).uri == all[0]));
+        assert_eq!(t.first().uri, all[0]);
         assert_eq!(t.text(), "amqp://guest:***@127.0.0.1:5672/%2f");
     }
 
     #[test]
     fn connections_go_round_robin_consumers_first() {
         let all = uris(3);
-        let t = Targets::new(&all, 4);
+        let t = Targets::new(&all, 4, None);
         let port = |uri: &str| all.iter().position(|u| u == uri).unwrap();
-        let consumers: Vec<usize> = (0..4).map(|i| port(t.consumer(i))).collect();
-        let producers: Vec<usize> = (0..4).map(|j| port(t.producer(j))).collect();
+        let consumers: Vec<usize> = (0..4).map(|i| port(t.consumer(i).uri)).collect();
+        let producers: Vec<usize> = (0..4).map(|j| port(t.producer(j).uri)).collect();
         assert_eq!(consumers, [0, 1, 2, 0]);
         assert_eq!(producers, [1, 2, 0, 1]);
         // Eight connections over three servers: 3, 3 and 2.
@@ -94,13 +118,13 @@ mod tests {
             per_target[*k] += 1;
         }
         assert_eq!(per_target, [3, 3, 2]);
-        assert_eq!(t.first(), all[0]);
+        assert_eq!(t.first().uri, all[0]);
     }
 
     #[test]
     fn the_title_names_every_target_without_passwords() {
         let all = uris(3);
-        let t = Targets::new(&all, 1);
+        let t = Targets::new(&all, 1, None);
         assert_eq!(t.len(), 3);
         assert_eq!(
             t.text(),

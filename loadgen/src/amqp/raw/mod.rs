@@ -22,16 +22,18 @@ use amq_protocol::auth::{Credentials, SASLMechanism};
 use amq_protocol::frame::{AMQPFrame, ProtocolVersion};
 use amq_protocol::protocol::{basic, channel, confirm, connection, AMQPClass};
 use amq_protocol::types::{AMQPValue, FieldTable};
-use amq_protocol::uri::{AMQPUri, AMQPUserInfo};
+use amq_protocol::uri::{AMQPScheme, AMQPUri, AMQPUserInfo};
 use tokio::net::TcpStream;
+use transport::Transport;
 
-use super::targets::Targets;
+use super::targets::{Target, Targets};
 use super::workers::{ConsumerResult, ProducerResult, Shared, DRAIN_LIMIT, FULL_PAUSE, IDLE_WAIT};
 use super::{masked, Plan, CONNECT_LIMIT};
 use crate::cli::{format_duration, AckMode};
 use crate::common::{nanos, read_header, seq_of, BodyWriter, Clock};
 use wire::{Event, Inbox, CHANNEL};
 
+mod transport;
 mod wire;
 
 /// Most publishes a producer puts into one write. Larger batches save little more (one
@@ -44,7 +46,7 @@ const WRITE_WAIT: Duration = Duration::from_millis(5);
 
 /// One raw connection with its channel open, and the bytes on their way in and out.
 pub(super) struct Conn {
-    stream: TcpStream,
+    stream: Transport,
     inbox: Inbox,
     /// Frames waiting for the next write.
     out: Vec<u8>,
@@ -58,21 +60,22 @@ impl Conn {
     /// (PLAIN, the URI's user and password, guest/guest without them); `tune` → `tune-ok`
     /// (the server's `channel_max` and `frame_max`, no heartbeats); `open` (the URI's vhost)
     /// → `open-ok`; `channel.open` → `open-ok`.
-    async fn open(target: &str, role: &'static str) -> Result<Conn, String> {
+    async fn open(target: Target<'_>, role: &'static str) -> Result<Conn, String> {
         match tokio::time::timeout(CONNECT_LIMIT, Conn::handshake(target, role)).await {
             Ok(opened) => opened,
             Err(_) => Err(format!(
                 "{role}: no connection to {} within {}",
-                masked(target),
+                masked(target.uri),
                 format_duration(CONNECT_LIMIT)
             )),
         }
     }
 
-    async fn handshake(target: &str, role: &'static str) -> Result<Conn, String> {
+    async fn handshake(target: Target<'_>, role: &'static str) -> Result<Conn, String> {
         let uri: AMQPUri = target
+            .uri
             .parse()
-            .map_err(|e| format!("{role}: {}: {e}", masked(target)))?;
+            .map_err(|e| format!("{role}: {}: {e}", masked(target.uri)))?;
         let mut conn = Conn::connect(&uri, target, role).await?;
         let header = AMQPFrame::ProtocolHeader(ProtocolVersion::amqp_0_9_1());
         wire::append(&mut conn.out, &header)?;
@@ -115,17 +118,28 @@ impl Conn {
         Ok(conn)
     }
 
-    /// Opens the TCP connection to the host and port of `uri` (`target`, as the user gave
-    /// it, names it in errors), with nothing sent or read yet.
-    async fn connect(uri: &AMQPUri, target: &str, role: &'static str) -> Result<Conn, String> {
+    /// Opens the connection to the host and port of `uri` (`target`, as the user gave it,
+    /// names it in errors), with its TLS handshake done for an `amqps://` target and nothing
+    /// of AMQP sent or read yet.
+    async fn connect(
+        uri: &AMQPUri,
+        target: Target<'_>,
+        role: &'static str,
+    ) -> Result<Conn, String> {
         let authority = &uri.authority;
-        let stream = TcpStream::connect((authority.host.as_str(), authority.port))
+        let failed =
+            |e: std::io::Error| format!("{role}: connecting to {}: {e}", masked(target.uri));
+        let socket = TcpStream::connect((authority.host.as_str(), authority.port))
             .await
-            .map_err(|e| format!("{role}: connecting to {}: {e}", masked(target)))?;
+            .map_err(failed)?;
         // Batches are written whole, each with one call: nothing to gain from Nagle.
-        stream
+        socket
             .set_nodelay(true)
             .map_err(|e| format!("{role}: TCP_NODELAY: {e}"))?;
+        let tls = target.tls.filter(|_| uri.scheme == AMQPScheme::AMQPS);
+        let stream = Transport::new(socket, &authority.host, tls)
+            .await
+            .map_err(failed)?;
         Ok(Conn {
             stream,
             inbox: Inbox::default(),
@@ -265,9 +279,12 @@ impl Conn {
     /// that does not read would stop reading too. Gives up when the run is aborted.
     async fn send(&mut self, abort: &AtomicBool) -> Result<(), String> {
         let mut at = 0;
-        while at < self.out.len() {
+        // Over TLS, until the socket has taken every record too.
+        while at < self.out.len() || self.stream.holds_back() {
             match self.stream.try_write(&self.out[at..]) {
-                Ok(0) => return Err(self.failed("the connection took no bytes")),
+                Ok(0) if at < self.out.len() => {
+                    return Err(self.failed("the connection took no bytes"))
+                }
                 Ok(n) => at += n,
                 Err(e) if e.kind() == WouldBlock => {
                     if abort.load(Relaxed) {
