@@ -30,6 +30,8 @@ mod fault;
 mod get;
 mod handshake;
 mod incoming;
+mod login;
+mod permitted;
 mod publish;
 mod queues;
 mod reply_to;
@@ -123,7 +125,8 @@ pub struct Connection {
     /// The virtual host its methods act on: queues, exchanges and what is kept of them.
     vhost: Arc<VHost>,
     id: u64,
-    peer_is_loopback: bool,
+    /// Who logged in, and what it may do in its virtual host.
+    login: login::Login,
     phase: Phase,
     frame_max: usize,
     channel_max: u16,
@@ -212,7 +215,7 @@ impl Connection {
             settings,
             vhost,
             id,
-            peer_is_loopback,
+            login: login::Login::new(peer_is_loopback),
             phase: Phase::AwaitHeader,
             frame_max,
             channel_max,

@@ -9,6 +9,7 @@ use std::time::Duration;
 use clap::{Parser, Subcommand};
 use leasemq::{Broker, Cluster, ClusterStatus};
 use leasemq_replica::link::{admin_call, AdminCall};
+use leasemq_server::access::{read_definitions, Access};
 use leasemq_server::exchange::Exchanges;
 use leasemq_server::serve::Listeners;
 use leasemq_server::tls::{Tls, TlsFiles};
@@ -126,10 +127,16 @@ struct Args {
     /// shutdown) or debug (every connection).
     #[arg(long, value_name = "LEVEL", default_value = "info")]
     log_level: tracing::Level,
-    /// The user PLAIN accepts, as NAME:PASSWORD. Default guest:guest, from loopback only
-    /// (as RabbitMQ); any other user may connect from anywhere.
-    #[arg(long, value_name = "NAME:PASSWORD")]
+    /// The one user, as NAME:PASSWORD: an administrator with every permission on `/`,
+    /// from any address. Without it or --definitions: guest:guest, from loopback only (as
+    /// RabbitMQ).
+    #[arg(long, value_name = "NAME:PASSWORD", conflicts_with = "definitions")]
     user: Option<String>,
+    /// A RabbitMQ definitions file (`rabbitmqctl export_definitions`): its users (with
+    /// their password hashes), vhosts and permissions. With --data-dir they are kept
+    /// there, and the file's users are read only while the data dir has none.
+    #[arg(long, value_name = "FILE")]
+    definitions: Option<PathBuf>,
     /// Memory limit (RabbitMQ's `vm_memory_high_watermark`): while the server's resident
     /// memory is at or over it, connections that publish are blocked (and told so with
     /// `connection.blocked`) and consumers go on. A share of the machine's memory (or of
@@ -246,15 +253,10 @@ fn main() -> ExitCode {
 
 fn run(args: Args) -> Result<(), String> {
     let tls = tls_of(&args)?;
-    let mut settings = Settings::default();
-    if let Some(user) = &args.user {
-        let Some((name, password)) = user.split_once(':').filter(|(n, _)| !n.is_empty()) else {
-            return Err(format!("--user {user:?} is not NAME:PASSWORD"));
-        };
-        settings.loopback_only = false;
-        settings.user = name.to_string();
-        settings.password = password.to_string();
-    }
+    let mut settings = Settings {
+        access: Arc::new(access_of(&args)?),
+        ..Settings::default()
+    };
     // Every caller of the broker here is a task on the runtime's workers: a long run of
     // yields in a wait takes the cores they need (see `BrokerBuilder::yield_budget`).
     let mut builder = Broker::builder().yield_budget(serve::YIELD_BUDGET);
@@ -310,6 +312,30 @@ fn run(args: Args) -> Result<(), String> {
     ));
     broker.shutdown();
     result
+}
+
+/// Who may log in: `--user`, or what the data dir keeps, or `--definitions`, or guest.
+fn access_of(args: &Args) -> Result<Access, String> {
+    if let Some(user) = &args.user {
+        let Some((name, password)) = user.split_once(':').filter(|(n, _)| !n.is_empty()) else {
+            return Err("--user is not NAME:PASSWORD".to_string());
+        };
+        return Ok(Access::one_user(name, password));
+    }
+    let definitions = match &args.definitions {
+        Some(path) => Some(read_definitions(path)?),
+        None => None,
+    };
+    if let Some((path, d)) = &definitions {
+        for skipped in d.skipped() {
+            tracing::info!(
+                "{}: {skipped} skipped: leasemqd has no use for them",
+                path.display()
+            );
+        }
+    }
+    let given = definitions.as_ref().map(|(path, d)| (path.as_path(), d));
+    Ok(Access::load(args.data_dir.as_deref(), given)?.unwrap_or_default())
 }
 
 /// The cluster this server is a node of, from its flags; `None` without --cluster.

@@ -41,6 +41,8 @@ pub struct Metrics {
     pub incoming_bytes: Counter,
     /// Bytes written to clients.
     pub outgoing_bytes: Counter,
+    /// Logins refused (RabbitMQ's `auth_attempts_failed`).
+    pub auth_attempts_failed: Counter,
     /// TLS handshakes that failed or did not finish in time (`--tls-listen`).
     pub tls_handshake_failures: Counter,
     /// Messages dropped as a consumer or `basic.get` reached them, their TTL run out.
@@ -85,6 +87,11 @@ impl Metrics {
             "connection_outgoing_bytes",
             "Bytes written to AMQP clients",
             self.outgoing_bytes.clone(),
+        );
+        registry.register(
+            "auth_attempts_failed",
+            "Logins refused: unknown user, wrong password, or a user not allowed from there",
+            self.auth_attempts_failed.clone(),
         );
         registry.register(
             "tls_handshake_failures",

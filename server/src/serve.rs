@@ -262,6 +262,9 @@ pub async fn run_connection(
     };
     let result = drive(stream, &mut conn, &metrics, &mut channels, shutdown).await;
     channels.set(0);
+    if let Some((user, mechanism)) = conn.refused_login() {
+        tracing::warn!(connection = conn.id(), %peer, user, mechanism, "login refused");
+    }
     // A connection error the server answered (a shutdown's 320 is logged once, apart).
     if let Some((code, text)) = conn.closed_with().filter(|(code, _)| *code != 320) {
         tracing::info!(connection = conn.id(), %peer, code, reason = text, "closed by the server");

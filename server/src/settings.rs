@@ -6,6 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::access::Access;
 use crate::clock::{LeaseClock, WallClock};
 use crate::memory::MemoryAlarm;
 use crate::metrics::Metrics;
@@ -13,12 +14,8 @@ use crate::metrics::Metrics;
 /// What a connection needs to know that is the same for all of them.
 #[derive(Debug, Clone)]
 pub struct Settings {
-    /// The one user name PLAIN accepts.
-    pub user: String,
-    /// Its password.
-    pub password: String,
-    /// Accept the user only from a loopback address (as RabbitMQ does for `guest`).
-    pub loopback_only: bool,
+    /// Who may log in, and what each user may do in each virtual host.
+    pub access: Arc<Access>,
     /// The largest frame the server proposes and accepts, overhead included.
     pub frame_max: u32,
     /// The most channels the server proposes.
@@ -57,9 +54,7 @@ pub struct Settings {
 impl Default for Settings {
     fn default() -> Settings {
         Settings {
-            user: "guest".into(),
-            password: "guest".into(),
-            loopback_only: true,
+            access: Arc::default(),
             frame_max: 131_072,
             channel_max: 2047,
             ack_timeout: Duration::from_secs(30 * 60),

@@ -46,6 +46,8 @@ impl Connection {
             );
             return Err(Fault::connection(code::UNEXPECTED_FRAME, text).for_method(&method));
         }
+        self.permitted(ch, &method)?;
+        let state = self.channels.get_mut(&ch).expect("open, looked up above");
         // What the channel's own state serves, it answers; the rest needs the broker or
         // the virtual host.
         let method = match state.handle(ch, method) {

@@ -34,7 +34,7 @@ impl Connection {
             version_major: 0,
             version_minor: 9,
             server_properties: properties,
-            mechanisms: "PLAIN".into(),
+            mechanisms: super::login::MECHANISMS.into(),
             locales: "en_US".into(),
         };
         self.phase = Phase::AwaitStartOk;
@@ -58,14 +58,7 @@ impl Connection {
             (Phase::AwaitStartOk, M::StartOk(start_ok)) => self.handle_start_ok(start_ok),
             (Phase::AwaitTuneOk, M::TuneOk(tune_ok)) => self.handle_tune_ok(tune_ok),
             (Phase::AwaitOpen, M::Open(open)) => {
-                if open.virtual_host.as_str() != "/" {
-                    let text = format!(
-                        "vhost '{}' not found: leasemqd has only '/'",
-                        open.virtual_host
-                    );
-                    return Err(Fault::connection(code::NOT_ALLOWED, text)
-                        .for_method(&AMQPClass::Connection(M::Open(open))));
-                }
+                self.open_vhost(&open)?;
                 self.phase = Phase::Open;
                 self.send(0, AMQPClass::Connection(M::OpenOk(connection::OpenOk {})));
                 Ok(())
@@ -84,29 +77,8 @@ impl Connection {
     }
 
     pub(super) fn handle_start_ok(&mut self, start_ok: connection::StartOk) -> Result<(), Fault> {
-        let m = AMQPClass::Connection(connection::AMQPMethod::StartOk(start_ok.clone()));
-        if start_ok.mechanism.as_str() != "PLAIN" {
-            let text = format!(
-                "unsupported auth mechanism {}: only PLAIN",
-                start_ok.mechanism
-            );
-            return Err(Fault::connection(code::ACCESS_REFUSED, text).for_method(&m));
-        }
-        // PLAIN (RFC 4616): [authzid] NUL authcid NUL passwd.
-        let mut parts = start_ok.response.as_bytes().split(|&b| b == 0);
-        let (_, user, password) = (parts.next(), parts.next(), parts.next());
+        self.log_in(&start_ok)?;
         let settings = &self.settings;
-        let valid = user == Some(settings.user.as_bytes())
-            && password == Some(settings.password.as_bytes())
-            && parts.next().is_none();
-        if !valid {
-            let text = "ACCESS_REFUSED - login refused: wrong user name or password";
-            return Err(Fault::connection(code::ACCESS_REFUSED, text).for_method(&m));
-        }
-        if settings.loopback_only && !self.peer_is_loopback {
-            let text = format!("user '{}' can only connect from localhost", settings.user);
-            return Err(Fault::connection(code::ACCESS_REFUSED, text).for_method(&m));
-        }
         // RabbitMQ's blocked connection notifications, for a client that asks for them.
         let capabilities = start_ok.client_properties.inner().get("capabilities");
         self.hears_blocked = matches!(capabilities, Some(AMQPValue::FieldTable(c))

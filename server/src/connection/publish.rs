@@ -322,7 +322,7 @@ impl Connection {
             .message_id()
             .as_ref()
             .map(|id| id.as_str().to_owned());
-        let mut refused = refused_properties(properties, &self.settings.user);
+        let mut refused = refused_properties(properties, self.login.user_name());
         if self.settings.cluster && refused.is_none() {
             refused = unserved::properties(properties);
         }

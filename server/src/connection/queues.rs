@@ -28,7 +28,11 @@ impl Connection {
         // The broker's name for it (`names.rs`): a client's name with bytes the broker does
         // not take in names is escaped.
         let name = match declare.queue.as_str() {
-            "" if !declare.passive => self.server_named_queue(),
+            "" if !declare.passive => {
+                let name = self.server_named_queue();
+                self.queue_declare_permitted(ch, &name, &declare.arguments, &m)?;
+                name
+            }
             given => names::engine(given).into_owned(),
         };
         let name = name.as_str();

@@ -24,6 +24,7 @@ use crate::memory::MemoryAlarm;
 use crate::vhost::VHost;
 use frames::*;
 
+mod access;
 mod consume;
 mod declare;
 mod durable;
