@@ -102,7 +102,8 @@ fuzz_target!(|data: &[u8]| {
         ..Settings::default()
     });
     let vhost = Arc::new(VHost::new(&settings));
-    let mut conn = Connection::new(broker().clone(), settings, vhost, 1, true);
+    let vhosts = leasemq_server::vhost::VHosts::one(vhost);
+    let mut conn = Connection::new(broker().clone(), settings, vhosts, 1, true);
     let mut input = if mode % 2 == 1 {
         handshake(mode & 4 != 0)
     } else {

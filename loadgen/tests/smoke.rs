@@ -766,6 +766,7 @@ impl TlsLeasemqd {
         let addr = listener.local_addr().unwrap();
         let settings = std::sync::Arc::new(leasemq_server::Settings::default());
         let vhost = std::sync::Arc::new(leasemq_server::VHost::new(&settings));
+        let vhosts = leasemq_server::vhost::VHosts::one(vhost);
         let listeners = leasemq_server::serve::Listeners {
             plain: None,
             tls: Some((listener, std::sync::Arc::new(tls))),
@@ -774,7 +775,7 @@ impl TlsLeasemqd {
             listeners,
             broker.clone(),
             settings,
-            vhost,
+            vhosts,
         ));
         TlsLeasemqd {
             server: Leasemqd {

@@ -265,6 +265,9 @@ fn write_atomically(path: &Path, definitions: &Definitions) -> Result<(), String
     use std::io::Write as _;
     let failed = |e: std::io::Error| format!("{}: {e}", path.display());
     let text = serde_json::to_vec_pretty(definitions).expect("definitions serialise");
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).map_err(failed)?;
+    }
     let temporary = path.with_extension("json.tmp");
     let mut file = std::fs::File::create(&temporary).map_err(failed)?;
     file.write_all(&text).map_err(failed)?;

@@ -60,9 +60,9 @@ impl Refused {
     /// answers it: RabbitMQ's text for a value it does not take names the queue,
     /// `invalid arg 'x-max-priority' for queue 'jobs' in vhost '/': {max_value_exceeded,256}`.
     #[must_use]
-    pub fn for_queue(mut self, shown: &str) -> Refused {
+    pub fn for_queue(mut self, shown: &str, vhost: &str) -> Refused {
         if let Some(at) = self.queue_at.take() {
-            let queue = format!(" for queue '{shown}' in vhost '/'");
+            let queue = format!(" for queue '{shown}' in vhost '{vhost}'");
             self.text.insert_str(at, &queue);
         }
         self
@@ -838,17 +838,17 @@ mod tests {
         let table = args(&[("x-max-priority", AMQPValue::LongInt(256))]);
         let refused = queue_config(&table, QueueConfig::default()).unwrap_err();
         assert_eq!(
-            refused.for_queue("jobs").text,
+            refused.for_queue("jobs", "/").text,
             "PRECONDITION_FAILED - invalid arg 'x-max-priority' for queue 'jobs' in vhost '/': {max_value_exceeded,256}"
         );
         let table = args(&[("x-message-ttl", AMQPValue::LongInt(-1))]);
         assert_eq!(
-            queue_config(&table, QueueConfig::default()).unwrap_err().for_queue("jobs").text,
+            queue_config(&table, QueueConfig::default()).unwrap_err().for_queue("jobs", "/").text,
             "PRECONDITION_FAILED - invalid arg 'x-message-ttl' for queue 'jobs' in vhost '/': {value_negative,-1}"
         );
         // Texts of leasemqd's own are left as they are.
         let table = args(&[("x-max-length-bytes", AMQPValue::LongInt(10))]);
         let refused = queue_config(&table, QueueConfig::default()).unwrap_err();
-        assert_eq!(refused.clone().for_queue("jobs"), refused);
+        assert_eq!(refused.clone().for_queue("jobs", "/"), refused);
     }
 }

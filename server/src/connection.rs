@@ -53,7 +53,7 @@ pub(crate) use crate::code;
 use crate::content::PropertiesSeen;
 use crate::metrics::Metrics;
 use crate::settings::Settings;
-use crate::vhost::VHost;
+use crate::vhost::{VHost, VHosts};
 use crate::wire::{self, Next, Output};
 use answers::{Awaited, Barrier, Pending};
 use channel::Channel;
@@ -122,8 +122,11 @@ fn keyed_state(id: u64) -> RandomState {
 pub struct Connection {
     broker: Broker,
     settings: Arc<Settings>,
-    /// The virtual host its methods act on: queues, exchanges and what is kept of them.
+    /// The virtual host its methods act on: queues, exchanges and what is kept of them
+    /// (`/` until `connection.open` names one).
     vhost: Arc<VHost>,
+    /// The server's virtual hosts, for `connection.open`.
+    vhosts: Arc<VHosts>,
     id: u64,
     /// Who logged in, and what it may do in its virtual host.
     login: login::Login,
@@ -196,12 +199,13 @@ struct Seen {
 }
 
 impl Connection {
-    /// A connection that waits for the protocol header. `id` names it in consumer names
-    /// and logs; `peer_is_loopback` decides whether a loopback-only user may log in.
+    /// A connection that waits for the protocol header, to open one of `vhosts`. `id`
+    /// names it in consumer names and logs; `peer_is_loopback` decides whether a
+    /// loopback-only user may log in.
     pub fn new(
         broker: Broker,
         settings: Arc<Settings>,
-        vhost: Arc<VHost>,
+        vhosts: Arc<VHosts>,
         id: u64,
         peer_is_loopback: bool,
     ) -> Connection {
@@ -213,7 +217,8 @@ impl Connection {
         Connection {
             broker,
             settings,
-            vhost,
+            vhost: vhosts.default_vhost(),
+            vhosts,
             id,
             login: login::Login::new(peer_is_loopback),
             phase: Phase::AwaitHeader,

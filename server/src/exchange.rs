@@ -81,6 +81,11 @@ pub struct Exchanges {
     by_name: HashMap<String, Exchange>,
     /// Where durable exchanges are kept, with a data dir.
     file: Option<PathBuf>,
+    /// Its virtual host's name.
+    vhost: String,
+    /// The start of its virtual host's queues' broker names (`names::vhost_prefix`): the
+    /// default exchange routes a key to the queue of that name in its virtual host.
+    queue_prefix: String,
 }
 
 /// One exchange: queue names by routing key (a pattern for a topic exchange), each with
@@ -180,11 +185,26 @@ impl Default for Exchanges {
         Exchanges {
             by_name,
             file: None,
+            vhost: "/".to_string(),
+            queue_prefix: String::new(),
         }
     }
 }
 
 impl Exchanges {
+    /// The exchanges of the virtual host `vhost`: its default exchange routes to that
+    /// virtual host's queues.
+    pub fn in_vhost(mut self, vhost: &str) -> Exchanges {
+        self.vhost = vhost.to_string();
+        self.queue_prefix = names::vhost_prefix(vhost);
+        self
+    }
+
+    /// The name of its virtual host.
+    pub fn vhost(&self) -> &str {
+        &self.vhost
+    }
+
     /// Whether an exchange of that name exists (the default one always does).
     pub fn exists(&self, name: &str) -> bool {
         name.is_empty() || self.by_name.contains_key(name)
@@ -441,7 +461,11 @@ impl Exchanges {
     ) -> Option<Vec<String>> {
         // The default exchange routes to the queues the keys name, by their broker names
         // (`names.rs`); bindings keep broker names already.
-        let by_name = || keys.iter().map(|key| names::engine(key).into_owned());
+        let prefix = self.queue_prefix.as_str();
+        let by_name = || {
+            keys.iter()
+                .map(|key| names::engine_in(prefix, key).into_owned())
+        };
         if exchange.is_empty() {
             let queues: BTreeSet<String> = by_name().collect();
             return Some(queues.into_iter().collect());

@@ -35,6 +35,7 @@ pub mod durable_queues;
 pub mod exchange;
 pub mod expiry;
 pub mod field;
+pub mod imports;
 pub mod memory;
 pub mod message_expiry;
 pub mod metrics;

@@ -1,18 +1,19 @@
 //! `leasemqd`: serves a leasemq broker over AMQP 0-9-1 (contract §8).
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 use leasemq::{Broker, Cluster, ClusterStatus};
 use leasemq_replica::link::{admin_call, AdminCall};
-use leasemq_server::access::{read_definitions, Access};
-use leasemq_server::exchange::Exchanges;
+use leasemq_server::access::{read_definitions, Access, Definitions};
+use leasemq_server::imports;
 use leasemq_server::serve::Listeners;
 use leasemq_server::tls::{Tls, TlsFiles};
+use leasemq_server::vhost::{self, VHosts};
 use leasemq_server::{memory, serve, Settings, VHost};
 use mimalloc::MiMalloc;
 use tracing_subscriber::filter::Targets;
@@ -253,8 +254,12 @@ fn main() -> ExitCode {
 
 fn run(args: Args) -> Result<(), String> {
     let tls = tls_of(&args)?;
+    let definitions = match &args.definitions {
+        Some(path) => Some(read_definitions(path)?),
+        None => None,
+    };
     let mut settings = Settings {
-        access: Arc::new(access_of(&args)?),
+        access: Arc::new(access_of(&args, definitions.as_ref())?),
         ..Settings::default()
     };
     // Every caller of the broker here is a task on the runtime's workers: a long run of
@@ -275,15 +280,24 @@ fn run(args: Args) -> Result<(), String> {
     let broker = builder
         .build()
         .map_err(|e| format!("cannot start the broker: {e}"))?;
-    let mut vhost = VHost::new(&settings);
     // A cluster's node keeps no exchanges, bindings or queue arguments of its own: they
     // would not be replicated (contract §9).
-    if let (Some(dir), None) = (&args.data_dir, &cluster) {
-        // Bindings are kept for the queues that came back: the durable ones.
-        let exchanges = Exchanges::open(dir, |queue| broker.queue(queue).is_some())?;
-        vhost.exchanges = Mutex::new(exchanges);
-        // And the durable queues as they were declared: dead-letter routes, TTLs, expiry.
-        vhost.restore(dir, &broker)?;
+    let data_dir = args.data_dir.as_deref().filter(|_| cluster.is_none());
+    let vhosts = Arc::new(vhosts_of(&settings, data_dir, &broker)?);
+    let settings = Arc::new(settings);
+    if let Some((path, d)) = &definitions {
+        let declares = d.queues.len() + d.exchanges.len() + d.bindings.len();
+        if cluster.is_some() && declares > 0 {
+            tracing::info!(
+                "{}: queues, exchanges and bindings skipped: a cluster's node declares none \
+                 at start (declare its queues through a client)",
+                path.display()
+            );
+        } else {
+            // Before the runtime starts: what a declaration waits for runs at once.
+            imports::declare(&broker, &settings, &vhosts, d)
+                .map_err(|e| format!("{}: {e}", path.display()))?;
+        }
     }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -306,27 +320,42 @@ fn run(args: Args) -> Result<(), String> {
         },
         memory_limit,
         broker.clone(),
-        Arc::new(settings),
-        Arc::new(vhost),
+        settings,
+        vhosts,
         storage,
     ));
     broker.shutdown();
     result
 }
 
+/// The server's virtual hosts, each with what `data_dir` keeps of it: its durable
+/// exchanges, the bindings of the durable queues that came back, and those queues as they
+/// were declared (dead-letter routes, TTLs, expiry).
+fn vhosts_of(
+    settings: &Settings,
+    data_dir: Option<&Path>,
+    broker: &Broker,
+) -> Result<VHosts, String> {
+    let mut vhosts = Vec::new();
+    for name in settings.access.vhosts() {
+        let mut vhost = VHost::named(settings, name);
+        if let Some(dir) = data_dir {
+            vhost.open_data_dir(&vhost::data_dir_of(dir, name)?, broker)?;
+        }
+        vhosts.push(vhost);
+    }
+    Ok(VHosts::new(vhosts))
+}
+
 /// Who may log in: `--user`, or what the data dir keeps, or `--definitions`, or guest.
-fn access_of(args: &Args) -> Result<Access, String> {
+fn access_of(args: &Args, definitions: Option<&(PathBuf, Definitions)>) -> Result<Access, String> {
     if let Some(user) = &args.user {
         let Some((name, password)) = user.split_once(':').filter(|(n, _)| !n.is_empty()) else {
             return Err("--user is not NAME:PASSWORD".to_string());
         };
         return Ok(Access::one_user(name, password));
     }
-    let definitions = match &args.definitions {
-        Some(path) => Some(read_definitions(path)?),
-        None => None,
-    };
-    if let Some((path, d)) = &definitions {
+    if let Some((path, d)) = definitions {
         for skipped in d.skipped() {
             tracing::info!(
                 "{}: {skipped} skipped: leasemqd has no use for them",
@@ -334,7 +363,7 @@ fn access_of(args: &Args) -> Result<Access, String> {
             );
         }
     }
-    let given = definitions.as_ref().map(|(path, d)| (path.as_path(), d));
+    let given = definitions.map(|(path, d)| (path.as_path(), d));
     Ok(Access::load(args.data_dir.as_deref(), given)?.unwrap_or_default())
 }
 
@@ -509,7 +538,7 @@ async fn serve_until_signal(
     memory_limit: Option<u64>,
     broker: Broker,
     settings: Arc<Settings>,
-    vhost: Arc<VHost>,
+    vhosts: Arc<VHosts>,
     storage: String,
 ) -> Result<(), String> {
     let (listeners, amqp_line) = bind(&addresses).await?;
@@ -547,7 +576,7 @@ async fn serve_until_signal(
         tokio::spawn(reload_on_hangup(tls)?);
     }
     tokio::select! {
-        () = serve::serve(listeners, broker, settings.clone(), vhost) => {}
+        () = serve::serve(listeners, broker, settings.clone(), vhosts) => {}
         _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: shutting down"),
         _ = sigterm.recv() => tracing::info!("SIGTERM: shutting down"),
     }

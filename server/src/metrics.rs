@@ -3,8 +3,8 @@
 //! The names follow RabbitMQ's Prometheus plugin where it has one, under the `leasemq_`
 //! prefix: `leasemq_connections`, `leasemq_connections_opened_total`,
 //! `leasemq_channels`, `leasemq_connection_incoming_bytes_total`,
-//! `leasemq_queue_messages_ready{queue}`, `leasemq_queue_messages_unacked{queue}`,
-//! `leasemq_queue_consumers{queue}`, `leasemq_alarms_memory_used_watermark`, … Per-queue figures are read from the broker
+//! `leasemq_queue_messages_ready{vhost,queue}`, `leasemq_queue_messages_unacked{vhost,queue}`,
+//! `leasemq_queue_consumers{vhost,queue}`, `leasemq_auth_attempts_failed_total`, `leasemq_alarms_memory_used_watermark`, … Per-queue figures are read from the broker
 //! (`Queue::stats`) at each scrape, so a deleted queue drops out of the next one. With a
 //! data dir, each shard's log says what it owes the disk (`leasemq_log_unsynced_bytes`,
 //! `leasemq_log_fsync_running_seconds`) and raises `leasemq_log_stalled` while it refuses
@@ -209,11 +209,12 @@ const COUNTERS: [(&str, &str, Field); 11] = [
 
 impl Collector for Queues {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        let stats: Vec<(String, QueueStats)> = (self.broker.queue_names().into_iter())
+        let stats: Vec<(String, String, QueueStats)> = (self.broker.queue_names().into_iter())
             .filter_map(|name| {
                 let stats = self.broker.queue(&name)?.stats();
-                // Labelled with the name clients know it by.
-                Some((crate::names::amqp(&name).into_owned(), stats))
+                // Labelled with its virtual host and the name clients know it by there.
+                let vhost = crate::names::vhost_of(&name).into_owned();
+                Some((vhost, crate::names::amqp(&name).into_owned(), stats))
             })
             .collect();
         let queues = ConstGauge::new(stats.len() as i64);
@@ -224,8 +225,8 @@ impl Collector for Queues {
             let name = format!("queue_{name}");
             let metric = ConstGauge::new(0i64).metric_type();
             let mut family = encoder.encode_descriptor(&name, help, None, metric)?;
-            for (queue, s) in &stats {
-                let labels = [("queue", queue.as_str())];
+            for (vhost, queue, s) in &stats {
+                let labels = [("vhost", vhost.as_str()), ("queue", queue.as_str())];
                 let value = i64::try_from(field(s)).unwrap_or(i64::MAX);
                 ConstGauge::new(value).encode(family.encode_family(&labels)?)?;
             }
@@ -234,8 +235,8 @@ impl Collector for Queues {
             let name = format!("queue_{name}");
             let metric = ConstCounter::new(0u64).metric_type();
             let mut family = encoder.encode_descriptor(&name, help, None, metric)?;
-            for (queue, s) in &stats {
-                let labels = [("queue", queue.as_str())];
+            for (vhost, queue, s) in &stats {
+                let labels = [("vhost", vhost.as_str()), ("queue", queue.as_str())];
                 ConstCounter::new(field(s)).encode(family.encode_family(&labels)?)?;
             }
         }
@@ -383,11 +384,11 @@ mod tests {
             "leasemq_connections 1",
             "leasemq_connection_incoming_bytes_total 1234",
             "leasemq_queues 2",
-            "leasemq_queue_messages_ready{queue=\"jobs\"} 2",
-            "leasemq_queue_messages_unacked{queue=\"jobs\"} 1",
-            "leasemq_queue_consumers{queue=\"jobs\"} 1",
-            "leasemq_queue_messages_published_total{queue=\"jobs\"} 3",
-            "leasemq_queue_messages_ready{queue=\"idle\"} 0",
+            "leasemq_queue_messages_ready{vhost=\"/\",queue=\"jobs\"} 2",
+            "leasemq_queue_messages_unacked{vhost=\"/\",queue=\"jobs\"} 1",
+            "leasemq_queue_consumers{vhost=\"/\",queue=\"jobs\"} 1",
+            "leasemq_queue_messages_published_total{vhost=\"/\",queue=\"jobs\"} 3",
+            "leasemq_queue_messages_ready{vhost=\"/\",queue=\"idle\"} 0",
         ] {
             assert!(
                 text.lines().any(|l| l == line),

@@ -16,6 +16,7 @@ use tokio::time::{sleep_until, Instant};
 
 use crate::metrics::Metrics;
 use crate::tls::Tls;
+use crate::vhost::VHosts;
 use crate::{Connection, ConsumerSlot, Settings, TimedOut, VHost};
 
 /// How long a thread waiting on the broker yields before it parks (see
@@ -56,35 +57,40 @@ pub struct Listeners {
 /// Accepts connections on `listener` into a fresh virtual host (in memory) until the
 /// future ends (it never does on its own); each runs in its own task.
 pub async fn accept_loop(listener: TcpListener, broker: Broker, settings: Arc<Settings>) {
-    let vhost = Arc::new(VHost::new(&settings));
+    let vhosts = VHosts::one(Arc::new(VHost::new(&settings)));
     let listeners = Listeners {
         plain: Some(listener),
         tls: None,
     };
-    serve(listeners, broker, settings, vhost).await;
+    serve(listeners, broker, settings, vhosts).await;
 }
 
-/// Accepts connections on `listeners` into `vhost` until the future ends (it never does
-/// on its own); each runs in its own task, and the virtual host's own tasks run alongside.
+/// Accepts connections on `listeners` into `vhosts` until the future ends (it never does
+/// on its own); each runs in its own task, and the virtual hosts' own tasks run alongside.
 pub async fn serve(
     listeners: Listeners,
     broker: Broker,
     settings: Arc<Settings>,
-    vhost: Arc<VHost>,
+    vhosts: Arc<VHosts>,
 ) {
-    // The server's `x-expires` deletions, for as long as it accepts connections.
-    let expiry = tokio::spawn(Arc::clone(&vhost).expire_queues());
-    let _expiry = AbortOnDrop(expiry);
-    // The tasks that send dead letters on through exchanges, as long as it accepts too.
-    let dead_letters = tokio::spawn(Arc::clone(&vhost).forward_dead_letters(broker.clone()));
-    let _dead_letters = AbortOnDrop(dead_letters);
-    // Message TTL at the heads of queues, and expired messages dead-lettered.
-    let expiry = tokio::spawn(Arc::clone(&vhost).expire_messages(broker.clone()));
-    let _message_expiry = AbortOnDrop(expiry);
+    let mut tasks = Vec::new();
+    for vhost in vhosts.iter() {
+        // The `x-expires` deletions, for as long as the server accepts connections; the
+        // tasks that send dead letters on through exchanges; message TTL at the heads of
+        // queues, and expired messages dead-lettered.
+        tasks.push(tokio::spawn(Arc::clone(vhost).expire_queues()));
+        tasks.push(tokio::spawn(
+            Arc::clone(vhost).forward_dead_letters(broker.clone()),
+        ));
+        tasks.push(tokio::spawn(
+            Arc::clone(vhost).expire_messages(broker.clone()),
+        ));
+    }
+    let _tasks: Vec<AbortOnDrop> = tasks.into_iter().map(AbortOnDrop).collect();
     let accepting = Arc::new(Accepting {
         broker,
         settings,
-        vhost,
+        vhosts,
         ids: AtomicU64::new(0),
     });
     let plain = async {
@@ -106,7 +112,7 @@ pub async fn serve(
 struct Accepting {
     broker: Broker,
     settings: Arc<Settings>,
-    vhost: Arc<VHost>,
+    vhosts: Arc<VHosts>,
     /// The last connection id given, over all listeners.
     ids: AtomicU64,
 }
@@ -172,7 +178,7 @@ impl Accepting {
         let conn = Connection::new(
             self.broker.clone(),
             self.settings.clone(),
-            Arc::clone(&self.vhost),
+            Arc::clone(&self.vhosts),
             id,
             peer.ip().is_loopback(),
         );

@@ -4,8 +4,10 @@
 //! [`VHost`] owns the registries a client's methods change: each queue's exclusive owner
 //! and declared flags (and, with a data dir, their file), its AMQP consumers, the
 //! exchanges and bindings, and the queues that expire, dead-letter or drop their expired
-//! messages. Connections reach these through it, never through one another. It is the
-//! unit the coming virtual hosts multiply; today a server has one, `/`.
+//! messages. Connections reach these through it, never through one another. A server has
+//! one per virtual host ([`VHosts`]): `/`, and those its definitions name. The same queue
+//! or exchange name in two is two queues or exchanges; a queue's broker name carries its
+//! virtual host (`names.rs`), and nothing routes from one to another.
 //!
 //! Its own work runs in tasks (children of this module), each started by
 //! [`VHost::forward_dead_letters`], [`VHost::expire_queues`] and
@@ -28,6 +30,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use leasemq::{Broker, Queue};
 
+use crate::access::DEFAULT_VHOST;
 use crate::clock::WallClock;
 use crate::consumers::QueueConsumers;
 use crate::dead_letter::{self, DeadLetters};
@@ -37,11 +40,16 @@ use crate::exchange::{Exchanges, Refusal};
 use crate::expiry::Expiring;
 use crate::message_expiry::MessageExpiry;
 use crate::metrics::Metrics;
+use crate::names;
 use crate::settings::Settings;
 
 /// One virtual host's registries; see the module docs.
 #[derive(Debug, Default)]
 pub struct VHost {
+    /// Its name.
+    pub name: String,
+    /// The start of its queues' broker names (`names::vhost_prefix`): empty for `/`.
+    pub prefix: String,
     /// The exclusive queues of every connection, by name, with the id of the connection
     /// that owns each: another connection may publish to one but not use it otherwise.
     pub exclusive: Mutex<HashMap<String, u64>>,
@@ -72,13 +80,40 @@ pub struct VHost {
 }
 
 impl VHost {
-    /// An empty virtual host on the server's clock and metrics.
+    /// An empty virtual host `/` on the server's clock and metrics.
     pub fn new(settings: &Settings) -> VHost {
+        VHost::named(settings, DEFAULT_VHOST)
+    }
+
+    /// An empty virtual host called `name`.
+    pub fn named(settings: &Settings, name: &str) -> VHost {
+        let prefix = names::vhost_prefix(name);
         VHost {
+            name: name.to_string(),
+            exchanges: Mutex::new(Exchanges::default().in_vhost(name)),
+            prefix,
             clock: settings.clock.clone(),
             metrics: Arc::clone(&settings.metrics),
             ..VHost::default()
         }
+    }
+
+    /// The broker's name for the queue its clients call `name`.
+    pub fn broker_name<'a>(&self, name: &'a str) -> std::borrow::Cow<'a, str> {
+        names::engine_in(&self.prefix, name)
+    }
+
+    /// Brings back what `dir` keeps of this virtual host: its durable exchanges and the
+    /// bindings of the queues that came back, and its durable queues as they were
+    /// declared (`restore`).
+    ///
+    /// # Errors
+    ///
+    /// A file that cannot be read or parsed, or rewritten.
+    pub fn open_data_dir(&mut self, dir: &std::path::Path, broker: &Broker) -> Result<(), String> {
+        let exchanges = Exchanges::open(dir, |queue| broker.queue(queue).is_some())?;
+        self.exchanges = Mutex::new(exchanges.in_vhost(&self.name));
+        self.restore(dir, broker)
     }
 
     /// Deletes `queue` where no connection asked for it (`x-expires`): closes it, and if
@@ -156,5 +191,68 @@ impl VHost {
             tracing::warn!("queue {name} was deleted, but its bindings stay on disk: {why}");
         }
         dead_letters
+    }
+}
+
+/// Where in the data dir `dir` the virtual host `name` keeps its files: `dir` itself for
+/// `/` (as before there were others), `vhosts/<name, escaped>` for any other, made if
+/// missing.
+///
+/// # Errors
+///
+/// The directory cannot be made.
+pub fn data_dir_of(dir: &std::path::Path, name: &str) -> Result<std::path::PathBuf, String> {
+    let prefix = names::vhost_prefix(name);
+    let Some(escaped) = (prefix.strip_prefix(names::IN_VHOST)).and_then(|p| p.strip_suffix('.'))
+    else {
+        return Ok(dir.to_path_buf());
+    };
+    let own = dir.join("vhosts").join(escaped);
+    std::fs::create_dir_all(&own).map_err(|e| format!("{}: {e}", own.display()))?;
+    Ok(own)
+}
+
+/// The virtual hosts of a server, by name; `/` is always one.
+#[derive(Debug)]
+pub struct VHosts {
+    by_name: HashMap<String, Arc<VHost>>,
+}
+
+impl VHosts {
+    /// `vhosts`, which must hold `/`.
+    pub fn new(vhosts: impl IntoIterator<Item = VHost>) -> VHosts {
+        let by_name: HashMap<String, Arc<VHost>> = (vhosts.into_iter())
+            .map(|v| (v.name.clone(), Arc::new(v)))
+            .collect();
+        assert!(
+            by_name.contains_key(DEFAULT_VHOST),
+            "a server has the vhost /"
+        );
+        VHosts { by_name }
+    }
+
+    /// A server with `/` only.
+    pub fn one(vhost: Arc<VHost>) -> Arc<VHosts> {
+        let by_name = HashMap::from([(vhost.name.clone(), vhost)]);
+        assert!(
+            by_name.contains_key(DEFAULT_VHOST),
+            "a server has the vhost /"
+        );
+        Arc::new(VHosts { by_name })
+    }
+
+    /// The virtual host called `name`.
+    pub fn get(&self, name: &str) -> Option<Arc<VHost>> {
+        self.by_name.get(name).cloned()
+    }
+
+    /// `/`.
+    pub fn default_vhost(&self) -> Arc<VHost> {
+        Arc::clone(&self.by_name[DEFAULT_VHOST])
+    }
+
+    /// Every virtual host.
+    pub fn iter(&self) -> impl Iterator<Item = &Arc<VHost>> {
+        self.by_name.values()
     }
 }

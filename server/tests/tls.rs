@@ -19,6 +19,7 @@ use lapin::{BasicProperties, Connection, ConnectionProperties};
 use leasemq::Broker;
 use leasemq_server::serve::{self, Listeners};
 use leasemq_server::tls::{Tls, TlsFiles};
+use leasemq_server::vhost::VHosts;
 use leasemq_server::{Settings, VHost};
 use rcgen::{
     BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair, KeyUsagePurpose,
@@ -90,12 +91,12 @@ async fn serve_tls(files: TlsFiles, settings: Settings) -> (Broker, SocketAddr, 
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let settings = Arc::new(settings);
-    let vhost = Arc::new(VHost::new(&settings));
+    let vhosts = VHosts::one(Arc::new(VHost::new(&settings)));
     let listeners = Listeners {
         plain: None,
         tls: Some((listener, Arc::clone(&tls))),
     };
-    tokio::spawn(serve::serve(listeners, broker.clone(), settings, vhost));
+    tokio::spawn(serve::serve(listeners, broker.clone(), settings, vhosts));
     (broker, addr, tls)
 }
 

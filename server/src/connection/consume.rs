@@ -44,11 +44,7 @@ impl Connection {
         let Some((claim, turn)) =
             (self.vhost.consumers).claim(queue.name(), consume.exclusive, single_active)
         else {
-            let text = format!(
-                "ACCESS_REFUSED - queue '{}' in vhost '/' in exclusive use",
-                names::amqp(queue.name())
-            );
-            return Err(Fault::channel(ch, code::ACCESS_REFUSED, text, &m));
+            return Err(in_exclusive_use(ch, &queue, &m));
         };
         let state = self.channels.get_mut(&ch).expect("checked by the caller");
         let prefetch = state.consumer_prefetch(consume.no_ack);
@@ -123,11 +119,12 @@ impl Connection {
         m: &AMQPClass,
     ) -> Result<(Queue, i64), Fault> {
         let checked = arguments::consumer_priority(&consume.arguments);
+        let vhost = std::sync::Arc::clone(&self.vhost);
         let refuse = |refused: arguments::Refused, shown: &str| {
             if refused.code == code::NOT_IMPLEMENTED {
                 Fault::connection(refused.code, refused.text).for_method(m)
             } else {
-                let refused = refused.for_queue(shown);
+                let refused = refused.for_queue(shown, &vhost.name);
                 Fault::channel(ch, refused.code, refused.text, m)
             }
         };
@@ -454,4 +451,11 @@ pub(super) fn write_delivery(
     method(out, content.exchange, content.routing_key)?;
     out.content_encoded(ch, content.properties, content.payload, frame_max);
     Ok(())
+}
+
+/// RabbitMQ's 403 for a consume of a queue another consumer holds exclusively.
+fn in_exclusive_use(ch: u16, queue: &Queue, m: &AMQPClass) -> Fault {
+    let (name, vhost) = (names::amqp(queue.name()), names::vhost_of(queue.name()));
+    let text = format!("ACCESS_REFUSED - queue '{name}' in vhost '{vhost}' in exclusive use");
+    Fault::channel(ch, code::ACCESS_REFUSED, text, m)
 }

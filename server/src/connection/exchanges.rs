@@ -63,7 +63,8 @@ impl Connection {
         let op = move |exchanges: &mut Exchanges| {
             let m = AMQPClass::Exchange(exchange::AMQPMethod::Delete(delete.clone()));
             let name = delete.exchange.as_str();
-            (exchanges.delete(name, delete.if_unused)).map_err(|r| exchange_fault(ch, r, name, &m))
+            (exchanges.delete(name, delete.if_unused))
+                .map_err(|r| exchange_fault(ch, r, name, exchanges.vhost(), &m))
         };
         self.with_exchanges(ch, op, move |conn| {
             if !nowait {
@@ -88,7 +89,7 @@ impl Connection {
         let op = move |exchanges: &mut Exchanges| {
             let name = bind.exchange.as_str();
             (exchanges.bind(name, &key, queue.name(), durable_queue))
-                .map_err(|r| exchange_fault(ch, r, name, &m))
+                .map_err(|r| exchange_fault(ch, r, name, exchanges.vhost(), &m))
         };
         self.with_exchanges(ch, op, move |conn| {
             if !nowait {
@@ -109,18 +110,30 @@ impl Connection {
             // destination.
             for name in [source, destination] {
                 if name.is_empty() {
-                    return Err(exchange_fault(ch, Refusal::Reserved, name, &m));
+                    return Err(exchange_fault(
+                        ch,
+                        Refusal::Reserved,
+                        name,
+                        exchanges.vhost(),
+                        &m,
+                    ));
                 }
             }
             for name in [source, destination] {
                 if !exchanges.exists(name) {
-                    return Err(exchange_fault(ch, Refusal::NotFound, name, &m));
+                    return Err(exchange_fault(
+                        ch,
+                        Refusal::NotFound,
+                        name,
+                        exchanges.vhost(),
+                        &m,
+                    ));
                 }
             }
             let kind = exchanges.kind(source);
             let key = binding_key(ch, kind, bind.routing_key.as_str(), &bind.arguments, &m)?;
             (exchanges.bind_exchange(source, &key, destination))
-                .map_err(|r| exchange_fault(ch, r, source, &m))
+                .map_err(|r| exchange_fault(ch, r, source, exchanges.vhost(), &m))
         };
         self.with_exchanges(ch, op, move |conn| {
             if !nowait {
@@ -144,7 +157,7 @@ impl Connection {
             let kind = exchanges.kind(source);
             match unbinding_key(kind, unbind.routing_key.as_str(), &unbind.arguments) {
                 Some(key) => (exchanges.unbind_exchange(source, &key, destination))
-                    .map_err(|r| exchange_fault(ch, r, source, &m)),
+                    .map_err(|r| exchange_fault(ch, r, source, exchanges.vhost(), &m)),
                 None => Ok(()),
             }
         };
@@ -167,7 +180,7 @@ impl Connection {
             let kind = exchanges.kind(name);
             match unbinding_key(kind, unbind.routing_key.as_str(), &unbind.arguments) {
                 Some(key) => (exchanges.unbind(name, &key, &queue))
-                    .map_err(|r| exchange_fault(ch, r, name, &m)),
+                    .map_err(|r| exchange_fault(ch, r, name, exchanges.vhost(), &m)),
                 None => Ok(()),
             }
         };
@@ -239,10 +252,22 @@ fn declare_exchange(
     if declare.passive {
         // As RabbitMQ: the default exchange is not declared, passively or not.
         if name.is_empty() {
-            return Err(exchange_fault(ch, Refusal::Reserved, name, &m));
+            return Err(exchange_fault(
+                ch,
+                Refusal::Reserved,
+                name,
+                exchanges.vhost(),
+                &m,
+            ));
         }
         if !exchanges.exists(name) {
-            return Err(exchange_fault(ch, Refusal::NotFound, name, &m));
+            return Err(exchange_fault(
+                ch,
+                Refusal::NotFound,
+                name,
+                exchanges.vhost(),
+                &m,
+            ));
         }
         return Ok(());
     }
@@ -257,8 +282,9 @@ fn declare_exchange(
         Some(AMQPValue::ShortString(s)) => Some(s.as_str().into()),
         Some(other) => {
             let text = format!(
-                "PRECONDITION_FAILED - invalid type '{}' for arg 'alternate-exchange' in exchange '{name}' in vhost '/'",
-                crate::field::type_name(other)
+                "PRECONDITION_FAILED - invalid type '{}' for arg 'alternate-exchange' in exchange '{name}' in vhost '{}'",
+                crate::field::type_name(other),
+                exchanges.vhost()
             );
             return Err(Fault::channel(ch, code::PRECONDITION_FAILED, text, &m));
         }
@@ -280,5 +306,6 @@ fn declare_exchange(
         alternate: alternate.map(|name| name.into_owned()),
     };
     // Each is checked where exchanges are kept.
-    (exchanges.declare_shaped(name, shape)).map_err(|r| exchange_fault(ch, r, name, &m))
+    (exchanges.declare_shaped(name, shape))
+        .map_err(|r| exchange_fault(ch, r, name, exchanges.vhost(), &m))
 }

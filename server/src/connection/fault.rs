@@ -116,8 +116,8 @@ pub(crate) fn short(mut text: String) -> ShortString {
 }
 
 pub(crate) fn no_queue(ch: u16, name: &str, m: &AMQPClass) -> Fault {
-    let name = names::amqp(name);
-    let text = format!("NOT_FOUND - no queue '{name}' in vhost '/'");
+    let (vhost, name) = (names::vhost_of(name), names::amqp(name));
+    let text = format!("NOT_FOUND - no queue '{name}' in vhost '{vhost}'");
     Fault::channel(ch, code::NOT_FOUND, text, m)
 }
 
@@ -152,7 +152,14 @@ pub(crate) fn unserved_exchange_type(kind: &str, m: &AMQPClass) -> Fault {
 }
 
 /// The AMQP error for a refused exchange call on channel `ch`.
-pub(crate) fn exchange_fault(ch: u16, refusal: Refusal, name: &str, m: &AMQPClass) -> Fault {
+/// RabbitMQ's answer to what an exchange method on `name`, in virtual host `vhost`, met.
+pub(crate) fn exchange_fault(
+    ch: u16,
+    refusal: Refusal,
+    name: &str,
+    vhost: &str,
+    m: &AMQPClass,
+) -> Fault {
     let (code, text) = match refusal {
         // A hard error, as RabbitMQ's 541: the server could not keep what it is asked to.
         Refusal::Storage(why) => {
@@ -169,15 +176,15 @@ pub(crate) fn exchange_fault(ch: u16, refusal: Refusal, name: &str, m: &AMQPClas
         ),
         Refusal::NotFound => (
             code::NOT_FOUND,
-            format!("NOT_FOUND - no exchange '{name}' in vhost '/'"),
+            format!("NOT_FOUND - no exchange '{name}' in vhost '{vhost}'"),
         ),
         Refusal::Inequivalent(what) => (
             code::PRECONDITION_FAILED,
-            format!("PRECONDITION_FAILED - inequivalent arg '{what}' for exchange '{name}' in vhost '/'"),
+            format!("PRECONDITION_FAILED - inequivalent arg '{what}' for exchange '{name}' in vhost '{vhost}'"),
         ),
         Refusal::InUse => (
             code::PRECONDITION_FAILED,
-            format!("PRECONDITION_FAILED - exchange '{name}' in vhost '/' in use"),
+            format!("PRECONDITION_FAILED - exchange '{name}' in vhost '{vhost}' in use"),
         ),
     };
     Fault::channel(ch, code, text, m)

@@ -142,14 +142,31 @@ impl Connection {
             let text = format!("NOT_ALLOWED - access to vhost '{name}' refused for user '{user}'");
             return Err(Fault::connection(code::NOT_ALLOWED, text).for_method(&m()));
         };
-        if name != crate::access::DEFAULT_VHOST {
-            let text = format!("NOT_ALLOWED - vhost {name} is defined, but not served yet");
+        let Some(vhost) = self.vhosts.get(name) else {
+            let text = format!("NOT_ALLOWED - vhost {name} not found");
             return Err(Fault::connection(code::NOT_ALLOWED, text).for_method(&m()));
-        }
+        };
+        self.vhost = vhost;
         self.login.vhost = name.to_string();
         self.login.restricted = !permissions.grants_all();
         self.login.permissions = Some(permissions);
         Ok(())
+    }
+
+    /// Opens the virtual host `vhost` for the server's own use, with every permission and
+    /// no handshake: a connection through which the server declares what a definitions
+    /// file names (`imports.rs`). False where there is no such virtual host.
+    pub fn open_for_server(&mut self, vhost: &str) -> bool {
+        let Some(found) = self.vhosts.get(vhost) else {
+            return false;
+        };
+        self.vhost = found;
+        self.login.vhost = vhost.to_string();
+        self.login.permissions = Some(Arc::new(Permissions::all()));
+        self.login.restricted = false;
+        self.frame_max = self.settings.frame_max as usize;
+        self.phase = super::Phase::Open;
+        true
     }
 
     /// The user name and mechanism of a login this connection refused, for the log.

@@ -182,8 +182,11 @@ impl Connection {
         });
         let exchange = publish.exchange.as_str();
         let key = publish.routing_key.as_str();
-        let plain =
-            exchange.is_empty() && content.cc.is_empty() && !key.starts_with(names::ESCAPED);
+        // Only in `/` is a plain key its queue's broker name (`names.rs`).
+        let plain = exchange.is_empty()
+            && content.cc.is_empty()
+            && self.vhost.prefix.is_empty()
+            && !key.starts_with(names::ESCAPED);
         if plain && !transactional {
             // The common case: one more publish of this read to the queue the last one went
             // to, added to its batch with no lookup. A key equal to that queue's broker name
@@ -198,7 +201,8 @@ impl Connection {
         let queues: Vec<Queue> = if exchange.is_empty() && content.cc.is_empty() {
             // The common case needs no lock: the default exchange names the queue, by its
             // broker name (`names.rs`).
-            self.queue(&names::engine(key)).into_iter().collect()
+            let name = names::engine_in(&self.vhost.prefix, key);
+            self.queue(&name).into_iter().collect()
         } else {
             // The routing key and each other `CC`/`BCC` key, through the same exchange
             // (and those it passes the message to) at once, as RabbitMQ routes them: a
@@ -213,7 +217,8 @@ impl Connection {
             let exchanges = self.vhost.exchanges.lock().expect("never poisoned");
             if exchanges.is_internal(exchange) {
                 let text = format!(
-                    "ACCESS_REFUSED - cannot publish to internal exchange '{exchange}' in vhost '/'"
+                    "ACCESS_REFUSED - cannot publish to internal exchange '{exchange}' in vhost '{}'",
+                    self.vhost.name
                 );
                 let m = publish_method();
                 return Err(Fault::channel(ch, code::ACCESS_REFUSED, text, &m));
@@ -222,7 +227,7 @@ impl Connection {
             let headers = || content::stored_headers(&content.stored);
             let Some(names) = exchanges.route_keys(exchange, &keys, headers) else {
                 let (refusal, m) = (Refusal::NotFound, &publish_method());
-                return Err(exchange_fault(ch, refusal, exchange, m));
+                return Err(exchange_fault(ch, refusal, exchange, &self.vhost.name, m));
             };
             drop(exchanges);
             names.iter().filter_map(|name| self.queue(name)).collect()

@@ -33,10 +33,10 @@ impl Connection {
                 self.queue_declare_permitted(ch, &name, &declare.arguments, &m)?;
                 name
             }
-            given => names::engine(given).into_owned(),
+            given => self.vhost.broker_name(given).into_owned(),
         };
         let name = name.as_str();
-        if reply_to::is_reply_name(name) {
+        if reply_to::is_reply_name(declare.queue.as_str()) {
             return self.declare_reply_name(ch, &declare, &m);
         }
         self.check_exclusive(ch, name, &m)?;
@@ -155,7 +155,8 @@ impl Connection {
     /// A fresh name for a server-named queue: `amq.gen-`, then this server process's
     /// start time, the connection and a count, so that it is new in a data dir too.
     pub(super) fn server_named_queue(&mut self) -> String {
-        self.unique_name("amq.gen-")
+        let name = self.unique_name("amq.gen-");
+        self.vhost.broker_name(&name).into_owned()
     }
 
     /// A name no queue had in this data dir: `prefix`, then this server process's start
@@ -186,7 +187,7 @@ impl Connection {
     /// RabbitMQ's 404 for an empty name where no queue was declared on the channel.
     pub(super) fn queue_name(&self, ch: u16, given: &str, m: &AMQPClass) -> Result<String, Fault> {
         if !given.is_empty() {
-            return Ok(names::engine(given).into_owned());
+            return Ok(self.vhost.broker_name(given).into_owned());
         }
         let last = self.channels.get(&ch).and_then(|c| c.last_queue.clone());
         last.ok_or_else(|| {
@@ -204,7 +205,7 @@ impl Connection {
         m: &AMQPClass,
     ) -> Result<Queue, Fault> {
         let name = &self.queue_name(ch, name, m)?;
-        if reply_to::is_reply_name(name) {
+        if reply_to::is_reply_name(&names::amqp(name)) {
             return Err(no_queue(ch, name, m));
         }
         self.check_exclusive(ch, name, m)?;
@@ -254,7 +255,7 @@ impl Connection {
         self.check_exclusive(ch, name, &m)?;
         let mut message_count = 0;
         // A reply name is no queue to a client (`reply_to.rs`): deleting it is a no-op.
-        let queue = match reply_to::is_reply_name(name) {
+        let queue = match reply_to::is_reply_name(&names::amqp(name)) {
             true => None,
             false => self.queue(name),
         };
@@ -264,15 +265,19 @@ impl Connection {
             let consumed = stats.consumers > 0 || self.vhost.consumers.is_consumed(name);
             if delete.if_unused && consumed {
                 let name = names::amqp(name);
-                let text = format!("PRECONDITION_FAILED - queue '{name}' in vhost '/' in use");
+                let text = format!(
+                    "PRECONDITION_FAILED - queue '{name}' in vhost '{}' in use",
+                    self.vhost.name
+                );
                 return Err(Fault::channel(ch, code::PRECONDITION_FAILED, text, &m));
             }
             // As RabbitMQ, a queue is empty when nothing waits to be delivered: leased
             // messages go with it (their late acks change nothing).
             if delete.if_empty && stats.ready + stats.delayed > 0 {
                 let text = format!(
-                    "PRECONDITION_FAILED - queue '{}' in vhost '/' is not empty",
-                    names::amqp(name)
+                    "PRECONDITION_FAILED - queue '{}' in vhost '{}' is not empty",
+                    names::amqp(name),
+                    self.vhost.name
                 );
                 return Err(Fault::channel(ch, code::PRECONDITION_FAILED, text, &m));
             }

@@ -53,6 +53,7 @@ impl Connection {
             return Err(Fault::channel(ch, code::PRECONDITION_FAILED, text, m));
         }
         let name = self.unique_name(&format!("{REPLY_TO}."));
+        let name = self.vhost.broker_name(&name).into_owned();
         let config = QueueConfig {
             ack_timeout: self.settings.ack_timeout,
             max_body_bytes: self.max_stored_bytes(),
@@ -91,7 +92,7 @@ impl Connection {
         m: &AMQPClass,
     ) -> Result<(), Fault> {
         let name = declare.queue.as_str();
-        if name != REPLY_TO && self.queue(name).is_none() {
+        if name != REPLY_TO && self.queue(&self.vhost.broker_name(name)).is_none() {
             return Err(no_queue(ch, name, m));
         }
         if !declare.nowait {
@@ -124,5 +125,5 @@ pub(super) fn direct_reply_name<'a>(
     let Some(queue) = reply.filter(|q| !q.is_closed()) else {
         return Err("PRECONDITION_FAILED - fast reply consumer does not exist".into());
     };
-    Ok(Some(queue.name().into()))
+    Ok(Some(crate::names::amqp(queue.name()).as_ref().into()))
 }

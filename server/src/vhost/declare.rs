@@ -82,7 +82,7 @@ impl VHost {
         let quorum = check_queue_type(declare, &shown)?;
         let refuse = |refused: Refused| match refused.code {
             code::NOT_IMPLEMENTED => refused,
-            _ => refused.for_queue(&shown),
+            _ => refused.for_queue(&shown, &self.name),
         };
         // The holding queue's leases are the server's, whatever the queue's own.
         let lease = base.ack_timeout;
@@ -151,9 +151,9 @@ impl VHost {
             return Err(locked(name));
         }
         if let Some((arg, received, current)) = known.inequivalent(declared) {
-            let name = names::amqp(name);
+            let (vhost, name) = (&self.name, names::amqp(name));
             let text = format!(
-                "PRECONDITION_FAILED - inequivalent arg '{arg}' for queue '{name}' in vhost '/': received {received} but current is {current}"
+                "PRECONDITION_FAILED - inequivalent arg '{arg}' for queue '{name}' in vhost '{vhost}': received {received} but current is {current}"
             );
             return Err(Refused::new(code::PRECONDITION_FAILED, text));
         }
@@ -175,9 +175,9 @@ impl VHost {
             return Ok(false);
         }
         if existed {
-            let shown = names::amqp(name);
+            let (vhost, shown) = (&self.name, names::amqp(name));
             let text = format!(
-                "RESOURCE_LOCKED - cannot obtain exclusive access to queue '{shown}' in vhost '/'"
+                "RESOURCE_LOCKED - cannot obtain exclusive access to queue '{shown}' in vhost '{vhost}'"
             );
             return Err(Refused::new(code::RESOURCE_LOCKED, text));
         }
@@ -227,9 +227,9 @@ impl VHost {
 
 /// RabbitMQ's 405 for a queue another connection holds exclusively.
 pub fn locked(name: &str) -> Refused {
-    let name = names::amqp(name);
+    let (vhost, name) = (names::vhost_of(name), names::amqp(name));
     let text = format!(
-        "RESOURCE_LOCKED - cannot obtain exclusive access to locked queue '{name}' in vhost '/'"
+        "RESOURCE_LOCKED - cannot obtain exclusive access to locked queue '{name}' in vhost '{vhost}'"
     );
     Refused::new(code::RESOURCE_LOCKED, text)
 }
@@ -268,7 +268,8 @@ fn check_queue_type(declare: &QueueDeclare<'_>, shown: &str) -> Result<bool, Ref
     };
     if let Some(key) = (others.iter()).find(|k| declare.arguments.inner().contains_key(**k)) {
         return precondition(format!(
-            "PRECONDITION_FAILED - invalid arg '{key}' for queue '{shown}' in vhost '/' of queue type {kind}"
+            "PRECONDITION_FAILED - invalid arg '{key}' for queue '{shown}' in vhost '{}' of queue type {kind}",
+            names::vhost_of(declare.name)
         ));
     }
     Ok(quorum)

@@ -50,9 +50,9 @@ def test_metrics_show_queues_connections_and_bytes():
         for expected in [
             "leasemq_connections 1",
             "leasemq_channels 1",
-            'leasemq_queue_messages_ready{queue="metered"} 2',
-            'leasemq_queue_messages_unacked{queue="metered"} 1',
-            'leasemq_queue_messages_published_total{queue="metered"} 3',
+            'leasemq_queue_messages_ready{vhost="/",queue="metered"} 2',
+            'leasemq_queue_messages_unacked{vhost="/",queue="metered"} 1',
+            'leasemq_queue_messages_published_total{vhost="/",queue="metered"} 3',
         ]:
             assert expected in lines, f"{expected!r} not in the scrape"
         incoming = [l for l in lines if l.startswith("leasemq_connection_incoming_bytes_total ")]

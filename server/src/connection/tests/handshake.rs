@@ -23,7 +23,8 @@ fn guest_is_refused_from_a_remote_address() {
     let broker = Broker::builder().shards(1).manual_clock().build().unwrap();
     let settings = Settings::default();
     let vhost = Arc::new(VHost::new(&settings));
-    let conn = Connection::new(broker.clone(), Arc::new(settings), vhost, 1, false);
+    let vhosts = VHosts::one(vhost);
+    let conn = Connection::new(broker.clone(), Arc::new(settings), vhosts, 1, false);
     let mut c = Client { broker, conn };
     c.feed(&[AMQPFrame::ProtocolHeader(ProtocolVersion::amqp_0_9_1())]);
     let out = c.feed(&[start_ok("guest", "guest")]);

@@ -21,7 +21,7 @@ use leasemq::{Broker, ConsumerConfig};
 use super::{Connection, Settings};
 use crate::clock::LeaseClock;
 use crate::memory::MemoryAlarm;
-use crate::vhost::VHost;
+use crate::vhost::{VHost, VHosts};
 use frames::*;
 
 mod access;
@@ -38,6 +38,7 @@ mod settle;
 mod timers;
 mod ttl;
 mod tx;
+mod vhosts;
 
 /// A connection under test, with the broker behind it.
 struct Client {
@@ -54,7 +55,8 @@ impl Client {
     /// A connection to `broker` that waits for the protocol header.
     fn on(broker: Broker, settings: Settings) -> Client {
         let vhost = Arc::new(VHost::new(&settings));
-        let conn = Connection::new(broker.clone(), Arc::new(settings), vhost, 1, true);
+        let vhosts = VHosts::one(vhost);
+        let conn = Connection::new(broker.clone(), Arc::new(settings), vhosts, 1, true);
         Client { broker, conn }
     }
 
@@ -227,10 +229,10 @@ impl Client {
     /// Another connection to the same server (broker, settings and vhost), numbered `id`, with
     /// channel 1 open.
     fn another(&self, id: u64) -> Client {
-        let (settings, vhost) = (self.conn.settings.clone(), self.conn.vhost.clone());
+        let (settings, vhosts) = (self.conn.settings.clone(), self.conn.vhosts.clone());
         let mut other = Client {
             broker: self.broker.clone(),
-            conn: Connection::new(self.broker.clone(), settings, vhost, id, true),
+            conn: Connection::new(self.broker.clone(), settings, vhosts, id, true),
         };
         let header = AMQPFrame::ProtocolHeader(ProtocolVersion::amqp_0_9_1());
         other.feed(&[header]);
