@@ -174,6 +174,20 @@ impl Access {
         Ok(Arc::clone(found))
     }
 
+    /// Logs `user` in by a client certificate whose subject CN is its name (EXTERNAL):
+    /// the certificate was verified with the TLS handshake, so no password is asked.
+    pub fn log_in_by_certificate(
+        &self,
+        user: &str,
+        from_loopback: bool,
+    ) -> Result<Arc<User>, LoginRefused> {
+        let found = self.users.get(user).ok_or(LoginRefused::Credentials)?;
+        if found.loopback_only && !from_loopback {
+            return Err(LoginRefused::LoopbackOnly);
+        }
+        Ok(Arc::clone(found))
+    }
+
     /// Whether the virtual host `name` exists.
     pub fn has_vhost(&self, name: &str) -> bool {
         self.vhosts.contains(name)

@@ -1,7 +1,7 @@
 //! `leasemqd`: serves a leasemq broker over AMQP 0-9-1 (contract §8).
 
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
@@ -13,8 +13,8 @@ use leasemq_server::access::{read_definitions, Access, Definitions};
 use leasemq_server::imports;
 use leasemq_server::serve::Listeners;
 use leasemq_server::tls::{Tls, TlsFiles};
-use leasemq_server::vhost::{self, VHosts};
-use leasemq_server::{memory, serve, Settings, VHost};
+use leasemq_server::vhost::VHosts;
+use leasemq_server::{memory, serve, Settings};
 use mimalloc::MiMalloc;
 use tracing_subscriber::filter::Targets;
 use tracing_subscriber::layer::SubscriberExt;
@@ -109,9 +109,13 @@ struct Args {
     #[arg(long, value_name = "FILE")]
     tls_key: Option<PathBuf>,
     /// Requires every TLS client to show a certificate this CA (PEM) signed (RabbitMQ's
-    /// verify_peer with fail_if_no_peer_cert).
+    /// verify_peer with fail_if_no_peer_cert), and offers EXTERNAL: the certificate's
+    /// subject CN is the user.
     #[arg(long, value_name = "FILE")]
     tls_client_ca: Option<PathBuf>,
+    /// Serves --metrics over TLS (HTTPS) with --tls-cert and --tls-key.
+    #[arg(long, requires = "tls_listen")]
+    management_tls: bool,
     /// Shard threads of the broker (default: the machine's parallelism).
     #[arg(long)]
     shards: Option<usize>,
@@ -283,7 +287,7 @@ fn run(args: Args) -> Result<(), String> {
     // A cluster's node keeps no exchanges, bindings or queue arguments of its own: they
     // would not be replicated (contract §9).
     let data_dir = args.data_dir.as_deref().filter(|_| cluster.is_none());
-    let vhosts = Arc::new(vhosts_of(&settings, data_dir, &broker)?);
+    let vhosts = Arc::new(VHosts::open(&settings, data_dir, &broker)?);
     let settings = Arc::new(settings);
     if let Some((path, d)) = &definitions {
         let declares = d.queues.len() + d.exchanges.len() + d.bindings.len();
@@ -317,6 +321,7 @@ fn run(args: Args) -> Result<(), String> {
             plain: args.listen.0,
             tls: args.tls_listen.zip(tls),
             metrics: args.metrics,
+            metrics_tls: args.management_tls,
         },
         memory_limit,
         broker.clone(),
@@ -326,25 +331,6 @@ fn run(args: Args) -> Result<(), String> {
     ));
     broker.shutdown();
     result
-}
-
-/// The server's virtual hosts, each with what `data_dir` keeps of it: its durable
-/// exchanges, the bindings of the durable queues that came back, and those queues as they
-/// were declared (dead-letter routes, TTLs, expiry).
-fn vhosts_of(
-    settings: &Settings,
-    data_dir: Option<&Path>,
-    broker: &Broker,
-) -> Result<VHosts, String> {
-    let mut vhosts = Vec::new();
-    for name in settings.access.vhosts() {
-        let mut vhost = VHost::named(settings, name);
-        if let Some(dir) = data_dir {
-            vhost.open_data_dir(&vhost::data_dir_of(dir, name)?, broker)?;
-        }
-        vhosts.push(vhost);
-    }
-    Ok(VHosts::new(vhosts))
 }
 
 /// Who may log in: `--user`, or what the data dir keeps, or `--definitions`, or guest.
@@ -507,6 +493,8 @@ struct Addresses {
     tls: Option<(SocketAddr, Arc<Tls>)>,
     /// `--metrics`.
     metrics: Option<SocketAddr>,
+    /// `--management-tls`: the metrics over TLS.
+    metrics_tls: bool,
 }
 
 /// Binds the AMQP listeners of `addresses`; the ready line's words for them.
@@ -549,8 +537,15 @@ async fn serve_until_signal(
                 .map_err(|e| format!("cannot listen on {addr} for --metrics: {e}"))?;
             let at = metrics_listener.local_addr().map_err(|e| e.to_string())?;
             let registry = Arc::new(settings.metrics.registry(broker.clone()));
-            tokio::spawn(leasemq_server::metrics::serve(metrics_listener, registry));
-            format!("; metrics on http://{at}/metrics")
+            let tls = addresses.tls.as_ref().filter(|_| addresses.metrics_tls);
+            let tls = tls.map(|(_, tls)| Arc::clone(tls));
+            let scheme = if tls.is_some() { "https" } else { "http" };
+            tokio::spawn(leasemq_server::metrics::serve(
+                metrics_listener,
+                registry,
+                tls,
+            ));
+            format!("; metrics on {scheme}://{at}/metrics")
         }
         None => String::new(),
     };

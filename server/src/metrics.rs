@@ -23,8 +23,8 @@ use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
 use prometheus_client::metrics::counter::{ConstCounter, Counter};
 use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
 use prometheus_client::registry::Registry;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::TcpListener;
 
 /// What the connections count as they go; shared by every connection of a server.
 #[derive(Debug, Default)]
@@ -304,21 +304,39 @@ pub fn render(registry: &Registry) -> String {
 
 /// Serves `GET /metrics` on `listener` until the future is dropped. The registry is read
 /// on a blocking thread, since reading queue stats makes broker calls.
-pub async fn serve(listener: TcpListener, registry: std::sync::Arc<Registry>) {
+pub async fn serve(
+    listener: TcpListener,
+    registry: std::sync::Arc<Registry>,
+    tls: Option<std::sync::Arc<crate::tls::Tls>>,
+) {
     loop {
         let Ok((stream, _)) = listener.accept().await else {
             tokio::time::sleep(Duration::from_millis(50)).await;
             continue;
         };
         let registry = registry.clone();
+        let acceptor = tls.as_ref().map(|tls| tls.acceptor());
         tokio::spawn(async move {
-            let _ = answer(stream, registry).await;
+            let _ = match acceptor {
+                None => answer(stream, registry).await,
+                // `--management-tls`: HTTPS with the AMQP listener's certificate.
+                Some(acceptor) => {
+                    let handshake = acceptor.accept(stream);
+                    match tokio::time::timeout(Duration::from_secs(10), handshake).await {
+                        Ok(Ok(stream)) => answer(stream, registry).await,
+                        _ => Ok(()),
+                    }
+                }
+            };
         });
     }
 }
 
 /// Reads one request head (at most 8 KiB, within 10 s) and answers it.
-async fn answer(mut stream: TcpStream, registry: std::sync::Arc<Registry>) -> std::io::Result<()> {
+async fn answer(
+    mut stream: impl AsyncRead + AsyncWrite + Unpin,
+    registry: std::sync::Arc<Registry>,
+) -> std::io::Result<()> {
     let mut head = Vec::with_capacity(1024);
     let read_head = async {
         let mut buf = [0u8; 1024];

@@ -135,14 +135,17 @@ impl Accepting {
             tracing::debug!(connection = id, %peer, "accepted");
             let accepting = Arc::clone(&self);
             match &tls {
-                None => tokio::spawn(async move { accepting.run(stream, peer, id).await }),
+                None => tokio::spawn(async move { accepting.run(stream, peer, id, None).await }),
                 Some(tls) => {
                     let acceptor = tls.acceptor();
                     tokio::spawn(async move {
-                        if let Some(stream) =
-                            accepting.tls_handshake(acceptor, stream, peer, id).await
-                        {
-                            accepting.run(stream, peer, id).await;
+                        let handshake = accepting.tls_handshake(acceptor, stream, peer, id);
+                        if let Some(stream) = handshake.await {
+                            // A client certificate was verified if there is one: EXTERNAL.
+                            let certificate = (stream.get_ref().1.peer_certificates())
+                                .and_then(|certs| certs.first())
+                                .and_then(|cert| crate::tls::common_name(cert));
+                            accepting.run(stream, peer, id, certificate).await;
                         }
                     })
                 }
@@ -173,15 +176,25 @@ impl Accepting {
         None
     }
 
-    /// Serves connection `id` on `stream` until it ends, counted in the metrics.
-    async fn run<S: Transport>(&self, stream: S, peer: SocketAddr, id: u64) {
-        let conn = Connection::new(
+    /// Serves connection `id` on `stream` until it ends, counted in the metrics; with the
+    /// subject CN of the client certificate its TLS handshake verified, if any.
+    async fn run<S: Transport>(
+        &self,
+        stream: S,
+        peer: SocketAddr,
+        id: u64,
+        certificate: Option<String>,
+    ) {
+        let mut conn = Connection::new(
             self.broker.clone(),
             self.settings.clone(),
             Arc::clone(&self.vhosts),
             id,
             peer.ip().is_loopback(),
         );
+        if let Some(name) = certificate {
+            conn.set_certificate_name(name);
+        }
         let metrics = self.settings.metrics.clone();
         metrics.connections_opened.inc();
         metrics.connections.inc();

@@ -231,6 +231,29 @@ impl VHosts {
         VHosts { by_name }
     }
 
+    /// The virtual hosts `settings` give access to, each with what `data_dir` keeps of it:
+    /// its durable exchanges, the bindings of the durable queues that came back, and
+    /// those queues as they were declared (dead-letter routes, TTLs, expiry).
+    ///
+    /// # Errors
+    ///
+    /// A file of the data dir that cannot be read, parsed or rewritten.
+    pub fn open(
+        settings: &Settings,
+        data_dir: Option<&std::path::Path>,
+        broker: &Broker,
+    ) -> Result<VHosts, String> {
+        let mut vhosts = Vec::new();
+        for name in settings.access.vhosts() {
+            let mut vhost = VHost::named(settings, name);
+            if let Some(dir) = data_dir {
+                vhost.open_data_dir(&data_dir_of(dir, name)?, broker)?;
+            }
+            vhosts.push(vhost);
+        }
+        Ok(VHosts::new(vhosts))
+    }
+
     /// A server with `/` only.
     pub fn one(vhost: Arc<VHost>) -> Arc<VHosts> {
         let by_name = HashMap::from([(vhost.name.clone(), vhost)]);

@@ -289,6 +289,116 @@ async fn a_client_ca_refuses_clients_without_a_certificate_it_signed() {
     broker.shutdown();
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn external_logs_in_as_the_user_its_client_certificate_names() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = Ca::new(dir.path(), "test");
+    let clients = Ca::new(dir.path(), "clients");
+    let mut tls_files = files(ca.issue("server"));
+    tls_files.client_ca = Some(clients.cert_file());
+    // alice has no password: only her certificate logs her in.
+    let text = r#"{"users": [{"name": "alice", "password_hash": "", "tags": []}],
+                   "permissions": [{"user": "alice", "vhost": "/", "configure": ".*", "write": ".*", "read": ".*"}]}"#;
+    let definitions = leasemq_server::access::Definitions::parse(text).unwrap();
+    let settings = Settings {
+        access: Arc::new(leasemq_server::access::Access::from_definitions(&definitions).unwrap()),
+        ..Settings::default()
+    };
+    let metrics = Arc::clone(&settings.metrics);
+    let (broker, addr, _) = serve_tls(tls_files, settings).await;
+    let identity = |cn: &str| {
+        let (cert, key) = clients.issue(cn);
+        OwnedIdentity::PKCS8 {
+            pem: std::fs::read(cert).unwrap(),
+            key: std::fs::read(key).unwrap(),
+        }
+    };
+    let ca_pem = ca.pem();
+    let external = |identity| {
+        let ca_pem = ca_pem.clone();
+        async move {
+            let uri = format!(
+                "amqps://localhost:{}/%2f?auth_mechanism=external",
+                addr.port()
+            );
+            let config = OwnedTLSConfig {
+                identity: Some(identity),
+                cert_chain: Some(ca_pem),
+            };
+            let runtime = lapin::runtime::default_runtime().unwrap();
+            let connecting = Connection::connect_with_config(
+                &uri,
+                ConnectionProperties::default(),
+                config,
+                runtime,
+            );
+            timeout(WAIT, connecting).await.expect("connect timed out")
+        }
+    };
+    let conn = external(identity("alice")).await.unwrap();
+    round_trip(&conn, "by-certificate", b"as alice").await;
+    // A certificate of the right CA for a user that does not exist: a refused login.
+    assert!(external(identity("mallory")).await.is_err());
+    assert_eq!(metrics.auth_attempts_failed.get(), 1);
+    broker.shutdown();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_are_served_over_tls_with_the_same_certificate() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = Ca::new(dir.path(), "test");
+    let tls = Arc::new(Tls::new(files(ca.issue("server"))).unwrap());
+    let broker = Broker::builder().shards(1).build().unwrap();
+    let settings = Settings::default();
+    settings.metrics.tls_handshake_failures.inc();
+    let registry = Arc::new(settings.metrics.registry(broker.clone()));
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(leasemq_server::metrics::serve(
+        listener,
+        registry,
+        Some(tls),
+    ));
+
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(ca.issuer.der().clone()).unwrap();
+    let config = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::aws_lc_rs::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
+    let tcp = TcpStream::connect(addr).await.unwrap();
+    let name = rustls_pki_types::ServerName::try_from("localhost").unwrap();
+    let mut stream = connector.connect(name, tcp).await.unwrap();
+    stream
+        .write_all(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\n\r\n")
+        .await
+        .unwrap();
+    let mut response = String::new();
+    timeout(WAIT, stream.read_to_string(&mut response))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(response.starts_with("HTTP/1.1 200 OK"), "{response}");
+    assert!(
+        response.contains("leasemq_tls_handshake_failures_total 1"),
+        "{response}"
+    );
+    // Plain HTTP on that port gets no answer.
+    let mut plain = TcpStream::connect(addr).await.unwrap();
+    plain
+        .write_all(b"GET /metrics HTTP/1.1\r\n\r\n")
+        .await
+        .unwrap();
+    let mut answer = Vec::new();
+    let _ = timeout(WAIT, plain.read_to_end(&mut answer)).await.unwrap();
+    assert!(!String::from_utf8_lossy(&answer).contains("200 OK"));
+    broker.shutdown();
+}
+
 #[test]
 fn files_that_make_no_config_are_named_with_what_is_wrong() {
     let dir = tempfile::tempdir().unwrap();

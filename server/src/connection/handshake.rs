@@ -34,7 +34,7 @@ impl Connection {
             version_major: 0,
             version_minor: 9,
             server_properties: properties,
-            mechanisms: super::login::MECHANISMS.into(),
+            mechanisms: self.login.mechanisms().into(),
             locales: "en_US".into(),
         };
         self.phase = Phase::AwaitStartOk;

@@ -16,8 +16,12 @@ use super::fault::Fault;
 use super::{code, Connection};
 use crate::access::{LoginRefused, Permissions, User};
 
-/// The mechanisms `connection.start` offers.
-pub(super) const MECHANISMS: &str = "PLAIN AMQPLAIN";
+/// The mechanisms `connection.start` offers; EXTERNAL too to a client that showed a
+/// verified certificate.
+const MECHANISMS: &str = "PLAIN AMQPLAIN";
+
+/// The mechanisms with EXTERNAL.
+const WITH_EXTERNAL: &str = "PLAIN AMQPLAIN EXTERNAL";
 
 /// Who a connection is, once logged in, and what it may do in its virtual host.
 #[derive(Debug)]
@@ -35,6 +39,9 @@ pub(super) struct Login {
     pub(super) restricted: bool,
     /// A refused login: the user name given and the mechanism, for the log.
     pub(super) refused: Option<(String, String)>,
+    /// The subject CN of the client certificate the TLS handshake verified: the user
+    /// EXTERNAL logs in as.
+    pub(super) certificate_name: Option<String>,
 }
 
 impl Login {
@@ -46,6 +53,15 @@ impl Login {
             permissions: None,
             restricted: true,
             refused: None,
+            certificate_name: None,
+        }
+    }
+
+    /// The mechanisms this connection is offered.
+    pub(super) fn mechanisms(&self) -> &'static str {
+        match self.certificate_name {
+            Some(_) => WITH_EXTERNAL,
+            None => MECHANISMS,
         }
     }
 
@@ -89,9 +105,25 @@ impl Connection {
     pub(super) fn log_in(&mut self, start_ok: &connection::StartOk) -> Result<(), Fault> {
         let m = || AMQPClass::Connection(connection::AMQPMethod::StartOk(start_ok.clone()));
         let mechanism = start_ok.mechanism.as_str();
-        if !MECHANISMS.split(' ').any(|offered| offered == mechanism) {
+        if !self
+            .login
+            .mechanisms()
+            .split(' ')
+            .any(|offered| offered == mechanism)
+        {
             let text = format!("COMMAND_INVALID - unknown authentication mechanism '{mechanism}'");
             return Err(Fault::connection(code::COMMAND_INVALID, text).for_method(&m()));
+        }
+        if mechanism == "EXTERNAL" {
+            let user = self.login.certificate_name.clone().unwrap_or_default();
+            let access = &self.settings.access;
+            return match access.log_in_by_certificate(&user, self.login.peer_is_loopback) {
+                Ok(found) => {
+                    self.login.user = Some(found);
+                    Ok(())
+                }
+                Err(why) => Err(self.refuse_login(&user, mechanism, why, &m())),
+            };
         }
         let Some((user, password)) = credentials(mechanism, start_ok.response.as_bytes()) else {
             return Err(self.refuse_login("", mechanism, LoginRefused::Credentials, &m()));
@@ -167,6 +199,12 @@ impl Connection {
         self.frame_max = self.settings.frame_max as usize;
         self.phase = super::Phase::Open;
         true
+    }
+
+    /// The client certificate's subject CN, verified by the TLS handshake: EXTERNAL is
+    /// offered, and logs in as the user of that name.
+    pub fn set_certificate_name(&mut self, name: String) {
+        self.login.certificate_name = Some(name);
     }
 
     /// The user name and mechanism of a login this connection refused, for the log.
