@@ -68,6 +68,7 @@ async fn cluster(dir: &std::path::Path) -> BTreeMap<u64, Raft<Counter>> {
     let mut rafts = BTreeMap::new();
     for (id, listener) in (1..=3u64).zip(listeners) {
         let identity = Identity {
+            tls: None,
             cluster: "bench".into(),
             node: id,
             shards: 1,

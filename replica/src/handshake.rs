@@ -15,14 +15,14 @@
 //! a dialler that has not shown it knows it. The secret itself never crosses the wire
 //! (as the Erlang cookie does not, between RabbitMQ's nodes). A side that finds anything
 //! wrong closes the connection. What follows the handshake is not authenticated frame
-//! by frame: the link is for a trusted network until TLS comes to it.
+//! by frame: without TLS the link is for a trusted network. With TLS ([`LinkTls`]) the
+//! handshake runs inside it, each node having verified the other's certificate first.
 
 use std::io;
 
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 const MAGIC: &[u8; 8] = b"LMQLINK1";
 const VERSION: u8 = 1;
@@ -45,6 +45,18 @@ pub struct Identity {
     pub shards: u16,
     /// The secret every node of the cluster knows.
     pub secret: Vec<u8>,
+    /// TLS on the link, where the cluster has it.
+    pub tls: Option<LinkTls>,
+}
+
+/// TLS on the node link: a node serves its link with its certificate, dials with it as its
+/// client certificate, and each side verifies the other's against the cluster's CA.
+#[derive(Clone)]
+pub struct LinkTls {
+    /// The listener's side: its certificate, and clients' certificates required.
+    pub acceptor: tokio_rustls::TlsAcceptor,
+    /// The dialler's side: the CA it trusts, and its own certificate.
+    pub connector: tokio_rustls::TlsConnector,
 }
 
 impl std::fmt::Debug for Identity {
@@ -63,7 +75,11 @@ impl std::fmt::Debug for Identity {
 ///
 /// An io error saying what did not match or did not check out; the caller drops the
 /// connection.
-pub(crate) async fn connect(stream: &mut TcpStream, me: &Identity, peer: u64) -> io::Result<()> {
+pub(crate) async fn connect(
+    stream: &mut (impl AsyncRead + AsyncWrite + Unpin),
+    me: &Identity,
+    peer: u64,
+) -> io::Result<()> {
     let mut transcript = write_hello(stream, me).await?;
     let theirs = read_hello(stream, me, &mut transcript).await?;
     // An admin tool (node 0) takes whichever node it reached.
@@ -74,6 +90,7 @@ pub(crate) async fn connect(stream: &mut TcpStream, me: &Identity, peer: u64) ->
     }
     let client = prove(me, b"client", &transcript);
     stream.write_all(&client.finalize().into_bytes()).await?;
+    stream.flush().await?;
     let mut proof = [0; PROOF];
     stream.read_exact(&mut proof).await.map_err(|e| {
         refused(format!(
@@ -94,7 +111,10 @@ pub(crate) async fn connect(stream: &mut TcpStream, me: &Identity, peer: u64) ->
 /// # Errors
 ///
 /// As [`connect`].
-pub(crate) async fn accept(stream: &mut TcpStream, me: &Identity) -> io::Result<u64> {
+pub(crate) async fn accept(
+    stream: &mut (impl AsyncRead + AsyncWrite + Unpin),
+    me: &Identity,
+) -> io::Result<u64> {
     let mut transcript = Vec::new();
     let theirs = read_hello(stream, me, &mut transcript).await?;
     if theirs == me.node {
@@ -114,6 +134,7 @@ pub(crate) async fn accept(stream: &mut TcpStream, me: &Identity) -> io::Result<
     })?;
     let server = prove(me, b"server", &transcript);
     stream.write_all(&server.finalize().into_bytes()).await?;
+    stream.flush().await?;
     Ok(theirs)
 }
 
@@ -129,7 +150,7 @@ fn prove(me: &Identity, label: &[u8], transcript: &[u8]) -> Hmac<Sha256> {
 }
 
 /// Sends this node's hello, with a fresh nonce; returns what it sent.
-async fn write_hello(stream: &mut TcpStream, me: &Identity) -> io::Result<Vec<u8>> {
+async fn write_hello(stream: &mut (impl AsyncWrite + Unpin), me: &Identity) -> io::Result<Vec<u8>> {
     let name = me.cluster.as_bytes();
     if name.len() > MAX_NAME {
         return Err(refused(format!("a cluster name of {} bytes", name.len())));
@@ -143,13 +164,14 @@ async fn write_hello(stream: &mut TcpStream, me: &Identity) -> io::Result<Vec<u8
     hello.push(name.len() as u8);
     hello.extend_from_slice(name);
     stream.write_all(&hello).await?;
+    stream.flush().await?;
     Ok(hello)
 }
 
 /// Reads the other side's hello, checks it, and adds it to `transcript`; returns the
 /// other side's node id.
 async fn read_hello(
-    stream: &mut TcpStream,
+    stream: &mut (impl AsyncRead + Unpin),
     me: &Identity,
     transcript: &mut Vec<u8>,
 ) -> io::Result<u64> {
@@ -203,10 +225,11 @@ fn refused(detail: String) -> io::Error {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tokio::net::TcpListener;
+    use tokio::net::{TcpListener, TcpStream};
 
     fn identity(cluster: &str, node: u64, shards: u16, secret: &[u8]) -> Identity {
         Identity {
+            tls: None,
             cluster: cluster.into(),
             node,
             shards,

@@ -38,7 +38,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub use entry::{decode_entry, encode_entry};
-pub use handshake::Identity;
+pub use handshake::{Identity, LinkTls};
 pub use log_store::{LogReader, LogStore};
 pub use node::{ClusterStatus, Node, NodeConfig, PeerStatus, ShardStatus};
 pub use openraft;

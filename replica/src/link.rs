@@ -32,12 +32,11 @@ use openraft::raft::{
 use openraft::{BasicNode, OptionalSend, RaftNetworkFactory};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadHalf, WriteHalf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, oneshot};
 
-use crate::handshake::{self, Identity};
+use crate::handshake::{self, Identity, LinkTls};
 use crate::{Applier, Raft, ShardRaft, SnapshotMeta, Vote};
 
 /// The largest frame a link takes: a snapshot is one frame.
@@ -295,13 +294,17 @@ impl<A: Applier> Link<A> {
         }
     }
 
-    async fn serve_connection(&self, mut stream: TcpStream) -> io::Result<()> {
+    async fn serve_connection(&self, stream: TcpStream) -> io::Result<()> {
         stream.set_nodelay(true)?;
-        let accept = handshake::accept(&mut stream, &self.inner.identity);
-        let peer = tokio::time::timeout(CONNECT_TIMEOUT, accept)
+        let accept = async {
+            let mut stream = secure_accept(self.inner.identity.tls.as_ref(), stream).await?;
+            let peer = handshake::accept(&mut stream, &self.inner.identity).await?;
+            Ok::<_, io::Error>((stream, peer))
+        };
+        let (stream, peer) = tokio::time::timeout(CONNECT_TIMEOUT, accept)
             .await
             .map_err(|_| timed_out())??;
-        let (mut reader, writer) = stream.into_split();
+        let (mut reader, writer) = tokio::io::split(stream);
         let (answers, to_write) = mpsc::unbounded_channel();
         tokio::spawn(write_frames(writer, to_write, None));
         loop {
@@ -508,7 +511,7 @@ impl<A: Applier> Link<A> {
         if std::mem::take(&mut slot.unreachable) {
             eprintln!("leasemq: node link: node {peer} at {addr} is reachable again");
         }
-        let (reader, writer) = stream.into_split();
+        let (reader, writer) = tokio::io::split(stream);
         let calls = Arc::new(Calls::default());
         let (frames, to_write) = mpsc::unbounded_channel();
         tokio::spawn(write_frames(writer, to_write, Some(Arc::clone(&calls))));
@@ -518,9 +521,10 @@ impl<A: Applier> Link<A> {
         Ok(connection)
     }
 
-    async fn dial(&self, peer: u64, addr: &str) -> io::Result<TcpStream> {
-        let mut stream = TcpStream::connect(addr).await?;
+    async fn dial(&self, peer: u64, addr: &str) -> io::Result<Stream> {
+        let stream = TcpStream::connect(addr).await?;
         stream.set_nodelay(true)?;
+        let mut stream = secure_dial(self.inner.identity.tls.as_ref(), stream, addr).await?;
         handshake::connect(&mut stream, &self.inner.identity, peer).await?;
         Ok(stream)
     }
@@ -569,15 +573,48 @@ fn forward_error(peer: u64, e: CallError) -> ForwardError {
     }
 }
 
+/// A node link connection's bytes: TCP, or TLS over it.
+trait Wire: AsyncRead + AsyncWrite + Unpin + Send {}
+
+impl<T: AsyncRead + AsyncWrite + Unpin + Send> Wire for T {}
+
+type Stream = Box<dyn Wire>;
+
+/// The listener's side of a connection: over TLS where the cluster has it, the dialler's
+/// certificate verified.
+async fn secure_accept(tls: Option<&LinkTls>, stream: TcpStream) -> io::Result<Stream> {
+    Ok(match tls {
+        None => Box::new(stream),
+        Some(tls) => Box::new(tls.acceptor.accept(stream).await?),
+    })
+}
+
+/// The dialler's side of a connection to `addr`: over TLS where the cluster has it, the
+/// listener's certificate verified for the host `addr` names.
+async fn secure_dial(tls: Option<&LinkTls>, stream: TcpStream, addr: &str) -> io::Result<Stream> {
+    let Some(tls) = tls else {
+        return Ok(Box::new(stream));
+    };
+    let host = addr.rsplit_once(':').map_or(addr, |(host, _)| host);
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    let name = rustls::pki_types::ServerName::try_from(host.to_string())
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+    Ok(Box::new(tls.connector.connect(name, stream).await?))
+}
+
 /// Writes a connection's frames, whole and in order, until every sender is gone (then
-/// the connection closes) or a write fails (then its calls, if it has any, break).
+/// the connection closes) or a write fails (then its calls, if it has any, break). Over
+/// TLS what rustls holds back is flushed once no frame waits.
 async fn write_frames(
-    mut writer: OwnedWriteHalf,
+    mut writer: WriteHalf<Stream>,
     mut frames: mpsc::UnboundedReceiver<Vec<u8>>,
     calls: Option<Arc<Calls>>,
 ) {
     while let Some(frame) = frames.recv().await {
         if writer.write_all(&frame).await.is_err() {
+            break;
+        }
+        if frames.is_empty() && writer.flush().await.is_err() {
             break;
         }
     }
@@ -588,7 +625,7 @@ async fn write_frames(
 
 /// Reads a dialled connection's answers and hands each to its caller; when it breaks,
 /// every caller still waiting learns so, and the next call dials again.
-async fn read_answers(mut reader: OwnedReadHalf, calls: Arc<Calls>) {
+async fn read_answers(mut reader: ReadHalf<Stream>, calls: Arc<Calls>) {
     loop {
         let frame = read_frame(&mut reader).await;
         let Ok(Some((kind, _, call, body))) = frame else {
@@ -610,7 +647,9 @@ async fn read_answers(mut reader: OwnedReadHalf, calls: Arc<Calls>) {
     calls.break_off();
 }
 
-async fn read_frame(reader: &mut OwnedReadHalf) -> io::Result<Option<(u8, u16, u64, Vec<u8>)>> {
+async fn read_frame(
+    reader: &mut (impl AsyncRead + Unpin),
+) -> io::Result<Option<(u8, u16, u64, Vec<u8>)>> {
     let len = match reader.read_u32().await {
         Ok(len) => len,
         Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(None),
@@ -646,7 +685,8 @@ fn frame(kind: u8, shard: u16, call: u64, body: &[u8]) -> io::Result<Vec<u8>> {
 }
 
 /// Makes an admin call on the node whose link listens at `addr`, proving that this tool
-/// knows the cluster's `secret`; waits for the answer within `limit`.
+/// knows the cluster's `secret` (over TLS with `tls`, where the cluster's link has it);
+/// waits for the answer within `limit`.
 ///
 /// # Errors
 ///
@@ -654,6 +694,7 @@ fn frame(kind: u8, shard: u16, call: u64, body: &[u8]) -> io::Result<Vec<u8>> {
 pub async fn admin_call(
     addr: &str,
     secret: &[u8],
+    tls: Option<&LinkTls>,
     call: AdminCall,
     limit: Duration,
 ) -> io::Result<Vec<u8>> {
@@ -662,13 +703,16 @@ pub async fn admin_call(
         node: handshake::ADMIN_NODE,
         shards: 0,
         secret: secret.to_vec(),
+        tls: tls.cloned(),
     };
     let work = async {
-        let mut stream = TcpStream::connect(addr).await?;
+        let stream = TcpStream::connect(addr).await?;
+        let mut stream = secure_dial(tls, stream, addr).await?;
         handshake::connect(&mut stream, &me, handshake::ADMIN_NODE).await?;
         let body = encode(&call).map_err(io::Error::other)?;
         stream.write_all(&frame(ADMIN, 0, 1, &body)?).await?;
-        let (mut reader, _writer) = stream.into_split();
+        stream.flush().await?;
+        let (mut reader, _writer) = tokio::io::split(stream);
         let closed = || io::Error::new(io::ErrorKind::UnexpectedEof, "the node closed the link");
         let (kind, _, _, body) = read_frame(&mut reader).await?.ok_or_else(closed)?;
         match kind {

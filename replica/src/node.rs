@@ -69,6 +69,39 @@ pub struct ClusterStatus {
     pub peers: Vec<PeerStatus>,
 }
 
+impl std::fmt::Display for ClusterStatus {
+    /// As `leasemqd cluster status` prints it: a line per shard (leader, term, voters,
+    /// committed and applied index, `-` where unknown), then whether each peer is
+    /// reachable.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        writeln!(f, "node {}", self.node)?;
+        writeln!(f, "shard  leader  term  voters   committed  applied")?;
+        let or_dash = |v: Option<u64>| v.map_or("-".to_string(), |v| v.to_string());
+        for s in &self.shards {
+            let voters: Vec<String> = s.voters.iter().map(u64::to_string).collect();
+            writeln!(
+                f,
+                "{:<6} {:<7} {:<5} {:<8} {:<10} {}",
+                s.shard,
+                or_dash(s.leader),
+                s.term,
+                voters.join(","),
+                or_dash(s.committed),
+                or_dash(s.applied)
+            )?;
+        }
+        for p in &self.peers {
+            let reach = if p.reachable {
+                "reachable"
+            } else {
+                "unreachable"
+            };
+            writeln!(f, "peer {}: {reach}", p.node)?;
+        }
+        Ok(())
+    }
+}
+
 /// A shard's group, as one node sees it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ShardStatus {

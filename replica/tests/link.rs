@@ -38,6 +38,7 @@ async fn start(secrets: [&[u8]; 3]) -> BTreeMap<u64, Node> {
     let mut nodes = BTreeMap::new();
     for (id, listener) in (1..=3u64).zip(listeners) {
         let identity = Identity {
+            tls: None,
             cluster: "orders".into(),
             node: id,
             shards: SHARDS,

@@ -21,6 +21,7 @@ fn free_port() -> u16 {
 fn config(dir: &Path, id: u64, peers: &BTreeMap<u64, String>) -> NodeConfig {
     NodeConfig {
         identity: Identity {
+            tls: None,
             cluster: "orders".into(),
             node: id,
             shards: SHARDS,

@@ -12,7 +12,7 @@ use leasemq_replica::link::{admin_call, AdminCall};
 use leasemq_server::access::{read_definitions, Access, Definitions};
 use leasemq_server::imports;
 use leasemq_server::serve::Listeners;
-use leasemq_server::tls::{Tls, TlsFiles};
+use leasemq_server::tls::{self, Tls, TlsFiles};
 use leasemq_server::vhost::VHosts;
 use leasemq_server::{memory, serve, Settings};
 use mimalloc::MiMalloc;
@@ -90,6 +90,15 @@ struct NodeAddress {
     /// The file holding the cluster's secret.
     #[arg(long, value_name = "FILE")]
     cluster_secret_file: PathBuf,
+    /// Where the node link runs TLS: a certificate the cluster's CA signed (PEM)...
+    #[arg(long, value_name = "FILE", requires_all = ["tls_key", "tls_client_ca"])]
+    tls_cert: Option<PathBuf>,
+    /// ... its key ...
+    #[arg(long, value_name = "FILE")]
+    tls_key: Option<PathBuf>,
+    /// ... and the cluster's CA, which the node's certificate must chain to.
+    #[arg(long, value_name = "FILE")]
+    tls_client_ca: Option<PathBuf>,
 }
 
 #[derive(clap::Args, Debug)]
@@ -110,7 +119,9 @@ struct Args {
     tls_key: Option<PathBuf>,
     /// Requires every TLS client to show a certificate this CA (PEM) signed (RabbitMQ's
     /// verify_peer with fail_if_no_peer_cert), and offers EXTERNAL: the certificate's
-    /// subject CN is the user.
+    /// subject CN is the user. In a cluster the node link then runs TLS too, each node
+    /// verifying the other's --tls-cert against this CA (it must name the host its --peers
+    /// entry dials).
     #[arg(long, value_name = "FILE")]
     tls_client_ca: Option<PathBuf>,
     /// Serves --metrics over TLS (HTTPS) with --tls-cert and --tls-key.
@@ -397,6 +408,15 @@ fn cluster_of(args: &Args) -> Result<Option<Cluster>, String> {
     if let Some(ms) = args.raft_election_timeout_ms {
         cluster = cluster.election_timeout(Duration::from_millis(ms));
     }
+    // With a client CA, the node link runs TLS on the AMQP listener's certificate.
+    if let (Some(cert), Some(key), Some(ca)) = (&args.tls_cert, &args.tls_key, &args.tls_client_ca)
+    {
+        cluster = cluster.tls(tls::link_tls(&TlsFiles {
+            cert: cert.clone(),
+            key: key.clone(),
+            client_ca: Some(ca.clone()),
+        })?);
+    }
     Ok(Some(cluster))
 }
 
@@ -422,8 +442,16 @@ fn cluster_command(action: ClusterAction) -> Result<(), String> {
         .build()
         .map_err(|e| format!("cannot start the runtime: {e}"))?;
     let limit = Duration::from_secs(30);
+    let tls = match (&node.tls_cert, &node.tls_key) {
+        (Some(cert), Some(key)) => Some(tls::link_tls(&TlsFiles {
+            cert: cert.clone(),
+            key: key.clone(),
+            client_ca: node.tls_client_ca.clone(),
+        })?),
+        _ => None,
+    };
     let answer = runtime
-        .block_on(admin_call(&node.raft, &secret, call, limit))
+        .block_on(admin_call(&node.raft, &secret, tls.as_ref(), call, limit))
         .map_err(|e| format!("node at {}: {e}", node.raft))?;
     match call {
         AdminCall::Init => println!("the cluster is formed"),
@@ -431,37 +459,10 @@ fn cluster_command(action: ClusterAction) -> Result<(), String> {
         AdminCall::Status => {
             let status: ClusterStatus = serde_json::from_slice(&answer)
                 .map_err(|e| format!("node at {}: a status that does not read: {e}", node.raft))?;
-            print_status(&status);
+            print!("{status}");
         }
     }
     Ok(())
-}
-
-/// A cluster's status, as a table.
-fn print_status(status: &ClusterStatus) {
-    println!("node {}", status.node);
-    println!("shard  leader  term  voters   committed  applied");
-    let or_dash = |v: Option<u64>| v.map_or("-".to_string(), |v| v.to_string());
-    for s in &status.shards {
-        let voters: Vec<String> = s.voters.iter().map(u64::to_string).collect();
-        println!(
-            "{:<6} {:<7} {:<5} {:<8} {:<10} {}",
-            s.shard,
-            or_dash(s.leader),
-            s.term,
-            voters.join(","),
-            or_dash(s.committed),
-            or_dash(s.applied)
-        );
-    }
-    for p in &status.peers {
-        let reach = if p.reachable {
-            "reachable"
-        } else {
-            "unreachable"
-        };
-        println!("peer {}: {reach}", p.node);
-    }
 }
 
 /// Reads the TLS certificate and key again at every SIGHUP (a future to spawn). Only a

@@ -115,6 +115,37 @@ pub fn server_config(files: &TlsFiles) -> Result<Arc<ServerConfig>, String> {
     Ok(Arc::new(config))
 }
 
+/// TLS for a cluster's node link, from the same files: the node serves its link with its
+/// certificate and requires the dialler's, and dials with its certificate as the client's;
+/// both sides verify against `files.client_ca`, which it needs.
+pub fn link_tls(files: &TlsFiles) -> Result<leasemq_replica::LinkTls, String> {
+    let Some(ca) = &files.client_ca else {
+        return Err(
+            "the node link's TLS needs --tls-client-ca: the CA of the nodes' certificates".into(),
+        );
+    };
+    let server = server_config(files)?;
+    let provider = Arc::new(aws_lc_rs::default_provider());
+    let mut roots = RootCertStore::empty();
+    for cert in read_certs(ca)? {
+        roots
+            .add(cert)
+            .map_err(|e| format!("{}: not a CA certificate: {e}", ca.display()))?;
+    }
+    let key = PrivateKeyDer::from_pem_file(&files.key)
+        .map_err(|e| format!("{}: no PEM private key read: {e}", files.key.display()))?;
+    let client = rustls::ClientConfig::builder_with_provider(provider)
+        .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
+        .map_err(|e| format!("TLS: {e}"))?
+        .with_root_certificates(roots)
+        .with_client_auth_cert(read_certs(&files.cert)?, key)
+        .map_err(|e| format!("{} and {}: {e}", files.cert.display(), files.key.display()))?;
+    Ok(leasemq_replica::LinkTls {
+        acceptor: TlsAcceptor::from(server),
+        connector: tokio_rustls::TlsConnector::from(Arc::new(client)),
+    })
+}
+
 /// The certificates of the PEM file at `path`: at least one.
 fn read_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, String> {
     let certs = CertificateDer::pem_file_iter(path)

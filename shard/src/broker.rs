@@ -550,6 +550,7 @@ impl BrokerBuilder {
             node: cluster.id,
             shards,
             secret: cluster.secret.clone(),
+            tls: cluster.tls.clone(),
         };
         let log = leasemq_wal::Options {
             segment_bytes: self.log_segment_bytes,

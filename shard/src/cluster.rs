@@ -57,6 +57,7 @@ pub struct Cluster {
     pub(crate) call_timeout: Duration,
     pub(crate) election_timeout: Duration,
     pub(crate) secret: Vec<u8>,
+    pub(crate) tls: Option<leasemq_replica::LinkTls>,
 }
 
 impl std::fmt::Debug for Cluster {
@@ -85,7 +86,15 @@ impl Cluster {
             call_timeout: DEFAULT_CALL_TIMEOUT,
             election_timeout: DEFAULT_ELECTION_TIMEOUT,
             secret: Vec::new(),
+            tls: None,
         }
+    }
+
+    /// Runs the node link over TLS: this node serves and dials with `tls`'s certificate,
+    /// and each side verifies the other's.
+    pub fn tls(mut self, tls: leasemq_replica::LinkTls) -> Cluster {
+        self.tls = Some(tls);
+        self
     }
 
     /// Where this node serves the node link (Raft and forwarded calls), as `host:port`.

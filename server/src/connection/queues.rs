@@ -30,7 +30,9 @@ impl Connection {
         let name = match declare.queue.as_str() {
             "" if !declare.passive => {
                 let name = self.server_named_queue();
-                self.queue_declare_permitted(ch, &name, &declare.arguments, &m)?;
+                // Checked by the name the client gets, not its broker name.
+                let shown = names::amqp(&name).into_owned();
+                self.queue_declare_permitted(ch, &shown, &declare.arguments, &m)?;
                 name
             }
             given => self.vhost.broker_name(given).into_owned(),

@@ -3,7 +3,10 @@
 # port, runs test_pika.py (pika) and test_clients.py (a Celery worker and client) with
 # pytest, and stops the server; test_durable.py starts its own servers on a data dir,
 # kills and restarts them; test_operations.py starts its own to scrape --metrics and to
-# stop one with SIGTERM.
+# stop one with SIGTERM. test_security.py (contract §10: TLS, users, vhosts, permissions)
+# runs last through security_rabbitmq.sh, which starts a leasemqd of its own with the
+# certificates and definitions file it makes (and runs the same suite against RabbitMQ
+# with `security_rabbitmq.sh rabbitmq`).
 #
 # Needs python3 (with venv) and network access to PyPI the first time: pika, pytest and
 # celery (test_clients.py) are installed into a virtual environment under target/pika-venv,
@@ -65,4 +68,5 @@ if [ "$status" -ne 0 ]; then
     echo "--- leasemqd log" >&2
     cat "$log" >&2
 fi
+bash "$here/security_rabbitmq.sh" leasemqd "$root/target/debug/leasemqd" "$@" || status=$?
 exit "$status"

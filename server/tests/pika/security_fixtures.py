@@ -9,10 +9,12 @@ DIR gets:
   DNS:localhost and IP:127.0.0.1, extendedKeyUsage serverAuth, not a CA;
 - definitions.json: a RabbitMQ definitions file, in the format `rabbitmqctl
   export_definitions` writes, with the vhosts `/` and `sec-vhost`, the users `admin`,
-  `limited` and `rootonly` and their permissions, one durable queue, one topic exchange and a
-  binding between them in `sec-vhost`, and a policy and an empty `topic_permissions` list
-  (keys a broker that does not use them is expected to skip);
-- passwords.json: each user's plain password, for the tests to log in with.
+  `limited` and `rootonly` and their permissions (and three users in the file's other forms:
+  a SHA-512 hash, no hashing_algorithm, an empty hash), one durable queue, one topic
+  exchange and a binding between them in `sec-vhost`, and a policy and an empty
+  `topic_permissions` list (keys a broker that does not use them is expected to skip);
+- passwords.json: each user's plain password, for the tests to log in with (for
+  `nopassword`, one its empty hash does not accept).
 
 The passwords and the salts of their hashes are random on each run; the names, permissions
 and topology are fixed, and test_security.py relies on them.
@@ -32,7 +34,8 @@ import sys
 # The vhost the permission tests run in, beside the default vhost `/`.
 SEC_VHOST = "sec-vhost"
 
-# Each user's tags and permissions, as (vhost, configure, write, read).
+# Each user's tags, permissions, as (vhost, configure, write, read), and how its password is
+# hashed ("hashing"): "sha256" unless it says otherwise.
 USERS = {
     "admin": {
         "tags": ["administrator"],
@@ -50,6 +53,30 @@ USERS = {
     "rootonly": {
         "tags": [],
         "permissions": [("/", ".*", ".*", ".*")],
+    },
+    # May use only server-named queues (amq.gen-…) of sec-vhost.
+    "servernamed": {
+        "tags": [],
+        "permissions": [(SEC_VHOST, r"^amq\.gen-", r"^amq\.default$", r"^amq\.gen-")],
+    },
+    # The other forms a user entry takes in RabbitMQ's files: a SHA-512 hash, with the tags
+    # as one comma-separated string (older exports)...
+    "sha512user": {
+        "tags": "management,policymaker",
+        "permissions": [("/", ".*", ".*", ".*")],
+        "hashing": "sha512",
+    },
+    # ...no `hashing_algorithm` at all (SHA-256 is meant)...
+    "defaulthash": {
+        "tags": [],
+        "permissions": [("/", ".*", ".*", ".*")],
+        "hashing": "missing",
+    },
+    # ...and an empty hash: a user that cannot log in with any password.
+    "nopassword": {
+        "tags": [],
+        "permissions": [("/", ".*", ".*", ".*")],
+        "hashing": "empty",
     },
 }
 
@@ -81,12 +108,29 @@ CN = unused
 """
 
 
-def rabbit_password_hash(password):
-    """RabbitMQ's rabbit_password_hashing_sha256: base64 of a 4-byte random salt followed by
-    SHA-256(salt || password)."""
+def rabbit_password_hash(password, algorithm="sha256"):
+    """RabbitMQ's rabbit_password_hashing_sha256 (or _sha512): base64 of a 4-byte random salt
+    followed by SHA-256(salt || password) (or SHA-512)."""
     salt = secrets.token_bytes(4)
-    digest = hashlib.sha256(salt + password.encode()).digest()
+    digest = hashlib.new(algorithm, salt + password.encode()).digest()
     return base64.b64encode(salt + digest).decode()
+
+
+def user_entry(name, spec, password):
+    """One `users` entry of the definitions."""
+    hashing = spec.get("hashing", "sha256")
+    entry = {"name": name}
+    if hashing == "empty":
+        entry["password_hash"] = ""
+        entry["hashing_algorithm"] = "rabbit_password_hashing_sha256"
+    elif hashing == "missing":
+        entry["password_hash"] = rabbit_password_hash(password)
+    else:
+        entry["password_hash"] = rabbit_password_hash(password, hashing)
+        entry["hashing_algorithm"] = f"rabbit_password_hashing_{hashing}"
+    entry["tags"] = spec["tags"]
+    entry["limits"] = {}
+    return entry
 
 
 def openssl(*args, cwd):
@@ -129,16 +173,7 @@ def make_certificates(out):
 
 def definitions(passwords):
     """The definitions document, as `rabbitmqctl export_definitions` lays it out."""
-    users = [
-        {
-            "name": name,
-            "password_hash": rabbit_password_hash(passwords[name]),
-            "hashing_algorithm": "rabbit_password_hashing_sha256",
-            "tags": spec["tags"],
-            "limits": {},
-        }
-        for name, spec in USERS.items()
-    ]
+    users = [user_entry(name, spec, passwords[name]) for name, spec in USERS.items()]
     permissions = [
         {"user": name, "vhost": vhost, "configure": configure, "write": write, "read": read}
         for name, spec in USERS.items()

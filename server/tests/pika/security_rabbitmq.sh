@@ -80,7 +80,9 @@ ctl() { as_rabbitmq "$RMQ_BIN/rabbitmqctl -n $RMQ_NODE $*"; }
 
 stop_rabbitmq() {
     if [ "$rmq_started" = 1 ]; then
-        ctl stop >/dev/null 2>&1 || echo "security_rabbitmq: $RMQ_NODE did not stop cleanly" >&2
+        # With the pid file, `stop` returns once the node's VM has exited.
+        ctl stop "$dir/rabbitmq.pid" >/dev/null 2>&1 ||
+            echo "security_rabbitmq: $RMQ_NODE did not stop cleanly" >&2
         # epmd, if this script's node started it, exits on `-kill` once no node is
         # registered with it (it refuses while any other node is).
         if [ "$epmd_was_running" = 0 ]; then
@@ -147,6 +149,7 @@ EOF
     as_rabbitmq "RABBITMQ_NODENAME=$RMQ_NODE RABBITMQ_DIST_PORT=$RMQ_DIST_PORT \
         RABBITMQ_CONFIG_FILE=$dir/rabbitmq.conf \
         RABBITMQ_MNESIA_BASE=$dir/mnesia RABBITMQ_LOG_BASE=$dir/log \
+        RABBITMQ_PID_FILE=$dir/rabbitmq.pid \
         RABBITMQ_ENABLED_PLUGINS_FILE=$dir/enabled_plugins \
         RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS='-kernel inet_dist_use_interface {127,0,0,1}' \
         $RMQ_BIN/rabbitmq-server -detached" >"$dir/start.log" 2>&1 ||
@@ -207,7 +210,7 @@ esac
 export PYTHONDONTWRITEBYTECODE=1
 rc=0
 SEC_DIR="$dir" SEC_HOST=127.0.0.1 SEC_PORT="$sec_port" SEC_TLS_PORT="$sec_tls_port" \
-    "$venv/bin/pytest" -q -p no:cacheprovider -rs "$here/test_security.py" "$@" || rc=$?
+    "$venv/bin/pytest" -q -p no:cacheprovider -rfEs "$here/test_security.py" "$@" || rc=$?
 if [ "$rc" -ne 0 ] && [ "$broker" = leasemqd ]; then
     echo "--- leasemqd log (last 40 lines)" >&2
     tail -n 40 "$dir/leasemqd.log" >&2

@@ -12,8 +12,10 @@ and for leasemqd. The tests read:
 
 What the tests rely on from the definitions: the vhosts `/` and `sec-vhost`; the user `admin`
 (every permission on both), `limited` (on sec-vhost only: configure `^limited-`, write
-`^(limited-|amq\\.default$)`, read `^limited-`) and `rootonly` (everything on `/` only); and in
-sec-vhost the durable queue `limited-preset`, bound to the topic exchange `limited-events` by
+`^(limited-|amq\\.default$)`, read `^limited-`), `rootonly` (everything on `/` only) and
+`servernamed` (on sec-vhost, only server-named `amq.gen-…` queues); `sha512user` and
+`defaulthash` (everything on `/`; a SHA-512 hash, and a hash without hashing_algorithm) and
+`nopassword` (an empty hash); and in sec-vhost the durable queue `limited-preset`, bound to the topic exchange `limited-events` by
 `preset.#`. Each test makes its own resources under fresh names, so the tests do not depend
 on one another, nor on running against a fresh broker.
 """
@@ -128,6 +130,14 @@ def drain(channel, queue):
     while (body := get_one(channel, queue)) is not None:
         bodies.append(body)
     return bodies
+
+
+# RabbitMQ's reply text for a refused login, whatever the reason (unknown user, wrong
+# password), so that it tells a client nothing about which.
+LOGIN_REFUSED = (
+    "ACCESS_REFUSED - Login was refused using authentication mechanism PLAIN. "
+    "For details see the broker logfile."
+)
 
 
 def access_refused_text(kind, name, user="limited", vhost=SEC_VHOST):
@@ -274,8 +284,7 @@ def test_the_plain_port_serves_the_same_users():
 @pytest.mark.parametrize("tls", [False, True], ids=["plain", "tls"])
 def test_a_wrong_password_is_refused(tls):
     code, text = refused_connection("admin", "/", tls=tls, secret=password("admin") + "-wrong")
-    assert code == 403, text
-    assert text.startswith("ACCESS_REFUSED"), text
+    assert (code, text) == (403, LOGIN_REFUSED)
 
 
 @pytest.mark.parametrize("tls", [False, True], ids=["plain", "tls"])
@@ -283,8 +292,7 @@ def test_an_unknown_user_is_refused(tls):
     parameters = params("admin", "/", tls=tls)
     parameters.credentials = pika.PlainCredentials("nobody", "whatever")
     code, text = refusal(lambda: pika.BlockingConnection(parameters))
-    assert code == 403, text
-    assert text.startswith("ACCESS_REFUSED"), text
+    assert (code, text) == (403, LOGIN_REFUSED)
 
 
 def test_every_user_of_the_definitions_logs_in_with_its_password():
@@ -295,13 +303,29 @@ def test_every_user_of_the_definitions_logs_in_with_its_password():
         conn.close()
 
 
+@pytest.mark.parametrize("user", ["sha512user", "defaulthash"])
+def test_users_in_the_files_other_hash_forms_log_in(user):
+    # sha512user: rabbit_password_hashing_sha512 and tags as one string; defaulthash: no
+    # hashing_algorithm, so SHA-256.
+    conn = connect(user, "/")
+    assert conn.channel().is_open
+    conn.close()
+    code, text = refused_connection(user, "/", secret=password(user) + "-wrong")
+    assert (code, text) == (403, LOGIN_REFUSED)
+
+
+@pytest.mark.parametrize("secret", ["", "anything"], ids=["empty", "any"])
+def test_a_user_with_an_empty_password_hash_cannot_log_in(secret):
+    code, text = refused_connection("nopassword", "/", secret=secret)
+    assert (code, text) == (403, LOGIN_REFUSED)
+
+
 # --- virtual hosts -------------------------------------------------------------------------
 
 
 def test_opening_an_unknown_vhost_is_refused():
     code, text = refused_connection("admin", "no-such-vhost")
-    assert code == 530, text
-    assert text.startswith("NOT_ALLOWED"), text
+    assert (code, text) == (530, "NOT_ALLOWED - vhost no-such-vhost not found")
 
 
 @pytest.mark.parametrize(
@@ -309,8 +333,7 @@ def test_opening_an_unknown_vhost_is_refused():
 )
 def test_opening_a_vhost_without_permissions_on_it_is_refused(user, vhost):
     code, text = refused_connection(user, vhost)
-    assert code == 530, text
-    assert text.startswith("NOT_ALLOWED"), text
+    assert (code, text) == (530, f"NOT_ALLOWED - access to vhost '{vhost}' refused for user '{user}'")
 
 
 def test_vhosts_hold_separate_queues_under_the_same_name():
@@ -464,6 +487,22 @@ def test_deleting_a_queue_outside_the_configure_pattern_is_refused(limited, admi
     admin.close()
 
 
+def test_deleting_an_exchange_outside_the_configure_pattern_is_refused(limited):
+    conn, side, own = limited
+    name = unique("admin-ex")
+    admin = connect("admin", SEC_VHOST)
+    admin_ch = admin.channel()
+    admin_ch.exchange_declare(exchange=name, exchange_type="fanout")
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as closed:
+        conn.channel().exchange_delete(exchange=name)
+    assert_access_refused(closed.value, "exchange", name)
+    assert_still_serves(conn, side, own)
+    # The exchange is still there.
+    admin_ch.exchange_declare(exchange=name, passive=True)
+    admin_ch.exchange_delete(exchange=name)
+    admin.close()
+
+
 def test_publishing_to_an_exchange_without_write_permission_is_refused(limited):
     conn, side, own = limited
     ch = conn.channel()
@@ -520,6 +559,15 @@ def test_binding_to_an_exchange_without_read_permission_is_refused(limited):
     assert_still_serves(conn, side, own)
 
 
+def test_unbinding_from_an_exchange_without_read_permission_is_refused(limited):
+    conn, side, own = limited
+    # queue.unbind needs what queue.bind needs: write on the queue, read on the exchange.
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as closed:
+        conn.channel().queue_unbind(queue=own, exchange="amq.topic", routing_key="k")
+    assert_access_refused(closed.value, "exchange", "amq.topic")
+    assert_still_serves(conn, side, own)
+
+
 def test_a_refused_channel_leaves_the_other_channels_consuming(limited, admin_queue):
     conn, side, own = limited
     got = []
@@ -535,6 +583,135 @@ def test_a_refused_channel_leaves_the_other_channels_consuming(limited, admin_qu
         conn.process_data_events(time_limit=0.1)
     assert got == [b"still delivered"]
     assert conn.is_open
+
+
+def test_a_passive_declare_needs_no_configure_permission(limited, admin_queue):
+    conn, side, own = limited
+    ch = conn.channel()
+    assert ch.queue_declare(queue=admin_queue, passive=True).method.message_count == 1
+    ch.exchange_declare(exchange="amq.topic", passive=True)
+    assert ch.is_open
+
+
+def test_a_server_named_queue_in_a_vhost_gets_an_amq_gen_name():
+    conn = connect("admin", SEC_VHOST)
+    ch = conn.channel()
+    name = ch.queue_declare(queue="", exclusive=True).method.queue
+    assert name.startswith("amq.gen-"), name
+    # The queue answers to that name.
+    ch.basic_publish(exchange="", routing_key=name, body=b"to a server-named queue")
+    assert drain(ch, name) == [b"to a server-named queue"]
+    conn.close()
+
+
+def test_a_user_allowed_amq_gen_names_declares_and_uses_a_server_named_queue():
+    # `servernamed` may configure and read only `^amq\.gen-` in sec-vhost: the permission is
+    # checked against the name the queue gets.
+    conn = connect("servernamed", SEC_VHOST)
+    ch = conn.channel()
+    name = ch.queue_declare(queue="", exclusive=True).method.queue
+    assert name.startswith("amq.gen-"), name
+    ch.basic_publish(exchange="", routing_key=name, body=b"allowed")
+    assert drain(ch, name) == [b"allowed"]
+    ch.queue_delete(queue=name)
+    conn.close()
+
+
+def test_a_server_named_queue_is_checked_by_the_name_it_gets(limited):
+    conn, side, own = limited
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as closed:
+        conn.channel().queue_declare(queue="", exclusive=True)
+    assert closed.value.reply_code == 403, closed.value
+    assert re.fullmatch(
+        r"ACCESS_REFUSED - access to queue 'amq\.gen-[^']+' in vhost 'sec-vhost' "
+        r"refused for user 'limited'",
+        closed.value.reply_text,
+    ), closed.value
+    assert_still_serves(conn, side, own)
+
+
+def test_an_empty_queue_name_is_checked_as_the_channels_last_declared_queue(
+    limited, admin_queue
+):
+    conn, side, own = limited
+    ch = conn.channel()
+    # A passive declare (allowed) makes admin_queue the channel's last declared queue; a
+    # basic.get of "" is then a basic.get of admin_queue, which `limited` may not read.
+    ch.queue_declare(queue=admin_queue, passive=True)
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as closed:
+        ch.basic_get(queue="", auto_ack=True)
+    assert_access_refused(closed.value, "queue", admin_queue)
+    # And on a queue it may read, "" is that queue.
+    mine = conn.channel()
+    mine.queue_declare(queue=own, passive=True)
+    side.basic_publish(exchange="", routing_key=own, body=b"via empty name")
+    round_trip(side)
+    method, _, body = mine.basic_get(queue="", auto_ack=True)
+    assert method is not None and body == b"via empty name"
+
+
+def test_a_dead_letter_exchange_without_write_permission_refuses_the_declare(limited):
+    conn, side, own = limited
+    name = unique("limited-dlx")
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as closed:
+        conn.channel().queue_declare(
+            queue=name, arguments={"x-dead-letter-exchange": "amq.topic"}
+        )
+    assert_access_refused(closed.value, "exchange", "amq.topic")
+    assert_still_serves(conn, side, own)
+    # With a dead-letter exchange it may write to, the same declare succeeds.
+    ch = conn.channel()
+    ch.queue_declare(queue=name, arguments={"x-dead-letter-exchange": "limited-events"})
+    ch.queue_delete(queue=name)
+
+
+def test_an_alternate_exchange_without_write_permission_refuses_the_declare(limited):
+    conn, side, own = limited
+    name = unique("limited-with-ae")
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as closed:
+        conn.channel().exchange_declare(
+            exchange=name, exchange_type="direct", arguments={"alternate-exchange": "amq.topic"}
+        )
+    assert_access_refused(closed.value, "exchange", "amq.topic")
+    assert_still_serves(conn, side, own)
+    # With an alternate exchange it may write to, the same declare succeeds.
+    ch = conn.channel()
+    ch.exchange_declare(
+        exchange=name, exchange_type="direct", arguments={"alternate-exchange": "limited-events"}
+    )
+    ch.exchange_delete(exchange=name)
+
+
+def test_exchange_bind_needs_read_on_the_source(limited):
+    conn, side, own = limited
+    ch = conn.channel()
+    destination = unique("limited-dest")
+    ch.exchange_declare(exchange=destination, exchange_type="fanout")
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as closed:
+        ch.exchange_bind(destination=destination, source="amq.topic", routing_key="#")
+    assert_access_refused(closed.value, "exchange", "amq.topic")
+    assert_still_serves(conn, side, own)
+    # From a source it may read, the binding is made.
+    ch = conn.channel()
+    ch.exchange_bind(destination=destination, source="limited-events", routing_key="#")
+    ch.exchange_unbind(destination=destination, source="limited-events", routing_key="#")
+    ch.exchange_delete(exchange=destination)
+
+
+def test_exchange_bind_needs_write_on_the_destination(limited):
+    conn, side, own = limited
+    destination = unique("admin-dest")
+    admin = connect("admin", SEC_VHOST)
+    admin_ch = admin.channel()
+    admin_ch.exchange_declare(exchange=destination, exchange_type="fanout")
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as closed:
+        conn.channel().exchange_bind(
+            destination=destination, source="limited-events", routing_key="#"
+        )
+    assert_access_refused(closed.value, "exchange", destination)
+    assert_still_serves(conn, side, own)
+    admin_ch.exchange_delete(exchange=destination)
+    admin.close()
 
 
 # --- user_id -------------------------------------------------------------------------------
