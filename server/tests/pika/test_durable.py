@@ -26,11 +26,17 @@ class Server:
             stderr=subprocess.STDOUT,
             text=True,
         )
-        line = self.proc.stdout.readline()
-        found = re.search(r" on 127\.0\.0\.1:(\d+), .*durable queues in ", line)
+        # Log lines may come first (a restart after a kill says what it cut from a torn
+        # write): the ready line is the first that says "ready".
+        seen = []
+        for line in self.proc.stdout:
+            seen.append(line)
+            if " ready: " in line or len(seen) > 50:
+                break
+        found = re.search(r" on 127\.0\.0\.1:(\d+), .*durable queues in ", seen[-1] if seen else "")
         if not found:
             self.proc.kill()
-            raise AssertionError(f"no ready line naming the data dir: {line!r}")
+            raise AssertionError(f"no ready line naming the data dir: {seen!r}")
         self.port = int(found.group(1))
 
     def channel(self):
