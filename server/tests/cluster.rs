@@ -5,9 +5,8 @@
 //! acked. Exchanges, and what a cluster does not serve of queues and publishes, are
 //! refused as the contract says.
 
-use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use futures_lite::StreamExt;
@@ -22,29 +21,8 @@ use tokio::time::timeout;
 const WAIT: Duration = Duration::from_secs(20);
 const BIN: &str = env!("CARGO_BIN_EXE_leasemqd");
 
-/// A `leasemqd` node, killed when dropped.
-struct Node {
-    child: Child,
-    amqp: String,
-}
-
-impl Drop for Node {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// Free loopback ports.
-fn ports(n: usize) -> Vec<u16> {
-    let listeners: Vec<_> = (0..n)
-        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap())
-        .collect();
-    listeners
-        .iter()
-        .map(|l| l.local_addr().unwrap().port())
-        .collect()
-}
+mod common;
+use common::{ports, Node};
 
 /// Starts node `id` of three, whose node links listen on `raft`, and waits for its ready
 /// line.
@@ -52,7 +30,7 @@ fn start(dir: &Path, id: usize, raft: &[u16], secret: &Path) -> Node {
     let peers: Vec<String> = (raft.iter().enumerate())
         .map(|(i, port)| format!("{}=127.0.0.1:{port}", i + 1))
         .collect();
-    let mut child = Command::new(BIN)
+    let child = Command::new(BIN)
         .args([
             "--listen",
             "127.0.0.1:0",
@@ -72,17 +50,7 @@ fn start(dir: &Path, id: usize, raft: &[u16], secret: &Path) -> Node {
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
-    let mut line = String::new();
-    let stdout = child.stdout.take().unwrap();
-    BufReader::new(stdout).read_line(&mut line).unwrap();
-    assert!(line.contains("ready"), "{line}");
-    assert!(
-        line.contains(&format!("node {id} of cluster \"test\"")),
-        "{line}"
-    );
-    let amqp = line.split("AMQP 0-9-1 on ").nth(1).unwrap();
-    let amqp = amqp.split(',').next().unwrap().to_string();
-    Node { child, amqp }
+    Node::ready(child, &format!("node {id} of cluster \"test\""))
 }
 
 /// `leasemqd cluster ARGS` against the node link on `port`: its stdout.

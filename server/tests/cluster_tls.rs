@@ -3,9 +3,8 @@
 //! cluster forms and serves through any node, and an admin tool or a node that does not
 //! speak TLS with a certificate of that CA gets nowhere.
 
-use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use futures_lite::StreamExt;
@@ -15,96 +14,20 @@ use lapin::options::{
 };
 use lapin::types::FieldTable;
 use lapin::{BasicProperties, Connection, ConnectionProperties};
-use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair};
 use tokio::time::timeout;
 
 const WAIT: Duration = Duration::from_secs(20);
 const BIN: &str = env!("CARGO_BIN_EXE_leasemqd");
 
-/// A `leasemqd` node, killed when dropped.
-struct Node {
-    child: Child,
-    amqp: String,
-}
-
-impl Drop for Node {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// The files of a CA of the test's own and of certificates it signed.
-struct Pki {
-    dir: PathBuf,
-    ca: CertifiedIssuer<'static, KeyPair>,
-}
-
-impl Pki {
-    fn new(dir: &Path, name: &str) -> Pki {
-        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
-        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        params.distinguished_name.push(DnType::CommonName, name);
-        let ca = CertifiedIssuer::self_signed(params, KeyPair::generate().unwrap()).unwrap();
-        let pki = Pki {
-            dir: dir.join(name),
-            ca,
-        };
-        std::fs::create_dir_all(&pki.dir).unwrap();
-        std::fs::write(pki.ca_file(), pki.ca.pem()).unwrap();
-        pki
-    }
-
-    fn ca_file(&self) -> PathBuf {
-        self.dir.join("ca.pem")
-    }
-
-    /// A certificate for 127.0.0.1 named `cn`: its file and its key's.
-    fn issue(&self, cn: &str) -> (PathBuf, PathBuf) {
-        let mut params =
-            CertificateParams::new(vec!["127.0.0.1".to_string(), "localhost".to_string()]).unwrap();
-        params.distinguished_name.push(DnType::CommonName, cn);
-        let key = KeyPair::generate().unwrap();
-        let cert = params.signed_by(&key, &self.ca).unwrap();
-        let (cert_file, key_file) = (
-            self.dir.join(format!("{cn}.pem")),
-            self.dir.join(format!("{cn}.key")),
-        );
-        std::fs::write(&cert_file, cert.pem()).unwrap();
-        std::fs::write(&key_file, key.serialize_pem()).unwrap();
-        (cert_file, key_file)
-    }
-
-    /// The TLS flags of a node or admin tool with a certificate named `cn`.
-    fn flags(&self, cn: &str) -> Vec<String> {
-        let (cert, key) = self.issue(cn);
-        let path = |p: &Path| p.to_str().unwrap().to_string();
-        vec![
-            "--tls-cert".into(),
-            path(&cert),
-            "--tls-key".into(),
-            path(&key),
-            "--tls-client-ca".into(),
-            path(&self.ca_file()),
-        ]
-    }
-}
-
-fn ports(n: usize) -> Vec<u16> {
-    let listeners: Vec<_> = (0..n)
-        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap())
-        .collect();
-    (listeners.iter())
-        .map(|l| l.local_addr().unwrap().port())
-        .collect()
-}
+mod common;
+use common::{ports, Ca, Node};
 
 /// Starts node `id` of three with TLS on its link and an AMQPS listener.
-fn start(dir: &Path, id: usize, raft: &[u16], secret: &Path, pki: &Pki) -> Node {
+fn start(dir: &Path, id: usize, raft: &[u16], secret: &Path, pki: &Ca) -> Node {
     let peers: Vec<String> = (raft.iter().enumerate())
         .map(|(i, port)| format!("{}=127.0.0.1:{port}", i + 1))
         .collect();
-    let mut child = Command::new(BIN)
+    let child = Command::new(BIN)
         .args([
             "--listen",
             "127.0.0.1:0",
@@ -126,14 +49,7 @@ fn start(dir: &Path, id: usize, raft: &[u16], secret: &Path, pki: &Pki) -> Node 
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    assert!(line.contains("ready"), "{line}");
-    let amqp = line.split("AMQP 0-9-1 on ").nth(1).unwrap();
-    let amqp = amqp.split(',').next().unwrap().to_string();
-    Node { child, amqp }
+    Node::ready(child, "")
 }
 
 /// `leasemqd cluster ACTION` on the link at `port` with `tls` flags: whether it worked,
@@ -156,7 +72,7 @@ async fn a_cluster_forms_and_serves_over_a_tls_node_link() {
     let dir = tempfile::tempdir().unwrap();
     let secret = dir.path().join("secret");
     std::fs::write(&secret, "a secret the nodes share\n").unwrap();
-    let pki = Pki::new(dir.path(), "cluster-ca");
+    let pki = Ca::new(dir.path(), "cluster-ca");
     let raft = ports(3);
     let nodes: Vec<Node> = (1..=3)
         .map(|id| start(dir.path(), id, &raft, &secret, &pki))
@@ -164,7 +80,7 @@ async fn a_cluster_forms_and_serves_over_a_tls_node_link() {
 
     // Without TLS, or with a certificate of another CA, an admin tool is not let in.
     assert!(!cluster("init", raft[0], &secret, &[]).0);
-    let stranger = Pki::new(dir.path(), "other-ca");
+    let stranger = Ca::new(dir.path(), "other-ca");
     assert!(!cluster("init", raft[0], &secret, &stranger.flags("admin")).0);
     let (ok, text) = cluster("init", raft[0], &secret, &pki.flags("admin"));
     assert!(ok && text.contains("formed"), "{text}");

@@ -4,9 +4,8 @@
 //! other than `/` comes back after a restart with its messages, apart from the queue of
 //! the same name in `/`; and the users survive the restart with the file gone.
 
-use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use futures_lite::StreamExt;
@@ -19,6 +18,9 @@ use tokio::time::timeout;
 
 const BIN: &str = env!("CARGO_BIN_EXE_leasemqd");
 const WAIT: Duration = Duration::from_secs(10);
+
+mod common;
+use common::Node;
 
 /// The password "test12" (RabbitMQ's worked example, salt 0x908DC60A).
 const TEST12: &str = "kI3GCqW5JLMJa4iX1lo7X4D6XbYqlLgxIs30+P6tENUV2POR";
@@ -43,10 +45,9 @@ fn definitions() -> String {
     )
 }
 
-/// leasemqd on a free port with `args`, once it says it is ready: the process and its
-/// AMQP address.
-fn start(args: &[&str], data_dir: &Path) -> (Child, String) {
-    let mut child = Command::new(BIN)
+/// leasemqd on a free port with `args`, once it says it is ready.
+fn start(args: &[&str], data_dir: &Path) -> Node {
+    let child = Command::new(BIN)
         .args([
             "--listen",
             "127.0.0.1:0",
@@ -61,13 +62,7 @@ fn start(args: &[&str], data_dir: &Path) -> (Child, String) {
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    assert!(line.contains("ready"), "{line}");
-    let amqp = line.split("AMQP 0-9-1 on ").nth(1).unwrap();
-    (child, amqp.split(',').next().unwrap().to_string())
+    Node::ready(child, "")
 }
 
 async fn connect(addr: &str, user: &str, password: &str, vhost: &str) -> lapin::Result<Connection> {
@@ -112,7 +107,8 @@ async fn a_definitions_file_gives_users_vhosts_and_queues_that_survive_a_restart
     let dir = tempfile::tempdir().unwrap();
     let (file, data) = (dir.path().join("definitions.json"), dir.path().join("data"));
     std::fs::write(&file, definitions()).unwrap();
-    let (mut server, addr) = start(&["--definitions", file.to_str().unwrap()], &data);
+    let server = start(&["--definitions", file.to_str().unwrap()], &data);
+    let addr = server.amqp.clone();
 
     // guest is not in the file; app's password is its hash's.
     assert!(connect(&addr, "guest", "guest", "/").await.is_err());
@@ -140,11 +136,11 @@ async fn a_definitions_file_gives_users_vhosts_and_queues_that_survive_a_restart
         .unwrap_err();
     assert!(err.to_string().contains("ACCESS_REFUSED"), "{err}");
 
-    server.kill().unwrap();
-    server.wait().unwrap();
+    drop(server);
     // The file is gone: the data dir keeps the users, vhosts and permissions.
     std::fs::remove_file(&file).unwrap();
-    let (mut server, addr) = start(&[], &data);
+    let server = start(&[], &data);
+    let addr = server.amqp.clone();
     let orders = connect(&addr, "app", "test12", "orders").await.unwrap();
     let root = connect(&addr, "app", "test12", "/").await.unwrap();
     assert_eq!(
@@ -175,8 +171,7 @@ async fn a_definitions_file_gives_users_vhosts_and_queues_that_survive_a_restart
         .unwrap();
     assert_eq!(delivery.data, b"again");
     delivery.ack(BasicAckOptions::default()).await.unwrap();
-    server.kill().unwrap();
-    server.wait().unwrap();
+    drop(server);
 }
 
 #[test]

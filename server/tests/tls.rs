@@ -7,7 +7,7 @@
 //! handshake limit set for the test, and every wait has a timeout that fails the test.
 
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -21,9 +21,6 @@ use leasemq_server::serve::{self, Listeners};
 use leasemq_server::tls::{Tls, TlsFiles};
 use leasemq_server::vhost::VHosts;
 use leasemq_server::{Settings, VHost};
-use rcgen::{
-    BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair, KeyUsagePurpose,
-};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::time::timeout;
@@ -31,54 +28,8 @@ use tokio::time::timeout;
 /// How long a test waits for what it expects before it fails.
 const WAIT: Duration = Duration::from_secs(10);
 
-/// A CA of a test's own, in a directory of its own.
-struct Ca {
-    dir: PathBuf,
-    issuer: CertifiedIssuer<'static, KeyPair>,
-    name: String,
-}
-
-impl Ca {
-    fn new(dir: &Path, name: &str) -> Ca {
-        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
-        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        params.distinguished_name.push(DnType::CommonName, name);
-        params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
-        let issuer = CertifiedIssuer::self_signed(params, KeyPair::generate().unwrap()).unwrap();
-        let ca = Ca {
-            dir: dir.to_path_buf(),
-            issuer,
-            name: name.to_string(),
-        };
-        std::fs::write(ca.cert_file(), ca.issuer.pem()).unwrap();
-        ca
-    }
-
-    fn cert_file(&self) -> PathBuf {
-        self.dir.join(format!("{}-ca.pem", self.name))
-    }
-
-    fn pem(&self) -> String {
-        self.issuer.pem()
-    }
-
-    /// A certificate this CA signed for `cn` (also the server's names: localhost and
-    /// 127.0.0.1), written with its key as `<cn>.pem` and `<cn>.key`.
-    fn issue(&self, cn: &str) -> (PathBuf, PathBuf) {
-        let mut params =
-            CertificateParams::new(vec!["localhost".to_string(), "127.0.0.1".to_string()]).unwrap();
-        params.distinguished_name.push(DnType::CommonName, cn);
-        let key = KeyPair::generate().unwrap();
-        let cert = params.signed_by(&key, &self.issuer).unwrap();
-        let (cert_file, key_file) = (
-            self.dir.join(format!("{cn}.pem")),
-            self.dir.join(format!("{cn}.key")),
-        );
-        std::fs::write(&cert_file, cert.pem()).unwrap();
-        std::fs::write(&key_file, key.serialize_pem()).unwrap();
-        (cert_file, key_file)
-    }
-}
+mod common;
+use common::Ca;
 
 /// A broker served over TLS only, with `files`, on a free loopback port.
 async fn serve_tls(files: TlsFiles, settings: Settings) -> (Broker, SocketAddr, Arc<Tls>) {
