@@ -168,10 +168,7 @@ impl Access {
         if !hash.verify(password) {
             return Err(LoginRefused::Credentials);
         }
-        if found.loopback_only && !from_loopback {
-            return Err(LoginRefused::LoopbackOnly);
-        }
-        Ok(Arc::clone(found))
+        admitted(found, from_loopback)
     }
 
     /// Logs `user` in by a client certificate whose subject CN is its name (EXTERNAL):
@@ -182,10 +179,7 @@ impl Access {
         from_loopback: bool,
     ) -> Result<Arc<User>, LoginRefused> {
         let found = self.users.get(user).ok_or(LoginRefused::Credentials)?;
-        if found.loopback_only && !from_loopback {
-            return Err(LoginRefused::LoopbackOnly);
-        }
-        Ok(Arc::clone(found))
+        admitted(found, from_loopback)
     }
 
     /// Whether the virtual host `name` exists.
@@ -264,6 +258,14 @@ impl Access {
         }
         Ok(Some(access))
     }
+}
+
+/// `user`, whose credentials checked out, from a loopback address or not.
+fn admitted(user: &Arc<User>, from_loopback: bool) -> Result<Arc<User>, LoginRefused> {
+    if user.loopback_only && !from_loopback {
+        return Err(LoginRefused::LoopbackOnly);
+    }
+    Ok(Arc::clone(user))
 }
 
 /// Reads the definitions file at `path`: an error names it and what is wrong.

@@ -114,22 +114,23 @@ impl Connection {
             let text = format!("COMMAND_INVALID - unknown authentication mechanism '{mechanism}'");
             return Err(Fault::connection(code::COMMAND_INVALID, text).for_method(&m()));
         }
-        if mechanism == "EXTERNAL" {
+        let (access, loopback) = (&self.settings.access, self.login.peer_is_loopback);
+        // EXTERNAL's user is the verified certificate's; PLAIN's and AMQPLAIN's come with
+        // a password.
+        let (user, found) = if mechanism == "EXTERNAL" {
             let user = self.login.certificate_name.clone().unwrap_or_default();
-            let access = &self.settings.access;
-            return match access.log_in_by_certificate(&user, self.login.peer_is_loopback) {
-                Ok(found) => {
-                    self.login.user = Some(found);
-                    Ok(())
+            let found = access.log_in_by_certificate(&user, loopback);
+            (user, found)
+        } else {
+            match credentials(mechanism, start_ok.response.as_bytes()) {
+                Some((user, password)) => {
+                    let found = access.log_in(&user, &password, loopback);
+                    (user, found)
                 }
-                Err(why) => Err(self.refuse_login(&user, mechanism, why, &m())),
-            };
-        }
-        let Some((user, password)) = credentials(mechanism, start_ok.response.as_bytes()) else {
-            return Err(self.refuse_login("", mechanism, LoginRefused::Credentials, &m()));
+                None => (String::new(), Err(LoginRefused::Credentials)),
+            }
         };
-        let access = &self.settings.access;
-        match access.log_in(&user, &password, self.login.peer_is_loopback) {
+        match found {
             Ok(found) => {
                 self.login.user = Some(found);
                 Ok(())
