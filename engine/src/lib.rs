@@ -420,6 +420,11 @@ impl Shard {
         self.names.keys().map(|name| &**name)
     }
 
+    /// Each live queue's name and stats, in no particular order.
+    pub fn queue_stats(&self) -> impl Iterator<Item = (&str, QueueStats)> {
+        (self.names.iter()).filter_map(|(name, &key)| Some((&**name, self.stats(key)?)))
+    }
+
     /// How many live queues this shard holds.
     pub fn queue_count(&self) -> usize {
         self.queues.len()

@@ -39,6 +39,7 @@ mod subscription;
 mod timers;
 mod tx;
 mod unserved;
+mod view;
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;

@@ -29,6 +29,9 @@ pub struct Declared {
     pub single_active: Option<bool>,
     /// `x-max-priority` (the queue's `max_priority`).
     pub max_priority: Option<u8>,
+    /// Every argument of the declare, as JSON: what the management API shows and a
+    /// definitions export writes. Not compared: the fields above are.
+    pub arguments: serde_json::Map<String, serde_json::Value>,
 }
 
 impl Declared {

@@ -73,6 +73,10 @@ struct StoredQueue {
     single_active_consumer: Option<bool>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     max_priority: Option<u8>,
+    /// Every argument of the declare, as the management API shows them (absent in files
+    /// of earlier builds).
+    #[serde(default, skip_serializing_if = "serde_json::Map::is_empty")]
+    arguments: serde_json::Map<String, serde_json::Value>,
 }
 
 impl StoredQueue {
@@ -91,6 +95,7 @@ impl StoredQueue {
             queue_leader_locator: d.hints.leader_locator.clone(),
             single_active_consumer: d.single_active,
             max_priority: d.max_priority,
+            arguments: d.arguments.clone(),
         }
     }
 
@@ -114,6 +119,7 @@ impl StoredQueue {
             },
             single_active: self.single_active_consumer,
             max_priority: self.max_priority,
+            arguments: self.arguments.clone(),
         }
     }
 }
@@ -256,6 +262,10 @@ mod tests {
             },
             single_active: Some(true),
             max_priority: Some(9),
+            arguments: serde_json::json!({"x-max-priority": 9, "x-queue-type": "quorum"})
+                .as_object()
+                .cloned()
+                .unwrap_or_default(),
         }
     }
 

@@ -33,9 +33,11 @@ use serde::{Deserialize, Serialize};
 
 use crate::names;
 
+mod listing;
 mod matching;
 mod store;
 
+pub use listing::Binding;
 pub use matching::{header_value, topic_matches, HeadersBinding};
 use matching::{matching, LazyHeaders};
 pub(crate) use store::write_atomically;
@@ -203,6 +205,16 @@ impl Exchanges {
     /// The name of its virtual host.
     pub fn vhost(&self) -> &str {
         &self.vhost
+    }
+
+    /// How many exchanges there are, the default exchange included.
+    pub fn len(&self) -> usize {
+        self.by_name.len() + 1
+    }
+
+    /// Whether there are none: never, there is always the default exchange.
+    pub fn is_empty(&self) -> bool {
+        false
     }
 
     /// Whether an exchange of that name exists (the default one always does).

@@ -9,20 +9,16 @@
 //! In RabbitMQ's order: queues, then exchanges, then bindings.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 
-use amq_protocol::frame::{gen_frame, parse_frame, AMQPFrame, WriteContext};
-use amq_protocol::protocol::{channel, connection, exchange, queue, AMQPClass};
+use amq_protocol::protocol::{exchange, queue, AMQPClass};
 use amq_protocol::types::{AMQPValue, FieldArray, FieldTable};
 use leasemq::Broker;
 use serde_json::Value;
 
 use crate::access::{BindingDef, Definitions};
+use crate::internal::Internal;
 use crate::vhost::VHosts;
-use crate::{Connection, Settings};
-
-/// The one channel the imports use.
-const CHANNEL: u16 = 1;
+use crate::Settings;
 
 /// Declares what `definitions` name in their virtual hosts.
 ///
@@ -36,23 +32,10 @@ pub fn declare(
     definitions: &Definitions,
 ) -> Result<(), String> {
     for (what, vhost, method) in steps(definitions)? {
-        let mut conn = Connection::new(
-            broker.clone(),
-            Arc::clone(settings),
-            Arc::clone(vhosts),
-            0,
-            true,
-        );
-        if !conn.open_for_server(vhost) {
+        let Some(mut conn) = Internal::for_server(broker, settings, vhosts, vhost) else {
             return Err(format!("{what}: no such vhost"));
-        }
-        let open = AMQPClass::Channel(channel::AMQPMethod::Open(channel::Open {}));
-        let frames = [
-            AMQPFrame::Method(CHANNEL, open),
-            AMQPFrame::Method(CHANNEL, method),
-        ];
-        let answers = exchange_frames(&mut conn, &frames).map_err(|e| format!("{what}: {e}"))?;
-        if let Some(refusal) = answers.iter().find_map(refusal) {
+        };
+        if let Err((_, refusal)) = conn.method(method) {
             return Err(format!("{what}: {refusal}"));
         }
     }
@@ -125,62 +108,9 @@ fn binding(b: &BindingDef) -> Result<(String, &str, AMQPClass), String> {
     Ok((what, b.vhost.as_str(), m))
 }
 
-/// How long a declaration may wait for the disk.
-const ANSWER_LIMIT: Duration = Duration::from_secs(30);
-
-/// Feeds `frames` to `conn` and returns what it answered, waiting for what it awaits
-/// (outside a runtime the work it hands off runs at once; a durable queue's declaration
-/// waits for its log).
-fn exchange_frames(conn: &mut Connection, frames: &[AMQPFrame]) -> Result<Vec<AMQPFrame>, String> {
-    let mut bytes = Vec::new();
-    for frame in frames {
-        bytes = gen_frame(frame)(WriteContext::from(bytes))
-            .expect("a method encodes")
-            .into_inner()
-            .0;
-    }
-    let deadline = Instant::now() + ANSWER_LIMIT;
-    let mut used = conn.handle_input(&bytes);
-    while (used < bytes.len() || conn.awaits_answers()) && !conn.is_closed() {
-        if Instant::now() > deadline {
-            return Err(format!("no answer within {ANSWER_LIMIT:?}"));
-        }
-        let waker = std::task::Waker::noop();
-        if conn
-            .poll_answers(&mut std::task::Context::from_waker(waker))
-            .is_pending()
-        {
-            std::thread::sleep(Duration::from_millis(1));
-        }
-        used += conn.handle_input(&bytes[used..]);
-    }
-    let mut out = Vec::new();
-    conn.take_output(&mut out);
-    let mut answers = Vec::new();
-    let mut rest = &out[..];
-    while let Ok((next, frame)) = parse_frame(rest) {
-        answers.push(frame);
-        rest = next;
-    }
-    Ok(answers)
-}
-
-/// The reply text of a `channel.close` or `connection.close` among the answers.
-fn refusal(frame: &AMQPFrame) -> Option<String> {
-    match frame {
-        AMQPFrame::Method(_, AMQPClass::Channel(channel::AMQPMethod::Close(c))) => {
-            Some(c.reply_text.to_string())
-        }
-        AMQPFrame::Method(_, AMQPClass::Connection(connection::AMQPMethod::Close(c))) => {
-            Some(c.reply_text.to_string())
-        }
-        _ => None,
-    }
-}
-
 /// A definitions file's arguments as an AMQP table: strings as long strings, whole
 /// numbers as signed 64-bit integers, as RabbitMQ reads them from JSON.
-fn table(arguments: &serde_json::Map<String, Value>) -> FieldTable {
+pub fn table(arguments: &serde_json::Map<String, Value>) -> FieldTable {
     let mut table = FieldTable::default();
     for (key, value) in arguments {
         table.insert(key.as_str().into(), field(value));

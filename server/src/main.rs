@@ -11,6 +11,7 @@ use leasemq::{Broker, Cluster, ClusterStatus};
 use leasemq_replica::link::{admin_call, AdminCall};
 use leasemq_server::access::{read_definitions, Access, Definitions};
 use leasemq_server::imports;
+use leasemq_server::management::{self, Management};
 use leasemq_server::serve::Listeners;
 use leasemq_server::tls::{self, Tls, TlsFiles};
 use leasemq_server::vhost::VHosts;
@@ -124,9 +125,13 @@ struct Args {
     /// entry dials).
     #[arg(long, value_name = "FILE")]
     tls_client_ca: Option<PathBuf>,
-    /// Serves --metrics over TLS (HTTPS) with --tls-cert and --tls-key.
+    /// Serves --management and --metrics over TLS (HTTPS) with --tls-cert and --tls-key.
     #[arg(long, requires = "tls_listen")]
     management_tls: bool,
+    /// Address to serve RabbitMQ's management HTTP API on (RabbitMQ's 15672), with
+    /// basic auth by the users of --user or --definitions; /metrics too.
+    #[arg(long, value_name = "ADDR")]
+    management: Option<SocketAddr>,
     /// Shard threads of the broker (default: the machine's parallelism).
     #[arg(long)]
     shards: Option<usize>,
@@ -332,7 +337,8 @@ fn run(args: Args) -> Result<(), String> {
             plain: args.listen.0,
             tls: args.tls_listen.zip(tls),
             metrics: args.metrics,
-            metrics_tls: args.management_tls,
+            management: args.management,
+            management_tls: args.management_tls,
         },
         memory_limit,
         broker.clone(),
@@ -494,14 +500,20 @@ struct Addresses {
     tls: Option<(SocketAddr, Arc<Tls>)>,
     /// `--metrics`.
     metrics: Option<SocketAddr>,
-    /// `--management-tls`: the metrics over TLS.
-    metrics_tls: bool,
+    /// `--management`.
+    management: Option<SocketAddr>,
+    /// `--management-tls`: the management API and metrics over TLS.
+    management_tls: bool,
 }
 
-/// Binds the AMQP listeners of `addresses`; the ready line's words for them.
-async fn bind(addresses: &Addresses) -> Result<(Listeners, String), String> {
+/// Binds the AMQP listeners of `addresses`; the ready line's words for them, and their
+/// protocols and ports as the management API lists them.
+async fn bind(
+    addresses: &Addresses,
+) -> Result<(Listeners, String, Vec<(&'static str, u16)>), String> {
     let mut listeners = Listeners::default();
     let mut words = Vec::new();
+    let mut ports = Vec::new();
     let bind = |addr: SocketAddr| async move {
         let listener = tokio::net::TcpListener::bind(addr)
             .await
@@ -513,13 +525,15 @@ async fn bind(addresses: &Addresses) -> Result<(Listeners, String), String> {
         let (listener, local) = bind(addr).await?;
         listeners.plain = Some(listener);
         words.push(format!("AMQP 0-9-1 on {local}"));
+        ports.push(("amqp", local.port()));
     }
     if let Some((addr, tls)) = &addresses.tls {
         let (listener, local) = bind(*addr).await?;
         listeners.tls = Some((listener, Arc::clone(tls)));
         words.push(format!("AMQP 0-9-1 over TLS on {local}"));
+        ports.push(("amqp/ssl", local.port()));
     }
-    Ok((listeners, words.join(", ")))
+    Ok((listeners, words.join(", "), ports))
 }
 
 async fn serve_until_signal(
@@ -530,26 +544,21 @@ async fn serve_until_signal(
     vhosts: Arc<VHosts>,
     storage: String,
 ) -> Result<(), String> {
-    let (listeners, amqp_line) = bind(&addresses).await?;
-    let metrics_line = match addresses.metrics {
+    let (listeners, amqp_line, ports) = bind(&addresses).await?;
+    let tls = addresses.tls.as_ref().filter(|_| addresses.management_tls);
+    let tls = tls.map(|(_, tls)| Arc::clone(tls));
+    let mut metrics_line = match addresses.metrics {
         Some(addr) => {
-            let metrics_listener = tokio::net::TcpListener::bind(addr)
-                .await
-                .map_err(|e| format!("cannot listen on {addr} for --metrics: {e}"))?;
-            let at = metrics_listener.local_addr().map_err(|e| e.to_string())?;
             let registry = Arc::new(settings.metrics.registry(broker.clone()));
-            let tls = addresses.tls.as_ref().filter(|_| addresses.metrics_tls);
-            let tls = tls.map(|(_, tls)| Arc::clone(tls));
-            let scheme = if tls.is_some() { "https" } else { "http" };
-            tokio::spawn(leasemq_server::metrics::serve(
-                metrics_listener,
-                registry,
-                tls,
-            ));
-            format!("; metrics on {scheme}://{at}/metrics")
+            leasemq_server::metrics::start(addr, registry, tls.clone()).await?
         }
         None => String::new(),
     };
+    if let Some(addr) = addresses.management {
+        let mut management = Management::new(broker.clone(), settings.clone(), vhosts.clone());
+        management.listeners = ports;
+        metrics_line += &management::start(addr, tls, management).await?;
+    }
     let memory_line = match memory_limit {
         Some(limit) => {
             tokio::spawn(memory::watch(

@@ -302,6 +302,26 @@ pub fn render(registry: &Registry) -> String {
     text
 }
 
+/// Binds `addr` and serves `GET /metrics` there (over TLS with `tls`); the ready line's
+/// words for it.
+///
+/// # Errors
+///
+/// The address cannot be bound.
+pub async fn start(
+    addr: std::net::SocketAddr,
+    registry: std::sync::Arc<Registry>,
+    tls: Option<std::sync::Arc<crate::tls::Tls>>,
+) -> Result<String, String> {
+    let listener = TcpListener::bind(addr)
+        .await
+        .map_err(|e| format!("cannot listen on {addr} for --metrics: {e}"))?;
+    let at = listener.local_addr().map_err(|e| e.to_string())?;
+    let scheme = if tls.is_some() { "https" } else { "http" };
+    tokio::spawn(serve(listener, registry, tls));
+    Ok(format!("; metrics on {scheme}://{at}/metrics"))
+}
+
 /// Serves `GET /metrics` on `listener` until the future is dropped. The registry is read
 /// on a blocking thread, since reading queue stats makes broker calls.
 pub async fn serve(

@@ -12,8 +12,10 @@ use std::time::Duration;
 use leasemq::Broker;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadHalf, WriteHalf};
 use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::mpsc;
 use tokio::time::{sleep_until, Instant};
 
+use crate::live::Control;
 use crate::metrics::Metrics;
 use crate::tls::Tls;
 use crate::vhost::VHosts;
@@ -134,8 +136,10 @@ impl Accepting {
             let id = self.ids.fetch_add(1, Ordering::Relaxed) + 1;
             tracing::debug!(connection = id, %peer, "accepted");
             let accepting = Arc::clone(&self);
+            let local = stream.local_addr().unwrap_or(peer);
+            let ends = Ends { peer, local };
             match &tls {
-                None => tokio::spawn(async move { accepting.run(stream, peer, id, None).await }),
+                None => tokio::spawn(async move { accepting.run(stream, ends, id, None).await }),
                 Some(tls) => {
                     let acceptor = tls.acceptor();
                     tokio::spawn(async move {
@@ -145,7 +149,7 @@ impl Accepting {
                             let certificate = (stream.get_ref().1.peer_certificates())
                                 .and_then(|certs| certs.first())
                                 .and_then(|cert| crate::tls::common_name(cert));
-                            accepting.run(stream, peer, id, certificate).await;
+                            accepting.run(stream, ends, id, certificate).await;
                         }
                     })
                 }
@@ -178,13 +182,10 @@ impl Accepting {
 
     /// Serves connection `id` on `stream` until it ends, counted in the metrics; with the
     /// subject CN of the client certificate its TLS handshake verified, if any.
-    async fn run<S: Transport>(
-        &self,
-        stream: S,
-        peer: SocketAddr,
-        id: u64,
-        certificate: Option<String>,
-    ) {
+    async fn run<S: Transport>(&self, stream: S, ends: Ends, id: u64, certificate: Option<String>) {
+        let peer = ends.peer;
+        // Listed for the management API while it lives.
+        let mut registered = (self.settings.live).register(id, peer, ends.local, S::HOLDS_BACK);
         let mut conn = Connection::new(
             self.broker.clone(),
             self.settings.clone(),
@@ -198,13 +199,20 @@ impl Accepting {
         let metrics = self.settings.metrics.clone();
         metrics.connections_opened.inc();
         metrics.connections.inc();
-        match run_connection(stream, peer, conn).await {
+        match run_connection(stream, peer, conn, Some(&mut registered.controls)).await {
             Ok(()) => tracing::debug!(connection = id, %peer, "closed"),
             Err(e) => tracing::info!(connection = id, %peer, error = %e, "connection ended"),
         }
         metrics.connections.dec();
         metrics.connections_closed.inc();
     }
+}
+
+/// A connection's two ends.
+#[derive(Debug, Clone, Copy)]
+struct Ends {
+    peer: SocketAddr,
+    local: SocketAddr,
 }
 
 /// A connection's byte stream as [`run_connection`] drives it: plain TCP or TLS over it.
@@ -267,11 +275,13 @@ impl Drop for AbortOnDrop {
 }
 
 /// Drives one connection until it closes or its socket fails, counting its bytes and
-/// channels in the server's metrics.
+/// channels in the server's metrics; answering what the management API asks of it on
+/// `controls`, if given.
 pub async fn run_connection(
     stream: impl Transport,
     peer: SocketAddr,
     mut conn: Connection,
+    controls: Option<&mut mpsc::Receiver<Control>>,
 ) -> io::Result<()> {
     let metrics = conn.metrics();
     let shutdown = conn.settings().shutdown.subscribe();
@@ -279,7 +289,15 @@ pub async fn run_connection(
         gauge: &metrics.channels,
         counted: 0,
     };
-    let result = drive(stream, &mut conn, &metrics, &mut channels, shutdown).await;
+    let result = drive(
+        stream,
+        &mut conn,
+        &metrics,
+        &mut channels,
+        shutdown,
+        controls,
+    )
+    .await;
     channels.set(0);
     if let Some((user, mechanism)) = conn.refused_login() {
         tracing::warn!(connection = conn.id(), %peer, user, mechanism, "login refused");
@@ -313,6 +331,7 @@ async fn drive<S: Transport>(
     metrics: &Metrics,
     channels: &mut Channels<'_>,
     mut shutdown: tokio::sync::watch::Receiver<bool>,
+    mut controls: Option<&mut mpsc::Receiver<Control>>,
 ) -> io::Result<()> {
     let mut forced = *shutdown.borrow_and_update();
     if forced {
@@ -383,7 +402,26 @@ async fn drive<S: Transport>(
                 forced = true;
                 conn.force_close();
             }
+            Some(control) = next_control(&mut controls), if controls.is_some() => on_control(conn, control),
         }
+    }
+}
+
+/// Does what the management API asked of the connection.
+fn on_control(conn: &mut Connection, control: Control) {
+    match control {
+        Control::Inspect(answer) => {
+            let _ = answer.send(conn.view());
+        }
+        Control::Close(reason) => conn.close_forced(&reason),
+    }
+}
+
+/// The next request of the management API, if the connection takes them.
+async fn next_control(controls: &mut Option<&mut mpsc::Receiver<Control>>) -> Option<Control> {
+    match controls {
+        Some(rx) => rx.recv().await,
+        None => std::future::pending().await,
     }
 }
 

@@ -46,6 +46,8 @@ pub struct Settings {
     pub lease_clock: LeaseClock,
     /// What the connections count for `--metrics`.
     pub metrics: Arc<Metrics>,
+    /// The live connections, for the management API.
+    pub live: Arc<crate::live::LiveConnections>,
     /// Set to `true` when the server shuts down: every connection is then closed with
     /// 320 CONNECTION_FORCED, as RabbitMQ closes them.
     pub shutdown: Arc<tokio::sync::watch::Sender<bool>>,
@@ -67,6 +69,7 @@ impl Default for Settings {
             memory_alarm: Arc::default(),
             lease_clock: LeaseClock::default(),
             metrics: Arc::default(),
+            live: Arc::default(),
             shutdown: Arc::new(tokio::sync::watch::Sender::new(false)),
         }
     }

@@ -5,7 +5,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use leasemq_engine::{validate, Command, Effects, Error, QueueConfig, Shard};
+use leasemq_engine::{validate, Command, Effects, Error, QueueConfig, QueueStats, Shard};
 
 use crate::cluster::{Cluster, ClusterHandle, ClusterInner, Replica};
 use crate::inner::BrokerInner;
@@ -917,6 +917,38 @@ impl Broker {
         }
         names.sort_unstable();
         names
+    }
+
+    /// The name and stats of every live queue, sorted by name: one call per shard, where
+    /// [`Queue::stats`] is one per queue. Empty after [`shutdown`](Broker::shutdown).
+    ///
+    /// ```
+    /// # mod leasemq { pub use leasemq_engine::*; pub use leasemq_shard::*; }
+    /// use leasemq::{Broker, Message, QueueConfig};
+    ///
+    /// let broker = Broker::builder().shards(2).manual_clock().build()?;
+    /// broker.declare_queue("emails", QueueConfig::default())?.put(Message::new("hi"))?;
+    /// broker.declare_queue("invoices", QueueConfig::default())?;
+    /// let stats = broker.queue_stats();
+    /// assert_eq!(stats.len(), 2);
+    /// assert_eq!((stats[0].0.as_str(), stats[0].1.ready), ("emails", 1));
+    /// assert_eq!((stats[1].0.as_str(), stats[1].1.ready), ("invoices", 0));
+    /// # Ok::<(), leasemq::Error>(())
+    /// ```
+    pub fn queue_stats(&self) -> Vec<(String, QueueStats)> {
+        let mut all = Vec::new();
+        for shard in 0..self.shard_count() {
+            if self.inner.is_shut_down() {
+                return Vec::new();
+            }
+            if let Answer::Stats(found) =
+                call(self.inner.inbox(shard), |reply| Request::Stats { reply })
+            {
+                all.extend(found);
+            }
+        }
+        all.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        all
     }
 
     /// The live queue called `name`, if there is one; `None` for a name never declared, a

@@ -346,6 +346,10 @@ pub(crate) enum Request {
     Names {
         reply: ReplyTo,
     },
+    /// The names and stats of the shard's live queues: answered `Stats`.
+    Stats {
+        reply: ReplyTo,
+    },
     /// Dead letters or outcomes from another shard (boxed: rare, and large).
     Hop(Box<Hop<Deferred>>),
     Shutdown,
@@ -366,6 +370,8 @@ pub(crate) enum Answer {
     Done,
     /// The names of a shard's live queues.
     Names(Vec<String>),
+    /// The names and stats of a shard's live queues.
+    Stats(Vec<(String, QueueStats)>),
     /// The shard stopped before answering.
     ShutDown,
     /// In a cluster: this node does not lead the shard, and the request did not run; the

@@ -570,11 +570,8 @@ impl ShardThread {
                 self.step(reply);
             }
             Request::Barrier { reply } => self.step(reply),
-            Request::Names { reply } => {
-                let names = self.engine.queue_names().map(str::to_string).collect();
-                self.replies
-                    .push(Deferred::plain(reply, Answer::Names(names)));
-            }
+            Request::Names { reply } => self.answer_names(reply),
+            Request::Stats { reply } => self.answer_stats(reply),
             Request::Hop(hop) => {
                 let now = self.catch_up(hop.at());
                 route::receive(self, now, *hop);
@@ -582,6 +579,22 @@ impl ShardThread {
             Request::Shutdown => self.stopping = true,
         }
         true
+    }
+
+    /// Answers the names of the live queues.
+    fn answer_names(&mut self, reply: ReplyTo) {
+        let names = self.engine.queue_names().map(str::to_string).collect();
+        self.replies
+            .push(Deferred::plain(reply, Answer::Names(names)));
+    }
+
+    /// Answers every live queue's name and stats.
+    fn answer_stats(&mut self, reply: ReplyTo) {
+        let stats = (self.engine.queue_stats())
+            .map(|(name, stats)| (name.to_string(), stats))
+            .collect();
+        self.replies
+            .push(Deferred::plain(reply, Answer::Stats(stats)));
     }
 
     /// The engine's key of the queue a handle's `key` names: itself, or in a cluster the

@@ -42,6 +42,8 @@ pub(super) struct Login {
     /// The subject CN of the client certificate the TLS handshake verified: the user
     /// EXTERNAL logs in as.
     pub(super) certificate_name: Option<String>,
+    /// What the client said of itself in `start-ok`, for the management API.
+    pub(super) client_properties: serde_json::Value,
 }
 
 impl Login {
@@ -54,6 +56,7 @@ impl Login {
             restricted: true,
             refused: None,
             certificate_name: None,
+            client_properties: serde_json::Value::Null,
         }
     }
 
@@ -133,6 +136,8 @@ impl Connection {
         match found {
             Ok(found) => {
                 self.login.user = Some(found);
+                let properties = crate::field::table_json(&start_ok.client_properties);
+                self.login.client_properties = serde_json::Value::Object(properties);
                 Ok(())
             }
             Err(why) => Err(self.refuse_login(&user, mechanism, why, &m())),
@@ -200,6 +205,32 @@ impl Connection {
         self.frame_max = self.settings.frame_max as usize;
         self.phase = super::Phase::Open;
         true
+    }
+
+    /// Opens the virtual host `vhost` as `user`, with no handshake: a connection through
+    /// which the management API acts for a user, with the permissions it has there.
+    ///
+    /// # Errors
+    ///
+    /// No such virtual host, or the user has no permissions there, in RabbitMQ's words.
+    pub fn open_as(&mut self, user: Arc<User>, vhost: &str) -> Result<(), String> {
+        let Some(found) = self.vhosts.get(vhost) else {
+            return Err(format!("vhost {vhost} not found"));
+        };
+        let Some(permissions) = self.settings.access.permissions(&user.name, vhost) else {
+            let name = &user.name;
+            return Err(format!(
+                "access to vhost '{vhost}' refused for user '{name}'"
+            ));
+        };
+        self.vhost = found;
+        self.login.vhost = vhost.to_string();
+        self.login.restricted = !permissions.grants_all();
+        self.login.permissions = Some(permissions);
+        self.login.user = Some(user);
+        self.frame_max = self.settings.frame_max as usize;
+        self.phase = super::Phase::Open;
+        Ok(())
     }
 
     /// The client certificate's subject CN, verified by the TLS handshake: EXTERNAL is

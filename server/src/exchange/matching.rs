@@ -127,6 +127,28 @@ impl HeadersBinding {
         Ok(HeadersBinding { any, with_x, pairs })
     }
 
+    /// The arguments that make this binding, as JSON (values as the binding compares
+    /// them: integers, booleans, text).
+    pub fn arguments(&self) -> serde_json::Map<String, serde_json::Value> {
+        use serde_json::Value;
+        let mut out = serde_json::Map::new();
+        let how = if self.any { "any" } else { "all" };
+        let with_x = if self.with_x { "-with-x" } else { "" };
+        out.insert("x-match".into(), Value::String(format!("{how}{with_x}")));
+        for (name, value) in &self.pairs {
+            let shown = match value.as_deref().and_then(|v| v.split_once(':')) {
+                None => Value::Null,
+                Some(("i", n)) => n
+                    .parse::<i64>()
+                    .map_or(Value::String(n.into()), Value::from),
+                Some(("b", b)) => Value::Bool(b == "true"),
+                Some((_, text)) => Value::String(text.to_string()),
+            };
+            out.insert(name.clone(), shown);
+        }
+        out
+    }
+
     /// The text kept for this binding.
     pub fn encode(&self) -> String {
         serde_json::to_string(self).expect("plain data serialises")

@@ -14,6 +14,8 @@ use rcgen::{
 pub struct Node {
     pub child: Child,
     pub amqp: String,
+    /// Its ready line.
+    pub line: String,
 }
 
 impl Node {
@@ -27,7 +29,13 @@ impl Node {
         assert!(line.contains("ready") && line.contains(expect), "{line}");
         let amqp = line.split("AMQP 0-9-1 on ").nth(1).unwrap();
         let amqp = amqp.split(',').next().unwrap().to_string();
-        Node { child, amqp }
+        Node { child, amqp, line }
+    }
+
+    /// The management API's address (`--management`), from the ready line.
+    pub fn management(&self) -> String {
+        let at = self.line.split("management API on http://").nth(1).unwrap();
+        at.split("/api/").next().unwrap().to_string()
     }
 }
 

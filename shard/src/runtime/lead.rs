@@ -126,6 +126,15 @@ impl ShardThread {
                     .with(|replay| replay.engine().queue_names().map(str::to_string).collect());
                 reply.send(Answer::Names(names));
             }
+            Request::Stats { reply } => {
+                let replica = &self.cluster.as_ref().expect("a cluster shard").replica;
+                let stats = (replica.replay).with(|replay| {
+                    (replay.engine().queue_stats())
+                        .map(|(name, stats)| (name.to_string(), stats))
+                        .collect()
+                });
+                reply.send(Answer::Stats(stats));
+            }
             // Dead letters are not served in a cluster.
             Request::Hop(_) => {}
             req => {

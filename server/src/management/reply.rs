@@ -1,0 +1,105 @@
+//! How the API answers what it refuses, in RabbitMQ's words: a JSON body with `error` and
+//! `reason`, and the status code RabbitMQ gives.
+
+use std::time::Duration;
+
+use axum::extract::Request;
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+
+/// How long a request may take, its body read included.
+pub const REQUEST_TIME: Duration = Duration::from_secs(30);
+
+/// A refusal: its status, RabbitMQ's `error` word and the `reason`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApiError {
+    /// The HTTP status.
+    pub status: StatusCode,
+    /// RabbitMQ's `error`: `not_authorised`, `Object Not Found`, `bad_request`, …
+    pub error: &'static str,
+    /// What was wrong.
+    pub reason: String,
+}
+
+impl ApiError {
+    /// 401: no credentials, wrong ones, or a user whose tags do not allow the request.
+    pub fn not_authorised(reason: impl Into<String>) -> ApiError {
+        ApiError {
+            status: StatusCode::UNAUTHORIZED,
+            error: "not_authorised",
+            reason: reason.into(),
+        }
+    }
+
+    /// 404, as RabbitMQ words it for an object that does not exist.
+    pub fn not_found() -> ApiError {
+        ApiError {
+            status: StatusCode::NOT_FOUND,
+            error: "Object Not Found",
+            reason: "Not Found".to_string(),
+        }
+    }
+
+    /// 400: a body or parameter that does not read.
+    pub fn bad_request(reason: impl Into<String>) -> ApiError {
+        ApiError {
+            status: StatusCode::BAD_REQUEST,
+            error: "bad_request",
+            reason: reason.into(),
+        }
+    }
+
+    /// 500: something the server could not do (a broker that shut down, a disk error).
+    pub fn internal(reason: impl Into<String>) -> ApiError {
+        ApiError {
+            status: StatusCode::INTERNAL_SERVER_ERROR,
+            error: "internal_server_error",
+            reason: reason.into(),
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = serde_json::json!({"error": self.error, "reason": self.reason});
+        let mut response = (self.status, Json(body)).into_response();
+        if self.status == StatusCode::UNAUTHORIZED {
+            // As RabbitMQ, so that a browser asks for credentials.
+            response.headers_mut().insert(
+                header::WWW_AUTHENTICATE,
+                HeaderValue::from_static("Basic realm=\"RabbitMQ Management\""),
+            );
+        }
+        response
+    }
+}
+
+/// What a handler answers.
+pub type Answer<T> = Result<T, ApiError>;
+
+/// The answer to a path no route takes.
+pub async fn not_found() -> ApiError {
+    ApiError::not_found()
+}
+
+/// Runs a request within [`REQUEST_TIME`]: one that takes longer (a body that trickles
+/// in) is answered 408 and its connection closed.
+pub async fn bounded(request: Request, next: Next) -> Response {
+    match tokio::time::timeout(REQUEST_TIME, next.run(request)).await {
+        Ok(response) => response,
+        Err(_) => {
+            let mut response = ApiError {
+                status: StatusCode::REQUEST_TIMEOUT,
+                error: "timeout",
+                reason: format!("the request took over {REQUEST_TIME:?}"),
+            }
+            .into_response();
+            response
+                .headers_mut()
+                .insert(header::CONNECTION, HeaderValue::from_static("close"));
+            response
+        }
+    }
+}
