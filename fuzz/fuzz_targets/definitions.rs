@@ -33,7 +33,7 @@ fuzz_target!(|data: &[u8]| {
     for user in &definitions.users {
         let _ = access.log_in(&user.name, data, true);
         for v in access.vhosts() {
-            let _ = access.permissions(&user.name, v);
+            let _ = access.permissions(&user.name, &v);
         }
     }
 });

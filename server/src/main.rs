@@ -282,8 +282,7 @@ fn run(args: Args) -> Result<(), String> {
         access: Arc::new(access_of(&args, definitions.as_ref())?),
         ..Settings::default()
     };
-    // Every caller of the broker here is a task on the runtime's workers: a long run of
-    // yields in a wait takes the cores they need (see `BrokerBuilder::yield_budget`).
+    // Its callers are runtime workers, whose cores long yields take (`yield_budget`).
     let mut builder = Broker::builder().yield_budget(serve::YIELD_BUDGET);
     if let Some(n) = args.shards {
         builder = builder.shards(n);
@@ -304,6 +303,7 @@ fn run(args: Args) -> Result<(), String> {
     // would not be replicated (contract §9).
     let data_dir = args.data_dir.as_deref().filter(|_| cluster.is_none());
     let vhosts = Arc::new(VHosts::open(&settings, data_dir, &broker)?);
+    settings.data_dir = data_dir.map(std::path::Path::to_path_buf);
     let settings = Arc::new(settings);
     if let Some((path, d)) = &definitions {
         let declares = d.queues.len() + d.exchanges.len() + d.bindings.len();
@@ -333,13 +333,7 @@ fn run(args: Args) -> Result<(), String> {
     };
     let memory_limit = args.memory_high_watermark.bytes();
     let result = runtime.block_on(serve_until_signal(
-        Addresses {
-            plain: args.listen.0,
-            tls: args.tls_listen.zip(tls),
-            metrics: args.metrics,
-            management: args.management,
-            management_tls: args.management_tls,
-        },
+        Addresses::of(&args, tls),
         memory_limit,
         broker.clone(),
         settings,
@@ -352,22 +346,8 @@ fn run(args: Args) -> Result<(), String> {
 
 /// Who may log in: `--user`, or what the data dir keeps, or `--definitions`, or guest.
 fn access_of(args: &Args, definitions: Option<&(PathBuf, Definitions)>) -> Result<Access, String> {
-    if let Some(user) = &args.user {
-        let Some((name, password)) = user.split_once(':').filter(|(n, _)| !n.is_empty()) else {
-            return Err("--user is not NAME:PASSWORD".to_string());
-        };
-        return Ok(Access::one_user(name, password));
-    }
-    if let Some((path, d)) = definitions {
-        for skipped in d.skipped() {
-            tracing::info!(
-                "{}: {skipped} skipped: leasemqd has no use for them",
-                path.display()
-            );
-        }
-    }
     let given = definitions.map(|(path, d)| (path.as_path(), d));
-    Ok(Access::load(args.data_dir.as_deref(), given)?.unwrap_or_default())
+    Access::from_flags(args.user.as_deref(), args.data_dir.as_deref(), given)
 }
 
 /// The cluster this server is a node of, from its flags; `None` without --cluster.
@@ -504,6 +484,18 @@ struct Addresses {
     management: Option<SocketAddr>,
     /// `--management-tls`: the management API and metrics over TLS.
     management_tls: bool,
+}
+
+impl Addresses {
+    fn of(args: &Args, tls: Option<Arc<Tls>>) -> Addresses {
+        Addresses {
+            plain: args.listen.0,
+            tls: args.tls_listen.zip(tls),
+            metrics: args.metrics,
+            management: args.management,
+            management_tls: args.management_tls,
+        }
+    }
 }
 
 /// Binds the AMQP listeners of `addresses`; the ready line's words for them, and their

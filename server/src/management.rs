@@ -13,6 +13,7 @@
 //!   virtual hosts and answers JSON.
 //! - `rates` samples every queue's counters every few seconds, as RabbitMQ's statistics
 //!   database does, for the `*_details.rate` figures and the console's charts.
+//! - `console` serves the web console at `/`: one page in the binary, over the API.
 //!
 //! What it must not know: AMQP frames and connections' insides. Reads go to the broker
 //! and the virtual hosts' registries.
@@ -21,7 +22,9 @@ mod act;
 mod auth;
 mod bindings;
 mod body;
+mod changes;
 mod connections;
+mod console;
 mod exchanges;
 mod http;
 mod messages;
@@ -129,6 +132,9 @@ pub fn router(state: Arc<Management>) -> Router {
         .route("/api/health/checks/alarms", get(overview::alarms))
         .route("/api/aliveness-test/{vhost}", get(overview::aliveness))
         .route("/metrics", get(overview::metrics))
+        .route("/", get(console::index))
+        .route("/console.js", get(console::script))
+        .route("/console.css", get(console::style))
         .merge(queue_routes())
         .merge(exchange_routes())
         .merge(connection_routes())
@@ -183,7 +189,7 @@ fn exchange_routes() -> Router<Arc<Management>> {
         )
         .route(
             "/api/bindings/{vhost}/e/{source}/{kind}/{destination}/{props}",
-            delete(bindings::delete),
+            get(bindings::one).delete(bindings::delete),
         )
 }
 
@@ -212,13 +218,29 @@ fn connection_routes() -> Router<Arc<Management>> {
 fn access_routes() -> Router<Arc<Management>> {
     Router::new()
         .route("/api/users", get(users::all))
-        .route("/api/users/{name}", get(users::one))
+        .route(
+            "/api/users/{name}",
+            get(users::one)
+                .put(changes::put_user)
+                .delete(changes::delete_user),
+        )
         .route("/api/users/{name}/permissions", get(users::permissions_of))
         .route("/api/permissions", get(users::all_permissions))
-        .route("/api/permissions/{vhost}/{user}", get(users::permission))
+        .route(
+            "/api/permissions/{vhost}/{user}",
+            get(users::permission)
+                .put(changes::put_permissions)
+                .delete(changes::delete_permissions),
+        )
+        .route(
+            "/api/vhosts/{vhost}",
+            get(overview::vhost)
+                .put(changes::put_vhost)
+                .delete(changes::delete_vhost),
+        )
         .route(
             "/api/vhosts/{vhost}/permissions",
             get(users::permissions_in),
         )
-        .route("/api/definitions", get(users::export))
+        .route("/api/definitions", get(users::export).post(changes::import))
 }

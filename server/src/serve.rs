@@ -75,20 +75,12 @@ pub async fn serve(
     settings: Arc<Settings>,
     vhosts: Arc<VHosts>,
 ) {
-    let mut tasks = Vec::new();
-    for vhost in vhosts.iter() {
-        // The `x-expires` deletions, for as long as the server accepts connections; the
-        // tasks that send dead letters on through exchanges; message TTL at the heads of
-        // queues, and expired messages dead-lettered.
-        tasks.push(tokio::spawn(Arc::clone(vhost).expire_queues()));
-        tasks.push(tokio::spawn(
-            Arc::clone(vhost).forward_dead_letters(broker.clone()),
-        ));
-        tasks.push(tokio::spawn(
-            Arc::clone(vhost).expire_messages(broker.clone()),
-        ));
+    // Each virtual host's own tasks, for as long as the server accepts connections.
+    let all = vhosts.all();
+    for vhost in &all {
+        vhost.start(&broker);
     }
-    let _tasks: Vec<AbortOnDrop> = tasks.into_iter().map(AbortOnDrop).collect();
+    let _stop = StopOnDrop(Arc::clone(&vhosts));
     let accepting = Arc::new(Accepting {
         broker,
         settings,
@@ -265,12 +257,14 @@ async fn linger(reader: &mut (impl AsyncRead + Unpin), buffer: &mut Vec<u8>) {
     }
 }
 
-/// Ends a task when dropped.
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
+/// Stops every virtual host's tasks when dropped (as the server stops serving).
+struct StopOnDrop(Arc<VHosts>);
 
-impl Drop for AbortOnDrop {
+impl Drop for StopOnDrop {
     fn drop(&mut self) {
-        self.0.abort();
+        for vhost in self.0.all() {
+            vhost.stop();
+        }
     }
 }
 

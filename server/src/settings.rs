@@ -33,6 +33,9 @@ pub struct Settings {
     pub handshake_timeout: Duration,
     /// The broker has a data dir: `queue.declare` with `durable` makes a durable queue.
     pub durable: bool,
+    /// Where the server keeps its files (durable queues, exchanges, users), if anywhere:
+    /// a virtual host added at run time keeps its own there.
+    pub data_dir: Option<std::path::PathBuf>,
     /// The broker is a node of a cluster (contract §9): exchanges and bindings are not
     /// served, and every queue is durable.
     pub cluster: bool,
@@ -62,6 +65,7 @@ impl Default for Settings {
             ack_timeout: Duration::from_secs(30 * 60),
             max_message_bytes: 16 << 20,
             durable: false,
+            data_dir: None,
             cluster: false,
             heartbeat: 60,
             handshake_timeout: Duration::from_secs(10),

@@ -26,7 +26,7 @@ mod restore;
 
 use std::collections::HashMap;
 use std::sync::atomic::AtomicBool;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
 use leasemq::{Broker, Queue};
 
@@ -77,6 +77,8 @@ pub struct VHost {
     pub clock: WallClock,
     /// Where its tasks count what they do (expired and dropped messages).
     pub metrics: Arc<Metrics>,
+    /// Its tasks, once started ([`VHost::start`]).
+    tasks: Mutex<Vec<tokio::task::AbortHandle>>,
 }
 
 impl VHost {
@@ -95,6 +97,44 @@ impl VHost {
             clock: settings.clock.clone(),
             metrics: Arc::clone(&settings.metrics),
             ..VHost::default()
+        }
+    }
+
+    /// The virtual host `name` with what `data_dir` (the server's) keeps of it, if given.
+    ///
+    /// # Errors
+    ///
+    /// A file of the data dir that cannot be read, parsed or rewritten.
+    pub fn opened(
+        settings: &Settings,
+        name: &str,
+        data_dir: Option<&std::path::Path>,
+        broker: &Broker,
+    ) -> Result<VHost, String> {
+        let mut vhost = VHost::named(settings, name);
+        if let Some(dir) = data_dir {
+            vhost.open_data_dir(&data_dir_of(dir, name)?, broker)?;
+        }
+        Ok(vhost)
+    }
+
+    /// Starts its own tasks (see the module docs), which run until [`VHost::stop`]:
+    /// `x-expires` deletions, dead letters sent on through exchanges, message TTL at the
+    /// heads of queues.
+    pub fn start(self: &Arc<Self>, broker: &Broker) {
+        let tasks = [
+            tokio::spawn(Arc::clone(self).expire_queues()),
+            tokio::spawn(Arc::clone(self).forward_dead_letters(broker.clone())),
+            tokio::spawn(Arc::clone(self).expire_messages(broker.clone())),
+        ];
+        let mut running = self.tasks.lock().expect("never poisoned");
+        running.extend(tasks.iter().map(tokio::task::JoinHandle::abort_handle));
+    }
+
+    /// Stops its tasks.
+    pub fn stop(&self) {
+        for task in self.tasks.lock().expect("never poisoned").drain(..) {
+            task.abort();
         }
     }
 
@@ -212,10 +252,11 @@ pub fn data_dir_of(dir: &std::path::Path, name: &str) -> Result<std::path::PathB
     Ok(own)
 }
 
-/// The virtual hosts of a server, by name; `/` is always one.
+/// The virtual hosts of a server, by name; `/` is always one. The management API adds
+/// and deletes others at run time.
 #[derive(Debug)]
 pub struct VHosts {
-    by_name: HashMap<String, Arc<VHost>>,
+    by_name: RwLock<HashMap<String, Arc<VHost>>>,
 }
 
 impl VHosts {
@@ -228,7 +269,9 @@ impl VHosts {
             by_name.contains_key(DEFAULT_VHOST),
             "a server has the vhost /"
         );
-        VHosts { by_name }
+        VHosts {
+            by_name: RwLock::new(by_name),
+        }
     }
 
     /// The virtual hosts `settings` give access to, each with what `data_dir` keeps of it:
@@ -245,37 +288,55 @@ impl VHosts {
     ) -> Result<VHosts, String> {
         let mut vhosts = Vec::new();
         for name in settings.access.vhosts() {
-            let mut vhost = VHost::named(settings, name);
-            if let Some(dir) = data_dir {
-                vhost.open_data_dir(&data_dir_of(dir, name)?, broker)?;
-            }
-            vhosts.push(vhost);
+            vhosts.push(VHost::opened(settings, &name, data_dir, broker)?);
         }
         Ok(VHosts::new(vhosts))
     }
 
     /// A server with `/` only.
     pub fn one(vhost: Arc<VHost>) -> Arc<VHosts> {
+        assert_eq!(vhost.name, DEFAULT_VHOST, "a server has the vhost /");
         let by_name = HashMap::from([(vhost.name.clone(), vhost)]);
-        assert!(
-            by_name.contains_key(DEFAULT_VHOST),
-            "a server has the vhost /"
-        );
-        Arc::new(VHosts { by_name })
+        Arc::new(VHosts {
+            by_name: RwLock::new(by_name),
+        })
     }
 
     /// The virtual host called `name`.
     pub fn get(&self, name: &str) -> Option<Arc<VHost>> {
-        self.by_name.get(name).cloned()
+        self.by_name
+            .read()
+            .expect("never poisoned")
+            .get(name)
+            .cloned()
     }
 
     /// `/`.
     pub fn default_vhost(&self) -> Arc<VHost> {
-        Arc::clone(&self.by_name[DEFAULT_VHOST])
+        self.get(DEFAULT_VHOST).expect("a server has the vhost /")
     }
 
-    /// Every virtual host.
-    pub fn iter(&self) -> impl Iterator<Item = &Arc<VHost>> {
-        self.by_name.values()
+    /// Every virtual host, by name.
+    pub fn all(&self) -> Vec<Arc<VHost>> {
+        let mut all: Vec<Arc<VHost>> = (self.by_name.read().expect("never poisoned").values())
+            .cloned()
+            .collect();
+        all.sort_by(|a, b| a.name.cmp(&b.name));
+        all
+    }
+
+    /// Adds `vhost`, unless one of its name is there: the one there.
+    pub fn add(&self, vhost: VHost) -> Arc<VHost> {
+        let mut by_name = self.by_name.write().expect("never poisoned");
+        let name = vhost.name.clone();
+        Arc::clone(by_name.entry(name).or_insert_with(|| Arc::new(vhost)))
+    }
+
+    /// Takes the virtual host `name` out (never `/`): the one taken.
+    pub fn remove(&self, name: &str) -> Option<Arc<VHost>> {
+        if name == DEFAULT_VHOST {
+            return None;
+        }
+        self.by_name.write().expect("never poisoned").remove(name)
     }
 }

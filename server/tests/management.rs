@@ -61,12 +61,23 @@ fn start(dir: &std::path::Path) -> Node {
     Node::ready(child, "management API on http://")
 }
 
-/// One request; its status and body (JSON, or the text as a string).
+/// One request as `user` (with its password), or with no credentials; its status and
+/// body (JSON, or the text as a string).
 fn http(node: &Node, method: &str, path: &str, user: Option<&str>) -> (u16, Value) {
+    let password = user.map(|name| format!("pw-{name}"));
+    request(node, method, path, user.zip(password.as_deref()))
+}
+
+/// One request as `user` with `password`.
+fn http_as(node: &Node, method: &str, path: &str, user: &str, password: &str) -> (u16, Value) {
+    request(node, method, path, Some((user, password)))
+}
+
+fn request(node: &Node, method: &str, path: &str, login: Option<(&str, &str)>) -> (u16, Value) {
     let mut stream = TcpStream::connect(node.management()).unwrap();
     stream.set_read_timeout(Some(WAIT)).unwrap();
-    let auth = user.map_or(String::new(), |name| {
-        let pair = format!("{name}:pw-{name}");
+    let auth = login.map_or(String::new(), |(name, password)| {
+        let pair = format!("{name}:{password}");
         let encoded = base64::engine::general_purpose::STANDARD.encode(pair);
         format!("Authorization: Basic {encoded}\r\n")
     });
@@ -161,8 +172,17 @@ fn until(node: &Node, path: &str, done: impl Fn(&Value) -> bool) -> Value {
 async fn logins_and_tags_are_checked_as_rabbitmq_checks_them() {
     let dir = tempfile::tempdir().unwrap();
     let node = start(dir.path());
+    // No credentials: the header alone; wrong ones: RabbitMQ's words (with a z).
     let (status, body) = http(&node, "GET", "/api/overview", None);
-    assert_eq!((status, &body["error"]), (401, &json!("not_authorised")));
+    assert_eq!((status, body), (401, Value::String(String::new())));
+    let wrong = http_as(&node, "GET", "/api/overview", "admin", "nope");
+    assert_eq!(
+        wrong,
+        (
+            401,
+            json!({"error": "not_authorized", "reason": "Login failed"})
+        )
+    );
     // A user with no management tag may use AMQP, not the API.
     let (status, body) = http(&node, "GET", "/api/overview", Some("plain"));
     assert_eq!(status, 401, "{body}");
@@ -332,7 +352,10 @@ async fn leasemqctl_pings_and_lists_with_rabbitmqctls_columns() {
         json!([{"name": "jobs", "messages_ready": 3, "consumers": 1}])
     );
     let (_, out, _) = ctl(&node, &["list_queues", "-p", "orders"]);
-    assert_eq!(out, "name\tmessages\n", "no queues in orders");
+    assert_eq!(
+        out, "",
+        "no queues in orders: nothing, as rabbitmqctl prints"
+    );
     let (code, _, err) = Command::new(CTL)
         .args([
             "--url",
@@ -491,7 +514,10 @@ async fn exchanges_and_bindings_route_as_declared_over_http() {
         "/api/bindings/orders/e/events/q/paid",
         r#"{"routing_key": "order.paid.#"}"#,
     );
-    assert_eq!((status, location.as_deref()), (201, Some("order.paid.#")));
+    assert_eq!(
+        (status, location.as_deref()),
+        (201, Some("paid/order.paid.%23"))
+    );
     let (_, _, bindings) = send(&node, "GET", "/api/bindings/orders", "");
     let sources: Vec<&str> = (bindings.as_array().unwrap().iter())
         .map(|b| b["source"].as_str().unwrap())
@@ -531,7 +557,9 @@ async fn exchanges_and_bindings_route_as_declared_over_http() {
         (exchange["type"].as_str(), exchange["durable"].as_bool()),
         (Some("topic"), Some(true))
     );
-    let path = "/api/bindings/orders/e/events/q/paid/order.paid.%23";
+    // The properties_key is the key percent-encoded (order.paid.%23), encoded once more
+    // in a path.
+    let path = "/api/bindings/orders/e/events/q/paid/order.paid.%2523";
     assert_eq!(send(&node, "DELETE", path, "").0, 204);
     assert_eq!(send(&node, "DELETE", path, "").0, 404);
     assert_eq!(
@@ -634,4 +662,122 @@ async fn connections_channels_and_consumers_are_listed_and_a_connection_is_close
     until(&node, "/api/connections", |c| {
         c.as_array().is_some_and(|a| a.len() == 1)
     });
+}
+
+#[tokio::test]
+async fn users_permissions_and_vhosts_change_at_run_time_and_take_effect_over_amqp() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = start(dir.path());
+    // A vhost made through the API serves at once; its maker may use it.
+    assert_eq!(send(&node, "PUT", "/api/vhosts/billing", "{}").0, 201);
+    assert_eq!(send(&node, "PUT", "/api/vhosts/billing", "{}").0, 204);
+    let _admin = connect(&node, "admin", "billing").await;
+    // A user made with a password logs in over AMQP with it, once it has permissions.
+    let user = r#"{"password": "s3cret", "tags": "management"}"#;
+    assert_eq!(send(&node, "PUT", "/api/users/clerk", user).0, 201);
+    let uri = format!("amqp://clerk:s3cret@{}/billing", node.amqp);
+    let refused = Connection::connect(&uri, ConnectionProperties::default()).await;
+    assert!(refused.is_err(), "no permissions in billing yet");
+    let perms = r#"{"configure": "^clerk-", "write": ".*", "read": ".*"}"#;
+    assert_eq!(
+        send(&node, "PUT", "/api/permissions/billing/clerk", perms).0,
+        201
+    );
+    let clerk = Connection::connect(&uri, ConnectionProperties::default())
+        .await
+        .unwrap();
+    let ch = clerk.create_channel().await.unwrap();
+    let declared = ch
+        .queue_declare(
+            "clerk-jobs".into(),
+            QueueDeclareOptions::default(),
+            FieldTable::default(),
+        )
+        .await;
+    assert!(declared.is_ok(), "configure matches ^clerk-");
+    let ch = clerk.create_channel().await.unwrap();
+    let other = ch
+        .queue_declare(
+            "payroll".into(),
+            QueueDeclareOptions::default(),
+            FieldTable::default(),
+        )
+        .await;
+    assert!(other.is_err(), "configure does not match payroll");
+    let (status, _, body) = send(
+        &node,
+        "PUT",
+        "/api/permissions/billing/clerk",
+        r#"{"configure": ".*"}"#,
+    );
+    assert_eq!(
+        (status, body["reason"].as_str()),
+        (400, Some("[{key_missing,write},{key_missing,read}]"))
+    );
+    let (status, _, _) = send(&node, "PUT", "/api/permissions/nowhere/clerk", perms);
+    assert_eq!(status, 400, "an unknown vhost");
+    // Deleting the vhost closes its connections and deletes its queues.
+    assert_eq!(send(&node, "DELETE", "/api/vhosts/billing", "").0, 204);
+    let closed = tokio::time::timeout(WAIT, async {
+        while clerk.status().connected() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    });
+    closed.await.expect("the vhost's connections close");
+    let (_, queues) = http(&node, "GET", "/api/queues", Some("admin"));
+    assert!(
+        queues
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|q| q["vhost"] != "billing"),
+        "{queues}"
+    );
+    assert_eq!(send(&node, "DELETE", "/api/vhosts/billing", "").0, 404);
+    assert_eq!(send(&node, "DELETE", "/api/users/clerk", "").0, 204);
+    assert_eq!(send(&node, "DELETE", "/api/users/clerk", "").0, 404);
+    // Only an administrator changes users.
+    let (status, body) = http(&node, "DELETE", "/api/users/plain", Some("watcher"));
+    assert_eq!(
+        (status, &body["reason"]),
+        (401, &json!("Not administrator user"))
+    );
+}
+
+#[tokio::test]
+async fn an_import_adds_users_vhosts_and_queues_and_the_console_is_served() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = start(dir.path());
+    let hash = PasswordHash::new(Algorithm::Sha256, b"imported").to_base64();
+    let import = json!({
+        "users": [{"name": "importer", "password_hash": hash, "tags": ["monitoring"]}],
+        "vhosts": [{"name": "imports"}],
+        "permissions": [{"user": "importer", "vhost": "imports", "configure": ".*", "write": ".*", "read": ".*"}],
+        "queues": [{"name": "from-file", "vhost": "imports", "durable": true, "auto_delete": false, "arguments": {"x-max-length": 5}}],
+    });
+    assert_eq!(
+        send(&node, "POST", "/api/definitions", &import.to_string()).0,
+        204
+    );
+    let queue = until(&node, "/api/queues/imports/from-file", |q| {
+        q["name"] == "from-file"
+    });
+    assert_eq!(queue["arguments"], json!({"x-max-length": 5}));
+    let (status, me) = http_as(&node, "GET", "/api/whoami", "importer", "imported");
+    assert_eq!((status, &me["tags"]), (200, &json!(["monitoring"])));
+    let (status, _, body) = send(&node, "POST", "/api/definitions", "{not json");
+    assert_eq!(
+        (status, body["reason"].as_str()),
+        (400, Some("failed_to_parse_json"))
+    );
+    // The console: one page with its script and style, no login needed to load it.
+    let (status, page) = http(&node, "GET", "/", None);
+    assert_eq!(status, 200);
+    assert!(page
+        .as_str()
+        .unwrap()
+        .contains("<script src=\"console.js\">"));
+    let (status, script) = http(&node, "GET", "/console.js", None);
+    assert_eq!(status, 200);
+    assert!(script.as_str().unwrap().contains("/api/overview"));
 }

@@ -305,7 +305,19 @@ fn declare_exchange(
         internal: declare.internal,
         alternate: alternate.map(|name| name.into_owned()),
     };
-    // Each is checked where exchanges are kept.
-    (exchanges.declare_shaped(name, shape))
-        .map_err(|r| exchange_fault(ch, r, name, exchanges.vhost(), &m))
+    // Each is checked where exchanges are kept; an inequivalent redeclare is told what
+    // was received and what is there, in RabbitMQ's words.
+    let (received, current) = (shape.clone(), exchanges.shape(name));
+    (exchanges.declare_shaped(name, shape)).map_err(|r| match (r, current) {
+        (Refusal::Inequivalent(what), Some(current)) if what != "alternate-exchange" => {
+            let vhost = exchanges.vhost();
+            let (received, current) = (received.word(what), current.word(what));
+            let text = format!(
+                "PRECONDITION_FAILED - inequivalent arg '{what}' for exchange '{name}' in vhost \
+                 '{vhost}': received '{received}' but current is '{current}'"
+            );
+            Fault::channel(ch, code::PRECONDITION_FAILED, text, &m)
+        }
+        (r, _) => exchange_fault(ch, r, name, exchanges.vhost(), &m),
+    })
 }

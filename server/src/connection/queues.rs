@@ -277,7 +277,7 @@ impl Connection {
             // messages go with it (their late acks change nothing).
             if delete.if_empty && stats.ready + stats.delayed > 0 {
                 let text = format!(
-                    "PRECONDITION_FAILED - queue '{}' in vhost '{}' is not empty",
+                    "PRECONDITION_FAILED - queue '{}' in vhost '{}' not empty",
                     names::amqp(name),
                     self.vhost.name
                 );

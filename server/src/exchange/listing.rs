@@ -22,7 +22,26 @@ pub struct Binding {
     pub arguments: Map<String, Value>,
 }
 
+impl Shape {
+    /// What this shape says of `arg` (one [`Shape::inequivalent`] names), as RabbitMQ's
+    /// text of an inequivalent redeclare writes it.
+    pub fn word(&self, arg: &str) -> String {
+        match arg {
+            "type" => format!("{:?}", self.kind).to_lowercase(),
+            "durable" => self.durable.to_string(),
+            "auto_delete" => self.auto_delete.to_string(),
+            "internal" => self.internal.to_string(),
+            _ => self.alternate.clone().unwrap_or_default(),
+        }
+    }
+}
+
 impl Exchanges {
+    /// The shape of the exchange `name`, if it exists (not the default one).
+    pub fn shape(&self, name: &str) -> Option<Shape> {
+        self.by_name.get(name).map(|x| x.shape.clone())
+    }
+
     /// Every exchange but the default one, by name, with its shape.
     pub fn list(&self) -> Vec<(String, Shape)> {
         let mut all: Vec<(String, Shape)> = (self.by_name.iter())

@@ -91,11 +91,17 @@ impl Caller {
     /// Refuses a `vhost` the caller may not see, and one that does not exist (404).
     pub fn vhost_access(&self, vhost: &str) -> Result<(), ApiError> {
         if !self.state.settings.access.has_vhost(vhost) {
-            return Err(ApiError::not_found());
+            return Err(ApiError {
+                error: "not_found",
+                reason: "vhost_not_found".to_string(),
+                ..ApiError::not_found()
+            });
         }
         match self.sees_vhost(vhost) {
             true => Ok(()),
-            false => Err(ApiError::not_authorised("Access refused.")),
+            false => Err(ApiError::not_authorised(
+                "User not authorised to access virtual host",
+            )),
         }
     }
 }
@@ -107,15 +113,15 @@ impl FromRequestParts<Arc<Management>> for Caller {
         parts: &mut Parts,
         state: &Arc<Management>,
     ) -> Result<Caller, ApiError> {
-        let (name, password) =
-            credentials(parts).ok_or_else(|| ApiError::not_authorised("Login failed"))?;
+        let given = parts.headers.contains_key(header::AUTHORIZATION);
+        let (name, password) = credentials(parts).ok_or(ApiError::login_failed(given))?;
         // A request with no peer (in-process) counts as local.
         let loopback = (parts.extensions.get::<Peer>()).is_none_or(|p| p.0.ip().is_loopback());
         let user = (state.settings.access)
             .log_in(&name, password.as_bytes(), loopback)
             .map_err(|_| {
                 state.settings.metrics.auth_attempts_failed.inc();
-                ApiError::not_authorised("Login failed")
+                ApiError::login_failed(true)
             })?;
         let level =
             Level::of(&user.tags).ok_or_else(|| ApiError::not_authorised("Not management user"))?;

@@ -20,13 +20,19 @@ use super::reply::{Answer, ApiError};
 use super::{body, messages, Management};
 use crate::names;
 
-/// A binding's `properties_key`.
+/// A binding's `properties_key`: its routing key percent-encoded (as RabbitMQ's: `a.#`
+/// is `a.%23`, so a client encodes it once more in a path).
 pub fn properties_key(routing_key: &str, arguments: &Map<String, Value>) -> String {
-    let key = if routing_key.is_empty() {
-        "~"
-    } else {
-        routing_key
-    };
+    let mut quoted = String::with_capacity(routing_key.len());
+    for b in routing_key.bytes() {
+        match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {
+                quoted.push(b as char);
+            }
+            _ => quoted.push_str(&format!("%{b:02X}")),
+        }
+    }
+    let key = if routing_key.is_empty() { "~" } else { &quoted };
     if arguments.is_empty() {
         return key.to_string();
     }
@@ -58,8 +64,7 @@ fn binding_json(
 /// default exchange's to each queue first, as RabbitMQ lists them.
 fn list(state: &Management, caller: &Caller, vhost: Option<&str>) -> Vec<Value> {
     let mut items = Vec::new();
-    let mut hosts: Vec<_> = state.vhosts.iter().cloned().collect();
-    hosts.sort_by(|a, b| a.name.cmp(&b.name));
+    let hosts = state.vhosts.all();
     for host in hosts {
         if vhost.is_some_and(|v| v != host.name) || !caller.sees_vhost(&host.name) {
             continue;
@@ -209,7 +214,8 @@ pub async fn create(
         _ => Map::new(),
     };
     let arguments = messages::arguments(&body)?;
-    let location = properties_key(&key, &arguments_json);
+    // Relative, as RabbitMQ's: the destination, then the new binding's properties_key.
+    let location = format!("{destination}/{}", properties_key(&key, &arguments_json));
     as_caller(&state, &caller, &vhost, move |conn| {
         conn.method(method(
             true,
@@ -224,24 +230,44 @@ pub async fn create(
     Ok((StatusCode::CREATED, [(header::LOCATION, location)]).into_response())
 }
 
+/// The binding of `source` to `destination` whose `properties_key` is `props`.
+fn find(state: &Management, caller: &Caller, path: &BindingPath) -> Answer<Value> {
+    let (vhost, source, kind, destination, props) = path;
+    let to_queue = to_queue(kind)?;
+    (list(state, caller, Some(vhost)).into_iter())
+        .find(|b| {
+            b["source"] == source.as_str()
+                && b["destination"] == destination.as_str()
+                && (b["destination_type"] == "queue") == to_queue
+                && b["properties_key"] == props.as_str()
+        })
+        .ok_or_else(ApiError::not_found)
+}
+
+/// A binding's path: vhost, source, `q` or `e`, destination, `properties_key`.
+type BindingPath = (String, String, String, String, String);
+
+/// `GET /api/bindings/{vhost}/e/{source}/{q|e}/{destination}/{props}`.
+pub async fn one(
+    State(state): State<Arc<Management>>,
+    caller: Caller,
+    Path(path): Path<BindingPath>,
+) -> Answer<Json<Value>> {
+    caller.vhost_access(&path.0)?;
+    find(&state, &caller, &path).map(Json)
+}
+
 /// `DELETE /api/bindings/{vhost}/e/{source}/{q|e}/{destination}/{props}`: 204, or 404
 /// where no binding has that `properties_key`.
 pub async fn delete(
     State(state): State<Arc<Management>>,
     caller: Caller,
-    Path((vhost, source, kind, destination, props)): Path<(String, String, String, String, String)>,
+    Path(path): Path<BindingPath>,
 ) -> Answer<StatusCode> {
-    caller.vhost_access(&vhost)?;
+    caller.vhost_access(&path.0)?;
+    let found = find(&state, &caller, &path)?;
+    let (vhost, source, kind, destination, _) = path;
     let to_queue = to_queue(&kind)?;
-    let found = (list(&state, &caller, Some(&vhost)).into_iter()).find(|b| {
-        b["source"] == source.as_str()
-            && b["destination"] == destination.as_str()
-            && (b["destination_type"] == "queue") == to_queue
-            && b["properties_key"] == props.as_str()
-    });
-    let Some(found) = found else {
-        return Err(ApiError::not_found());
-    };
     let key = found["routing_key"]
         .as_str()
         .unwrap_or_default()

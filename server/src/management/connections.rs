@@ -136,7 +136,9 @@ pub async fn close(
 ) -> Answer<StatusCode> {
     let (live, view) = named(&state, &caller, &name).await?;
     if !caller.is_administrator() && view.user != caller.user.name {
-        return Err(ApiError::not_authorised("Not administrator user"));
+        return Err(ApiError::not_authorised(
+            "User not authorised to access object",
+        ));
     }
     let reason = (headers.get("x-reason").and_then(|v| v.to_str().ok()))
         .unwrap_or("Closed via management plugin")
@@ -170,7 +172,7 @@ pub async fn channels(State(state): State<Arc<Management>>, caller: Caller) -> J
 }
 
 /// Every consumer of the connections the caller sees, of `vhost` if given.
-async fn consumers(state: &Management, caller: &Caller, vhost: Option<&str>) -> Vec<Value> {
+pub async fn consumers(state: &Management, caller: &Caller, vhost: Option<&str>) -> Vec<Value> {
     let mut items = Vec::new();
     for (live, view) in visible(state, caller).await {
         if vhost.is_some_and(|v| v != view.vhost) || !caller.sees_vhost(&view.vhost) {

@@ -11,7 +11,7 @@ use axum::http::StatusCode;
 use axum::Json;
 use serde_json::{json, Value};
 
-use super::act::as_caller;
+use super::act::{as_caller, as_caller_with, in_message};
 use super::auth::Caller;
 use super::messages::{self, Publish};
 use super::queues::Listing;
@@ -63,8 +63,7 @@ fn exchange_json(vhost: &str, name: &str, shape: &Shape) -> Value {
 /// Every exchange of the virtual hosts the caller sees (of `vhost` only, if given).
 fn list(state: &Management, caller: &Caller, vhost: Option<&str>) -> Vec<Value> {
     let mut items = Vec::new();
-    let mut hosts: Vec<_> = state.vhosts.iter().cloned().collect();
-    hosts.sort_by(|a, b| a.name.cmp(&b.name));
+    let hosts = state.vhosts.all();
     for host in hosts {
         if vhost.is_some_and(|v| v != host.name) || !caller.sees_vhost(&host.name) {
             continue;
@@ -132,8 +131,7 @@ pub async fn put(
 ) -> Answer<StatusCode> {
     caller.vhost_access(&vhost)?;
     let body = body::json(&bytes)?;
-    let kind =
-        body::text(&body, "type")?.ok_or_else(|| ApiError::bad_request("type is missing"))?;
+    let kind = body::text(&body, "type")?.unwrap_or_else(|| "direct".to_string());
     let declare = exchange::Declare {
         exchange: name.as_str().into(),
         kind: kind.as_str().into(),
@@ -178,7 +176,9 @@ pub async fn delete(
     Ok(StatusCode::NO_CONTENT)
 }
 
-/// `POST /api/exchanges/{vhost}/{name}/publish`: `{"routed": true}` when a queue took it.
+/// `POST /api/exchanges/{vhost}/{name}/publish`: `{"routed": true}` when a queue took it;
+/// a refusal (an exchange that is not there, no write permission) is a 400 naming the
+/// AMQP code, as RabbitMQ's.
 pub async fn publish(
     State(state): State<Arc<Management>>,
     caller: Caller,
@@ -188,12 +188,8 @@ pub async fn publish(
     caller.vhost_access(&vhost)?;
     let message = Publish::read(&body::json(&bytes)?)?;
     let name = from_path(&name).to_string();
-    if !exists(&state, &vhost, &name)? {
-        return Err(ApiError::not_found());
-    }
-    let routed = as_caller(&state, &caller, &vhost, move |conn| {
-        messages::publish(conn, &name, &message)
-    })
-    .await?;
+    let publish =
+        move |conn: &mut crate::internal::Internal| messages::publish(conn, &name, &message);
+    let routed = as_caller_with(&state, &caller, &vhost, publish, in_message).await?;
     Ok(Json(json!({ "routed": routed })))
 }

@@ -9,7 +9,7 @@ use amq_protocol::types::{FieldTable, ShortString};
 use base64::Engine as _;
 use serde_json::{json, Map, Value};
 
-use super::body::{flag, number, text};
+use super::body::{flag, number, required, text};
 use super::reply::ApiError;
 use crate::internal::{Internal, CHANNEL};
 
@@ -30,6 +30,7 @@ pub struct GetRequest {
 impl GetRequest {
     /// Reads a body as `rabbitmqadmin` and the console send it.
     pub fn read(body: &Value) -> Result<GetRequest, ApiError> {
+        required(body, &["count", "ackmode", "encoding"])?;
         let count = number(body, "count")?.unwrap_or(1);
         let ackmode = text(body, "ackmode")?.unwrap_or_else(|| "ack_requeue_true".into());
         if !matches!(
@@ -45,9 +46,9 @@ impl GetRequest {
         }
         let encoding = text(body, "encoding")?.unwrap_or_else(|| "auto".into());
         if encoding != "auto" && encoding != "base64" {
-            return Err(ApiError::bad_request(format!(
-                "encoding {encoding:?} is not auto or base64"
-            )));
+            return Err(ApiError::bad_request(
+                "Unsupported encoding. Please use auto or base64.",
+            ));
         }
         Ok(GetRequest {
             count: u32::try_from(count).unwrap_or(u32::MAX).min(10_000),
@@ -166,7 +167,11 @@ pub fn properties_json(p: &BasicProperties) -> Value {
     put("type", s(p.kind()));
     put("user_id", s(p.user_id()));
     put("app_id", s(p.app_id()));
-    Value::Object(out)
+    // RabbitMQ shows no properties as an empty list.
+    match out.is_empty() {
+        true => Value::Array(Vec::new()),
+        false => Value::Object(out),
+    }
 }
 
 /// Properties from RabbitMQ's API's JSON.
@@ -234,6 +239,10 @@ pub struct Publish {
 impl Publish {
     /// Reads a body as `rabbitmqadmin` and the console send it.
     pub fn read(body: &Value) -> Result<Publish, ApiError> {
+        required(
+            body,
+            &["properties", "routing_key", "payload", "payload_encoding"],
+        )?;
         let routing_key = text(body, "routing_key")?.unwrap_or_default();
         let payload = text(body, "payload")?.unwrap_or_default();
         let encoding = text(body, "payload_encoding")?.unwrap_or_else(|| "string".into());
@@ -242,9 +251,8 @@ impl Publish {
             "base64" => (base64::engine::general_purpose::STANDARD.decode(payload.trim()))
                 .map_err(|e| ApiError::bad_request(format!("payload: {e}")))?,
             other => {
-                return Err(ApiError::bad_request(format!(
-                    "payload_encoding {other:?} is not string or base64"
-                )))
+                let reason = serde_json::json!(["unsupported_encoding", other]).to_string();
+                return Err(ApiError::bad_request(reason));
             }
         };
         let properties = properties_of(body.get("properties").unwrap_or(&Value::Null))?;

@@ -25,6 +25,8 @@ pub struct Ages {
     pub lengths_age: Option<u64>,
     /// Seconds of message-rate samples.
     pub msg_rates_age: Option<u64>,
+    /// Only these fields, separated by commas (as a list's `columns`).
+    pub columns: Option<String>,
 }
 
 impl Ages {
@@ -95,7 +97,7 @@ pub async fn overview(
     let samples = history.as_deref();
     let lengths = |figure: Figure, rate: f64| details(rate, samples, figure);
     let metrics = &state.settings.metrics;
-    let exchanges: usize = (state.vhosts.iter())
+    let exchanges: usize = (state.vhosts.all().iter())
         .filter(|v| caller.level >= super::auth::Level::Monitoring || caller.sees_vhost(&v.name))
         .map(|v| v.exchanges.lock().expect("never poisoned").len())
         .sum();
@@ -177,11 +179,24 @@ pub async fn whoami(caller: Caller) -> Json<Value> {
 
 /// `GET /api/vhosts`: those the caller may list.
 pub async fn vhosts(State(state): State<Arc<Management>>, caller: Caller) -> Json<Value> {
-    let listed: Vec<Value> = (state.settings.access.vhosts())
+    let listed: Vec<Value> = (state.settings.access.vhosts().iter())
         .filter(|name| caller.lists_vhost(name))
         .map(|name| vhost_json(&state, name))
         .collect();
     Json(Value::Array(listed))
+}
+
+/// `GET /api/vhosts/{name}` (administrators, as RabbitMQ).
+pub async fn vhost(
+    State(state): State<Arc<Management>>,
+    caller: Caller,
+    Path(name): Path<String>,
+) -> Answer<Json<Value>> {
+    caller.require_administrator()?;
+    match state.settings.access.has_vhost(&name) {
+        true => Ok(Json(vhost_json(&state, &name))),
+        false => Err(ApiError::not_found()),
+    }
 }
 
 /// One virtual host as `/api/vhosts` lists it.
@@ -206,30 +221,40 @@ pub async fn alarms(State(state): State<Arc<Management>>, _caller: Caller) -> im
     }
 }
 
-/// `GET /api/aliveness-test/{vhost}`: declares a queue `aliveness-test` there, publishes
-/// a message to it and takes it back, as RabbitMQ does.
+/// `GET /api/aliveness-test/{vhost}`: as the caller, declares a queue `aliveness-test`
+/// there, publishes a message to it and takes it back, as RabbitMQ does.
 pub async fn aliveness(
     State(state): State<Arc<Management>>,
     caller: Caller,
     Path(vhost): Path<String>,
 ) -> Answer<Json<Value>> {
-    caller.vhost_access(&vhost)?;
-    let Some(host) = state.vhosts.get(&vhost) else {
-        return Err(ApiError::not_found());
+    use amq_protocol::protocol::{queue, AMQPClass};
+    let test = |conn: &mut crate::internal::Internal| {
+        let declare = queue::Declare {
+            queue: "aliveness-test".into(),
+            ..queue::Declare::default()
+        };
+        conn.method(AMQPClass::Queue(queue::AMQPMethod::Declare(declare)))?;
+        let message = super::messages::Publish {
+            routing_key: "aliveness-test".into(),
+            payload: b"test_message".to_vec(),
+            properties: Default::default(),
+        };
+        super::messages::publish(conn, "", &message)?;
+        let take = super::messages::GetRequest {
+            count: 1,
+            ackmode: "ack_requeue_false".into(),
+            encoding: "auto".into(),
+            truncate: None,
+        };
+        super::messages::get(conn, "aliveness-test", &take)
     };
-    let broker = state.broker.clone();
-    let alive = tokio::task::spawn_blocking(move || {
-        let name = host.broker_name("aliveness-test").into_owned();
-        let queue = broker.declare_queue(&name, leasemq::QueueConfig::default())?;
-        queue.put(leasemq::Message::new("test_message"))?;
-        queue.purge().map(|_| ())
-    })
-    .await
-    .map_err(|e| ApiError::internal(e.to_string()))?;
-    match alive {
-        Ok(()) => Ok(Json(json!({"status": "ok"}))),
-        Err(e) => Ok(Json(json!({"status": "failed", "reason": e.to_string()}))),
-    }
+    let refused = |(code, text): (u16, String)| match code {
+        403 => ApiError::not_authorised(text),
+        _ => ApiError::internal(text),
+    };
+    super::act::as_caller_with(&state, &caller, &vhost, test, refused).await?;
+    Ok(Json(json!({"status": "ok"})))
 }
 
 /// `GET /metrics`: the Prometheus text `--metrics` serves, with no login (as RabbitMQ's

@@ -11,7 +11,7 @@ use axum::http::StatusCode;
 use axum::Json;
 use serde_json::Value;
 
-use super::act::as_caller;
+use super::act::{as_caller, as_caller_with, in_message};
 use super::auth::Caller;
 use super::messages::{self, GetRequest};
 use super::reply::{Answer, ApiError};
@@ -117,9 +117,7 @@ pub async fn get(
     if !exists(&state, &vhost, &name).await? {
         return Err(ApiError::not_found());
     }
-    let taken = as_caller(&state, &caller, &vhost, move |conn| {
-        messages::get(conn, &name, &request)
-    })
-    .await?;
+    let get = move |conn: &mut crate::internal::Internal| messages::get(conn, &name, &request);
+    let taken = as_caller_with(&state, &caller, &vhost, get, in_message).await?;
     Ok(Json(Value::Array(taken)))
 }

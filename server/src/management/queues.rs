@@ -38,6 +38,9 @@ pub struct Listing {
     pub sort: Option<String>,
     /// Descending.
     pub sort_reverse: Option<String>,
+    /// Only these fields of each item, separated by commas (`message_stats.publish`
+    /// reaches into an object).
+    pub columns: Option<String>,
 }
 
 impl Listing {
@@ -65,6 +68,12 @@ impl Listing {
         if Listing::truthy(self.sort_reverse.as_ref()) {
             items.reverse();
         }
+        if let Some(columns) = self.columns.as_deref().filter(|c| !c.is_empty()) {
+            let columns: Vec<&str> = columns.split(',').map(str::trim).collect();
+            for item in &mut items {
+                *item = only(item, &columns);
+            }
+        }
         let Some(page) = self.page else {
             return Ok(Value::Array(items));
         };
@@ -87,6 +96,26 @@ impl Listing {
             "total_count": filtered,
         }))
     }
+}
+
+/// `item` with only the fields `columns` name (a dotted name reaches into an object).
+pub fn only(item: &Value, columns: &[&str]) -> Value {
+    let mut out = Value::Object(serde_json::Map::new());
+    for column in columns {
+        let path: Vec<&str> = column.split('.').collect();
+        let Some(found) = (path.iter()).try_fold(item, |v, key| v.get(key)) else {
+            continue;
+        };
+        let mut at = &mut out;
+        for key in &path[..path.len() - 1] {
+            at = &mut at[*key];
+            if !at.is_object() {
+                *at = Value::Object(serde_json::Map::new());
+            }
+        }
+        at[path[path.len() - 1]] = found.clone();
+    }
+    out
 }
 
 /// Orders two JSON values of one field: numbers by value, others as text.
@@ -140,7 +169,7 @@ struct Known {
 impl Known {
     fn of(state: &Management, vhost: Option<&str>) -> Known {
         let mut declared = HashMap::new();
-        for host in state.vhosts.iter() {
+        for host in &state.vhosts.all() {
             if vhost.is_some_and(|v| v != host.name) {
                 continue;
             }
@@ -278,6 +307,14 @@ pub async fn in_vhost(
     Ok(Json(listing.answer(items)?))
 }
 
+/// The consumers of the queue `name` in `vhost`, as `/api/consumers` lists them.
+async fn consumer_details(state: &Management, caller: &Caller, vhost: &str, name: &str) -> Value {
+    let all = super::connections::consumers(state, caller, Some(vhost)).await;
+    (all.into_iter())
+        .filter(|c| c["queue"]["name"] == name)
+        .collect()
+}
+
 /// `GET /api/queues/{vhost}/{name}`: with `lengths_age` or `msg_rates_age`, the samples of
 /// that many seconds (and the queue's history is kept from then on).
 pub async fn one(
@@ -309,12 +346,18 @@ pub async fn one(
     let rates = state.rates.of(&broker_name);
     let samples =
         (ages.longest()).map(|age: Duration| state.rates.queue_history(&broker_name, age));
-    Ok(Json(queue_json(
+    let mut queue = queue_json(
         &state,
         &broker_name,
         &stats,
         known.as_ref(),
         &rates,
         samples.as_deref(),
-    )))
+    );
+    queue["consumer_details"] = consumer_details(&state, &caller, &vhost, &name).await;
+    if let Some(columns) = ages.columns.as_deref().filter(|c| !c.is_empty()) {
+        let columns: Vec<&str> = columns.split(',').map(str::trim).collect();
+        queue = only(&queue, &columns);
+    }
+    Ok(Json(queue))
 }

@@ -33,6 +33,17 @@ impl ApiError {
         }
     }
 
+    /// 401 for credentials that do not log in, in RabbitMQ's words (`not_authorized`, with
+    /// a z, where a refused tag says `not_authorised`); an empty body where none were
+    /// given.
+    pub fn login_failed(given: bool) -> ApiError {
+        ApiError {
+            status: StatusCode::UNAUTHORIZED,
+            error: if given { "not_authorized" } else { "" },
+            reason: "Login failed".to_string(),
+        }
+    }
+
     /// 404, as RabbitMQ words it for an object that does not exist.
     pub fn not_found() -> ApiError {
         ApiError {
@@ -63,8 +74,14 @@ impl ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let body = serde_json::json!({"error": self.error, "reason": self.reason});
-        let mut response = (self.status, Json(body)).into_response();
+        let mut response = match self.error {
+            // No credentials: RabbitMQ answers with the header alone.
+            "" => self.status.into_response(),
+            error => {
+                let body = serde_json::json!({"error": error, "reason": self.reason});
+                (self.status, Json(body)).into_response()
+            }
+        };
         if self.status == StatusCode::UNAUTHORIZED {
             // As RabbitMQ, so that a browser asks for credentials.
             response.headers_mut().insert(
@@ -85,10 +102,18 @@ pub async fn not_found() -> ApiError {
 }
 
 /// Runs a request within [`REQUEST_TIME`]: one that takes longer (a body that trickles
-/// in) is answered 408 and its connection closed.
+/// in) is answered 408 and its connection closed. A refusal of a script's request (one
+/// with `X-Requested-With`, as the console sends) has no `WWW-Authenticate`, so that the
+/// browser leaves the login to the page instead of asking itself.
 pub async fn bounded(request: Request, next: Next) -> Response {
+    let scripted = request.headers().contains_key("x-requested-with");
     match tokio::time::timeout(REQUEST_TIME, next.run(request)).await {
-        Ok(response) => response,
+        Ok(mut response) => {
+            if scripted {
+                response.headers_mut().remove(header::WWW_AUTHENTICATE);
+            }
+            response
+        }
         Err(_) => {
             let mut response = ApiError {
                 status: StatusCode::REQUEST_TIMEOUT,

@@ -125,8 +125,7 @@ pub async fn export(State(state): State<Arc<Management>>, caller: Caller) -> Ans
 
 /// The queues, exchanges and bindings of every virtual host, into `d`.
 fn declared_into(state: &Management, d: &mut Definitions) {
-    let mut hosts: Vec<_> = state.vhosts.iter().cloned().collect();
-    hosts.sort_by(|a, b| a.name.cmp(&b.name));
+    let hosts = state.vhosts.all();
     for host in hosts {
         let mut queues: Vec<QueueDef> = (host.declared.lock().expect("never poisoned").iter())
             .filter(|(_, declared)| !declared.exclusive)

@@ -54,7 +54,7 @@ pub async fn run(client: &Client, args: &Args) -> Result<(), String> {
         Command::ListConnections { columns } => {
             let items = list(client, "/api/connections").await?;
             let default = ["user", "peer_host", "peer_port", "state"];
-            print(args, &items, columns, &default, same)
+            print(args, &items, columns, &default, connection_column)
         }
         Command::ListChannels { columns } => {
             let items = list(client, "/api/channels").await?;
@@ -133,7 +133,14 @@ async fn change_queue(client: &Client, vhost: &str, command: &Command) -> Result
                 true => queue(name),
                 false => format!("{}?{}", queue(name), conditions.join("&")),
             };
-            client.call(Method::DELETE, &path, None).await
+            // What it held, for the line rabbitmqctl prints.
+            let held = ok(client.get(&queue(name)).await?)?;
+            let answer = client.call(Method::DELETE, &path, None).await?;
+            if answer.status.is_success() {
+                let ready = held["messages_ready"].as_u64().unwrap_or(0);
+                println!("Queue was successfully deleted with {ready} ready messages");
+            }
+            Ok(answer)
         }
         Command::CloseConnection { connection, reason } => {
             let path = format!("/api/connections/{}", segment(connection));
@@ -149,11 +156,14 @@ async fn change_access(client: &Client, vhost: &str, command: &Command) -> Resul
     let permissions = |name: &str| format!("/api/permissions/{vhost}/{}", segment(name));
     let vhost_path = |name: &str| format!("/api/vhosts/{}", segment(name));
     let (method, path, body) = match command {
-        Command::AddUser { username, password } => (
-            Method::PUT,
-            user(username),
-            Some(json!({"password": password, "tags": ""})),
-        ),
+        Command::AddUser { username, password } => {
+            // As rabbitmqctl: a user that exists is an error, not a change of password.
+            if client.get(&user(username)).await?.status.is_success() {
+                return Err(format!("user \"{username}\" already exists"));
+            }
+            let body = json!({"password": password, "tags": ""});
+            (Method::PUT, user(username), Some(body))
+        }
         Command::DeleteUser { username } => (Method::DELETE, user(username), None),
         Command::ChangePassword { username, password } => {
             let current = ok(client.get(&user(username)).await?)?;
@@ -279,6 +289,14 @@ fn consumer_column(item: &Value, column: &str) -> Value {
     }
 }
 
+fn connection_column(item: &Value, column: &str) -> Value {
+    match column {
+        // What close_connection takes: the connection's name.
+        "pid" => item["name"].clone(),
+        _ => same(item, column),
+    }
+}
+
 fn channel_column(item: &Value, column: &str) -> Value {
     match column {
         "pid" => item["name"].clone(),
@@ -307,17 +325,23 @@ fn print(
     };
     let mut out = std::io::stdout().lock();
     let written = match args.formatter {
+        // As rabbitmqctl: one object a line, an empty list `[` and `]`.
         Formatter::Json => {
-            let rows: Vec<Value> = (items.iter())
+            let rows: Vec<String> = (items.iter())
                 .map(|item| {
                     let row: Map<String, Value> = (columns.iter())
                         .map(|c| (c.to_string(), column(item, c)))
                         .collect();
-                    Value::Object(row)
+                    Value::Object(row).to_string()
                 })
                 .collect();
-            writeln!(out, "{}", Value::Array(rows))
+            match rows.is_empty() {
+                true => writeln!(out, "[\n]"),
+                false => writeln!(out, "[\n{}\n]", rows.join("\n,")),
+            }
         }
+        // As rabbitmqctl: a header and a row each, and nothing at all for an empty list.
+        Formatter::Table if items.is_empty() => Ok(()),
         Formatter::Table => {
             let mut text = String::new();
             if !args.no_table_headers {
