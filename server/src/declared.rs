@@ -31,7 +31,7 @@ pub struct Declared {
     pub max_priority: Option<u8>,
     /// Every argument of the declare, as JSON: what the management API shows and a
     /// definitions export writes. Not compared: the fields above are.
-    pub arguments: serde_json::Map<String, serde_json::Value>,
+    pub arguments: std::sync::Arc<serde_json::Map<String, serde_json::Value>>,
 }
 
 impl Declared {

@@ -95,7 +95,7 @@ impl StoredQueue {
             queue_leader_locator: d.hints.leader_locator.clone(),
             single_active_consumer: d.single_active,
             max_priority: d.max_priority,
-            arguments: d.arguments.clone(),
+            arguments: (*d.arguments).clone(),
         }
     }
 
@@ -119,7 +119,7 @@ impl StoredQueue {
             },
             single_active: self.single_active_consumer,
             max_priority: self.max_priority,
-            arguments: self.arguments.clone(),
+            arguments: std::sync::Arc::new(self.arguments.clone()),
         }
     }
 }
@@ -262,10 +262,12 @@ mod tests {
             },
             single_active: Some(true),
             max_priority: Some(9),
-            arguments: serde_json::json!({"x-max-priority": 9, "x-queue-type": "quorum"})
-                .as_object()
-                .cloned()
-                .unwrap_or_default(),
+            arguments: std::sync::Arc::new(
+                serde_json::json!({"x-max-priority": 9, "x-queue-type": "quorum"})
+                    .as_object()
+                    .cloned()
+                    .unwrap_or_default(),
+            ),
         }
     }
 

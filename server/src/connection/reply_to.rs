@@ -74,7 +74,7 @@ impl Connection {
             hints: Default::default(),
             single_active: None,
             max_priority: None,
-            arguments: serde_json::Map::new(),
+            arguments: std::sync::Arc::default(),
         };
         (self.vhost.declared.lock().expect("never poisoned")).insert(name.clone(), declared);
         self.queues.insert(name, queue.clone());

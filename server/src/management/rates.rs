@@ -219,12 +219,11 @@ impl Rates {
         state.queues.get(name).map(|q| q.rates).unwrap_or_default()
     }
 
-    /// Calls `each` with the rates of every queue sampled, by broker name.
-    pub fn each(&self, mut each: impl FnMut(&str, &PerSecond)) {
+    /// Calls `with` with a lookup of each queue's rates by broker name, under one lock.
+    pub fn with<R>(&self, with: impl FnOnce(&dyn Fn(&str) -> PerSecond) -> R) -> R {
         let state = self.state.lock().expect("never poisoned");
-        for (name, q) in &state.queues {
-            each(name, &q.rates);
-        }
+        let rate_of = |name: &str| state.queues.get(name).map(|q| q.rates).unwrap_or_default();
+        with(&rate_of)
     }
 
     /// The server's totals: the last sample, and the rates over the last interval.
@@ -330,9 +329,8 @@ mod tests {
         );
         assert_eq!(rates.totals().0.messages, 1);
         rates.record(now + Duration::from_secs(5), 5000, &[]);
-        let mut seen = 0;
-        rates.each(|_, _| seen += 1);
-        assert_eq!(seen, 0);
+        assert_eq!(rates.with(|rate_of| rate_of("jobs")), PerSecond::default());
+        assert_eq!(rates.state.lock().unwrap().queues.len(), 0);
     }
 
     #[test]

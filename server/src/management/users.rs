@@ -134,7 +134,7 @@ fn declared_into(state: &Management, d: &mut Definitions) {
                 vhost: host.name.clone(),
                 durable: declared.durable,
                 auto_delete: declared.auto_delete,
-                arguments: declared.arguments.clone(),
+                arguments: (*declared.arguments).clone(),
             })
             .collect();
         queues.sort_by(|a, b| a.name.cmp(&b.name));

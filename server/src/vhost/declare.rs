@@ -294,7 +294,7 @@ fn declared(
         hints: arguments::storage_hints(args)?,
         single_active: arguments::single_active_consumer(args)?,
         max_priority,
-        arguments: crate::field::table_json(args),
+        arguments: std::sync::Arc::new(crate::field::table_json(args)),
     })
 }
 
