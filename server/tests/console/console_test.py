@@ -132,6 +132,8 @@ def main():
         page.call("Page.enable")
         page.call("Page.navigate", url=base + "/")
         until("the login form", lambda: page.visible("#login-user"))
+        # Its script, which the form needs, loads after the form shows.
+        until("the page's script", lambda: page.js("document.body.dataset.ready === 'true'"))
 
         # A wrong password is refused, in the page.
         page.js("document.querySelector('#login-user').value = 'admin';"

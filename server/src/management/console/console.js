@@ -368,3 +368,6 @@ document.addEventListener("visibilitychange", () => document.visibilityState ===
 if (state.auth) {
   api("GET", "/api/whoami").then(loggedIn).catch(() => logout());
 }
+
+// Every handler is in place: the page can be used (a test waits for this).
+document.body.dataset.ready = "true";
