@@ -431,17 +431,7 @@ impl Connection {
     /// goes back to its queue. The driver then waits a moment for `close-ok`.
     pub fn force_close(&mut self) {
         self.timers.force();
-        if matches!(self.phase, Phase::Closing | Phase::Closed) {
-            return;
-        }
-        if self.phase != Phase::Open {
-            self.phase = Phase::Closed;
-            return;
-        }
-        self.fail(Fault::connection(
-            code::CONNECTION_FORCED,
-            "CONNECTION_FORCED - broker forced connection closure with reason 'shutdown'",
-        ));
+        self.close_forced("broker forced connection closure with reason 'shutdown'");
     }
 
     /// The heartbeat interval the client asked for in `tune-ok` (zero: none).
