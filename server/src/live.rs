@@ -148,6 +148,7 @@ impl LiveConnections {
         peer: SocketAddr,
         local: SocketAddr,
         tls: bool,
+        connected_at: u64,
     ) -> Registered {
         let (control, controls) = mpsc::channel(CONTROL_QUEUE);
         let connection = LiveConnection {
@@ -155,7 +156,7 @@ impl LiveConnections {
             peer,
             local,
             tls,
-            connected_at: now_ms(),
+            connected_at,
             control,
         };
         (self.by_id.lock().expect("never poisoned")).insert(id, Arc::new(connection));
@@ -184,12 +185,6 @@ impl LiveConnections {
     }
 }
 
-fn now_ms() -> u64 {
-    (std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH))
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -199,7 +194,7 @@ mod tests {
         let live = Arc::new(LiveConnections::default());
         let peer: SocketAddr = "127.0.0.1:5000".parse().unwrap();
         let local: SocketAddr = "127.0.0.1:5672".parse().unwrap();
-        let mut registered = live.register(7, peer, local, false);
+        let mut registered = live.register(7, peer, local, false, 0);
         let found = live.all();
         assert_eq!(found.len(), 1);
         assert_eq!(found[0].name(), "127.0.0.1:5000 -> 127.0.0.1:5672");

@@ -113,6 +113,22 @@ pub async fn start(
     Ok(format!("; management API on {scheme}://{at}/api/"))
 }
 
+/// `text` percent-encoded for a path segment: all but RFC 3986's unreserved characters
+/// (`/` as `%2F`). RabbitMQ's `properties_key` is a routing key written so, and
+/// leasemqctl writes path segments so.
+pub fn percent_encode(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for b in text.bytes() {
+        match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {
+                out.push(b as char);
+            }
+            _ => out.push_str(&format!("%{b:02X}")),
+        }
+    }
+    out
+}
+
 /// `leasemqd@` and the host's name.
 fn node_name() -> String {
     let host = std::fs::read_to_string("/proc/sys/kernel/hostname")

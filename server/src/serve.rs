@@ -177,7 +177,9 @@ impl Accepting {
     async fn run<S: Transport>(&self, stream: S, ends: Ends, id: u64, certificate: Option<String>) {
         let peer = ends.peer;
         // Listed for the management API while it lives.
-        let mut registered = (self.settings.live).register(id, peer, ends.local, S::HOLDS_BACK);
+        let connected_at = self.settings.clock.now_ms();
+        let mut registered =
+            (self.settings.live).register(id, peer, ends.local, S::HOLDS_BACK, connected_at);
         let mut conn = Connection::new(
             self.broker.clone(),
             self.settings.clone(),

@@ -88,6 +88,14 @@ impl Caller {
         self.level >= Level::Monitoring || self.sees_vhost(vhost)
     }
 
+    /// The virtual hosts whose queues and exchanges the caller sees, by name; only
+    /// `vhost` if given.
+    pub fn visible_vhosts(&self, vhost: Option<&str>) -> Vec<Arc<crate::vhost::VHost>> {
+        let mut hosts = self.state.vhosts.all();
+        hosts.retain(|h| vhost.is_none_or(|v| v == h.name) && self.sees_vhost(&h.name));
+        hosts
+    }
+
     /// Refuses a `vhost` the caller may not see, and one that does not exist (404).
     pub fn vhost_access(&self, vhost: &str) -> Result<(), ApiError> {
         if !self.state.settings.access.has_vhost(vhost) {

@@ -23,15 +23,7 @@ use crate::names;
 /// A binding's `properties_key`: its routing key percent-encoded (as RabbitMQ's: `a.#`
 /// is `a.%23`, so a client encodes it once more in a path).
 pub fn properties_key(routing_key: &str, arguments: &Map<String, Value>) -> String {
-    let mut quoted = String::with_capacity(routing_key.len());
-    for b in routing_key.bytes() {
-        match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {
-                quoted.push(b as char);
-            }
-            _ => quoted.push_str(&format!("%{b:02X}")),
-        }
-    }
+    let quoted = super::percent_encode(routing_key);
     let key = if routing_key.is_empty() { "~" } else { &quoted };
     if arguments.is_empty() {
         return key.to_string();
@@ -62,13 +54,9 @@ fn binding_json(
 
 /// Every binding of the virtual hosts the caller sees (of `vhost` only, if given): the
 /// default exchange's to each queue first, as RabbitMQ lists them.
-fn list(state: &Management, caller: &Caller, vhost: Option<&str>) -> Vec<Value> {
+fn list(caller: &Caller, vhost: Option<&str>) -> Vec<Value> {
     let mut items = Vec::new();
-    let hosts = state.vhosts.all();
-    for host in hosts {
-        if vhost.is_some_and(|v| v != host.name) || !caller.sees_vhost(&host.name) {
-            continue;
-        }
+    for host in caller.visible_vhosts(vhost) {
         let mut queues: Vec<String> = (host.declared.lock().expect("never poisoned").keys())
             .map(|name| names::amqp(name).into_owned())
             .collect();
@@ -103,28 +91,23 @@ fn list(state: &Management, caller: &Caller, vhost: Option<&str>) -> Vec<Value> 
 }
 
 /// `GET /api/bindings`.
-pub async fn all(State(state): State<Arc<Management>>, caller: Caller) -> Json<Value> {
-    Json(Value::Array(list(&state, &caller, None)))
+pub async fn all(caller: Caller) -> Json<Value> {
+    Json(Value::Array(list(&caller, None)))
 }
 
 /// `GET /api/bindings/{vhost}`.
-pub async fn in_vhost(
-    State(state): State<Arc<Management>>,
-    caller: Caller,
-    Path(vhost): Path<String>,
-) -> Answer<Json<Value>> {
+pub async fn in_vhost(caller: Caller, Path(vhost): Path<String>) -> Answer<Json<Value>> {
     caller.vhost_access(&vhost)?;
-    Ok(Json(Value::Array(list(&state, &caller, Some(&vhost)))))
+    Ok(Json(Value::Array(list(&caller, Some(&vhost)))))
 }
 
 /// `GET /api/queues/{vhost}/{name}/bindings`.
 pub async fn of_queue(
-    State(state): State<Arc<Management>>,
     caller: Caller,
     Path((vhost, name)): Path<(String, String)>,
 ) -> Answer<Json<Value>> {
     caller.vhost_access(&vhost)?;
-    let items = (list(&state, &caller, Some(&vhost)).into_iter())
+    let items = (list(&caller, Some(&vhost)).into_iter())
         .filter(|b| b["destination_type"] == "queue" && b["destination"] == name.as_str())
         .collect();
     Ok(Json(Value::Array(items)))
@@ -132,13 +115,12 @@ pub async fn of_queue(
 
 /// `GET /api/bindings/{vhost}/e/{source}/{q|e}/{destination}`.
 pub async fn between(
-    State(state): State<Arc<Management>>,
     caller: Caller,
     Path((vhost, source, kind, destination)): Path<(String, String, String, String)>,
 ) -> Answer<Json<Value>> {
     caller.vhost_access(&vhost)?;
     let to_queue = to_queue(&kind)?;
-    let items = (list(&state, &caller, Some(&vhost)).into_iter())
+    let items = (list(&caller, Some(&vhost)).into_iter())
         .filter(|b| {
             b["source"] == source.as_str()
                 && b["destination"] == destination.as_str()
@@ -231,10 +213,10 @@ pub async fn create(
 }
 
 /// The binding of `source` to `destination` whose `properties_key` is `props`.
-fn find(state: &Management, caller: &Caller, path: &BindingPath) -> Answer<Value> {
+fn find(caller: &Caller, path: &BindingPath) -> Answer<Value> {
     let (vhost, source, kind, destination, props) = path;
     let to_queue = to_queue(kind)?;
-    (list(state, caller, Some(vhost)).into_iter())
+    (list(caller, Some(vhost)).into_iter())
         .find(|b| {
             b["source"] == source.as_str()
                 && b["destination"] == destination.as_str()
@@ -248,13 +230,9 @@ fn find(state: &Management, caller: &Caller, path: &BindingPath) -> Answer<Value
 type BindingPath = (String, String, String, String, String);
 
 /// `GET /api/bindings/{vhost}/e/{source}/{q|e}/{destination}/{props}`.
-pub async fn one(
-    State(state): State<Arc<Management>>,
-    caller: Caller,
-    Path(path): Path<BindingPath>,
-) -> Answer<Json<Value>> {
+pub async fn one(caller: Caller, Path(path): Path<BindingPath>) -> Answer<Json<Value>> {
     caller.vhost_access(&path.0)?;
-    find(&state, &caller, &path).map(Json)
+    find(&caller, &path).map(Json)
 }
 
 /// `DELETE /api/bindings/{vhost}/e/{source}/{q|e}/{destination}/{props}`: 204, or 404
@@ -265,7 +243,7 @@ pub async fn delete(
     Path(path): Path<BindingPath>,
 ) -> Answer<StatusCode> {
     caller.vhost_access(&path.0)?;
-    let found = find(&state, &caller, &path)?;
+    let found = find(&caller, &path)?;
     let (vhost, source, kind, destination, _) = path;
     let to_queue = to_queue(&kind)?;
     let key = found["routing_key"]

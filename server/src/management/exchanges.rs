@@ -61,13 +61,9 @@ fn exchange_json(vhost: &str, name: &str, shape: &Shape) -> Value {
 }
 
 /// Every exchange of the virtual hosts the caller sees (of `vhost` only, if given).
-fn list(state: &Management, caller: &Caller, vhost: Option<&str>) -> Vec<Value> {
+fn list(caller: &Caller, vhost: Option<&str>) -> Vec<Value> {
     let mut items = Vec::new();
-    let hosts = state.vhosts.all();
-    for host in hosts {
-        if vhost.is_some_and(|v| v != host.name) || !caller.sees_vhost(&host.name) {
-            continue;
-        }
+    for host in caller.visible_vhosts(vhost) {
         let default = Shape {
             durable: true,
             ..Shape::of(Kind::Direct)
@@ -82,34 +78,28 @@ fn list(state: &Management, caller: &Caller, vhost: Option<&str>) -> Vec<Value> 
 }
 
 /// `GET /api/exchanges`.
-pub async fn all(
-    State(state): State<Arc<Management>>,
-    caller: Caller,
-    Query(listing): Query<Listing>,
-) -> Answer<Json<Value>> {
-    Ok(Json(listing.answer(list(&state, &caller, None))?))
+pub async fn all(caller: Caller, Query(listing): Query<Listing>) -> Answer<Json<Value>> {
+    Ok(Json(listing.answer(list(&caller, None))?))
 }
 
 /// `GET /api/exchanges/{vhost}`.
 pub async fn in_vhost(
-    State(state): State<Arc<Management>>,
     caller: Caller,
     Path(vhost): Path<String>,
     Query(listing): Query<Listing>,
 ) -> Answer<Json<Value>> {
     caller.vhost_access(&vhost)?;
-    Ok(Json(listing.answer(list(&state, &caller, Some(&vhost)))?))
+    Ok(Json(listing.answer(list(&caller, Some(&vhost)))?))
 }
 
 /// `GET /api/exchanges/{vhost}/{name}`.
 pub async fn one(
-    State(state): State<Arc<Management>>,
     caller: Caller,
     Path((vhost, name)): Path<(String, String)>,
 ) -> Answer<Json<Value>> {
     caller.vhost_access(&vhost)?;
     let wanted = from_path(&name);
-    (list(&state, &caller, Some(&vhost)).into_iter())
+    (list(&caller, Some(&vhost)).into_iter())
         .find(|x| x["name"] == wanted)
         .map(Json)
         .ok_or_else(ApiError::not_found)

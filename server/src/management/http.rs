@@ -34,7 +34,8 @@ pub const MAX_BODY_BYTES: usize = 64 << 20;
 /// TLS with `tls`.
 pub async fn serve(listener: TcpListener, state: Arc<Management>, tls: Option<Arc<Tls>>) {
     let router = super::router(Arc::clone(&state)).layer(DefaultBodyLimit::max(MAX_BODY_BYTES));
-    tokio::spawn(Arc::clone(&state.rates).run(state.broker.clone()));
+    let clock = state.settings.clock.clone();
+    tokio::spawn(Arc::clone(&state.rates).run(state.broker.clone(), clock));
     loop {
         let (stream, peer) = match listener.accept().await {
             Ok(accepted) => accepted,

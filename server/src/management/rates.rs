@@ -10,7 +10,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use leasemq::{Broker, QueueStats};
 
@@ -142,17 +142,18 @@ pub struct Rates {
 }
 
 impl Rates {
-    /// Samples `broker` every [`SAMPLE_EVERY`], for as long as the future runs.
-    pub async fn run(self: Arc<Self>, broker: Broker) {
+    /// Samples `broker` every [`SAMPLE_EVERY`], stamped by `clock`, for as long as the
+    /// future runs.
+    pub async fn run(self: Arc<Self>, broker: Broker, clock: crate::clock::WallClock) {
         let mut every = tokio::time::interval(SAMPLE_EVERY);
         every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             every.tick().await;
             let rates = Arc::clone(&self);
-            let broker = broker.clone();
+            let (broker, clock) = (broker.clone(), clock.clone());
             let sampled = tokio::task::spawn_blocking(move || {
                 let stats = broker.queue_stats();
-                rates.record(Instant::now(), now_ms(), &stats);
+                rates.record(Instant::now(), clock.now_ms(), &stats);
             });
             if sampled.await.is_err() {
                 return;
@@ -275,13 +276,6 @@ fn within(samples: &VecDeque<Sample>, age: Duration) -> Vec<Sample> {
         .filter(|s| s.at_ms >= oldest)
         .copied()
         .collect()
-}
-
-/// Milliseconds since the Unix epoch.
-pub fn now_ms() -> u64 {
-    (SystemTime::now().duration_since(UNIX_EPOCH))
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
 }
 
 #[cfg(test)]

@@ -182,14 +182,5 @@ fn connector(cacert: Option<&Path>) -> Result<tokio_rustls::TlsConnector, String
 
 /// `text` percent-encoded for a path segment (`/` as `%2F`).
 pub fn segment(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    for b in text.bytes() {
-        match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {
-                out.push(b as char);
-            }
-            _ => out.push_str(&format!("%{b:02X}")),
-        }
-    }
-    out
+    leasemq_server::management::percent_encode(text)
 }
