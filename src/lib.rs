@@ -201,8 +201,9 @@
 #![warn(missing_docs)]
 
 pub use leasemq_engine::{
-    ConsumerConfig, DeathReason, DeathRecord, DeliveryTag, Envelope, Error, Message, Overflow,
-    PutOutcome, QueueConfig, QueueStats, RetryPolicy, Settle,
+    ConsumeOptions, ConsumerConfig, DeathReason, DeathRecord, DeliveryTag, Envelope, Error,
+    Message, Overflow, PutOutcome, QueueConfig, QueueStats, RetryPolicy, Settle, MAX_DURATION,
+    MIN_ACK_TIMEOUT,
 };
 pub use leasemq_shard::{
     host_load, set_thread_time_slice, shard_for, Broker, BrokerBuilder, CallerTurns, Cluster,

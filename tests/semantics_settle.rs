@@ -1,9 +1,10 @@
 //! Contract §3 settles: `ack`, `ack_up_to`, `nack` and the retry policy, `nack_with_delay`,
-//! `reject` without a dead-letter queue, `touch` and `max_lease`, `release`, `settle_batch`.
+//! `reject` without a dead-letter queue, `touch` and `max_lease`, `release`, `settle_batch`,
+//! and a consumer's own lease.
 
 use std::time::Duration;
 
-use leasemq::{DeliveryTag, QueueConfig, RetryPolicy, Settle};
+use leasemq::{ConsumeOptions, DeliveryTag, QueueConfig, RetryPolicy, Settle};
 
 mod common;
 use common::*;
@@ -479,4 +480,85 @@ fn delivery_handles_settle_their_own_tag_on_their_own_queue() {
     assert!(d2.ack());
     assert_stats!(q1, { acked: 1, leased: 0 });
     assert_stats!(q2, { acked: 1, leased: 0 });
+}
+
+// --- a consumer's own lease (`ConsumeOptions::ack_timeout`) ------------------------------
+
+#[test]
+fn a_consumers_own_lease_replaces_the_queues_for_its_deliveries_and_touches() {
+    let broker = broker();
+    let q = timeout_queue(&broker, "settle.own_lease", secs(30));
+    let quick = q
+        .consume_with(
+            "quick",
+            prefetch(1),
+            ConsumeOptions::default().ack_timeout(secs(2)),
+        )
+        .unwrap();
+    put(&q, "m1");
+    let first = next(&quick);
+    let plain = q.consume("plain", prefetch(1)).unwrap();
+    put(&q, "m2");
+    let second = next(&plain);
+    // Two seconds: the quick consumer's lease ends, the queue's 30 s one does not.
+    broker.advance(secs(2)).unwrap();
+    assert!(!first.ack(), "its 2 s lease ran out");
+    assert_eq!(seen(&quick), s("m1", first.tag().0 + 2, 2));
+    assert!(second.ack());
+    // A touch restarts the consumer's own lease, not the queue's.
+    let again = q.consume("plain2", prefetch(1)).unwrap();
+    nothing(&again);
+    broker.advance(ms(1_500)).unwrap();
+    let held = DeliveryTag(first.tag().0 + 2);
+    assert!(q.touch(held));
+    broker.advance(ms(1_500)).unwrap();
+    assert!(q.ack(held), "touched 1.5 s ago, for 2 s");
+}
+
+#[test]
+fn a_consumers_own_lease_restarts_at_its_hand_over_on_a_durable_queue() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = leasemq::Broker::builder()
+        .manual_clock()
+        .data_dir(dir.path())
+        .build()
+        .unwrap();
+    let config = QueueConfig {
+        durable: true,
+        ..with_ack_timeout(secs(30))
+    };
+    let q = queue_with(&broker, "settle.own_lease_durable", config);
+    let quick = q
+        .consume_with(
+            "quick",
+            prefetch(1),
+            ConsumeOptions::default().ack_timeout(secs(2)),
+        )
+        .unwrap();
+    put(&q, "m1");
+    let first = next(&quick);
+    broker.advance(secs(2)).unwrap();
+    assert!(!first.ack(), "its 2 s lease ran out, not the queue's 30 s");
+    assert_eq!(seen(&quick).2, 2);
+}
+
+#[test]
+fn a_consumers_own_lease_is_checked_against_the_limits() {
+    let broker = broker();
+    let config = QueueConfig {
+        max_lease: Some(secs(60)),
+        ..with_ack_timeout(secs(10))
+    };
+    let q = queue_with(&broker, "settle.own_lease_limits", config);
+    for lease in [Duration::ZERO, secs(61), secs(8 * 24 * 3600)] {
+        let options = ConsumeOptions::default().ack_timeout(lease);
+        let refused = q.consume_with("c", prefetch(1), options).unwrap_err();
+        assert!(
+            matches!(refused, leasemq::Error::InvalidConfig(_)),
+            "{lease:?}: {refused:?}"
+        );
+    }
+    assert_stats!(q, { consumers: 0 });
+    let options = ConsumeOptions::default().ack_timeout(secs(60)).priority(3);
+    assert!(q.consume_with("c", prefetch(1), options).is_ok());
 }

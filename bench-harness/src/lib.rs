@@ -162,6 +162,7 @@ pub mod engine {
             name: name.into(),
             config: ConsumerConfig { prefetch },
             priority,
+            ack_timeout: None,
         };
         shard.handle(NOW, consume, out);
         let Some(Reply::Consumed(Ok(key))) = out.reply.take() else {

@@ -185,6 +185,9 @@ pub enum Command {
         /// Its priority (contract §3 Dispatch): a queue's ready messages go to those of its
         /// consumers with credit that have the highest priority. 0 is the default.
         priority: i64,
+        /// The lease of its deliveries, where not the queue's `ack_timeout`
+        /// ([`ConsumeOptions::ack_timeout`](crate::ConsumeOptions)).
+        ack_timeout: Option<Duration>,
     },
     /// → [`Reply::Count`].
     AckUpTo {

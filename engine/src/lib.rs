@@ -56,9 +56,9 @@ pub use command::{
     Reply, TickLength,
 };
 pub use types::{
-    ConsumerConfig, DeathReason, DeathRecord, DeliveryTag, Envelope, Error, Message, Overflow,
-    PutOutcome, QueueConfig, QueueStats, RetryPolicy, Settle, MAX_BODY_LIMIT, MAX_DURATION,
-    MAX_ID_BYTES, MAX_NAME_BYTES, MAX_PREFETCH, MIN_ACK_TIMEOUT,
+    ConsumeOptions, ConsumerConfig, DeathReason, DeathRecord, DeliveryTag, Envelope, Error,
+    Message, Overflow, PutOutcome, QueueConfig, QueueStats, RetryPolicy, Settle, MAX_BODY_LIMIT,
+    MAX_DURATION, MAX_ID_BYTES, MAX_NAME_BYTES, MAX_PREFETCH, MIN_ACK_TIMEOUT,
 };
 pub use wheel::{Tick, TimerKey, Wheel};
 
@@ -215,9 +215,13 @@ impl Shard {
                 name,
                 config,
                 priority,
-            } => Some(Reply::Consumed(
-                self.consume(queue, name, config, priority, out),
-            )),
+                ack_timeout,
+            } => Some(Reply::Consumed(self.consume(
+                queue,
+                name,
+                (config, priority, ack_timeout),
+                out,
+            ))),
             Command::Stats { queue } => Some(Reply::Stats(self.stats(queue).map(Box::new))),
             Command::Close { queue } => Some(Reply::Closed(self.close(queue, out).map(Box::new))),
             Command::DeadLetters { letters } => {
@@ -496,24 +500,22 @@ impl Shard {
         &mut self,
         queue: QueueKey,
         name: String,
-        config: ConsumerConfig,
-        priority: i64,
+        (config, priority, ack_timeout): (ConsumerConfig, i64, Option<Duration>),
         out: &mut Effects,
     ) -> Result<ConsumerKey, Error> {
         let idx = self.live(queue).ok_or(Error::QueueClosed)?;
         validate::consumer_name(&name)?;
         validate::consumer_config(&config)?;
+        if let Some(lease) = ack_timeout {
+            validate::consumer_lease(lease, self.queues[idx].config.max_lease)?;
+        }
         if self.queues[idx].has_consumer(&self.consumers, &name) {
             return Err(Error::DuplicateConsumer);
         }
         let gen = self.bump_gen();
-        let slot = self.consumers.insert(ConsumerState::new(
-            queue.idx,
-            gen,
-            name,
-            config.prefetch,
-            priority,
-        ));
+        let mut state = ConsumerState::new(queue.idx, gen, name, config.prefetch, priority);
+        state.ack_ticks = ack_timeout.map(|lease| self.tick.ticks(lease));
+        let slot = self.consumers.insert(state);
         let slot = u32::try_from(slot).expect("fewer than 2^32 consumers");
         let (queues, mut ctx) = ctx!(self, out);
         queues[idx].add_consumer(&mut ctx, slot, &config);

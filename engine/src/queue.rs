@@ -101,6 +101,8 @@ pub(crate) struct ConsumerState {
     pub priority: i64,
     /// Its place in its queue's registration order (set when the queue lists it).
     pub order: u64,
+    /// The length of its leases, where not its queue's (`ConsumeOptions::ack_timeout`).
+    pub ack_ticks: Option<Tick>,
 }
 
 impl Ctx<'_> {
@@ -122,6 +124,7 @@ impl ConsumerState {
             stopped: false,
             priority,
             order: 0,
+            ack_ticks: None,
         }
     }
 
@@ -667,7 +670,7 @@ impl QueueState {
             "only a ready message is delivered: it is in exactly one place"
         );
         let tag = self.leases.next_tag();
-        let deadline = ctx.after(self.ack_ticks);
+        let deadline = ctx.after(self.lease_ticks(ctx, slot));
         debug_assert!(deadline > ctx.now, "a new lease's deadline is ahead");
         let timer = ctx.wheel.insert(
             deadline,
@@ -813,12 +816,13 @@ impl QueueState {
 
     fn touch(&mut self, ctx: &mut Ctx, tag: u64) -> bool {
         let lease = self.leases.get(tag).expect("checked live");
+        let ticks = self.lease_ticks(ctx, lease.consumer);
         if let Some(max) = self.max_lease_ticks {
-            if ctx.now + self.ack_ticks > lease.delivered_at + max {
+            if ctx.now + ticks > lease.delivered_at + max {
                 return false;
             }
         }
-        let deadline = ctx.after(self.ack_ticks);
+        let deadline = ctx.after(ticks);
         debug_assert!(deadline > ctx.now, "a touched lease's deadline is ahead");
         ctx.wheel.reset(lease.timer, deadline);
         true
@@ -827,13 +831,20 @@ impl QueueState {
     /// The lease `tag` of consumer `slot` starts again at `now`: its delivery was held
     /// back (for the disk) and is handed over only now. `false` if it is no longer live.
     pub fn restart_lease(&mut self, ctx: &mut Ctx, slot: u32, tag: u64) -> bool {
-        let deadline = ctx.after(self.ack_ticks);
+        let deadline = ctx.after(self.lease_ticks(ctx, slot));
         let Some(lease) = self.leases.get_mut(tag).filter(|l| l.consumer == slot) else {
             return false;
         };
         lease.delivered_at = ctx.now;
         ctx.wheel.reset(lease.timer, deadline);
         true
+    }
+
+    /// How long a lease of consumer `slot` lasts: its own lease, or the queue's.
+    fn lease_ticks(&self, ctx: &Ctx, slot: u32) -> Tick {
+        ctx.consumers[slot as usize]
+            .ack_ticks
+            .unwrap_or(self.ack_ticks)
     }
 
     /// `ack_up_to` on one consumer: every live lease of it with a tag up to `tag`.

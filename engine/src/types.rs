@@ -336,6 +336,48 @@ impl Default for ConsumerConfig {
     }
 }
 
+/// How a consumer is served, beyond its [`ConsumerConfig`]: what AMQP's `basic.consume`
+/// arguments ask. The default is what `consume` gives.
+///
+/// ```
+/// use std::time::Duration;
+/// use leasemq_engine::ConsumeOptions;
+///
+/// let options = ConsumeOptions::default()
+///     .priority(5)
+///     .ack_timeout(Duration::from_secs(3600));
+/// assert_eq!(options.priority, 5);
+/// ```
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[non_exhaustive]
+pub struct ConsumeOptions {
+    /// Its priority (contract §3 Dispatch, AMQP's `x-priority`): a queue's ready messages go
+    /// to those of its consumers with credit that have the highest priority. 0 by default;
+    /// priorities may be negative.
+    pub priority: i64,
+    /// The lease of its deliveries, in place of the queue's `ack_timeout` (AMQP's
+    /// `x-consumer-timeout` on `basic.consume`): 1 ms to 7 days, and at most the queue's
+    /// `max_lease`. `None`, the default: the queue's.
+    pub ack_timeout: Option<Duration>,
+}
+
+impl ConsumeOptions {
+    /// These options with priority `priority`.
+    #[must_use]
+    pub fn priority(mut self, priority: i64) -> ConsumeOptions {
+        self.priority = priority;
+        self
+    }
+
+    /// These options with leases of `ack_timeout`.
+    #[must_use]
+    pub fn ack_timeout(mut self, ack_timeout: Duration) -> ConsumeOptions {
+        self.ack_timeout = Some(ack_timeout);
+        self
+    }
+}
+
 /// A queue's gauges (what it holds now) and counters (what happened since it was declared);
 /// contract §3 `stats`.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

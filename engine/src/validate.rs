@@ -50,6 +50,26 @@ pub fn consumer_config(config: &ConsumerConfig) -> Result<(), Error> {
     Ok(())
 }
 
+/// Checks a consumer's own lease ([`ConsumeOptions::ack_timeout`](crate::ConsumeOptions))
+/// against the limits of a queue's `ack_timeout` and the queue's `max_lease`.
+///
+/// # Errors
+///
+/// [`Error::InvalidConfig`] for a lease outside 1 ms to 7 days, or over `max_lease`.
+pub fn consumer_lease(lease: Duration, max_lease: Option<Duration>) -> Result<(), Error> {
+    if !(MIN_ACK_TIMEOUT..=MAX_DURATION).contains(&lease) {
+        return invalid(format!(
+            "a consumer's ack_timeout must be between 1 ms and 7 days, got {lease:?}"
+        ));
+    }
+    match max_lease {
+        Some(max) if lease > max => invalid(format!(
+            "a consumer's ack_timeout ({lease:?}) must be at most the queue's max_lease ({max:?})"
+        )),
+        _ => Ok(()),
+    }
+}
+
 fn invalid(what: String) -> Result<(), Error> {
     Err(Error::InvalidConfig(what))
 }

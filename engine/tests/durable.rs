@@ -288,6 +288,7 @@ impl Run {
             name: format!("c{}", self.next_id),
             config: ConsumerConfig { prefetch },
             priority: 0,
+            ack_timeout: None,
         };
         self.next_id += 1;
         // Known before the call: the consume's own deliveries go to it.
@@ -447,6 +448,7 @@ fn drain((mut shard, mut out): (Shard, Effects)) -> Vec<(&'static str, String, u
             name: "drain".into(),
             config: ConsumerConfig { prefetch: 65_535 },
             priority: 0,
+            ack_timeout: None,
         };
         shard.handle(WEEK_TICKS, cmd, &mut out);
         for (_, d) in out.deliveries.drain(..) {
@@ -553,6 +555,7 @@ fn delays_windows_and_the_order_of_returned_messages_survive() {
             name: "r".into(),
             config: ConsumerConfig { prefetch: 10 },
             priority: 0,
+            ack_timeout: None,
         };
         shard.handle(49 - base, cmd, &mut out);
         let order: Vec<(String, u32)> = out
@@ -636,6 +639,7 @@ fn an_id_stays_taken_while_its_dead_letter_is_on_the_way() {
             name: "c".into(),
             config: ConsumerConfig { prefetch: 1 },
             priority: 0,
+            ack_timeout: None,
         };
         shard.handle(1, consume, &mut out);
         let (_, delivered) = out.deliveries.pop().expect("x is delivered");

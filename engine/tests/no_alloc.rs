@@ -68,6 +68,7 @@ fn cycles(settle: Settle, outstanding: u64, cycles: u64) -> u64 {
             name: "c".into(),
             config: consumer,
             priority: 0,
+            ack_timeout: None,
         },
         &mut out,
     );

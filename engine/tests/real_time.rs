@@ -34,6 +34,7 @@ fn expiry_tick(shard: Shard) -> u64 {
             name: "c".into(),
             config,
             priority: 0,
+            ack_timeout: None,
         },
         &mut out,
     );

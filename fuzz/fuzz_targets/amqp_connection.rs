@@ -7,8 +7,8 @@
 //! there is. The rest is fed in pieces whose sizes the input also chooses, as reads from a
 //! socket come; the answers to its awaited puts and every delivery its consumers receive
 //! are handed to it. The first byte's next two bits raise the server's memory alarm from
-//! the start and have the client ask to hear of it (`connection.blocked`); a piece of
-//! length 0 turns the alarm over, and the connection is given the chance to unblock
+//! the start and have the client ask to hear of it (`connection.blocked`), and its fourth
+//! raises the disk alarm; a piece of length 0 turns the memory alarm over, and the connection is given the chance to unblock
 //! before each piece, as the driver does.
 //! The target checks that `handle_input` never claims more bytes than it was given, that
 //! what the server writes parses as AMQP frames, and that nothing panics. The broker is
@@ -22,7 +22,7 @@ use amq_protocol::frame::{gen_frame, parse_frame, AMQPFrame, ProtocolVersion, Wr
 use amq_protocol::protocol::{channel, connection, AMQPClass};
 use amq_protocol::types::{AMQPValue, FieldTable};
 use leasemq::Broker;
-use leasemq_server::memory::MemoryAlarm;
+use leasemq_server::alarms::{Alarms, Resource};
 use leasemq_server::{Connection, Settings, VHost};
 use libfuzzer_sys::fuzz_target;
 
@@ -95,10 +95,11 @@ fuzz_target!(|data: &[u8]| {
     let Some((&mode, rest)) = data.split_first() else {
         return;
     };
-    let alarm = Arc::new(MemoryAlarm::default());
-    alarm.set(mode & 2 != 0);
+    let alarm = Arc::new(Alarms::default());
+    alarm.set(Resource::Memory, mode & 2 != 0);
+    alarm.set(Resource::Disk, mode & 8 != 0);
     let settings = Arc::new(Settings {
-        memory_alarm: Arc::clone(&alarm),
+        alarms: Arc::clone(&alarm),
         ..Settings::default()
     });
     let vhost = Arc::new(VHost::new(&settings));
@@ -116,7 +117,7 @@ fuzz_target!(|data: &[u8]| {
         input.extend_from_slice(&tail[..take]);
         pieces = &tail[take..];
         if len == 0 {
-            alarm.set(!alarm.raised());
+            alarm.set(Resource::Memory, !alarm.is_raised(Resource::Memory));
         }
         conn.unblock();
         let used = conn.handle_input(&input);

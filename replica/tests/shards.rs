@@ -97,6 +97,7 @@ impl Leader {
             name: "worker".into(),
             config: ConsumerConfig { prefetch },
             priority: 0,
+            ack_timeout: None,
         };
         match self.run(cmd) {
             (Some(Reply::Consumed(Ok(_))), deliveries, batch) => (deliveries, batch),

@@ -1,5 +1,5 @@
 //! `queue.declare` arguments (RabbitMQ's `x-` arguments) read into a [`QueueConfig`], and
-//! `basic.consume`'s (`x-priority`, [`consumer_priority`]).
+//! `basic.consume`'s (`x-priority`, `x-consumer-timeout`: [`consume_options`]).
 //!
 //! Served: `x-dead-letter-exchange` with `x-dead-letter-routing-key` or without (then a
 //! dead letter keeps its own keys), read by [`dead_letter_route`]: the declare makes the
@@ -23,7 +23,8 @@
 //! `x-single-active-consumer` (read by [`single_active_consumer`]: the server gives the
 //! queue's messages to one consumer at a time, `consumers.rs`);
 //! `x-max-priority` (the queue's `max_priority`: its ready messages go out highest
-//! `priority` first, as in RabbitMQ's priority queues).
+//! `priority` first, as in RabbitMQ's priority queues); `x-dead-letter-strategy` (checked
+//! and taken, see [`dead_letter_strategy_value`]).
 //! Anything else is refused, never ignored: an argument or value RabbitMQ serves
 //! with 540 (not implemented, the connection closes), a value RabbitMQ does not know
 //! either with 406 (the channel closes), as RabbitMQ would. A value RabbitMQ checks and
@@ -33,7 +34,7 @@
 use std::time::Duration;
 
 use amq_protocol::types::{AMQPValue, FieldTable};
-use leasemq::{Overflow, QueueConfig};
+use leasemq::{ConsumeOptions, Overflow, QueueConfig};
 
 use crate::dead_letter::Route;
 use crate::field::{signed, type_name};
@@ -132,7 +133,8 @@ pub fn queue_config(
             | "x-single-active-consumer"
             | "x-queue-version"
             | "x-queue-master-locator"
-            | "x-queue-leader-locator" => check_value(key.as_str(), value)?,
+            | "x-queue-leader-locator"
+            | "x-dead-letter-strategy" => check_value(key.as_str(), value)?,
             "x-max-priority" => config.max_priority = Some(max_priority_value(value)?),
             other => {
                 let text = format!("queue argument '{other}' is not supported by leasemqd yet");
@@ -211,6 +213,7 @@ fn check_value(key: &str, value: &AMQPValue) -> Result<(), Refused> {
         "x-queue-mode" => queue_mode_value(value).map(drop),
         "x-single-active-consumer" => single_active_value(value).map(drop),
         "x-queue-version" => queue_version_value(value).map(drop),
+        "x-dead-letter-strategy" => dead_letter_strategy_value(value),
         _ => locator_value(key, value).map(drop),
     }
 }
@@ -271,39 +274,51 @@ pub fn single_active_consumer(arguments: &FieldTable) -> Result<Option<bool>, Re
     value.map(single_active_value).transpose()
 }
 
-/// The consumer priority a `basic.consume`'s arguments ask for, checked as RabbitMQ checks
-/// them (its `check_consume_arguments`): `x-priority`, an integer of any width (0 without
-/// one; every integer type of a field table fits in an `i64`), and
+/// What a `basic.consume`'s arguments ask, checked as RabbitMQ checks them (its
+/// `check_consume_arguments`): `x-priority`, an integer of any width (0 without one; every
+/// integer type of a field table fits in an `i64`); `x-consumer-timeout`, the consumer's
+/// own lease in milliseconds (RabbitMQ 3.12's consumer timeout), 1 ms to 7 days; and
 /// `x-cancel-on-ha-failover`, a boolean that asks to hear of a mirrored queue's failover (a
 /// leasemqd queue has no mirrors, so there is nothing to tell).
 ///
 /// # Errors
 ///
-/// RabbitMQ's 406 for a value of either that it refuses; 540 for any other argument,
-/// which is refused rather than ignored.
-pub fn consumer_priority(arguments: &FieldTable) -> Result<i64, Refused> {
+/// RabbitMQ's 406 for a value of these that it refuses; 540 for any other argument, which
+/// is refused rather than ignored.
+pub fn consume_options(arguments: &FieldTable) -> Result<ConsumeOptions, Refused> {
     // RabbitMQ's order: `x-priority`, then `x-cancel-on-ha-failover`; then what is not
     // served, whatever the keys' order.
     let table = arguments.inner();
-    let priority = match table.get("x-priority") {
-        Some(value) => {
-            let n = integer_arg("x-priority", value)?;
-            i64::try_from(n).expect("a field table's integers are 64 bits at most")
+    let mut options = ConsumeOptions::default();
+    if let Some(value) = table.get("x-priority") {
+        let n = integer_arg("x-priority", value)?;
+        options.priority = i64::try_from(n).expect("a field table's integers are 64 bits at most");
+    }
+    if let Some(value) = table.get("x-consumer-timeout") {
+        let ms = non_negative("x-consumer-timeout", value)?;
+        let lease = Duration::from_millis(ms);
+        if !(leasemq::MIN_ACK_TIMEOUT..=leasemq::MAX_DURATION).contains(&lease) {
+            let why = format!("{{value_out_of_range,{ms}}}: from 1 ms to 7 days");
+            return Err(invalid_arg("x-consumer-timeout", why));
         }
-        None => 0,
-    };
+        options.ack_timeout = Some(lease);
+    }
     if let Some(value) = table.get("x-cancel-on-ha-failover") {
         if !matches!(value, AMQPValue::Boolean(_)) {
             let why = format!("{{unacceptable_type,{}}}", type_name(value));
             return Err(invalid_arg("x-cancel-on-ha-failover", why));
         }
     }
-    let served = ["x-priority", "x-cancel-on-ha-failover"];
+    let served = [
+        "x-priority",
+        "x-consumer-timeout",
+        "x-cancel-on-ha-failover",
+    ];
     if let Some(other) = table.keys().find(|k| !served.contains(&k.as_str())) {
         let text = format!("consumer argument '{other}' is not supported by leasemqd yet");
         return Err(refused(540, text));
     }
-    Ok(priority)
+    Ok(options)
 }
 
 fn single_active_value(value: &AMQPValue) -> Result<bool, Refused> {
@@ -391,6 +406,29 @@ fn queue_mode_value(value: &AMQPValue) -> Result<String, Refused> {
             "x-queue-mode",
             format!("\"unsupported queue mode '{other}'\""),
         )),
+    }
+}
+
+/// `x-dead-letter-strategy`, as RabbitMQ's quorum queues take it: `at-most-once` or
+/// `at-least-once` (a classic queue refuses it, as in RabbitMQ: `vhost/declare.rs`). Both
+/// are taken, and leasemqd dead-letters one way whichever is asked (`dead_letter.rs`): a
+/// dead letter waits in its queue's holding queue until its exchange has routed it, so a
+/// crash never loses one and may route one twice. A dead letter the exchange routes
+/// nowhere, or that a full queue refuses, is dropped and counted, as under `at-most-once`;
+/// RabbitMQ's `at-least-once` would keep it and try again.
+fn dead_letter_strategy_value(value: &AMQPValue) -> Result<(), Refused> {
+    let key = "x-dead-letter-strategy";
+    let strategy = match value {
+        AMQPValue::LongString(s) => String::from_utf8_lossy(s.as_bytes()).into_owned(),
+        AMQPValue::ShortString(s) => s.as_str().to_string(),
+        other => {
+            let why = format!("{{unacceptable_type,{}}}", type_name(other));
+            return Err(invalid_arg(key, why));
+        }
+    };
+    match strategy.as_str() {
+        "at-most-once" | "at-least-once" => Ok(()),
+        _ => Err(invalid_arg(key, "invalid_dlx_strategy")),
     }
 }
 
@@ -533,6 +571,37 @@ mod tests {
         assert_eq!(refusal_code(&table), 406);
         let table = args(&[("x-consumer-timeout", AMQPValue::LongString("soon".into()))]);
         assert_eq!(refusal_code(&table), 406);
+    }
+
+    #[test]
+    fn a_dead_letter_strategy_is_taken_as_quorum_queues_take_it() {
+        let dlx = (
+            "x-dead-letter-exchange",
+            AMQPValue::LongString("dlx".into()),
+        );
+        for strategy in ["at-most-once", "at-least-once"] {
+            let value = AMQPValue::LongString(strategy.into());
+            let table = args(&[dlx.clone(), ("x-dead-letter-strategy", value)]);
+            assert!(
+                queue_config(&table, QueueConfig::default()).is_ok(),
+                "{strategy}"
+            );
+        }
+        let table = args(&[(
+            "x-dead-letter-strategy",
+            AMQPValue::LongString("exactly-once".into()),
+        )]);
+        let refused = queue_config(&table, QueueConfig::default()).unwrap_err();
+        assert_eq!(refused.code, 406);
+        assert!(
+            refused.text.contains("x-dead-letter-strategy"),
+            "{}",
+            refused.text
+        );
+        let table = args(&[("x-dead-letter-strategy", AMQPValue::LongInt(1))]);
+        let refused = queue_config(&table, QueueConfig::default()).unwrap_err();
+        let expected = "PRECONDITION_FAILED - invalid arg 'x-dead-letter-strategy' for queue 'q' in vhost '/': {unacceptable_type,signedint}";
+        assert_eq!(refused.for_queue("q", "/").text, expected);
     }
 
     #[test]

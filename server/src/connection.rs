@@ -329,7 +329,7 @@ impl Connection {
         used
     }
 
-    /// Whether `frame`, a `basic.publish` met while the memory alarm is raised, blocks the
+    /// Whether `frame`, a `basic.publish` met while a resource alarm is raised, blocks the
     /// connection: it is left untaken, and the client told (`connection.blocked`) if it
     /// asked to be.
     fn blocks(&mut self, frame: &AMQPFrame) -> bool {
@@ -337,12 +337,12 @@ impl Connection {
             frame,
             AMQPFrame::Method(_, AMQPClass::Basic(basic::AMQPMethod::Publish(_)))
         );
-        if !publish || !self.settings.memory_alarm.raised() || self.phase != Phase::Open {
+        if !publish || !self.settings.alarms.raised() || self.phase != Phase::Open {
             return false;
         }
         if !self.blocked && self.hears_blocked {
             let blocked = connection::Blocked {
-                reason: "low on memory".into(),
+                reason: self.settings.alarms.reason().into(),
             };
             self.send(
                 0,
@@ -353,17 +353,17 @@ impl Connection {
         true
     }
 
-    /// Whether the connection is blocked by the memory alarm: it takes no input (see
+    /// Whether the connection is blocked by a resource alarm: it takes no input (see
     /// [`Connection::unblock`]).
     pub fn is_blocked(&self) -> bool {
         self.blocked
     }
 
-    /// Ends the block once the memory alarm has cleared, telling the client
+    /// Ends the block once every resource alarm has cleared, telling the client
     /// (`connection.unblocked`) if it asked to be; the input left untaken is to be fed
     /// again.
     pub fn unblock(&mut self) {
-        if !self.blocked || self.settings.memory_alarm.raised() {
+        if !self.blocked || self.settings.alarms.raised() {
             return;
         }
         self.blocked = false;

@@ -23,6 +23,7 @@
 #![warn(missing_docs)]
 
 pub mod access;
+pub mod alarms;
 pub mod arguments;
 pub mod clock;
 mod code;
@@ -31,6 +32,7 @@ pub mod consumers;
 pub mod content;
 pub mod dead_letter;
 pub mod declared;
+pub mod disk;
 pub mod durable_queues;
 pub mod exchange;
 pub mod expiry;
@@ -44,6 +46,7 @@ pub mod message_expiry;
 pub mod metrics;
 pub mod names;
 pub mod offload;
+pub mod resources;
 pub mod serve;
 pub mod settings;
 pub mod tls;

@@ -15,7 +15,7 @@ use leasemq_server::management::{self, Management};
 use leasemq_server::serve::Listeners;
 use leasemq_server::tls::{self, Tls, TlsFiles};
 use leasemq_server::vhost::VHosts;
-use leasemq_server::{memory, serve, Settings};
+use leasemq_server::{resources, serve, Settings};
 use mimalloc::MiMalloc;
 use tracing_subscriber::filter::Targets;
 use tracing_subscriber::layer::SubscriberExt;
@@ -158,13 +158,13 @@ struct Args {
     /// there, and the file's users are read only while the data dir has none.
     #[arg(long, value_name = "FILE")]
     definitions: Option<PathBuf>,
-    /// Memory limit (RabbitMQ's `vm_memory_high_watermark`): while the server's resident
-    /// memory is at or over it, connections that publish are blocked (and told so with
-    /// `connection.blocked`) and consumers go on. A share of the machine's memory (or of
-    /// its cgroup's limit) written with a decimal point, or a size: `512MiB`, `2GB`. `0`
-    /// blocks every publish.
-    #[arg(long, value_name = "LIMIT", default_value = "0.4", value_parser = memory::parse_watermark)]
-    memory_high_watermark: memory::Watermark,
+    #[command(flatten)]
+    limits: resources::Limits,
+    /// How long a consumer may hold a delivery unacked before its lease runs out and the
+    /// message goes to another consumer (RabbitMQ's `consumer_timeout`), for the queues
+    /// whose `x-consumer-timeout` does not say.
+    #[arg(long, value_name = "MS", default_value_t = 1_800_000, value_parser = clap::value_parser!(u64).range(1..=604_800_000))]
+    consumer_timeout: u64,
     /// Makes this server a node of the cluster of this name (contract §9): every queue is
     /// replicated to the nodes of --peers, and a publish is confirmed once a majority of
     /// them holds it on disk. Needs --data-dir, --node-id, --raft-listen, --peers and
@@ -280,6 +280,7 @@ fn run(args: Args) -> Result<(), String> {
     };
     let mut settings = Settings {
         access: Arc::new(access_of(&args, definitions.as_ref())?),
+        ack_timeout: Duration::from_millis(args.consumer_timeout),
         ..Settings::default()
     };
     // Its callers are runtime workers, whose cores long yields take (`yield_budget`).
@@ -331,10 +332,9 @@ fn run(args: Args) -> Result<(), String> {
         (Some(dir), _, _) => format!("durable queues in {}", dir.display()),
         (None, _, _) => "every queue is in memory (no --data-dir)".to_string(),
     };
-    let memory_limit = args.memory_high_watermark.bytes();
     let result = runtime.block_on(serve_until_signal(
         Addresses::of(&args, tls),
-        memory_limit,
+        (args.limits.clone(), args.data_dir.clone()),
         broker.clone(),
         settings,
         vhosts,
@@ -530,7 +530,7 @@ async fn bind(
 
 async fn serve_until_signal(
     addresses: Addresses,
-    memory_limit: Option<u64>,
+    (limits, data_dir): (resources::Limits, Option<PathBuf>),
     broker: Broker,
     settings: Arc<Settings>,
     vhosts: Arc<VHosts>,
@@ -551,21 +551,11 @@ async fn serve_until_signal(
         management.listeners = ports;
         metrics_line += &management::start(addr, tls, management).await?;
     }
-    let memory_line = match memory_limit {
-        Some(limit) => {
-            tokio::spawn(memory::watch(
-                settings.memory_alarm.clone(),
-                settings.metrics.clone(),
-                limit,
-            ));
-            format!("memory limit {} MiB", limit >> 20)
-        }
-        None => "no memory limit (the machine's memory cannot be read)".to_string(),
-    };
+    let alarms_line = resources::start(&limits, data_dir.as_deref(), &settings);
     let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .map_err(|e| format!("cannot watch SIGTERM: {e}"))?;
     println!(
-        "leasemqd {} ready: {amqp_line}, {} shards; {storage}; {memory_line}{metrics_line}",
+        "leasemqd {} ready: {amqp_line}, {} shards; {storage}; {alarms_line}{metrics_line}",
         env!("CARGO_PKG_VERSION"),
         broker.shard_count(),
     );

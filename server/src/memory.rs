@@ -1,19 +1,13 @@
-//! The memory alarm, as RabbitMQ's `vm_memory_high_watermark`: while the server's memory
-//! is at or over its limit, publishing connections are blocked and consumers go on, so
-//! that queues drain instead of the process growing until the system kills it.
-//!
-//! One task per server ([`watch`]) reads the process's resident memory every
-//! [`CHECK_EVERY`] and raises or clears the [`MemoryAlarm`]. A connection that meets a
-//! `basic.publish` while the alarm is raised stops there: it takes no more input until
-//! the alarm clears, and a client that announced the `connection.blocked` capability is
-//! told `connection.blocked` ("low on memory"), then `connection.unblocked`. A connection
-//! that only consumes and acks is never blocked. A limit of 0 blocks every publish, as
-//! RabbitMQ's watermark of 0 does.
+//! The memory alarm, as RabbitMQ's `vm_memory_high_watermark`: while the server's resident
+//! memory is at or over its limit, publishing connections are blocked (`alarms.rs`). One
+//! task per server ([`watch`]) reads the process's resident memory every [`CHECK_EVERY`] and
+//! raises or clears the alarm. A limit of 0 blocks every publish, as RabbitMQ's watermark of
+//! 0 does.
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::alarms::{Alarms, Resource};
 use crate::metrics::Metrics;
 
 /// How often [`watch`] reads the process's memory (RabbitMQ: every 2.5 s).
@@ -23,47 +17,11 @@ pub const CHECK_EVERY: Duration = Duration::from_millis(500);
 /// relative watermark).
 pub const DEFAULT_SHARE: f64 = 0.4;
 
-/// Whether the server is over its memory limit, shared by every connection of a server.
-#[derive(Debug)]
-pub struct MemoryAlarm {
-    raised: AtomicBool,
-    /// Tells blocked connections when the alarm clears.
-    changed: tokio::sync::watch::Sender<bool>,
-}
-
-impl Default for MemoryAlarm {
-    fn default() -> MemoryAlarm {
-        MemoryAlarm {
-            raised: AtomicBool::new(false),
-            changed: tokio::sync::watch::Sender::new(false),
-        }
-    }
-}
-
-impl MemoryAlarm {
-    /// Whether publishing connections are blocked now.
-    pub fn raised(&self) -> bool {
-        self.raised.load(Ordering::Relaxed)
-    }
-
-    /// Raises (`true`) or clears the alarm; waiting connections hear of a change.
-    pub fn set(&self, raised: bool) {
-        if self.raised.swap(raised, Ordering::Relaxed) != raised {
-            self.changed.send_replace(raised);
-        }
-    }
-
-    /// A receiver that sees each change of the alarm.
-    pub fn subscribe(&self) -> tokio::sync::watch::Receiver<bool> {
-        self.changed.subscribe()
-    }
-}
-
 /// Keeps the server's memory alarm raised while the process's resident memory is at or
 /// over `limit` bytes, reading it every [`CHECK_EVERY`] (and showing it in the metrics);
 /// runs until dropped. Where the memory cannot be read (no `/proc`), only a limit of 0
 /// raises it.
-pub async fn watch(alarm: Arc<MemoryAlarm>, metrics: Arc<Metrics>, limit: u64) {
+pub async fn watch(alarms: Arc<Alarms>, metrics: Arc<Metrics>, limit: u64) {
     metrics
         .memory_limit
         .set(i64::try_from(limit).unwrap_or(i64::MAX));
@@ -75,15 +33,16 @@ pub async fn watch(alarm: Arc<MemoryAlarm>, metrics: Arc<Metrics>, limit: u64) {
                 .set(i64::try_from(used).unwrap_or(i64::MAX));
         }
         let over = limit == 0 || used.is_some_and(|used| used >= limit);
-        if over && !alarm.raised() {
+        let raised = alarms.is_raised(Resource::Memory);
+        if over && !raised {
             tracing::warn!(
                 "memory alarm: resident memory at or over the limit of {limit} bytes; \
                  publishing connections are blocked"
             );
-        } else if !over && alarm.raised() {
+        } else if !over && raised {
             tracing::info!("memory alarm cleared: publishing connections go on");
         }
-        alarm.set(over);
+        alarms.set(Resource::Memory, over);
         metrics.memory_alarm.set(i64::from(over));
         tokio::time::sleep(CHECK_EVERY).await;
     }
@@ -131,13 +90,24 @@ pub fn parse_watermark(text: &str) -> Result<Watermark, String> {
         }
         return Ok(Watermark::Share(share));
     }
+    parse_size(text).map(Watermark::Bytes)
+}
+
+/// Reads a size in bytes with an optional unit, as RabbitMQ writes its absolute limits:
+/// `1073741824`, `512MiB`, `2GB` (B, kB/KB, MB, GB, KiB, MiB, GiB).
+///
+/// # Errors
+///
+/// Anything else, or a size that does not fit in 64 bits.
+pub fn parse_size(text: &str) -> Result<u64, String> {
+    let text = text.trim();
     let split = text
         .find(|c: char| !c.is_ascii_digit())
         .unwrap_or(text.len());
     let (digits, unit) = text.split_at(split);
-    let number: u64 = digits
-        .parse()
-        .map_err(|_| format!("{text:?} is neither a share such as 0.4 nor a size"))?;
+    let number: u64 = digits.parse().map_err(|_| {
+        format!("{text:?} is neither a fraction such as 0.4 nor a size such as 512MiB")
+    })?;
     let scale: u64 = match unit.trim() {
         "" | "B" => 1,
         "kB" | "KB" => 1_000,
@@ -154,7 +124,6 @@ pub fn parse_watermark(text: &str) -> Result<Watermark, String> {
     };
     number
         .checked_mul(scale)
-        .map(Watermark::Bytes)
         .ok_or_else(|| format!("{text} is too large"))
 }
 
@@ -204,20 +173,5 @@ mod tests {
             let machine = machine_bytes().expect("linux has /proc/meminfo");
             assert!(0 < rss && rss < machine, "{rss} of {machine}");
         }
-    }
-
-    #[test]
-    fn a_change_of_the_alarm_wakes_its_receivers_once() {
-        let alarm = MemoryAlarm::default();
-        let mut rx = alarm.subscribe();
-        assert!(!alarm.raised());
-        alarm.set(true);
-        assert!(alarm.raised());
-        assert!(rx.has_changed().unwrap());
-        rx.borrow_and_update();
-        alarm.set(true);
-        assert!(!rx.has_changed().unwrap(), "no change, no wake");
-        alarm.set(false);
-        assert!(rx.has_changed().unwrap() && !*rx.borrow_and_update());
     }
 }

@@ -4,7 +4,7 @@
 //! prefix: `leasemq_connections`, `leasemq_connections_opened_total`,
 //! `leasemq_channels`, `leasemq_connection_incoming_bytes_total`,
 //! `leasemq_queue_messages_ready{vhost,queue}`, `leasemq_queue_messages_unacked{vhost,queue}`,
-//! `leasemq_queue_consumers{vhost,queue}`, `leasemq_auth_attempts_failed_total`, `leasemq_alarms_memory_used_watermark`, … Per-queue figures are read from the broker
+//! `leasemq_queue_consumers{vhost,queue}`, `leasemq_auth_attempts_failed_total`, `leasemq_alarms_memory_used_watermark`, `leasemq_alarms_free_disk_space_watermark`, … Per-queue figures are read from the broker
 //! (`Queue::stats`) at each scrape, so a deleted queue drops out of the next one. With a
 //! data dir, each shard's log says what it owes the disk (`leasemq_log_unsynced_bytes`,
 //! `leasemq_log_fsync_running_seconds`) and raises `leasemq_log_stalled` while it refuses
@@ -56,6 +56,12 @@ pub struct Metrics {
     pub memory_limit: Gauge,
     /// 1 while the memory alarm is raised.
     pub memory_alarm: Gauge,
+    /// The data dir's free disk space at the disk alarm's last look (`disk.rs`).
+    pub disk_free: Gauge,
+    /// The free-disk limit (`--disk-free-limit`) in bytes.
+    pub disk_free_limit: Gauge,
+    /// 1 while the disk alarm is raised.
+    pub disk_alarm: Gauge,
 }
 
 impl Metrics {
@@ -108,6 +114,19 @@ impl Metrics {
             "Dead letters routed nowhere or refused by a full queue",
             self.dead_letters_dropped.clone(),
         );
+        self.register_resources(&mut registry);
+        if !broker.log_lag().is_empty() {
+            registry.register_collector(Box::new(Logs {
+                broker: broker.clone(),
+            }));
+        }
+        registry.register_collector(Box::new(Queues { broker }));
+        registry
+    }
+
+    /// The resources the alarms watch (`alarms.rs`): memory and disk, their limits, and
+    /// whether each alarm is raised.
+    fn register_resources(&self, registry: &mut Registry) {
         registry.register(
             "process_resident_memory_bytes",
             "Resident memory of the server process",
@@ -123,13 +142,21 @@ impl Metrics {
             "1 while the memory alarm blocks publishers",
             self.memory_alarm.clone(),
         );
-        if !broker.log_lag().is_empty() {
-            registry.register_collector(Box::new(Logs {
-                broker: broker.clone(),
-            }));
-        }
-        registry.register_collector(Box::new(Queues { broker }));
-        registry
+        registry.register(
+            "disk_space_available_bytes",
+            "Free space of the data dir's file system",
+            self.disk_free.clone(),
+        );
+        registry.register(
+            "disk_space_available_limit_bytes",
+            "The free-disk limit: publishers are blocked under it",
+            self.disk_free_limit.clone(),
+        );
+        registry.register(
+            "alarms_free_disk_space_watermark",
+            "1 while the disk alarm blocks publishers",
+            self.disk_alarm.clone(),
+        );
     }
 }
 

@@ -338,9 +338,9 @@ async fn drive<S: Transport>(
     let mut out = Outgoing::default();
     // Whole frames of the input the connection left for later (see `handle_input`).
     let mut input_left = false;
-    let mut memory_alarm = conn.settings().memory_alarm.subscribe();
+    let mut alarms = conn.settings().alarms.subscribe();
     loop {
-        // A connection the memory alarm blocked goes on once it has cleared.
+        // A connection an alarm blocked goes on once every alarm has cleared.
         conn.unblock();
         gather(conn, &mut out);
         let pending = out.pending();
@@ -393,7 +393,7 @@ async fn drive<S: Transport>(
                     Err(why) => return Err(io::Error::new(io::ErrorKind::TimedOut, why.text())),
                 }
             }
-            _ = memory_alarm.changed(), if conn.is_blocked() => {}
+            _ = alarms.changed(), if conn.is_blocked() => {}
             _ = shutdown.changed(), if !forced => {
                 forced = true;
                 conn.force_close();

@@ -1,5 +1,5 @@
 //! What every connection of the server is configured with, and the server-wide services
-//! they share (clocks, the memory alarm, metrics, the shutdown signal). The queues,
+//! they share (clocks, the resource alarms, metrics, the shutdown signal). The queues,
 //! exchanges and other registries a client's methods change are the virtual host's
 //! (`vhost.rs`).
 
@@ -7,8 +7,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::access::Access;
+use crate::alarms::Alarms;
 use crate::clock::{LeaseClock, WallClock};
-use crate::memory::MemoryAlarm;
 use crate::metrics::Metrics;
 
 /// What a connection needs to know that is the same for all of them.
@@ -20,7 +20,8 @@ pub struct Settings {
     pub frame_max: u32,
     /// The most channels the server proposes.
     pub channel_max: u16,
-    /// Lease length of the queues AMQP declares (RabbitMQ's `consumer_timeout`).
+    /// Lease length of the queues AMQP declares (RabbitMQ's `consumer_timeout`,
+    /// `--consumer-timeout`), where their `x-consumer-timeout` does not say.
     pub ack_timeout: Duration,
     /// The largest message body a publish may carry (RabbitMQ's `max_message_size`).
     pub max_message_bytes: usize,
@@ -41,8 +42,9 @@ pub struct Settings {
     pub cluster: bool,
     /// When messages arrive and expire (message TTL).
     pub clock: WallClock,
-    /// Raised while the server's memory is over its limit: publishing connections wait.
-    pub memory_alarm: Arc<MemoryAlarm>,
+    /// Raised while the server's memory is over its limit or its disk under its free
+    /// limit: publishing connections wait.
+    pub alarms: Arc<Alarms>,
     /// How old a delivery is: a channel forgets the deliveries whose lease has certainly
     /// run out (`Channel::forget_expired`). The broker's own leases run on the system's
     /// monotonic clock, as this does by default.
@@ -70,7 +72,7 @@ impl Default for Settings {
             heartbeat: 60,
             handshake_timeout: Duration::from_secs(10),
             clock: WallClock::default(),
-            memory_alarm: Arc::default(),
+            alarms: Arc::default(),
             lease_clock: LeaseClock::default(),
             metrics: Arc::default(),
             live: Arc::default(),

@@ -7,7 +7,8 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{unbounded, Receiver, Sender, TryRecvError};
 use leasemq_engine::{
-    validate, Command, ConsumerConfig, ConsumerKey, Delivered, DeliveryTag, Envelope, Error, Reply,
+    validate, Command, ConsumeOptions, ConsumerConfig, ConsumerKey, Delivered, DeliveryTag,
+    Envelope, Error, Reply,
 };
 
 use crate::cluster::ClusterInner;
@@ -530,7 +531,7 @@ impl Queue {
     /// # Ok::<(), leasemq::Error>(())
     /// ```
     pub fn consume(&self, name: &str, config: ConsumerConfig) -> Result<Consumer, Error> {
-        self.consume_with_priority(name, config, 0)
+        self.consume_with(name, config, ConsumeOptions::default())
     }
 
     /// [`consume`](Queue::consume) with a consumer priority (contract §3 Dispatch, AMQP's
@@ -565,6 +566,44 @@ impl Queue {
         config: ConsumerConfig,
         priority: i64,
     ) -> Result<Consumer, Error> {
+        self.consume_with(name, config, ConsumeOptions::default().priority(priority))
+    }
+
+    /// [`consume`](Queue::consume) with [`ConsumeOptions`]: a priority (as
+    /// [`consume_with_priority`](Queue::consume_with_priority)), and a lease length of the
+    /// consumer's own in place of the queue's `ack_timeout` (AMQP's `x-consumer-timeout` on
+    /// `basic.consume`): its deliveries, and its touches, last that long, still bounded by
+    /// the queue's `max_lease`.
+    ///
+    /// # Errors
+    ///
+    /// As [`consume`](Queue::consume), and [`Error::InvalidConfig`] for a lease outside
+    /// 1 ms to 7 days or over the queue's `max_lease`.
+    ///
+    /// ```
+    /// # mod leasemq { pub use leasemq_engine::*; pub use leasemq_shard::*; }
+    /// use std::time::Duration;
+    /// use leasemq::{Broker, ConsumeOptions, ConsumerConfig, Message, QueueConfig};
+    ///
+    /// let broker = Broker::builder().manual_clock().build()?;
+    /// let config = QueueConfig { ack_timeout: Duration::from_secs(30), ..QueueConfig::default() };
+    /// let jobs = broker.declare_queue("jobs", config)?;
+    /// jobs.put(Message::new("due in an hour"))?;
+    ///
+    /// // This worker holds what it takes for up to two hours before it goes to another.
+    /// let options = ConsumeOptions::default().ack_timeout(Duration::from_secs(7200));
+    /// let patient = jobs.consume_with("patient", ConsumerConfig::default(), options)?;
+    /// let held = patient.try_recv()?.unwrap();
+    /// broker.advance(Duration::from_secs(3600))?;
+    /// assert!(held.ack(), "its lease has not run out");
+    /// # Ok::<(), leasemq::Error>(())
+    /// ```
+    pub fn consume_with(
+        &self,
+        name: &str,
+        config: ConsumerConfig,
+        options: ConsumeOptions,
+    ) -> Result<Consumer, Error> {
         if self.broker().is_shut_down() {
             return Err(Error::ShutDown);
         }
@@ -573,11 +612,14 @@ impl Queue {
         }
         validate::consumer_name(name)?;
         validate::consumer_config(&config)?;
+        if let Some(lease) = options.ack_timeout {
+            validate::consumer_lease(lease, self.config().max_lease)?;
+        }
         let (tx, rx) = unbounded();
         let readers = Arc::new(Readers::default());
         if let Some(cluster) = &self.broker().cluster {
             if let Some(peer) = cluster.elsewhere(self.shard()) {
-                return self.consume_at(cluster, peer, (name, config, priority), (tx, rx, readers));
+                return self.consume_at(cluster, peer, (name, config, options), (tx, rx, readers));
             }
         }
         let sink = Sink {
@@ -592,7 +634,7 @@ impl Queue {
                 queue,
                 name: name.into(),
                 config,
-                priority,
+                options: Box::new(options),
                 sink,
                 reply,
             }
@@ -616,7 +658,7 @@ impl Queue {
         &self,
         cluster: &ClusterInner,
         peer: u64,
-        (name, config, priority): (&str, ConsumerConfig, i64),
+        (name, config, options): (&str, ConsumerConfig, ConsumeOptions),
         (tx, rx, readers): (Sender<Delivered>, Receiver<Delivered>, Arc<Readers>),
     ) -> Result<Consumer, Error> {
         let shard = u16::try_from(self.shard()).expect("at most MAX_SHARDS");
@@ -626,7 +668,7 @@ impl Queue {
             number: self.cell().number().unwrap_or(u32::MAX),
             name: name.to_string(),
             config,
-            priority,
+            options,
             from: cluster.id,
             stream,
         };

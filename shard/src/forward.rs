@@ -17,7 +17,8 @@ use std::sync::Mutex;
 
 use crossbeam_channel::Receiver;
 use leasemq_engine::{
-    Command, ConsumerConfig, ConsumerKey, Delivered, DeliveryTag, Error, QueueConfig, Reply,
+    Command, ConsumeOptions, ConsumerConfig, ConsumerKey, Delivered, DeliveryTag, Error,
+    QueueConfig, Reply,
 };
 use leasemq_replica::link::{ForwardError, Forwarded, Link};
 use leasemq_replica::ReplayApplier;
@@ -48,7 +49,7 @@ pub(crate) enum Call {
         number: u32,
         name: String,
         config: ConsumerConfig,
-        priority: i64,
+        options: ConsumeOptions,
         from: u64,
         stream: u64,
     },
@@ -209,11 +210,11 @@ impl Forwarding {
                 number,
                 name,
                 config,
-                priority,
+                options,
                 from,
                 stream,
             } => {
-                let consumer = (name, config, priority);
+                let consumer = (name, config, options);
                 self.consume(shard, number, consumer, (from, stream)).await
             }
             Call::AckUpTo { consumer, tag } => {
@@ -242,7 +243,7 @@ impl Forwarding {
         self: &Arc<Self>,
         shard: u16,
         number: u32,
-        (name, config, priority): (String, ConsumerConfig, i64),
+        (name, config, options): (String, ConsumerConfig, ConsumeOptions),
         (to, stream): (u64, u64),
     ) -> Answer {
         let (tx, rx) = crossbeam_channel::unbounded();
@@ -258,7 +259,7 @@ impl Forwarding {
             queue: numbered_key(number),
             name: name.into(),
             config,
-            priority,
+            options: Box::new(options),
             sink,
             reply,
         })

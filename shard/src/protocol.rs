@@ -8,8 +8,8 @@ use std::sync::{Arc, OnceLock};
 use atomic_waker::AtomicWaker;
 use crossbeam_channel::{Receiver, SendError, Sender, TrySendError};
 use leasemq_engine::{
-    Command, ConsumerConfig, ConsumerKey, Delivered, DeliveryTag, Error, QueueConfig, QueueKey,
-    QueueStats, Reply,
+    Command, ConsumeOptions, ConsumerConfig, ConsumerKey, Delivered, DeliveryTag, Error,
+    QueueConfig, QueueKey, QueueStats, Reply,
 };
 use tokio::sync::oneshot;
 
@@ -310,7 +310,8 @@ pub(crate) enum Request {
         /// Boxed, as consumes are rare: every inbox slot is the size of the largest request.
         name: Box<str>,
         config: ConsumerConfig,
-        priority: i64,
+        /// Boxed too: its lease makes it wider than the other requests.
+        options: Box<ConsumeOptions>,
         sink: Sink,
         reply: ReplyTo,
     },

@@ -528,7 +528,7 @@ impl ShardThread {
                 queue,
                 name,
                 config,
-                priority,
+                options,
                 sink,
                 reply,
             } => {
@@ -540,7 +540,8 @@ impl ShardThread {
                     queue,
                     name: name.into_string(),
                     config,
-                    priority,
+                    priority: options.priority,
+                    ack_timeout: options.ack_timeout,
                 };
                 self.consume(now, cmd, sink, reply);
             }

@@ -328,6 +328,7 @@ impl World {
             name,
             config: ConsumerConfig { prefetch },
             priority: 0,
+            ack_timeout: None,
         };
         if let Some(Reply::Consumed(Ok(key))) = self.call(shard, Some(cmd))? {
             let c = self

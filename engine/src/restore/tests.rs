@@ -200,6 +200,7 @@ fn delays_that_end_together_end_in_the_order_of_first_enqueue_whatever_the_slots
         name: "c".into(),
         config: crate::ConsumerConfig { prefetch: 10 },
         priority: 0,
+        ack_timeout: None,
     };
     shard.handle(0, consume, &mut out);
     shard.handle_timeout(10, &mut out);

@@ -1,4 +1,5 @@
 use std::collections::{BTreeMap, VecDeque};
+use std::time::Duration;
 
 use leasemq_engine::{
     DeathReason, DeathRecord, Error, Overflow, PutOutcome, QueueConfig, QueueStats, Settle,
@@ -9,7 +10,7 @@ use crate::model::{
     ModelEffects, ModelQueue, Msg, State,
 };
 use crate::ops::{MessageSpec, Op, Step};
-use crate::{retry_ticks, Tick, SEVEN_DAYS};
+use crate::{ms, retry_ticks, Tick, SEVEN_DAYS};
 
 impl Model {
     // ----- commands ----------------------------------------------------------------------
@@ -29,7 +30,8 @@ impl Model {
                 name,
                 prefetch,
                 priority,
-            } => Answer::Consumed(self.consume(*queue, name, *prefetch, *priority)),
+                ack_timeout,
+            } => Answer::Consumed(self.consume(*queue, name, (*prefetch, *priority, *ack_timeout))),
             Op::Cancel { consumer, unread } => {
                 self.cancel(*consumer, unread);
                 Answer::Silent
@@ -270,8 +272,7 @@ impl Model {
         &mut self,
         q: usize,
         name: &str,
-        prefetch: u32,
-        priority: i64,
+        (prefetch, priority, ack_timeout): (u32, i64, Option<Duration>),
     ) -> Result<usize, Error> {
         if !self.queues[q].open {
             return Err(Error::QueueClosed);
@@ -282,6 +283,12 @@ impl Model {
         if prefetch == 0 || prefetch > 65_535 {
             return Err(Error::InvalidConfig(String::new()));
         }
+        if let Some(lease) = ack_timeout {
+            let max_lease = self.queues[q].config.max_lease;
+            if lease < ms(1) || lease > SEVEN_DAYS || max_lease.is_some_and(|m| lease > m) {
+                return Err(Error::InvalidConfig(String::new()));
+            }
+        }
         let consumers = &self.consumers;
         if (self.queues[q].consumers.iter()).any(|&c| consumers[c].name == name) {
             return Err(Error::DuplicateConsumer);
@@ -291,6 +298,7 @@ impl Model {
             name: name.to_string(),
             prefetch,
             priority,
+            ack_timeout,
             open: true,
             stopped: false,
             tags: Vec::new(),
@@ -418,7 +426,10 @@ impl Model {
         let seq = self.seq();
         let now = self.now;
         let queue = &mut self.queues[q];
-        let deadline = now + self.tick.of(queue.config.ack_timeout);
+        let consumer = queue.leases[&tag].consumer;
+        let lease_length =
+            (self.consumers[consumer].ack_timeout).unwrap_or(queue.config.ack_timeout);
+        let deadline = now + self.tick.of(lease_length);
         let lease = queue.leases.get_mut(&tag).expect("live");
         if (queue.config.max_lease)
             .is_some_and(|max| deadline > lease.delivered_at + self.tick.of(max))

@@ -151,6 +151,7 @@ impl Harness {
                 name,
                 prefetch,
                 priority,
+                ack_timeout,
             } => Command::Consume {
                 queue: queue(q),
                 name: name.clone(),
@@ -158,6 +159,7 @@ impl Harness {
                     prefetch: *prefetch,
                 },
                 priority: *priority,
+                ack_timeout: *ack_timeout,
             },
             Op::Cancel {
                 consumer: c,

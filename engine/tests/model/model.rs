@@ -85,6 +85,8 @@ pub(crate) struct ModelConsumer {
     pub(crate) prefetch: u32,
     /// Dispatch serves the highest priority among the consumers with credit.
     pub(crate) priority: i64,
+    /// Its own lease length, where not its queue's `ack_timeout`.
+    pub(crate) ack_timeout: Option<Duration>,
     pub(crate) open: bool,
     /// Stopped: no more deliveries; its leases stay until settled, expired or cancelled.
     pub(crate) stopped: bool,
@@ -531,6 +533,8 @@ impl Model {
     fn deliver(&mut self, q: usize, msg: u64, consumer: usize) {
         let seq = self.seq();
         let now = self.now;
+        let own = self.consumers[consumer].ack_timeout;
+        let lease_length = own.unwrap_or(self.queues[q].config.ack_timeout);
         let queue = &mut self.queues[q];
         let tag = queue.next_tag;
         queue.next_tag += 1;
@@ -549,7 +553,7 @@ impl Model {
             msg,
             consumer,
             delivered_at: now,
-            deadline: now + self.tick.of(queue.config.ack_timeout),
+            deadline: now + self.tick.of(lease_length),
             seq,
             first_seq: seq,
             prev_deadline: None,

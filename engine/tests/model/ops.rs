@@ -73,6 +73,8 @@ pub(crate) enum Op {
         name: String,
         prefetch: u32,
         priority: i64,
+        /// The consumer's own lease, in place of the queue's.
+        ack_timeout: Option<Duration>,
     },
     /// `unread`: the consumer's latest deliveries, still in its channel.
     Cancel {
@@ -432,11 +434,19 @@ impl Harness {
         } else {
             0
         };
+        // A quarter of them lease for their own length: shorter or longer than their
+        // queue's (20 to 250 ms), now and then over its `max_lease` or out of limits.
+        let ack_timeout = match rng.below(40) {
+            0..=8 => Some(ms(rng.pick(&[10, 30, 80, 400]))),
+            9 => Some(rng.pick(&[Duration::ZERO, SEVEN_DAYS + ms(1), SEVEN_DAYS])),
+            _ => None,
+        };
         Op::Consume {
             queue,
             name,
             prefetch,
             priority,
+            ack_timeout,
         }
     }
 

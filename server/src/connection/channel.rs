@@ -362,15 +362,26 @@ pub(crate) struct Unacked {
     /// The number of the subscription it came from.
     pub(super) consumer: u64,
     /// When its lease has certainly run out, on the lease clock: when the connection had
-    /// it, plus its queue's `ack_timeout`.
+    /// it, plus its lease (its queue's `ack_timeout`, or its consumer's own).
     pub(super) expires: u64,
 }
 
 impl Unacked {
     /// Delivery `tag` of `queue`, to the subscription numbered `consumer`, had `now`.
     pub(super) fn new(queue: Queue, tag: DeliveryTag, consumer: u64, now: u64) -> Unacked {
+        let lease = queue.config().ack_timeout;
+        Unacked::leased(queue, tag, (consumer, lease), now)
+    }
+
+    /// As [`Unacked::new`], for a subscription whose leases last `lease`.
+    pub(super) fn leased(
+        queue: Queue,
+        tag: DeliveryTag,
+        (consumer, lease): (u64, Duration),
+        now: u64,
+    ) -> Unacked {
         // Rounded up: never earlier than the broker's deadline.
-        let lease = queue.config().ack_timeout.as_micros().div_ceil(1000);
+        let lease = lease.as_micros().div_ceil(1000);
         let expires = now.saturating_add(u64::try_from(lease).unwrap_or(u64::MAX));
         Unacked {
             queue,
@@ -549,6 +560,7 @@ mod tests {
             waiting: None,
             starting: None,
             no_ack,
+            lease: None,
             _claim: claim,
         }
     }

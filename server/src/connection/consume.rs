@@ -3,7 +3,7 @@
 
 use amq_protocol::protocol::{basic, AMQPClass};
 use amq_protocol::types::ShortString;
-use leasemq::{Consumer, ConsumerConfig, Delivery, Envelope, Queue, Settle};
+use leasemq::{ConsumeOptions, Consumer, ConsumerConfig, Delivery, Envelope, Queue, Settle};
 
 use super::answers::Pending;
 use super::channel::{requeue, SettleRequest, Stopped, Unacked};
@@ -31,7 +31,7 @@ impl Connection {
                 return Err(fault);
             }
         }
-        let (queue, priority) = self.consume_queue(ch, &consume, &m)?;
+        let (queue, options) = self.consume_queue(ch, &consume, &m)?;
         self.vhost.expiring.touch(queue.name());
         self.next_consumer += 1;
         let number = self.next_consumer;
@@ -62,6 +62,7 @@ impl Connection {
             waiting: None,
             starting: None,
             no_ack: consume.no_ack,
+            lease: options.ack_timeout,
             _claim: claim,
         };
         let nowait = consume.nowait;
@@ -71,12 +72,12 @@ impl Connection {
                 turn,
                 name,
                 config,
-                priority,
+                options,
             });
             self.subscribe(ch, subscription, nowait);
             return Ok(());
         }
-        let start = move || queue.consume_with_priority(&name, config, priority);
+        let start = move || queue.consume_with(&name, config, options);
         if !subscription.queue.is_durable() {
             let consumer = start().map_err(|e| broker_fault(ch, &e, &m))?;
             subscription.consumer = Some(consumer);
@@ -108,8 +109,8 @@ impl Connection {
         }
     }
 
-    /// The queue a `basic.consume` names (a direct reply-to queue made for it) and the
-    /// consumer's priority, once its arguments pass. They are looked at once the queue is
+    /// The queue a `basic.consume` names (a direct reply-to queue made for it) and what
+    /// the consumer's arguments ask (its priority and lease), once they pass. They are looked at once the queue is
     /// found (a missing one is a 404 first), and a 406 names the queue, as in RabbitMQ; a
     /// reply-to queue is made only once they pass.
     fn consume_queue(
@@ -117,8 +118,8 @@ impl Connection {
         ch: u16,
         consume: &basic::Consume,
         m: &AMQPClass,
-    ) -> Result<(Queue, i64), Fault> {
-        let checked = arguments::consumer_priority(&consume.arguments);
+    ) -> Result<(Queue, ConsumeOptions), Fault> {
+        let checked = arguments::consume_options(&consume.arguments);
         let vhost = std::sync::Arc::clone(&self.vhost);
         let refuse = |refused: arguments::Refused, shown: &str| {
             if refused.code == code::NOT_IMPLEMENTED {
@@ -130,13 +131,13 @@ impl Connection {
         };
         Ok(match consume.queue.as_str() {
             reply_to::REPLY_TO => {
-                let priority = checked.map_err(|r| refuse(r, reply_to::REPLY_TO))?;
-                (self.reply_queue(ch, consume, m)?, priority)
+                let options = checked.map_err(|r| refuse(r, reply_to::REPLY_TO))?;
+                (self.reply_queue(ch, consume, m)?, options)
             }
             name => {
                 let queue = self.named_queue(ch, name, m)?;
-                let priority = checked.map_err(|r| refuse(r, &names::amqp(queue.name())))?;
-                (queue, priority)
+                let options = checked.map_err(|r| refuse(r, &names::amqp(queue.name())))?;
+                (queue, options)
             }
         })
     }
@@ -337,7 +338,7 @@ impl Connection {
     pub(super) fn deliver(&mut self, ch: u16, index: usize, delivery: Delivery) {
         let state = self.channels.get_mut(&ch).expect("checked by the caller");
         let sub = &state.consumers[index];
-        let (no_ack, number, ttl) = (sub.no_ack, sub.number, sub.message_ttl);
+        let (no_ack, number, ttl, lease) = (sub.no_ack, sub.number, sub.message_ttl, sub.lease);
         if self.expired(ttl, delivery.envelope()) {
             // Never sent, as RabbitMQ expires it at the head of its queue: dead-lettered
             // where the queue has an exchange for it, else dropped (acked with the automatic
@@ -356,7 +357,8 @@ impl Connection {
         if !no_ack {
             let now = self.settings.lease_clock.now_ms();
             let queue = state.consumers[index].queue.clone();
-            let unacked = Unacked::new(queue, delivery.tag(), number, now);
+            let lease = lease.unwrap_or(queue.config().ack_timeout);
+            let unacked = Unacked::leased(queue, delivery.tag(), (number, lease), now);
             state.hold(channel_tag, unacked, now);
         }
         let sub = &state.consumers[index];

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use amq_protocol::types::ShortString;
-use leasemq::{Consumer, Delivery, Queue};
+use leasemq::{ConsumeOptions, Consumer, Delivery, Queue};
 
 use crate::consumers;
 use crate::offload::{self, Offloaded};
@@ -28,6 +28,8 @@ pub(super) struct Subscription {
     /// Its broker consumer being made, once its turn came on a durable queue.
     pub(super) starting: Option<Starting>,
     pub(super) no_ack: bool,
+    /// Its deliveries' lease, where its `x-consumer-timeout` set one of its own.
+    pub(super) lease: Option<std::time::Duration>,
     /// Its place among its queue's consumers, given back as the subscription ends.
     pub(super) _claim: consumers::Claim,
 }
@@ -38,7 +40,7 @@ pub(super) struct Waiting {
     pub(super) turn: Arc<consumers::Turn>,
     pub(super) name: String,
     pub(super) config: leasemq::ConsumerConfig,
-    pub(super) priority: i64,
+    pub(super) options: ConsumeOptions,
 }
 
 /// A subscription whose turn came on a durable queue: its broker consumer is being made
@@ -84,8 +86,7 @@ fn start_turn(
         }
         let waiting = sub.waiting.take()?;
         let queue = sub.queue.clone();
-        let consume =
-            move || queue.consume_with_priority(&waiting.name, waiting.config, waiting.priority);
+        let consume = move || queue.consume_with(&waiting.name, waiting.config, waiting.options);
         if !sub.queue.is_durable() {
             return Some(consume());
         }

@@ -162,11 +162,9 @@ fn exchange_types() -> Value {
 
 /// The alarms in effect, as RabbitMQ names their resources.
 fn alarms_raised(state: &Management) -> Vec<Value> {
-    let mut raised = Vec::new();
-    if state.settings.memory_alarm.raised() {
-        raised.push(json!({"node": state.node, "resource": "memory"}));
-    }
-    raised
+    (state.settings.alarms.raised_resources().into_iter())
+        .map(|r| json!({"node": state.node, "resource": r.name()}))
+        .collect()
 }
 
 /// `GET /api/whoami`.

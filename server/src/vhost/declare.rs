@@ -264,7 +264,10 @@ fn check_queue_type(declare: &QueueDeclare<'_>, shown: &str) -> Result<bool, Ref
             ][..],
             "rabbit_quorum_queue",
         ),
-        false => (&["x-queue-leader-locator"][..], "rabbit_classic_queue"),
+        false => (
+            &["x-queue-leader-locator", "x-dead-letter-strategy"][..],
+            "rabbit_classic_queue",
+        ),
     };
     if let Some(key) = (others.iter()).find(|k| declare.arguments.inner().contains_key(**k)) {
         return precondition(format!(

@@ -115,3 +115,82 @@ def test_memory_alarm_blocks_publishers_and_tells_them():
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=10) == 0
+
+
+def test_disk_alarm_blocks_publishers_and_tells_them(tmp_path):
+    # More free space than any disk has: the disk alarm is raised from the start.
+    proc, port, url = start("--data-dir", str(tmp_path), "--disk-free-limit", "1000000GB",
+                            "--metrics", "127.0.0.1:0")
+    try:
+        conn = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", port))
+        heard = []
+        conn.add_on_connection_blocked_callback(lambda _conn, frame: heard.append(frame.method))
+        ch = conn.channel()
+        ch.queue_declare(queue="held", durable=True)
+        ch.basic_publish(exchange="", routing_key="held", body=b"job")
+        for _ in range(50):
+            if heard:
+                break
+            conn.process_data_events(time_limit=0.1)
+        assert [type(m).__name__ for m in heard] == ["Blocked"]
+        assert heard[0].reason == "low on disk"
+        lines = scrape(url).splitlines()
+        assert "leasemq_alarms_free_disk_space_watermark 1" in lines
+        assert "leasemq_alarms_memory_used_watermark 0" in lines
+        assert "leasemq_disk_space_available_limit_bytes 1000000000000000" in lines
+        free = [l for l in lines if l.startswith("leasemq_disk_space_available_bytes ")]
+        assert free and int(free[0].split()[1]) > 0
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=10) == 0
+
+
+def hold_one(port, queue):
+    """A consumer that takes one delivery of `queue` and holds it unacked, as a Celery
+    worker holds an ETA task until it is due: its connection, channel and delivery."""
+    conn = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", port))
+    ch = conn.channel()
+    ch.basic_qos(prefetch_count=1)
+    method, _props, body = next(ch.consume(queue, inactivity_timeout=10))
+    assert method is not None and body == b"eta task"
+    return conn, ch, method
+
+
+def test_a_held_task_goes_to_another_worker_when_its_lease_runs_out_and_not_before():
+    # --consumer-timeout: the server-wide lease. A task held past it (a Celery ETA task
+    # not yet due) is handed to another consumer while the first still holds it.
+    proc, port, _ = start("--consumer-timeout", "300")
+    try:
+        setup = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", port))
+        sch = setup.channel()
+        sch.queue_declare(queue="short")
+        # A queue whose own x-consumer-timeout is longer than the task is held.
+        sch.queue_declare(queue="long", arguments={"x-consumer-timeout": 60_000})
+        for queue in ("short", "long"):
+            sch.basic_publish(exchange="", routing_key=queue, body=b"eta task")
+
+        first_conn, first, held = hold_one(port, "short")
+        assert not held.redelivered
+        second_conn = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", port))
+        second = second_conn.channel()
+        again, _props, body = next(second.consume("short", inactivity_timeout=10))
+        assert again is not None and body == b"eta task" and again.redelivered
+        second.basic_ack(again.delivery_tag)
+        # The first worker's late ack changes nothing, and its channel stays open (where
+        # RabbitMQ closes the channel at its consumer_timeout).
+        first.basic_ack(held.delivery_tag)
+        first_conn.process_data_events(time_limit=0.3)
+        assert first.is_open
+
+        long_conn, long_ch, kept = hold_one(port, "long")
+        other_conn = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", port))
+        other = other_conn.channel()
+        # Well past the server-wide 300 ms: the long queue's lease still holds.
+        method, _props, _body = next(other.consume("long", inactivity_timeout=1.5))
+        assert method is None, "the task stayed with the worker that holds it"
+        long_ch.basic_ack(kept.delivery_tag)
+        for conn in (first_conn, second_conn, long_conn, other_conn, setup):
+            conn.close()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=10) == 0

@@ -1564,6 +1564,9 @@ def test_locators_are_taken_for_their_queue_type_and_compared_on_a_redeclare():
         ("classic", "x-queue-leader-locator", "balanced", "of queue type rabbit_classic_queue"),
         ("quorum", "x-queue-leader-locator", "min-masters", ": invalid_queue_locator_arg"),
         ("quorum", "x-queue-leader-locator", 5, ": {unacceptable_type,signedint}"),
+        ("classic", "x-dead-letter-strategy", "at-least-once", "of queue type rabbit_classic_queue"),
+        ("quorum", "x-dead-letter-strategy", "exactly-once", ": invalid_dlx_strategy"),
+        ("quorum", "x-dead-letter-strategy", 1, ": {unacceptable_type,signedint}"),
     ]:
         queue = f"located-{uuid.uuid4().hex[:8]}"
         conn = connect()
@@ -1575,6 +1578,22 @@ def test_locators_are_taken_for_their_queue_type_and_compared_on_a_redeclare():
         assert (err.value.reply_code, err.value.reply_text) == (
             406, f"PRECONDITION_FAILED - invalid arg '{key}' for queue '{queue}' "
                  f"in vhost '/'{' ' if why.startswith('of') else ''}{why}")
+
+
+def test_a_quorum_queue_takes_a_dead_letter_strategy_as_celery_declares_it():
+    # Celery 5.5's quorum-queue mode: a quorum queue with a dead-letter exchange, its
+    # overflow rejecting publishes, and a dead-letter strategy of either kind.
+    conn = connect()
+    ch = conn.channel()
+    for strategy in ["at-least-once", "at-most-once"]:
+        queue = f"celery-quorum-{uuid.uuid4().hex[:8]}"
+        arguments = {"x-queue-type": "quorum", "x-dead-letter-exchange": "",
+                     "x-dead-letter-routing-key": f"{queue}.dead",
+                     "x-overflow": "reject-publish", "x-dead-letter-strategy": strategy}
+        ch.queue_declare(queue=queue, durable=True, arguments=arguments)
+        ch.queue_declare(queue=queue, durable=True, arguments=arguments)
+        ch.queue_delete(queue)
+    conn.close()
 
 
 def pump(conns, until, seconds=5):

@@ -356,6 +356,7 @@ impl World {
                 name: format!("worker {q}"),
                 config: ConsumerConfig { prefetch: 5 },
                 priority: 0,
+                ack_timeout: None,
             };
             match self.turn(Some(consume)).await? {
                 Some(Reply::Consumed(Ok(key))) => {

@@ -478,3 +478,55 @@ fn a_reused_consumer_tag_is_530_before_the_arguments_are_looked_at() {
     let out = c.feed(&[basic_method(1, basic::AMQPMethod::Consume(again))]);
     assert_eq!(connection_close_code(&out), Some(530));
 }
+
+/// `x-consumer-timeout` on `basic.consume` (RabbitMQ 3.12's consumer timeout): the
+/// consumer's deliveries are leased for that long, not for their queue's lease.
+#[test]
+fn a_consumers_own_timeout_is_the_lease_of_its_deliveries() {
+    let mut c = Client::open();
+    c.declare("eta");
+    c.declare("quick");
+    c.prefetch(1);
+    let hour = AMQPValue::LongLongInt(3_600_000);
+    c.consume_with("eta", &[("x-consumer-timeout", hour)]);
+    c.consume_with("quick", &[("x-consumer-timeout", AMQPValue::LongInt(500))]);
+    let mut out = Vec::new();
+    for queue in ["eta", "quick"] {
+        out.extend(c.feed(&Client::publish_frames(
+            queue,
+            BasicProperties::default(),
+            queue.as_bytes(),
+        )));
+    }
+    assert_eq!(
+        deliveries(&out),
+        [(1, false, b"eta".to_vec()), (2, false, b"quick".to_vec())]
+    );
+    // Past the quick consumer's 500 ms and well short of the queues' 30 minutes: only its
+    // delivery comes again.
+    c.broker.advance(Duration::from_millis(600)).unwrap();
+    assert_eq!(deliveries(&c.feed(&[])), [(3, true, b"quick".to_vec())]);
+    // An hour less a minute on: the eta consumer still holds its delivery, and acks it.
+    c.broker.advance(Duration::from_secs(3_540)).unwrap();
+    c.feed(&[ack(1, false)]);
+    assert_eq!(c.stats("eta").acked, 1);
+}
+
+#[test]
+fn a_consumer_timeout_out_of_range_is_a_406() {
+    let mut c = Client::open();
+    c.declare("eta");
+    for value in [
+        AMQPValue::LongInt(0),
+        AMQPValue::LongLongInt(8 * 24 * 3_600_000),
+        AMQPValue::LongInt(-5),
+        AMQPValue::LongString("soon".into()),
+    ] {
+        let out = c.consume_with("eta", &[("x-consumer-timeout", value.clone())]);
+        let (code, text) = channel_close(&out).expect("a channel error");
+        assert_eq!(code, 406, "{value:?}");
+        assert!(text.contains("'x-consumer-timeout'"), "{text}");
+        c.reopen();
+    }
+    assert_eq!(c.stats("eta").consumers, 0);
+}

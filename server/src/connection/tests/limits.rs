@@ -1,4 +1,4 @@
-//! Limits on what one connection takes: the memory alarm, the output budget of a read, large bodies, publishers whose puts wait.
+//! Limits on what one connection takes: the resource alarms, the output budget of a read, large bodies, publishers whose puts wait.
 
 use super::*;
 
@@ -7,10 +7,10 @@ use super::*;
 /// `connection.unblocked`, and the publish goes in.
 #[test]
 fn the_memory_alarm_blocks_a_publishing_connection_until_it_clears() {
-    let alarm = Arc::new(MemoryAlarm::default());
+    let alarm = Arc::new(Alarms::default());
     let mut c = hearing_blocked(&alarm);
     c.declare("jobs");
-    alarm.set(true);
+    alarm.set(Resource::Memory, true);
     let publish = encode(&Client::publish_frames(
         "jobs",
         BasicProperties::default(),
@@ -34,7 +34,7 @@ fn the_memory_alarm_blocks_a_publishing_connection_until_it_clears() {
     assert_eq!(c.conn.output_len(), 0);
     assert_eq!(c.broker.queue("jobs").unwrap().stats().ready, 0);
 
-    alarm.set(false);
+    alarm.set(Resource::Memory, false);
     c.conn.unblock();
     assert!(!c.conn.is_blocked() && c.conn.wants_input());
     let out = c.feed_bytes(&publish);
@@ -47,13 +47,48 @@ fn the_memory_alarm_blocks_a_publishing_connection_until_it_clears() {
     assert_eq!(c.broker.queue("jobs").unwrap().stats().ready, 1);
 }
 
+/// The disk alarm blocks as the memory alarm does, with RabbitMQ's reason; while both
+/// are raised the connection stays blocked until the last one clears.
+#[test]
+fn the_disk_alarm_blocks_publishers_until_every_alarm_clears() {
+    let alarm = Arc::new(Alarms::default());
+    let mut c = hearing_blocked(&alarm);
+    c.declare("jobs");
+    alarm.set(Resource::Disk, true);
+    alarm.set(Resource::Memory, true);
+    let publish = encode(&Client::publish_frames(
+        "jobs",
+        BasicProperties::default(),
+        b"job",
+    ));
+    assert_eq!(c.conn.handle_input(&publish), 0, "the publish is not taken");
+    let mut out = Vec::new();
+    c.conn.take_output(&mut out);
+    let blocked = connection::Blocked {
+        reason: "low on memory & disk".into(),
+    };
+    assert_eq!(
+        decode(&out),
+        [conn_method(connection::AMQPMethod::Blocked(blocked))]
+    );
+    alarm.set(Resource::Memory, false);
+    c.conn.unblock();
+    assert!(c.conn.is_blocked(), "the disk alarm still holds");
+    assert_eq!(c.conn.handle_input(&publish), 0);
+    alarm.set(Resource::Disk, false);
+    c.conn.unblock();
+    assert!(!c.conn.is_blocked());
+    c.feed_bytes(&publish);
+    assert_eq!(c.broker.queue("jobs").unwrap().stats().ready, 1);
+}
+
 /// A connection that only consumes and acks is never blocked, and one that did not ask
 /// to hear of it is blocked without being told.
 #[test]
 fn the_memory_alarm_lets_consumers_go_on_and_tells_only_who_asked() {
-    let alarm = Arc::new(MemoryAlarm::default());
+    let alarm = Arc::new(Alarms::default());
     let mut c = Client::open_with(Settings {
-        memory_alarm: Arc::clone(&alarm),
+        alarms: Arc::clone(&alarm),
         ..Settings::default()
     });
     c.declare("work");
@@ -62,7 +97,7 @@ fn the_memory_alarm_lets_consumers_go_on_and_tells_only_who_asked() {
         BasicProperties::default(),
         b"a",
     ));
-    alarm.set(true);
+    alarm.set(Resource::Memory, true);
     assert_eq!(deliveries(&c.consume("work", false)).len(), 1);
     assert!(c.feed(&[ack(1, false)]).is_empty());
     assert_eq!(c.broker.queue("work").unwrap().stats().acked, 1);

@@ -19,8 +19,8 @@ use amq_protocol::types::{AMQPValue, FieldTable};
 use leasemq::{Broker, ConsumerConfig};
 
 use super::{Connection, Settings};
+use crate::alarms::{Alarms, Resource};
 use crate::clock::LeaseClock;
-use crate::memory::MemoryAlarm;
 use crate::vhost::{VHost, VHosts};
 use frames::*;
 
@@ -388,10 +388,10 @@ fn on_a_lease_clock() -> (Client, Arc<std::sync::atomic::AtomicU64>) {
 }
 
 /// A connection through the handshake with channel 1 open, whose client announced the
-/// `connection.blocked` capability, on a server whose memory alarm is `alarm`.
-fn hearing_blocked(alarm: &Arc<MemoryAlarm>) -> Client {
+/// `connection.blocked` capability, on a server whose alarms are `alarms`.
+fn hearing_blocked(alarms: &Arc<Alarms>) -> Client {
     let mut c = Client::new(Settings {
-        memory_alarm: Arc::clone(alarm),
+        alarms: Arc::clone(alarms),
         ..Settings::default()
     });
     c.feed(&[AMQPFrame::ProtocolHeader(ProtocolVersion::amqp_0_9_1())]);
