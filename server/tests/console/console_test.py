@@ -18,27 +18,14 @@ import tempfile
 import time
 import urllib.request
 
-import websocket  # websocket-client
+from cdp import WAIT_S, Failed, start_chromium, until
 
-WAIT_S = 20
 USER, PASSWORD = "admin", "console-secret"
 
 
 def fail(why):
     print(f"console test: {why}", file=sys.stderr)
     sys.exit(1)
-
-
-def until(what, probe, wait_s=WAIT_S):
-    """Polls `probe` until it returns something true; fails naming `what` after `wait_s`."""
-    deadline = time.monotonic() + wait_s
-    while True:
-        value = probe()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            fail(f"timed out waiting for {what}")
-        time.sleep(0.1)
 
 
 def start_leasemqd(binary):
@@ -48,7 +35,7 @@ def start_leasemqd(binary):
         stdout=subprocess.PIPE, text=True)
     line = proc.stdout.readline()
     if " ready: " not in line:
-        fail(f"leasemqd did not start: {line!r}")
+        raise Failed(f"leasemqd did not start: {line!r}")
     at = line.split("management API on http://")[1].split("/api/")[0]
     return proc, f"http://{at}"
 
@@ -63,61 +50,16 @@ def api(base, method, path, body=None):
         return json.loads(text) if text else None
 
 
-class Page:
-    """One browser tab, over the DevTools protocol."""
-
-    def __init__(self, ws_url):
-        self.ws = websocket.create_connection(ws_url, timeout=WAIT_S)
-        self.next_id = 0
-
-    def call(self, method, **params):
-        self.next_id += 1
-        self.ws.send(json.dumps({"id": self.next_id, "method": method, "params": params}))
-        while True:
-            message = json.loads(self.ws.recv())
-            if message.get("id") == self.next_id:
-                if "error" in message:
-                    fail(f"{method}: {message['error']}")
-                return message.get("result", {})
-
-    def js(self, expression):
-        result = self.call("Runtime.evaluate", expression=expression, awaitPromise=True,
-                           returnByValue=True)
-        if "exceptionDetails" in result:
-            fail(f"{expression}: {result['exceptionDetails']}")
-        return result["result"].get("value")
-
-    def click(self, selector):
-        self.js(f"document.querySelector({json.dumps(selector)}).click()")
-
-    def text(self, selector):
-        return self.js(f"(document.querySelector({json.dumps(selector)}) || {{}}).textContent")
-
-    def visible(self, selector):
-        return self.js(f"(() => {{ const e = document.querySelector({json.dumps(selector)});"
-                       f" return !!e && !e.closest('[hidden]') && e.offsetParent !== null; }})()")
-
-
-def start_chromium(binary, profile):
-    proc = subprocess.Popen(
-        [binary, "--headless=new", "--no-sandbox", "--disable-gpu", "--no-first-run",
-         "--remote-debugging-port=0", f"--user-data-dir={profile}", "--window-size=1280,900",
-         "about:blank"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    port_file = os.path.join(profile, "DevToolsActivePort")
-    until("Chromium's DevTools port", lambda: os.path.exists(port_file)
-          and open(port_file).read().strip())
-    port = open(port_file).read().split()[0]
-    targets = until("a page target", lambda: [
-        t for t in json.load(urllib.request.urlopen(f"http://127.0.0.1:{port}/json/list"))
-        if t["type"] == "page"])
-    return proc, Page(targets[0]["webSocketDebuggerUrl"])
-
-
 def main():
     if len(sys.argv) != 4:
         fail(__doc__)
-    leasemqd, chromium, screenshot = sys.argv[1:]
+    try:
+        run(*sys.argv[1:])
+    except Failed as e:
+        fail(str(e))
+
+
+def run(leasemqd, chromium, screenshot):
     profile = tempfile.mkdtemp(prefix="console-chromium-")
     server, base = start_leasemqd(leasemqd)
     browser = None
@@ -145,7 +87,7 @@ def main():
         page.click("#login-submit")
         until("the overview after logging in", lambda: page.visible("#total-ready"))
         if page.visible("#login-user"):
-            fail("the login form is still shown after logging in")
+            raise Failed("the login form is still shown after logging in")
         until("the overview's figures", lambda: page.text("#total-ready") == "7")
 
         page.js("location.hash = '#queues'")
@@ -153,7 +95,7 @@ def main():
         until("the declared queue in the list", lambda: page.visible(row))
         cells = page.js(f"[...document.querySelectorAll(\"{row} td\")].map(td => td.textContent)")
         if cells[1] != "console-demo" or cells[3] != "7":
-            fail(f"the queue's row says {cells}")
+            raise Failed(f"the queue's row says {cells}")
         page.click(row)
         until("the queue's page", lambda: page.visible("#queue-purge")
               and page.text("#queue-ready") == "7")
@@ -165,7 +107,7 @@ def main():
         time.sleep(0.5)
         ready = api(base, "GET", "/api/queues/%2F/console-demo")["messages_ready"]
         if ready != 7:
-            fail(f"a cancelled purge removed messages: {ready} left")
+            raise Failed(f"a cancelled purge removed messages: {ready} left")
 
         # Confirmed: the ready messages go.
         page.click("#queue-purge")

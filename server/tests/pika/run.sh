@@ -4,13 +4,17 @@
 # pytest, and stops the server; test_durable.py starts its own servers on a data dir,
 # kills and restarts them; test_operations.py starts its own to scrape --metrics and to
 # stop one with SIGTERM. test_security.py (contract §10: TLS, users, vhosts, permissions)
-# runs last through security_rabbitmq.sh, which starts a leasemqd of its own with the
+# runs through security_rabbitmq.sh, which starts a leasemqd of its own with the
 # certificates and definitions file it makes (and runs the same suite against RabbitMQ
-# with `security_rabbitmq.sh rabbitmq`).
+# with `security_rabbitmq.sh rabbitmq`); test_management.py (contract §11: the management
+# API, Debian's rabbitmqadmin and leasemqctl) runs last through management_rabbitmq.sh,
+# which does the same with its own definitions (and fetches rabbitmqadmin out of Debian's
+# package with apt-get where it is not installed).
 #
-# Needs python3 (with venv) and network access to PyPI the first time: pika, pytest and
-# celery (test_clients.py) are installed into a virtual environment under target/pika-venv,
-# reused on later runs.
+# Needs python3 (with venv) and network access to PyPI the first time: pika, pytest, celery
+# (test_clients.py) and websocket-client (the management suite's console test, which runs
+# where Debian's chromium is installed) go into a virtual environment under
+# target/pika-venv, reused on later runs.
 # Extra arguments go to pytest (e.g. -k nack). With AMQP_URL=amqp://… it runs test_pika.py
 # against that broker instead (no leasemqd), e.g. a local RabbitMQ:
 #   AMQP_URL=amqp://guest:guest@127.0.0.1:5672/%2f server/tests/pika/run.sh
@@ -20,9 +24,11 @@ root="$(cd "$here/../../.." && pwd)"
 cd "$root"
 
 venv="$root/target/pika-venv"
-if [ ! -x "$venv/bin/pytest" ] || ! "$venv/bin/python" -c 'import pika, celery' 2>/dev/null; then
+if [ ! -x "$venv/bin/pytest" ] ||
+    ! "$venv/bin/python" -c 'import pika, celery, websocket' 2>/dev/null; then
     python3 -m venv "$venv"
-    "$venv/bin/pip" install --quiet "pika>=1.3,<2" "pytest>=7" "celery>=5.3,<6"
+    "$venv/bin/pip" install --quiet "pika>=1.3,<2" "pytest>=7" "celery>=5.3,<6" \
+        "websocket-client>=1.6,<2"
 fi
 
 # AMQP_URL: run test_pika.py and test_clients.py against that broker (a RabbitMQ, say)
@@ -69,4 +75,5 @@ if [ "$status" -ne 0 ]; then
     cat "$log" >&2
 fi
 bash "$here/security_rabbitmq.sh" leasemqd "$root/target/debug/leasemqd" "$@" || status=$?
+bash "$here/management_rabbitmq.sh" leasemqd "$root/target/debug/leasemqd" "$@" || status=$?
 exit "$status"

@@ -15,14 +15,14 @@
 # RabbitMQ AMQP 5780, AMQPS 5781, Erlang distribution 25780; leasemqd AMQP 5782, AMQPS 5783.
 # SEC_RMQ_PORT, SEC_RMQ_TLS_PORT, SEC_RMQ_DIST_PORT, SEC_LQD_PORT and SEC_LQD_TLS_PORT
 # override them. The fixtures, logs and the node's data go to a fresh directory under /tmp,
-# removed after a pass and kept (its path printed) after a failure.
+# removed after a pass and kept (its path printed) after a failure. broker_node.sh starts
+# and stops the brokers.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 root="$(cd "$here/../../.." && pwd)"
 venv="$root/target/pika-venv"
 
-RMQ_BIN=/usr/lib/rabbitmq/bin
-RMQ_HOME=/var/lib/rabbitmq
+SUITE=security_rabbitmq
 RMQ_NODE=secsuite@localhost
 RMQ_PORT=${SEC_RMQ_PORT:-5780}
 RMQ_TLS_PORT=${SEC_RMQ_TLS_PORT:-5781}
@@ -32,18 +32,14 @@ LQD_TLS_PORT=${SEC_LQD_TLS_PORT:-5783}
 # How long a broker may take to be ready (a RabbitMQ node on two busy cores: 20-60 s).
 START_TIMEOUT_S=120
 
-die() {
-    echo "security_rabbitmq: $*" >&2
-    exit 1
-}
-
 usage() {
     echo "usage: $0 rabbitmq [PYTEST ARGS...]" >&2
     echo "       $0 leasemqd BINARY [PYTEST ARGS...]" >&2
     exit 2
 }
 
-port_taken() { (: <"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+# shellcheck source=broker_node.sh
+. "$here/broker_node.sh"
 
 [ -x "$venv/bin/pytest" ] && "$venv/bin/python" -c 'import pika' 2>/dev/null ||
     die "no virtualenv with pika and pytest at $venv (server/tests/pika/run.sh makes it)"
@@ -65,67 +61,7 @@ dir=$(mktemp -d /tmp/leasemq-security.XXXXXX)
 chmod 755 "$dir"
 "$venv/bin/python" "$here/security_fixtures.py" "$dir"
 
-# What the EXIT trap undoes; set as each thing is started.
-rmq_started=0
-epmd_was_running=1
-leasemqd_pid=""
-status=1
-
-# Runs a command as the `rabbitmq` user, in the environment the node and its CLI share.
-as_rabbitmq() {
-    su rabbitmq -s /bin/sh -c "env HOME=$RMQ_HOME ERL_EPMD_ADDRESS=127.0.0.1 $1"
-}
-
-ctl() { as_rabbitmq "$RMQ_BIN/rabbitmqctl -n $RMQ_NODE $*"; }
-
-stop_rabbitmq() {
-    if [ "$rmq_started" = 1 ]; then
-        # With the pid file, `stop` returns once the node's VM has exited.
-        ctl stop "$dir/rabbitmq.pid" >/dev/null 2>&1 ||
-            echo "security_rabbitmq: $RMQ_NODE did not stop cleanly" >&2
-        # epmd, if this script's node started it, exits on `-kill` once no node is
-        # registered with it (it refuses while any other node is).
-        if [ "$epmd_was_running" = 0 ]; then
-            as_rabbitmq "epmd -kill" >/dev/null 2>&1 || true
-        fi
-    fi
-}
-
-stop_leasemqd() {
-    [ -n "$leasemqd_pid" ] || return 0
-    kill -TERM "$leasemqd_pid" 2>/dev/null || true
-    for _ in $(seq 1 100); do
-        kill -0 "$leasemqd_pid" 2>/dev/null || break
-        sleep 0.1
-    done
-    if kill -0 "$leasemqd_pid" 2>/dev/null; then
-        echo "security_rabbitmq: leasemqd ignored SIGTERM for 10 s; killing it" >&2
-        kill -KILL "$leasemqd_pid" 2>/dev/null || true
-    fi
-    wait "$leasemqd_pid" 2>/dev/null || true
-}
-
-cleanup() {
-    stop_rabbitmq
-    stop_leasemqd
-    if [ "$status" = 0 ]; then
-        rm -rf "$dir"
-    else
-        echo "security_rabbitmq: fixtures and logs kept in $dir" >&2
-    fi
-}
-trap cleanup EXIT
-
 start_rabbitmq() {
-    [ "$(id -u)" = 0 ] || die "run as root (the node runs as the rabbitmq user, via su)"
-    [ -x "$RMQ_BIN/rabbitmq-server" ] || die "rabbitmq-server is not installed ($RMQ_BIN)"
-    local port
-    for port in "$RMQ_PORT" "$RMQ_TLS_PORT" "$RMQ_DIST_PORT"; do
-        if port_taken "$port"; then
-            die "port $port is taken (a node left from an earlier run? rabbitmqctl -n $RMQ_NODE stop)"
-        fi
-    done
-
     cat >"$dir/rabbitmq.conf" <<EOF
 listeners.tcp.default = 127.0.0.1:$RMQ_PORT
 listeners.ssl.default = 127.0.0.1:$RMQ_TLS_PORT
@@ -137,67 +73,16 @@ ssl_options.fail_if_no_peer_cert = false
 load_definitions = $dir/definitions.json
 loopback_users = none
 EOF
-    # No plugins: the package's default plugin file is not read.
-    echo "[]." >"$dir/enabled_plugins"
-    mkdir -p "$dir/mnesia" "$dir/log"
-    # The node reads the certificate, key and definitions, and writes its data and logs,
-    # as the rabbitmq user.
-    chown -R rabbitmq: "$dir"
-
-    as_rabbitmq "epmd -names" >/dev/null 2>&1 || epmd_was_running=0
-    rmq_started=1
-    as_rabbitmq "RABBITMQ_NODENAME=$RMQ_NODE RABBITMQ_DIST_PORT=$RMQ_DIST_PORT \
-        RABBITMQ_CONFIG_FILE=$dir/rabbitmq.conf \
-        RABBITMQ_MNESIA_BASE=$dir/mnesia RABBITMQ_LOG_BASE=$dir/log \
-        RABBITMQ_PID_FILE=$dir/rabbitmq.pid \
-        RABBITMQ_ENABLED_PLUGINS_FILE=$dir/enabled_plugins \
-        RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS='-kernel inet_dist_use_interface {127,0,0,1}' \
-        $RMQ_BIN/rabbitmq-server -detached" >"$dir/start.log" 2>&1 ||
-        die "$RMQ_NODE did not start; see $dir/start.log and $dir/log"
-
-    local deadline=$((SECONDS + START_TIMEOUT_S))
-    until ctl ping >/dev/null 2>&1; do
-        if [ "$SECONDS" -ge "$deadline" ]; then
-            tail -n 40 "$dir"/log/*.log >&2 2>/dev/null || true
-            die "$RMQ_NODE did not answer within ${START_TIMEOUT_S}s"
-        fi
-        sleep 2
-    done
-    # Booting includes importing definitions.json; the listeners open after it.
-    ctl await_startup --timeout "$START_TIMEOUT_S" >/dev/null || {
-        tail -n 40 "$dir"/log/*.log >&2 2>/dev/null || true
-        die "$RMQ_NODE did not finish booting"
-    }
-    until port_taken "$RMQ_TLS_PORT"; do
-        [ "$SECONDS" -lt "$deadline" ] || die "$RMQ_NODE does not listen on $RMQ_TLS_PORT"
-        sleep 1
-    done
+    boot_rabbitmq "[]" "$RMQ_PORT" "$RMQ_TLS_PORT"
     sec_port=$RMQ_PORT
     sec_tls_port=$RMQ_TLS_PORT
 }
 
 start_leasemqd() {
-    local port
-    for port in "$LQD_PORT" "$LQD_TLS_PORT"; do
-        if port_taken "$port"; then die "port $port is taken"; fi
-    done
-    "$leasemqd_bin" --listen "127.0.0.1:$LQD_PORT" --tls-listen "127.0.0.1:$LQD_TLS_PORT" \
+    boot_leasemqd "$leasemqd_bin" "$LQD_PORT" "$LQD_TLS_PORT" -- \
+        --listen "127.0.0.1:$LQD_PORT" --tls-listen "127.0.0.1:$LQD_TLS_PORT" \
         --tls-cert "$dir/server.pem" --tls-key "$dir/server.key" \
-        --definitions "$dir/definitions.json" --shards 2 >"$dir/leasemqd.log" 2>&1 &
-    leasemqd_pid=$!
-    local deadline=$((SECONDS + START_TIMEOUT_S))
-    until grep -q ready "$dir/leasemqd.log"; do
-        if ! kill -0 "$leasemqd_pid" 2>/dev/null; then
-            cat "$dir/leasemqd.log" >&2
-            leasemqd_pid=""
-            die "leasemqd exited before it was ready"
-        fi
-        if [ "$SECONDS" -ge "$deadline" ]; then
-            cat "$dir/leasemqd.log" >&2
-            die "leasemqd did not say it was ready within ${START_TIMEOUT_S}s"
-        fi
-        sleep 0.1
-    done
+        --definitions "$dir/definitions.json" --shards 2
     sec_port=$LQD_PORT
     sec_tls_port=$LQD_TLS_PORT
 }

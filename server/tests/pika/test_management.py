@@ -31,6 +31,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 import time
@@ -1812,3 +1813,60 @@ def test_ctl_export_and_import_definitions():
     connect_as(user, secret, ORDERS).close()
     http("DELETE", queue_path(name, ORDERS))
     http("DELETE", f"/api/users/{q(user)}")
+
+
+# --- the web console, in headless Chromium ---------------------------------------------------
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+def ready_over_amqp(queue):
+    """The queue's ready count as AMQP's passive declare tells it, at once (the API's figures
+    may lag)."""
+    conn = pika.BlockingConnection(
+        pika.ConnectionParameters(HOST, PORT, credentials=pika.PlainCredentials(
+            "admin", password("admin"))))
+    try:
+        return conn.channel().queue_declare(queue, passive=True).method.message_count
+    finally:
+        conn.close()
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="no chromium to drive the console with")
+def test_the_console_shows_a_declared_queue_and_purges_it_only_once_confirmed(tmp_path):
+    from consoles import CONSOLES  # puts ../console, where cdp is, on the path
+    from cdp import start_chromium, until
+
+    queue = unique("console")
+    assert http("PUT", f"/api/queues/%2F/{queue}", body={"durable": False}).status in (201, 204)
+    for i in range(7):
+        reply = http("POST", "/api/exchanges/%2F/amq.default/publish", body={
+            "routing_key": queue, "payload": f"job {i}", "payload_encoding": "string",
+            "properties": {}})
+        assert reply.json() == {"routed": True}, reply
+    browser, page = start_chromium(CHROMIUM, str(tmp_path / "profile"))
+    try:
+        page.call("Page.enable")
+        console = CONSOLES[BROKER](page, URL)
+        console.open()
+        console.log_in("admin", "not the password")
+        until("the login's refusal", console.refused)
+        assert not console.logged_in()
+        console.log_in("admin", password("admin"))
+        until("the console after logging in", console.logged_in)
+        cells = until("the queue in the list, with its 7 ready messages",
+                      lambda: (lambda c: c if c and "7" in c else None)(console.listed(queue)))
+        assert queue in cells, cells
+        console.open_queue(queue)
+        until("the queue's page with its 7 ready", lambda: console.queue_ready() == "7")
+        # Not confirmed: nothing goes.
+        console.purge(confirm=False)
+        time.sleep(1)
+        assert ready_over_amqp(queue) == 7
+        console.purge(confirm=True)
+        until("the purge", lambda: ready_over_amqp(queue) == 0)
+        until("the queue's page to show it", lambda: console.queue_ready() == "0")
+    finally:
+        browser.kill()
+        browser.wait()
+        http("DELETE", f"/api/queues/%2F/{queue}")
