@@ -484,19 +484,21 @@ fn delivery_handles_settle_their_own_tag_on_their_own_queue() {
 
 // --- a consumer's own lease (`ConsumeOptions::ack_timeout`) ------------------------------
 
+/// A consumer of `q` (prefetch 1) whose own lease is 2 s, given one message put: the
+/// consumer and its delivery.
+fn quick_with_one(q: &leasemq::Queue) -> (leasemq::Consumer, leasemq::Delivery) {
+    let options = ConsumeOptions::default().ack_timeout(secs(2));
+    let quick = q.consume_with("quick", prefetch(1), options).unwrap();
+    put(q, "m1");
+    let first = next(&quick);
+    (quick, first)
+}
+
 #[test]
 fn a_consumers_own_lease_replaces_the_queues_for_its_deliveries_and_touches() {
     let broker = broker();
     let q = timeout_queue(&broker, "settle.own_lease", secs(30));
-    let quick = q
-        .consume_with(
-            "quick",
-            prefetch(1),
-            ConsumeOptions::default().ack_timeout(secs(2)),
-        )
-        .unwrap();
-    put(&q, "m1");
-    let first = next(&quick);
+    let (quick, first) = quick_with_one(&q);
     let plain = q.consume("plain", prefetch(1)).unwrap();
     put(&q, "m2");
     let second = next(&plain);
@@ -528,15 +530,7 @@ fn a_consumers_own_lease_restarts_at_its_hand_over_on_a_durable_queue() {
         ..with_ack_timeout(secs(30))
     };
     let q = queue_with(&broker, "settle.own_lease_durable", config);
-    let quick = q
-        .consume_with(
-            "quick",
-            prefetch(1),
-            ConsumeOptions::default().ack_timeout(secs(2)),
-        )
-        .unwrap();
-    put(&q, "m1");
-    let first = next(&quick);
+    let (quick, first) = quick_with_one(&q);
     broker.advance(secs(2)).unwrap();
     assert!(!first.ack(), "its 2 s lease ran out, not the queue's 30 s");
     assert_eq!(seen(&quick).2, 2);

@@ -23,6 +23,14 @@ def fill(page, selector, value):
     page.js(f"document.querySelector({json.dumps(selector)}).value = {json.dumps(value)}")
 
 
+def row_cells(page, selector):
+    """The texts of the cells of the table row holding what `selector` finds, or None."""
+    return page.js(
+        f"(() => {{ const e = document.querySelector({json.dumps(selector)});"
+        " return e ? [...e.closest('tr').querySelectorAll('td')]"
+        ".map(td => td.textContent.trim()) : null; })()")
+
+
 class RabbitConsole:
     """RabbitMQ 3.10's management UI: a form with `username` and `password`, the queue list
     at `#/queues`, a queue's page at `#/queues/VHOST/NAME` with its figures in the legend of
@@ -80,11 +88,7 @@ class RabbitConsole:
             "(() => { const box = document.querySelector('#queues-name');"
             f" if (box && box.value !== {json.dumps(queue)})"
             f" $(box).val({json.dumps(queue)}).trigger($.Event('keypress', {{keyCode: 13}})); }})()")
-        link = f"a[href='#/queues/%2F/{queue}']"
-        return self.page.js(
-            f"(() => {{ const a = document.querySelector({json.dumps(link)});"
-            " return a ? [...a.closest('tr').querySelectorAll('td')]"
-            ".map(td => td.textContent.trim()) : null; })()")
+        return row_cells(self.page, f"a[href='#/queues/%2F/{queue}']")
 
     def open_queue(self, queue):
         self.page.js(f"location.hash = '#/queues/%2F/{queue}'")
@@ -135,11 +139,7 @@ class LeasemqConsole:
 
     def listed(self, queue):
         self.page.js("location.hash = '#queues'")
-        row = f"#queue-rows tr[data-queue='{queue}']"
-        return self.page.js(
-            f"(() => {{ const tr = document.querySelector({json.dumps(row)});"
-            " return tr ? [...tr.querySelectorAll('td')].map(td => td.textContent.trim())"
-            " : null; })()")
+        return row_cells(self.page, f"#queue-rows tr[data-queue='{queue}']")
 
     def open_queue(self, queue):
         self.page.click(f"#queue-rows tr[data-queue='{queue}']")

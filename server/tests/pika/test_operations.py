@@ -82,24 +82,31 @@ def test_sigterm_closes_connections_with_320_and_exits_cleanly():
             proc.kill()
 
 
+def blocked_on_publish(port, durable=False):
+    """Publishes one message to the queue `held` and listens for what the server says of
+    the connection for up to 5 s: the `connection.blocked` and `unblocked` methods heard."""
+    conn = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", port))
+    heard = []
+    conn.add_on_connection_blocked_callback(lambda _conn, frame: heard.append(frame.method))
+    conn.add_on_connection_unblocked_callback(lambda _conn, frame: heard.append(frame.method))
+    ch = conn.channel()
+    ch.queue_declare(queue="held", durable=durable)
+    ch.basic_publish(exchange="", routing_key="held", body=b"job")
+    for _ in range(50):
+        if heard:
+            break
+        conn.process_data_events(time_limit=0.1)
+    return heard
+
+
 def test_memory_alarm_blocks_publishers_and_tells_them():
     # A limit of 0, as RabbitMQ's watermark of 0: the alarm is raised from the start.
     proc, port, url = start("--memory-high-watermark", "0", "--metrics", "127.0.0.1:0")
     try:
-        params = pika.ConnectionParameters("127.0.0.1", port)
-        conn = pika.BlockingConnection(params)
-        heard = []
-        conn.add_on_connection_blocked_callback(lambda _conn, frame: heard.append(frame.method))
-        conn.add_on_connection_unblocked_callback(lambda _conn, frame: heard.append(frame.method))
-        ch = conn.channel()
-        ch.queue_declare(queue="held")
-        ch.basic_publish(exchange="", routing_key="held", body=b"job")
-        for _ in range(50):
-            if heard:
-                break
-            conn.process_data_events(time_limit=0.1)
+        heard = blocked_on_publish(port)
         assert [type(m).__name__ for m in heard] == ["Blocked"]
         assert heard[0].reason == "low on memory"
+        params = pika.ConnectionParameters("127.0.0.1", port)
         # Another connection that only looks and consumes goes on; the publish was not
         # taken.
         other = pika.BlockingConnection(params)
@@ -122,16 +129,7 @@ def test_disk_alarm_blocks_publishers_and_tells_them(tmp_path):
     proc, port, url = start("--data-dir", str(tmp_path), "--disk-free-limit", "1000000GB",
                             "--metrics", "127.0.0.1:0")
     try:
-        conn = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", port))
-        heard = []
-        conn.add_on_connection_blocked_callback(lambda _conn, frame: heard.append(frame.method))
-        ch = conn.channel()
-        ch.queue_declare(queue="held", durable=True)
-        ch.basic_publish(exchange="", routing_key="held", body=b"job")
-        for _ in range(50):
-            if heard:
-                break
-            conn.process_data_events(time_limit=0.1)
+        heard = blocked_on_publish(port, durable=True)
         assert [type(m).__name__ for m in heard] == ["Blocked"]
         assert heard[0].reason == "low on disk"
         lines = scrape(url).splitlines()

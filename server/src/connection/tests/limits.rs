@@ -11,22 +11,8 @@ fn the_memory_alarm_blocks_a_publishing_connection_until_it_clears() {
     let mut c = hearing_blocked(&alarm);
     c.declare("jobs");
     alarm.set(Resource::Memory, true);
-    let publish = encode(&Client::publish_frames(
-        "jobs",
-        BasicProperties::default(),
-        b"job",
-    ));
-    assert_eq!(c.conn.handle_input(&publish), 0, "the publish is not taken");
+    let publish = blocked_publish(&mut c, "low on memory");
     assert!(c.conn.is_blocked() && !c.conn.wants_input());
-    let mut out = Vec::new();
-    c.conn.take_output(&mut out);
-    let blocked = connection::Blocked {
-        reason: "low on memory".into(),
-    };
-    assert_eq!(
-        decode(&out),
-        [conn_method(connection::AMQPMethod::Blocked(blocked))]
-    );
     // Told once: the same input again while the alarm holds says nothing more.
     assert_eq!(c.conn.handle_input(&publish), 0);
     c.conn.unblock();
@@ -47,15 +33,9 @@ fn the_memory_alarm_blocks_a_publishing_connection_until_it_clears() {
     assert_eq!(c.broker.queue("jobs").unwrap().stats().ready, 1);
 }
 
-/// The disk alarm blocks as the memory alarm does, with RabbitMQ's reason; while both
-/// are raised the connection stays blocked until the last one clears.
-#[test]
-fn the_disk_alarm_blocks_publishers_until_every_alarm_clears() {
-    let alarm = Arc::new(Alarms::default());
-    let mut c = hearing_blocked(&alarm);
-    c.declare("jobs");
-    alarm.set(Resource::Disk, true);
-    alarm.set(Resource::Memory, true);
+/// A publish to `jobs` fed to a connection under an alarm: not taken, and the client told
+/// `connection.blocked` with `reason`. The publish's bytes, to feed again.
+fn blocked_publish(c: &mut Client, reason: &str) -> Vec<u8> {
     let publish = encode(&Client::publish_frames(
         "jobs",
         BasicProperties::default(),
@@ -65,12 +45,25 @@ fn the_disk_alarm_blocks_publishers_until_every_alarm_clears() {
     let mut out = Vec::new();
     c.conn.take_output(&mut out);
     let blocked = connection::Blocked {
-        reason: "low on memory & disk".into(),
+        reason: reason.into(),
     };
     assert_eq!(
         decode(&out),
         [conn_method(connection::AMQPMethod::Blocked(blocked))]
     );
+    publish
+}
+
+/// The disk alarm blocks as the memory alarm does, with RabbitMQ's reason; while both
+/// are raised the connection stays blocked until the last one clears.
+#[test]
+fn the_disk_alarm_blocks_publishers_until_every_alarm_clears() {
+    let alarm = Arc::new(Alarms::default());
+    let mut c = hearing_blocked(&alarm);
+    c.declare("jobs");
+    alarm.set(Resource::Disk, true);
+    alarm.set(Resource::Memory, true);
+    let publish = blocked_publish(&mut c, "low on memory & disk");
     alarm.set(Resource::Memory, false);
     c.conn.unblock();
     assert!(c.conn.is_blocked(), "the disk alarm still holds");
