@@ -72,11 +72,13 @@ impl Alarms {
     }
 
     /// Raises (`true`) or clears the alarm of `resource`; waiting connections hear of a
-    /// change.
-    pub fn set(&self, resource: Resource, raised: bool) {
-        if self.flag(resource).swap(raised, Ordering::Relaxed) != raised {
+    /// change. Whether it changed.
+    pub fn set(&self, resource: Resource, raised: bool) -> bool {
+        let changed = self.flag(resource).swap(raised, Ordering::Relaxed) != raised;
+        if changed {
             self.changed.send_replace(());
         }
+        changed
     }
 
     /// A receiver that sees each change of an alarm.

@@ -80,17 +80,17 @@ pub async fn watch(alarms: Arc<Alarms>, metrics: Arc<Metrics>, dir: PathBuf, lim
                 .set(i64::try_from(free).unwrap_or(i64::MAX));
         }
         let low = free.is_some_and(|free| free < limit);
-        let raised = alarms.is_raised(Resource::Disk);
-        if low && !raised {
-            tracing::warn!(
-                "disk alarm: under {limit} bytes free on the file system of {}; \
-                 publishing connections are blocked",
-                dir.display()
-            );
-        } else if !low && raised {
-            tracing::info!("disk alarm cleared: publishing connections go on");
+        if alarms.set(Resource::Disk, low) {
+            if low {
+                tracing::warn!(
+                    "disk alarm: under {limit} bytes free on the file system of {}; \
+                     publishing connections are blocked",
+                    dir.display()
+                );
+            } else {
+                tracing::info!("disk alarm cleared: publishing connections go on");
+            }
         }
-        alarms.set(Resource::Disk, low);
         metrics.disk_alarm.set(i64::from(low));
         tokio::time::sleep(CHECK_EVERY).await;
     }

@@ -33,16 +33,16 @@ pub async fn watch(alarms: Arc<Alarms>, metrics: Arc<Metrics>, limit: u64) {
                 .set(i64::try_from(used).unwrap_or(i64::MAX));
         }
         let over = limit == 0 || used.is_some_and(|used| used >= limit);
-        let raised = alarms.is_raised(Resource::Memory);
-        if over && !raised {
-            tracing::warn!(
-                "memory alarm: resident memory at or over the limit of {limit} bytes; \
-                 publishing connections are blocked"
-            );
-        } else if !over && raised {
-            tracing::info!("memory alarm cleared: publishing connections go on");
+        if alarms.set(Resource::Memory, over) {
+            if over {
+                tracing::warn!(
+                    "memory alarm: resident memory at or over the limit of {limit} bytes; \
+                     publishing connections are blocked"
+                );
+            } else {
+                tracing::info!("memory alarm cleared: publishing connections go on");
+            }
         }
-        alarms.set(Resource::Memory, over);
         metrics.memory_alarm.set(i64::from(over));
         tokio::time::sleep(CHECK_EVERY).await;
     }

@@ -110,9 +110,9 @@ impl Connection {
     }
 
     /// The queue a `basic.consume` names (a direct reply-to queue made for it) and what
-    /// the consumer's arguments ask (its priority and lease), once they pass. They are looked at once the queue is
-    /// found (a missing one is a 404 first), and a 406 names the queue, as in RabbitMQ; a
-    /// reply-to queue is made only once they pass.
+    /// the consumer's arguments ask (its priority and lease), once they pass. They are
+    /// looked at once the queue is found (a missing one is a 404 first), and a 406 names
+    /// the queue, as in RabbitMQ; a reply-to queue is made only once they pass.
     fn consume_queue(
         &mut self,
         ch: u16,

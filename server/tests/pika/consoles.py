@@ -109,6 +109,7 @@ class RabbitConsole:
         # returns and the dialog is answered as it opens.
         self.page.js("setTimeout(() => document.querySelector("
                      "\"input[value='Purge Messages']\").click(), 0)")
+        # Each evaluation lets the page's events through, the dialog's among them.
         until("the confirmation", lambda: self.page.js("true") and self.dialogs > asked)
 
 
